@@ -1,0 +1,492 @@
+//! The desired state of a `CSIDriverDeployment`: what a storage admin writes.
+//!
+//! Every default here is also written into the CRD schema, so `kubectl get -o yaml`
+//! shows the values the operator actually uses.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Affinity, EnvVar, ResourceRequirements, Toleration};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::status::CSIDriverDeploymentStatus;
+
+/// Default kubelet root directory on most distributions.
+pub const DEFAULT_KUBELET_DIR: &str = "/var/lib/kubelet";
+/// Default name of the CSI socket file inside the socket directory.
+pub const DEFAULT_SOCKET_NAME: &str = "csi.sock";
+/// Default deadline of one rollout step.
+pub const DEFAULT_STEP_TIMEOUT_SECONDS: i64 = 600;
+
+/// A CSI driver deployed by csiops: the controller StatefulSet, the node
+/// DaemonSet, the `CSIDriver` object, RBAC and optional StorageClasses.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "csiops.dev",
+    version = "v1alpha1",
+    kind = "CSIDriverDeployment",
+    plural = "csidriverdeployments",
+    singular = "csidriverdeployment",
+    shortname = "csidd",
+    category = "storage",
+    namespaced,
+    status = "CSIDriverDeploymentStatus",
+    doc = "CSIDriverDeployment deploys, health-checks and upgrades one CSI driver.",
+    printcolumn(name = "Driver", type_ = "string", json_path = ".spec.driverName"),
+    printcolumn(name = "Version", type_ = "string", json_path = ".status.currentVersion"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(
+        name = "Controller",
+        type_ = "string",
+        json_path = ".status.summary.controller",
+        description = "ready/desired controller replicas"
+    ),
+    printcolumn(
+        name = "Nodes",
+        type_ = "string",
+        json_path = ".status.summary.nodes",
+        description = "ready/desired node pods"
+    ),
+    printcolumn(
+        name = "Registered",
+        type_ = "string",
+        json_path = ".status.summary.registered",
+        description = "nodes whose CSINode lists the driver / desired node pods"
+    ),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    printcolumn(
+        name = "Target",
+        type_ = "string",
+        json_path = ".status.targetVersion",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Step",
+        type_ = "string",
+        json_path = ".status.rollout.step",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Message",
+        type_ = "string",
+        json_path = ".status.message",
+        priority = 1
+    )
+)]
+#[x_kube(validation = kube::core::Rule::new(
+    "!has(self.storageClasses) || self.storageClasses.all(a, self.storageClasses.exists_one(b, b.name == a.name))"
+).message("storageClasses names must be unique"))]
+#[x_kube(validation = kube::core::Rule::new(
+    "!has(self.storageClasses) || self.storageClasses.filter(s, has(s.isDefault) && s.isDefault).size() <= 1"
+).message("at most one storageClass may set isDefault"))]
+#[serde(rename_all = "camelCase")]
+pub struct CSIDriverDeploymentSpec {
+    /// Name of the CSI driver as its GetPluginInfo reports it, for example
+    /// `hostpath.csi.k8s.io`. A DNS-1123 subdomain of at most 63 characters.
+    /// Immutable: a new driver name is a new driver.
+    #[schemars(
+        length(min = 1, max = 63),
+        pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    #[x_kube(validation = kube::core::Rule::new("self == oldSelf").message("driverName is immutable"))]
+    pub driver_name: String,
+
+    /// Version of the driver being deployed. Reported in status; changing it
+    /// starts an ordered upgrade.
+    #[schemars(length(min = 1, max = 128))]
+    pub version: String,
+
+    /// The CSI driver container, shared by controller and node pods.
+    pub driver: DriverSpec,
+
+    /// The controller (cluster-level) StatefulSet.
+    #[serde(default)]
+    pub controller: ControllerSpec,
+
+    /// The node DaemonSet.
+    #[serde(default)]
+    pub node: NodeSpec,
+
+    /// The bundled sidecars.
+    #[serde(default)]
+    pub sidecars: SidecarsSpec,
+
+    /// Fields of the cluster's `CSIDriver` object for this driver.
+    #[serde(default)]
+    pub csi_driver: CsiDriverObjectSpec,
+
+    /// StorageClasses created for this driver and removed with it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub storage_classes: Vec<StorageClassSpec>,
+
+    /// Names of Secrets in this namespace used to pull the images.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_pull_secrets: Vec<String>,
+
+    /// Log verbosity passed to the sidecars as `-v`.
+    #[serde(default = "default_log_level")]
+    #[schemars(range(min = 0, max = 10))]
+    pub log_level: i32,
+
+    /// When true the operator changes nothing of the deployed objects (status
+    /// is still reported). Use it to hold a rollout.
+    #[serde(default)]
+    pub paused: bool,
+
+    /// Rollout tuning.
+    #[serde(default)]
+    pub rollout: RolloutSpec,
+}
+
+fn default_log_level() -> i32 {
+    2
+}
+
+/// Image pull policy of a container.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum PullPolicy {
+    Always,
+    IfNotPresent,
+    Never,
+}
+
+impl PullPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PullPolicy::Always => "Always",
+            PullPolicy::IfNotPresent => "IfNotPresent",
+            PullPolicy::Never => "Never",
+        }
+    }
+}
+
+/// The vendor's CSI driver container.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DriverSpec {
+    /// Image of the driver, for example `registry.k8s.io/sig-storage/hostpathplugin:v1.17.0`.
+    #[schemars(length(min = 1))]
+    pub image: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<PullPolicy>,
+    /// Arguments of the driver. `$(CSI_ENDPOINT)` and `$(KUBE_NODE_NAME)` are
+    /// set by the operator in every driver container.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// File name of the CSI socket the driver listens on (no slashes).
+    #[serde(default = "default_socket_name")]
+    #[schemars(length(min = 1, max = 64), pattern(r"^[A-Za-z0-9._-]+$"))]
+    pub socket_name: String,
+}
+
+fn default_socket_name() -> String {
+    DEFAULT_SOCKET_NAME.to_string()
+}
+
+/// Per-workload overrides of the driver container.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DriverOverride {
+    /// Replaces `driver.image` in this workload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Replaces `driver.args` in this workload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args: Option<Vec<String>>,
+    /// Added to `driver.env` (same name wins here).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    /// Replaces `driver.resources` in this workload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+}
+
+/// The controller StatefulSet.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ControllerSpec {
+    /// Replicas of the controller; more than one relies on the sidecars'
+    /// leader election, which the operator always enables.
+    #[serde(default = "default_replicas")]
+    #[schemars(range(min = 0, max = 10))]
+    pub replicas: i32,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+    /// Overrides of the driver container in controller pods.
+    #[serde(default, flatten)]
+    pub driver: DriverOverride,
+}
+
+fn default_replicas() -> i32 {
+    1
+}
+
+impl Default for ControllerSpec {
+    fn default() -> Self {
+        Self {
+            replicas: default_replicas(),
+            node_selector: BTreeMap::new(),
+            tolerations: Vec::new(),
+            affinity: None,
+            priority_class_name: None,
+            driver: DriverOverride::default(),
+        }
+    }
+}
+
+/// The node DaemonSet.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeSpec {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    /// Kubelet root directory on the nodes. Some distributions move it
+    /// (k0s: `/var/lib/k0s/kubelet`, microk8s: `/var/snap/microk8s/common/var/lib/kubelet`).
+    #[serde(default = "default_kubelet_dir")]
+    #[schemars(length(min = 2, max = 4096), pattern(r"^/"))]
+    #[x_kube(validation = kube::core::Rule::new("!self.contains('/../') && !self.endsWith('/..') && !self.contains('//')").message("kubeletDir must be a clean absolute path"))]
+    pub kubelet_dir: String,
+    /// DaemonSet rolling update `maxUnavailable` (count or percentage).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unavailable: Option<IntOrString>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+    /// Overrides of the driver container in node pods.
+    #[serde(default, flatten)]
+    pub driver: DriverOverride,
+}
+
+fn default_kubelet_dir() -> String {
+    DEFAULT_KUBELET_DIR.to_string()
+}
+
+impl Default for NodeSpec {
+    fn default() -> Self {
+        Self {
+            node_selector: BTreeMap::new(),
+            tolerations: Vec::new(),
+            kubelet_dir: default_kubelet_dir(),
+            max_unavailable: None,
+            priority_class_name: None,
+            driver: DriverOverride::default(),
+        }
+    }
+}
+
+/// The bundled sidecars.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SidecarsSpec {
+    /// Image of `csiops-sidecar`; defaults to the operator's bundled image of
+    /// the same version as the operator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<PullPolicy>,
+    #[serde(default)]
+    pub provisioner: SidecarSpec,
+    #[serde(default)]
+    pub attacher: SidecarSpec,
+    #[serde(default)]
+    pub registrar: SidecarSpec,
+    #[serde(default)]
+    pub liveness_probe: SidecarSpec,
+}
+
+/// One sidecar.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SidecarSpec {
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Extra flags, appended after the operator's. Flags the operator manages
+    /// (`--csi-address`, `--kubelet-registration-path`, …) are refused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra_args: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+}
+
+impl Default for SidecarSpec {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            extra_args: Vec::new(),
+            env: Vec::new(),
+            resources: None,
+        }
+    }
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// `CSIDriver.spec.fsGroupPolicy`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum FsGroupPolicy {
+    None,
+    File,
+    ReadWriteOnceWithFSType,
+}
+
+impl FsGroupPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FsGroupPolicy::None => "None",
+            FsGroupPolicy::File => "File",
+            FsGroupPolicy::ReadWriteOnceWithFSType => "ReadWriteOnceWithFSType",
+        }
+    }
+}
+
+/// `CSIDriver.spec.volumeLifecycleModes` entries.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum VolumeLifecycleMode {
+    Persistent,
+    Ephemeral,
+}
+
+impl VolumeLifecycleMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VolumeLifecycleMode::Persistent => "Persistent",
+            VolumeLifecycleMode::Ephemeral => "Ephemeral",
+        }
+    }
+}
+
+/// The cluster's `CSIDriver` object for this driver.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CsiDriverObjectSpec {
+    /// Whether volumes need ControllerPublish (attach). When false the
+    /// attacher sidecar is left out.
+    #[serde(default = "default_true")]
+    pub attach_required: bool,
+    #[serde(default)]
+    pub pod_info_on_mount: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fs_group_policy: Option<FsGroupPolicy>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 2))]
+    pub volume_lifecycle_modes: Vec<VolumeLifecycleMode>,
+    #[serde(default)]
+    pub storage_capacity: bool,
+    #[serde(default)]
+    pub requires_republish: bool,
+    #[serde(default)]
+    pub se_linux_mount: bool,
+}
+
+impl Default for CsiDriverObjectSpec {
+    fn default() -> Self {
+        Self {
+            attach_required: true,
+            pod_info_on_mount: false,
+            fs_group_policy: None,
+            volume_lifecycle_modes: Vec::new(),
+            storage_capacity: false,
+            requires_republish: false,
+            se_linux_mount: false,
+        }
+    }
+}
+
+/// `StorageClass.reclaimPolicy`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum ReclaimPolicy {
+    #[default]
+    Delete,
+    Retain,
+}
+
+impl ReclaimPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReclaimPolicy::Delete => "Delete",
+            ReclaimPolicy::Retain => "Retain",
+        }
+    }
+}
+
+/// `StorageClass.volumeBindingMode`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum VolumeBindingMode {
+    #[default]
+    Immediate,
+    WaitForFirstConsumer,
+}
+
+impl VolumeBindingMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VolumeBindingMode::Immediate => "Immediate",
+            VolumeBindingMode::WaitForFirstConsumer => "WaitForFirstConsumer",
+        }
+    }
+}
+
+/// A StorageClass provisioned by this driver.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StorageClassSpec {
+    #[schemars(
+        length(min = 1, max = 253),
+        pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub parameters: BTreeMap<String, String>,
+    #[serde(default)]
+    pub reclaim_policy: ReclaimPolicy,
+    #[serde(default)]
+    pub volume_binding_mode: VolumeBindingMode,
+    #[serde(default)]
+    pub allow_volume_expansion: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mount_options: Vec<String>,
+    /// Marks the class as the cluster default.
+    #[serde(default)]
+    pub is_default: bool,
+}
+
+/// Rollout tuning.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutSpec {
+    /// How long one rollout step may take before the object turns Degraded.
+    /// The rollout keeps waiting after that; it only stops being silent.
+    #[serde(default = "default_step_timeout")]
+    #[schemars(range(min = 10, max = 86400))]
+    pub step_timeout_seconds: i64,
+}
+
+fn default_step_timeout() -> i64 {
+    DEFAULT_STEP_TIMEOUT_SECONDS
+}
+
+impl Default for RolloutSpec {
+    fn default() -> Self {
+        Self {
+            step_timeout_seconds: default_step_timeout(),
+        }
+    }
+}

@@ -1,0 +1,204 @@
+//! The observed state of a `CSIDriverDeployment`, written by the operator only.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// High-level state shown in `kubectl get csidd`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema, Default)]
+pub enum Phase {
+    /// Seen, nothing deployed yet.
+    #[default]
+    Pending,
+    /// First installation in progress.
+    Deploying,
+    /// An ordered rollout of a change is in progress.
+    Upgrading,
+    /// Everything deployed, ready and registered.
+    Running,
+    /// Something is wrong; the Degraded condition says what.
+    Degraded,
+    /// Ordered teardown in progress.
+    Deleting,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Pending => "Pending",
+            Phase::Deploying => "Deploying",
+            Phase::Upgrading => "Upgrading",
+            Phase::Running => "Running",
+            Phase::Degraded => "Degraded",
+            Phase::Deleting => "Deleting",
+        }
+    }
+}
+
+/// What kind of rollout is in progress.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum RolloutKind {
+    /// First deployment: node DaemonSet, then controller.
+    Install,
+    /// Node-side change: controller down, DaemonSet rolled, controller up.
+    Upgrade,
+    /// Controller-only change: only the controller is rolled.
+    ControllerUpdate,
+    /// Ordered teardown: controller, DaemonSet, cluster-scoped objects.
+    Delete,
+}
+
+/// One step of a rollout. The step is persisted so a restarted operator
+/// resumes where the previous one stopped.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum RolloutStep {
+    /// Apply the node DaemonSet; wait until it is available and registered.
+    NodeInstall,
+    /// Scale the controller to 0; wait until its pods are gone.
+    ControllerScaleDown,
+    /// Roll the node DaemonSet; wait until updated = desired = available and registered.
+    NodeRoll,
+    /// Apply the controller StatefulSet; wait until it is ready.
+    ControllerRoll,
+    /// Delete the controller StatefulSet; wait until its pods are gone.
+    ControllerDelete,
+    /// Delete the node DaemonSet; wait until its pods are gone.
+    NodeDelete,
+    /// Delete the CSIDriver, cluster RBAC and StorageClasses.
+    ClusterCleanup,
+}
+
+impl RolloutStep {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RolloutStep::NodeInstall => "NodeInstall",
+            RolloutStep::ControllerScaleDown => "ControllerScaleDown",
+            RolloutStep::NodeRoll => "NodeRoll",
+            RolloutStep::ControllerRoll => "ControllerRoll",
+            RolloutStep::ControllerDelete => "ControllerDelete",
+            RolloutStep::NodeDelete => "NodeDelete",
+            RolloutStep::ClusterCleanup => "ClusterCleanup",
+        }
+    }
+}
+
+impl std::fmt::Display for RolloutStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The rollout in progress.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutStatus {
+    pub kind: RolloutKind,
+    pub step: RolloutStep,
+    /// When the rollout started (RFC 3339).
+    pub started_at: String,
+    /// When the current step started (RFC 3339); the step deadline counts from here.
+    pub step_started_at: String,
+    /// Hash of the node DaemonSet this rollout brings out.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub target_node_hash: String,
+    /// Hash of the controller StatefulSet this rollout brings out.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub target_controller_hash: String,
+}
+
+/// A condition, in the shape of `metav1.Condition`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    /// `Available`, `Progressing` or `Degraded`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    pub reason: String,
+    pub message: String,
+    #[serde(default)]
+    pub observed_generation: i64,
+    pub last_transition_time: String,
+}
+
+/// Counts of the controller StatefulSet.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ControllerCounts {
+    pub desired: i32,
+    pub ready: i32,
+    pub updated: i32,
+}
+
+/// Counts of the node DaemonSet.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeCounts {
+    pub desired: i32,
+    pub ready: i32,
+    pub updated: i32,
+    pub available: i32,
+}
+
+/// Preformatted `ready/desired` strings for the printer columns.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Summary {
+    pub controller: String,
+    pub nodes: String,
+    pub registered: String,
+}
+
+/// A pod of this driver that is not healthy, with the reason.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UnhealthyPod {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// `CrashLoopBackOff`, `ImagePullBackOff`, `NotRegistered`, `Unschedulable`, …
+    pub reason: String,
+    pub message: String,
+}
+
+/// Status of a `CSIDriverDeployment`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CSIDriverDeploymentStatus {
+    #[serde(default)]
+    pub phase: Phase,
+    /// One-line explanation of the phase.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    #[serde(default)]
+    pub observed_generation: i64,
+    /// Version fully rolled out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_version: Option<String>,
+    /// Version the spec asks for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_version: Option<String>,
+    /// The rollout in progress, absent when none is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutStatus>,
+    #[serde(default)]
+    pub controller: ControllerCounts,
+    #[serde(default)]
+    pub node: NodeCounts,
+    /// Nodes whose CSINode lists this driver.
+    #[serde(default)]
+    pub registered_nodes: i32,
+    #[serde(default)]
+    pub summary: Summary,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unhealthy_pods: Vec<UnhealthyPod>,
+}
+
+impl CSIDriverDeploymentStatus {
+    /// The condition of the given type, if present.
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.conditions.iter().find(|c| c.type_ == type_)
+    }
+}

@@ -1,0 +1,140 @@
+//! The checked-in CRD matches the Rust types, and its validation rules
+//! accept good objects and reject bad ones.
+
+use csiops_crds::{CSIDriverDeployment, CSIDriverDeploymentSpec, DriverSpec, StorageClassSpec};
+use kube::core::cel::{validate_cel, validate_cel_update};
+use kube::CustomResourceExt;
+
+fn workspace_file(rel: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(rel)
+}
+
+#[test]
+fn crd_yaml_is_up_to_date() {
+    let generated = csiops_crds::crd_yaml().expect("CRD renders");
+    let path = workspace_file(csiops_crds::CRD_FILE);
+    let on_disk = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}; run `make crds`", path.display()));
+    assert!(
+        on_disk == generated,
+        "{} is out of date with crds/src; run `make crds` and commit the result",
+        path.display()
+    );
+}
+
+#[test]
+fn crd_has_short_name_status_and_printer_columns() {
+    let crd = CSIDriverDeployment::crd();
+    assert_eq!(crd.spec.names.short_names, Some(vec!["csidd".to_string()]));
+    assert_eq!(crd.spec.scope, "Namespaced");
+    let v = &crd.spec.versions[0];
+    assert!(v.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some());
+    let cols: Vec<&str> = v
+        .additional_printer_columns
+        .as_ref()
+        .expect("printer columns")
+        .iter()
+        .filter(|c| c.priority.unwrap_or(0) == 0)
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(
+        cols,
+        ["Driver", "Version", "Phase", "Controller", "Nodes", "Registered", "Age"]
+    );
+}
+
+fn schema_json() -> serde_json::Value {
+    let crd = CSIDriverDeployment::crd();
+    serde_json::to_value(&crd.spec.versions[0].schema).expect("schema serializes")
+}
+
+#[test]
+fn schema_constrains_driver_name_kubelet_dir_replicas_and_enums() {
+    let s = schema_json();
+    let spec = &s["openAPIV3Schema"]["properties"]["spec"]["properties"];
+    assert_eq!(spec["driverName"]["maxLength"], 63);
+    assert!(spec["driverName"]["pattern"].as_str().unwrap_or("").starts_with("^[a-z0-9]"));
+    assert_eq!(spec["node"]["properties"]["kubeletDir"]["pattern"], "^/");
+    assert_eq!(spec["controller"]["properties"]["replicas"]["minimum"], 0.0);
+    let policies = &spec["storageClasses"]["items"]["properties"]["reclaimPolicy"]["enum"];
+    assert_eq!(policies, &serde_json::json!(["Delete", "Retain"]));
+    let pull = &spec["driver"]["properties"]["imagePullPolicy"]["enum"];
+    for policy in ["Always", "IfNotPresent", "Never"] {
+        assert!(pull.as_array().is_some_and(|a| a.contains(&policy.into())), "{pull}");
+    }
+}
+
+fn object(spec: CSIDriverDeploymentSpec) -> CSIDriverDeployment {
+    CSIDriverDeployment::new("hostpath", spec)
+}
+
+fn base_spec() -> CSIDriverDeploymentSpec {
+    serde_json::from_value(serde_json::json!({
+        "driverName": "hostpath.csi.k8s.io",
+        "version": "v1.17.0",
+        "driver": {"image": "registry.k8s.io/sig-storage/hostpathplugin:v1.17.0"}
+    }))
+    .expect("minimal spec parses")
+}
+
+#[test]
+fn minimal_spec_gets_the_documented_defaults() {
+    let spec = base_spec();
+    assert_eq!(spec.controller.replicas, 1);
+    assert_eq!(spec.node.kubelet_dir, "/var/lib/kubelet");
+    assert_eq!(spec.driver.socket_name, "csi.sock");
+    assert!(spec.sidecars.provisioner.enabled && spec.sidecars.registrar.enabled);
+    assert!(spec.csi_driver.attach_required);
+    assert_eq!(spec.rollout.step_timeout_seconds, 600);
+    assert!(validate_cel(&object(spec)).is_ok());
+}
+
+#[test]
+fn driver_name_is_immutable() {
+    let old = object(base_spec());
+    let mut new_spec = base_spec();
+    new_spec.driver_name = "other.csi.k8s.io".into();
+    let err = validate_cel_update(&object(new_spec), &old).expect_err("rename must be refused");
+    assert!(format!("{err:?}").contains("driverName is immutable"), "{err:?}");
+    let mut same = base_spec();
+    same.version = "v1.18.0".into();
+    assert!(validate_cel_update(&object(same), &old).is_ok());
+}
+
+#[test]
+fn kubelet_dir_must_be_clean() {
+    let mut spec = base_spec();
+    spec.node.kubelet_dir = "/var/lib/../kubelet".into();
+    let err = validate_cel(&object(spec)).expect_err("dirty path refused");
+    assert!(format!("{err:?}").contains("clean absolute path"), "{err:?}");
+}
+
+fn class(name: &str, is_default: bool) -> StorageClassSpec {
+    serde_json::from_value(serde_json::json!({"name": name, "isDefault": is_default}))
+        .expect("class parses")
+}
+
+#[test]
+fn storage_class_names_are_unique_and_one_default_at_most() {
+    let mut spec = base_spec();
+    spec.storage_classes = vec![class("fast", true), class("fast", false)];
+    let err = validate_cel(&object(spec)).expect_err("duplicate refused");
+    assert!(format!("{err:?}").contains("must be unique"), "{err:?}");
+
+    let mut spec = base_spec();
+    spec.storage_classes = vec![class("a", true), class("b", true)];
+    let err = validate_cel(&object(spec)).expect_err("two defaults refused");
+    assert!(format!("{err:?}").contains("at most one"), "{err:?}");
+
+    let mut spec = base_spec();
+    spec.storage_classes = vec![class("a", true), class("b", false)];
+    assert!(validate_cel(&object(spec)).is_ok());
+}
+
+#[test]
+fn driver_spec_requires_an_image() {
+    let err = serde_json::from_value::<DriverSpec>(serde_json::json!({})).expect_err("no image");
+    assert!(err.to_string().contains("image"));
+}
