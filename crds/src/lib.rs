@@ -4,6 +4,8 @@
 //! these types by `cargo run -p csiops-crds --bin crdgen` and checked in; the
 //! test `crd_yaml_is_up_to_date` fails when the two drift.
 
+#![allow(clippy::duplicated_attributes)] // kube(printcolumn(..)) repeats keys by design
+
 pub mod spec;
 pub mod status;
 

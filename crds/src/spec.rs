@@ -35,7 +35,11 @@ pub const DEFAULT_STEP_TIMEOUT_SECONDS: i64 = 600;
     status = "CSIDriverDeploymentStatus",
     doc = "CSIDriverDeployment deploys, health-checks and upgrades one CSI driver.",
     printcolumn(name = "Driver", type_ = "string", json_path = ".spec.driverName"),
-    printcolumn(name = "Version", type_ = "string", json_path = ".status.currentVersion"),
+    printcolumn(
+        name = "Version",
+        type_ = "string",
+        json_path = ".status.currentVersion"
+    ),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(
         name = "Controller",
@@ -55,7 +59,11 @@ pub const DEFAULT_STEP_TIMEOUT_SECONDS: i64 = 600;
         json_path = ".status.summary.registered",
         description = "nodes whose CSINode lists the driver / desired node pods"
     ),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    ),
     printcolumn(
         name = "Target",
         type_ = "string",

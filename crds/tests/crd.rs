@@ -30,7 +30,11 @@ fn crd_has_short_name_status_and_printer_columns() {
     assert_eq!(crd.spec.names.short_names, Some(vec!["csidd".to_string()]));
     assert_eq!(crd.spec.scope, "Namespaced");
     let v = &crd.spec.versions[0];
-    assert!(v.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some());
+    assert!(v
+        .subresources
+        .as_ref()
+        .and_then(|s| s.status.as_ref())
+        .is_some());
     let cols: Vec<&str> = v
         .additional_printer_columns
         .as_ref()
@@ -41,7 +45,15 @@ fn crd_has_short_name_status_and_printer_columns() {
         .collect();
     assert_eq!(
         cols,
-        ["Driver", "Version", "Phase", "Controller", "Nodes", "Registered", "Age"]
+        [
+            "Driver",
+            "Version",
+            "Phase",
+            "Controller",
+            "Nodes",
+            "Registered",
+            "Age"
+        ]
     );
 }
 
@@ -55,14 +67,20 @@ fn schema_constrains_driver_name_kubelet_dir_replicas_and_enums() {
     let s = schema_json();
     let spec = &s["openAPIV3Schema"]["properties"]["spec"]["properties"];
     assert_eq!(spec["driverName"]["maxLength"], 63);
-    assert!(spec["driverName"]["pattern"].as_str().unwrap_or("").starts_with("^[a-z0-9]"));
+    assert!(spec["driverName"]["pattern"]
+        .as_str()
+        .unwrap_or("")
+        .starts_with("^[a-z0-9]"));
     assert_eq!(spec["node"]["properties"]["kubeletDir"]["pattern"], "^/");
     assert_eq!(spec["controller"]["properties"]["replicas"]["minimum"], 0.0);
     let policies = &spec["storageClasses"]["items"]["properties"]["reclaimPolicy"]["enum"];
     assert_eq!(policies, &serde_json::json!(["Delete", "Retain"]));
     let pull = &spec["driver"]["properties"]["imagePullPolicy"]["enum"];
     for policy in ["Always", "IfNotPresent", "Never"] {
-        assert!(pull.as_array().is_some_and(|a| a.contains(&policy.into())), "{pull}");
+        assert!(
+            pull.as_array().is_some_and(|a| a.contains(&policy.into())),
+            "{pull}"
+        );
     }
 }
 
@@ -97,7 +115,10 @@ fn driver_name_is_immutable() {
     let mut new_spec = base_spec();
     new_spec.driver_name = "other.csi.k8s.io".into();
     let err = validate_cel_update(&object(new_spec), &old).expect_err("rename must be refused");
-    assert!(format!("{err:?}").contains("driverName is immutable"), "{err:?}");
+    assert!(
+        format!("{err:?}").contains("driverName is immutable"),
+        "{err:?}"
+    );
     let mut same = base_spec();
     same.version = "v1.18.0".into();
     assert!(validate_cel_update(&object(same), &old).is_ok());
@@ -108,7 +129,10 @@ fn kubelet_dir_must_be_clean() {
     let mut spec = base_spec();
     spec.node.kubelet_dir = "/var/lib/../kubelet".into();
     let err = validate_cel(&object(spec)).expect_err("dirty path refused");
-    assert!(format!("{err:?}").contains("clean absolute path"), "{err:?}");
+    assert!(
+        format!("{err:?}").contains("clean absolute path"),
+        "{err:?}"
+    );
 }
 
 fn class(name: &str, is_default: bool) -> StorageClassSpec {

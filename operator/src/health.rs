@@ -1,0 +1,237 @@
+//! Health of a deployed driver, computed from the live workloads, the driver's
+//! pods and the cluster's CSINode objects. Pure: the reconciler hands in what
+//! its caches hold.
+
+use std::collections::BTreeSet;
+
+use chrono::{DateTime, Duration, Utc};
+use csiops_crds::{ControllerCounts, NodeCounts, UnhealthyPod};
+use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::storage::v1::CSINode;
+
+use crate::render::labels::COMPONENT;
+use crate::rollout::{ControllerObs, NodeObs};
+
+/// A Ready node pod gets this long to be registered before it is reported:
+/// registration follows readiness by a few seconds on a healthy node.
+pub const REGISTRATION_GRACE_SECONDS: i64 = 30;
+
+/// Container waiting reasons that mean the pod will not come up by itself.
+const BAD_WAITING_REASONS: &[&str] = &[
+    "CrashLoopBackOff",
+    "ImagePullBackOff",
+    "ErrImagePull",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+];
+
+/// Inputs of [`assess`].
+pub struct HealthInput<'a> {
+    pub driver_name: &'a str,
+    pub kubelet_dir: &'a str,
+    pub registration_required: bool,
+    pub statefulset: Option<&'a StatefulSet>,
+    pub daemonset: Option<&'a DaemonSet>,
+    /// This object's pods (controller and node).
+    pub pods: &'a [Pod],
+    pub csinodes: &'a [CSINode],
+    pub now: DateTime<Utc>,
+}
+
+/// Result of [`assess`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Health {
+    pub controller: ControllerCounts,
+    pub node: NodeCounts,
+    /// Nodes whose CSINode lists the driver.
+    pub registered_nodes: i32,
+    /// Nodes running one of our node pods whose CSINode lists the driver.
+    pub registered_on_pod_nodes: i32,
+    pub controller_pods: usize,
+    pub node_pods: usize,
+    pub unhealthy: Vec<UnhealthyPod>,
+}
+
+/// Whether the CSINode lists the driver.
+pub fn csinode_has_driver(csinode: &CSINode, driver: &str) -> bool {
+    csinode.spec.drivers.iter().any(|d| d.name == driver)
+}
+
+/// Computes counts, registration and the unhealthy pods with their reasons.
+pub fn assess(input: &HealthInput<'_>) -> Health {
+    let registered: BTreeSet<&str> = input
+        .csinodes
+        .iter()
+        .filter(|c| csinode_has_driver(c, input.driver_name))
+        .filter_map(|c| c.metadata.name.as_deref())
+        .collect();
+
+    let mut health = Health {
+        registered_nodes: registered.len() as i32,
+        ..Health::default()
+    };
+
+    if let Some(sts) = input.statefulset {
+        let status = sts.status.as_ref();
+        health.controller = ControllerCounts {
+            desired: sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
+            ready: status.and_then(|s| s.ready_replicas).unwrap_or(0),
+            updated: status.and_then(|s| s.updated_replicas).unwrap_or(0),
+        };
+    }
+    if let Some(ds) = input.daemonset {
+        if let Some(s) = ds.status.as_ref() {
+            health.node = NodeCounts {
+                desired: s.desired_number_scheduled,
+                ready: s.number_ready,
+                updated: s.updated_number_scheduled.unwrap_or(0),
+                available: s.number_available.unwrap_or(0),
+            };
+        }
+    }
+
+    let mut pod_nodes = BTreeSet::new();
+    for pod in input.pods {
+        let component = pod
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(COMPONENT))
+            .map(String::as_str);
+        match component {
+            Some("controller") => health.controller_pods += 1,
+            Some("node") => health.node_pods += 1,
+            _ => continue,
+        }
+        if pod.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+        if component == Some("node") {
+            if let Some(n) = &node {
+                pod_nodes.insert(n.clone());
+            }
+        }
+        if let Some(u) = pod_problem(pod, component == Some("node"), &registered, input) {
+            health.unhealthy.push(u);
+        }
+    }
+    health.registered_on_pod_nodes = pod_nodes
+        .iter()
+        .filter(|n| registered.contains(n.as_str()))
+        .count() as i32;
+    health.unhealthy.sort_by(|a, b| a.name.cmp(&b.name));
+    health
+}
+
+fn pod_problem(
+    pod: &Pod,
+    is_node_pod: bool,
+    registered: &BTreeSet<&str>,
+    input: &HealthInput<'_>,
+) -> Option<UnhealthyPod> {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+    let status = pod.status.as_ref()?;
+    let unhealthy = |reason: &str, message: String| UnhealthyPod {
+        name: name.clone(),
+        node: node.clone(),
+        reason: reason.to_string(),
+        message,
+    };
+
+    for cs in status.container_statuses.iter().flatten() {
+        let waiting = cs.state.as_ref().and_then(|s| s.waiting.as_ref());
+        if let Some(w) = waiting {
+            let reason = w.reason.as_deref().unwrap_or("");
+            if BAD_WAITING_REASONS.contains(&reason) {
+                let msg = w.message.as_deref().unwrap_or("no message");
+                return Some(unhealthy(reason, format!("container {}: {msg}", cs.name)));
+            }
+        }
+    }
+    if status.phase.as_deref() == Some("Failed") {
+        let msg = status
+            .message
+            .clone()
+            .unwrap_or_else(|| "pod failed".into());
+        return Some(unhealthy("Failed", msg));
+    }
+    let conditions = status.conditions.iter().flatten();
+    for c in conditions.clone() {
+        if c.type_ == "PodScheduled" && c.status == "False" {
+            let reason = c.reason.as_deref().unwrap_or("Unschedulable");
+            let msg = c.message.clone().unwrap_or_default();
+            return Some(unhealthy(reason, msg));
+        }
+    }
+
+    // A node pod that is Ready but whose node's CSINode lacks the driver: the
+    // kubelet never saw the registration socket, usually a wrong kubeletDir.
+    if is_node_pod && input.registration_required {
+        let ready_since = conditions
+            .clone()
+            .find(|c| c.type_ == "Ready" && c.status == "True")
+            .map(|c| {
+                c.last_transition_time
+                    .as_ref()
+                    .and_then(|t| DateTime::from_timestamp(t.0.as_second(), 0))
+                    .unwrap_or(input.now)
+            });
+        if let (Some(since), Some(node_name)) = (ready_since, node.as_deref()) {
+            let grace = Duration::seconds(REGISTRATION_GRACE_SECONDS);
+            if !registered.contains(node_name) && input.now - since >= grace {
+                return Some(unhealthy(
+                    "NotRegistered",
+                    format!(
+                        "pod is Ready but CSINode {node_name} does not list driver {}; \
+                         check that spec.node.kubeletDir ({}) is the kubelet's root directory",
+                        input.driver_name, input.kubelet_dir
+                    ),
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// The live StatefulSet as the rollout state machine sees it.
+pub fn controller_obs(sts: &StatefulSet, hash_annotation: &str) -> ControllerObs {
+    let status = sts.status.as_ref();
+    ControllerObs {
+        hash: annotation(&sts.metadata, hash_annotation),
+        generation: sts.metadata.generation.unwrap_or(0),
+        observed_generation: status.and_then(|s| s.observed_generation).unwrap_or(0),
+        spec_replicas: sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
+        replicas: status.map_or(0, |s| s.replicas),
+        ready: status.and_then(|s| s.ready_replicas).unwrap_or(0),
+        updated: status.and_then(|s| s.updated_replicas).unwrap_or(0),
+    }
+}
+
+/// The live DaemonSet as the rollout state machine sees it.
+pub fn node_obs(ds: &DaemonSet, hash_annotation: &str) -> NodeObs {
+    let status = ds.status.as_ref();
+    NodeObs {
+        hash: annotation(&ds.metadata, hash_annotation),
+        generation: ds.metadata.generation.unwrap_or(0),
+        observed_generation: status.and_then(|s| s.observed_generation).unwrap_or(0),
+        desired: status.map_or(0, |s| s.desired_number_scheduled),
+        updated: status.and_then(|s| s.updated_number_scheduled).unwrap_or(0),
+        available: status.and_then(|s| s.number_available).unwrap_or(0),
+        ready: status.map_or(0, |s| s.number_ready),
+    }
+}
+
+fn annotation(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    key: &str,
+) -> Option<String> {
+    meta.annotations.as_ref().and_then(|a| a.get(key)).cloned()
+}
+
+#[cfg(test)]
+mod tests;

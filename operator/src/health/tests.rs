@@ -1,0 +1,202 @@
+use super::*;
+use serde_json::json;
+
+fn now() -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339("2026-11-21T10:00:00Z")
+        .map(|t| t.with_timezone(&Utc))
+        .expect("fixed time")
+}
+
+fn pod(name: &str, component: &str, node: &str, status: serde_json::Value) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {COMPONENT: component}},
+        "spec": {"nodeName": node, "containers": []},
+        "status": status,
+    }))
+    .expect("pod fixture")
+}
+
+fn ready_since(t: &str) -> serde_json::Value {
+    json!({"phase": "Running", "conditions": [
+        {"type": "Ready", "status": "True", "lastTransitionTime": t}
+    ]})
+}
+
+fn csinode(name: &str, drivers: &[&str]) -> CSINode {
+    let drivers: Vec<_> = drivers
+        .iter()
+        .map(|d| json!({"name": d, "nodeID": name}))
+        .collect();
+    serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"drivers": drivers}}))
+        .expect("csinode fixture")
+}
+
+fn input<'a>(pods: &'a [Pod], csinodes: &'a [CSINode]) -> HealthInput<'a> {
+    HealthInput {
+        driver_name: "hostpath.csi.k8s.io",
+        kubelet_dir: "/var/lib/kubelet",
+        registration_required: true,
+        statefulset: None,
+        daemonset: None,
+        pods,
+        csinodes,
+        now: now(),
+    }
+}
+
+#[test]
+fn registered_nodes_count_only_csinodes_listing_the_driver() {
+    let csinodes = [
+        csinode("n1", &["hostpath.csi.k8s.io"]),
+        csinode("n2", &["other.csi.example.com"]),
+        csinode("n3", &["other.csi.example.com", "hostpath.csi.k8s.io"]),
+    ];
+    let pods = [
+        pod("node-a", "node", "n1", ready_since("2026-11-21T09:00:00Z")),
+        pod("node-b", "node", "n2", ready_since("2026-11-21T09:59:50Z")),
+    ];
+    let h = assess(&input(&pods, &csinodes));
+    assert_eq!(h.registered_nodes, 2);
+    assert_eq!(h.registered_on_pod_nodes, 1);
+    assert_eq!(h.node_pods, 2);
+    // node-b is Ready for 10s only: still within the registration grace.
+    assert!(h.unhealthy.is_empty(), "{:?}", h.unhealthy);
+}
+
+#[test]
+fn ready_node_pod_on_unregistered_node_is_reported_with_kubelet_dir_hint() {
+    let csinodes = [csinode("n2", &["other.csi.example.com"])];
+    let pods = [pod(
+        "node-b",
+        "node",
+        "n2",
+        ready_since("2026-11-21T09:00:00Z"),
+    )];
+    let h = assess(&input(&pods, &csinodes));
+    assert_eq!(h.unhealthy.len(), 1);
+    let u = &h.unhealthy[0];
+    assert_eq!(
+        (u.name.as_str(), u.reason.as_str()),
+        ("node-b", "NotRegistered")
+    );
+    assert_eq!(u.node.as_deref(), Some("n2"));
+    assert!(
+        u.message.contains("kubeletDir (/var/lib/kubelet)"),
+        "{}",
+        u.message
+    );
+
+    let mut no_registrar = input(&pods, &csinodes);
+    no_registrar.registration_required = false;
+    assert!(assess(&no_registrar).unhealthy.is_empty());
+}
+
+#[test]
+fn crash_loops_image_pulls_and_unschedulable_pods_are_reported() {
+    let crash = pod(
+        "ctrl-0",
+        "controller",
+        "n1",
+        json!({"phase": "Running", "containerStatuses": [{
+            "name": "csi-driver", "image": "x", "imageID": "", "ready": false, "restartCount": 7,
+            "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 5m0s"}}
+        }]}),
+    );
+    let pull = pod(
+        "node-x",
+        "node",
+        "n1",
+        json!({"phase": "Pending", "containerStatuses": [{
+            "name": "csi-driver", "image": "x", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"waiting": {"reason": "ImagePullBackOff", "message": "not found"}}
+        }]}),
+    );
+    let unsched = pod(
+        "ctrl-1",
+        "controller",
+        "",
+        json!({"phase": "Pending", "conditions": [{
+            "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            "message": "0/3 nodes are available"
+        }]}),
+    );
+    let fine = pod("node-y", "node", "n1", ready_since("2026-11-21T09:00:00Z"));
+    let pods = [crash, pull, unsched, fine];
+    let csinodes = [csinode("n1", &["hostpath.csi.k8s.io"])];
+    let h = assess(&input(&pods, &csinodes));
+    let got: Vec<(&str, &str)> = h
+        .unhealthy
+        .iter()
+        .map(|u| (u.name.as_str(), u.reason.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("ctrl-0", "CrashLoopBackOff"),
+            ("ctrl-1", "Unschedulable"),
+            ("node-x", "ImagePullBackOff")
+        ]
+    );
+    assert!(h.unhealthy[0].message.contains("csi-driver: back-off 5m0s"));
+    assert_eq!((h.controller_pods, h.node_pods), (2, 2));
+}
+
+#[test]
+fn terminating_pods_are_counted_but_not_reported() {
+    let mut p = pod("ctrl-0", "controller", "n1", json!({"phase": "Failed"}));
+    p.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+    ));
+    let pods = [p];
+    let h = assess(&input(&pods, &[]));
+    assert_eq!(h.controller_pods, 1);
+    assert!(h.unhealthy.is_empty());
+}
+
+#[test]
+fn workload_counts_and_observations_come_from_the_live_objects() {
+    let sts: StatefulSet = serde_json::from_value(json!({
+        "metadata": {"name": "x-controller", "generation": 4, "annotations": {"h": "abc"}},
+        "spec": {"replicas": 2, "selector": {}, "serviceName": "x", "template": {}},
+        "status": {"replicas": 2, "readyReplicas": 1, "updatedReplicas": 2, "observedGeneration": 3}
+    }))
+    .expect("sts fixture");
+    let ds: DaemonSet = serde_json::from_value(json!({
+        "metadata": {"name": "x-node", "generation": 2},
+        "spec": {"selector": {}, "template": {}},
+        "status": {"currentNumberScheduled": 3, "desiredNumberScheduled": 3, "numberMisscheduled": 0,
+                   "numberReady": 3, "numberAvailable": 2, "updatedNumberScheduled": 1, "observedGeneration": 2}
+    }))
+    .expect("ds fixture");
+    let mut i = input(&[], &[]);
+    i.statefulset = Some(&sts);
+    i.daemonset = Some(&ds);
+    let h = assess(&i);
+    assert_eq!(
+        (
+            h.controller.desired,
+            h.controller.ready,
+            h.controller.updated
+        ),
+        (2, 1, 2)
+    );
+    assert_eq!(
+        (
+            h.node.desired,
+            h.node.ready,
+            h.node.updated,
+            h.node.available
+        ),
+        (3, 3, 1, 2)
+    );
+
+    let c = controller_obs(&sts, "h");
+    assert_eq!(c.hash.as_deref(), Some("abc"));
+    assert_eq!(
+        (c.generation, c.observed_generation, c.spec_replicas),
+        (4, 3, 2)
+    );
+    let n = node_obs(&ds, "h");
+    assert_eq!(n.hash, None);
+    assert_eq!((n.desired, n.updated, n.available), (3, 1, 2));
+}

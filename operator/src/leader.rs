@@ -1,0 +1,905 @@
+//! Leader election on a `coordination.k8s.io/v1` Lease, modelled on client-go's
+//! `leaderelection` package.
+//!
+//! Several replicas of the operator may run for availability, but only one may
+//! reconcile at a time: two reconcilers driving the same rollout would fight.
+//! The replica whose identity is in the Lease's `holderIdentity`, and which
+//! keeps `renewTime` fresh, is the leader; the others wait until the lease
+//! expires (`renewTime + leaseDurationSeconds < now`) or is released, then take
+//! it over. Every write is a `replace` carrying the `resourceVersion` that was
+//! read, so the API server serialises competing writers: a `409 Conflict` means
+//! someone else wrote first, and we re-read and decide again.
+//!
+//! Like client-go, expiry is judged by comparing the holder's `renewTime` with
+//! the local clock, so replicas' clocks must agree to well within
+//! `lease_duration - renew_deadline` (NTP on the nodes is enough).
+//!
+//! Usage: [`LeaderElector::acquire`], then run the controller alongside
+//! [`LeaderElector::renew_loop`] and exit the process when the latter returns;
+//! on graceful shutdown call [`LeaderElector::release`].
+
+use std::convert::Infallible;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::{Api, PostParams};
+use kube::Client;
+use tokio::time::Instant;
+
+/// How long a lease stays valid after its last renewal (client-go default).
+pub const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(15);
+/// How long the leader keeps trying to renew before giving up (client-go default).
+pub const DEFAULT_RENEW_DEADLINE: Duration = Duration::from_secs(10);
+/// Interval between acquire/renew attempts (client-go default).
+pub const DEFAULT_RETRY_PERIOD: Duration = Duration::from_secs(2);
+
+/// Maximum extra random wait between acquire attempts, as a fraction of
+/// `retry_period` (client-go's `JitterFactor`), so standbys do not hit the API
+/// server in lockstep.
+const JITTER_FACTOR: f64 = 1.2;
+
+/// Where the lease lives, who we are, and the election timings.
+///
+/// The timings must satisfy `lease_duration > renew_deadline >
+/// retry_period * 1.2` (see [`LeaderConfig::validate`]): the leader must give
+/// up (after `renew_deadline`) strictly before standbys may take the lease over
+/// (after `lease_duration`), or two leaders could overlap.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaderConfig {
+    /// Name of the Lease object.
+    pub lease_name: String,
+    /// Namespace of the Lease object.
+    pub namespace: String,
+    /// This replica's unique identity (typically the pod name); written to
+    /// `holderIdentity`.
+    pub identity: String,
+    /// Validity of the lease after each renewal; written as
+    /// `leaseDurationSeconds` (rounded up to whole seconds).
+    pub lease_duration: Duration,
+    /// How long the leader may fail to renew before it considers leadership lost.
+    pub renew_deadline: Duration,
+    /// Interval between attempts to acquire or renew.
+    pub retry_period: Duration,
+}
+
+impl LeaderConfig {
+    /// A config with client-go's default timings (15s / 10s / 2s).
+    pub fn new(
+        lease_name: impl Into<String>,
+        namespace: impl Into<String>,
+        identity: impl Into<String>,
+    ) -> Self {
+        Self {
+            lease_name: lease_name.into(),
+            namespace: namespace.into(),
+            identity: identity.into(),
+            lease_duration: DEFAULT_LEASE_DURATION,
+            renew_deadline: DEFAULT_RENEW_DEADLINE,
+            retry_period: DEFAULT_RETRY_PERIOD,
+        }
+    }
+
+    /// Rejects configs under which two replicas could both believe they lead,
+    /// or that cannot be written to a Lease.
+    pub fn validate(&self) -> Result<(), LeaderError> {
+        let invalid = |msg: String| Err(LeaderError::InvalidConfig(msg));
+        if self.lease_name.is_empty() {
+            return invalid("lease name is empty".into());
+        }
+        if self.namespace.is_empty() {
+            return invalid("lease namespace is empty".into());
+        }
+        if self.identity.is_empty() {
+            return invalid("identity is empty".into());
+        }
+        if self.retry_period.is_zero() {
+            return invalid("retry period must be positive".into());
+        }
+        if self.lease_duration <= self.renew_deadline {
+            return invalid(format!(
+                "lease duration {:?} must be greater than renew deadline {:?}",
+                self.lease_duration, self.renew_deadline
+            ));
+        }
+        if self.renew_deadline.as_secs_f64() <= self.retry_period.as_secs_f64() * JITTER_FACTOR {
+            return invalid(format!(
+                "renew deadline {:?} must be greater than retry period {:?} * {JITTER_FACTOR}",
+                self.renew_deadline, self.retry_period
+            ));
+        }
+        if i32::try_from(self.lease_duration.as_secs()).is_err() {
+            return invalid(format!(
+                "lease duration {:?} is too long",
+                self.lease_duration
+            ));
+        }
+        Ok(())
+    }
+
+    /// `lease_duration` as `leaseDurationSeconds`, rounded up so others never
+    /// consider the lease expired earlier than we do.
+    fn lease_duration_seconds(&self) -> i32 {
+        let secs =
+            self.lease_duration.as_secs() + u64::from(self.lease_duration.subsec_nanos() > 0);
+        i32::try_from(secs).unwrap_or(i32::MAX)
+    }
+}
+
+/// What to do with the lease, given its current state. Computed by [`decide`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// No lease exists: create it with us as holder.
+    Create,
+    /// The lease was released (no holder) or has expired: take it over.
+    /// `previous_holder` is `None` when it was released.
+    TakeOver {
+        /// The expired holder, for logging.
+        previous_holder: Option<String>,
+    },
+    /// We hold the lease: renew it.
+    Renew,
+    /// Someone else holds a valid lease: wait and retry.
+    Wait {
+        /// The current holder.
+        holder: String,
+    },
+}
+
+/// Decides how `identity` should act on `lease` at time `now`.
+///
+/// Pure, so the election rules can be tested without a cluster. A lease with no
+/// `leaseDurationSeconds` is judged with `cfg.lease_duration`; a held lease
+/// with no `renewTime` counts as expired.
+pub fn decide(
+    lease: Option<&Lease>,
+    identity: &str,
+    now: DateTime<Utc>,
+    cfg: &LeaderConfig,
+) -> Decision {
+    let Some(lease) = lease else {
+        return Decision::Create;
+    };
+    let spec = lease.spec.as_ref();
+    let holder = spec
+        .and_then(|s| s.holder_identity.as_deref())
+        .filter(|h| !h.is_empty());
+    let (Some(holder), Some(spec)) = (holder, spec) else {
+        return Decision::TakeOver {
+            previous_holder: None,
+        };
+    };
+    if holder == identity {
+        return Decision::Renew;
+    }
+    let expired = match spec.renew_time.as_ref() {
+        None => true,
+        Some(renew) => {
+            let duration_secs = spec
+                .lease_duration_seconds
+                .unwrap_or_else(|| cfg.lease_duration_seconds())
+                .max(0);
+            let expiry = renew
+                .0
+                .as_microsecond()
+                .saturating_add(i64::from(duration_secs) * 1_000_000);
+            expiry < now.timestamp_micros()
+        }
+    };
+    if expired {
+        Decision::TakeOver {
+            previous_holder: Some(holder.to_owned()),
+        }
+    } else {
+        Decision::Wait {
+            holder: holder.to_owned(),
+        }
+    }
+}
+
+/// The lease to write for `decision`, or `None` for [`Decision::Wait`].
+///
+/// Metadata (including `resourceVersion`) is copied from `current`, so the
+/// write fails with a conflict if someone changed the lease since it was read.
+fn build_lease(
+    current: Option<&Lease>,
+    decision: &Decision,
+    now: DateTime<Utc>,
+    cfg: &LeaderConfig,
+) -> Result<Option<Lease>, LeaderError> {
+    let now = micro_time(now)?;
+    let lease = match (decision, current) {
+        (Decision::Wait { .. }, _) => return Ok(None),
+        (Decision::Create, _) | (_, None) => Lease {
+            metadata: ObjectMeta {
+                name: Some(cfg.lease_name.clone()),
+                namespace: Some(cfg.namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(cfg.identity.clone()),
+                lease_duration_seconds: Some(cfg.lease_duration_seconds()),
+                acquire_time: Some(now.clone()),
+                renew_time: Some(now),
+                lease_transitions: Some(0),
+                ..LeaseSpec::default()
+            }),
+        },
+        (Decision::TakeOver { .. }, Some(current)) => {
+            let mut lease = current.clone();
+            let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+            spec.holder_identity = Some(cfg.identity.clone());
+            spec.lease_duration_seconds = Some(cfg.lease_duration_seconds());
+            spec.acquire_time = Some(now.clone());
+            spec.renew_time = Some(now);
+            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
+            lease
+        }
+        (Decision::Renew, Some(current)) => {
+            let mut lease = current.clone();
+            let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+            spec.holder_identity = Some(cfg.identity.clone());
+            spec.lease_duration_seconds = Some(cfg.lease_duration_seconds());
+            if spec.acquire_time.is_none() {
+                spec.acquire_time = Some(now.clone());
+            }
+            spec.renew_time = Some(now);
+            lease
+        }
+    };
+    Ok(Some(lease))
+}
+
+/// `current` with the holder cleared and a 1s duration, so a standby can take
+/// it over on its next attempt instead of waiting for expiry.
+fn released_lease(current: &Lease, now: DateTime<Utc>) -> Result<Lease, LeaderError> {
+    let now = micro_time(now)?;
+    let mut lease = current.clone();
+    let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+    spec.holder_identity = None;
+    spec.lease_duration_seconds = Some(1);
+    spec.renew_time = Some(now);
+    Ok(lease)
+}
+
+fn micro_time(t: DateTime<Utc>) -> Result<MicroTime, LeaderError> {
+    k8s_openapi::jiff::Timestamp::from_microsecond(t.timestamp_micros())
+        .map(MicroTime)
+        .map_err(LeaderError::Time)
+}
+
+/// Why leader election failed or leadership ended.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaderError {
+    /// The [`LeaderConfig`] is unusable; fix the flags.
+    #[error("invalid leader election config: {0}")]
+    InvalidConfig(String),
+    /// A call to the API server failed.
+    #[error("lease {op} failed")]
+    Kube {
+        /// What we were doing: "get", "create", "replace".
+        op: &'static str,
+        /// The client error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Someone else wrote the lease between our read and our write.
+    #[error("lease was modified concurrently")]
+    Conflict,
+    /// An API call did not complete in time.
+    #[error("lease request timed out")]
+    Timeout,
+    /// The clock reading cannot be expressed as a Kubernetes MicroTime.
+    #[error("current time cannot be written to the lease")]
+    Time(#[source] k8s_openapi::jiff::Error),
+    /// Another replica now holds the lease; we must stop acting as leader.
+    #[error("leadership lost: lease is now held by {holder:?}")]
+    Lost {
+        /// The new holder.
+        holder: String,
+    },
+    /// We could not renew within `renew_deadline`; another replica may take
+    /// over soon, so we must stop acting as leader.
+    #[error("leadership lost: lease not renewed within {deadline:?}")]
+    RenewDeadlineExceeded {
+        /// The configured renew deadline.
+        deadline: Duration,
+        /// The last renewal failure, if any.
+        #[source]
+        last_error: Option<Box<LeaderError>>,
+    },
+    /// [`LeaderElector::renew_loop`] was called while not holding the lease.
+    #[error("not the leader")]
+    NotLeader,
+}
+
+impl LeaderError {
+    /// Errors that retrying cannot fix (missing RBAC, an invalid object or
+    /// config). `acquire` returns these instead of retrying forever, so the
+    /// pod fails visibly.
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            LeaderError::InvalidConfig(_) | LeaderError::Time(_) => true,
+            LeaderError::Kube {
+                source: kube::Error::Api(status),
+                ..
+            } => status.is_forbidden() || status.is_invalid(),
+            _ => false,
+        }
+    }
+}
+
+/// Result of one acquire-or-renew attempt.
+#[derive(Debug)]
+enum Attempt {
+    /// We hold the lease (just created, taken over or renewed).
+    Held,
+    /// Someone else holds a valid lease.
+    Wait { holder: String },
+}
+
+/// Mutable election state, behind a mutex that is never held across `.await`.
+#[derive(Debug, Default)]
+struct State {
+    /// The lease as we last wrote it (with its new `resourceVersion`), for the
+    /// fast renew path that skips the GET. `None` forces a re-read.
+    written: Option<Lease>,
+    /// When we started the last successful write. The `renewTime` we wrote is
+    /// no earlier than this, so `renew_deadline` measured from here is safe.
+    /// `None` when we are not the leader.
+    last_renew: Option<Instant>,
+    /// Holder seen on the last read, to log only changes.
+    observed_holder: Option<String>,
+}
+
+/// Runs leader election for one replica. Share it via `Arc` if `renew_loop`
+/// and `release` are called from different tasks.
+#[derive(Debug)]
+pub struct LeaderElector {
+    api: Api<Lease>,
+    cfg: LeaderConfig,
+    state: Mutex<State>,
+}
+
+impl LeaderElector {
+    /// Validates `cfg` and prepares to elect on its Lease.
+    pub fn new(client: Client, cfg: LeaderConfig) -> Result<Self, LeaderError> {
+        cfg.validate()?;
+        Ok(Self {
+            api: Api::namespaced(client, &cfg.namespace),
+            cfg,
+            state: Mutex::new(State::default()),
+        })
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &LeaderConfig {
+        &self.cfg
+    }
+
+    /// Whether we believe we hold the lease: we acquired it and have not lost
+    /// or released it. For status reporting; `renew_loop` is what enforces loss.
+    pub fn is_leader(&self) -> bool {
+        self.state().last_renew.is_some()
+    }
+
+    /// Waits until this replica holds the lease, retrying every `retry_period`
+    /// (plus jitter). Transient API errors are logged and retried; permanent
+    /// ones (see [`LeaderError::is_permanent`]) are returned. Cancel-safe: drop
+    /// the future to stop waiting (then call [`release`](Self::release) in case
+    /// a write landed).
+    pub async fn acquire(&self) -> Result<(), LeaderError> {
+        tracing::info!(
+            lease = %self.lease_ref(),
+            identity = %self.cfg.identity,
+            "waiting to acquire leader lease"
+        );
+        loop {
+            match tokio::time::timeout(self.cfg.renew_deadline, self.attempt()).await {
+                Ok(Ok(Attempt::Held)) => return Ok(()),
+                Ok(Ok(Attempt::Wait { .. })) | Ok(Err(LeaderError::Conflict)) => {}
+                Ok(Err(error)) if error.is_permanent() => {
+                    tracing::error!(lease = %self.lease_ref(), error = %ErrorChain(&error), "cannot acquire leader lease");
+                    return Err(error);
+                }
+                Ok(Err(error)) => {
+                    tracing::warn!(lease = %self.lease_ref(), error = %ErrorChain(&error), "failed to acquire leader lease, retrying");
+                }
+                Err(_) => {
+                    tracing::warn!(lease = %self.lease_ref(), "leader lease request timed out, retrying");
+                }
+            }
+            tokio::time::sleep(jittered(self.cfg.retry_period)).await;
+        }
+    }
+
+    /// Keeps renewing the lease every `retry_period` while we lead. Returns
+    /// only when leadership is lost: another replica took the lease
+    /// ([`LeaderError::Lost`]) or no renewal succeeded within `renew_deadline`
+    /// ([`LeaderError::RenewDeadlineExceeded`]). The caller must then stop
+    /// reconciling at once, normally by exiting the process.
+    pub async fn renew_loop(&self) -> Result<Infallible, LeaderError> {
+        let mut last_error: Option<LeaderError> = None;
+        loop {
+            let last_renew = self.state().last_renew.ok_or(LeaderError::NotLeader)?;
+            let deadline = last_renew + self.cfg.renew_deadline;
+            let next = (Instant::now() + self.cfg.retry_period).min(deadline);
+            tokio::time::sleep_until(next).await;
+            if Instant::now() >= deadline {
+                return Err(self.lost_deadline(last_error));
+            }
+            match tokio::time::timeout_at(deadline, self.attempt()).await {
+                Ok(Ok(Attempt::Held)) => {
+                    if last_error.take().is_some() {
+                        tracing::info!(lease = %self.lease_ref(), "leader lease renewed again");
+                    }
+                }
+                Ok(Ok(Attempt::Wait { holder })) => {
+                    self.forget_leadership();
+                    tracing::error!(lease = %self.lease_ref(), %holder, "leadership lost to another replica");
+                    return Err(LeaderError::Lost { holder });
+                }
+                Ok(Err(error)) => {
+                    tracing::warn!(lease = %self.lease_ref(), error = %ErrorChain(&error), "failed to renew leader lease");
+                    last_error = Some(error);
+                }
+                Err(_) => return Err(self.lost_deadline(Some(LeaderError::Timeout))),
+            }
+        }
+    }
+
+    /// Gives the lease up if we still hold it, so a standby takes over at once
+    /// instead of after `lease_duration`. Call on graceful shutdown, after
+    /// reconciling has stopped. Best effort: failures are logged, and the
+    /// lease then simply expires.
+    pub async fn release(&self) {
+        self.forget_leadership();
+        match tokio::time::timeout(self.cfg.renew_deadline, self.try_release()).await {
+            Ok(Ok(true)) => {
+                tracing::info!(lease = %self.lease_ref(), identity = %self.cfg.identity, "released leader lease");
+            }
+            Ok(Ok(false)) => {
+                tracing::debug!(lease = %self.lease_ref(), "leader lease not held, nothing to release");
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(lease = %self.lease_ref(), error = %ErrorChain(&error), "failed to release leader lease; it will expire");
+            }
+            Err(_) => {
+                tracing::warn!(lease = %self.lease_ref(), "releasing leader lease timed out; it will expire");
+            }
+        }
+    }
+
+    /// Returns whether we released the lease (false: it was not ours).
+    async fn try_release(&self) -> Result<bool, LeaderError> {
+        let Some(current) = self
+            .api
+            .get_opt(&self.cfg.lease_name)
+            .await
+            .map_err(kube_err("get"))?
+        else {
+            return Ok(false);
+        };
+        let ours = current
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.as_deref())
+            == Some(self.cfg.identity.as_str());
+        if !ours {
+            return Ok(false);
+        }
+        let lease = released_lease(&current, Utc::now())?;
+        match self
+            .api
+            .replace(&self.cfg.lease_name, &PostParams::default(), &lease)
+            .await
+        {
+            Ok(_) => Ok(true),
+            // Someone wrote after our read; whatever they wrote, it is not our
+            // claim any more (only we renew our own lease).
+            Err(e) if is_conflict(&e) => Ok(false),
+            Err(e) => Err(kube_err("replace")(e)),
+        }
+    }
+
+    /// One acquire-or-renew step. While leading, first tries to renew the lease
+    /// as we last wrote it (no GET); on any failure of that, or when not
+    /// leading, reads the lease and acts on [`decide`].
+    async fn attempt(&self) -> Result<Attempt, LeaderError> {
+        let pp = PostParams::default();
+        let name = self.cfg.lease_name.as_str();
+
+        let cached = self.state().written.take();
+        if let Some(written) = cached {
+            let started = Instant::now();
+            let lease = build_lease(Some(&written), &Decision::Renew, Utc::now(), &self.cfg)?;
+            if let Some(lease) = lease {
+                match self.api.replace(name, &pp, &lease).await {
+                    Ok(new) => {
+                        self.record_write(new, started);
+                        return Ok(Attempt::Held);
+                    }
+                    Err(e) if is_conflict(&e) => {
+                        tracing::debug!(lease = %self.lease_ref(), "lease changed since our last write, re-reading");
+                    }
+                    Err(e) => return Err(kube_err("replace")(e)),
+                }
+            }
+        }
+
+        let current = self.api.get_opt(name).await.map_err(kube_err("get"))?;
+        let started = Instant::now();
+        let now = Utc::now();
+        let decision = decide(current.as_ref(), &self.cfg.identity, now, &self.cfg);
+        if let Decision::Wait { holder } = &decision {
+            self.observe_holder(holder);
+            return Ok(Attempt::Wait {
+                holder: holder.clone(),
+            });
+        }
+        let Some(lease) = build_lease(current.as_ref(), &decision, now, &self.cfg)? else {
+            return Err(LeaderError::Conflict);
+        };
+        let written = match decision {
+            Decision::Create => self.api.create(&pp, &lease).await.map_err(|e| {
+                if is_conflict(&e) {
+                    LeaderError::Conflict
+                } else {
+                    kube_err("create")(e)
+                }
+            })?,
+            _ => self.api.replace(name, &pp, &lease).await.map_err(|e| {
+                if is_conflict(&e) {
+                    LeaderError::Conflict
+                } else {
+                    kube_err("replace")(e)
+                }
+            })?,
+        };
+        let was_leader = self.record_write(written, started);
+        if !was_leader {
+            let transitions = lease.spec.as_ref().and_then(|s| s.lease_transitions);
+            match decision {
+                Decision::TakeOver {
+                    previous_holder: Some(previous),
+                } => tracing::info!(
+                    lease = %self.lease_ref(), identity = %self.cfg.identity, %previous, ?transitions,
+                    "acquired leadership: took over expired lease"
+                ),
+                Decision::TakeOver {
+                    previous_holder: None,
+                } => tracing::info!(
+                    lease = %self.lease_ref(), identity = %self.cfg.identity, ?transitions,
+                    "acquired leadership: took over released lease"
+                ),
+                Decision::Create => tracing::info!(
+                    lease = %self.lease_ref(), identity = %self.cfg.identity,
+                    "acquired leadership: created lease"
+                ),
+                Decision::Renew | Decision::Wait { .. } => tracing::info!(
+                    lease = %self.lease_ref(), identity = %self.cfg.identity,
+                    "acquired leadership: lease was already ours"
+                ),
+            }
+        }
+        Ok(Attempt::Held)
+    }
+
+    /// Remembers a successful write; returns whether we were already leading.
+    fn record_write(&self, written: Lease, started: Instant) -> bool {
+        let mut state = self.state();
+        state.written = Some(written);
+        state.observed_holder = Some(self.cfg.identity.clone());
+        state.last_renew.replace(started).is_some()
+    }
+
+    fn forget_leadership(&self) {
+        let mut state = self.state();
+        state.written = None;
+        state.last_renew = None;
+    }
+
+    fn observe_holder(&self, holder: &str) {
+        let mut state = self.state();
+        if state.observed_holder.as_deref() != Some(holder) {
+            tracing::info!(lease = %self.lease_ref(), %holder, "leader lease held by another replica, standing by");
+            state.observed_holder = Some(holder.to_owned());
+        }
+    }
+
+    fn lost_deadline(&self, last_error: Option<LeaderError>) -> LeaderError {
+        self.forget_leadership();
+        tracing::error!(
+            lease = %self.lease_ref(),
+            deadline = ?self.cfg.renew_deadline,
+            "leadership lost: could not renew lease in time"
+        );
+        LeaderError::RenewDeadlineExceeded {
+            deadline: self.cfg.renew_deadline,
+            last_error: last_error.map(Box::new),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // The state stays consistent even if a holder panicked mid-update
+        // (each field is written whole), so a poisoned lock is usable.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn lease_ref(&self) -> String {
+        format!("{}/{}", self.cfg.namespace, self.cfg.lease_name)
+    }
+}
+
+fn kube_err(op: &'static str) -> impl FnOnce(kube::Error) -> LeaderError {
+    move |source| LeaderError::Kube { op, source }
+}
+
+/// 409 from the API server: a stale `resourceVersion` on replace, or
+/// `AlreadyExists` on create. Both mean another writer won the race.
+fn is_conflict(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(status) if status.is_conflict() || status.is_already_exists())
+}
+
+/// `period` plus up to `JITTER_FACTOR * period` of randomness.
+fn jittered(period: Duration) -> Duration {
+    use std::hash::BuildHasher;
+    // RandomState is seeded randomly per instance: good enough for jitter,
+    // without a dependency on a RNG crate.
+    let bits = std::collections::hash_map::RandomState::new().hash_one(0u8);
+    let unit = (bits >> 11) as f64 / (1u64 << 53) as f64;
+    period + period.mul_f64(JITTER_FACTOR * unit)
+}
+
+/// Displays an error with its sources, for log lines.
+struct ErrorChain<'a>(&'a dyn std::error::Error);
+
+impl std::fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(s) = source {
+            write!(f, ": {s}")?;
+            source = s.source();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    const ME: &str = "csiops-0";
+    const OTHER: &str = "csiops-1";
+
+    fn cfg() -> LeaderConfig {
+        LeaderConfig::new("csiops-leader", "csiops-system", ME)
+    }
+
+    fn t(secs: i64) -> DateTime<Utc> {
+        Utc.timestamp_opt(1_700_000_000 + secs, 0).unwrap()
+    }
+
+    fn lease(holder: Option<&str>, renewed: Option<DateTime<Utc>>, duration: Option<i32>) -> Lease {
+        Lease {
+            metadata: ObjectMeta {
+                name: Some("csiops-leader".into()),
+                namespace: Some("csiops-system".into()),
+                resource_version: Some("42".into()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: holder.map(str::to_owned),
+                renew_time: renewed.map(|r| micro_time(r).unwrap()),
+                acquire_time: renewed
+                    .map(|r| micro_time(r - chrono::Duration::seconds(100)).unwrap()),
+                lease_duration_seconds: duration,
+                lease_transitions: Some(3),
+                ..LeaseSpec::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn no_lease_means_create() {
+        assert_eq!(decide(None, ME, t(0), &cfg()), Decision::Create);
+    }
+
+    #[test]
+    fn own_lease_is_renewed_even_if_expired() {
+        let l = lease(Some(ME), Some(t(0)), Some(15));
+        assert_eq!(decide(Some(&l), ME, t(5), &cfg()), Decision::Renew);
+        assert_eq!(decide(Some(&l), ME, t(100), &cfg()), Decision::Renew);
+    }
+
+    #[test]
+    fn foreign_valid_lease_means_wait() {
+        let l = lease(Some(OTHER), Some(t(0)), Some(15));
+        let wait = Decision::Wait {
+            holder: OTHER.into(),
+        };
+        assert_eq!(decide(Some(&l), ME, t(1), &cfg()), wait);
+        // Exactly at expiry the lease is still valid: expiry is strict.
+        assert_eq!(decide(Some(&l), ME, t(15), &cfg()), wait);
+    }
+
+    #[test]
+    fn foreign_expired_lease_is_taken_over() {
+        let l = lease(Some(OTHER), Some(t(0)), Some(15));
+        let now = t(15) + chrono::Duration::microseconds(1);
+        assert_eq!(
+            decide(Some(&l), ME, now, &cfg()),
+            Decision::TakeOver {
+                previous_holder: Some(OTHER.into())
+            }
+        );
+    }
+
+    #[test]
+    fn lease_duration_falls_back_to_config() {
+        let l = lease(Some(OTHER), Some(t(0)), None);
+        let mut c = cfg();
+        c.lease_duration = Duration::from_secs(30);
+        assert!(matches!(
+            decide(Some(&l), ME, t(20), &c),
+            Decision::Wait { .. }
+        ));
+        assert!(matches!(
+            decide(Some(&l), ME, t(31), &c),
+            Decision::TakeOver { .. }
+        ));
+    }
+
+    #[test]
+    fn foreign_lease_without_renew_time_is_expired() {
+        let l = lease(Some(OTHER), None, Some(15));
+        assert!(matches!(
+            decide(Some(&l), ME, t(0), &cfg()),
+            Decision::TakeOver { .. }
+        ));
+    }
+
+    #[test]
+    fn released_lease_is_taken_over() {
+        let released = Decision::TakeOver {
+            previous_holder: None,
+        };
+        // Holder cleared, renewed just now: still free to take.
+        let l = lease(None, Some(t(0)), Some(1));
+        assert_eq!(decide(Some(&l), ME, t(0), &cfg()), released);
+        // Empty-string holder, as client-go writes it.
+        let l = lease(Some(""), Some(t(0)), Some(15));
+        assert_eq!(decide(Some(&l), ME, t(0), &cfg()), released);
+        // Lease object without a spec.
+        let l = Lease::default();
+        assert_eq!(decide(Some(&l), ME, t(0), &cfg()), released);
+    }
+
+    #[test]
+    fn create_builds_a_fresh_lease() {
+        let l = build_lease(None, &Decision::Create, t(0), &cfg())
+            .unwrap()
+            .unwrap();
+        assert_eq!(l.metadata.name.as_deref(), Some("csiops-leader"));
+        assert_eq!(l.metadata.namespace.as_deref(), Some("csiops-system"));
+        let spec = l.spec.unwrap();
+        assert_eq!(spec.holder_identity.as_deref(), Some(ME));
+        assert_eq!(spec.lease_duration_seconds, Some(15));
+        assert_eq!(spec.lease_transitions, Some(0));
+        assert_eq!(spec.acquire_time, Some(micro_time(t(0)).unwrap()));
+        assert_eq!(spec.renew_time, Some(micro_time(t(0)).unwrap()));
+    }
+
+    #[test]
+    fn takeover_increments_transitions_and_sets_acquire_time() {
+        let old = lease(Some(OTHER), Some(t(0)), Some(15));
+        let decision = decide(Some(&old), ME, t(20), &cfg());
+        let l = build_lease(Some(&old), &decision, t(20), &cfg())
+            .unwrap()
+            .unwrap();
+        assert_eq!(l.metadata.resource_version.as_deref(), Some("42"));
+        let spec = l.spec.unwrap();
+        assert_eq!(spec.holder_identity.as_deref(), Some(ME));
+        assert_eq!(spec.lease_transitions, Some(4));
+        assert_eq!(spec.acquire_time, Some(micro_time(t(20)).unwrap()));
+        assert_eq!(spec.renew_time, Some(micro_time(t(20)).unwrap()));
+    }
+
+    #[test]
+    fn renew_only_moves_renew_time() {
+        let old = lease(Some(ME), Some(t(0)), Some(15));
+        let l = build_lease(Some(&old), &Decision::Renew, t(2), &cfg())
+            .unwrap()
+            .unwrap();
+        assert_eq!(l.metadata.resource_version.as_deref(), Some("42"));
+        let old_spec = old.spec.unwrap();
+        let spec = l.spec.unwrap();
+        assert_eq!(spec.lease_transitions, old_spec.lease_transitions);
+        assert_eq!(spec.acquire_time, old_spec.acquire_time);
+        assert_eq!(spec.renew_time, Some(micro_time(t(2)).unwrap()));
+    }
+
+    #[test]
+    fn wait_builds_nothing() {
+        let old = lease(Some(OTHER), Some(t(0)), Some(15));
+        let decision = Decision::Wait {
+            holder: OTHER.into(),
+        };
+        assert!(build_lease(Some(&old), &decision, t(1), &cfg())
+            .unwrap()
+            .is_none());
+    }
+
+    #[test]
+    fn release_clears_holder_so_others_take_over() {
+        let old = lease(Some(ME), Some(t(0)), Some(15));
+        let l = released_lease(&old, t(1)).unwrap();
+        let spec = l.spec.as_ref().unwrap();
+        assert_eq!(spec.holder_identity, None);
+        assert_eq!(spec.lease_duration_seconds, Some(1));
+        assert_eq!(spec.lease_transitions, Some(3));
+        assert_eq!(
+            decide(Some(&l), OTHER, t(1), &cfg()),
+            Decision::TakeOver {
+                previous_holder: None
+            }
+        );
+    }
+
+    #[test]
+    fn micro_time_serializes_with_microseconds() {
+        let at = t(0) + chrono::Duration::microseconds(123_456);
+        let json = serde_json::to_value(micro_time(at).unwrap()).unwrap();
+        assert_eq!(json, serde_json::json!("2023-11-14T22:13:20.123456Z"));
+    }
+
+    #[test]
+    fn config_validation() {
+        assert!(cfg().validate().is_ok());
+        let mut c = cfg();
+        c.renew_deadline = c.lease_duration;
+        assert!(c.validate().is_err());
+        let mut c = cfg();
+        c.retry_period = Duration::from_secs(9);
+        assert!(c.validate().is_err());
+        let mut c = cfg();
+        c.identity.clear();
+        assert!(c.validate().is_err());
+        let mut c = cfg();
+        c.retry_period = Duration::ZERO;
+        assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn lease_duration_rounds_up() {
+        let mut c = cfg();
+        c.lease_duration = Duration::from_millis(15_500);
+        assert_eq!(c.lease_duration_seconds(), 16);
+    }
+
+    #[test]
+    fn elector_and_its_futures_are_send() {
+        fn is_send_sync<T: Send + Sync>() {}
+        fn is_send<T: Send>(_: T) {}
+        is_send_sync::<LeaderElector>();
+        // Type-checked only: the futures must be spawnable on tokio.
+        let _ = |e: &LeaderElector| {
+            is_send(e.acquire());
+            is_send(e.renew_loop());
+            is_send(e.release());
+        };
+    }
+
+    #[test]
+    fn jitter_stays_in_range() {
+        let p = Duration::from_secs(2);
+        for _ in 0..100 {
+            let j = jittered(p);
+            assert!(j >= p && j <= p.mul_f64(1.0 + JITTER_FACTOR), "{j:?}");
+        }
+    }
+}

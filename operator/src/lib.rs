@@ -1,0 +1,11 @@
+//! csiops operator: reconciles `CSIDriverDeployment` objects into running CSI drivers.
+pub mod admin;
+pub mod cli;
+pub mod health;
+pub mod leader;
+pub mod metrics;
+pub mod reconcile;
+pub mod render;
+pub mod report;
+pub mod rollout;
+pub mod telemetry;

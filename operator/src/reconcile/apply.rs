@@ -1,0 +1,227 @@
+//! Server-side apply that never takes over what this operator does not own.
+//!
+//! Before writing an object, the live one (if any) is read: a namespaced object
+//! must carry our controller owner reference, a cluster-scoped one our
+//! `csiops.dev/owner-uid` label. Anything else is a Conflict: the operator
+//! never overwrites or deletes what it does not own.
+
+use std::fmt::Debug;
+
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions, PropagationPolicy};
+use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use super::error::Error;
+use crate::render::labels::{OWNER_NAME, OWNER_NAMESPACE, OWNER_UID};
+
+/// The one field manager of every write this operator makes.
+pub const FIELD_MANAGER: &str = "csiops-operator";
+/// Annotation with the hash of what was last applied to a supporting object,
+/// so an unchanged object costs a read and no write.
+pub const APPLIED_HASH: &str = "csiops.dev/applied-hash";
+
+/// Who must own an object for us to touch it.
+#[derive(Clone, Copy, Debug)]
+pub struct Owner<'a> {
+    pub uid: &'a str,
+    pub namespace: &'a str,
+    pub name: &'a str,
+}
+
+/// Whether `meta` belongs to `owner`: a controller owner reference with its
+/// UID, or (cluster-scoped objects) the owner-uid label.
+pub fn is_owned_by(meta: &kube::api::ObjectMeta, owner: Owner<'_>) -> bool {
+    let by_ref = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|r| r.uid == owner.uid && r.controller == Some(true));
+    let by_label = meta
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(OWNER_UID))
+        .is_some_and(|u| u == owner.uid);
+    by_ref || by_label
+}
+
+/// ` (owned by ns/name)` when the object names its csiops owner, else empty.
+fn owner_detail(meta: &kube::api::ObjectMeta) -> String {
+    let labels = meta.labels.as_ref();
+    let ns = labels.and_then(|l| l.get(OWNER_NAMESPACE));
+    let name = labels.and_then(|l| l.get(OWNER_NAME));
+    match (ns, name) {
+        (Some(ns), Some(name)) => format!(" (owned by CSIDriverDeployment {ns}/{name})"),
+        _ => " (not managed by csiops)".to_string(),
+    }
+}
+
+/// Stable hash of what we are about to apply.
+pub fn content_hash<K: Serialize>(obj: &K) -> Result<String, serde_json::Error> {
+    let bytes = serde_json::to_vec(obj)?;
+    let digest = Sha256::digest(&bytes);
+    Ok(digest.iter().take(8).map(|b| format!("{b:02x}")).collect())
+}
+
+/// What an apply did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Applied {
+    Created,
+    Updated,
+    Unchanged,
+}
+
+/// Applies `desired` after checking ownership of the live object.
+///
+/// With `skip_unchanged`, an object whose live `APPLIED_HASH` matches is not
+/// written (supporting objects). Workloads pass `false`: their live replicas may
+/// have been changed by a scale-down and must be re-asserted.
+pub async fn apply<K>(
+    api: &Api<K>,
+    kind: &'static str,
+    mut desired: K,
+    owner: Owner<'_>,
+    skip_unchanged: bool,
+) -> Result<Applied, Error>
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + Debug,
+{
+    let name = desired.name_any();
+    let hash = content_hash(&desired).map_err(|source| Error::Serialize {
+        kind,
+        name: name.clone(),
+        source,
+    })?;
+    let live = api.get_opt(&name).await?;
+    if let Some(live) = &live {
+        if !is_owned_by(live.meta(), owner) {
+            return Err(Error::NotOwned {
+                kind,
+                name,
+                detail: owner_detail(live.meta()),
+            });
+        }
+        if skip_unchanged && live.annotations().get(APPLIED_HASH) == Some(&hash) {
+            return Ok(Applied::Unchanged);
+        }
+    }
+    desired
+        .annotations_mut()
+        .insert(APPLIED_HASH.to_string(), hash);
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    api.patch(&name, &params, &Patch::Apply(&desired))
+        .await
+        .map_err(|e| Error::from_write(kind, &name, e))?;
+    Ok(if live.is_some() {
+        Applied::Updated
+    } else {
+        Applied::Created
+    })
+}
+
+/// Deletes the named object if it exists and is ours; `Ok(false)` if absent.
+/// The UID precondition makes sure a same-named replacement is never hit.
+pub async fn delete_owned<K>(
+    api: &Api<K>,
+    kind: &'static str,
+    name: &str,
+    owner: Owner<'_>,
+) -> Result<bool, Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let Some(live) = api.get_opt(name).await? else {
+        return Ok(false);
+    };
+    if !is_owned_by(live.meta(), owner) {
+        return Err(Error::NotOwned {
+            kind,
+            name: name.to_string(),
+            detail: owner_detail(live.meta()),
+        });
+    }
+    let params = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Background),
+        preconditions: Some(Preconditions {
+            uid: live.uid(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(name, &params).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(false),
+        Err(e) => Err(Error::Kube(e)),
+    }
+}
+
+/// The live object, if it exists and is ours; a Conflict if someone else's.
+pub async fn get_owned<K>(
+    api: &Api<K>,
+    kind: &'static str,
+    name: &str,
+    owner: Owner<'_>,
+) -> Result<Option<K>, Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    match api.get_opt(name).await? {
+        Some(live) if !is_owned_by(live.meta(), owner) => Err(Error::NotOwned {
+            kind,
+            name: name.to_string(),
+            detail: owner_detail(live.meta()),
+        }),
+        other => Ok(other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+
+    fn meta(json: serde_json::Value) -> kube::api::ObjectMeta {
+        serde_json::from_value(json).expect("meta fixture")
+    }
+
+    const OWNER: Owner<'static> = Owner {
+        uid: "u-1",
+        namespace: "ns",
+        name: "hp",
+    };
+
+    #[test]
+    fn ownership_needs_our_controller_reference_or_our_uid_label() {
+        let ours = meta(serde_json::json!({"ownerReferences": [
+            {"apiVersion": "csiops.dev/v1alpha1", "kind": "CSIDriverDeployment", "name": "hp", "uid": "u-1", "controller": true}
+        ]}));
+        assert!(is_owned_by(&ours, OWNER));
+        let not_controller = meta(serde_json::json!({"ownerReferences": [
+            {"apiVersion": "v1", "kind": "X", "name": "hp", "uid": "u-1"}
+        ]}));
+        assert!(!is_owned_by(&not_controller, OWNER));
+        let labelled = meta(serde_json::json!({"labels": {OWNER_UID: "u-1"}}));
+        assert!(is_owned_by(&labelled, OWNER));
+        let other = meta(
+            serde_json::json!({"labels": {OWNER_UID: "u-2", OWNER_NAMESPACE: "a", OWNER_NAME: "b"}}),
+        );
+        assert!(!is_owned_by(&other, OWNER));
+        assert_eq!(owner_detail(&other), " (owned by CSIDriverDeployment a/b)");
+        assert_eq!(
+            owner_detail(&meta(serde_json::json!({}))),
+            " (not managed by csiops)"
+        );
+    }
+
+    #[test]
+    fn content_hash_is_stable_and_content_sensitive() {
+        let mut cm = ConfigMap::default();
+        cm.metadata.name = Some("a".into());
+        let h1 = content_hash(&cm).expect("hash");
+        assert_eq!(h1, content_hash(&cm.clone()).expect("hash"));
+        cm.data = Some([("k".to_string(), "v".to_string())].into());
+        assert_ne!(h1, content_hash(&cm).expect("hash"));
+        assert_eq!(h1.len(), 16);
+    }
+}

@@ -1,0 +1,101 @@
+//! Errors of one reconciliation, each mapped to a metric kind and to whether a
+//! user can fix it (reported as Degraded) or it is transient (retried).
+
+use kube::core::Status;
+
+/// Why a reconciliation stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+
+    #[error("{kind} {name} already exists and is not owned by this CSIDriverDeployment{detail}")]
+    NotOwned {
+        kind: &'static str,
+        name: String,
+        /// Who owns it, when known (` (owned by ns/name)`), else empty.
+        detail: String,
+    },
+
+    #[error("the API server rejected {kind} {name}: {message}")]
+    Rejected {
+        kind: &'static str,
+        name: String,
+        message: String,
+    },
+
+    #[error("cannot serialize {kind} {name}: {source}")]
+    Serialize {
+        kind: &'static str,
+        name: String,
+        source: serde_json::Error,
+    },
+
+    #[error("CSIDriverDeployment has no {0}")]
+    MissingMetadata(&'static str),
+}
+
+impl Error {
+    /// Short label for `csiops_reconcile_errors_total{kind}`.
+    pub fn metric_kind(&self) -> &'static str {
+        match self {
+            Error::Kube(_) => "kube",
+            Error::NotOwned { .. } => "conflict",
+            Error::Rejected { .. } => "rejected",
+            Error::Serialize { .. } => "serialize",
+            Error::MissingMetadata(_) => "metadata",
+        }
+    }
+
+    /// Errors a user must fix: reported as Degraded, not retried in a hot loop.
+    pub fn user_facing_reason(&self) -> Option<&'static str> {
+        match self {
+            Error::NotOwned { .. } => Some("Conflict"),
+            Error::Rejected { .. } => Some("ApplyFailed"),
+            _ => None,
+        }
+    }
+
+    /// Classifies an API error of a write: validation and admission refusals are
+    /// the user's to fix; anything else is retried with backoff.
+    pub fn from_write(kind: &'static str, name: &str, err: kube::Error) -> Self {
+        match &err {
+            kube::Error::Api(s) if is_rejection(s) => Error::Rejected {
+                kind,
+                name: name.to_string(),
+                message: s.message.clone(),
+            },
+            _ => Error::Kube(err),
+        }
+    }
+}
+
+/// 400 Bad Request, 403 Forbidden (admission), 422 Invalid.
+fn is_rejection(s: &Status) -> bool {
+    matches!(s.code, 400 | 403 | 422)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api_error(code: u16, message: &str) -> kube::Error {
+        kube::Error::Api(Box::new(Status {
+            code,
+            message: message.into(),
+            ..Status::default()
+        }))
+    }
+
+    #[test]
+    fn validation_refusals_are_user_facing_and_outages_are_not() {
+        let e = Error::from_write("StatefulSet", "x", api_error(422, "spec.template: invalid"));
+        assert_eq!(e.user_facing_reason(), Some("ApplyFailed"));
+        assert!(e
+            .to_string()
+            .contains("StatefulSet x: spec.template: invalid"));
+        let e = Error::from_write("StatefulSet", "x", api_error(503, "unavailable"));
+        assert_eq!(e.user_facing_reason(), None);
+        assert_eq!(e.metric_kind(), "kube");
+    }
+}

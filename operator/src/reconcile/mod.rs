@@ -1,0 +1,755 @@
+//! The controller: one reconciliation turns a `CSIDriverDeployment` into its
+//! children, drives the ordered rollout one step further and writes status.
+//!
+//! Flow of [`reconcile`]:
+//! 1. deleted object → ordered teardown ([`teardown`]);
+//! 2. another object owns the driver name → Degraded (Conflict), nothing touched;
+//! 3. render (pure) → a render error is Degraded (RenderFailed) + Event;
+//! 4. supporting objects applied (ownership-checked), stale cluster-scoped ones pruned;
+//! 5. workloads observed, the state machine planned, its actions executed;
+//! 6. Events for every transition, status by server-side apply.
+
+pub mod apply;
+pub mod cluster;
+pub mod conflict;
+pub mod error;
+pub mod events;
+
+use std::sync::Arc;
+use std::time::Duration as StdDuration;
+
+use chrono::{Duration, Utc};
+use csiops_crds::{CSIDriverDeployment, CSIDriverDeploymentStatus};
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, StorageClass};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::{Action as Requeue, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+use tracing::{info, warn};
+
+use self::apply::{apply, delete_owned, get_owned, Applied, Owner, APPLIED_HASH, FIELD_MANAGER};
+use self::cluster::ClusterScoped;
+use self::error::Error;
+use self::events::{publish, Note};
+use crate::health::{self, Health, HealthInput};
+use crate::metrics::Metrics;
+use crate::render::labels::{self, INSTANCE, MANAGED_BY, MANAGED_BY_VALUE};
+use crate::render::{self, names, RenderConfig, Rendered};
+use crate::report::{self, Problem, ReportInput};
+use crate::rollout::{self, Action, Desired, Observed, Plan};
+
+/// Finalizer that holds a deleted object until its ordered teardown is done.
+pub const FINALIZER: &str = "csiops.dev/teardown";
+
+/// How often an object is looked at while a rollout runs, besides watch events
+/// (the step deadline must be noticed even if nothing changes).
+const ROLLOUT_REQUEUE: StdDuration = StdDuration::from_secs(10);
+/// Resync of a settled object.
+const IDLE_REQUEUE: StdDuration = StdDuration::from_secs(300);
+/// An object the user must fix is retried at this pace.
+const USER_ERROR_REQUEUE: StdDuration = StdDuration::from_secs(60);
+
+/// Shared state of every reconciliation.
+pub struct Context {
+    pub client: Client,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    pub render_cfg: RenderConfig,
+    /// Pods of every csiops-managed workload.
+    pub pods: Store<Pod>,
+    pub csinodes: Store<CSINode>,
+    pub deployments: Store<CSIDriverDeployment>,
+}
+
+/// Options of [`run`].
+pub struct RunConfig {
+    pub render: RenderConfig,
+    /// Reconciliations in parallel.
+    pub concurrency: u16,
+    /// Reporter instance in Events (the pod name).
+    pub instance: Option<String>,
+}
+
+/// Runs the controller until `shutdown` resolves. `on_ready` is called once
+/// the caches have synced.
+pub async fn run(
+    client: Client,
+    metrics: Arc<Metrics>,
+    cfg: RunConfig,
+    on_ready: impl FnOnce() + Send + 'static,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let managed = format!("{MANAGED_BY}={MANAGED_BY_VALUE}");
+    let (pods, pod_writer) = reflector::store();
+    let pod_stream = reflector::reflector(
+        pod_writer,
+        watcher(
+            Api::<Pod>::all(client.clone()),
+            watcher::Config::default().labels(&managed),
+        ),
+    )
+    .default_backoff()
+    .touched_objects();
+    let (csinodes, csinode_writer) = reflector::store();
+    let csinode_stream = reflector::reflector(
+        csinode_writer,
+        watcher(
+            Api::<CSINode>::all(client.clone()),
+            watcher::Config::default(),
+        ),
+    )
+    .default_backoff()
+    .touched_objects();
+
+    let controller = Controller::new(
+        Api::<CSIDriverDeployment>::all(client.clone()),
+        watcher::Config::default(),
+    );
+    let deployments = controller.store();
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "csiops-operator".into(),
+                instance: cfg.instance,
+            },
+        ),
+        metrics,
+        render_cfg: cfg.render,
+        pods: pods.clone(),
+        csinodes: csinodes.clone(),
+        deployments: deployments.clone(),
+    });
+
+    // Signal readiness once the three caches have their first full list.
+    let (p, c, d) = (pods.clone(), csinodes.clone(), deployments.clone());
+    tokio::spawn(async move {
+        let synced = futures::future::join3(
+            p.wait_until_ready(),
+            c.wait_until_ready(),
+            d.wait_until_ready(),
+        )
+        .await;
+        if synced.0.is_ok() && synced.1.is_ok() && synced.2.is_ok() {
+            info!("caches synced");
+            on_ready();
+        }
+    });
+
+    let csinode_targets = deployments.clone();
+    controller
+        .owns(
+            Api::<StatefulSet>::all(client.clone()),
+            watcher::Config::default().labels(&managed),
+        )
+        .owns(
+            Api::<DaemonSet>::all(client.clone()),
+            watcher::Config::default().labels(&managed),
+        )
+        .watches_stream(pod_stream, pod_owner)
+        // A CSINode change can concern any driver (an entry removed names no
+        // driver any more), and there are few CSIDriverDeployments: wake them all.
+        .watches_stream(csinode_stream, move |_csinode: CSINode| {
+            csinode_targets
+                .state()
+                .iter()
+                .map(|d| ObjectRef::from_obj(d.as_ref()))
+                .collect::<Vec<_>>()
+        })
+        .with_config(kube::runtime::controller::Config::default().concurrency(cfg.concurrency))
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                warn!(error = %e, "reconcile loop");
+            }
+        })
+        .await;
+}
+
+/// The CSIDriverDeployment a pod belongs to, from its instance label.
+fn pod_owner(pod: Pod) -> Option<ObjectRef<CSIDriverDeployment>> {
+    let name = pod.labels().get(INSTANCE)?.clone();
+    let ns = pod.namespace()?;
+    Some(ObjectRef::new(&name).within(&ns))
+}
+
+/// Transient failures are retried; the error is counted and logged.
+pub fn error_policy(obj: Arc<CSIDriverDeployment>, err: &Error, ctx: Arc<Context>) -> Requeue {
+    ctx.metrics.reconcile_failed(err.metric_kind());
+    warn!(object = %obj.name_any(), namespace = ?obj.namespace(), error = %err, "reconcile failed; retrying");
+    Requeue::requeue(StdDuration::from_secs(15))
+}
+
+/// One reconciliation of one object.
+pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Result<Requeue, Error> {
+    let _timer = ctx.metrics.reconcile_started();
+    let ns = obj.namespace().ok_or(Error::MissingMetadata("namespace"))?;
+    let uid = obj.uid().ok_or(Error::MissingMetadata("uid"))?;
+    let name = obj.name_any();
+    let owner = Owner {
+        uid: &uid,
+        namespace: &ns,
+        name: &name,
+    };
+    let api: Api<CSIDriverDeployment> = Api::namespaced(ctx.client.clone(), &ns);
+
+    if obj.metadata.deletion_timestamp.is_some() {
+        if !obj.finalizers().iter().any(|f| f == FINALIZER) {
+            return Ok(Requeue::await_change());
+        }
+        return teardown(&obj, &ctx, &api, owner).await;
+    }
+
+    let all = ctx.deployments.state();
+    if let Some(rival) = conflict::rival(&obj, all.iter().map(|d| d.as_ref())) {
+        let problem = Problem {
+            reason: "Conflict",
+            message: conflict::message(&obj, rival),
+        };
+        ctx.metrics.reconcile_failed("conflict");
+        write_problem(&obj, &ctx, &api, &problem).await?;
+        return Ok(Requeue::requeue(USER_ERROR_REQUEUE));
+    }
+
+    ensure_finalizer(&obj, &api).await?;
+
+    let rendered = match render::render(&obj, &ctx.render_cfg) {
+        Ok(r) => r,
+        Err(e) => {
+            let problem = Problem {
+                reason: "RenderFailed",
+                message: format!("cannot render the driver's objects: {e}"),
+            };
+            ctx.metrics.reconcile_failed("render");
+            write_problem(&obj, &ctx, &api, &problem).await?;
+            return Ok(Requeue::requeue(USER_ERROR_REQUEUE));
+        }
+    };
+
+    match drive(&obj, &ctx, &api, owner, &rendered).await {
+        Ok(requeue) => Ok(requeue),
+        Err(e) => match e.user_facing_reason() {
+            Some(reason) => {
+                ctx.metrics.reconcile_failed(e.metric_kind());
+                let problem = Problem {
+                    reason,
+                    message: e.to_string(),
+                };
+                write_problem(&obj, &ctx, &api, &problem).await?;
+                Ok(Requeue::requeue(USER_ERROR_REQUEUE))
+            }
+            None => Err(e),
+        },
+    }
+}
+
+/// Steps 4–6 of a live object.
+async fn drive(
+    obj: &CSIDriverDeployment,
+    ctx: &Context,
+    api: &Api<CSIDriverDeployment>,
+    owner: Owner<'_>,
+    rendered: &Rendered,
+) -> Result<Requeue, Error> {
+    let now = Utc::now();
+    let spec = &obj.spec;
+    let status = obj.status.as_ref();
+
+    if !spec.paused {
+        apply_supporting(obj, ctx, owner, rendered).await?;
+        if status.map(|s| s.observed_generation) != obj.metadata.generation {
+            let cluster = ClusterScoped::new(&ctx.client, labels::cluster_owner_selector(obj));
+            let pruned = cluster.prune(rendered).await?;
+            if pruned > 0 {
+                info!(object = %owner.name, pruned, "removed cluster-scoped objects the spec no longer renders");
+            }
+        }
+    }
+
+    let (sts_api, ds_api) = workload_apis(ctx, owner.namespace);
+    let sts = get_owned(&sts_api, "StatefulSet", &names::controller_name(obj), owner).await?;
+    let ds = get_owned(&ds_api, "DaemonSet", &names::node_name(obj), owner).await?;
+    let pods = pods_of(ctx, owner);
+    let csinodes: Vec<CSINode> = ctx.csinodes.state().iter().map(|c| (**c).clone()).collect();
+    let registration_required = spec.sidecars.registrar.enabled;
+    let health = health::assess(&HealthInput {
+        driver_name: &spec.driver_name,
+        kubelet_dir: &spec.node.kubelet_dir,
+        registration_required,
+        statefulset: sts.as_ref(),
+        daemonset: ds.as_ref(),
+        pods: &pods,
+        csinodes: &csinodes,
+        now,
+    });
+    let observed = observe(sts.as_ref(), ds.as_ref(), &health, 0);
+    let desired = Desired {
+        node_hash: rendered.node_hash.clone(),
+        controller_hash: rendered.controller_hash.clone(),
+        registration_required,
+        step_timeout: Duration::seconds(spec.rollout.step_timeout_seconds),
+        paused: spec.paused,
+        ever_completed: status.is_some_and(|s| s.current_version.is_some()),
+    };
+    let plan = rollout::plan(
+        &desired,
+        &observed,
+        status.and_then(|s| s.rollout.as_ref()),
+        now,
+    );
+
+    for action in &plan.actions {
+        execute(*action, obj, ctx, owner, rendered).await?;
+    }
+    announce(obj, ctx, &plan).await;
+
+    let problem = plan.overdue.as_ref().map(|why| Problem {
+        reason: "RolloutStepTimeout",
+        message: why.clone(),
+    });
+    let new_status = report::build(&ReportInput {
+        previous: status,
+        generation: obj.metadata.generation.unwrap_or(0),
+        spec_version: &spec.version,
+        rollout: plan.rollout.as_ref(),
+        waiting_for: plan.waiting_for.as_deref(),
+        completed: plan.completed,
+        health: &health,
+        problem: problem.as_ref(),
+        paused: spec.paused,
+        deleting: false,
+        now,
+    });
+    write_status(obj, ctx, api, new_status).await?;
+    Ok(if plan.rollout.is_some() {
+        Requeue::requeue(ROLLOUT_REQUEUE)
+    } else {
+        Requeue::requeue(IDLE_REQUEUE)
+    })
+}
+
+/// The ordered teardown of a deleted object.
+async fn teardown(
+    obj: &CSIDriverDeployment,
+    ctx: &Context,
+    api: &Api<CSIDriverDeployment>,
+    owner: Owner<'_>,
+) -> Result<Requeue, Error> {
+    let now = Utc::now();
+    let (sts_api, ds_api) = workload_apis(ctx, owner.namespace);
+    // What is not ours is not torn down: treat a foreign same-named workload as absent.
+    let sts = get_owned(&sts_api, "StatefulSet", &names::controller_name(obj), owner)
+        .await
+        .or_else(ignore_not_owned)?;
+    let ds = get_owned(&ds_api, "DaemonSet", &names::node_name(obj), owner)
+        .await
+        .or_else(ignore_not_owned)?;
+    let cluster = ClusterScoped::new(&ctx.client, labels::cluster_owner_selector(obj));
+    let remaining = cluster.count().await?;
+    let pods = pods_of(ctx, owner);
+    let health = health::assess(&HealthInput {
+        driver_name: &obj.spec.driver_name,
+        kubelet_dir: &obj.spec.node.kubelet_dir,
+        registration_required: false,
+        statefulset: sts.as_ref(),
+        daemonset: ds.as_ref(),
+        pods: &pods,
+        csinodes: &[],
+        now,
+    });
+    let observed = observe(sts.as_ref(), ds.as_ref(), &health, remaining);
+    let status = obj.status.as_ref();
+    let plan = rollout::plan_delete(
+        &observed,
+        status.and_then(|s| s.rollout.as_ref()),
+        Duration::seconds(obj.spec.rollout.step_timeout_seconds),
+        now,
+    );
+    for action in &plan.actions {
+        match action {
+            Action::DeleteController => {
+                delete_owned(&sts_api, "StatefulSet", &names::controller_name(obj), owner).await?;
+            }
+            Action::DeleteNode => {
+                delete_owned(&ds_api, "DaemonSet", &names::node_name(obj), owner).await?;
+            }
+            Action::CleanupClusterScoped => {
+                cluster.delete_all().await?;
+            }
+            Action::RemoveFinalizer => {
+                announce(obj, ctx, &plan).await;
+                remove_finalizer(obj, api).await?;
+                info!(object = %owner.name, namespace = %owner.namespace, "teardown complete");
+                return Ok(Requeue::await_change());
+            }
+            other => warn!(?other, "action not expected during teardown; ignored"),
+        }
+    }
+    announce(obj, ctx, &plan).await;
+    let problem = plan.overdue.as_ref().map(|why| Problem {
+        reason: "RolloutStepTimeout",
+        message: why.clone(),
+    });
+    let new_status = report::build(&ReportInput {
+        previous: status,
+        generation: obj.metadata.generation.unwrap_or(0),
+        spec_version: &obj.spec.version,
+        rollout: plan.rollout.as_ref(),
+        waiting_for: plan.waiting_for.as_deref(),
+        completed: false,
+        health: &health,
+        problem: problem.as_ref(),
+        paused: false,
+        deleting: true,
+        now,
+    });
+    write_status(obj, ctx, api, new_status).await?;
+    Ok(Requeue::requeue(StdDuration::from_secs(5)))
+}
+
+fn ignore_not_owned<K>(e: Error) -> Result<Option<K>, Error> {
+    match e {
+        Error::NotOwned { .. } => Ok(None),
+        other => Err(other),
+    }
+}
+
+fn workload_apis(ctx: &Context, ns: &str) -> (Api<StatefulSet>, Api<DaemonSet>) {
+    (
+        Api::namespaced(ctx.client.clone(), ns),
+        Api::namespaced(ctx.client.clone(), ns),
+    )
+}
+
+/// This object's pods from the shared cache.
+fn pods_of(ctx: &Context, owner: Owner<'_>) -> Vec<Pod> {
+    ctx.pods
+        .state()
+        .iter()
+        .filter(|p| p.namespace().as_deref() == Some(owner.namespace))
+        .filter(|p| p.labels().get(INSTANCE).map(String::as_str) == Some(owner.name))
+        .map(|p| (**p).clone())
+        .collect()
+}
+
+/// What the state machine needs from the live objects.
+fn observe(
+    sts: Option<&StatefulSet>,
+    ds: Option<&DaemonSet>,
+    health: &Health,
+    cluster_scoped_remaining: usize,
+) -> Observed {
+    Observed {
+        controller: sts.map(|s| health::controller_obs(s, labels::TEMPLATE_HASH)),
+        controller_pods: health.controller_pods,
+        node: ds.map(|d| health::node_obs(d, labels::TEMPLATE_HASH)),
+        node_pods: health.node_pods,
+        registered_nodes: health.registered_on_pod_nodes,
+        cluster_scoped_remaining,
+    }
+}
+
+/// ServiceAccounts, RBAC, the CSIDriver and StorageClasses: applied before any
+/// workload so pods never start without their permissions.
+async fn apply_supporting(
+    obj: &CSIDriverDeployment,
+    ctx: &Context,
+    owner: Owner<'_>,
+    r: &Rendered,
+) -> Result<(), Error> {
+    let c = &ctx.client;
+    let sa: Api<ServiceAccount> = Api::namespaced(c.clone(), owner.namespace);
+    apply(
+        &sa,
+        "ServiceAccount",
+        r.controller_service_account.clone(),
+        owner,
+        true,
+    )
+    .await?;
+    apply(
+        &sa,
+        "ServiceAccount",
+        r.node_service_account.clone(),
+        owner,
+        true,
+    )
+    .await?;
+    if let Some(role) = &r.leader_election_role {
+        let api: Api<Role> = Api::namespaced(c.clone(), owner.namespace);
+        apply(&api, "Role", role.clone(), owner, true).await?;
+    }
+    if let Some(binding) = &r.leader_election_role_binding {
+        let api: Api<RoleBinding> = Api::namespaced(c.clone(), owner.namespace);
+        apply(&api, "RoleBinding", binding.clone(), owner, true).await?;
+    }
+    let roles: Api<ClusterRole> = Api::all(c.clone());
+    for role in &r.cluster_roles {
+        apply(&roles, "ClusterRole", role.clone(), owner, true).await?;
+    }
+    let bindings: Api<ClusterRoleBinding> = Api::all(c.clone());
+    for binding in &r.cluster_role_bindings {
+        apply(
+            &bindings,
+            "ClusterRoleBinding",
+            binding.clone(),
+            owner,
+            true,
+        )
+        .await?;
+    }
+
+    // Some CSIDriver fields are immutable: when the API refuses the change,
+    // the object is re-created (running volumes keep working meanwhile).
+    let drivers: Api<CSIDriver> = Api::all(c.clone());
+    match apply(&drivers, "CSIDriver", r.csi_driver.clone(), owner, true).await {
+        Err(Error::Rejected { message, .. }) => {
+            let name = r.csi_driver.name_any();
+            delete_owned(&drivers, "CSIDriver", &name, owner).await?;
+            apply(&drivers, "CSIDriver", r.csi_driver.clone(), owner, true).await?;
+            let note =
+                format!("CSIDriver {name} re-created: an immutable field changed ({message})");
+            publish(
+                &ctx.recorder,
+                obj,
+                &Note::warning("CSIDriverRecreated", note),
+            )
+            .await;
+        }
+        other => {
+            other?;
+        }
+    }
+
+    // StorageClass parameters, provisioner, reclaimPolicy and binding mode are
+    // immutable: a changed class is re-created. Existing PVs are not affected.
+    let classes: Api<StorageClass> = Api::all(c.clone());
+    for class in &r.storage_classes {
+        let name = class.name_any();
+        let want = apply::content_hash(class).map_err(|source| Error::Serialize {
+            kind: "StorageClass",
+            name: name.clone(),
+            source,
+        })?;
+        if let Some(live) = get_owned(&classes, "StorageClass", &name, owner).await? {
+            if live.annotations().get(APPLIED_HASH) != Some(&want) {
+                delete_owned(&classes, "StorageClass", &name, owner).await?;
+                let note = format!("StorageClass {name} re-created with the new spec");
+                publish(
+                    &ctx.recorder,
+                    obj,
+                    &Note {
+                        warning: false,
+                        reason: "StorageClassRecreated".into(),
+                        action: "Apply".into(),
+                        note,
+                    },
+                )
+                .await;
+            }
+        }
+        if apply(&classes, "StorageClass", class.clone(), owner, true).await? == Applied::Created {
+            info!(storage_class = %name, "StorageClass created");
+        }
+    }
+    Ok(())
+}
+
+/// Runs one action of the state machine.
+async fn execute(
+    action: Action,
+    obj: &CSIDriverDeployment,
+    ctx: &Context,
+    owner: Owner<'_>,
+    r: &Rendered,
+) -> Result<(), Error> {
+    let (sts_api, ds_api) = workload_apis(ctx, owner.namespace);
+    match action {
+        Action::ApplyNode => {
+            apply(&ds_api, "DaemonSet", r.daemonset.clone(), owner, false).await?;
+        }
+        Action::ApplyController => {
+            apply(&sts_api, "StatefulSet", r.statefulset.clone(), owner, false).await?;
+        }
+        Action::ScaleControllerToZero => {
+            // Replicas only: the old template stays until the node side is rolled.
+            let name = names::controller_name(obj);
+            let patch = json!({"spec": {"replicas": 0}});
+            sts_api
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(|e| Error::from_write("StatefulSet", &name, e))?;
+        }
+        Action::DeleteController
+        | Action::DeleteNode
+        | Action::CleanupClusterScoped
+        | Action::RemoveFinalizer => {
+            warn!(
+                ?action,
+                "teardown action planned for a live object; ignored"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Events (and metrics) for the plan's transitions.
+async fn announce(obj: &CSIDriverDeployment, ctx: &Context, plan: &Plan) {
+    for t in &plan.transitions {
+        if let rollout::Transition::StepStarted(step) = t {
+            ctx.metrics.rollout_step(step.as_str());
+        }
+        let note = events::for_transition(t, &obj.spec.version);
+        info!(object = %obj.name_any(), reason = %note.reason, "{}", note.note);
+        publish(&ctx.recorder, obj, &note).await;
+    }
+    if let Some(why) = &plan.overdue {
+        let already = obj
+            .status
+            .as_ref()
+            .and_then(|s| s.condition(report::DEGRADED))
+            .is_some_and(|c| c.reason == "RolloutStepTimeout" && c.status == "True");
+        if !already {
+            publish(
+                &ctx.recorder,
+                obj,
+                &Note::warning("RolloutStepTimeout", why.clone()),
+            )
+            .await;
+        }
+    }
+}
+
+/// Status and a Warning Event for a problem the user must fix.
+async fn write_problem(
+    obj: &CSIDriverDeployment,
+    ctx: &Context,
+    api: &Api<CSIDriverDeployment>,
+    problem: &Problem,
+) -> Result<(), Error> {
+    let previous = obj.status.as_ref();
+    let already = previous
+        .and_then(|s| s.condition(report::DEGRADED))
+        .is_some_and(|c| {
+            c.status == "True" && c.reason == problem.reason && c.message == problem.message
+        });
+    if !already {
+        warn!(object = %obj.name_any(), reason = problem.reason, "{}", problem.message);
+        publish(
+            &ctx.recorder,
+            obj,
+            &Note::warning(problem.reason, problem.message.clone()),
+        )
+        .await;
+    }
+    // Keep the last known counts and rollout: nothing was observed or changed.
+    let health = previous.map(health_of_status).unwrap_or_default();
+    let new_status = report::build(&ReportInput {
+        previous,
+        generation: obj.metadata.generation.unwrap_or(0),
+        spec_version: &obj.spec.version,
+        rollout: previous.and_then(|s| s.rollout.as_ref()),
+        waiting_for: None,
+        completed: false,
+        health: &health,
+        problem: Some(problem),
+        paused: obj.spec.paused,
+        deleting: false,
+        now: Utc::now(),
+    });
+    write_status(obj, ctx, api, new_status).await
+}
+
+fn health_of_status(s: &CSIDriverDeploymentStatus) -> Health {
+    Health {
+        controller: s.controller.clone(),
+        node: s.node.clone(),
+        registered_nodes: s.registered_nodes,
+        unhealthy: s.unhealthy_pods.clone(),
+        ..Health::default()
+    }
+}
+
+/// Writes status by server-side apply, only when it changed.
+async fn write_status(
+    obj: &CSIDriverDeployment,
+    _ctx: &Context,
+    api: &Api<CSIDriverDeployment>,
+    status: CSIDriverDeploymentStatus,
+) -> Result<(), Error> {
+    if obj.status.as_ref() == Some(&status) {
+        return Ok(());
+    }
+    let patch = json!({
+        "apiVersion": "csiops.dev/v1alpha1",
+        "kind": "CSIDriverDeployment",
+        "status": status,
+    });
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    match api
+        .patch_status(&obj.name_any(), &params, &Patch::Apply(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        // Deleted meanwhile: nothing to report on.
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+        Err(e) => Err(Error::Kube(e)),
+    }
+}
+
+async fn ensure_finalizer(
+    obj: &CSIDriverDeployment,
+    api: &Api<CSIDriverDeployment>,
+) -> Result<(), Error> {
+    if obj.finalizers().iter().any(|f| f == FINALIZER) {
+        return Ok(());
+    }
+    let mut finalizers = obj.finalizers().to_vec();
+    finalizers.push(FINALIZER.to_string());
+    patch_finalizers(obj, api, finalizers).await
+}
+
+async fn remove_finalizer(
+    obj: &CSIDriverDeployment,
+    api: &Api<CSIDriverDeployment>,
+) -> Result<(), Error> {
+    let finalizers: Vec<String> = obj
+        .finalizers()
+        .iter()
+        .filter(|f| *f != FINALIZER)
+        .cloned()
+        .collect();
+    patch_finalizers(obj, api, finalizers).await
+}
+
+/// The resourceVersion makes the merge patch conditional: another writer's
+/// finalizer is never dropped by a stale list.
+async fn patch_finalizers(
+    obj: &CSIDriverDeployment,
+    api: &Api<CSIDriverDeployment>,
+    finalizers: Vec<String>,
+) -> Result<(), Error> {
+    let patch =
+        json!({"metadata": {"finalizers": finalizers, "resourceVersion": obj.resource_version()}});
+    match api
+        .patch(
+            &obj.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+        Err(e) => Err(Error::Kube(e)),
+    }
+}

@@ -1,0 +1,334 @@
+//! The containers of controller and node pods.
+//!
+//! Every container talks to the driver over the socket in the `socket-dir`
+//! volume mounted at `/csi`; the flags that wire this (and leader election,
+//! HTTP endpoints, registration paths) are set here and refused in
+//! `extraArgs`, so a user cannot silently break the wiring.
+
+use csiops_crds::{DriverOverride, SidecarSpec};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, Probe,
+    SecurityContext, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use super::error::RenderError;
+use super::names::{
+    CONTAINER_ATTACHER, CONTAINER_DRIVER, CONTAINER_LIVENESS_PROBE, CONTAINER_PROVISIONER,
+    CONTAINER_REGISTRAR, REGISTRATION_DIR_MOUNT, SOCKET_DIR_MOUNT, VOLUME_REGISTRATION_DIR,
+    VOLUME_SOCKET_DIR,
+};
+use super::{none_if_empty, Ctx};
+
+/// Port of the liveness-probe sidecar; declared on the driver container
+/// (named [`HEALTHZ_PORT_NAME`]) because kubelet probes the driver's health
+/// through it.
+pub const HEALTHZ_PORT: i32 = 9808;
+/// Name of [`HEALTHZ_PORT`] on the driver container.
+pub const HEALTHZ_PORT_NAME: &str = "healthz";
+/// HTTP endpoint (metrics, healthz) of the provisioner in controller pods.
+pub const PROVISIONER_HTTP_PORT: i32 = 9809;
+/// HTTP endpoint (metrics, healthz) of the attacher in controller pods.
+pub const ATTACHER_HTTP_PORT: i32 = 9810;
+/// HTTP endpoint of the registrar in node pods; kubelet probes its `/healthz`.
+pub const REGISTRAR_HTTP_PORT: i32 = 9809;
+/// Name of [`REGISTRAR_HTTP_PORT`] on the registrar container.
+pub const REGISTRAR_PORT_NAME: &str = "registrar-http";
+
+/// Env var holding the CSI endpoint in every driver container.
+pub const ENV_CSI_ENDPOINT: &str = "CSI_ENDPOINT";
+/// Env var holding the node name in every driver container.
+pub const ENV_KUBE_NODE_NAME: &str = "KUBE_NODE_NAME";
+
+/// Merges env layers: a later variable with the same name replaces the
+/// earlier one in place (keeping its position, which matters for `$(VAR)`
+/// references), so the result never contains a name twice.
+pub(crate) fn merge_env(layers: &[&[EnvVar]]) -> Vec<EnvVar> {
+    let mut out: Vec<EnvVar> = Vec::new();
+    for var in layers.iter().flat_map(|layer| layer.iter()) {
+        match out.iter_mut().find(|existing| existing.name == var.name) {
+            Some(existing) => *existing = var.clone(),
+            None => out.push(var.clone()),
+        }
+    }
+    out
+}
+
+/// An env var taken from the pod's own object (downward API).
+fn field_env(name: &str, field_path: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_string(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                api_version: Some("v1".to_string()),
+                field_path: field_path.to_string(),
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// `socket-dir` at `/csi`, mounted in every container that speaks CSI.
+pub(crate) fn socket_dir_mount() -> VolumeMount {
+    VolumeMount {
+        name: VOLUME_SOCKET_DIR.to_string(),
+        mount_path: SOCKET_DIR_MOUNT.to_string(),
+        ..Default::default()
+    }
+}
+
+fn http_get(path: &str, port: IntOrString) -> Option<HTTPGetAction> {
+    Some(HTTPGetAction {
+        path: Some(path.to_string()),
+        port,
+        ..Default::default()
+    })
+}
+
+/// Where the driver container sits and what it needs there.
+pub(crate) struct DriverPlacement<'a> {
+    /// The workload's overrides (`spec.controller` / `spec.node`).
+    pub overrides: &'a DriverOverride,
+    /// Mounts after `socket-dir`.
+    pub extra_mounts: Vec<VolumeMount>,
+    /// Node pods mount with bidirectional propagation, which needs privilege.
+    pub privileged: bool,
+}
+
+/// The vendor's driver container. `CSI_ENDPOINT` and `KUBE_NODE_NAME` come
+/// first so `driver.args` can reference them; then `driver.env`, then the
+/// workload's override env. Override image/args/resources replace the base.
+pub(crate) fn driver_container(ctx: &Ctx<'_>, placement: DriverPlacement<'_>) -> Container {
+    let driver = &ctx.spec().driver;
+    let ov = placement.overrides;
+    let operator_env = [
+        EnvVar {
+            name: ENV_CSI_ENDPOINT.to_string(),
+            value: Some(format!("unix://{}", ctx.csi_address())),
+            ..Default::default()
+        },
+        field_env(ENV_KUBE_NODE_NAME, "spec.nodeName"),
+    ];
+    let env = merge_env(&[&operator_env, &driver.env, &ov.env]);
+    let args = ov.args.clone().unwrap_or_else(|| driver.args.clone());
+    let image = ov.image.clone().unwrap_or_else(|| driver.image.clone());
+    let resources = ov.resources.clone().or_else(|| driver.resources.clone());
+
+    let mut mounts = vec![socket_dir_mount()];
+    mounts.extend(placement.extra_mounts);
+
+    let liveness = ctx.liveness_probe_enabled();
+    Container {
+        name: CONTAINER_DRIVER.to_string(),
+        image: Some(image),
+        image_pull_policy: driver.image_pull_policy.map(|p| p.as_str().to_string()),
+        args: none_if_empty(args),
+        env: none_if_empty(env),
+        resources,
+        ports: liveness.then(|| {
+            vec![ContainerPort {
+                name: Some(HEALTHZ_PORT_NAME.to_string()),
+                container_port: HEALTHZ_PORT,
+                protocol: Some("TCP".to_string()),
+                ..Default::default()
+            }]
+        }),
+        // The upstream recommendation: the liveness-probe sidecar answers for
+        // the driver, kubelet restarts the driver when its Probe fails.
+        liveness_probe: liveness.then(|| Probe {
+            http_get: http_get(
+                "/healthz",
+                IntOrString::String(HEALTHZ_PORT_NAME.to_string()),
+            ),
+            failure_threshold: Some(5),
+            initial_delay_seconds: Some(10),
+            timeout_seconds: Some(3),
+            period_seconds: Some(2),
+            ..Default::default()
+        }),
+        security_context: placement.privileged.then(|| SecurityContext {
+            privileged: Some(true),
+            allow_privilege_escalation: Some(true),
+            ..Default::default()
+        }),
+        volume_mounts: Some(mounts),
+        ..Default::default()
+    }
+}
+
+/// Fields shared by every sidecar container.
+fn sidecar_container(
+    ctx: &Ctx<'_>,
+    name: &str,
+    key: &'static str,
+    spec: &SidecarSpec,
+    mut args: Vec<String>,
+    operator_env: &[EnvVar],
+    mounts: Vec<VolumeMount>,
+) -> Result<Container, RenderError> {
+    args.extend(spec.extra_args.iter().cloned());
+    Ok(Container {
+        name: name.to_string(),
+        image: Some(ctx.sidecar_image(key)?),
+        image_pull_policy: ctx
+            .spec()
+            .sidecars
+            .image_pull_policy
+            .map(|p| p.as_str().to_string()),
+        args: Some(args),
+        env: none_if_empty(merge_env(&[operator_env, &spec.env])),
+        resources: spec.resources.clone(),
+        volume_mounts: Some(mounts),
+        ..Default::default()
+    })
+}
+
+/// Provisioner and attacher differ only in role, port and one flag.
+fn controller_sidecar(
+    ctx: &Ctx<'_>,
+    name: &str,
+    key: &'static str,
+    role: &str,
+    spec: &SidecarSpec,
+    http_port: i32,
+    extra_operator_args: &[&str],
+) -> Result<Container, RenderError> {
+    let mut args = vec![
+        role.to_string(),
+        format!("--csi-address={}", ctx.csi_address()),
+        format!("--v={}", ctx.spec().log_level),
+        "--timeout=60s".to_string(),
+        // Always on: with more than one replica only the leader may act, and
+        // with one replica it costs one Lease.
+        "--leader-election".to_string(),
+        "--leader-election-namespace=$(NAMESPACE)".to_string(),
+        format!("--http-endpoint=:{http_port}"),
+    ];
+    args.extend(extra_operator_args.iter().map(|a| a.to_string()));
+    let env = [field_env("NAMESPACE", "metadata.namespace")];
+    sidecar_container(ctx, name, key, spec, args, &env, vec![socket_dir_mount()])
+}
+
+/// `csi-provisioner`: creates and deletes volumes for PVCs. Adds the PVC/PV
+/// names to CreateVolume parameters (`--extra-create-metadata`), as most
+/// drivers expect.
+pub(crate) fn provisioner_container(ctx: &Ctx<'_>) -> Result<Container, RenderError> {
+    controller_sidecar(
+        ctx,
+        CONTAINER_PROVISIONER,
+        "provisioner",
+        "provisioner",
+        &ctx.spec().sidecars.provisioner,
+        PROVISIONER_HTTP_PORT,
+        &["--extra-create-metadata"],
+    )
+}
+
+/// `csi-attacher`: handles VolumeAttachments (ControllerPublish/Unpublish).
+pub(crate) fn attacher_container(ctx: &Ctx<'_>) -> Result<Container, RenderError> {
+    controller_sidecar(
+        ctx,
+        CONTAINER_ATTACHER,
+        "attacher",
+        "attacher",
+        &ctx.spec().sidecars.attacher,
+        ATTACHER_HTTP_PORT,
+        &[],
+    )
+}
+
+/// `node-driver-registrar`: registers the driver socket with kubelet through
+/// `/registration` (the only container that mounts it) and maintains CSINode.
+pub(crate) fn registrar_container(ctx: &Ctx<'_>) -> Result<Container, RenderError> {
+    let spec = &ctx.spec().sidecars.registrar;
+    let args = vec![
+        "registrar".to_string(),
+        format!("--csi-address={}", ctx.csi_address()),
+        // The path kubelet dials, i.e. the socket as seen on the host.
+        format!("--kubelet-registration-path={}", ctx.host_socket_path()),
+        format!("--plugin-registration-path={REGISTRATION_DIR_MOUNT}"),
+        format!("--http-endpoint=:{REGISTRAR_HTTP_PORT}"),
+        format!("--v={}", ctx.spec().log_level),
+    ];
+    let env = [field_env("NODE_NAME", "spec.nodeName")];
+    let mounts = vec![
+        socket_dir_mount(),
+        VolumeMount {
+            name: VOLUME_REGISTRATION_DIR.to_string(),
+            mount_path: REGISTRATION_DIR_MOUNT.to_string(),
+            ..Default::default()
+        },
+    ];
+    let mut container = sidecar_container(
+        ctx,
+        CONTAINER_REGISTRAR,
+        "registrar",
+        spec,
+        args,
+        &env,
+        mounts,
+    )?;
+    container.ports = Some(vec![ContainerPort {
+        name: Some(REGISTRAR_PORT_NAME.to_string()),
+        container_port: REGISTRAR_HTTP_PORT,
+        protocol: Some("TCP".to_string()),
+        ..Default::default()
+    }]);
+    // As upstream recommends: kubelet restarts a registrar whose /healthz
+    // fails (e.g. its registration socket was removed), instead of leaving
+    // the node silently without the driver.
+    container.liveness_probe = Some(Probe {
+        http_get: http_get(
+            "/healthz",
+            IntOrString::String(REGISTRAR_PORT_NAME.to_string()),
+        ),
+        initial_delay_seconds: Some(5),
+        timeout_seconds: Some(5),
+        ..Default::default()
+    });
+    Ok(container)
+}
+
+/// `liveness-probe`: serves `/healthz` on [`HEALTHZ_PORT`] by calling the
+/// driver's Probe; the driver container's livenessProbe points at it.
+pub(crate) fn liveness_probe_container(ctx: &Ctx<'_>) -> Result<Container, RenderError> {
+    let args = vec![
+        "liveness-probe".to_string(),
+        format!("--csi-address={}", ctx.csi_address()),
+        format!("--http-endpoint=:{HEALTHZ_PORT}"),
+        "--probe-timeout=3s".to_string(),
+        format!("--v={}", ctx.spec().log_level),
+    ];
+    sidecar_container(
+        ctx,
+        CONTAINER_LIVENESS_PROBE,
+        "livenessProbe",
+        &ctx.spec().sidecars.liveness_probe,
+        args,
+        &[],
+        vec![socket_dir_mount()],
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn var(name: &str, value: &str) -> EnvVar {
+        EnvVar {
+            name: name.into(),
+            value: Some(value.into()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn merge_env_later_wins_in_place() {
+        let merged = merge_env(&[
+            &[var("A", "1"), var("B", "1")],
+            &[var("C", "2"), var("A", "2"), var("C", "3")],
+        ]);
+        assert_eq!(merged, vec![var("A", "2"), var("B", "1"), var("C", "3")]);
+    }
+}

@@ -1,0 +1,72 @@
+//! Why a `CSIDriverDeployment` could not be rendered.
+//!
+//! Each message names the offending field and what to do about it, because it
+//! ends up verbatim in the object's `Degraded` condition where a storage admin
+//! reads it.
+
+use thiserror::Error;
+
+/// A `CSIDriverDeployment` that cannot be turned into Kubernetes objects.
+///
+/// None of these is transient: the reconciler should report it and wait for
+/// the object to be edited rather than retry quickly.
+#[derive(Debug, Error)]
+pub enum RenderError {
+    /// The object lacks metadata that every object read from the API server has.
+    #[error("CSIDriverDeployment has no metadata.{field}; only objects read from the API server can be rendered")]
+    MissingMetadata { field: &'static str },
+
+    /// The name is too long for the controller StatefulSet's pods.
+    #[error(
+        "CSIDriverDeployment name {name:?} is {len} characters, at most {max} are allowed: \
+         the controller StatefulSet `<name>-controller` must be at most {sts_max} characters \
+         because Kubernetes puts `<statefulset>-<revision hash>` into a pod label (63 characters)"
+    )]
+    NameTooLong {
+        name: String,
+        len: usize,
+        max: usize,
+        sts_max: usize,
+    },
+
+    /// An `extraArgs` entry tries to set a flag that the operator wires itself.
+    #[error(
+        "spec.sidecars.{sidecar}.extraArgs contains {arg:?}, which sets --{flag}; the operator \
+         manages --{flag} for the {sidecar} sidecar, remove it from extraArgs"
+    )]
+    ManagedFlag {
+        sidecar: &'static str,
+        flag: String,
+        arg: String,
+    },
+
+    /// An image field is present but empty.
+    #[error("{field} is set but empty; set an image reference or remove the field")]
+    EmptyImage { field: &'static str },
+
+    /// A sidecar is enabled but there is no image to run it from.
+    #[error(
+        "the {sidecar} sidecar is enabled but no sidecar image is configured: set \
+         spec.sidecars.image, configure the operator's default sidecar image, or disable \
+         spec.sidecars.{sidecar}"
+    )]
+    NoSidecarImage { sidecar: &'static str },
+
+    /// `spec.node.kubeletDir` is not a clean absolute path.
+    #[error("spec.node.kubeletDir {dir:?} is invalid: {reason}")]
+    InvalidKubeletDir { dir: String, reason: &'static str },
+
+    /// `spec.driver.socketName` would not be a plain file name.
+    #[error(
+        "spec.driver.socketName {name:?} is invalid: it must be a non-empty file name without '/'"
+    )]
+    InvalidSocketName { name: String },
+
+    /// Serializing a rendered spec for its hash failed (not expected to happen).
+    #[error("cannot serialize the rendered {what} spec for hashing: {source}")]
+    Hash {
+        what: &'static str,
+        #[source]
+        source: serde_json::Error,
+    },
+}

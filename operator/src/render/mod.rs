@@ -1,0 +1,241 @@
+//! Pure rendering of a `CSIDriverDeployment` into the Kubernetes objects that
+//! run its CSI driver, following the Kubernetes CSI design's recommended
+//! deployment: a controller StatefulSet, a node DaemonSet, the `CSIDriver`
+//! object, least-privilege RBAC and optional StorageClasses.
+//!
+//! Nothing here talks to the API server: the same object and config always
+//! render the same objects (checked by golden files in
+//! `operator/tests/golden/`). Every object carries `apiVersion` and `kind`
+//! when serialized, ready for server-side apply.
+
+mod containers;
+mod controller;
+mod csidriver;
+mod error;
+pub mod hash;
+pub mod labels;
+pub mod names;
+mod node;
+pub mod rbac;
+mod storageclass;
+pub mod validate;
+
+use std::collections::BTreeMap;
+
+use csiops_crds::{CSIDriverDeployment, CSIDriverDeploymentSpec};
+use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
+use k8s_openapi::api::core::v1::{LocalObjectReference, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+pub use containers::{
+    ATTACHER_HTTP_PORT, ENV_CSI_ENDPOINT, ENV_KUBE_NODE_NAME, HEALTHZ_PORT, HEALTHZ_PORT_NAME,
+    PROVISIONER_HTTP_PORT, REGISTRAR_HTTP_PORT, REGISTRAR_PORT_NAME,
+};
+pub use error::RenderError;
+pub use labels::Component;
+
+use labels::{common_labels, owner_reference, DEFAULT_CONTAINER, OPERATOR_VERSION, VERSION};
+
+/// Operator-wide inputs of rendering.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RenderConfig {
+    /// Sidecar image used when `spec.sidecars.image` is unset or empty.
+    pub sidecar_image: String,
+    /// Version of the running operator, written as the
+    /// [`labels::OPERATOR_VERSION`] annotation on workloads (not pods).
+    pub operator_version: String,
+}
+
+/// Everything one `CSIDriverDeployment` needs in the cluster.
+///
+/// Namespaced objects carry an owner reference to the CR; cluster-scoped ones
+/// carry [`labels::cluster_owner_labels`] instead.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rendered {
+    pub controller_service_account: ServiceAccount,
+    pub node_service_account: ServiceAccount,
+    /// Leases and events in the CR's namespace for the controller sidecars'
+    /// leader election; `None` when neither provisioner nor attacher runs
+    /// (delete a leftover one then).
+    pub leader_election_role: Option<Role>,
+    /// Binds [`Rendered::leader_election_role`] to the controller SA; `None` with it.
+    pub leader_election_role_binding: Option<RoleBinding>,
+    /// Controller role (union of the enabled controller sidecars), then node
+    /// role (registrar); a role with no rules is omitted.
+    pub cluster_roles: Vec<ClusterRole>,
+    /// One binding per entry of `cluster_roles`, same names, same order.
+    pub cluster_role_bindings: Vec<ClusterRoleBinding>,
+    pub csi_driver: CSIDriver,
+    pub statefulset: StatefulSet,
+    pub daemonset: DaemonSet,
+    pub storage_classes: Vec<StorageClass>,
+    /// Hash of the StatefulSet spec (including replicas).
+    pub controller_hash: String,
+    /// Hash of the DaemonSet spec.
+    pub node_hash: String,
+}
+
+/// Renders every object of `obj`.
+///
+/// Fails without rendering anything when the object is unusable; see
+/// [`RenderError`].
+pub fn render(obj: &CSIDriverDeployment, cfg: &RenderConfig) -> Result<Rendered, RenderError> {
+    let meta = validate::validate(obj)?;
+    let ctx = Ctx {
+        obj,
+        namespace: meta.namespace,
+        kubelet_dir: validate::normalize_kubelet_dir(&obj.spec.node.kubelet_dir)?,
+        cfg,
+    };
+
+    let (statefulset, controller_hash) = controller::statefulset(&ctx)?;
+    let (daemonset, node_hash) = node::daemonset(&ctx)?;
+    let (leader_election_role, leader_election_role_binding) = match rbac::leader_election(&ctx) {
+        Some((role, binding)) => (Some(role), Some(binding)),
+        None => (None, None),
+    };
+    let (cluster_roles, cluster_role_bindings) = rbac::cluster_roles(&ctx);
+
+    Ok(Rendered {
+        controller_service_account: rbac::service_account(&ctx, Component::Controller),
+        node_service_account: rbac::service_account(&ctx, Component::Node),
+        leader_election_role,
+        leader_election_role_binding,
+        cluster_roles,
+        cluster_role_bindings,
+        csi_driver: csidriver::csi_driver(&ctx),
+        statefulset,
+        daemonset,
+        storage_classes: storageclass::storage_classes(&ctx),
+        controller_hash,
+        node_hash,
+    })
+}
+
+/// Validated inputs shared by the builders.
+pub(crate) struct Ctx<'a> {
+    pub obj: &'a CSIDriverDeployment,
+    pub namespace: &'a str,
+    /// `spec.node.kubeletDir` without trailing slash.
+    pub kubelet_dir: String,
+    pub cfg: &'a RenderConfig,
+}
+
+impl Ctx<'_> {
+    pub fn spec(&self) -> &CSIDriverDeploymentSpec {
+        &self.obj.spec
+    }
+
+    /// The socket as every container sees it.
+    pub fn csi_address(&self) -> String {
+        format!(
+            "{}/{}",
+            names::SOCKET_DIR_MOUNT,
+            self.spec().driver.socket_name
+        )
+    }
+
+    /// Host directory of the node socket (`<kubeletDir>/plugins/<driver>/`).
+    pub fn host_plugin_dir(&self) -> String {
+        format!("{}/plugins/{}/", self.kubelet_dir, self.spec().driver_name)
+    }
+
+    /// The node socket as kubelet sees it on the host.
+    pub fn host_socket_path(&self) -> String {
+        format!(
+            "{}{}",
+            self.host_plugin_dir(),
+            self.spec().driver.socket_name
+        )
+    }
+
+    pub fn provisioner_enabled(&self) -> bool {
+        self.spec().sidecars.provisioner.enabled
+    }
+
+    /// The attacher only runs when the driver needs attach at all: with
+    /// `attachRequired: false` Kubernetes never creates VolumeAttachments.
+    pub fn attacher_enabled(&self) -> bool {
+        self.spec().sidecars.attacher.enabled && self.spec().csi_driver.attach_required
+    }
+
+    pub fn registrar_enabled(&self) -> bool {
+        self.spec().sidecars.registrar.enabled
+    }
+
+    pub fn liveness_probe_enabled(&self) -> bool {
+        self.spec().sidecars.liveness_probe.enabled
+    }
+
+    /// `spec.sidecars.image`, else the operator's bundled image.
+    pub fn sidecar_image(&self, sidecar: &'static str) -> Result<String, RenderError> {
+        [
+            self.spec().sidecars.image.as_deref(),
+            Some(self.cfg.sidecar_image.as_str()),
+        ]
+        .into_iter()
+        .flatten()
+        .map(str::trim)
+        .find(|image| !image.is_empty())
+        .map(str::to_string)
+        .ok_or(RenderError::NoSidecarImage { sidecar })
+    }
+}
+
+/// Metadata of a namespaced child: name, namespace, common labels, owner ref.
+pub(crate) fn namespaced_meta(ctx: &Ctx<'_>, name: String, component: Component) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name),
+        namespace: Some(ctx.namespace.to_string()),
+        labels: Some(common_labels(ctx.obj, component)),
+        owner_references: Some(vec![owner_reference(ctx.obj)]),
+        ..Default::default()
+    }
+}
+
+/// Metadata of a workload: [`namespaced_meta`] plus the version annotations
+/// (the template hash is added once the spec is final).
+pub(crate) fn workload_meta(ctx: &Ctx<'_>, name: String, component: Component) -> ObjectMeta {
+    let mut meta = namespaced_meta(ctx, name, component);
+    meta.annotations = Some(BTreeMap::from([
+        (VERSION.to_string(), ctx.spec().version.clone()),
+        (
+            OPERATOR_VERSION.to_string(),
+            ctx.cfg.operator_version.clone(),
+        ),
+    ]));
+    meta
+}
+
+/// Pod template annotations: the version the pod runs (a version change
+/// therefore rolls the pods even if no image changed) and the default
+/// container for `kubectl logs`.
+pub(crate) fn pod_annotations(ctx: &Ctx<'_>, default_container: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (VERSION.to_string(), ctx.spec().version.clone()),
+        (DEFAULT_CONTAINER.to_string(), default_container.to_string()),
+    ])
+}
+
+pub(crate) fn image_pull_secrets(
+    spec: &CSIDriverDeploymentSpec,
+) -> Option<Vec<LocalObjectReference>> {
+    none_if_empty(
+        spec.image_pull_secrets
+            .iter()
+            .map(|name| LocalObjectReference { name: name.clone() })
+            .collect(),
+    )
+}
+
+pub(crate) fn none_if_empty<T>(v: Vec<T>) -> Option<Vec<T>> {
+    (!v.is_empty()).then_some(v)
+}
+
+pub(crate) fn none_if_map_empty(
+    map: &BTreeMap<String, String>,
+) -> Option<BTreeMap<String, String>> {
+    (!map.is_empty()).then(|| map.clone())
+}

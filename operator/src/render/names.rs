@@ -1,0 +1,87 @@
+//! Names of the objects rendered for one `CSIDriverDeployment`.
+//!
+//! The reconciler uses the same functions to find, wait for and delete the
+//! objects, so a name is defined in exactly one place.
+
+use csiops_crds::CSIDriverDeployment;
+
+/// Longest StatefulSet name whose pods can be created: the StatefulSet
+/// controller writes `controller-revision-hash=<name>-<hash>` (hash up to 10
+/// characters) onto every pod, and label values are limited to 63 characters.
+pub const MAX_STATEFULSET_NAME_LEN: usize = 52;
+/// Suffix of the controller StatefulSet and its ServiceAccount.
+pub const CONTROLLER_SUFFIX: &str = "-controller";
+/// Suffix of the node DaemonSet and its ServiceAccount.
+pub const NODE_SUFFIX: &str = "-node";
+/// Longest `CSIDriverDeployment` name that still fits [`MAX_STATEFULSET_NAME_LEN`].
+pub const MAX_CR_NAME_LEN: usize = MAX_STATEFULSET_NAME_LEN - CONTROLLER_SUFFIX.len();
+
+/// Container running the vendor's CSI driver (controller and node pods).
+pub const CONTAINER_DRIVER: &str = "csi-driver";
+/// Provisioner sidecar container (controller pods).
+pub const CONTAINER_PROVISIONER: &str = "csi-provisioner";
+/// Attacher sidecar container (controller pods).
+pub const CONTAINER_ATTACHER: &str = "csi-attacher";
+/// Registrar sidecar container (node pods).
+pub const CONTAINER_REGISTRAR: &str = "node-driver-registrar";
+/// Liveness-probe sidecar container (controller and node pods).
+pub const CONTAINER_LIVENESS_PROBE: &str = "liveness-probe";
+
+/// Volume holding the CSI socket, mounted at [`SOCKET_DIR_MOUNT`].
+pub const VOLUME_SOCKET_DIR: &str = "socket-dir";
+/// Node-only: kubelet's plugin registration directory (registrar only).
+pub const VOLUME_REGISTRATION_DIR: &str = "registration-dir";
+/// Node-only: kubelet's root directory (driver only, bidirectional).
+pub const VOLUME_KUBELET_DIR: &str = "kubelet-dir";
+/// Where every container sees the socket directory.
+pub const SOCKET_DIR_MOUNT: &str = "/csi";
+/// Where the registrar sees kubelet's plugin registration directory.
+pub const REGISTRATION_DIR_MOUNT: &str = "/registration";
+
+fn cr_name(obj: &CSIDriverDeployment) -> &str {
+    obj.metadata.name.as_deref().unwrap_or_default()
+}
+
+/// `<cr-name>-controller`: the controller StatefulSet and its ServiceAccount.
+pub fn controller_name(obj: &CSIDriverDeployment) -> String {
+    format!("{}{CONTROLLER_SUFFIX}", cr_name(obj))
+}
+
+/// `<cr-name>-node`: the node DaemonSet and its ServiceAccount.
+pub fn node_name(obj: &CSIDriverDeployment) -> String {
+    format!("{}{NODE_SUFFIX}", cr_name(obj))
+}
+
+/// `<cr-name>-leader-election`: the namespaced Role and RoleBinding that let
+/// the controller sidecars elect a leader.
+pub fn leader_election_role_name(obj: &CSIDriverDeployment) -> String {
+    format!("{}-leader-election", cr_name(obj))
+}
+
+/// `csiops:<driverName>:controller`: ClusterRole of the controller sidecars.
+///
+/// Keyed by driver name, not CR name, because cluster-scoped objects are
+/// shared by the whole cluster and one driver name has one owner.
+pub fn controller_cluster_role_name(obj: &CSIDriverDeployment) -> String {
+    format!("csiops:{}:controller", obj.spec.driver_name)
+}
+
+/// `csiops:<driverName>:node`: ClusterRole of the node sidecars.
+pub fn node_cluster_role_name(obj: &CSIDriverDeployment) -> String {
+    format!("csiops:{}:node", obj.spec.driver_name)
+}
+
+/// ClusterRoleBinding of the controller ServiceAccount; same name as its role.
+pub fn controller_cluster_role_binding_name(obj: &CSIDriverDeployment) -> String {
+    controller_cluster_role_name(obj)
+}
+
+/// ClusterRoleBinding of the node ServiceAccount; same name as its role.
+pub fn node_cluster_role_binding_name(obj: &CSIDriverDeployment) -> String {
+    node_cluster_role_name(obj)
+}
+
+/// The `CSIDriver` object is named after the driver, as Kubernetes requires.
+pub fn csi_driver_name(obj: &CSIDriverDeployment) -> String {
+    obj.spec.driver_name.clone()
+}

@@ -1,0 +1,143 @@
+//! The node DaemonSet: the driver's node service plus the registrar and the
+//! liveness probe, wired to kubelet through exactly the three hostPath
+//! volumes of the CSI design's "Recommended Mechanism for Deploying CSI
+//! Drivers", all under `spec.node.kubeletDir`.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{
+    DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, RollingUpdateDaemonSet,
+};
+use k8s_openapi::api::core::v1::{
+    HostPathVolumeSource, PodSpec, PodTemplateSpec, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use super::containers::{
+    driver_container, liveness_probe_container, registrar_container, DriverPlacement,
+};
+use super::error::RenderError;
+use super::hash::spec_hash;
+use super::labels::{common_labels, selector_labels, Component, TEMPLATE_HASH};
+use super::names::{
+    node_name, CONTAINER_DRIVER, VOLUME_KUBELET_DIR, VOLUME_REGISTRATION_DIR, VOLUME_SOCKET_DIR,
+};
+use super::{
+    image_pull_secrets, none_if_empty, none_if_map_empty, pod_annotations, workload_meta, Ctx,
+};
+
+fn host_path(name: &str, path: String, type_: &str) -> Volume {
+    Volume {
+        name: name.to_string(),
+        host_path: Some(HostPathVolumeSource {
+            path,
+            type_: Some(type_.to_string()),
+        }),
+        ..Default::default()
+    }
+}
+
+/// Renders the DaemonSet and returns it with its hash (also set as the
+/// [`TEMPLATE_HASH`] annotation).
+pub(crate) fn daemonset(ctx: &Ctx<'_>) -> Result<(DaemonSet, String), RenderError> {
+    let obj = ctx.obj;
+    let spec = ctx.spec();
+    let name = node_name(obj);
+    let kubelet_dir = ctx.kubelet_dir.clone();
+
+    // The driver mounts kubelet's root at the same path as on the host, so
+    // the staging/publish paths kubelet passes in NodeStage/NodePublish are
+    // valid inside the container; Bidirectional propagates its mounts back.
+    let kubelet_mount = VolumeMount {
+        name: VOLUME_KUBELET_DIR.to_string(),
+        mount_path: kubelet_dir.clone(),
+        mount_propagation: Some("Bidirectional".to_string()),
+        ..Default::default()
+    };
+    let mut containers = vec![driver_container(
+        ctx,
+        DriverPlacement {
+            overrides: &spec.node.driver,
+            extra_mounts: vec![kubelet_mount],
+            // Bidirectional mount propagation requires a privileged container.
+            privileged: true,
+        },
+    )];
+    if ctx.registrar_enabled() {
+        containers.push(registrar_container(ctx)?);
+    }
+    if ctx.liveness_probe_enabled() {
+        containers.push(liveness_probe_container(ctx)?);
+    }
+
+    let volumes = vec![
+        // Where the driver creates its socket; kubelet dials it here.
+        host_path(
+            VOLUME_SOCKET_DIR,
+            ctx.host_plugin_dir(),
+            "DirectoryOrCreate",
+        ),
+        // kubelet's plugin watcher directory: must exist, kubelet creates it.
+        host_path(
+            VOLUME_REGISTRATION_DIR,
+            format!("{kubelet_dir}/plugins_registry/"),
+            "Directory",
+        ),
+        host_path(VOLUME_KUBELET_DIR, kubelet_dir, "Directory"),
+    ];
+
+    let pod = PodSpec {
+        service_account_name: Some(name.clone()),
+        containers,
+        volumes: Some(volumes),
+        node_selector: none_if_map_empty(&spec.node.node_selector),
+        tolerations: none_if_empty(spec.node.tolerations.clone()),
+        priority_class_name: spec.node.priority_class_name.clone(),
+        image_pull_secrets: image_pull_secrets(spec),
+        ..Default::default()
+    };
+
+    let ds_spec = DaemonSetSpec {
+        selector: LabelSelector {
+            match_labels: Some(selector_labels(obj, Component::Node)),
+            ..Default::default()
+        },
+        template: PodTemplateSpec {
+            metadata: Some(ObjectMeta {
+                labels: Some(common_labels(obj, Component::Node)),
+                annotations: Some(pod_annotations(ctx, CONTAINER_DRIVER)),
+                ..Default::default()
+            }),
+            spec: Some(pod),
+        },
+        update_strategy: Some(DaemonSetUpdateStrategy {
+            type_: Some("RollingUpdate".to_string()),
+            rolling_update: Some(RollingUpdateDaemonSet {
+                max_unavailable: Some(
+                    spec.node
+                        .max_unavailable
+                        .clone()
+                        .unwrap_or(IntOrString::Int(1)),
+                ),
+                ..Default::default()
+            }),
+        }),
+        ..Default::default()
+    };
+
+    let hash = spec_hash("node DaemonSet", &ds_spec)?;
+    let mut metadata = workload_meta(ctx, name, Component::Node);
+    metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(TEMPLATE_HASH.to_string(), hash.clone());
+    Ok((
+        DaemonSet {
+            metadata,
+            spec: Some(ds_spec),
+            status: None,
+        },
+        hash,
+    ))
+}

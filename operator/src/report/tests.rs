@@ -1,0 +1,183 @@
+use super::*;
+use crate::health::Health;
+use csiops_crds::{ControllerCounts, NodeCounts, RolloutStep, UnhealthyPod};
+
+fn t(s: &str) -> DateTime<Utc> {
+    DateTime::parse_from_rfc3339(s)
+        .map(|t| t.with_timezone(&Utc))
+        .expect("fixed time")
+}
+
+fn healthy() -> Health {
+    Health {
+        controller: ControllerCounts {
+            desired: 1,
+            ready: 1,
+            updated: 1,
+        },
+        node: NodeCounts {
+            desired: 3,
+            ready: 3,
+            updated: 3,
+            available: 3,
+        },
+        registered_nodes: 3,
+        registered_on_pod_nodes: 3,
+        controller_pods: 1,
+        node_pods: 3,
+        unhealthy: vec![],
+    }
+}
+
+fn input<'a>(
+    health: &'a Health,
+    previous: Option<&'a CSIDriverDeploymentStatus>,
+) -> ReportInput<'a> {
+    ReportInput {
+        previous,
+        generation: 2,
+        spec_version: "v1.17.0",
+        rollout: None,
+        waiting_for: None,
+        completed: false,
+        health,
+        problem: None,
+        paused: false,
+        deleting: false,
+        now: t("2026-11-21T10:00:00Z"),
+    }
+}
+
+fn cond<'a>(s: &'a CSIDriverDeploymentStatus, type_: &str) -> &'a Condition {
+    s.condition(type_).expect("condition present")
+}
+
+#[test]
+fn completed_rollout_is_running_with_summary_columns() {
+    let h = healthy();
+    let mut i = input(&h, None);
+    i.completed = true;
+    let s = build(&i);
+    assert_eq!(s.phase, Phase::Running);
+    assert_eq!(s.current_version.as_deref(), Some("v1.17.0"));
+    assert_eq!(
+        (
+            s.summary.controller.as_str(),
+            s.summary.nodes.as_str(),
+            s.summary.registered.as_str()
+        ),
+        ("1/1", "3/3", "3/3")
+    );
+    assert_eq!(cond(&s, AVAILABLE).status, "True");
+    assert_eq!(cond(&s, DEGRADED).status, "False");
+    assert_eq!(cond(&s, PROGRESSING).reason, "RolloutComplete");
+    assert!(s.conditions.iter().all(|c| c.observed_generation == 2));
+}
+
+#[test]
+fn rollout_in_progress_shows_kind_step_and_what_it_waits_for() {
+    let h = healthy();
+    let r = RolloutStatus {
+        kind: RolloutKind::Upgrade,
+        step: RolloutStep::NodeRoll,
+        started_at: "2026-11-21T09:59:00Z".into(),
+        step_started_at: "2026-11-21T09:59:30Z".into(),
+        target_node_hash: "n".into(),
+        target_controller_hash: "c".into(),
+    };
+    let prev = CSIDriverDeploymentStatus {
+        current_version: Some("v1.16.0".into()),
+        ..Default::default()
+    };
+    let mut i = input(&h, Some(&prev));
+    i.rollout = Some(&r);
+    i.waiting_for = Some("node pods: 1 updated, 3 available of 3 desired");
+    let s = build(&i);
+    assert_eq!(s.phase, Phase::Upgrading);
+    assert_eq!(s.current_version.as_deref(), Some("v1.16.0"));
+    assert_eq!(s.target_version.as_deref(), Some("v1.17.0"));
+    assert_eq!(cond(&s, PROGRESSING).status, "True");
+    assert!(
+        s.message
+            .contains("Upgrade step NodeRoll: node pods: 1 updated"),
+        "{}",
+        s.message
+    );
+}
+
+#[test]
+fn a_problem_makes_the_object_degraded_with_its_reason() {
+    let h = healthy();
+    let p = Problem {
+        reason: "Conflict",
+        message: "driver hostpath.csi.k8s.io is already deployed by ns-a/hostpath".into(),
+    };
+    let mut i = input(&h, None);
+    i.problem = Some(&p);
+    let s = build(&i);
+    assert_eq!(s.phase, Phase::Degraded);
+    let d = cond(&s, DEGRADED);
+    assert_eq!((d.status.as_str(), d.reason.as_str()), ("True", "Conflict"));
+    assert_eq!(s.message, p.message);
+}
+
+#[test]
+fn unhealthy_pods_degrade_a_deployed_driver() {
+    let mut h = healthy();
+    h.unhealthy.push(UnhealthyPod {
+        name: "x-node-abc".into(),
+        node: Some("n2".into()),
+        reason: "NotRegistered".into(),
+        message: "pod is Ready but CSINode n2 does not list driver".into(),
+    });
+    let prev = CSIDriverDeploymentStatus {
+        current_version: Some("v1.17.0".into()),
+        ..Default::default()
+    };
+    let s = build(&input(&h, Some(&prev)));
+    assert_eq!(s.phase, Phase::Degraded);
+    assert_eq!(cond(&s, DEGRADED).reason, "NotRegistered");
+    assert!(s.message.contains("x-node-abc"), "{}", s.message);
+    assert_eq!(s.unhealthy_pods.len(), 1);
+}
+
+#[test]
+fn transition_time_moves_only_when_status_changes() {
+    let h = healthy();
+    let mut i = input(&h, None);
+    i.completed = true;
+    let first = build(&i);
+    let mut later = input(&h, Some(&first));
+    later.now = t("2026-11-21T11:00:00Z");
+    let second = build(&later);
+    assert_eq!(
+        cond(&second, AVAILABLE).last_transition_time,
+        "2026-11-21T10:00:00Z"
+    );
+
+    let mut broken = healthy();
+    broken.controller.ready = 0;
+    let mut i3 = input(&broken, Some(&second));
+    i3.now = t("2026-11-21T12:00:00Z");
+    let third = build(&i3);
+    let a = cond(&third, AVAILABLE);
+    assert_eq!(
+        (a.status.as_str(), a.reason.as_str()),
+        ("False", "ControllerNotReady")
+    );
+    assert_eq!(a.last_transition_time, "2026-11-21T12:00:00Z");
+    assert_eq!(third.phase, Phase::Degraded);
+}
+
+#[test]
+fn deleting_and_paused_phases() {
+    let h = healthy();
+    let mut i = input(&h, None);
+    i.deleting = true;
+    assert_eq!(build(&i).phase, Phase::Deleting);
+    let mut i = input(&h, None);
+    i.paused = true;
+    let s = build(&i);
+    assert_eq!(s.phase, Phase::Pending);
+    assert_eq!(cond(&s, PROGRESSING).reason, "Paused");
+}

@@ -1,0 +1,559 @@
+//! The ordered rollout state machine, as a pure function.
+//!
+//! `plan` takes what the object asks for ([`Desired`]), what the cluster has
+//! ([`Observed`]) and the step persisted in status, and says which actions to
+//! take now and which step to persist next. It never talks to the API server,
+//! so every transition is unit-tested, including a restart mid-rollout (the
+//! persisted step plus a fresh observation) and an edit mid-rollout (new
+//! desired hashes while a step is under way).
+//!
+//! The order comes from the Kubernetes CSI design: deploy the node DaemonSet
+//! before the controller StatefulSet, tear the controller down before the node.
+//! - Install: `NodeInstall` → `ControllerRoll`.
+//! - Node-side change: `ControllerScaleDown` → `NodeRoll` → `ControllerRoll`.
+//! - Controller-only change: `ControllerRoll`.
+//! - Delete: `ControllerDelete` → `NodeDelete` → `ClusterCleanup` → finalizer removed.
+//!
+//! Every wait is judged on the live objects (template hash, observed
+//! generation, counts), never on what this operator believes it did, so a
+//! lost status write or a restart only repeats idempotent applies.
+
+use chrono::{DateTime, Duration, Utc};
+use csiops_crds::{RolloutKind, RolloutStatus, RolloutStep};
+
+/// What the object asks for, reduced to what the state machine needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Desired {
+    pub node_hash: String,
+    pub controller_hash: String,
+    /// Whether the registrar runs, so that "registered" can be waited for.
+    pub registration_required: bool,
+    pub step_timeout: Duration,
+    pub paused: bool,
+    /// True once a rollout has completed for this object (status.currentVersion set).
+    pub ever_completed: bool,
+}
+
+/// The live controller StatefulSet.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ControllerObs {
+    pub hash: Option<String>,
+    pub generation: i64,
+    pub observed_generation: i64,
+    pub spec_replicas: i32,
+    pub replicas: i32,
+    pub ready: i32,
+    pub updated: i32,
+}
+
+/// The live node DaemonSet.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeObs {
+    pub hash: Option<String>,
+    pub generation: i64,
+    pub observed_generation: i64,
+    pub desired: i32,
+    pub updated: i32,
+    pub available: i32,
+    pub ready: i32,
+}
+
+/// What the cluster has.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Observed {
+    pub controller: Option<ControllerObs>,
+    /// Controller pods that exist, terminating ones included.
+    pub controller_pods: usize,
+    pub node: Option<NodeObs>,
+    /// Node pods that exist, terminating ones included.
+    pub node_pods: usize,
+    /// Nodes running a node pod whose CSINode lists the driver.
+    pub registered_nodes: i32,
+    /// Cluster-scoped objects (CSIDriver, RBAC, StorageClasses) still carrying our owner label.
+    pub cluster_scoped_remaining: usize,
+}
+
+/// One thing the reconciler must do now, in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Server-side apply the rendered node DaemonSet.
+    ApplyNode,
+    /// Server-side apply the rendered controller StatefulSet.
+    ApplyController,
+    /// Set the live StatefulSet's replicas to 0, keeping its template.
+    ScaleControllerToZero,
+    DeleteController,
+    DeleteNode,
+    /// Delete the CSIDriver, cluster RBAC and StorageClasses this object owns.
+    CleanupClusterScoped,
+    /// Teardown is complete: drop the finalizer.
+    RemoveFinalizer,
+}
+
+/// A transition worth an Event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Transition {
+    RolloutStarted(RolloutKind),
+    /// The object changed while a rollout ran; the rollout now aims at the new content.
+    RolloutRetargeted {
+        kind: RolloutKind,
+        step: RolloutStep,
+    },
+    StepStarted(RolloutStep),
+    StepCompleted(RolloutStep),
+    RolloutCompleted(RolloutKind),
+}
+
+/// The outcome of one planning pass.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    pub actions: Vec<Action>,
+    /// The rollout to persist in status; `None` when none is under way.
+    pub rollout: Option<RolloutStatus>,
+    pub transitions: Vec<Transition>,
+    /// What the current step waits for, in words for status and logs.
+    pub waiting_for: Option<String>,
+    /// Set when the current step is past its deadline: the concrete reason.
+    pub overdue: Option<String>,
+    /// A rollout finished in this pass (the reconciler records the version).
+    pub completed: bool,
+}
+
+impl Plan {
+    fn new(rollout: Option<RolloutStatus>) -> Self {
+        Self {
+            actions: Vec::new(),
+            rollout,
+            transitions: Vec::new(),
+            waiting_for: None,
+            overdue: None,
+            completed: false,
+        }
+    }
+}
+
+/// Plans a live (not deleted) object.
+pub fn plan(
+    desired: &Desired,
+    observed: &Observed,
+    persisted: Option<&RolloutStatus>,
+    now: DateTime<Utc>,
+) -> Plan {
+    // A Delete rollout persisted on a live object can only come from a status
+    // that outlived a deletion that was undone; it carries no meaning here.
+    let persisted = persisted.filter(|r| r.kind != RolloutKind::Delete);
+    if desired.paused {
+        let mut plan = Plan::new(persisted.cloned());
+        plan.waiting_for = Some("spec.paused is true: no change is made".to_string());
+        return plan;
+    }
+
+    let mut plan = Plan::new(None);
+    let mut rollout = match persisted {
+        Some(r) => retarget(r, desired, now, &mut plan.transitions),
+        None => match start(desired, observed, now) {
+            Some(r) => {
+                plan.transitions.push(Transition::RolloutStarted(r.kind));
+                plan.transitions.push(Transition::StepStarted(r.step));
+                r
+            }
+            None => {
+                // Steady state: re-apply both to undo drift; the hashes match.
+                plan.actions = vec![Action::ApplyNode, Action::ApplyController];
+                return plan;
+            }
+        },
+    };
+
+    loop {
+        let (actions, wait) = run_step(rollout.step, desired, observed);
+        for a in actions {
+            if !plan.actions.contains(&a) {
+                plan.actions.push(a);
+            }
+        }
+        match wait {
+            Some(waiting) => {
+                plan.overdue = overdue(&rollout, desired.step_timeout, now, &waiting);
+                plan.waiting_for = Some(waiting);
+                plan.rollout = Some(rollout);
+                return plan;
+            }
+            None => {
+                plan.transitions
+                    .push(Transition::StepCompleted(rollout.step));
+                match next_step(rollout.kind, rollout.step) {
+                    Some(step) => {
+                        plan.transitions.push(Transition::StepStarted(step));
+                        rollout.step = step;
+                        rollout.step_started_at = rfc3339(now);
+                    }
+                    None => {
+                        plan.transitions
+                            .push(Transition::RolloutCompleted(rollout.kind));
+                        plan.completed = true;
+                        plan.rollout = None;
+                        return plan;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Plans an object being deleted: the ordered teardown.
+pub fn plan_delete(
+    observed: &Observed,
+    persisted: Option<&RolloutStatus>,
+    step_timeout: Duration,
+    now: DateTime<Utc>,
+) -> Plan {
+    let mut plan = Plan::new(None);
+    let mut rollout = match persisted.filter(|r| r.kind == RolloutKind::Delete) {
+        Some(r) => r.clone(),
+        None => {
+            let r = new_rollout(
+                RolloutKind::Delete,
+                RolloutStep::ControllerDelete,
+                "",
+                "",
+                now,
+            );
+            plan.transitions
+                .push(Transition::RolloutStarted(RolloutKind::Delete));
+            plan.transitions.push(Transition::StepStarted(r.step));
+            r
+        }
+    };
+    loop {
+        let (action, wait) = match rollout.step {
+            RolloutStep::ControllerDelete => (
+                observed
+                    .controller
+                    .is_some()
+                    .then_some(Action::DeleteController),
+                controller_gone(observed),
+            ),
+            RolloutStep::NodeDelete => (
+                observed.node.is_some().then_some(Action::DeleteNode),
+                node_gone(observed),
+            ),
+            RolloutStep::ClusterCleanup => (
+                (observed.cluster_scoped_remaining > 0).then_some(Action::CleanupClusterScoped),
+                (observed.cluster_scoped_remaining > 0).then(|| {
+                    format!(
+                        "{} cluster-scoped object(s) still present",
+                        observed.cluster_scoped_remaining
+                    )
+                }),
+            ),
+            // Any other step persisted here (a deletion that began mid-rollout
+            // before this operator recorded it) restarts the teardown.
+            _ => {
+                rollout.step = RolloutStep::ControllerDelete;
+                rollout.step_started_at = rfc3339(now);
+                continue;
+            }
+        };
+        plan.actions.extend(action);
+        match wait {
+            Some(waiting) => {
+                plan.overdue = overdue(&rollout, step_timeout, now, &waiting);
+                plan.waiting_for = Some(waiting);
+                plan.rollout = Some(rollout);
+                return plan;
+            }
+            None => {
+                plan.transitions
+                    .push(Transition::StepCompleted(rollout.step));
+                match next_step(RolloutKind::Delete, rollout.step) {
+                    Some(step) => {
+                        plan.transitions.push(Transition::StepStarted(step));
+                        rollout.step = step;
+                        rollout.step_started_at = rfc3339(now);
+                    }
+                    None => {
+                        plan.transitions
+                            .push(Transition::RolloutCompleted(RolloutKind::Delete));
+                        plan.actions.push(Action::RemoveFinalizer);
+                        plan.completed = true;
+                        return plan;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Timestamps in status: RFC 3339, whole seconds, `Z`.
+pub fn rfc3339(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+fn new_rollout(
+    kind: RolloutKind,
+    step: RolloutStep,
+    node_hash: &str,
+    controller_hash: &str,
+    now: DateTime<Utc>,
+) -> RolloutStatus {
+    RolloutStatus {
+        kind,
+        step,
+        started_at: rfc3339(now),
+        step_started_at: rfc3339(now),
+        target_node_hash: node_hash.to_string(),
+        target_controller_hash: controller_hash.to_string(),
+    }
+}
+
+/// Decides whether the live objects differ from the desired ones, and which
+/// rollout brings them there.
+fn start(desired: &Desired, observed: &Observed, now: DateTime<Utc>) -> Option<RolloutStatus> {
+    let node_current = observed
+        .node
+        .as_ref()
+        .is_some_and(|n| n.hash.as_deref() == Some(desired.node_hash.as_str()));
+    let controller_current = observed
+        .controller
+        .as_ref()
+        .is_some_and(|c| c.hash.as_deref() == Some(desired.controller_hash.as_str()));
+    let controller_running = observed
+        .controller
+        .as_ref()
+        .is_some_and(|c| c.spec_replicas > 0)
+        || observed.controller_pods > 0;
+
+    let (kind, step) = if !node_current {
+        if controller_running {
+            // The node side changes under a running controller: take the controller down first.
+            (upgrade_kind(desired), RolloutStep::ControllerScaleDown)
+        } else if observed.node.is_none() {
+            (RolloutKind::Install, RolloutStep::NodeInstall)
+        } else {
+            (upgrade_kind(desired), RolloutStep::NodeRoll)
+        }
+    } else if !controller_current {
+        let kind = if desired.ever_completed {
+            RolloutKind::ControllerUpdate
+        } else {
+            RolloutKind::Install
+        };
+        (kind, RolloutStep::ControllerRoll)
+    } else {
+        return None;
+    };
+    Some(new_rollout(
+        kind,
+        step,
+        &desired.node_hash,
+        &desired.controller_hash,
+        now,
+    ))
+}
+
+fn upgrade_kind(desired: &Desired) -> RolloutKind {
+    if desired.ever_completed {
+        RolloutKind::Upgrade
+    } else {
+        RolloutKind::Install
+    }
+}
+
+/// An edit during a rollout: aim the rollout at the new content without ever
+/// bringing up a controller over a node side it was not rolled out with.
+fn retarget(
+    persisted: &RolloutStatus,
+    desired: &Desired,
+    now: DateTime<Utc>,
+    transitions: &mut Vec<Transition>,
+) -> RolloutStatus {
+    let mut r = persisted.clone();
+    let node_changed = r.target_node_hash != desired.node_hash;
+    let controller_changed = r.target_controller_hash != desired.controller_hash;
+    if !node_changed && !controller_changed {
+        return r;
+    }
+    r.target_node_hash = desired.node_hash.clone();
+    r.target_controller_hash = desired.controller_hash.clone();
+    if node_changed {
+        match r.step {
+            // Nothing of the controller exists yet in an install's first step,
+            // and a node roll simply continues with the newer DaemonSet.
+            RolloutStep::NodeInstall | RolloutStep::NodeRoll => {}
+            // The controller may be coming up over the old node side: take it
+            // down again and roll the node side first.
+            _ => {
+                r.step = RolloutStep::ControllerScaleDown;
+                if r.kind == RolloutKind::ControllerUpdate {
+                    r.kind = upgrade_kind(desired);
+                }
+            }
+        }
+    }
+    r.step_started_at = rfc3339(now);
+    transitions.push(Transition::RolloutRetargeted {
+        kind: r.kind,
+        step: r.step,
+    });
+    r
+}
+
+fn next_step(kind: RolloutKind, step: RolloutStep) -> Option<RolloutStep> {
+    use RolloutStep::*;
+    match (kind, step) {
+        (RolloutKind::Delete, ControllerDelete) => Some(NodeDelete),
+        (RolloutKind::Delete, NodeDelete) => Some(ClusterCleanup),
+        (RolloutKind::Delete, _) => None,
+        (_, NodeInstall) | (_, NodeRoll) => Some(ControllerRoll),
+        (_, ControllerScaleDown) => Some(NodeRoll),
+        (_, ControllerRoll) => None,
+        // Teardown steps never appear in a live rollout; finish it.
+        (_, ControllerDelete) | (_, NodeDelete) | (_, ClusterCleanup) => None,
+    }
+}
+
+/// Actions of a step and, if it is not finished, what it still waits for.
+fn run_step(
+    step: RolloutStep,
+    desired: &Desired,
+    observed: &Observed,
+) -> (Vec<Action>, Option<String>) {
+    match step {
+        RolloutStep::NodeInstall | RolloutStep::NodeRoll => {
+            (vec![Action::ApplyNode], node_rolled(desired, observed))
+        }
+        RolloutStep::ControllerScaleDown => {
+            let actions = match &observed.controller {
+                Some(c) if c.spec_replicas != 0 => vec![Action::ScaleControllerToZero],
+                _ => Vec::new(),
+            };
+            (actions, controller_scaled_down(observed))
+        }
+        RolloutStep::ControllerRoll => {
+            // The controller content is only ever applied over a node side
+            // already at its target: the DaemonSet must carry the desired hash.
+            let node_at_target = observed
+                .node
+                .as_ref()
+                .is_some_and(|n| n.hash.as_deref() == Some(desired.node_hash.as_str()));
+            if !node_at_target {
+                return (
+                    vec![Action::ApplyNode],
+                    Some("node DaemonSet is not at the desired content yet".to_string()),
+                );
+            }
+            (
+                vec![Action::ApplyController],
+                controller_ready(desired, observed),
+            )
+        }
+        RolloutStep::ControllerDelete | RolloutStep::NodeDelete | RolloutStep::ClusterCleanup => {
+            (Vec::new(), None)
+        }
+    }
+}
+
+fn node_rolled(desired: &Desired, observed: &Observed) -> Option<String> {
+    let Some(n) = &observed.node else {
+        return Some("node DaemonSet not created yet".to_string());
+    };
+    if n.hash.as_deref() != Some(desired.node_hash.as_str()) {
+        return Some("node DaemonSet not updated yet".to_string());
+    }
+    if n.observed_generation < n.generation {
+        return Some("DaemonSet controller has not observed the new generation".to_string());
+    }
+    if n.updated < n.desired || n.available < n.desired {
+        return Some(format!(
+            "node pods: {} updated, {} available of {} desired",
+            n.updated, n.available, n.desired
+        ));
+    }
+    if desired.registration_required && observed.registered_nodes < n.desired {
+        return Some(format!(
+            "driver registered on {} of {} nodes",
+            observed.registered_nodes, n.desired
+        ));
+    }
+    None
+}
+
+fn controller_scaled_down(observed: &Observed) -> Option<String> {
+    // The StatefulSet controller must have seen replicas=0 (observedGeneration),
+    // or a pod it is about to create could outlive our look at the pod list.
+    if let Some(c) = &observed.controller {
+        if c.spec_replicas != 0 || c.observed_generation < c.generation {
+            return Some("controller scaling down: StatefulSet has not observed replicas=0".into());
+        }
+    }
+    let replicas = observed.controller.as_ref().map_or(0, |c| c.replicas);
+    if replicas > 0 || observed.controller_pods > 0 {
+        return Some(format!(
+            "controller scaling down: {} pod(s) left",
+            observed.controller_pods.max(replicas.max(0) as usize)
+        ));
+    }
+    None
+}
+
+fn controller_ready(desired: &Desired, observed: &Observed) -> Option<String> {
+    let Some(c) = &observed.controller else {
+        return Some("controller StatefulSet not created yet".to_string());
+    };
+    if c.hash.as_deref() != Some(desired.controller_hash.as_str()) {
+        return Some("controller StatefulSet not updated yet".to_string());
+    }
+    if c.observed_generation < c.generation {
+        return Some("StatefulSet controller has not observed the new generation".to_string());
+    }
+    if c.ready < c.spec_replicas || c.updated < c.spec_replicas || c.replicas != c.spec_replicas {
+        return Some(format!(
+            "controller pods: {} ready, {} updated of {} desired",
+            c.ready, c.updated, c.spec_replicas
+        ));
+    }
+    None
+}
+
+fn controller_gone(observed: &Observed) -> Option<String> {
+    (observed.controller.is_some() || observed.controller_pods > 0).then(|| {
+        format!(
+            "controller StatefulSet deleting: {} pod(s) left",
+            observed.controller_pods
+        )
+    })
+}
+
+fn node_gone(observed: &Observed) -> Option<String> {
+    (observed.node.is_some() || observed.node_pods > 0).then(|| {
+        format!(
+            "node DaemonSet deleting: {} pod(s) left",
+            observed.node_pods
+        )
+    })
+}
+
+fn overdue(
+    rollout: &RolloutStatus,
+    timeout: Duration,
+    now: DateTime<Utc>,
+    waiting: &str,
+) -> Option<String> {
+    let started = DateTime::parse_from_rfc3339(&rollout.step_started_at)
+        .ok()?
+        .with_timezone(&Utc);
+    let elapsed = now - started;
+    (elapsed > timeout).then(|| {
+        format!(
+            "step {} has not finished after {}s (deadline {}s): {}",
+            rollout.step,
+            elapsed.num_seconds(),
+            timeout.num_seconds(),
+            waiting
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,854 @@
+//! Golden-file and targeted tests of `csiops_operator::render`.
+//!
+//! Every rendered object is written as YAML to `tests/golden/<case>/<kind>-<name>.yaml`
+//! and compared byte for byte. After an intended change, regenerate with
+//!
+//!     UPDATE_GOLDEN=1 cargo test -p csiops-operator --test render_golden
+//!
+//! and review the diff. The targeted tests below check the rules a storage
+//! admin relies on directly, so they fail on their own even if someone
+//! regenerates the goldens without reading them.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use csiops_crds::CSIDriverDeployment;
+use csiops_operator::render::labels::{
+    self, Component, COMPONENT, INSTANCE, MANAGED_BY, OWNER_UID, TEMPLATE_HASH, VERSION,
+    VERSION_LABEL,
+};
+use csiops_operator::render::{names, render, RenderConfig, RenderError, Rendered};
+use k8s_openapi::api::core::v1::{Container, PodSpec};
+use serde::Deserialize;
+use serde_json::Value;
+
+const UID: &str = "6f2b1d9e-3c4a-4b5f-9e7d-1a2b3c4d5e6f";
+
+fn cfg() -> RenderConfig {
+    RenderConfig {
+        sidecar_image: "ghcr.io/csiops/csiops-sidecar:v0.1.0".to_string(),
+        operator_version: "0.1.0".to_string(),
+    }
+}
+
+fn manifest_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The `CSIDriverDeployment` of `manifests/examples/hostpath.yaml`, with a uid
+/// as the API server would set it.
+fn hostpath() -> CSIDriverDeployment {
+    let path = manifest_dir().join("../manifests/examples/hostpath.yaml");
+    let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let mut found = None;
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let value = Value::deserialize(doc).expect("example is valid YAML");
+        if value["kind"] == "CSIDriverDeployment" {
+            found =
+                Some(serde_json::from_value::<CSIDriverDeployment>(value).expect("example parses"));
+        }
+    }
+    let mut obj = found.expect("example contains a CSIDriverDeployment");
+    obj.metadata.uid = Some(UID.to_string());
+    obj
+}
+
+/// A driver exercising most of the spec: moved kubelet dir, attacher, no
+/// liveness probe, 3 replicas, tolerations, resources, overrides, two classes.
+const CUSTOM: &str = r#"
+apiVersion: csiops.dev/v1alpha1
+kind: CSIDriverDeployment
+metadata:
+  name: block
+  namespace: storage-system
+  uid: 0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d
+spec:
+  driverName: block.csi.example.com
+  version: 2.4.1
+  logLevel: 4
+  imagePullSecrets: [registry-creds]
+  driver:
+    image: registry.example.com/block-csi:2.4.1
+    imagePullPolicy: IfNotPresent
+    socketName: block.sock
+    args: ["--endpoint=$(CSI_ENDPOINT)", "--nodeid=$(KUBE_NODE_NAME)"]
+    env:
+      - {name: LOG_FORMAT, value: json}
+      - {name: MODE, value: all}
+    resources:
+      requests: {cpu: 50m, memory: 64Mi}
+      limits: {memory: 256Mi}
+  controller:
+    replicas: 3
+    nodeSelector: {node-role.kubernetes.io/control-plane: ""}
+    tolerations:
+      - {key: node-role.kubernetes.io/control-plane, operator: Exists, effect: NoSchedule}
+    priorityClassName: system-cluster-critical
+    args: ["--endpoint=$(CSI_ENDPOINT)", "--mode=controller"]
+  node:
+    kubeletDir: /var/lib/k0s/kubelet/
+    maxUnavailable: 10%
+    tolerations:
+      - {operator: Exists}
+    priorityClassName: system-node-critical
+    image: registry.example.com/block-csi-node:2.4.1
+    args: ["--endpoint=$(CSI_ENDPOINT)", "--nodeid=$(KUBE_NODE_NAME)", "--mode=node"]
+    env:
+      - {name: MODE, value: node}
+      - {name: MAX_VOLUMES, value: "64"}
+    resources:
+      requests: {cpu: 100m, memory: 128Mi}
+      limits: {memory: 512Mi}
+  sidecars:
+    image: registry.example.com/csiops-sidecar:v0.1.0
+    imagePullPolicy: Always
+    provisioner:
+      extraArgs: ["--worker-threads=20", "--strict-topology"]
+      resources:
+        requests: {cpu: 10m, memory: 32Mi}
+    attacher:
+      enabled: true
+      extraArgs: ["--worker-threads=5"]
+      env:
+        - {name: RUST_LOG, value: info}
+    registrar:
+      resources:
+        requests: {cpu: 5m, memory: 16Mi}
+    livenessProbe:
+      enabled: false
+  csiDriver:
+    attachRequired: true
+    fsGroupPolicy: ReadWriteOnceWithFSType
+    storageCapacity: true
+  storageClasses:
+    - name: block-fast
+      isDefault: true
+      parameters:
+        type: ssd
+        csi.storage.k8s.io/fstype: ext4
+      reclaimPolicy: Retain
+      allowVolumeExpansion: true
+      mountOptions: [discard]
+    - name: block-slow
+      parameters: {type: hdd}
+"#;
+
+fn custom() -> CSIDriverDeployment {
+    serde_yaml::from_str(CUSTOM).expect("custom object parses")
+}
+
+fn must_render(obj: &CSIDriverDeployment) -> Rendered {
+    render(obj, &cfg()).unwrap_or_else(|e| panic!("render failed: {e}"))
+}
+
+// ---------------------------------------------------------------- goldens
+
+/// Every rendered object as JSON, in apply order.
+fn objects(r: &Rendered) -> Vec<Value> {
+    fn v<T: serde::Serialize>(t: &T) -> Value {
+        serde_json::to_value(t).expect("rendered objects serialize")
+    }
+    let mut out = vec![v(&r.controller_service_account), v(&r.node_service_account)];
+    out.extend(r.leader_election_role.iter().map(v));
+    out.extend(r.leader_election_role_binding.iter().map(v));
+    out.extend(r.cluster_roles.iter().map(v));
+    out.extend(r.cluster_role_bindings.iter().map(v));
+    out.push(v(&r.csi_driver));
+    out.extend(r.storage_classes.iter().map(v));
+    out.push(v(&r.daemonset));
+    out.push(v(&r.statefulset));
+    out
+}
+
+fn golden_file_name(obj: &Value) -> String {
+    let kind = obj["kind"].as_str().unwrap_or("unknown").to_lowercase();
+    // ':' (in cluster role names) is not a portable file name character.
+    let name = obj["metadata"]["name"]
+        .as_str()
+        .unwrap_or("unnamed")
+        .replace(':', "_");
+    format!("{kind}-{name}.yaml")
+}
+
+fn check_golden(case: &str, obj: &CSIDriverDeployment) {
+    let rendered = must_render(obj);
+    let dir = manifest_dir().join("tests/golden").join(case);
+    let update = std::env::var_os("UPDATE_GOLDEN").is_some_and(|v| v == "1");
+
+    let mut expected: BTreeMap<String, String> = BTreeMap::new();
+    for o in objects(&rendered) {
+        // Server-side apply needs apiVersion and kind in the body.
+        assert!(o["apiVersion"].is_string(), "no apiVersion in {o}");
+        assert!(o["kind"].is_string(), "no kind in {o}");
+        let file = golden_file_name(&o);
+        let yaml = serde_yaml::to_string(&o).expect("YAML serialization");
+        assert!(
+            expected.insert(file.clone(), yaml).is_none(),
+            "two objects map to {file}"
+        );
+    }
+
+    if update {
+        fs::create_dir_all(&dir).expect("create golden dir");
+        for entry in fs::read_dir(&dir).expect("list golden dir").flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !expected.contains_key(&name) {
+                fs::remove_file(entry.path()).expect("remove stale golden");
+            }
+        }
+        for (file, yaml) in &expected {
+            fs::write(dir.join(file), yaml).expect("write golden");
+        }
+        return;
+    }
+
+    let mut problems = Vec::new();
+    for (file, yaml) in &expected {
+        let path = dir.join(file);
+        match fs::read_to_string(&path) {
+            Ok(have) if &have == yaml => {}
+            Ok(have) => problems.push(format!(
+                "{}: differs\n{}",
+                path.display(),
+                first_diff(&have, yaml)
+            )),
+            Err(_) => problems.push(format!("{}: missing", path.display())),
+        }
+    }
+    if let Ok(entries) = fs::read_dir(&dir) {
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !expected.contains_key(&name) {
+                problems.push(format!("{}: no longer rendered", entry.path().display()));
+            }
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "golden files of case {case:?} do not match the rendering:\n{}\n\nIf the change is intended, run \
+         `UPDATE_GOLDEN=1 cargo test -p csiops-operator --test render_golden` and review `git diff {}`.",
+        problems.join("\n"),
+        Path::new("operator/tests/golden").join(case).display(),
+    );
+}
+
+/// The first differing line, with a little context, of golden vs rendered.
+fn first_diff(golden: &str, rendered: &str) -> String {
+    let g: Vec<&str> = golden.lines().collect();
+    let r: Vec<&str> = rendered.lines().collect();
+    let i = g.iter().zip(&r).take_while(|(a, b)| a == b).count();
+    let from = i.saturating_sub(3);
+    let show = |lines: &[&str]| {
+        lines
+            .iter()
+            .enumerate()
+            .skip(from)
+            .take(i + 3 - from)
+            .map(|(n, l)| format!("    {:>4} {l}", n + 1))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    format!("  golden:\n{}\n  rendered:\n{}", show(&g), show(&r))
+}
+
+#[test]
+fn golden_hostpath() {
+    check_golden("hostpath", &hostpath());
+}
+
+#[test]
+fn golden_custom() {
+    check_golden("custom", &custom());
+}
+
+// ---------------------------------------------------------------- helpers
+
+fn pod(r: &Rendered, component: Component) -> &PodSpec {
+    let spec = match component {
+        Component::Controller => r.statefulset.spec.as_ref().map(|s| &s.template),
+        Component::Node => r.daemonset.spec.as_ref().map(|s| &s.template),
+    };
+    spec.and_then(|t| t.spec.as_ref())
+        .expect("workload has a pod spec")
+}
+
+fn container_names(p: &PodSpec) -> Vec<&str> {
+    p.containers.iter().map(|c| c.name.as_str()).collect()
+}
+
+fn container<'a>(p: &'a PodSpec, name: &str) -> &'a Container {
+    p.containers
+        .iter()
+        .find(|c| c.name == name)
+        .unwrap_or_else(|| panic!("no container {name} in {:?}", container_names(p)))
+}
+
+fn mounts_of<'a>(p: &'a PodSpec, volume: &str) -> Vec<(&'a str, &'a str, Option<&'a str>)> {
+    p.containers
+        .iter()
+        .flat_map(|c| {
+            c.volume_mounts
+                .iter()
+                .flatten()
+                .filter(|m| m.name == volume)
+                .map(move |m| {
+                    (
+                        c.name.as_str(),
+                        m.mount_path.as_str(),
+                        m.mount_propagation.as_deref(),
+                    )
+                })
+        })
+        .collect()
+}
+
+fn host_path<'a>(p: &'a PodSpec, volume: &str) -> (&'a str, Option<&'a str>) {
+    let hp = p
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == volume)
+        .and_then(|v| v.host_path.as_ref())
+        .unwrap_or_else(|| panic!("no hostPath volume {volume}"));
+    (hp.path.as_str(), hp.type_.as_deref())
+}
+
+fn env_value<'a>(c: &'a Container, name: &str) -> Option<&'a str> {
+    c.env
+        .iter()
+        .flatten()
+        .find(|e| e.name == name)
+        .and_then(|e| e.value.as_deref())
+}
+
+// ---------------------------------------------------------------- node wiring
+
+#[test]
+fn node_volumes_follow_the_csi_design() {
+    for (obj, kubelet) in [
+        (hostpath(), "/var/lib/kubelet"),
+        (custom(), "/var/lib/k0s/kubelet"),
+    ] {
+        let r = must_render(&obj);
+        let p = pod(&r, Component::Node);
+        let driver = &obj.spec.driver_name;
+        let sock = &obj.spec.driver.socket_name;
+
+        let names: Vec<_> = p
+            .volumes
+            .iter()
+            .flatten()
+            .map(|v| v.name.as_str())
+            .collect();
+        assert_eq!(names, ["socket-dir", "registration-dir", "kubelet-dir"]);
+
+        // registration-dir: only the registrar, at /registration.
+        assert_eq!(
+            host_path(p, "registration-dir"),
+            (
+                format!("{kubelet}/plugins_registry/").as_str(),
+                Some("Directory")
+            )
+        );
+        assert_eq!(
+            mounts_of(p, "registration-dir"),
+            [("node-driver-registrar", "/registration", None)]
+        );
+
+        // kubelet-dir: only the driver, at the kubelet path, bidirectional.
+        assert_eq!(host_path(p, "kubelet-dir"), (kubelet, Some("Directory")));
+        assert_eq!(
+            mounts_of(p, "kubelet-dir"),
+            [("csi-driver", kubelet, Some("Bidirectional"))]
+        );
+
+        // socket-dir: the plugin directory, at /csi in every container.
+        assert_eq!(
+            host_path(p, "socket-dir"),
+            (
+                format!("{kubelet}/plugins/{driver}/").as_str(),
+                Some("DirectoryOrCreate")
+            )
+        );
+        let socket_users: Vec<_> = mounts_of(p, "socket-dir")
+            .into_iter()
+            .map(|(c, path, _)| {
+                assert_eq!(path, "/csi");
+                c
+            })
+            .collect();
+        assert_eq!(socket_users, container_names(p));
+
+        let registrar = container(p, "node-driver-registrar");
+        let args = registrar.args.clone().unwrap_or_default();
+        assert!(
+            args.contains(&format!(
+                "--kubelet-registration-path={kubelet}/plugins/{driver}/{sock}"
+            )),
+            "{args:?}"
+        );
+        assert_eq!(args[0], "registrar");
+    }
+}
+
+#[test]
+fn node_driver_is_privileged_controller_driver_is_not() {
+    for obj in [hostpath(), custom()] {
+        let r = must_render(&obj);
+        let sc = container(pod(&r, Component::Node), "csi-driver")
+            .security_context
+            .as_ref()
+            .expect("node driver has a securityContext");
+        assert_eq!(sc.privileged, Some(true));
+        assert_eq!(sc.allow_privilege_escalation, Some(true));
+        assert!(container(pod(&r, Component::Controller), "csi-driver")
+            .security_context
+            .is_none());
+    }
+}
+
+#[test]
+fn driver_env_is_injected_then_merged() {
+    let r = must_render(&custom());
+    let node = container(pod(&r, Component::Node), "csi-driver");
+    let names: Vec<_> = node.env.iter().flatten().map(|e| e.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "CSI_ENDPOINT",
+            "KUBE_NODE_NAME",
+            "LOG_FORMAT",
+            "MODE",
+            "MAX_VOLUMES"
+        ]
+    );
+    assert_eq!(
+        env_value(node, "CSI_ENDPOINT"),
+        Some("unix:///csi/block.sock")
+    );
+    assert_eq!(
+        env_value(node, "MODE"),
+        Some("node"),
+        "node override replaces driver.env"
+    );
+    assert_eq!(
+        node.image.as_deref(),
+        Some("registry.example.com/block-csi-node:2.4.1")
+    );
+
+    let ctrl = container(pod(&r, Component::Controller), "csi-driver");
+    assert_eq!(env_value(ctrl, "MODE"), Some("all"));
+    assert_eq!(
+        ctrl.image.as_deref(),
+        Some("registry.example.com/block-csi:2.4.1")
+    );
+    assert_eq!(
+        ctrl.args.as_deref(),
+        Some(
+            &[
+                "--endpoint=$(CSI_ENDPOINT)".to_string(),
+                "--mode=controller".to_string()
+            ][..]
+        )
+    );
+    let node_name = ctrl
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "KUBE_NODE_NAME");
+    let field = node_name
+        .and_then(|e| e.value_from.as_ref())
+        .and_then(|s| s.field_ref.as_ref())
+        .map(|f| f.field_path.as_str());
+    assert_eq!(field, Some("spec.nodeName"));
+}
+
+// ---------------------------------------------------------------- sidecars
+
+#[test]
+fn attacher_only_when_attach_required() {
+    let r = must_render(&hostpath());
+    assert_eq!(
+        container_names(pod(&r, Component::Controller)),
+        ["csi-driver", "csi-provisioner", "liveness-probe"]
+    );
+    let rules = serde_json::to_string(&r.cluster_roles).expect("json");
+    assert!(
+        !rules.contains("volumeattachments/status"),
+        "attacher RBAC without attacher"
+    );
+
+    let r = must_render(&custom());
+    assert_eq!(
+        container_names(pod(&r, Component::Controller)),
+        ["csi-driver", "csi-provisioner", "csi-attacher"]
+    );
+
+    let mut obj = custom();
+    obj.spec.sidecars.attacher.enabled = false;
+    let r = must_render(&obj);
+    assert_eq!(
+        container_names(pod(&r, Component::Controller)),
+        ["csi-driver", "csi-provisioner"]
+    );
+}
+
+#[test]
+fn disabled_sidecars_are_absent() {
+    // Liveness disabled in the custom case: no sidecar, no port, no probe.
+    let r = must_render(&custom());
+    for component in [Component::Controller, Component::Node] {
+        let p = pod(&r, component);
+        assert!(!container_names(p).contains(&"liveness-probe"));
+        let driver = container(p, "csi-driver");
+        assert!(driver.liveness_probe.is_none());
+        assert!(driver.ports.is_none());
+    }
+    assert_eq!(
+        container_names(pod(&r, Component::Node)),
+        ["csi-driver", "node-driver-registrar"]
+    );
+
+    // Liveness enabled in hostpath: wired to the driver's healthz port.
+    let r = must_render(&hostpath());
+    let driver = container(pod(&r, Component::Node), "csi-driver");
+    let probe = driver
+        .liveness_probe
+        .as_ref()
+        .expect("driver liveness probe");
+    assert_eq!(
+        (probe.failure_threshold, probe.initial_delay_seconds),
+        (Some(5), Some(10))
+    );
+    assert_eq!(
+        (probe.timeout_seconds, probe.period_seconds),
+        (Some(3), Some(2))
+    );
+    let port = &driver.ports.as_ref().expect("healthz port")[0];
+    assert_eq!(
+        (port.name.as_deref(), port.container_port),
+        (Some("healthz"), 9808)
+    );
+
+    // Everything off: no sidecars, no roles.
+    let mut obj = custom();
+    obj.spec.sidecars.provisioner.enabled = false;
+    obj.spec.sidecars.attacher.enabled = false;
+    obj.spec.sidecars.registrar.enabled = false;
+    let r = must_render(&obj);
+    assert_eq!(
+        container_names(pod(&r, Component::Controller)),
+        ["csi-driver"]
+    );
+    assert_eq!(container_names(pod(&r, Component::Node)), ["csi-driver"]);
+    assert!(r.cluster_roles.is_empty() && r.cluster_role_bindings.is_empty());
+    assert!(r.leader_election_role.is_none() && r.leader_election_role_binding.is_none());
+    let vols: Vec<_> = pod(&r, Component::Node)
+        .volumes
+        .iter()
+        .flatten()
+        .map(|v| v.name.clone())
+        .collect();
+    assert!(
+        vols.contains(&"registration-dir".to_string()),
+        "volumes stay fixed: {vols:?}"
+    );
+}
+
+#[test]
+fn sidecar_args_start_with_role_and_end_with_extra_args() {
+    let r = must_render(&custom());
+    let p = pod(&r, Component::Controller);
+    let prov = container(p, "csi-provisioner")
+        .args
+        .clone()
+        .unwrap_or_default();
+    assert_eq!(
+        prov,
+        [
+            "provisioner",
+            "--csi-address=/csi/block.sock",
+            "--v=4",
+            "--timeout=60s",
+            "--leader-election",
+            "--leader-election-namespace=$(NAMESPACE)",
+            "--http-endpoint=:9809",
+            "--extra-create-metadata",
+            "--worker-threads=20",
+            "--strict-topology",
+        ]
+    );
+    let att = container(p, "csi-attacher");
+    let args = att.args.clone().unwrap_or_default();
+    assert_eq!(args[0], "attacher");
+    assert!(args.contains(&"--http-endpoint=:9810".to_string()));
+    assert!(!args.contains(&"--extra-create-metadata".to_string()));
+    assert_eq!(
+        att.image.as_deref(),
+        Some("registry.example.com/csiops-sidecar:v0.1.0")
+    );
+    assert_eq!(att.image_pull_policy.as_deref(), Some("Always"));
+    let env: Vec<_> = att.env.iter().flatten().map(|e| e.name.as_str()).collect();
+    assert_eq!(env, ["NAMESPACE", "RUST_LOG"]);
+
+    // Without spec.sidecars.image the operator's image is used.
+    let r = must_render(&hostpath());
+    let prov = container(pod(&r, Component::Controller), "csi-provisioner");
+    assert_eq!(
+        prov.image.as_deref(),
+        Some("ghcr.io/csiops/csiops-sidecar:v0.1.0")
+    );
+}
+
+// ---------------------------------------------------------------- hashes
+
+#[test]
+fn hash_follows_the_driver_image_not_storage_classes() {
+    let base = must_render(&hostpath());
+    assert_eq!(base.controller_hash.len(), 16);
+    let annotation = |r: &Rendered| {
+        r.statefulset
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(TEMPLATE_HASH))
+            .cloned()
+    };
+    assert_eq!(annotation(&base), Some(base.controller_hash.clone()));
+    assert_eq!(
+        base.daemonset
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(TEMPLATE_HASH)),
+        Some(&base.node_hash)
+    );
+    assert_eq!(must_render(&hostpath()), base, "rendering is deterministic");
+
+    let mut obj = hostpath();
+    obj.spec.driver.image = "registry.k8s.io/sig-storage/hostpathplugin:v1.18.0".into();
+    let r = must_render(&obj);
+    assert_ne!(r.controller_hash, base.controller_hash);
+    assert_ne!(r.node_hash, base.node_hash);
+
+    let mut obj = hostpath();
+    obj.spec.storage_classes[0].allow_volume_expansion = false;
+    obj.spec
+        .storage_classes
+        .push(obj.spec.storage_classes[0].clone());
+    obj.spec.storage_classes[1].name = "another".into();
+    let r = must_render(&obj);
+    assert_eq!(r.controller_hash, base.controller_hash);
+    assert_eq!(r.node_hash, base.node_hash);
+    assert_eq!(r.storage_classes.len(), 2);
+}
+
+#[test]
+fn replicas_change_only_the_controller_hash() {
+    let base = must_render(&hostpath());
+    let mut obj = hostpath();
+    obj.spec.controller.replicas = 2;
+    let r = must_render(&obj);
+    assert_ne!(r.controller_hash, base.controller_hash);
+    assert_eq!(r.node_hash, base.node_hash);
+}
+
+// ---------------------------------------------------------------- labels
+
+#[test]
+fn selectors_never_contain_the_version() {
+    let a = must_render(&hostpath());
+    let mut obj = hostpath();
+    obj.spec.version = "v1.18.0".into();
+    let b = must_render(&obj);
+    for r in [&a, &b] {
+        let sts = r
+            .statefulset
+            .spec
+            .as_ref()
+            .and_then(|s| s.selector.match_labels.clone());
+        let ds = r
+            .daemonset
+            .spec
+            .as_ref()
+            .and_then(|s| s.selector.match_labels.clone());
+        for (sel, component) in [(sts, "controller"), (ds, "node")] {
+            let sel = sel.expect("selector");
+            assert!(!sel.contains_key(VERSION_LABEL), "{sel:?}");
+            assert_eq!(
+                sel.keys().collect::<Vec<_>>(),
+                [COMPONENT, INSTANCE, MANAGED_BY]
+            );
+            assert_eq!(sel[COMPONENT], component);
+        }
+    }
+    assert_eq!(
+        a.statefulset.spec.as_ref().map(|s| &s.selector),
+        b.statefulset.spec.as_ref().map(|s| &s.selector)
+    );
+    // The version is on the pods (label and annotation), so it rolls them.
+    let tmpl = b
+        .daemonset
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.as_ref())
+        .expect("meta");
+    assert_eq!(
+        tmpl.labels
+            .as_ref()
+            .and_then(|l| l.get(VERSION_LABEL))
+            .map(String::as_str),
+        Some("v1.18.0")
+    );
+    assert_eq!(
+        tmpl.annotations
+            .as_ref()
+            .and_then(|l| l.get(VERSION))
+            .map(String::as_str),
+        Some("v1.18.0")
+    );
+    assert_ne!(a.node_hash, b.node_hash);
+
+    // A version that is no valid label value is only an annotation.
+    let mut obj = hostpath();
+    obj.spec.version = "v1.18.0+build/7".into();
+    let labels = labels::common_labels(&obj, Component::Node);
+    assert!(!labels.contains_key(VERSION_LABEL));
+    must_render(&obj);
+}
+
+#[test]
+fn ownership_of_namespaced_and_cluster_objects() {
+    let r = must_render(&custom());
+    for o in objects(&r) {
+        let meta = &o["metadata"];
+        let kind = o["kind"].as_str().unwrap_or_default();
+        if meta["namespace"].is_string() {
+            assert_eq!(meta["namespace"], "storage-system");
+            let owners = meta["ownerReferences"].as_array().expect("owner refs");
+            assert_eq!(owners.len(), 1, "{kind}");
+            assert_eq!(owners[0]["kind"], "CSIDriverDeployment");
+            assert_eq!(owners[0]["controller"], true);
+            assert_eq!(owners[0]["blockOwnerDeletion"], true);
+            assert_eq!(meta["labels"][INSTANCE], "block", "{kind}");
+        } else {
+            assert!(
+                meta["ownerReferences"].is_null(),
+                "{kind} is cluster-scoped"
+            );
+            assert_eq!(
+                meta["labels"][OWNER_UID], "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d",
+                "{kind}"
+            );
+            assert_eq!(meta["labels"][MANAGED_BY], "csiops-operator", "{kind}");
+        }
+    }
+    let default: Vec<_> = r
+        .storage_classes
+        .iter()
+        .filter(|sc| {
+            sc.metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.get(labels::IS_DEFAULT_CLASS).is_some_and(|v| v == "true"))
+        })
+        .filter_map(|sc| sc.metadata.name.as_deref())
+        .collect();
+    assert_eq!(default, ["block-fast"]);
+    assert_eq!(
+        names::controller_cluster_role_name(&custom()),
+        "csiops:block.csi.example.com:controller"
+    );
+}
+
+// ---------------------------------------------------------------- errors
+
+#[test]
+fn managed_flags_in_extra_args_are_refused() {
+    type Setter = fn(&mut CSIDriverDeployment) -> &mut Vec<String>;
+    let cases: [(Setter, &str, &str); 5] = [
+        (
+            |o| &mut o.spec.sidecars.provisioner.extra_args,
+            "--csi-address=/tmp/x.sock",
+            "csi-address",
+        ),
+        (|o| &mut o.spec.sidecars.attacher.extra_args, "-v=9", "v"),
+        (
+            |o| &mut o.spec.sidecars.provisioner.extra_args,
+            "--leader-election-namespace",
+            "leader-election-namespace",
+        ),
+        (
+            |o| &mut o.spec.sidecars.registrar.extra_args,
+            "--kubelet-registration-path=/x",
+            "kubelet-registration-path",
+        ),
+        (
+            |o| &mut o.spec.sidecars.liveness_probe.extra_args,
+            "--http-endpoint=:1234",
+            "http-endpoint",
+        ),
+    ];
+    for (field, arg, flag) in cases {
+        let mut obj = hostpath();
+        field(&mut obj).push(arg.to_string());
+        let err = render(&obj, &cfg()).expect_err(arg);
+        assert!(matches!(err, RenderError::ManagedFlag { .. }), "{err:?}");
+        let msg = err.to_string();
+        assert!(msg.contains(&format!("--{flag}")), "{msg}");
+        assert!(msg.contains("extraArgs"), "{msg}");
+    }
+    // Flags that merely share a prefix are fine.
+    let mut obj = hostpath();
+    obj.spec
+        .sidecars
+        .provisioner
+        .extra_args
+        .push("--leader-election-lease-duration=30s".into());
+    obj.spec.sidecars.registrar.extra_args.push("--v=6".into());
+    must_render(&obj);
+}
+
+#[test]
+fn unusable_objects_are_refused_with_a_reason() {
+    let mut obj = hostpath();
+    obj.metadata.name = Some("a".repeat(42));
+    let msg = render(&obj, &cfg()).expect_err("name too long").to_string();
+    assert!(msg.contains("52") && msg.contains("41"), "{msg}");
+    obj.metadata.name = Some("a".repeat(41));
+    must_render(&obj);
+
+    let mut obj = hostpath();
+    obj.spec.node.driver.image = Some(String::new());
+    let msg = render(&obj, &cfg()).expect_err("empty image").to_string();
+    assert!(msg.contains("spec.node.image"), "{msg}");
+
+    let no_image = RenderConfig {
+        sidecar_image: String::new(),
+        ..cfg()
+    };
+    let msg = render(&hostpath(), &no_image)
+        .expect_err("no sidecar image")
+        .to_string();
+    assert!(msg.contains("spec.sidecars.image"), "{msg}");
+    let mut obj = hostpath();
+    obj.spec.sidecars.provisioner.enabled = false;
+    obj.spec.sidecars.registrar.enabled = false;
+    obj.spec.sidecars.liveness_probe.enabled = false;
+    render(&obj, &no_image).expect("no sidecar, no sidecar image needed");
+
+    let mut obj = hostpath();
+    obj.metadata.uid = None;
+    assert!(matches!(
+        render(&obj, &cfg()),
+        Err(RenderError::MissingMetadata { field: "uid" })
+    ));
+
+    let mut obj = hostpath();
+    obj.spec.node.kubelet_dir = "var/lib/kubelet".into();
+    assert!(matches!(
+        render(&obj, &cfg()),
+        Err(RenderError::InvalidKubeletDir { .. })
+    ));
+}
