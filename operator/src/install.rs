@@ -1,0 +1,348 @@
+//! `manifests/install.yaml`: Namespace, CRD, the operator's ServiceAccount and
+//! RBAC, and its Deployment — generated here so it cannot drift from the code
+//! (a test compares the checked-in file).
+//!
+//! Kubernetes refuses to let anyone grant permissions they do not hold, so the
+//! operator's ClusterRole includes every rule it renders for the sidecars
+//! (`render::rbac::*_GRANTS`); a test checks that it covers them.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, Namespace,
+    ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
+    SeccompProfile, SecurityContext, ServiceAccount,
+};
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde::Serialize;
+
+use crate::render::rbac::{self, Grant};
+
+/// Namespace the operator is installed into.
+pub const NAMESPACE: &str = "csiops-system";
+/// Name of the operator's Deployment, ServiceAccount and RBAC.
+pub const NAME: &str = "csiops-operator";
+/// Path of the checked-in manifest, relative to the workspace root.
+pub const INSTALL_FILE: &str = "manifests/install.yaml";
+
+/// The operator image of this version.
+pub fn operator_image() -> String {
+    format!(
+        "ghcr.io/csiops/csiops-operator:v{}",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+const ALL: &[&str] = &[
+    "get", "list", "watch", "create", "update", "patch", "delete",
+];
+const WRITE: &[&str] = &["get", "list", "create", "update", "patch", "delete"];
+
+/// What the operator itself does.
+const OPERATOR_GRANTS: &[Grant] = &[
+    Grant {
+        api_group: "csiops.dev",
+        resource: "csidriverdeployments",
+        verbs: &["get", "list", "watch", "update", "patch"],
+    },
+    Grant {
+        api_group: "csiops.dev",
+        resource: "csidriverdeployments/status",
+        verbs: &["get", "update", "patch"],
+    },
+    Grant {
+        api_group: "csiops.dev",
+        resource: "csidriverdeployments/finalizers",
+        verbs: &["update"],
+    },
+    Grant {
+        api_group: "apps",
+        resource: "statefulsets",
+        verbs: ALL,
+    },
+    Grant {
+        api_group: "apps",
+        resource: "daemonsets",
+        verbs: ALL,
+    },
+    Grant {
+        api_group: "",
+        resource: "pods",
+        verbs: &["get", "list", "watch"],
+    },
+    Grant {
+        api_group: "",
+        resource: "serviceaccounts",
+        verbs: WRITE,
+    },
+    Grant {
+        api_group: "rbac.authorization.k8s.io",
+        resource: "roles",
+        verbs: WRITE,
+    },
+    Grant {
+        api_group: "rbac.authorization.k8s.io",
+        resource: "rolebindings",
+        verbs: WRITE,
+    },
+    Grant {
+        api_group: "rbac.authorization.k8s.io",
+        resource: "clusterroles",
+        verbs: WRITE,
+    },
+    Grant {
+        api_group: "rbac.authorization.k8s.io",
+        resource: "clusterrolebindings",
+        verbs: WRITE,
+    },
+    Grant {
+        api_group: "storage.k8s.io",
+        resource: "csidrivers",
+        verbs: WRITE,
+    },
+    Grant {
+        api_group: "storage.k8s.io",
+        resource: "storageclasses",
+        verbs: WRITE,
+    },
+    Grant {
+        api_group: "storage.k8s.io",
+        resource: "csinodes",
+        verbs: &["get", "list", "watch"],
+    },
+    Grant {
+        api_group: "events.k8s.io",
+        resource: "events",
+        verbs: &["create", "patch"],
+    },
+    Grant {
+        api_group: "",
+        resource: "events",
+        verbs: &["create", "patch"],
+    },
+];
+
+/// The operator's ClusterRole rules: its own needs plus everything it grants.
+pub fn operator_rules() -> Vec<PolicyRule> {
+    rbac::merge_rules(&[
+        OPERATOR_GRANTS,
+        rbac::PROVISIONER_GRANTS,
+        rbac::ATTACHER_GRANTS,
+        rbac::REGISTRAR_GRANTS,
+        rbac::LEADER_ELECTION_GRANTS,
+    ])
+}
+
+fn meta(name: &str, namespaced: bool) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_string()),
+        namespace: namespaced.then(|| NAMESPACE.to_string()),
+        labels: Some(labels()),
+        ..ObjectMeta::default()
+    }
+}
+
+fn labels() -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".to_string(), NAME.to_string()),
+        (
+            "app.kubernetes.io/part-of".to_string(),
+            "csiops".to_string(),
+        ),
+    ])
+}
+
+fn field_env(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_string(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                api_version: Some("v1".into()),
+                field_path: path.to_string(),
+            }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    }
+}
+
+fn probe(path: &str) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.to_string()),
+            port: IntOrString::String("http".into()),
+            ..HTTPGetAction::default()
+        }),
+        period_seconds: Some(10),
+        ..Probe::default()
+    }
+}
+
+fn deployment() -> Deployment {
+    let selector = BTreeMap::from([("app.kubernetes.io/name".to_string(), NAME.to_string())]);
+    let container = Container {
+        name: "operator".into(),
+        image: Some(operator_image()),
+        args: Some(vec![
+            "--leader-election=true".into(),
+            "--http-endpoint=0.0.0.0:8080".into(),
+            "--log-format=json".into(),
+        ]),
+        env: Some(vec![
+            field_env("POD_NAME", "metadata.name"),
+            field_env("POD_NAMESPACE", "metadata.namespace"),
+        ]),
+        ports: Some(vec![ContainerPort {
+            name: Some("http".into()),
+            container_port: 8080,
+            protocol: Some("TCP".into()),
+            ..ContainerPort::default()
+        }]),
+        liveness_probe: Some(probe("/healthz")),
+        readiness_probe: Some(probe("/readyz")),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".to_string(), Quantity("10m".into())),
+                ("memory".to_string(), Quantity("32Mi".into())),
+            ])),
+            limits: Some(BTreeMap::from([(
+                "memory".to_string(),
+                Quantity("256Mi".into()),
+            )])),
+            ..ResourceRequirements::default()
+        }),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                ..Capabilities::default()
+            }),
+            ..SecurityContext::default()
+        }),
+        ..Container::default()
+    };
+    Deployment {
+        metadata: meta(NAME, true),
+        spec: Some(DeploymentSpec {
+            // Two replicas: one leads on the Lease, the other takes over within 15s.
+            replicas: Some(2),
+            selector: LabelSelector {
+                match_labels: Some(selector.clone()),
+                ..LabelSelector::default()
+            },
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".into()),
+                ..DeploymentStrategy::default()
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(selector),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(PodSpec {
+                    service_account_name: Some(NAME.into()),
+                    containers: vec![container],
+                    termination_grace_period_seconds: Some(30),
+                    security_context: Some(PodSecurityContext {
+                        run_as_non_root: Some(true),
+                        run_as_user: Some(65532),
+                        seccomp_profile: Some(SeccompProfile {
+                            type_: "RuntimeDefault".into(),
+                            ..SeccompProfile::default()
+                        }),
+                        ..PodSecurityContext::default()
+                    }),
+                    ..PodSpec::default()
+                }),
+            },
+            ..DeploymentSpec::default()
+        }),
+        ..Deployment::default()
+    }
+}
+
+fn subject() -> Subject {
+    Subject {
+        kind: "ServiceAccount".into(),
+        name: NAME.into(),
+        namespace: Some(NAMESPACE.into()),
+        ..Subject::default()
+    }
+}
+
+fn doc<T: Serialize>(obj: &T) -> Result<String, serde_yaml::Error> {
+    serde_yaml::to_string(obj)
+}
+
+/// The whole install manifest.
+pub fn manifest() -> Result<String, serde_yaml::Error> {
+    let namespace = Namespace {
+        metadata: meta(NAMESPACE, false),
+        ..Namespace::default()
+    };
+    let sa = ServiceAccount {
+        metadata: meta(NAME, true),
+        ..ServiceAccount::default()
+    };
+    let cluster_role = ClusterRole {
+        metadata: meta(NAME, false),
+        rules: Some(operator_rules()),
+        ..ClusterRole::default()
+    };
+    let cluster_binding = ClusterRoleBinding {
+        metadata: meta(NAME, false),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "ClusterRole".into(),
+            name: NAME.into(),
+        },
+        subjects: Some(vec![subject()]),
+    };
+    let lease_role = Role {
+        metadata: meta(&format!("{NAME}-leader-election"), true),
+        rules: Some(rbac::merge_rules(&[&[Grant {
+            api_group: "coordination.k8s.io",
+            resource: "leases",
+            verbs: &["get", "list", "watch", "create", "update", "patch"],
+        }]])),
+    };
+    let lease_binding = RoleBinding {
+        metadata: meta(&format!("{NAME}-leader-election"), true),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: format!("{NAME}-leader-election"),
+        },
+        subjects: Some(vec![subject()]),
+    };
+    let crd = serde_yaml::to_string(
+        &<csiops_crds::CSIDriverDeployment as kube::CustomResourceExt>::crd(),
+    )?;
+    let parts = [
+        doc(&namespace)?,
+        crd,
+        doc(&sa)?,
+        doc(&cluster_role)?,
+        doc(&cluster_binding)?,
+        doc(&lease_role)?,
+        doc(&lease_binding)?,
+        doc(&deployment())?,
+    ];
+    let mut out = String::from(
+        "# csiops: the CSIDriverDeployment CRD and the operator.\n\
+         # Generated by `make manifests` from operator/src/install.rs; do not edit by hand.\n\
+         #   kubectl apply --server-side -f manifests/install.yaml\n",
+    );
+    for part in parts {
+        out.push_str("---\n");
+        out.push_str(&part);
+    }
+    Ok(out)
+}

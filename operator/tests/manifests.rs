@@ -1,0 +1,119 @@
+//! The checked-in manifests match the code, the operator holds every
+//! permission it grants, and the example renders.
+
+use std::collections::BTreeSet;
+
+use csiops_crds::CSIDriverDeployment;
+use csiops_operator::install;
+use csiops_operator::render::{render, RenderConfig};
+
+fn workspace_file(rel: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(rel)
+}
+
+#[test]
+fn install_yaml_is_up_to_date() {
+    let generated = install::manifest().expect("manifest renders");
+    let path = workspace_file(install::INSTALL_FILE);
+    let on_disk = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}; run `make manifests`", path.display()));
+    assert!(
+        on_disk == generated,
+        "{} is out of date; run `make manifests` and commit the result",
+        path.display()
+    );
+}
+
+#[test]
+fn install_yaml_has_every_part_of_an_installation() {
+    let yaml = install::manifest().expect("manifest renders");
+    let kinds: Vec<String> = serde_yaml::Deserializer::from_str(&yaml)
+        .map(|d| {
+            let v = <serde_yaml::Value as serde::Deserialize>::deserialize(d).expect("yaml doc");
+            v["kind"].as_str().unwrap_or("").to_string()
+        })
+        .collect();
+    for kind in [
+        "Namespace",
+        "CustomResourceDefinition",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "Deployment",
+    ] {
+        assert!(
+            kinds.iter().any(|k| k == kind),
+            "{kind} missing from {kinds:?}"
+        );
+    }
+}
+
+fn example() -> CSIDriverDeployment {
+    let text = std::fs::read_to_string(workspace_file("manifests/examples/hostpath.yaml"))
+        .expect("example readable");
+    let doc = serde_yaml::Deserializer::from_str(&text)
+        .map(|d| <serde_yaml::Value as serde::Deserialize>::deserialize(d).expect("yaml doc"))
+        .find(|v| v["kind"] == "CSIDriverDeployment")
+        .expect("example has a CSIDriverDeployment");
+    let mut obj: CSIDriverDeployment = serde_yaml::from_value(doc).expect("example parses");
+    obj.metadata.uid = Some("00000000-0000-0000-0000-000000000001".into());
+    obj
+}
+
+/// (apiGroup, resource, verb) triples of a rule list.
+fn triples(rules: &[k8s_openapi::api::rbac::v1::PolicyRule]) -> BTreeSet<(String, String, String)> {
+    let mut out = BTreeSet::new();
+    for r in rules {
+        for g in r.api_groups.iter().flatten() {
+            for res in r.resources.iter().flatten() {
+                for v in &r.verbs {
+                    out.insert((g.clone(), res.clone(), v.clone()));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn operator_holds_every_permission_it_grants() {
+    let held = triples(&install::operator_rules());
+    let mut obj = example();
+    // Every sidecar on, so every grant is rendered.
+    obj.spec.csi_driver.attach_required = true;
+    let cfg = RenderConfig {
+        sidecar_image: "ghcr.io/csiops/csiops-sidecar:v0.1.0".into(),
+        operator_version: "0.1.0".into(),
+    };
+    let r = render(&obj, &cfg).expect("example renders");
+    let mut granted = BTreeSet::new();
+    for role in &r.cluster_roles {
+        granted.extend(triples(role.rules.as_deref().unwrap_or_default()));
+    }
+    if let Some(role) = &r.leader_election_role {
+        granted.extend(triples(role.rules.as_deref().unwrap_or_default()));
+    }
+    assert!(
+        granted.len() > 20,
+        "expected a real rule set, got {granted:?}"
+    );
+    let missing: Vec<_> = granted.difference(&held).collect();
+    assert!(missing.is_empty(), "operator cannot grant {missing:?}");
+}
+
+#[test]
+fn example_is_the_hostpath_driver_and_renders() {
+    let obj = example();
+    assert_eq!(obj.spec.driver_name, "hostpath.csi.k8s.io");
+    assert_eq!(obj.metadata.namespace.as_deref(), Some("csi-hostpath"));
+    let cfg = RenderConfig {
+        sidecar_image: "ghcr.io/csiops/csiops-sidecar:v0.1.0".into(),
+        operator_version: "0.1.0".into(),
+    };
+    let r = render(&obj, &cfg).expect("example renders");
+    assert_eq!(r.storage_classes.len(), 1);
+}
