@@ -209,6 +209,10 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
         return teardown(&obj, &ctx, &api, owner).await;
     }
 
+    // Conflicts are judged on the full list of objects, never a partial one.
+    if ctx.deployments.wait_until_ready().await.is_err() {
+        return Ok(Requeue::requeue(StdDuration::from_secs(1)));
+    }
     let all = ctx.deployments.state();
     if let Some(rival) = conflict::rival(&obj, all.iter().map(|d| d.as_ref())) {
         let problem = Problem {
