@@ -1,0 +1,272 @@
+#!/usr/bin/env bash
+# Build (or reuse from cache) the local Kubernetes test bed used by the e2e
+# tests: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok.
+#
+#   BIN=$(e2e/cluster-bins/build.sh)   # prints ONLY the bin dir on stdout
+#   e2e/cluster-bins/build.sh --sync   # regenerate wrapper go.mod/go.sum
+#                                      # after editing e2e/versions.env
+#   e2e/cluster-bins/build.sh --print-dir  # print the bin dir, never build
+#
+# Versions live in e2e/versions.env (the only place they are pinned). Each
+# upstream project is built from a small wrapper Go module in this folder
+# (kube/, etcd/, kwok/) so that the upstream replace directives do not get
+# in the way; see e2e/README.md.
+#
+# Environment:
+#   CSIOPS_CACHE_DIR  cache root (default: $HOME/.cache/csiops)
+#   CSIOPS_REBUILD=1  ignore an existing cache entry and rebuild it
+#   GOMODCACHE/GOCACHE are honoured as usual (defaults keep re-runs fast).
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+E2E_DIR="$(dirname "$HERE")"
+VERSIONS_ENV="$E2E_DIR/versions.env"
+
+log() { printf '[cluster-bins %s] %s\n' "$(date +%T)" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+[[ -f "$VERSIONS_ENV" ]] || die "missing $VERSIONS_ENV"
+# shellcheck source=/dev/null
+source "$VERSIONS_ENV"
+: "${K8S_VERSION:?K8S_VERSION not set in versions.env}"
+: "${ETCD_VERSION:?ETCD_VERSION not set in versions.env}"
+: "${KWOK_VERSION:?KWOK_VERSION not set in versions.env}"
+
+command -v go >/dev/null 2>&1 || die "go is not on PATH (Go >= 1.26 is required)"
+
+# Never let `go` silently fetch a different toolchain, never stamp VCS info
+# from the surrounding csiops checkout.
+export GOTOOLCHAIN=local
+export GOFLAGS="-mod=readonly -buildvcs=false"
+
+# k8s.io/kubernetes vX.Y.Z publishes its staging modules as v0.Y.Z.
+K8S_STAGING_VERSION="v0.${K8S_VERSION#v1.}"
+K8S_MAJOR=1
+K8S_MINOR="${K8S_VERSION#v1.}"; K8S_MINOR="${K8S_MINOR%%.*}"
+
+# ---------------------------------------------------------------------------
+# --sync: regenerate the wrapper modules from versions.env (needs the proxy).
+# ---------------------------------------------------------------------------
+sync_modules() {
+  export GOFLAGS="-mod=mod -buildvcs=false"
+  local d
+
+  # kube: require k8s.io/kubernetes and replace every staging module (the
+  # `v0.0.0` requirements in its go.mod, which upstream replaces with
+  # ./staging/src/...) by the published v0.Y.Z release.
+  d="$HERE/kube"
+  log "sync kube -> k8s.io/kubernetes@$K8S_VERSION (staging $K8S_STAGING_VERSION)"
+  local kmod staging godebug
+  kmod="$(cd "$d" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" |
+    sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
+  [[ -f "$kmod" ]] || die "could not download k8s.io/kubernetes@$K8S_VERSION"
+  staging="$(awk '$2=="v0.0.0" && $1 ~ /^k8s\.io\// {print $1}' "$kmod" | sort -u)"
+  [[ -n "$staging" ]] || die "no staging modules found in $kmod"
+  godebug="$(awk '$1=="godebug" && NF==2 {print $2}' "$kmod")"
+  rm -f "$d/go.mod" "$d/go.sum"
+  printf 'module csiops.local/e2e/cluster-bins/kube\n\ngo 1.24.0\n' >"$d/go.mod"
+  (
+    cd "$d"
+    # Mirror upstream's GODEBUG defaults (our wrapper's go line is newer).
+    [[ -n "$godebug" ]] && go mod edit "-godebug=$godebug"
+    go mod edit "-require=k8s.io/kubernetes@$K8S_VERSION"
+    local m
+    for m in $staging; do
+      go mod edit "-replace=$m=$m@$K8S_STAGING_VERSION"
+    done
+    go get -tool \
+      "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VERSION" \
+      "k8s.io/kubernetes/cmd/kube-controller-manager@$K8S_VERSION" \
+      "k8s.io/kubernetes/cmd/kube-scheduler@$K8S_VERSION"
+    go mod tidy
+  ) >&2
+
+  d="$HERE/etcd"
+  log "sync etcd -> go.etcd.io/etcd/server/v3@$ETCD_VERSION"
+  rm -f "$d/go.mod" "$d/go.sum"
+  printf 'module csiops.local/e2e/cluster-bins/etcd\n\ngo 1.24.0\n' >"$d/go.mod"
+  (cd "$d" && go get -tool "go.etcd.io/etcd/server/v3@$ETCD_VERSION" && go mod tidy) >&2
+
+  d="$HERE/kwok"
+  log "sync kwok -> sigs.k8s.io/kwok@$KWOK_VERSION"
+  rm -f "$d/go.mod" "$d/go.sum"
+  printf 'module csiops.local/e2e/cluster-bins/kwok\n\ngo 1.24.0\n' >"$d/go.mod"
+  (cd "$d" && go get -tool "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" && go mod tidy) >&2
+
+  log "sync done; commit e2e/versions.env and e2e/cluster-bins/*/go.{mod,sum}"
+}
+
+# The wrapper go.mod files must agree with versions.env.
+check_pins() {
+  grep -Eq "^[[:space:]]*(require )?k8s\.io/kubernetes $K8S_VERSION( |$)" "$HERE/kube/go.mod" ||
+    die "kube/go.mod does not pin k8s.io/kubernetes $K8S_VERSION; run: $0 --sync"
+  grep -Eq "=> k8s\.io/api $K8S_STAGING_VERSION$" "$HERE/kube/go.mod" ||
+    die "kube/go.mod staging replaces are not $K8S_STAGING_VERSION; run: $0 --sync"
+  grep -Eq "^[[:space:]]*(require )?go\.etcd\.io/etcd/server/v3 $ETCD_VERSION( |$)" "$HERE/etcd/go.mod" ||
+    die "etcd/go.mod does not pin go.etcd.io/etcd/server/v3 $ETCD_VERSION; run: $0 --sync"
+  grep -Eq "^[[:space:]]*(require )?sigs\.k8s\.io/kwok $KWOK_VERSION( |$)" "$HERE/kwok/go.mod" ||
+    die "kwok/go.mod does not pin sigs.k8s.io/kwok $KWOK_VERSION; run: $0 --sync"
+}
+
+# ---------------------------------------------------------------------------
+# Cache location. The key encodes every pinned version, the Go toolchain, the
+# platform, and a hash of the wrapper modules plus the build recipe below.
+# ---------------------------------------------------------------------------
+RECIPE=4 # bump when the build flags/ldflags below change
+BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+
+cache_key() {
+  local gover goos goarch h
+  { read -r gover; read -r goos; read -r goarch; } < <(go env GOVERSION GOOS GOARCH)
+  h="$( { echo "recipe=$RECIPE"; cat "$HERE"/{kube,etcd,kwok}/go.{mod,sum}; } |
+    sha256sum | cut -c1-12)"
+  printf 'k8s-%s_etcd-%s_kwok-%s_%s_%s-%s_%s' \
+    "$K8S_VERSION" "$ETCD_VERSION" "$KWOK_VERSION" "$gover" "$goos" "$goarch" "$h"
+}
+
+# Every binary present, executable, and reporting the pinned version.
+bins_ok() {
+  local dir="$1"
+  [[ -f "$dir/.complete" && -s "$dir/kwok-stages.yaml" ]] || return 1
+  local b
+  for b in "${BINARIES[@]}"; do [[ -x "$dir/$b" ]] || return 1; done
+  # Run them concurrently to keep the warm path well under a second.
+  local t; t="$(mktemp -d)"
+  "$dir/etcd" --version >"$t/etcd" 2>&1 &
+  "$dir/kube-apiserver" --version >"$t/kube-apiserver" 2>&1 &
+  "$dir/kube-controller-manager" --version >"$t/kube-controller-manager" 2>&1 &
+  "$dir/kube-scheduler" --version >"$t/kube-scheduler" 2>&1 &
+  "$dir/kwok" --version >"$t/kwok" 2>&1 &
+  local rc=0
+  wait || rc=1
+  grep -q "etcd Version: ${ETCD_VERSION#v}" "$t/etcd" || rc=1
+  grep -qx "Kubernetes $K8S_VERSION" "$t/kube-apiserver" || rc=1
+  grep -qx "Kubernetes $K8S_VERSION" "$t/kube-controller-manager" || rc=1
+  grep -qx "Kubernetes $K8S_VERSION" "$t/kube-scheduler" || rc=1
+  grep -q "$KWOK_VERSION" "$t/kwok" || rc=1
+  rm -rf "$t"
+  return "$rc"
+}
+
+build_into() {
+  local out="$1"
+  local build_flags=(-trimpath -buildvcs=false)
+
+  # Fetch everything up front (a no-op when GOMODCACHE is warm); go.sum is
+  # complete, so this never edits go.mod/go.sum (-mod=readonly).
+  local d
+  for d in kube etcd kwok; do
+    log "go mod download ($d)"
+    (cd "$HERE/$d" && go mod download) >&2
+  done
+
+  # --- Kubernetes control plane -------------------------------------------
+  local build_date
+  build_date="$(cd "$HERE/kube" && go list -m -json k8s.io/kubernetes |
+    sed -n 's/^[[:space:]]*"Time": "\(.*\)",$/\1/p')"
+  [[ -n "$build_date" ]] || build_date="1970-01-01T00:00:00Z"
+  local kld=(-s -w)
+  local pkg key val
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    for key in gitVersion gitMajor gitMinor gitCommit gitTreeState buildDate; do
+      case "$key" in
+        gitVersion) val="$K8S_VERSION" ;;
+        gitMajor) val="$K8S_MAJOR" ;;
+        gitMinor) val="$K8S_MINOR" ;;
+        gitCommit) val="" ;; # not recorded in the module zip
+        gitTreeState) val="clean" ;;
+        buildDate) val="$build_date" ;;
+      esac
+      kld+=("-X" "$pkg.$key=$val")
+    done
+  done
+  log "building kube-apiserver, kube-controller-manager, kube-scheduler $K8S_VERSION (slowest step: ~4-5 min cold on 2 cores)"
+  (cd "$HERE/kube" && CGO_ENABLED=0 go build "${build_flags[@]}" -ldflags="${kld[*]}" -o "$out/" \
+    k8s.io/kubernetes/cmd/kube-apiserver \
+    k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler) >&2
+
+  # --- etcd ------------------------------------------------------------------
+  log "building etcd $ETCD_VERSION"
+  (cd "$HERE/etcd" && CGO_ENABLED=0 go build "${build_flags[@]}" \
+    -ldflags="-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=gomod-$ETCD_VERSION" \
+    -o "$out/etcd" go.etcd.io/etcd/server/v3) >&2
+
+  # --- kwok ------------------------------------------------------------------
+  log "building kwok $KWOK_VERSION"
+  (cd "$HERE/kwok" && CGO_ENABLED=0 go build "${build_flags[@]}" \
+    -ldflags="-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION" \
+    -o "$out/kwok" sigs.k8s.io/kwok/cmd/kwok) >&2
+
+  # kwok's controller refuses to start without Stage objects ("no stages
+  # found"). Assemble the same defaults kwokctl uses (node-fast + node
+  # heartbeat-with-lease + pod-fast) from the pinned kwok module, so the e2e
+  # harness can run: kwok --config=$BIN/kwok-stages.yaml
+  #   --manage-all-nodes=true --node-lease-duration-seconds=40 ...
+  local kwok_dir f
+  kwok_dir="$(cd "$HERE/kwok" && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)"
+  for f in node/fast/node-initialize.yaml \
+    node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+    pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
+    [[ -f "$kwok_dir/kustomize/stage/$f" ]] || die "kwok stage $f not found in $kwok_dir"
+    printf -- '---\n# from sigs.k8s.io/kwok@%s kustomize/stage/%s\n' "$KWOK_VERSION" "$f"
+    cat "$kwok_dir/kustomize/stage/$f"
+  done >"$out/kwok-stages.yaml"
+
+  cp "$VERSIONS_ENV" "$out/versions.env"
+  touch "$out/.complete"
+}
+
+main() {
+  local mode="build"
+  case "${1:-}" in
+    --sync) sync_modules; return ;;
+    --print-dir) mode="print" ;;
+    -h|--help) sed -n '2,20p' "$0" >&2; return ;;
+    "") ;;
+    *) die "unknown argument: $1" ;;
+  esac
+
+  check_pins
+  local root="${CSIOPS_CACHE_DIR:-$HOME/.cache/csiops}/bins"
+  local key; key="$(cache_key)"
+  local dir="$root/$key"
+  if [[ "$mode" == print ]]; then echo "$dir"; return; fi
+
+  if [[ "${CSIOPS_REBUILD:-0}" != 1 ]] && bins_ok "$dir"; then
+    echo "$dir"
+    return
+  fi
+
+  mkdir -p "$root"
+  # Serialise concurrent builders of the same key.
+  exec 9>"$root/.$key.lock"
+  if command -v flock >/dev/null 2>&1; then
+    log "waiting for lock $root/.$key.lock"
+    flock 9
+    if [[ "${CSIOPS_REBUILD:-0}" != 1 ]] && bins_ok "$dir"; then
+      echo "$dir"
+      return
+    fi
+  fi
+
+  local tmp; tmp="$(mktemp -d "$root/.tmp.$key.XXXXXX")"
+  # shellcheck disable=SC2064
+  trap "rm -rf '$tmp'" EXIT
+  local start=$SECONDS
+  log "building test bed into $dir ($(go env GOVERSION), GOMODCACHE=$(go env GOMODCACHE))"
+  build_into "$tmp"
+  bins_ok "$tmp" || die "freshly built binaries failed their --version check in $tmp"
+  chmod 755 "$tmp"
+  # Atomic publish: rename within the same directory.
+  if [[ -e "$dir" ]]; then
+    local old; old="$(mktemp -d "$root/.old.$key.XXXXXX")"
+    mv -T "$dir" "$old/d" && rm -rf "$old"
+  fi
+  mv -T "$tmp" "$dir"
+  trap - EXIT
+  log "done in $((SECONDS - start))s: $dir"
+  echo "$dir"
+}
+
+main "$@"
