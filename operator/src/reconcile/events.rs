@@ -63,7 +63,19 @@ fn describe_kind(kind: RolloutKind) -> &'static str {
 }
 
 /// The Event of a state-machine transition.
+///
+/// The recorder folds Events with the same reason and action into one series
+/// and keeps the first note, so the action names the step or rollout kind and
+/// the version: every step of every rollout stays visible in `kubectl describe`.
 pub fn for_transition(t: &Transition, version: &str) -> Note {
+    let action = match t {
+        Transition::RolloutStarted(kind)
+        | Transition::RolloutCompleted(kind)
+        | Transition::RolloutRetargeted { kind, .. } => format!("{kind:?} {version}"),
+        Transition::StepStarted(step) | Transition::StepCompleted(step) => {
+            format!("{step} {version}")
+        }
+    };
     let (reason, note) = match t {
         Transition::RolloutStarted(kind) => (
             "RolloutStarted",
@@ -93,7 +105,7 @@ pub fn for_transition(t: &Transition, version: &str) -> Note {
     Note {
         warning: false,
         reason: reason.to_string(),
-        action: "Rollout".to_string(),
+        action,
         note,
     }
 }
@@ -149,6 +161,12 @@ mod tests {
             "ControllerScaleDown: scale the controller to 0 and wait until its pods are gone"
         );
         assert!(!n.warning);
+        assert_eq!(n.action, "ControllerScaleDown v2");
+        let again = for_transition(&Transition::StepStarted(RolloutStep::NodeRoll), "v2");
+        assert_ne!(
+            again.action, n.action,
+            "distinct steps must not fold into one series"
+        );
     }
 
     #[test]

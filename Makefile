@@ -1,0 +1,51 @@
+# csiops — build, test and demo entry points. Every target installs what it
+# needs on a fresh machine (Rust components, the Go-built test bed).
+
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+CARGO ?= cargo
+
+.PHONY: all build test unit e2e lint fmt crds manifests cluster-bins demo toolchain clean-cache
+
+all: build
+
+## Rust components the checks need (no-op when present).
+toolchain:
+	@command -v rustup >/dev/null && rustup component add rustfmt clippy >/dev/null 2>&1 || true
+	@command -v go >/dev/null || { echo "Go is required to build the e2e test bed (see e2e/README.md)"; exit 1; }
+	@command -v kubectl >/dev/null || { echo "kubectl is required by the e2e tests and the demo"; exit 1; }
+
+build: toolchain
+	$(CARGO) build --workspace --bins
+
+## Regenerate the checked-in CRD YAML from crds/src.
+crds:
+	$(CARGO) run -q -p csiops-crds --bin crdgen > crds/csidriverdeployments.csiops.dev.yaml
+
+## Regenerate manifests/install.yaml from operator/src/install.rs.
+manifests:
+	$(CARGO) run -q -p csiops-operator --bin csiops-manifests > manifests/install.yaml
+
+## Build (or reuse from the cache) etcd, kube-*, kwok and hostpathplugin.
+cluster-bins:
+	@e2e/cluster-bins/build.sh >/dev/null
+
+lint: toolchain
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+## Every test: lint, unit and golden tests, then the e2e suite on a real local control plane.
+test: toolchain lint cluster-bins build
+	CSIOPS_BIN_DIR="$$(e2e/cluster-bins/build.sh)" $(CARGO) test --workspace
+
+## Unit tests only (no control plane).
+unit:
+	$(CARGO) test --workspace --exclude csiops-e2e
+
+## The main job: a local control plane, the operator, the hostpath example,
+## and `kubectl get csidriverdeployments -o wide`.
+demo: toolchain cluster-bins build
+	CSIOPS_BIN_DIR="$$(e2e/cluster-bins/build.sh)" $(CARGO) run -q -p csiops-e2e --bin csiops-demo
+
+clean-cache:
+	rm -rf "$${CSIOPS_CACHE_DIR:-$$HOME/.cache/csiops}"

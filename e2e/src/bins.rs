@@ -1,0 +1,161 @@
+//! Where the test-bed binaries, the pinned versions and the operator binary are.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+use crate::error::{io, Error, Result};
+
+/// The binaries `build.sh` puts in its bin dir, all required.
+pub const CLUSTER_BINARIES: &[&str] = &[
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+];
+
+/// `<workspace>/e2e`.
+pub fn e2e_dir() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `<workspace>`.
+pub fn workspace_dir() -> &'static Path {
+    e2e_dir().parent().expect("e2e/ has a parent")
+}
+
+/// The directory holding the cluster binaries.
+///
+/// `CSIOPS_BIN_DIR` when set (no build, no checks beyond presence);
+/// otherwise the stdout of `e2e/cluster-bins/build.sh`, which reuses its
+/// version-keyed cache and builds only on a miss (minutes, cold). Resolved
+/// once per process.
+pub fn bin_dir() -> Result<PathBuf> {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    if let Some(d) = DIR.get() {
+        return Ok(d.clone());
+    }
+    let dir = resolve_bin_dir()?;
+    for b in CLUSTER_BINARIES {
+        if !dir.join(b).is_file() {
+            return Err(Error::Bins(format!("{} has no {b}", dir.display())));
+        }
+    }
+    Ok(DIR.get_or_init(|| dir).clone())
+}
+
+fn resolve_bin_dir() -> Result<PathBuf> {
+    if let Some(d) = std::env::var_os("CSIOPS_BIN_DIR").filter(|d| !d.is_empty()) {
+        return Ok(PathBuf::from(d));
+    }
+    let script = e2e_dir().join("cluster-bins/build.sh");
+    // stderr is inherited: a cold build reports its progress to the test log.
+    let out = Command::new("bash")
+        .arg(&script)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(io("running", &script))?;
+    if !out.status.success() {
+        return Err(Error::Bins(format!(
+            "{} failed: {}",
+            script.display(),
+            out.status
+        )));
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let dir = stdout.trim();
+    if dir.is_empty() || dir.contains('\n') {
+        return Err(Error::Bins(format!(
+            "{} printed {stdout:?}, expected one bin dir",
+            script.display()
+        )));
+    }
+    Ok(PathBuf::from(dir))
+}
+
+/// `e2e/versions.env` as a map (`K8S_VERSION` → `v1.34.4`, …).
+pub fn versions() -> Result<BTreeMap<String, String>> {
+    let path = e2e_dir().join("versions.env");
+    let text = std::fs::read_to_string(&path).map_err(io("reading", &path))?;
+    Ok(parse_env(&text))
+}
+
+/// The pinned Kubernetes version, e.g. `v1.34.4`.
+pub fn k8s_version() -> Result<String> {
+    versions()?
+        .remove("K8S_VERSION")
+        .ok_or_else(|| Error::Bins("versions.env has no K8S_VERSION".into()))
+}
+
+fn parse_env(text: &str) -> BTreeMap<String, String> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect()
+}
+
+/// The `csiops-operator` binary: `CSIOPS_OPERATOR_BIN`, else the newest of
+/// `<target>/{debug,release}/csiops-operator`, where `<target>` is
+/// `CARGO_TARGET_DIR` or `<workspace>/target`. Tests of another package
+/// cannot use `CARGO_BIN_EXE_*`, hence the search; build it first with
+/// `cargo build -p csiops-operator`.
+pub fn operator_bin() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("CSIOPS_OPERATOR_BIN").filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(Error::Bins(format!(
+                "CSIOPS_OPERATOR_BIN={} does not exist",
+                p.display()
+            )))
+        };
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_dir().join("target"));
+    let target = if target.is_relative() {
+        workspace_dir().join(target)
+    } else {
+        target
+    };
+    ["debug", "release"]
+        .iter()
+        .map(|profile| target.join(profile).join("csiops-operator"))
+        .filter_map(|p| {
+            let modified = p.metadata().ok()?.modified().ok()?;
+            Some((modified, p))
+        })
+        .max()
+        .map(|(_, p)| p)
+        .ok_or_else(|| {
+            Error::Bins(format!(
+                "no csiops-operator under {}/{{debug,release}}; run `cargo build -p csiops-operator` \
+                 or set CSIOPS_OPERATOR_BIN",
+                target.display()
+            ))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_versions_env() {
+        let m = parse_env("# c\n\nK8S_VERSION=v1.34.4\nKWOK_VERSION=v0.8.0\n");
+        assert_eq!(m["K8S_VERSION"], "v1.34.4");
+        assert_eq!(m["KWOK_VERSION"], "v0.8.0");
+        assert_eq!(m.len(), 2);
+    }
+
+    #[test]
+    fn pinned_version_is_1_34() {
+        assert!(k8s_version().unwrap().starts_with("v1.34."));
+    }
+}

@@ -1,0 +1,432 @@
+//! A real control plane on 127.0.0.1: etcd, kube-apiserver,
+//! kube-controller-manager, kube-scheduler and kwok as local processes.
+
+use std::future::Future;
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, ServiceAccount};
+use kube::api::{Api, ListParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+use crate::bins;
+use crate::components;
+use crate::error::{io, Error, Result};
+use crate::kwok;
+use crate::operator::OperatorProcess;
+use crate::process::{self, ManagedProcess, DEFAULT_GRACE};
+use crate::workdir::WorkDir;
+
+/// How long `Cluster::start` may take before it gives up with the log tails.
+/// Override with `CSIOPS_E2E_START_TIMEOUT_SECS` (slow CI machines).
+pub const START_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Start attempts when a picked port was taken by someone else meanwhile.
+const START_ATTEMPTS: usize = 3;
+
+/// Poll interval of the readiness checks.
+const POLL: Duration = Duration::from_millis(200);
+
+/// What to start.
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    /// Number of kwok-simulated Nodes, `kwok-node-0..N-1`.
+    pub nodes: usize,
+}
+
+impl Default for ClusterOptions {
+    fn default() -> Self {
+        ClusterOptions { nodes: 3 }
+    }
+}
+
+/// A running local cluster. Dropping it (or [`Cluster::stop`]) kills every
+/// process and removes its temp dir; set `CSIOPS_E2E_KEEP=1` to keep the dir
+/// (logs, certs, kubeconfig) for a post-mortem.
+pub struct Cluster {
+    /// `None` once stopped.
+    dir: Option<tempfile::TempDir>,
+    root: PathBuf,
+    bin_dir: PathBuf,
+    kubeconfig: PathBuf,
+    logs: PathBuf,
+    config: kube::Config,
+    api_port: u16,
+    nodes: Vec<String>,
+    /// In start order; etcd first.
+    procs: Vec<ManagedProcess>,
+    started_in: Duration,
+    operator_runs: AtomicUsize,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("root", &self.root)
+            .field("api_port", &self.api_port)
+            .field("nodes", &self.nodes)
+            .field("pids", &self.pids())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Cluster {
+    /// Starts a cluster and waits until the apiserver is ready, the `default`
+    /// ServiceAccount exists (so Pods can be created) and all Nodes are Ready.
+    pub async fn start(opts: ClusterOptions) -> Result<Cluster> {
+        let bin_dir = tokio::task::spawn_blocking(bins::bin_dir)
+            .await
+            .map_err(|e| Error::Other(format!("resolving bin dir: {e}")))??;
+        let mut attempt = 1;
+        loop {
+            match Cluster::start_once(&opts, &bin_dir).await {
+                Err(e) if attempt < START_ATTEMPTS && is_port_conflict(&e) => {
+                    tracing::warn!(
+                        attempt,
+                        "port conflict while starting the cluster, retrying: {e}"
+                    );
+                    attempt += 1;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    async fn start_once(opts: &ClusterOptions, bin_dir: &Path) -> Result<Cluster> {
+        let t0 = Instant::now();
+        let timeout = std::env::var("CSIOPS_E2E_START_TIMEOUT_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .map(Duration::from_secs)
+            .unwrap_or(START_TIMEOUT);
+        let deadline = t0 + timeout;
+
+        let w = WorkDir::create()?;
+        let config = kube::Config::from_custom_kubeconfig(
+            Kubeconfig::read_from(&w.kubeconfig)?,
+            &KubeConfigOptions::default(),
+        )
+        .await?;
+        let (etcd, apiserver, kcm, scheduler) = (
+            components::etcd(&w),
+            components::kube_apiserver(&w),
+            components::kube_controller_manager(&w),
+            components::kube_scheduler(&w),
+        );
+        let stages = kwok::stages_file(bin_dir, &w.root)?;
+        let kwok_args = kwok::args(&w.kubeconfig, &stages);
+        let etcd_port = w.ports.etcd_client;
+
+        let mut cluster = Cluster {
+            root: w.root.clone(),
+            bin_dir: bin_dir.to_path_buf(),
+            kubeconfig: w.kubeconfig.clone(),
+            logs: w.logs.clone(),
+            config,
+            api_port: w.ports.apiserver,
+            nodes: (0..opts.nodes).map(kwok::node_name).collect(),
+            procs: Vec::new(),
+            started_in: Duration::ZERO,
+            operator_runs: AtomicUsize::new(0),
+            dir: Some(w.dir),
+        };
+
+        cluster.spawn("etcd", etcd)?;
+        cluster
+            .poll_until("etcd to accept connections", deadline, || async {
+                TcpStream::connect_timeout(
+                    &SocketAddr::from((Ipv4Addr::LOCALHOST, etcd_port)),
+                    POLL,
+                )
+                .map(drop)
+                .map_err(|e| format!("connect: {e}"))
+            })
+            .await?;
+
+        cluster.spawn("kube-apiserver", apiserver)?;
+        let client = cluster.client()?;
+        cluster
+            .poll_until("kube-apiserver /readyz", deadline, || async {
+                let req = http::Request::get("/readyz")
+                    .body(Vec::new())
+                    .expect("static request");
+                match client.request_text(req).await {
+                    Ok(body) if body.trim() == "ok" => Ok(()),
+                    Ok(body) => Err(body),
+                    Err(e) => Err(e.to_string()),
+                }
+            })
+            .await?;
+
+        // Started only now: both exit if the apiserver stays unreachable
+        // for long, and they would only fill their logs with retries.
+        cluster.spawn("kube-controller-manager", kcm)?;
+        cluster.spawn("kube-scheduler", scheduler)?;
+        cluster.spawn("kwok", kwok_args)?;
+
+        let nodes_api: Api<Node> = Api::all(client.clone());
+        for name in &cluster.nodes {
+            nodes_api
+                .create(&PostParams::default(), &kwok::node(name))
+                .await?;
+        }
+
+        let sa_api: Api<ServiceAccount> = Api::namespaced(client.clone(), "default");
+        cluster
+            .poll_until(
+                "the default ServiceAccount (kube-controller-manager)",
+                deadline,
+                || async {
+                    match sa_api.get_opt("default").await {
+                        Ok(Some(_)) => Ok(()),
+                        Ok(None) => Err("not created yet".into()),
+                        Err(e) => Err(e.to_string()),
+                    }
+                },
+            )
+            .await?;
+
+        let want = cluster.nodes.len();
+        let selector = format!("{}={}", kwok::NODE_TYPE_LABEL.0, kwok::NODE_TYPE_LABEL.1);
+        cluster
+            .poll_until("all kwok Nodes Ready", deadline, || async {
+                let list = nodes_api
+                    .list(&ListParams::default().labels(&selector))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let ready = list.items.iter().filter(|n| kwok::node_ready(n)).count();
+                if ready == want {
+                    Ok(())
+                } else {
+                    Err(format!("{ready}/{want} Ready"))
+                }
+            })
+            .await?;
+
+        cluster.started_in = t0.elapsed();
+        tracing::info!(
+            dir = %cluster.root.display(),
+            api = %cluster.api_url(),
+            took = ?cluster.started_in,
+            "cluster ready"
+        );
+        Ok(cluster)
+    }
+
+    fn spawn(&mut self, name: &str, args: Vec<String>) -> Result<()> {
+        let program = self.bin_dir.join(name);
+        let log = self.logs.join(format!("{name}.log"));
+        self.procs
+            .push(ManagedProcess::spawn(name, &program, &args, &log)?);
+        Ok(())
+    }
+
+    /// Polls `check` until it succeeds, failing fast if any process died and
+    /// with every log tail at the deadline. `check`'s error is the last
+    /// observation, quoted in the timeout error.
+    async fn poll_until<T, F, Fut>(
+        &mut self,
+        what: &str,
+        deadline: Instant,
+        mut check: F,
+    ) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, String>>,
+    {
+        let started = Instant::now();
+        loop {
+            self.check_running()?;
+            let last = match check().await {
+                Ok(v) => {
+                    tracing::debug!(what, took = ?started.elapsed(), "ready");
+                    return Ok(v);
+                }
+                Err(last) => last,
+            };
+            if Instant::now() >= deadline {
+                self.check_running()?;
+                return Err(Error::Timeout {
+                    what: what.to_string(),
+                    after: started.elapsed(),
+                    last: format!(" (last: {last})"),
+                    logs: self.log_tails(30),
+                });
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// `Err(ProcessExited)` with its log tail if any cluster process died.
+    pub fn check_running(&mut self) -> Result<()> {
+        self.procs
+            .iter_mut()
+            .try_for_each(ManagedProcess::check_running)
+    }
+
+    /// The last `lines` lines of every process log, one section each.
+    pub fn log_tails(&self, lines: usize) -> String {
+        self.procs
+            .iter()
+            .map(|p| {
+                format!(
+                    "--- {} ({}) ---\n{}\n",
+                    p.name(),
+                    p.log_path().display(),
+                    p.log_tail(lines)
+                )
+            })
+            .collect()
+    }
+
+    /// A new client for the cluster (admin, `system:masters`). Cheap; make
+    /// one per runtime, since a client is bound to the runtime it was made in.
+    pub fn client(&self) -> Result<kube::Client> {
+        Ok(kube::Client::try_from(self.config.clone())?)
+    }
+
+    /// The client configuration behind [`Cluster::client`].
+    pub fn kube_config(&self) -> &kube::Config {
+        &self.config
+    }
+
+    /// The kubeconfig file (admin token, CA by path, namespace `default`).
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// `https://127.0.0.1:<port>`.
+    pub fn api_url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.api_port)
+    }
+
+    /// The cluster's temp dir; tests may put their own files (sockets, logs) here.
+    pub fn work_dir(&self) -> &Path {
+        &self.root
+    }
+
+    /// Where the process logs are (`<name>.log`).
+    pub fn log_dir(&self) -> &Path {
+        &self.logs
+    }
+
+    /// The bin dir the cluster was started from.
+    pub fn bin_dir(&self) -> &Path {
+        &self.bin_dir
+    }
+
+    /// The simulated Nodes, `kwok-node-0..N-1`.
+    pub fn node_names(&self) -> &[String] {
+        &self.nodes
+    }
+
+    /// (name, pid) of every cluster process.
+    pub fn pids(&self) -> Vec<(String, u32)> {
+        self.procs
+            .iter()
+            .map(|p| (p.name().to_string(), p.pid()))
+            .collect()
+    }
+
+    /// How long `start` took until everything was ready.
+    pub fn startup_time(&self) -> Duration {
+        self.started_in
+    }
+
+    /// Runs the machine's `kubectl` (or `$KUBECTL`) against this cluster.
+    pub async fn kubectl<I, S>(&self, args: I) -> Result<std::process::Output>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<std::ffi::OsStr>,
+    {
+        let kubectl = std::env::var_os("KUBECTL").unwrap_or_else(|| "kubectl".into());
+        let mut cmd = std::process::Command::new(&kubectl);
+        cmd.arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+            .args(args)
+            .stdin(std::process::Stdio::null());
+        // std's Command on the blocking pool rather than tokio's: tokio's
+        // "process" feature would change the workspace-wide tokio build.
+        tokio::task::spawn_blocking(move || cmd.output())
+            .await
+            .map_err(|e| Error::Other(format!("kubectl task: {e}")))?
+            .map_err(io("running", PathBuf::from(kubectl)))
+    }
+
+    /// [`Cluster::kubectl`], failing on a non-zero exit; returns stdout.
+    pub async fn kubectl_ok<I, S>(&self, args: I) -> Result<String>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<std::ffi::OsStr>,
+    {
+        let args: Vec<_> = args
+            .into_iter()
+            .map(|a| a.as_ref().to_os_string())
+            .collect();
+        let out = self.kubectl(&args).await?;
+        if !out.status.success() {
+            return Err(Error::Other(format!(
+                "kubectl {args:?} failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Starts `csiops-operator` against this cluster (see [`bins::operator_bin`]).
+    pub fn run_operator(&self, operator_bin: &Path) -> Result<OperatorProcess> {
+        self.run_operator_with(operator_bin, &[])
+    }
+
+    /// [`Cluster::run_operator`] with extra flags appended.
+    pub fn run_operator_with(
+        &self,
+        operator_bin: &Path,
+        extra_args: &[String],
+    ) -> Result<OperatorProcess> {
+        let n = self.operator_runs.fetch_add(1, Ordering::Relaxed);
+        let log = self.log_dir().join(format!("csiops-operator-{n}.log"));
+        OperatorProcess::spawn(operator_bin, &self.kubeconfig, &log, extra_args)
+    }
+
+    /// Stops every process (SIGTERM, SIGKILL after a grace period) and
+    /// removes the temp dir. Dropping the cluster does the same, blocking.
+    pub async fn stop(mut self) -> Result<()> {
+        let procs = std::mem::take(&mut self.procs);
+        let dir = self.dir.take();
+        tokio::task::spawn_blocking(move || shutdown(procs, dir))
+            .await
+            .map_err(|e| Error::Other(format!("stopping the cluster: {e}")))
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        shutdown(std::mem::take(&mut self.procs), self.dir.take());
+    }
+}
+
+/// Everything but etcd first, so the apiserver's graceful shutdown still
+/// reaches its storage; then etcd; then the temp dir.
+fn shutdown(mut procs: Vec<ManagedProcess>, dir: Option<tempfile::TempDir>) {
+    let mut rest = procs.split_off(procs.len().min(1));
+    process::terminate_all(&mut rest, DEFAULT_GRACE);
+    process::terminate_all(&mut procs, DEFAULT_GRACE);
+    if let Some(dir) = dir {
+        if std::env::var_os("CSIOPS_E2E_KEEP").is_some_and(|v| !v.is_empty() && v != "0") {
+            let kept = dir.keep();
+            eprintln!("csiops-e2e: kept {}", kept.display());
+        }
+    }
+}
+
+fn is_port_conflict(e: &Error) -> bool {
+    let text = match e {
+        Error::ProcessExited { tail, .. } => tail,
+        Error::Timeout { logs, .. } => logs,
+        _ => return false,
+    };
+    text.contains("address already in use")
+}

@@ -1,0 +1,131 @@
+//! Command lines of the control-plane processes. Everything listens on
+//! 127.0.0.1 only and writes only inside the cluster's temp dir.
+
+use std::path::Path;
+
+use crate::workdir::WorkDir;
+
+fn p(path: &Path) -> String {
+    path.display().to_string()
+}
+
+pub(crate) fn etcd_url(w: &WorkDir) -> String {
+    format!("http://127.0.0.1:{}", w.ports.etcd_client)
+}
+
+pub(crate) fn etcd(w: &WorkDir) -> Vec<String> {
+    let client = etcd_url(w);
+    let peer = format!("http://127.0.0.1:{}", w.ports.etcd_peer);
+    vec![
+        "--name=e2e".into(),
+        format!("--data-dir={}", p(&w.etcd_data)),
+        format!("--listen-client-urls={client}"),
+        format!("--advertise-client-urls={client}"),
+        format!("--listen-peer-urls={peer}"),
+        format!("--initial-advertise-peer-urls={peer}"),
+        format!("--initial-cluster=e2e={peer}"),
+        // Throwaway data: skipping fsync makes the apiserver much faster on
+        // slow disks.
+        "--unsafe-no-fsync=true".into(),
+        "--log-level=warn".into(),
+    ]
+}
+
+pub(crate) fn kube_apiserver(w: &WorkDir) -> Vec<String> {
+    let pki = &w.pki;
+    vec![
+        format!("--etcd-servers={}", etcd_url(w)),
+        "--bind-address=127.0.0.1".into(),
+        "--advertise-address=127.0.0.1".into(),
+        format!("--secure-port={}", w.ports.apiserver),
+        format!("--tls-cert-file={}", p(&pki.apiserver_cert)),
+        format!("--tls-private-key-file={}", p(&pki.apiserver_key)),
+        format!("--client-ca-file={}", p(&pki.ca_cert)),
+        format!("--token-auth-file={}", p(&w.tokens)),
+        "--authorization-mode=RBAC".into(),
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+        // The public key (SPKI PEM), see `Pki::sa_pub`.
+        format!("--service-account-key-file={}", p(&pki.sa_pub)),
+        format!("--service-account-signing-key-file={}", p(&pki.sa_key)),
+        "--service-cluster-ip-range=10.96.0.0/16".into(),
+        // CSI node plugins are privileged DaemonSets.
+        "--allow-privileged=true".into(),
+        // The `kubernetes` Endpoints would point at 127.0.0.1, which
+        // Endpoints validation rejects (loopback); nothing needs them.
+        "--endpoint-reconciler-type=none".into(),
+        // Unused with --tls-cert-file, but its default is /var/run/kubernetes.
+        format!("--cert-dir={}", p(&w.serving_certs.join("kube-apiserver"))),
+        "--profiling=false".into(),
+    ]
+}
+
+pub(crate) fn kube_controller_manager(w: &WorkDir) -> Vec<String> {
+    vec![
+        format!("--kubeconfig={}", p(&w.kubeconfig)),
+        "--leader-elect=false".into(),
+        "--bind-address=127.0.0.1".into(),
+        format!("--secure-port={}", w.ports.controller_manager),
+        // Its self-signed serving cert goes here.
+        format!(
+            "--cert-dir={}",
+            p(&w.serving_certs.join("kube-controller-manager"))
+        ),
+        // Legacy token Secrets and the kube-root-ca.crt ConfigMaps.
+        format!("--service-account-private-key-file={}", p(&w.pki.sa_key)),
+        format!("--root-ca-file={}", p(&w.pki.ca_cert)),
+        // All controllers act as the admin of the kubeconfig; no per-controller
+        // ServiceAccount tokens to mint and wait for.
+        "--use-service-account-credentials=false".into(),
+        "--controllers=*".into(),
+        // Client-side rate limits only slow the tests down.
+        "--kube-api-qps=200".into(),
+        "--kube-api-burst=400".into(),
+        "--profiling=false".into(),
+    ]
+}
+
+pub(crate) fn kube_scheduler(w: &WorkDir) -> Vec<String> {
+    vec![
+        format!("--kubeconfig={}", p(&w.kubeconfig)),
+        "--leader-elect=false".into(),
+        "--bind-address=127.0.0.1".into(),
+        format!("--secure-port={}", w.ports.scheduler),
+        format!("--cert-dir={}", p(&w.serving_certs.join("kube-scheduler"))),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn everything_is_on_loopback_and_in_the_temp_dir() {
+        let w = WorkDir::create().unwrap();
+        let root = w.root.display().to_string();
+        for args in [
+            etcd(&w),
+            kube_apiserver(&w),
+            kube_controller_manager(&w),
+            kube_scheduler(&w),
+        ] {
+            for a in &args {
+                assert!(!a.contains("0.0.0.0"), "{a}");
+                let addr_flag = [
+                    "--listen-",
+                    "--advertise-",
+                    "--initial-",
+                    "--etcd-servers",
+                    "--bind-address",
+                ]
+                .iter()
+                .any(|f| a.starts_with(f));
+                if addr_flag {
+                    assert!(a.contains("127.0.0.1"), "{a}");
+                }
+                if let Some((_, v)) = a.split_once("=/") {
+                    assert!(format!("/{v}").starts_with(&root), "{a}");
+                }
+            }
+        }
+    }
+}

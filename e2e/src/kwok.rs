@@ -1,0 +1,151 @@
+//! kwok: stands in for the kubelets.
+//!
+//! kwok v0.8 is one controller process that watches the Nodes it manages and
+//! the Pods bound to them and plays *Stages* on them: node-initialize makes a
+//! Node Ready, node-heartbeat-with-lease keeps it so (renewing its Lease in
+//! kube-node-lease, which is why `--node-lease-duration-seconds` must be set),
+//! pod-ready moves a bound Pod to Running/Ready, pod-complete finishes Job
+//! pods, pod-delete removes Pods being deleted (a kubelet's job). Without any
+//! Stage the controller refuses to start ("no stages found"); they come from
+//! `--config` files (kind: Stage), not from flags.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::core::v1::{Node, NodeStatus};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::error::{io, Result};
+
+/// The annotation kwok is told to select its Nodes by.
+pub const NODE_ANNOTATION: (&str, &str) = ("kwok.x-k8s.io/node", "fake");
+
+/// Label on every simulated Node.
+pub const NODE_TYPE_LABEL: (&str, &str) = ("type", "kwok");
+
+/// Lease duration kwok uses for its Node heartbeats (kwokctl's default).
+const NODE_LEASE_SECONDS: u32 = 40;
+
+const FALLBACK_STAGES: &str = include_str!("kwok-stages.yaml");
+
+/// The Stage config for `kwok --config`: the bin dir's `kwok-stages.yaml`
+/// (assembled by build.sh from the pinned kwok module) or, when the bin dir
+/// has none, an embedded copy written to `work_dir`.
+pub fn stages_file(bin_dir: &Path, work_dir: &Path) -> Result<PathBuf> {
+    let built = bin_dir.join("kwok-stages.yaml");
+    if built.is_file() {
+        return Ok(built);
+    }
+    let path = work_dir.join("kwok-stages.yaml");
+    std::fs::write(&path, FALLBACK_STAGES).map_err(io("writing kwok stages", &path))?;
+    Ok(path)
+}
+
+/// Arguments of the kwok controller. No `--server-address`/`--node-port`:
+/// without them kwok opens no listener at all (its kubelet-like API for
+/// logs/exec is not needed).
+pub fn args(kubeconfig: &Path, stages: &Path) -> Vec<String> {
+    vec![
+        format!("--kubeconfig={}", kubeconfig.display()),
+        format!("--config={}", stages.display()),
+        "--manage-all-nodes=false".into(),
+        format!(
+            "--manage-nodes-with-annotation-selector={}={}",
+            NODE_ANNOTATION.0, NODE_ANNOTATION.1
+        ),
+        format!("--node-lease-duration-seconds={NODE_LEASE_SECONDS}"),
+        // Pod IPs handed out; large enough for any test.
+        "--cidr=10.244.0.0/16".into(),
+        "--node-ip=127.0.0.1".into(),
+    ]
+}
+
+/// Name of the i-th simulated node.
+pub fn node_name(i: usize) -> String {
+    format!("kwok-node-{i}")
+}
+
+/// A Node object for kwok to manage. Status (capacity/allocatable) is set at
+/// creation: there is no kubelet to report it, and the apiserver keeps the
+/// status of a created Node; kwok's node-initialize stage then adds the
+/// conditions, addresses and node info.
+pub fn node(name: &str) -> Node {
+    let labels = BTreeMap::from([
+        ("kubernetes.io/hostname".to_string(), name.to_string()),
+        ("kubernetes.io/os".to_string(), "linux".to_string()),
+        (
+            "kubernetes.io/arch".to_string(),
+            std::env::consts::ARCH
+                .replace("x86_64", "amd64")
+                .replace("aarch64", "arm64"),
+        ),
+        ("kubernetes.io/role".to_string(), "agent".to_string()),
+        ("node-role.kubernetes.io/agent".to_string(), String::new()),
+        (NODE_TYPE_LABEL.0.to_string(), NODE_TYPE_LABEL.1.to_string()),
+    ]);
+    let annotations = BTreeMap::from([
+        (NODE_ANNOTATION.0.to_string(), NODE_ANNOTATION.1.to_string()),
+        ("node.alpha.kubernetes.io/ttl".to_string(), "0".to_string()),
+    ]);
+    let resources = BTreeMap::from([
+        ("cpu".to_string(), Quantity("32".into())),
+        ("memory".to_string(), Quantity("256Gi".into())),
+        ("pods".to_string(), Quantity("110".into())),
+        ("ephemeral-storage".to_string(), Quantity("1Ti".into())),
+    ]);
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            labels: Some(labels),
+            annotations: Some(annotations),
+            ..Default::default()
+        },
+        spec: None,
+        status: Some(NodeStatus {
+            allocatable: Some(resources.clone()),
+            capacity: Some(resources),
+            ..Default::default()
+        }),
+    }
+}
+
+/// Whether the Node's Ready condition is True.
+pub fn node_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_is_selected_by_kwok() {
+        let n = node("kwok-node-0");
+        let ann = n.metadata.annotations.unwrap();
+        assert_eq!(ann[NODE_ANNOTATION.0], NODE_ANNOTATION.1);
+        assert_eq!(
+            n.metadata.labels.unwrap()["kubernetes.io/hostname"],
+            "kwok-node-0"
+        );
+        assert!(!node_ready(&node("x")));
+    }
+
+    #[test]
+    fn fallback_stages_cover_nodes_and_pods() {
+        for stage in [
+            "node-initialize",
+            "node-heartbeat-with-lease",
+            "pod-ready",
+            "pod-delete",
+        ] {
+            assert!(
+                FALLBACK_STAGES.contains(&format!("name: {stage}\n")),
+                "{stage}"
+            );
+        }
+    }
+}

@@ -1,0 +1,82 @@
+//! The operator under test as a local process.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::ports;
+use crate::process::{ManagedProcess, DEFAULT_GRACE};
+
+/// A running `csiops-operator`; killed (SIGTERM, then SIGKILL) on drop.
+///
+/// Its log lives in the cluster's temp dir, so drop it before the cluster
+/// if the log should still be readable.
+#[derive(Debug)]
+pub struct OperatorProcess {
+    proc: ManagedProcess,
+    http: SocketAddr,
+}
+
+impl OperatorProcess {
+    pub(crate) fn spawn(
+        bin: &Path,
+        kubeconfig: &Path,
+        log: &Path,
+        extra_args: &[String],
+    ) -> Result<Self> {
+        if !bin.is_file() {
+            return Err(Error::Bins(format!(
+                "operator binary {} does not exist",
+                bin.display()
+            )));
+        }
+        let http = SocketAddr::from((Ipv4Addr::LOCALHOST, ports::free_port()?));
+        let mut args = vec![
+            format!("--kubeconfig={}", kubeconfig.display()),
+            "--leader-election=false".to_string(),
+            format!("--http-endpoint={http}"),
+            "--log-format=text".to_string(),
+        ];
+        args.extend_from_slice(extra_args);
+        // The log is a file, not a terminal: no ANSI colour codes in it
+        // (tracing-subscriber honours NO_COLOR).
+        let env = [("NO_COLOR", "1")];
+        let proc = ManagedProcess::spawn_with_env("csiops-operator", bin, &args, &env, log)?;
+        Ok(OperatorProcess { proc, http })
+    }
+
+    /// The admin server (`/metrics`, `/healthz`, `/readyz`) address.
+    pub fn http_endpoint(&self) -> SocketAddr {
+        self.http
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.proc.pid()
+    }
+
+    pub fn log_path(&self) -> &Path {
+        self.proc.log_path()
+    }
+
+    /// The last `lines` lines of the operator's log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        self.proc.log_tail(lines)
+    }
+
+    /// `Err(ProcessExited)` with the log tail if the operator has exited.
+    pub fn check_running(&mut self) -> Result<()> {
+        self.proc.check_running()
+    }
+
+    /// Stops the operator, waiting for it to exit (SIGKILL after `grace`).
+    pub async fn stop_with_grace(mut self, grace: Duration) {
+        // terminate() blocks while polling; keep it off the async workers.
+        let _ = tokio::task::spawn_blocking(move || self.proc.terminate(grace)).await;
+    }
+
+    /// [`OperatorProcess::stop_with_grace`] with the default grace period.
+    pub async fn stop(self) {
+        self.stop_with_grace(DEFAULT_GRACE).await
+    }
+}

@@ -1,0 +1,324 @@
+//! Child processes that can never outlive the test process.
+//!
+//! Three mechanisms, each covering a different way the test can end:
+//! - `Drop`/`terminate_all`: the normal path and panics (unwinding). SIGTERM
+//!   to the child's process group, SIGKILL after a grace period, then reap.
+//! - `PR_SET_PDEATHSIG(SIGKILL)`: the test process itself is SIGKILLed (or
+//!   aborts), so no destructor runs; the kernel kills the children.
+//! - its own process group: a terminal's Ctrl-C does not hit the children
+//!   half-way through our orderly shutdown, and `kill(-pgid)` also reaches
+//!   anything a child forked.
+//!
+//! PDEATHSIG fires when the *thread* that forked the child exits, not the
+//! process. Tokio threads come and go (the blocking pool reaps idle threads,
+//! each `#[tokio::test]` has its own runtime), so every child is forked from
+//! one dedicated thread that lives as long as the process.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use crate::error::{io, Error, Result};
+
+/// How long a process gets between SIGTERM and SIGKILL.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(5);
+
+/// A running child whose output goes to a log file.
+#[derive(Debug)]
+pub struct ManagedProcess {
+    name: String,
+    child: Child,
+    log: PathBuf,
+    /// Set once reaped, so the status can still be reported.
+    exited: Option<std::process::ExitStatus>,
+    /// Terminated and its group SIGKILLed: never signal the (possibly
+    /// reused) pid again.
+    done: bool,
+}
+
+impl ManagedProcess {
+    /// Starts `program args…` with stdout and stderr appended to `log`.
+    pub fn spawn(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        log: &Path,
+    ) -> Result<ManagedProcess> {
+        Self::spawn_with_env(name, program, args, &[], log)
+    }
+
+    /// [`ManagedProcess::spawn`] with extra environment variables.
+    pub fn spawn_with_env(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        env: &[(&str, &str)],
+        log: &Path,
+    ) -> Result<ManagedProcess> {
+        let out = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .map_err(io("opening log", log))?;
+        let err = out.try_clone().map_err(io("opening log", log))?;
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .process_group(0);
+        // getpid() before the fork: in the child, getppid() differing from it
+        // means the parent died before prctl took effect.
+        let parent = std::process::id() as libc::pid_t;
+        // SAFETY: the closure only calls async-signal-safe functions
+        // (prctl, getppid, _exit) and allocates nothing.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(
+                    libc::PR_SET_PDEATHSIG,
+                    libc::SIGKILL as libc::c_ulong,
+                    0,
+                    0,
+                    0,
+                ) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::getppid() != parent {
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
+        let child = spawn_on_keeper_thread(cmd).map_err(|source| Error::Spawn {
+            name: name.to_string(),
+            path: program.to_path_buf(),
+            source,
+        })?;
+        tracing::debug!(name, pid = child.id(), log = %log.display(), "spawned");
+        Ok(ManagedProcess {
+            name: name.to_string(),
+            child,
+            log: log.to_path_buf(),
+            exited: None,
+            done: false,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
+    /// The last `lines` lines of the log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        log_tail(&self.log, lines)
+    }
+
+    /// `Err(ProcessExited)` if the process has ended (it is reaped then).
+    pub fn check_running(&mut self) -> Result<()> {
+        if self.exited.is_none() {
+            self.exited = self.child.try_wait().ok().flatten();
+        }
+        match self.exited {
+            None => Ok(()),
+            Some(status) => Err(Error::ProcessExited {
+                name: self.name.clone(),
+                status: status.to_string(),
+                log: self.log.clone(),
+                tail: self.log_tail(40),
+            }),
+        }
+    }
+
+    /// SIGTERM, SIGKILL after `grace`, reaped on return.
+    pub fn terminate(&mut self, grace: Duration) {
+        terminate_all(std::slice::from_mut(self), grace);
+    }
+
+    fn signal_group(&self, sig: libc::c_int) {
+        // The child leads its own group (process_group(0)), so pgid == pid.
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe {
+            libc::kill(-(self.child.id() as libc::pid_t), sig);
+        }
+    }
+}
+
+impl Drop for ManagedProcess {
+    fn drop(&mut self) {
+        self.terminate(DEFAULT_GRACE);
+    }
+}
+
+/// Stops all processes concurrently: SIGTERM to each group, wait up to
+/// `grace` for all of them, SIGKILL what is left, reap everything.
+pub fn terminate_all(procs: &mut [ManagedProcess], grace: Duration) {
+    let mut procs: Vec<&mut ManagedProcess> = procs.iter_mut().filter(|p| !p.done).collect();
+    for p in procs.iter_mut() {
+        if p.exited.is_none() {
+            p.signal_group(libc::SIGTERM);
+        }
+    }
+    let end = Instant::now() + grace;
+    loop {
+        let mut running = false;
+        for p in procs.iter_mut() {
+            if p.exited.is_none() {
+                p.exited = p.child.try_wait().ok().flatten();
+                running |= p.exited.is_none();
+            }
+        }
+        if !running || Instant::now() >= end {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    for p in procs.iter_mut() {
+        // Also after a clean exit: whatever the child forked into its group goes too.
+        p.signal_group(libc::SIGKILL);
+        if p.exited.is_none() {
+            if let Ok(status) = p.child.wait() {
+                p.exited = Some(status);
+            }
+            tracing::debug!(name = %p.name, "killed after grace period");
+        }
+        p.done = true;
+    }
+}
+
+/// Whether a process with this pid is running. A zombie (exited, not yet
+/// reaped, e.g. reparented to a pid 1 that never reaps) counts as dead.
+pub fn pid_alive(pid: u32) -> bool {
+    // SAFETY: signal 0 only checks for existence and permission.
+    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    if r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+        return false;
+    }
+    // /proc/<pid>/stat is "pid (comm) S ...": the state follows the last ')'.
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !matches!(
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next()),
+            Some('Z' | 'X')
+        ),
+        Err(_) => false,
+    }
+}
+
+/// The last `lines` lines of a file (reads at most the final 64 KiB).
+pub fn log_tail(path: &Path, lines: usize) -> String {
+    const MAX: u64 = 64 * 1024;
+    let read = || -> std::io::Result<String> {
+        let mut f = File::open(path)?;
+        let len = f.metadata()?.len();
+        f.seek(SeekFrom::Start(len.saturating_sub(MAX)))?;
+        let mut buf = Vec::new();
+        f.read_to_end(&mut buf)?;
+        Ok(String::from_utf8_lossy(&buf).into_owned())
+    };
+    match read() {
+        Ok(text) => {
+            let all: Vec<&str> = text.lines().collect();
+            all[all.len().saturating_sub(lines)..].join("\n")
+        }
+        Err(e) => format!("<cannot read {}: {e}>", path.display()),
+    }
+}
+
+type SpawnRequest = (Command, mpsc::Sender<std::io::Result<Child>>);
+
+/// Forks `cmd` from the process-lifetime keeper thread (see module docs).
+fn spawn_on_keeper_thread(cmd: Command) -> std::io::Result<Child> {
+    static KEEPER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
+    let keeper = KEEPER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpawnRequest>();
+        std::thread::Builder::new()
+            .name("csiops-e2e-spawner".into())
+            .spawn(move || {
+                // Never returns: the sender lives in a static.
+                for (mut cmd, reply) in rx {
+                    let _ = reply.send(cmd.spawn());
+                }
+            })
+            .expect("starting the spawner thread");
+        Mutex::new(tx)
+    });
+    let (reply_tx, reply_rx) = mpsc::channel();
+    keeper
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .send((cmd, reply_tx))
+        .map_err(|_| std::io::Error::other("spawner thread is gone"))?;
+    reply_rx
+        .recv()
+        .map_err(|_| std::io::Error::other("spawner thread is gone"))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sh(dir: &Path, script: &str) -> ManagedProcess {
+        ManagedProcess::spawn(
+            "sh",
+            Path::new("/bin/sh"),
+            &["-c".into(), script.into()],
+            &dir.join("sh.log"),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn terminate_kills_and_reaps() {
+        let dir = tempfile::tempdir().unwrap();
+        // Ignores SIGTERM, so only the SIGKILL after the grace ends it.
+        let mut p = sh(
+            dir.path(),
+            "trap '' TERM; echo started; while :; do sleep 1; done",
+        );
+        let pid = p.pid();
+        assert!(pid_alive(pid));
+        p.check_running().unwrap();
+        let t = Instant::now();
+        p.terminate(Duration::from_millis(300));
+        assert!(t.elapsed() >= Duration::from_millis(300));
+        assert!(!pid_alive(pid));
+    }
+
+    #[test]
+    fn reports_early_exit_with_log_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = sh(dir.path(), "echo boom >&2; exit 3");
+        let err = loop {
+            match p.check_running() {
+                Ok(()) => std::thread::sleep(Duration::from_millis(10)),
+                Err(e) => break e.to_string(),
+            }
+        };
+        assert!(err.contains("exit status: 3"), "{err}");
+        assert!(err.contains("boom"), "{err}");
+    }
+
+    #[test]
+    fn log_tail_keeps_last_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("x.log");
+        std::fs::write(&f, "a\nb\nc\nd\n").unwrap();
+        assert_eq!(log_tail(&f, 2), "c\nd");
+        assert_eq!(log_tail(&f, 10), "a\nb\nc\nd");
+    }
+}

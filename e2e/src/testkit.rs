@@ -1,0 +1,172 @@
+//! What the operator's e2e tests and `make demo` share: installing the CRD,
+//! applying manifests, reading `kubectl get csidd` as a user would.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::kubelet::DriverRegistration;
+use crate::{wait_for, Cluster, Error, Result};
+
+/// The workspace root (the checkout).
+pub fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// The checked-in CRD.
+pub fn crd_path() -> PathBuf {
+    workspace_root().join("crds/csidriverdeployments.csiops.dev.yaml")
+}
+
+/// The hostpath example.
+pub fn example_path() -> PathBuf {
+    workspace_root().join("manifests/examples/hostpath.yaml")
+}
+
+/// Installs the CRD and waits until the API serves it.
+pub async fn install_crd(cluster: &Cluster) -> Result<()> {
+    let crd = crd_path();
+    cluster
+        .kubectl_ok(["apply", "--server-side", "-f", &crd.to_string_lossy()])
+        .await?;
+    cluster
+        .kubectl_ok([
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/csidriverdeployments.csiops.dev",
+        ])
+        .await?;
+    Ok(())
+}
+
+/// `kubectl apply -f -` of a YAML text (through a file in the cluster's dir).
+pub async fn apply_yaml(cluster: &Cluster, name: &str, yaml: &str) -> Result<std::process::Output> {
+    let path = cluster.work_dir().join(format!("{name}.yaml"));
+    std::fs::write(&path, yaml)
+        .map_err(|e| Error::Other(format!("writing {}: {e}", path.display())))?;
+    cluster
+        .kubectl(["apply", "-f", &path.to_string_lossy()])
+        .await
+}
+
+/// Registration of the hostpath example's node pods (kubelet's part).
+pub fn hostpath_registration(namespace: &str, instance: &str) -> DriverRegistration {
+    DriverRegistration {
+        namespace: namespace.to_string(),
+        pod_selector: format!(
+            "app.kubernetes.io/managed-by=csiops-operator,app.kubernetes.io/component=node,app.kubernetes.io/instance={instance}"
+        ),
+        driver: "hostpath.csi.k8s.io".to_string(),
+        topology_key: Some("topology.hostpath.csi/node".to_string()),
+    }
+}
+
+/// Parses kubectl's table output into one map per row, keyed by header.
+pub fn parse_table(text: &str) -> Vec<BTreeMap<String, String>> {
+    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+    let Some(header) = lines.next() else {
+        return Vec::new();
+    };
+    // Column starts from the header: values may be empty (e.g. VERSION before
+    // the first rollout), so split by header offsets, not by whitespace.
+    let mut starts = Vec::new();
+    let mut prev_space = true;
+    for (i, c) in header.char_indices() {
+        if !c.is_whitespace() && prev_space {
+            starts.push(i);
+        }
+        prev_space = c.is_whitespace();
+    }
+    let names: Vec<String> = header.split_whitespace().map(str::to_string).collect();
+    lines
+        .map(|line| {
+            let mut row = BTreeMap::new();
+            for (k, name) in names.iter().enumerate() {
+                let start = starts[k].min(line.len());
+                let end = starts
+                    .get(k + 1)
+                    .copied()
+                    .unwrap_or(line.len())
+                    .min(line.len());
+                let value = line.get(start..end).unwrap_or("").trim().to_string();
+                row.insert(name.clone(), value);
+            }
+            row
+        })
+        .collect()
+}
+
+/// One object's row of `kubectl get csidd`.
+pub async fn csidd_row(
+    cluster: &Cluster,
+    ns: &str,
+    name: &str,
+) -> Result<BTreeMap<String, String>> {
+    let out = cluster
+        .kubectl_ok(["-n", ns, "get", "csidriverdeployments", name])
+        .await?;
+    parse_table(&out)
+        .into_iter()
+        .next()
+        .ok_or_else(|| Error::Other(format!("no row in `kubectl get csidd`: {out}")))
+}
+
+/// Waits until `kubectl get csidd` shows the object Running at `version` with
+/// every count complete; returns the row. The error shows the last row seen.
+pub async fn wait_running(
+    cluster: &Cluster,
+    ns: &str,
+    name: &str,
+    version: &str,
+    nodes: usize,
+    deadline: Duration,
+) -> Result<BTreeMap<String, String>> {
+    let want_nodes = format!("{nodes}/{nodes}");
+    let last = std::sync::Mutex::new(BTreeMap::new());
+    let res = wait_for(deadline, Duration::from_millis(500), || async {
+        let row = csidd_row(cluster, ns, name).await.ok()?;
+        if let Ok(mut l) = last.lock() {
+            *l = row.clone();
+        }
+        let ok = row.get("PHASE").map(String::as_str) == Some("Running")
+            && row.get("VERSION").map(String::as_str) == Some(version)
+            && row.get("NODES") == Some(&want_nodes)
+            && row.get("REGISTERED") == Some(&want_nodes);
+        ok.then_some(row)
+    })
+    .await;
+    res.map_err(|_| {
+        let last = last.lock().map(|l| format!("{l:?}")).unwrap_or_default();
+        Error::Other(format!(
+            "{ns}/{name} not Running at {version} within {deadline:?}; last row: {last}"
+        ))
+    })
+}
+
+/// A JSONPath of one object.
+pub async fn jsonpath(cluster: &Cluster, args: &[&str], path: &str) -> Result<String> {
+    let mut all: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    all.push("-o".into());
+    all.push(format!("jsonpath={path}"));
+    cluster.kubectl_ok(&all).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_with_empty_cells_parse_by_header_offsets() {
+        let text = "NAME       DRIVER                VERSION   PHASE       CONTROLLER\n\
+                    hostpath   hostpath.csi.k8s.io             Deploying   0/1\n";
+        let rows = parse_table(text);
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0]["VERSION"], "");
+        assert_eq!(rows[0]["PHASE"], "Deploying");
+        assert_eq!(rows[0]["CONTROLLER"], "0/1");
+    }
+}

@@ -1,0 +1,343 @@
+//! The operator end to end on a real control plane: install of the hostpath
+//! example, an ordered upgrade, and an ordered teardown that leaves nothing.
+//!
+//! One cluster for the whole file: the steps build on each other, as a storage
+//! admin's day would. Registration is played by `KubeletSim` (kwok nodes have
+//! no kubelet) until the csiops registrar and a real driver run per node.
+
+use std::time::Duration;
+
+use csiops_e2e::kubelet::KubeletSim;
+use csiops_e2e::testkit::{self, hostpath_registration};
+use csiops_e2e::timeline::{Entry, Timeline};
+use csiops_e2e::{operator_bin, wait_for, Cluster, ClusterOptions};
+use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role};
+use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
+use kube::api::{Api, ListParams};
+
+const NS: &str = "csi-hostpath";
+const NAME: &str = "hostpath";
+const DRIVER: &str = "hostpath.csi.k8s.io";
+const NODES: usize = 3;
+const DEADLINE: Duration = Duration::from_secs(120);
+
+fn is_sts(e: &Entry) -> bool {
+    e.kind == "StatefulSet" && e.name == "hostpath-controller"
+}
+
+fn is_ds(e: &Entry) -> bool {
+    e.kind == "DaemonSet" && e.name == "hostpath-node"
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn install_upgrade_and_delete_in_order() {
+    let cluster = Cluster::start(ClusterOptions { nodes: NODES })
+        .await
+        .expect("cluster starts");
+    let client = cluster.client().expect("client");
+
+    // The CRD installs and kubectl knows the resource and its short name.
+    testkit::install_crd(&cluster).await.expect("CRD installs");
+    let out = cluster
+        .kubectl(["get", "csidriverdeployments", "-A"])
+        .await
+        .expect("kubectl runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = cluster
+        .kubectl(["get", "csidd", "-A"])
+        .await
+        .expect("kubectl runs");
+    assert!(
+        out.status.success(),
+        "short name csidd: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let mut operator = cluster
+        .run_operator(&operator_bin().expect("operator built"))
+        .expect("operator starts");
+    let _kubelet = KubeletSim::spawn(
+        client.clone(),
+        vec![hostpath_registration(NS, NAME)],
+        Duration::from_millis(300),
+    );
+
+    // --- install -------------------------------------------------------------
+    let install = Timeline::start(&client, NS);
+    let example = testkit::example_path();
+    cluster
+        .kubectl_ok(["apply", "-f", &example.to_string_lossy()])
+        .await
+        .expect("example applies");
+    let row = testkit::wait_running(&cluster, NS, NAME, "v1.17.0", NODES, DEADLINE)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", operator.log_tail(40)));
+    assert_eq!(row["DRIVER"], DRIVER);
+    assert_eq!(row["CONTROLLER"], "1/1");
+    assert_eq!(row["NODES"], "3/3");
+    assert_eq!(row["REGISTERED"], "3/3");
+    let wide = cluster
+        .kubectl_ok(["get", "csidriverdeployments", "-A", "-o", "wide"])
+        .await
+        .expect("wide output");
+    println!("{wide}");
+
+    let entries = install.entries();
+    let dump = Timeline::render(&entries);
+    let ds_ready = Timeline::first(&entries, |e| is_ds(e) && e.desired == 3 && e.available == 3)
+        .unwrap_or_else(|| panic!("DaemonSet never available:\n{dump}"));
+    let sts_created =
+        Timeline::first(&entries, is_sts).unwrap_or_else(|| panic!("no StatefulSet:\n{dump}"));
+    assert!(
+        ds_ready < sts_created,
+        "install must bring the DaemonSet up before the controller:\n{dump}"
+    );
+    drop(install);
+
+    // Everything of the design exists.
+    let ns_sa: Api<ServiceAccount> = Api::namespaced(client.clone(), NS);
+    for sa in ["hostpath-controller", "hostpath-node"] {
+        assert!(
+            ns_sa.get_opt(sa).await.expect("get sa").is_some(),
+            "ServiceAccount {sa}"
+        );
+    }
+    let roles: Api<Role> = Api::namespaced(client.clone(), NS);
+    assert!(roles
+        .get_opt("hostpath-leader-election")
+        .await
+        .expect("get role")
+        .is_some());
+    let cluster_roles: Api<ClusterRole> = Api::all(client.clone());
+    let cluster_bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
+    for name in [
+        "csiops:hostpath.csi.k8s.io:controller",
+        "csiops:hostpath.csi.k8s.io:node",
+    ] {
+        assert!(
+            cluster_roles.get_opt(name).await.expect("get").is_some(),
+            "ClusterRole {name}"
+        );
+        assert!(
+            cluster_bindings.get_opt(name).await.expect("get").is_some(),
+            "ClusterRoleBinding {name}"
+        );
+    }
+    let csidriver = Api::<CSIDriver>::all(client.clone())
+        .get(DRIVER)
+        .await
+        .expect("CSIDriver exists");
+    let spec = csidriver.spec;
+    assert_eq!(spec.attach_required, Some(false));
+    assert_eq!(spec.pod_info_on_mount, Some(true));
+    assert_eq!(spec.fs_group_policy.as_deref(), Some("File"));
+    let sc = Api::<StorageClass>::all(client.clone())
+        .get("csi-hostpath-sc")
+        .await
+        .expect("StorageClass");
+    assert_eq!(sc.provisioner, DRIVER);
+    assert_eq!(
+        sc.volume_binding_mode.as_deref(),
+        Some("WaitForFirstConsumer")
+    );
+    let phase = testkit::jsonpath(
+        &cluster,
+        &["-n", NS, "get", "csidd", NAME],
+        "{.status.conditions[?(@.type==\"Available\")].status}",
+    )
+    .await
+    .expect("jsonpath");
+    assert_eq!(phase, "True");
+
+    // --- ordered upgrade -----------------------------------------------------
+    let sts_api: Api<StatefulSet> = Api::namespaced(client.clone(), NS);
+    let ds_api: Api<DaemonSet> = Api::namespaced(client.clone(), NS);
+    let old_sts_hash = sts_api
+        .get("hostpath-controller")
+        .await
+        .expect("sts")
+        .metadata
+        .annotations
+        .and_then(|a| a.get("csiops.dev/template-hash").cloned());
+    let old_ds_hash = ds_api
+        .get("hostpath-node")
+        .await
+        .expect("ds")
+        .metadata
+        .annotations
+        .and_then(|a| a.get("csiops.dev/template-hash").cloned());
+
+    let upgrade = Timeline::start(&client, NS);
+    cluster
+        .kubectl_ok([
+            "-n", NS, "patch", "csidd", NAME, "--type=merge", "-p",
+            r#"{"spec":{"version":"v1.18.0","driver":{"image":"registry.k8s.io/sig-storage/hostpathplugin:v1.18.0"}}}"#,
+        ])
+        .await
+        .expect("edit applies");
+    // The rollout shows up as Upgrading before it completes.
+    wait_for(DEADLINE, Duration::from_millis(200), || async {
+        let row = testkit::csidd_row(&cluster, NS, NAME).await.ok()?;
+        (row["PHASE"] == "Upgrading" || row["VERSION"] == "v1.18.0").then_some(())
+    })
+    .await
+    .expect("rollout visible");
+    testkit::wait_running(&cluster, NS, NAME, "v1.18.0", NODES, DEADLINE)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", operator.log_tail(40)));
+
+    let entries = upgrade.entries();
+    let dump = Timeline::render(&entries);
+    let changed = |e: &Entry, old: &Option<String>| e.hash.is_some() && e.hash != *old;
+    let controller_down = Timeline::first(&entries, |e| {
+        is_sts(e) && e.desired == 0 && e.current == 0 && e.observed_generation >= e.generation
+    })
+    .unwrap_or_else(|| panic!("controller never scaled down:\n{dump}"));
+    let ds_changed = Timeline::first(&entries, |e| is_ds(e) && changed(e, &old_ds_hash))
+        .unwrap_or_else(|| panic!("DaemonSet never rolled:\n{dump}"));
+    let ds_rolled = Timeline::first(&entries, |e| {
+        is_ds(e)
+            && changed(e, &old_ds_hash)
+            && e.observed_generation >= e.generation
+            && e.updated == 3
+            && e.available == 3
+            && e.desired == 3
+    })
+    .unwrap_or_else(|| panic!("DaemonSet never rolled out:\n{dump}"));
+    let sts_changed = Timeline::first(&entries, |e| is_sts(e) && changed(e, &old_sts_hash))
+        .unwrap_or_else(|| panic!("controller never updated:\n{dump}"));
+    let sts_up = Timeline::first(&entries, |e| {
+        is_sts(e) && changed(e, &old_sts_hash) && e.ready == 1
+    })
+    .unwrap_or_else(|| panic!("controller never came back:\n{dump}"));
+    assert!(
+        controller_down < ds_changed,
+        "controller must be down before the DaemonSet changes:\n{dump}"
+    );
+    assert!(
+        ds_changed <= ds_rolled && ds_rolled < sts_changed,
+        "DaemonSet rolled and available before the controller changes:\n{dump}"
+    );
+    assert!(sts_changed < sts_up, "{dump}");
+    // No StatefulSet entry between the scale-down and the node roll has pods.
+    assert!(
+        entries[controller_down..ds_rolled]
+            .iter()
+            .filter(|e| is_sts(e))
+            .all(|e| e.desired == 0),
+        "controller came back before the node side was rolled:\n{dump}"
+    );
+    drop(upgrade);
+
+    let events = cluster
+        .kubectl_ok([
+            "-n",
+            NS,
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.name=hostpath",
+            "-o",
+            "custom-columns=REASON:.reason,NOTE:.note,MSG:.message",
+        ])
+        .await
+        .expect("events");
+    for reason in ["RolloutStarted", "StepCompleted", "RolloutCompleted"] {
+        assert!(events.contains(reason), "no {reason} Event in:\n{events}");
+    }
+    assert!(events.contains("ControllerScaleDown"), "{events}");
+
+    // --- ordered teardown ----------------------------------------------------
+    let teardown = Timeline::start(&client, NS);
+    cluster
+        .kubectl_ok(["-n", NS, "delete", "csidd", NAME, "--wait=false"])
+        .await
+        .expect("delete accepted");
+    wait_for(DEADLINE, Duration::from_millis(300), || async {
+        let out = cluster
+            .kubectl(["-n", NS, "get", "csidd", NAME])
+            .await
+            .ok()?;
+        (!out.status.success()).then_some(())
+    })
+    .await
+    .unwrap_or_else(|_| panic!("object not gone; operator log:\n{}", operator.log_tail(40)));
+    let entries = teardown.entries();
+    let dump = Timeline::render(&entries);
+    let sts_gone = Timeline::first(&entries, |e| is_sts(e) && e.deleted)
+        .unwrap_or_else(|| panic!("StatefulSet not deleted:\n{dump}"));
+    let ds_gone = Timeline::first(&entries, |e| is_ds(e) && e.deleted)
+        .unwrap_or_else(|| panic!("DaemonSet not deleted:\n{dump}"));
+    let driver_gone = Timeline::first(&entries, |e| {
+        e.kind == "CSIDriver" && e.name == DRIVER && e.deleted
+    })
+    .unwrap_or_else(|| panic!("CSIDriver not deleted:\n{dump}"));
+    assert!(
+        sts_gone < ds_gone && ds_gone < driver_gone,
+        "teardown order controller → node → cluster objects:\n{dump}"
+    );
+
+    // Nothing is left, cluster-scoped objects included (namespaced ones via GC).
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    wait_for(DEADLINE, Duration::from_millis(300), || async {
+        let left = pods
+            .list(&ListParams::default().labels("app.kubernetes.io/instance=hostpath"))
+            .await
+            .ok()?;
+        let sas = ns_sa
+            .list(&ListParams::default().labels("app.kubernetes.io/instance=hostpath"))
+            .await
+            .ok()?;
+        (left.items.is_empty() && sas.items.is_empty()).then_some(())
+    })
+    .await
+    .expect("pods and ServiceAccounts garbage-collected");
+    let owner_selector = "app.kubernetes.io/managed-by=csiops-operator";
+    let lp = ListParams::default().labels(owner_selector);
+    assert!(cluster_roles
+        .list(&lp)
+        .await
+        .expect("list")
+        .items
+        .is_empty());
+    assert!(cluster_bindings
+        .list(&lp)
+        .await
+        .expect("list")
+        .items
+        .is_empty());
+    assert!(Api::<CSIDriver>::all(client.clone())
+        .list(&lp)
+        .await
+        .expect("list")
+        .items
+        .is_empty());
+    assert!(Api::<StorageClass>::all(client.clone())
+        .list(&lp)
+        .await
+        .expect("list")
+        .items
+        .is_empty());
+    assert!(sts_api
+        .get_opt("hostpath-controller")
+        .await
+        .expect("get")
+        .is_none());
+    assert!(ds_api
+        .get_opt("hostpath-node")
+        .await
+        .expect("get")
+        .is_none());
+
+    operator
+        .check_running()
+        .expect("operator still running after the whole lifecycle");
+    drop(operator);
+    cluster.stop().await.expect("cluster stops");
+}
