@@ -1,0 +1,268 @@
+//! Bad input on a real control plane: the API server refuses what the schema
+//! can judge, the operator reports the rest as Degraded with an Event, and
+//! nothing of a good driver changes meanwhile.
+
+use std::time::Duration;
+
+use csiops_e2e::kubelet::{DriverRegistration, KubeletSim};
+use csiops_e2e::testkit::{self, hostpath_registration};
+use csiops_e2e::{operator_bin, pid_alive, wait_for, Cluster, ClusterOptions};
+use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
+use kube::api::Api;
+
+const NS: &str = "csi-hostpath";
+const DEADLINE: Duration = Duration::from_secs(90);
+
+fn object(ns: &str, name: &str, driver: &str, extra_spec: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Namespace
+metadata:
+  name: {ns}
+---
+apiVersion: csiops.dev/v1alpha1
+kind: CSIDriverDeployment
+metadata:
+  name: {name}
+  namespace: {ns}
+spec:
+  driverName: {driver}
+  version: v1.17.0
+  driver:
+    image: registry.k8s.io/sig-storage/hostpathplugin:v1.17.0
+{extra_spec}"#
+    )
+}
+
+async fn degraded(cluster: &Cluster, ns: &str, name: &str) -> Option<(String, String)> {
+    let args = ["-n", ns, "get", "csidd", name];
+    let reason = testkit::jsonpath(
+        cluster,
+        &args,
+        "{.status.conditions[?(@.type==\"Degraded\")].reason}",
+    )
+    .await
+    .ok()?;
+    let message = testkit::jsonpath(
+        cluster,
+        &args,
+        "{.status.conditions[?(@.type==\"Degraded\")].message}",
+    )
+    .await
+    .ok()?;
+    let phase = testkit::jsonpath(cluster, &args, "{.status.phase}")
+        .await
+        .ok()?;
+    (phase == "Degraded").then_some((reason, message))
+}
+
+async fn warning_events(cluster: &Cluster, ns: &str, name: &str) -> String {
+    cluster
+        .kubectl_ok([
+            "-n",
+            ns,
+            "get",
+            "events",
+            "--field-selector",
+            &format!("involvedObject.name={name},type=Warning"),
+            "-o",
+            "custom-columns=REASON:.reason,MSG:.message",
+        ])
+        .await
+        .unwrap_or_default()
+}
+
+/// (resourceVersion, generation) of the good driver's workloads.
+async fn fingerprint(
+    sts: &Api<StatefulSet>,
+    ds: &Api<DaemonSet>,
+) -> (Option<String>, Option<String>) {
+    let s = sts.get("hostpath-controller").await.expect("sts");
+    let d = ds.get("hostpath-node").await.expect("ds");
+    (s.metadata.resource_version, d.metadata.resource_version)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_or_degraded_and_the_good_driver_is_untouched() {
+    let cluster = Cluster::start(ClusterOptions { nodes: 3 })
+        .await
+        .expect("cluster starts");
+    let client = cluster.client().expect("client");
+    testkit::install_crd(&cluster).await.expect("CRD installs");
+    let mut operator = cluster
+        .run_operator(&operator_bin().expect("operator built"))
+        .expect("operator starts");
+    let other = DriverRegistration {
+        namespace: "csi-other".into(),
+        pod_selector: "app.kubernetes.io/component=node,app.kubernetes.io/instance=other".into(),
+        driver: "other.csi.example.com".into(),
+        topology_key: None,
+    };
+    let _kubelet = KubeletSim::spawn(
+        client.clone(),
+        vec![hostpath_registration(NS, "hostpath"), other],
+        Duration::from_millis(300),
+    );
+
+    let example = testkit::example_path();
+    cluster
+        .kubectl_ok(["apply", "-f", &example.to_string_lossy()])
+        .await
+        .expect("example applies");
+    testkit::wait_running(&cluster, NS, "hostpath", "v1.17.0", 3, DEADLINE)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", operator.log_tail(40)));
+    let sts: Api<StatefulSet> = Api::namespaced(client.clone(), NS);
+    let ds: Api<DaemonSet> = Api::namespaced(client.clone(), NS);
+    let before = fingerprint(&sts, &ds).await;
+
+    // The schema refuses what it can judge, with the field named.
+    for (driver, extra, expect) in [
+        ("Bad_Name", "", "spec.driverName"),
+        ("ok.csi.example.com", "  node:\n    kubeletDir: var/lib/kubelet\n", "spec.node.kubeletDir"),
+        ("ok.csi.example.com", "  node:\n    kubeletDir: /var/lib/../kubelet\n", "kubeletDir must be a clean absolute path"),
+        ("ok.csi.example.com", "  controller:\n    replicas: -1\n", "spec.controller.replicas"),
+        ("ok.csi.example.com", "  storageClasses:\n  - name: a\n    isDefault: true\n  - name: b\n    isDefault: true\n", "at most one storageClass may set isDefault"),
+    ] {
+        let out = testkit::apply_yaml(&cluster, "bad", &object("csi-bad", "bad", driver, extra)).await.expect("kubectl runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{driver}/{extra:?} must be refused");
+        assert!(stderr.contains(expect), "refusal of {driver}/{extra:?} should name {expect:?}: {stderr}");
+    }
+    let out = cluster
+        .kubectl([
+            "-n",
+            NS,
+            "patch",
+            "csidd",
+            "hostpath",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"driverName":"renamed.csi.k8s.io"}}"#,
+        ])
+        .await
+        .expect("kubectl runs");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("driverName is immutable"));
+
+    // A second object claiming the same driver: Degraded (Conflict) with an Event, nothing deployed.
+    let dup = object("csi-hostpath-2", "hostpath", "hostpath.csi.k8s.io", "");
+    let out = testkit::apply_yaml(&cluster, "dup", &dup)
+        .await
+        .expect("kubectl runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (reason, message) = wait_for(DEADLINE, Duration::from_millis(300), || {
+        degraded(&cluster, "csi-hostpath-2", "hostpath")
+    })
+    .await
+    .unwrap_or_else(|_| panic!("duplicate never Degraded\n{}", operator.log_tail(40)));
+    assert_eq!(reason, "Conflict");
+    assert!(message.contains("csi-hostpath/hostpath"), "{message}");
+    let events = wait_for(DEADLINE, Duration::from_millis(300), || async {
+        let e = warning_events(&cluster, "csi-hostpath-2", "hostpath").await;
+        e.contains("Conflict").then_some(e)
+    })
+    .await
+    .expect("Conflict Event");
+    assert!(events.contains("already deployed"), "{events}");
+    let dup_sts: Api<StatefulSet> = Api::namespaced(client.clone(), "csi-hostpath-2");
+    assert!(dup_sts
+        .get_opt("hostpath-controller")
+        .await
+        .expect("get")
+        .is_none());
+
+    // An object the operator cannot render: Degraded (RenderFailed) naming the flag, and an Event.
+    let unrenderable = object(
+        "csi-other",
+        "other",
+        "other.csi.example.com",
+        "  sidecars:\n    provisioner:\n      extraArgs: [\"--csi-address=/tmp/x.sock\"]\n  csiDriver:\n    attachRequired: false\n",
+    );
+    let out = testkit::apply_yaml(&cluster, "other", &unrenderable)
+        .await
+        .expect("kubectl runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (reason, message) = wait_for(DEADLINE, Duration::from_millis(300), || {
+        degraded(&cluster, "csi-other", "other")
+    })
+    .await
+    .expect("unrenderable object Degraded");
+    assert_eq!(reason, "RenderFailed");
+    assert!(message.contains("--csi-address"), "{message}");
+    assert!(warning_events(&cluster, "csi-other", "other")
+        .await
+        .contains("RenderFailed"));
+
+    // The controller keeps serving: fixing the object deploys it.
+    let fixed = object(
+        "csi-other",
+        "other",
+        "other.csi.example.com",
+        "  csiDriver:\n    attachRequired: false\n",
+    );
+    let out = testkit::apply_yaml(&cluster, "other-fixed", &fixed)
+        .await
+        .expect("kubectl runs");
+    assert!(out.status.success());
+    testkit::wait_running(&cluster, "csi-other", "other", "v1.17.0", 3, DEADLINE)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", operator.log_tail(40)));
+
+    // Deleting the duplicate removes nothing of the first.
+    cluster
+        .kubectl_ok(["-n", "csi-hostpath-2", "delete", "csidd", "hostpath"])
+        .await
+        .expect("delete dup");
+    let row = testkit::csidd_row(&cluster, NS, "hostpath")
+        .await
+        .expect("row");
+    assert_eq!(row["PHASE"], "Running");
+    assert!(
+        Api::<k8s_openapi::api::storage::v1::CSIDriver>::all(client.clone())
+            .get_opt("hostpath.csi.k8s.io")
+            .await
+            .expect("get")
+            .is_some()
+    );
+    assert_eq!(
+        fingerprint(&sts, &ds).await,
+        before,
+        "the good driver's workloads were written to"
+    );
+
+    // SIGTERM ends the operator cleanly and promptly.
+    operator.check_running().expect("operator alive");
+    let pid = operator.pid();
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe {
+        libc::kill(pid as libc::pid_t, libc::SIGTERM);
+    }
+    wait_for(
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        || async { (!pid_alive(pid)).then_some(()) },
+    )
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "operator still running 10s after SIGTERM:\n{}",
+            operator.log_tail(20)
+        )
+    });
+    assert!(
+        operator.log_tail(5).contains("csiops-operator stopped"),
+        "{}",
+        operator.log_tail(20)
+    );
+    drop(operator);
+    cluster.stop().await.expect("cluster stops");
+}
