@@ -254,7 +254,7 @@ main() {
   # shellcheck disable=SC2064
   trap "rm -rf '$tmp'" EXIT
   local start=$SECONDS
-  log "building test bed into $dir ($(go env GOVERSION), GOMODCACHE=$(go env GOMODCACHE))"
+  log "first run for these versions: building the local control plane from source into $dir (about 6-7 min cold on 2 cores; cached afterwards) ($(go env GOVERSION), GOMODCACHE=$(go env GOMODCACHE))"
   build_into "$tmp"
   bins_ok "$tmp" || die "freshly built binaries failed their --version check in $tmp"
   chmod 755 "$tmp"
