@@ -37,28 +37,66 @@ async fn demo() -> Result<(), Box<dyn std::error::Error>> {
     eprintln!("==> starting csiops-operator (out of cluster, from the kubeconfig)");
     let operator = cluster.run_operator(&operator_bin()?)?;
     // kwok nodes have no kubelet: register the driver on nodes whose node pod is Ready.
-    let _kubelet = KubeletSim::spawn(cluster.client()?, vec![hostpath_registration(NS, "hostpath")], Duration::from_millis(300));
+    let _kubelet = KubeletSim::spawn(
+        cluster.client()?,
+        vec![hostpath_registration(NS, "hostpath")],
+        Duration::from_millis(300),
+    );
 
     let example = testkit::example_path();
     eprintln!("==> kubectl apply -f {}", example.display());
-    print!("{}", cluster.kubectl_ok(["apply", "-f", &example.to_string_lossy()]).await?);
+    print!(
+        "{}",
+        cluster
+            .kubectl_ok(["apply", "-f", &example.to_string_lossy()])
+            .await?
+    );
 
     eprintln!("==> waiting until the driver is Running on every node");
-    if let Err(e) = testkit::wait_running(&cluster, NS, "hostpath", "v1.17.0", 3, Duration::from_secs(120)).await {
+    if let Err(e) = testkit::wait_running(
+        &cluster,
+        NS,
+        "hostpath",
+        "v1.17.0",
+        3,
+        Duration::from_secs(120),
+    )
+    .await
+    {
         eprintln!("operator log:\n{}", operator.log_tail(30));
         return Err(e.into());
     }
 
     eprintln!("==> kubectl get csidriverdeployments -A -o wide");
-    print!("{}", cluster.kubectl_ok(["get", "csidriverdeployments", "-A", "-o", "wide"]).await?);
+    print!(
+        "{}",
+        cluster
+            .kubectl_ok(["get", "csidriverdeployments", "-A", "-o", "wide"])
+            .await?
+    );
     eprintln!();
     eprintln!("==> kubectl -n {NS} get statefulsets,daemonsets,pods");
-    print!("{}", cluster.kubectl_ok(["-n", NS, "get", "statefulsets,daemonsets,pods", "-o", "wide"]).await?);
+    print!(
+        "{}",
+        cluster
+            .kubectl_ok([
+                "-n",
+                NS,
+                "get",
+                "statefulsets,daemonsets,pods",
+                "-o",
+                "wide"
+            ])
+            .await?
+    );
     eprintln!("\n(done in {:.1}s)", started.elapsed().as_secs_f64());
 
     if std::io::stdin().is_terminal() && std::env::var_os("CI").is_none() {
         eprintln!("\nThe cluster stays up until Ctrl-C. Try:");
-        eprintln!("  export KUBECONFIG={}", cluster.kubeconfig_path().display());
+        eprintln!(
+            "  export KUBECONFIG={}",
+            cluster.kubeconfig_path().display()
+        );
         eprintln!("  kubectl -n {NS} describe csidd hostpath");
         eprintln!("  kubectl -n {NS} patch csidd hostpath --type=merge -p '{{\"spec\":{{\"version\":\"v1.18.0\"}}}}'");
         eprintln!("  kubectl get csidd -A -w");
