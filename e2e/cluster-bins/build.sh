@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build (or reuse from cache) the local Kubernetes test bed used by the e2e
-# tests: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok.
+# tests: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok,
+# and csi-mock-driver (Kubernetes' own CSI mock driver, kube/csi-mock-driver).
 #
 #   BIN=$(e2e/cluster-bins/build.sh)   # prints ONLY the bin dir on stdout
 #   e2e/cluster-bins/build.sh --sync   # regenerate wrapper go.mod/go.sum
@@ -10,7 +11,8 @@
 # Versions live in e2e/versions.env (the only place they are pinned). Each
 # upstream project is built from a small wrapper Go module in this folder
 # (kube/, etcd/, kwok/) so that the upstream replace directives do not get
-# in the way; see e2e/README.md.
+# in the way; kube/ also holds csi-mock-driver's main package. See
+# e2e/README.md.
 #
 # Environment:
 #   CSIOPS_CACHE_DIR  cache root (default: $HOME/.cache/csiops)
@@ -110,15 +112,17 @@ check_pins() {
 
 # ---------------------------------------------------------------------------
 # Cache location. The key encodes every pinned version, the Go toolchain, the
-# platform, and a hash of the wrapper modules plus the build recipe below.
+# platform, and a hash of the wrapper modules, csi-mock-driver's source and
+# the build recipe below.
 # ---------------------------------------------------------------------------
-RECIPE=4 # bump when the build flags/ldflags below change
-BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+RECIPE=5 # bump when the build flags/ldflags or the set of binaries change
+BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok csi-mock-driver)
 
 cache_key() {
   local gover goos goarch h
   { read -r gover; read -r goos; read -r goarch; } < <(go env GOVERSION GOOS GOARCH)
-  h="$( { echo "recipe=$RECIPE"; cat "$HERE"/{kube,etcd,kwok}/go.{mod,sum}; } |
+  h="$( { echo "recipe=$RECIPE"; cat "$HERE"/{kube,etcd,kwok}/go.{mod,sum} \
+    "$HERE"/kube/csi-mock-driver/*.go; } |
     sha256sum | cut -c1-12)"
   printf 'k8s-%s_etcd-%s_kwok-%s_%s_%s-%s_%s' \
     "$K8S_VERSION" "$ETCD_VERSION" "$KWOK_VERSION" "$gover" "$goos" "$goarch" "$h"
@@ -137,6 +141,7 @@ bins_ok() {
   "$dir/kube-controller-manager" --version >"$t/kube-controller-manager" 2>&1 &
   "$dir/kube-scheduler" --version >"$t/kube-scheduler" 2>&1 &
   "$dir/kwok" --version >"$t/kwok" 2>&1 &
+  "$dir/csi-mock-driver" --version >"$t/csi-mock-driver" 2>&1 &
   local rc=0
   wait || rc=1
   grep -q "etcd Version: ${ETCD_VERSION#v}" "$t/etcd" || rc=1
@@ -144,6 +149,7 @@ bins_ok() {
   grep -qx "Kubernetes $K8S_VERSION" "$t/kube-controller-manager" || rc=1
   grep -qx "Kubernetes $K8S_VERSION" "$t/kube-scheduler" || rc=1
   grep -q "$KWOK_VERSION" "$t/kwok" || rc=1
+  grep -q "^csi-mock-driver k8s.io/kubernetes $K8S_VERSION " "$t/csi-mock-driver" || rc=1
   rm -rf "$t"
   return "$rc"
 }
@@ -180,11 +186,16 @@ build_into() {
       kld+=("-X" "$pkg.$key=$val")
     done
   done
-  log "building kube-apiserver, kube-controller-manager, kube-scheduler $K8S_VERSION (slowest step: ~4-5 min cold on 2 cores)"
+  # csi-mock-driver (our main package around k8s.io/kubernetes/test/e2e/
+  # storage/drivers/csi-test) shares the pinned module graph and most compiled
+  # packages, so it goes in the same invocation. It takes its --version from
+  # the embedded build info; the -X flags do not touch it.
+  log "building kube-apiserver, kube-controller-manager, kube-scheduler, csi-mock-driver $K8S_VERSION (slowest step: ~4-5 min cold on 2 cores)"
   (cd "$HERE/kube" && CGO_ENABLED=0 go build "${build_flags[@]}" -ldflags="${kld[*]}" -o "$out/" \
     k8s.io/kubernetes/cmd/kube-apiserver \
     k8s.io/kubernetes/cmd/kube-controller-manager \
-    k8s.io/kubernetes/cmd/kube-scheduler) >&2
+    k8s.io/kubernetes/cmd/kube-scheduler \
+    ./csi-mock-driver) >&2
 
   # --- etcd ------------------------------------------------------------------
   log "building etcd $ETCD_VERSION"

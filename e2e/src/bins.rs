@@ -14,6 +14,7 @@ pub const CLUSTER_BINARIES: &[&str] = &[
     "kube-controller-manager",
     "kube-scheduler",
     "kwok",
+    "csi-mock-driver",
 ];
 
 /// `<workspace>/e2e`.

@@ -292,7 +292,12 @@ mod tests {
         );
         let pid = p.pid();
         assert!(pid_alive(pid));
-        p.check_running().unwrap();
+        // The trap is set before "started" is printed; signal only after that,
+        // or SIGTERM could land before the shell ignores it.
+        while !p.log_tail(5).contains("started") {
+            p.check_running().unwrap();
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let t = Instant::now();
         p.terminate(Duration::from_millis(300));
         assert!(t.elapsed() >= Duration::from_millis(300));
