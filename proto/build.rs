@@ -1,0 +1,46 @@
+//! Compiles the .proto files with protox (pure Rust, no system `protoc`) and
+//! generates prost messages plus tonic clients and servers from the result.
+//!
+//! Outputs in `OUT_DIR`:
+//! - `csi.v1.rs`, `pluginregistration.rs`: generated code;
+//! - `csi_descriptor.bin`: encoded `FileDescriptorSet` of both files and their
+//!   imports, custom options (`csi_secret`, `alpha_*`) included, for runtime
+//!   reflection (log redaction).
+
+use std::{env, error::Error, fs, path::PathBuf};
+
+const PROTOS: &[&str] = &["csi.proto", "pluginregistration.proto"];
+
+fn main() -> Result<(), Box<dyn Error>> {
+    for proto in PROTOS {
+        println!("cargo:rerun-if-changed={proto}");
+    }
+    let out_dir = PathBuf::from(env::var("OUT_DIR")?);
+
+    let mut compiler = protox::Compiler::new(["."])?;
+    compiler.include_imports(true);
+    compiler.open_files(PROTOS)?;
+
+    // Runtime descriptor: without source info (comments are not needed at
+    // runtime), encoded by protox so extension options survive (prost-types
+    // would drop them as unknown fields).
+    compiler.include_source_info(false);
+    fs::write(
+        out_dir.join("csi_descriptor.bin"),
+        compiler.encode_file_descriptor_set(),
+    )?;
+
+    // Code generation: with source info so our comments become rustdoc.
+    compiler.include_source_info(true);
+    let fds = compiler.file_descriptor_set();
+
+    let mut config = prost_build::Config::new();
+    // `impl prost::Name` for every message, used by `redact` to find a
+    // message's descriptor.
+    config.enable_type_names();
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds_with_config(fds, config)?;
+    Ok(())
+}
