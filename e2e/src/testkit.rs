@@ -27,20 +27,33 @@ pub fn example_path() -> PathBuf {
 }
 
 /// Installs the CRD and waits until the API serves it.
+///
+/// Polled rather than `kubectl wait`: kubectl 1.32 fails at once when the
+/// CRD has no conditions yet instead of waiting for them.
 pub async fn install_crd(cluster: &Cluster) -> Result<()> {
     let crd = crd_path();
     cluster
         .kubectl_ok(["apply", "--server-side", "-f", &crd.to_string_lossy()])
         .await?;
-    cluster
-        .kubectl_ok([
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/csidriverdeployments.csiops.dev",
-        ])
-        .await?;
-    Ok(())
+    let args = ["get", "crd", "csidriverdeployments.csiops.dev"];
+    wait_for(
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || async {
+            let established = jsonpath(
+                cluster,
+                &args,
+                "{.status.conditions[?(@.type==\"Established\")].status}",
+            )
+            .await
+            .ok()?;
+            (established == "True").then_some(())
+        },
+    )
+    .await
+    .map_err(|_| {
+        Error::Other("CRD csidriverdeployments.csiops.dev not Established within 60s".into())
+    })
 }
 
 /// `kubectl apply -f -` of a YAML text (through a file in the cluster's dir).
