@@ -1,0 +1,142 @@
+//! The CSI driver as the sidecars see it: one kept connection, per-call
+//! deadlines, every call timed into `csi_sidecar_operations_seconds`.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use csiops_proto::client::{self, ConnectError, CsiClient};
+use csiops_proto::csi::v1::{
+    GetPluginInfoRequest, GetPluginInfoResponse, NodeGetInfoRequest, NodeGetInfoResponse,
+    ProbeRequest,
+};
+use tonic::{Code, Status};
+
+use super::metrics::Metrics;
+use super::shutdown::Shutdown;
+
+/// A connected driver.
+#[derive(Clone)]
+pub struct Driver {
+    client: CsiClient,
+    metrics: Arc<Metrics>,
+}
+
+/// Upstream's label value of a gRPC code (`OK`, `DeadlineExceeded`, …).
+pub fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "Canceled",
+        Code::Unknown => "Unknown",
+        Code::InvalidArgument => "InvalidArgument",
+        Code::DeadlineExceeded => "DeadlineExceeded",
+        Code::NotFound => "NotFound",
+        Code::AlreadyExists => "AlreadyExists",
+        Code::PermissionDenied => "PermissionDenied",
+        Code::ResourceExhausted => "ResourceExhausted",
+        Code::FailedPrecondition => "FailedPrecondition",
+        Code::Aborted => "Aborted",
+        Code::OutOfRange => "OutOfRange",
+        Code::Unimplemented => "Unimplemented",
+        Code::Internal => "Internal",
+        Code::Unavailable => "Unavailable",
+        Code::DataLoss => "DataLoss",
+        Code::Unauthenticated => "Unauthenticated",
+    }
+}
+
+impl Driver {
+    /// Connects once (no retry).
+    pub async fn connect(
+        address: &str,
+        timeout: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, ConnectError> {
+        let client = CsiClient::connect(address, timeout).await?;
+        Ok(Self { client, metrics })
+    }
+
+    /// Connects, retrying with backoff (1s doubling to 10s) until the driver's
+    /// socket answers or `shutdown` fires (`None`).
+    pub async fn connect_waiting(
+        address: &str,
+        timeout: Duration,
+        metrics: Arc<Metrics>,
+        shutdown: &Shutdown,
+    ) -> Option<Self> {
+        let mut delay = Duration::from_secs(1);
+        loop {
+            match Self::connect(address, timeout, metrics.clone()).await {
+                Ok(d) => return Some(d),
+                Err(e) => tracing::warn!(error = %e, "waiting for the CSI driver"),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = shutdown.wait() => return None,
+            }
+            delay = (delay * 2).min(Duration::from_secs(10));
+        }
+    }
+
+    async fn timed<T, F>(&self, method: &'static str, call: F) -> Result<T, Status>
+    where
+        F: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let start = Instant::now();
+        let res = call.await;
+        let code = match &res {
+            Ok(_) => Code::Ok,
+            Err(s) => s.code(),
+        };
+        self.metrics
+            .observe(method, code_name(code), start.elapsed());
+        res.map(tonic::Response::into_inner)
+    }
+
+    pub async fn plugin_info(&self) -> Result<GetPluginInfoResponse, Status> {
+        let mut c = self.client.identity();
+        self.timed(
+            "/csi.v1.Identity/GetPluginInfo",
+            c.get_plugin_info(GetPluginInfoRequest {}),
+        )
+        .await
+    }
+
+    /// Probe with its own deadline; `Ok(false)` when the driver says it is not ready.
+    pub async fn probe(&self, timeout: Duration) -> Result<bool, Status> {
+        let mut c = self.client.identity();
+        let req = client::with_timeout(ProbeRequest {}, timeout);
+        let resp = self.timed("/csi.v1.Identity/Probe", c.probe(req)).await?;
+        // An absent `ready` means ready (CSI spec).
+        Ok(resp.ready.unwrap_or(true))
+    }
+
+    pub async fn node_get_info(&self) -> Result<NodeGetInfoResponse, Status> {
+        let mut c = self.client.node();
+        self.timed(
+            "/csi.v1.Node/NodeGetInfo",
+            c.node_get_info(NodeGetInfoRequest {}),
+        )
+        .await
+    }
+
+    /// GetPluginInfo, retried with backoff until it answers with a name or
+    /// `shutdown` fires. A driver still starting refuses or times out first.
+    pub async fn driver_name_waiting(&self, shutdown: &Shutdown) -> Option<String> {
+        let mut delay = Duration::from_millis(500);
+        loop {
+            match self.plugin_info().await {
+                Ok(info) if !info.name.is_empty() => return Some(info.name),
+                Ok(_) => tracing::warn!("driver answered GetPluginInfo with an empty name"),
+                Err(e) => {
+                    tracing::warn!(code = ?e.code(), message = %e.message(), "GetPluginInfo failed; retrying")
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = shutdown.wait() => return None,
+            }
+            delay = (delay * 2).min(Duration::from_secs(10));
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! `csiops-sidecar liveness-probe`: `/healthz` runs the driver's Probe over one
+//! kept connection, so kubelet's liveness probe of the driver container checks
+//! the driver itself, not just that a process exists.
+//!
+//! 200 `ok` when Probe succeeds and the driver is ready; 500 with the driver's
+//! error, or `driver responded but is not ready`. The connection is made on the
+//! first request and reused; if the driver restarts, the same channel
+//! reconnects on the next call.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use tokio::sync::Mutex;
+
+use crate::common::args::{parse_duration, CommonArgs};
+use crate::common::driver::{code_name, Driver};
+use crate::common::http::{self, HealthCheck};
+use crate::common::metrics::Metrics;
+use crate::common::shutdown::Shutdown;
+use crate::SidecarError;
+
+/// Flags of `liveness-probe` (upstream livenessprobe's names).
+#[derive(Debug, Clone, Args)]
+pub struct LivenessArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+
+    /// Deadline of each Probe call.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub probe_timeout: Duration,
+
+    /// Port of /healthz when --http-endpoint is not set (upstream's default 9808).
+    #[arg(long, default_value_t = 9808)]
+    pub health_port: u16,
+}
+
+/// The probe: a lazily made, kept driver connection.
+pub struct Prober {
+    address: String,
+    connect_timeout: Duration,
+    probe_timeout: Duration,
+    metrics: Arc<Metrics>,
+    driver: Mutex<Option<Driver>>,
+}
+
+impl Prober {
+    pub fn new(
+        address: &str,
+        connect_timeout: Duration,
+        probe_timeout: Duration,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            address: address.to_string(),
+            connect_timeout,
+            probe_timeout,
+            metrics,
+            driver: Mutex::new(None),
+        }
+    }
+
+    async fn driver(&self) -> Result<Driver, String> {
+        let mut slot = self.driver.lock().await;
+        if let Some(d) = slot.as_ref() {
+            return Ok(d.clone());
+        }
+        let d = Driver::connect(&self.address, self.connect_timeout, self.metrics.clone())
+            .await
+            .map_err(|e| e.to_string())?;
+        if let Ok(info) = d.plugin_info().await {
+            self.metrics.set_driver_name(&info.name);
+        }
+        *slot = Some(d.clone());
+        Ok(d)
+    }
+
+    /// One health check.
+    pub async fn check(&self) -> Result<(), String> {
+        let driver = self.driver().await?;
+        match driver.probe(self.probe_timeout).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err("driver responded but is not ready".to_string()),
+            Err(s) => Err(format!(
+                "probe failed: {}: {}",
+                code_name(s.code()),
+                s.message()
+            )),
+        }
+    }
+}
+
+/// Runs until SIGTERM.
+pub async fn run(args: LivenessArgs) -> Result<(), SidecarError> {
+    let (shutdown, _trigger) = Shutdown::on_signals();
+    let metrics = Arc::new(Metrics::new());
+    let addr = match args.common.http_addr().map_err(SidecarError::Flag)? {
+        Some(a) => a,
+        None => std::net::SocketAddr::from(([0, 0, 0, 0], args.health_port)),
+    };
+    let prober = Arc::new(Prober::new(
+        &args.common.csi_address,
+        args.common.timeout,
+        args.probe_timeout,
+        metrics.clone(),
+    ));
+    let check_prober = prober.clone();
+    let check: HealthCheck = Arc::new(move || {
+        let p = check_prober.clone();
+        Box::pin(async move { p.check().await })
+    });
+    let router = http::router(metrics, &args.common.metrics_path, check);
+    let stop = shutdown.clone();
+    let server = http::serve(addr, router, async move { stop.wait().await })
+        .await
+        .map_err(|source| SidecarError::Bind { addr, source })?;
+    tracing::info!(csi_address = %args.common.csi_address, "liveness probe ready");
+    match server.await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(SidecarError::Http(e)),
+        Err(e) => Err(SidecarError::Task(e.to_string())),
+    }
+}

@@ -1,0 +1,50 @@
+//! `csiops-sidecar <role>`.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use csiops_sidecars::common::logging;
+use csiops_sidecars::{liveness, registrar};
+
+/// Rust replacements of the kubernetes-csi sidecars.
+#[derive(Debug, Parser)]
+#[command(name = "csiops-sidecar", version)]
+struct Cli {
+    #[command(subcommand)]
+    role: Role,
+}
+
+#[derive(Debug, Subcommand)]
+enum Role {
+    /// Registers the driver with kubelet and keeps this node's CSINode entry.
+    Registrar(registrar::RegistrarArgs),
+    /// Serves /healthz by calling the driver's Probe.
+    LivenessProbe(liveness::LivenessArgs),
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let common = match &cli.role {
+        Role::Registrar(a) => &a.common,
+        Role::LivenessProbe(a) => &a.common,
+    };
+    if let Err(e) = logging::init(common.log_format, common.verbosity) {
+        eprintln!("csiops-sidecar: {e}");
+        return ExitCode::FAILURE;
+    }
+    let res = match cli.role {
+        Role::Registrar(a) => registrar::run(a).await,
+        Role::LivenessProbe(a) => liveness::run(a).await,
+    };
+    match res {
+        Ok(()) => {
+            tracing::info!("stopped");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "stopped with an error");
+            ExitCode::FAILURE
+        }
+    }
+}

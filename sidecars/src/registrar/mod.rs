@@ -1,0 +1,250 @@
+//! `csiops-sidecar registrar`: registers the driver with kubelet through the
+//! plugin registration API and keeps this node's CSINode entry (node ID,
+//! topology keys, volume limit), topology labels and node-ID annotation.
+//!
+//! 1. Connect to the driver and ask GetPluginInfo, retrying while it starts.
+//! 2. Serve `Registration` on `<plugin-registration-path>/<driver>-reg.sock`,
+//!    bound privately; re-create the socket if something removes it.
+//! 3. Keep the CSINode (see `sync`).
+//! 4. kubelet refusing the registration ends the process non-zero; SIGTERM
+//!    removes the socket and, unless `--keep-registration-on-exit`, this
+//!    driver's CSINode entry and annotation key.
+
+pub mod nodeinfo;
+pub mod server;
+pub mod socket;
+pub mod sync;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use csiops_proto::pluginregistration::registration_server::RegistrationServer;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnixListenerStream;
+
+use crate::common::args::CommonArgs;
+use crate::common::driver::Driver;
+use crate::common::http::{self, HealthCheck};
+use crate::common::metrics::Metrics;
+use crate::common::shutdown::Shutdown;
+use crate::SidecarError;
+
+/// How often the registration socket is checked for removal.
+const SOCKET_CHECK: Duration = Duration::from_secs(2);
+/// How long cleanup on SIGTERM may take.
+const CLEANUP_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Flags of `registrar` (upstream node-driver-registrar's names, plus CSINode maintenance).
+#[derive(Debug, Clone, Args)]
+pub struct RegistrarArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+
+    /// Path of the driver socket on the host, as kubelet must dial it.
+    #[arg(long)]
+    pub kubelet_registration_path: String,
+
+    /// Directory kubelet's plugin watcher watches (plugins_registry mounted here).
+    #[arg(long, default_value = "/registration")]
+    pub plugin_registration_path: PathBuf,
+
+    /// This node's name (for CSINode and the Node).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+
+    /// Keep this driver's CSINode entry and node ID on SIGTERM (upgrades).
+    #[arg(long)]
+    pub keep_registration_on_exit: bool,
+
+    /// Kubeconfig (out of cluster); default: in-cluster or KUBECONFIG.
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+/// Why the registrar stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistrarError {
+    #[error("kubelet refused the registration: {0}")]
+    Refused(String),
+    #[error("cannot create the registration socket {path}: {source}")]
+    Socket {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("--node-name (or NODE_NAME) is required to maintain CSINode")]
+    NoNodeName,
+    #[error("Kubernetes client: {0}")]
+    Kube(String),
+    #[error("registration server: {0}")]
+    Serve(String),
+}
+
+async fn kube_client(args: &RegistrarArgs) -> Result<kube::Client, RegistrarError> {
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| RegistrarError::Kube(e.to_string()))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| RegistrarError::Kube(e.to_string()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| RegistrarError::Kube(e.to_string()))?,
+    };
+    kube::Client::try_from(config).map_err(|e| RegistrarError::Kube(e.to_string()))
+}
+
+/// One generation of the registration server on one socket.
+struct Served {
+    task: tokio::task::JoinHandle<()>,
+    identity: (u64, u64),
+}
+
+fn serve_registration(
+    path: &std::path::Path,
+    driver_name: &str,
+    endpoint: &str,
+    refusals: &mpsc::Sender<String>,
+) -> Result<Served, RegistrarError> {
+    let (listener, identity) =
+        socket::bind_private(path).map_err(|source| RegistrarError::Socket {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    let service = server::RegistrationService {
+        driver_name: driver_name.to_string(),
+        endpoint: endpoint.to_string(),
+        refusals: refusals.clone(),
+    };
+    let task = tokio::spawn(async move {
+        let res = tonic::transport::Server::builder()
+            .add_service(RegistrationServer::new(service))
+            .serve_with_incoming(UnixListenerStream::new(listener))
+            .await;
+        if let Err(e) = res {
+            tracing::error!(error = %e, "registration server stopped");
+        }
+    });
+    tracing::info!(path = %path.display(), "serving plugin registration");
+    Ok(Served { task, identity })
+}
+
+/// Runs until SIGTERM or a refused registration.
+pub async fn run(args: RegistrarArgs) -> Result<(), SidecarError> {
+    let (shutdown, _trigger) = Shutdown::on_signals();
+    let metrics = Arc::new(Metrics::new());
+    let node_name = args
+        .node_name
+        .clone()
+        .filter(|n| !n.is_empty())
+        .ok_or(RegistrarError::NoNodeName)?;
+    let client = kube_client(&args).await?;
+
+    let Some(driver) = Driver::connect_waiting(
+        &args.common.csi_address,
+        args.common.timeout,
+        metrics.clone(),
+        &shutdown,
+    )
+    .await
+    else {
+        return Ok(());
+    };
+    let Some(driver_name) = driver.driver_name_waiting(&shutdown).await else {
+        return Ok(());
+    };
+    metrics.set_driver_name(&driver_name);
+    tracing::info!(driver = %driver_name, node = %node_name, "driver found");
+
+    let path = socket::socket_path(&args.plugin_registration_path, &driver_name);
+    let (refusal_tx, mut refusals) = mpsc::channel::<String>(4);
+    let mut served = serve_registration(
+        &path,
+        &driver_name,
+        &args.kubelet_registration_path,
+        &refusal_tx,
+    )?;
+
+    // /healthz: the socket is ours and in place, and the driver answers.
+    let health_path = path.clone();
+    let health_driver = driver.clone();
+    let current_identity = Arc::new(std::sync::Mutex::new(served.identity));
+    let health_identity = current_identity.clone();
+    let check: HealthCheck = Arc::new(move || {
+        let path = health_path.clone();
+        let driver = health_driver.clone();
+        let expected = health_identity.lock().map(|i| *i).ok();
+        Box::pin(async move {
+            if socket::identity(&path).is_none() || socket::identity(&path) != expected {
+                return Err(format!("registration socket {} is gone", path.display()));
+            }
+            driver
+                .plugin_info()
+                .await
+                .map(|_| ())
+                .map_err(|s| format!("driver unreachable: {}", s.message()))
+        })
+    });
+    let http_task = match args.common.http_addr().map_err(SidecarError::Flag)? {
+        Some(addr) => {
+            let stop = shutdown.clone();
+            Some(
+                http::serve(
+                    addr,
+                    http::router(metrics.clone(), &args.common.metrics_path, check),
+                    async move { stop.wait().await },
+                )
+                .await
+                .map_err(|source| SidecarError::Bind { addr, source })?,
+            )
+        }
+        None => None,
+    };
+
+    let sync = sync::NodeInfoSync::new(client, node_name, driver_name.clone(), driver.clone());
+    let sync_task = {
+        let sync = sync.clone();
+        let stop = shutdown.clone();
+        tokio::spawn(async move { sync.run(&stop).await })
+    };
+
+    let mut check_socket = tokio::time::interval(SOCKET_CHECK);
+    let outcome = loop {
+        tokio::select! {
+            _ = shutdown.wait() => break Ok(()),
+            Some(error) = refusals.recv() => break Err(RegistrarError::Refused(error)),
+            _ = check_socket.tick() => {
+                if socket::identity(&path) != Some(served.identity) {
+                    tracing::warn!(path = %path.display(), "registration socket was removed; re-creating it");
+                    served.task.abort();
+                    served = serve_registration(&path, &driver_name, &args.kubelet_registration_path, &refusal_tx)?;
+                    if let Ok(mut id) = current_identity.lock() {
+                        *id = served.identity;
+                    }
+                }
+            }
+        }
+    };
+
+    // Teardown: stop serving, remove our socket (kubelet then deregisters),
+    // and unless kept, this driver's CSINode entry.
+    served.task.abort();
+    sync_task.abort();
+    if socket::identity(&path) == Some(served.identity) {
+        let _ = std::fs::remove_file(&path);
+    }
+    if outcome.is_ok() && !args.keep_registration_on_exit {
+        match tokio::time::timeout(CLEANUP_DEADLINE, sync.uninstall()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "could not remove the CSINode entry on exit"),
+            Err(_) => tracing::warn!("removing the CSINode entry on exit timed out"),
+        }
+    }
+    if let Some(task) = http_task {
+        let _ = tokio::time::timeout(Duration::from_secs(2), task).await;
+    }
+    outcome.map_err(SidecarError::from)
+}

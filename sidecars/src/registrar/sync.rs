@@ -1,0 +1,191 @@
+//! Keeps this node's CSINode entry, topology labels and node-ID annotation in
+//! step with the driver's NodeGetInfo, the way kubelet's node-info manager does
+//! (see `nodeinfo`). Runs at start, on every change of this Node or CSINode,
+//! and on a slow resync; API errors back off and retry.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::{stream, StreamExt};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::storage::v1::CSINode;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use kube::Client;
+
+use super::nodeinfo::{self, DriverNodeInfo};
+use crate::common::driver::Driver;
+use crate::common::shutdown::Shutdown;
+
+/// Re-check even when nothing changes (a lost watch event, a driver change).
+const RESYNC: Duration = Duration::from_secs(60);
+
+/// Why one pass failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("Node {0} does not exist")]
+    NoNode(String),
+}
+
+/// What a pass did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Installed { wrote: bool },
+    Uninstalled { wrote: bool },
+}
+
+/// The maintainer of one node's registration of one driver.
+#[derive(Clone)]
+pub struct NodeInfoSync {
+    pub nodes: Api<Node>,
+    pub csinodes: Api<CSINode>,
+    pub node_name: String,
+    pub driver_name: String,
+    pub driver: Driver,
+}
+
+impl NodeInfoSync {
+    pub fn new(client: Client, node_name: String, driver_name: String, driver: Driver) -> Self {
+        Self {
+            nodes: Api::all(client.clone()),
+            csinodes: Api::all(client),
+            node_name,
+            driver_name,
+            driver,
+        }
+    }
+
+    /// One pass: NodeGetInfo, then install or (if the driver fails) uninstall.
+    pub async fn reconcile(&self) -> Result<Outcome, SyncError> {
+        match self.driver.node_get_info().await {
+            Ok(resp) => {
+                let info = DriverNodeInfo {
+                    node_id: resp.node_id,
+                    max_volumes_per_node: resp.max_volumes_per_node,
+                    topology: resp
+                        .accessible_topology
+                        .map(|t| t.segments.into_iter().collect::<BTreeMap<_, _>>())
+                        .unwrap_or_default(),
+                };
+                let wrote = self.install(&info).await?;
+                Ok(Outcome::Installed { wrote })
+            }
+            Err(status) => {
+                tracing::warn!(code = ?status.code(), message = %status.message(), "NodeGetInfo failed; removing this driver from the node");
+                let wrote = self.uninstall().await?;
+                Ok(Outcome::Uninstalled { wrote })
+            }
+        }
+    }
+
+    /// Writes the driver's entry, labels and annotation; `true` if anything was written.
+    pub async fn install(&self, info: &DriverNodeInfo) -> Result<bool, SyncError> {
+        let node = self
+            .nodes
+            .get_opt(&self.node_name)
+            .await?
+            .ok_or_else(|| SyncError::NoNode(self.node_name.clone()))?;
+        let mut wrote = false;
+        let change = nodeinfo::node_install(&node, &self.driver_name, info);
+        if !change.is_empty() {
+            let patch = change.merge_patch(node.metadata.resource_version.as_deref());
+            self.nodes
+                .patch(
+                    &self.node_name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await?;
+            wrote = true;
+        }
+        let entry = nodeinfo::driver_entry(&self.driver_name, info);
+        match self.csinodes.get_opt(&self.node_name).await? {
+            None => {
+                self.csinodes
+                    .create(&PostParams::default(), &nodeinfo::new_csinode(&node, entry))
+                    .await?;
+                wrote = true;
+            }
+            Some(current) => {
+                if let Some(updated) = nodeinfo::with_driver(&current, &entry) {
+                    // replace carries the resourceVersion read: a concurrent
+                    // writer (kubelet) makes this fail and the pass retry.
+                    self.csinodes
+                        .replace(&self.node_name, &PostParams::default(), &updated)
+                        .await?;
+                    wrote = true;
+                }
+            }
+        }
+        if wrote {
+            tracing::info!(node = %self.node_name, node_id = %info.node_id, "driver registered in CSINode");
+        }
+        Ok(wrote)
+    }
+
+    /// Removes the driver's entry and annotation key; `true` if anything was written.
+    pub async fn uninstall(&self) -> Result<bool, SyncError> {
+        let mut wrote = false;
+        if let Some(current) = self.csinodes.get_opt(&self.node_name).await? {
+            if let Some(updated) = nodeinfo::without_driver(&current, &self.driver_name) {
+                self.csinodes
+                    .replace(&self.node_name, &PostParams::default(), &updated)
+                    .await?;
+                wrote = true;
+            }
+        }
+        if let Some(node) = self.nodes.get_opt(&self.node_name).await? {
+            let change = nodeinfo::node_uninstall(&node, &self.driver_name);
+            if !change.is_empty() {
+                let patch = change.merge_patch(node.metadata.resource_version.as_deref());
+                self.nodes
+                    .patch(
+                        &self.node_name,
+                        &PatchParams::default(),
+                        &Patch::Merge(&patch),
+                    )
+                    .await?;
+                wrote = true;
+            }
+        }
+        if wrote {
+            tracing::info!(node = %self.node_name, "driver removed from CSINode");
+        }
+        Ok(wrote)
+    }
+
+    /// Runs until `shutdown`: a pass at start, on each change of this Node or
+    /// CSINode, and every minute; failed passes retry with backoff (1s → 30s).
+    pub async fn run(&self, shutdown: &Shutdown) {
+        let by_name =
+            watcher::Config::default().fields(&format!("metadata.name={}", self.node_name));
+        let node_events = watcher::watcher(self.nodes.clone(), by_name.clone()).map(|_| ());
+        let csinode_events = watcher::watcher(self.csinodes.clone(), by_name).map(|_| ());
+        let mut changes = stream::select(node_events, csinode_events).boxed();
+        let mut backoff = Duration::from_secs(1);
+        let mut next = tokio::time::Instant::now();
+        loop {
+            tokio::select! {
+                _ = shutdown.wait() => return,
+                _ = tokio::time::sleep_until(next) => {}
+                Some(()) = changes.next() => {
+                    // Coalesce a burst of events (including our own writes) into one pass.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+            match self.reconcile().await {
+                Ok(_) => {
+                    backoff = Duration::from_secs(1);
+                    next = tokio::time::Instant::now() + RESYNC;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_in = ?backoff, "CSINode update failed");
+                    next = tokio::time::Instant::now() + backoff;
+                    backoff = (backoff * 2).min(Duration::from_secs(30));
+                }
+            }
+        }
+    }
+}
