@@ -104,15 +104,25 @@ fn parse_env(text: &str) -> BTreeMap<String, String> {
 /// `<target>/{debug,release}/csiops-operator`, where `<target>` is
 /// `CARGO_TARGET_DIR` or `<workspace>/target`. Tests of another package
 /// cannot use `CARGO_BIN_EXE_*`, hence the search; build it first with
-/// `cargo build -p csiops-operator`.
+/// `cargo build --workspace --bins`.
 pub fn operator_bin() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("CSIOPS_OPERATOR_BIN").filter(|p| !p.is_empty()) {
+    workspace_bin("csiops-operator", "CSIOPS_OPERATOR_BIN")
+}
+
+/// The `csiops-sidecar` binary, found like [`operator_bin`] (`CSIOPS_SIDECAR_BIN`).
+pub fn sidecar_bin() -> Result<PathBuf> {
+    workspace_bin("csiops-sidecar", "CSIOPS_SIDECAR_BIN")
+}
+
+/// A binary of this workspace: `$env_var`, else the newest build of it.
+pub fn workspace_bin(name: &str, env_var: &str) -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os(env_var).filter(|p| !p.is_empty()) {
         let p = PathBuf::from(p);
         return if p.is_file() {
             Ok(p)
         } else {
             Err(Error::Bins(format!(
-                "CSIOPS_OPERATOR_BIN={} does not exist",
+                "{env_var}={} does not exist",
                 p.display()
             )))
         };
@@ -127,7 +137,7 @@ pub fn operator_bin() -> Result<PathBuf> {
     };
     ["debug", "release"]
         .iter()
-        .map(|profile| target.join(profile).join("csiops-operator"))
+        .map(|profile| target.join(profile).join(name))
         .filter_map(|p| {
             let modified = p.metadata().ok()?.modified().ok()?;
             Some((modified, p))
@@ -136,8 +146,8 @@ pub fn operator_bin() -> Result<PathBuf> {
         .map(|(_, p)| p)
         .ok_or_else(|| {
             Error::Bins(format!(
-                "no csiops-operator under {}/{{debug,release}}; run `cargo build -p csiops-operator` \
-                 or set CSIOPS_OPERATOR_BIN",
+                "no {name} under {}/{{debug,release}}; run `cargo build --workspace --bins` \
+                 or set {env_var}",
                 target.display()
             ))
         })

@@ -58,6 +58,11 @@ pub struct RegistrarArgs {
     #[arg(long)]
     pub keep_registration_on_exit: bool,
 
+    /// How often NodeGetInfo is re-asked to notice a driver that stopped
+    /// answering (its CSINode entry is then removed until it answers again).
+    #[arg(long, default_value = "10s", value_parser = crate::common::args::parse_duration)]
+    pub node_info_interval: Duration,
+
     /// Kubeconfig (out of cluster); default: in-cluster or KUBECONFIG.
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
@@ -204,7 +209,13 @@ pub async fn run(args: RegistrarArgs) -> Result<(), SidecarError> {
         None => None,
     };
 
-    let sync = sync::NodeInfoSync::new(client, node_name, driver_name.clone(), driver.clone());
+    let sync = sync::NodeInfoSync::new(
+        client,
+        node_name,
+        driver_name.clone(),
+        driver.clone(),
+        args.node_info_interval,
+    );
     let sync_task = {
         let sync = sync.clone();
         let stop = shutdown.clone();

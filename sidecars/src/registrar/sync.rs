@@ -1,7 +1,7 @@
 //! Keeps this node's CSINode entry, topology labels and node-ID annotation in
 //! step with the driver's NodeGetInfo, the way kubelet's node-info manager does
 //! (see `nodeinfo`). Runs at start, on every change of this Node or CSINode,
-//! and on a slow resync; API errors back off and retry.
+//! and every `--node-info-interval`; API errors back off and retry.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -16,9 +16,6 @@ use kube::Client;
 use super::nodeinfo::{self, DriverNodeInfo};
 use crate::common::driver::Driver;
 use crate::common::shutdown::Shutdown;
-
-/// Re-check even when nothing changes (a lost watch event, a driver change).
-const RESYNC: Duration = Duration::from_secs(60);
 
 /// Why one pass failed.
 #[derive(Debug, thiserror::Error)]
@@ -44,16 +41,26 @@ pub struct NodeInfoSync {
     pub node_name: String,
     pub driver_name: String,
     pub driver: Driver,
+    /// How often NodeGetInfo is asked even when nothing changed: a driver that
+    /// stops answering is noticed within this time.
+    pub interval: Duration,
 }
 
 impl NodeInfoSync {
-    pub fn new(client: Client, node_name: String, driver_name: String, driver: Driver) -> Self {
+    pub fn new(
+        client: Client,
+        node_name: String,
+        driver_name: String,
+        driver: Driver,
+        interval: Duration,
+    ) -> Self {
         Self {
             nodes: Api::all(client.clone()),
             csinodes: Api::all(client),
             node_name,
             driver_name,
             driver,
+            interval,
         }
     }
 
@@ -157,7 +164,7 @@ impl NodeInfoSync {
     }
 
     /// Runs until `shutdown`: a pass at start, on each change of this Node or
-    /// CSINode, and every minute; failed passes retry with backoff (1s → 30s).
+    /// CSINode, and every `interval`; failed passes retry with backoff (1s → 30s).
     pub async fn run(&self, shutdown: &Shutdown) {
         let by_name =
             watcher::Config::default().fields(&format!("metadata.name={}", self.node_name));
@@ -178,7 +185,7 @@ impl NodeInfoSync {
             match self.reconcile().await {
                 Ok(_) => {
                     backoff = Duration::from_secs(1);
-                    next = tokio::time::Instant::now() + RESYNC;
+                    next = tokio::time::Instant::now() + self.interval;
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, retry_in = ?backoff, "CSINode update failed");

@@ -1,0 +1,359 @@
+//! The node sidecars on a real control plane with a real CSI driver process
+//! (`csi-mock-driver`, Kubernetes' own e2e driver): the registrar registers
+//! through kubelet's plugin-registration API, keeps the CSINode and Node as
+//! kubelet would, removes its entry when the driver fails or on SIGTERM, and
+//! the liveness probe follows the driver.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use csiops_e2e::node_side::{kubelet_register, registration_socket, start_mock_driver};
+use csiops_e2e::process::ManagedProcess;
+use csiops_e2e::{free_port, pid_alive, sidecar_bin, wait_for, Cluster, ClusterOptions};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::storage::v1::{CSINode, CSINodeDriver, CSINodeSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+
+const DRIVER: &str = "mock.csi.csiops.dev";
+const NODE: &str = "kwok-node-0";
+const TOPOLOGY_KEY: &str = "io.kubernetes.storage.mock/node";
+const OTHER: &str = "other.csi.example.com";
+const DEADLINE: Duration = Duration::from_secs(30);
+const POLL: Duration = Duration::from_millis(100);
+
+fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let code = out.split_whitespace().nth(1)?.parse().ok()?;
+    let body = out.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    Some((code, body))
+}
+
+async fn healthz(port: u16) -> Option<(u16, String)> {
+    tokio::task::spawn_blocking(move || http_get(port, "/healthz"))
+        .await
+        .ok()
+        .flatten()
+}
+
+fn entry<'a>(c: &'a CSINode, driver: &str) -> Option<&'a CSINodeDriver> {
+    c.spec.drivers.iter().find(|d| d.name == driver)
+}
+
+fn node_ids(n: &Node) -> BTreeMap<String, String> {
+    n.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("csi.volume.kubernetes.io/nodeid"))
+        .and_then(|v| serde_json::from_str(v).ok())
+        .unwrap_or_default()
+}
+
+struct Paths {
+    driver_socket: std::path::PathBuf,
+    registry: std::path::PathBuf,
+}
+
+fn registrar(cluster: &Cluster, p: &Paths, port: u16, extra: &[&str], n: usize) -> ManagedProcess {
+    let mut args = vec![
+        "registrar".to_string(),
+        format!("--csi-address=unix://{}", p.driver_socket.display()),
+        "--kubelet-registration-path=/var/lib/kubelet/plugins/mock.csi.csiops.dev/csi.sock".into(),
+        format!("--plugin-registration-path={}", p.registry.display()),
+        format!("--node-name={NODE}"),
+        format!("--kubeconfig={}", cluster.kubeconfig_path().display()),
+        format!("--http-endpoint=127.0.0.1:{port}"),
+        "--node-info-interval=500ms".into(),
+        "--v=5".into(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let log = cluster.log_dir().join(format!("registrar-{n}.log"));
+    ManagedProcess::spawn(
+        "registrar",
+        &sidecar_bin().expect("csiops-sidecar built"),
+        &args,
+        &log,
+    )
+    .expect("registrar starts")
+}
+
+fn sigterm(p: &ManagedProcess) {
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe {
+        libc::kill(p.pid() as libc::pid_t, libc::SIGTERM);
+    }
+}
+
+async fn wait_exit(p: &mut ManagedProcess) -> String {
+    let pid = p.pid();
+    wait_for(DEADLINE, POLL, || async { (!pid_alive(pid)).then_some(()) })
+        .await
+        .unwrap_or_else(|_| panic!("process {pid} did not exit:\n{}", p.log_tail(20)));
+    p.check_running().expect_err("exited").to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registrar_and_liveness_probe_with_a_real_driver() {
+    let cluster = Cluster::start(ClusterOptions { nodes: 1 })
+        .await
+        .expect("cluster starts");
+    let client = cluster.client().expect("client");
+    let nodes: Api<Node> = Api::all(client.clone());
+    let csinodes: Api<CSINode> = Api::all(client.clone());
+    let dir = cluster.work_dir().join("node0");
+    std::fs::create_dir_all(dir.join("registry")).expect("dirs");
+    let p = Paths {
+        driver_socket: dir.join("csi.sock"),
+        registry: dir.join("registry"),
+    };
+    let start_driver = |n: usize| {
+        start_mock_driver(
+            cluster.bin_dir(),
+            &p.driver_socket,
+            DRIVER,
+            NODE,
+            &cluster.log_dir().join(format!("driver-{n}.log")),
+        )
+        .expect("driver starts")
+    };
+
+    // Another driver is registered on the node already (as kubelet left it).
+    let node = nodes.get(NODE).await.expect("node");
+    let other = CSINodeDriver {
+        name: OTHER.into(),
+        node_id: "other-id".into(),
+        ..CSINodeDriver::default()
+    };
+    csinodes
+        .create(
+            &PostParams::default(),
+            &CSINode {
+                metadata: ObjectMeta {
+                    name: Some(NODE.into()),
+                    ..ObjectMeta::default()
+                },
+                spec: CSINodeSpec {
+                    drivers: vec![other.clone()],
+                },
+            },
+        )
+        .await
+        .expect("CSINode created");
+    let patch = serde_json::json!({"metadata": {"annotations": {"csi.volume.kubernetes.io/nodeid": format!("{{\"{OTHER}\":\"other-id\"}}")}}});
+    nodes
+        .patch(NODE, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("annotation");
+    drop(node);
+
+    let mut driver = start_driver(0);
+    let reg_port = free_port().expect("port");
+    let mut reg = registrar(&cluster, &p, reg_port, &[], 0);
+
+    // kubelet's plugin watcher: GetInfo, then NotifyRegistrationStatus.
+    let socket = registration_socket(&p.registry, DRIVER);
+    wait_for(DEADLINE, POLL, || async { socket.exists().then_some(()) })
+        .await
+        .unwrap_or_else(|_| panic!("no registration socket:\n{}", reg.log_tail(20)));
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&socket)
+        .expect("socket")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600, "registration socket must be private");
+    let info = kubelet_register(&socket, Ok(()))
+        .await
+        .expect("registration");
+    assert_eq!(info.r#type, "CSIPlugin");
+    assert_eq!(info.name, DRIVER);
+    assert_eq!(
+        info.endpoint,
+        "/var/lib/kubelet/plugins/mock.csi.csiops.dev/csi.sock"
+    );
+    assert_eq!(info.supported_versions, ["1.0.0"]);
+
+    // CSINode and Node carry exactly what kubelet writes for this driver.
+    let ours = wait_for(DEADLINE, POLL, || async {
+        let c = csinodes.get(NODE).await.ok()?;
+        entry(&c, DRIVER).cloned()
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no CSINode entry:\n{}", reg.log_tail(30)));
+    assert_eq!(ours.node_id, NODE);
+    assert_eq!(ours.topology_keys, Some(vec![TOPOLOGY_KEY.to_string()]));
+    assert_eq!(ours.allocatable.and_then(|a| a.count), Some(10));
+    let node = nodes.get(NODE).await.expect("node");
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(
+        labels.get(TOPOLOGY_KEY).map(String::as_str),
+        Some("some-mock-node")
+    );
+    let ids = node_ids(&node);
+    assert_eq!(ids.get(DRIVER).map(String::as_str), Some(NODE));
+    assert_eq!(
+        ids.get(OTHER).map(String::as_str),
+        Some("other-id"),
+        "other driver's key kept"
+    );
+    let c = csinodes.get(NODE).await.expect("csinode");
+    assert_eq!(entry(&c, OTHER), Some(&other), "other driver's entry kept");
+
+    // Idempotent: passes keep running (every 500ms) but write nothing.
+    let rv = csinodes
+        .get(NODE)
+        .await
+        .expect("csinode")
+        .metadata
+        .resource_version;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        csinodes
+            .get(NODE)
+            .await
+            .expect("csinode")
+            .metadata
+            .resource_version,
+        rv,
+        "no write when nothing changed"
+    );
+    assert_eq!(healthz(reg_port).await.map(|r| r.0), Some(200));
+
+    // The socket is re-created when something removes it.
+    std::fs::remove_file(&socket).expect("remove socket");
+    wait_for(DEADLINE, POLL, || async { socket.exists().then_some(()) })
+        .await
+        .unwrap_or_else(|_| panic!("socket not re-created:\n{}", reg.log_tail(20)));
+    kubelet_register(&socket, Ok(()))
+        .await
+        .expect("registration on the new socket");
+
+    // Liveness probe over the same driver.
+    let live_port = free_port().expect("port");
+    let live_args = vec![
+        "liveness-probe".to_string(),
+        format!("--csi-address={}", p.driver_socket.display()),
+        format!("--http-endpoint=127.0.0.1:{live_port}"),
+        "--probe-timeout=1s".into(),
+    ];
+    let mut live = ManagedProcess::spawn(
+        "liveness-probe",
+        &sidecar_bin().expect("sidecar"),
+        &live_args,
+        &cluster.log_dir().join("liveness.log"),
+    )
+    .expect("liveness starts");
+    let ok = wait_for(DEADLINE, POLL, || async {
+        healthz(live_port).await.filter(|r| r.0 == 200)
+    })
+    .await
+    .unwrap_or_else(|_| panic!("liveness never 200:\n{}", live.log_tail(20)));
+    assert_eq!(ok.1, "ok");
+    let metrics = tokio::task::spawn_blocking(move || http_get(live_port, "/metrics"))
+        .await
+        .expect("join")
+        .expect("metrics");
+    assert!(metrics.1.contains("csi_sidecar_operations_seconds_count{driver_name=\"mock.csi.csiops.dev\",method_name=\"/csi.v1.Identity/Probe\",grpc_status_code=\"OK\"}"), "{}", metrics.1);
+
+    // The driver stops: liveness 500, registrar unhealthy and the entry and key removed.
+    driver.terminate(Duration::from_secs(5));
+    let failing = wait_for(DEADLINE, POLL, || async {
+        healthz(live_port).await.filter(|r| r.0 == 500)
+    })
+    .await
+    .expect("liveness turns 500 without the driver");
+    assert!(failing.1.contains("probe failed"), "{}", failing.1);
+    wait_for(DEADLINE, POLL, || async {
+        let c = csinodes.get(NODE).await.ok()?;
+        entry(&c, DRIVER).is_none().then_some(())
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "entry not removed after NodeGetInfo failed:\n{}",
+            reg.log_tail(30)
+        )
+    });
+    let node = nodes.get(NODE).await.expect("node");
+    assert!(!node_ids(&node).contains_key(DRIVER));
+    assert!(node_ids(&node).contains_key(OTHER));
+    assert_eq!(healthz(reg_port).await.map(|r| r.0), Some(500));
+
+    // The driver is back: liveness 200, entry back.
+    let driver2 = start_driver(1);
+    wait_for(DEADLINE, POLL, || async {
+        healthz(live_port).await.filter(|r| r.0 == 200)
+    })
+    .await
+    .expect("liveness back to 200");
+    wait_for(DEADLINE, POLL, || async {
+        let c = csinodes.get(NODE).await.ok()?;
+        entry(&c, DRIVER).map(|_| ())
+    })
+    .await
+    .expect("entry back with the driver");
+
+    // SIGTERM: socket and entry removed, the other driver untouched.
+    sigterm(&reg);
+    let exit = wait_exit(&mut reg).await;
+    assert!(exit.contains("exit status: 0"), "{exit}");
+    assert!(!socket.exists(), "socket removed on exit");
+    let c = csinodes.get(NODE).await.expect("csinode");
+    assert!(entry(&c, DRIVER).is_none(), "entry removed on SIGTERM");
+    assert_eq!(entry(&c, OTHER), Some(&other));
+
+    // --keep-registration-on-exit keeps it (upgrades).
+    let mut kept = registrar(
+        &cluster,
+        &p,
+        free_port().expect("port"),
+        &["--keep-registration-on-exit"],
+        1,
+    );
+    wait_for(DEADLINE, POLL, || async {
+        let c = csinodes.get(NODE).await.ok()?;
+        entry(&c, DRIVER).map(|_| ())
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no entry:\n{}", kept.log_tail(20)));
+    sigterm(&kept);
+    wait_exit(&mut kept).await;
+    let c = csinodes.get(NODE).await.expect("csinode");
+    assert!(
+        entry(&c, DRIVER).is_some(),
+        "entry kept with --keep-registration-on-exit"
+    );
+
+    // kubelet refusing the registration ends the registrar non-zero, with kubelet's error logged.
+    let mut refused = registrar(&cluster, &p, free_port().expect("port"), &[], 2);
+    wait_for(DEADLINE, POLL, || async { socket.exists().then_some(()) })
+        .await
+        .expect("socket");
+    // The socket may still be the one of the previous process for an instant.
+    wait_for(DEADLINE, POLL, || async {
+        kubelet_register(&socket, Err("incompatible version".into()))
+            .await
+            .ok()
+    })
+    .await
+    .expect("refusal delivered");
+    let exit = wait_exit(&mut refused).await;
+    assert!(exit.contains("exit status: 1"), "{exit}");
+    assert!(
+        refused.log_tail(10).contains("incompatible version"),
+        "{}",
+        refused.log_tail(10)
+    );
+
+    live.terminate(Duration::from_secs(5));
+    drop(driver2);
+    cluster.stop().await.expect("cluster stops");
+}
