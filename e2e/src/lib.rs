@@ -20,7 +20,6 @@ pub mod certs;
 pub mod cluster;
 mod components;
 pub mod error;
-pub mod kubelet;
 pub mod kwok;
 pub mod node_side;
 pub mod operator;

@@ -73,3 +73,140 @@ pub async fn kubelet_register(
         .map_err(|s| Error::Other(format!("NotifyRegistrationStatus: {s}")))?;
     Ok(info)
 }
+
+/// One simulated node's processes.
+struct NodeProcesses {
+    _driver: ManagedProcess,
+    _registrar: ManagedProcess,
+}
+
+/// Plays the node side of a driver's DaemonSet on kwok nodes: once a node
+/// runs a Ready node pod, a real CSI driver process and the csiops registrar
+/// are started for that node, and kubelet's plugin watcher registers them.
+/// The registrar then writes the node's CSINode, so REGISTERED in
+/// `kubectl get csidd` comes from the real sidecar.
+pub struct NodeSideSim {
+    task: tokio::task::JoinHandle<()>,
+    nodes: std::sync::Arc<tokio::sync::Mutex<std::collections::BTreeMap<String, NodeProcesses>>>,
+}
+
+impl Drop for NodeSideSim {
+    fn drop(&mut self) {
+        self.task.abort();
+        // Processes stop on drop (SIGTERM, then SIGKILL).
+        if let Ok(mut nodes) = self.nodes.try_lock() {
+            nodes.clear();
+        }
+    }
+}
+
+/// What NodeSideSim needs to start a node.
+#[derive(Clone, Debug)]
+pub struct NodeSideConfig {
+    pub kubeconfig: PathBuf,
+    pub bin_dir: PathBuf,
+    pub sidecar: PathBuf,
+    /// Where each node's sockets and logs go (`<dir>/<node>/…`).
+    pub dir: PathBuf,
+    pub namespace: String,
+    /// Label selector of the driver's node pods.
+    pub pod_selector: String,
+    pub driver: String,
+}
+
+fn start_node(cfg: &NodeSideConfig, node: &str) -> Result<NodeProcesses> {
+    let dir = cfg.dir.join(node);
+    let registry = dir.join("reg");
+    std::fs::create_dir_all(&registry)
+        .map_err(|e| Error::Other(format!("creating {}: {e}", registry.display())))?;
+    let socket = dir.join("csi.sock");
+    let driver = start_mock_driver(
+        &cfg.bin_dir,
+        &socket,
+        &cfg.driver,
+        node,
+        &dir.join("driver.log"),
+    )?;
+    let args = vec![
+        "registrar".to_string(),
+        format!("--csi-address={}", socket.display()),
+        format!(
+            "--kubelet-registration-path=/var/lib/kubelet/plugins/{}/csi.sock",
+            cfg.driver
+        ),
+        format!("--plugin-registration-path={}", registry.display()),
+        format!("--node-name={node}"),
+        format!("--kubeconfig={}", cfg.kubeconfig.display()),
+        "--node-info-interval=2s".to_string(),
+    ];
+    let registrar =
+        ManagedProcess::spawn("registrar", &cfg.sidecar, &args, &dir.join("registrar.log"))?;
+    Ok(NodeProcesses {
+        _driver: driver,
+        _registrar: registrar,
+    })
+}
+
+impl NodeSideSim {
+    /// Starts watching the driver's node pods (polling every 300ms).
+    pub fn spawn(client: kube::Client, cfg: NodeSideConfig) -> Self {
+        use k8s_openapi::api::core::v1::Pod;
+        use kube::api::{Api, ListParams};
+        let nodes = std::sync::Arc::new(tokio::sync::Mutex::new(std::collections::BTreeMap::new()));
+        let state = nodes.clone();
+        let task = tokio::spawn(async move {
+            let pods: Api<Pod> = Api::namespaced(client, &cfg.namespace);
+            loop {
+                if let Ok(list) = pods
+                    .list(&ListParams::default().labels(&cfg.pod_selector))
+                    .await
+                {
+                    for pod in &list.items {
+                        let ready = pod.metadata.deletion_timestamp.is_none()
+                            && pod
+                                .status
+                                .as_ref()
+                                .and_then(|s| s.conditions.as_ref())
+                                .is_some_and(|cs| {
+                                    cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+                                });
+                        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+                            continue;
+                        };
+                        if !ready || state.lock().await.contains_key(&node) {
+                            continue;
+                        }
+                        match start_node(&cfg, &node) {
+                            Ok(procs) => {
+                                state.lock().await.insert(node.clone(), procs);
+                                let socket = registration_socket(
+                                    &cfg.dir.join(&node).join("reg"),
+                                    &cfg.driver,
+                                );
+                                let registered = crate::wait_for(
+                                    Duration::from_secs(30),
+                                    Duration::from_millis(100),
+                                    || async {
+                                        if !socket.exists() {
+                                            return None;
+                                        }
+                                        kubelet_register(&socket, Ok(())).await.ok()
+                                    },
+                                )
+                                .await;
+                                if registered.is_err() {
+                                    tracing::warn!(%node, "plugin watcher could not register the driver");
+                                }
+                            }
+                            Err(e) => {
+                                tracing::warn!(%node, error = %e, "cannot start the node side")
+                            }
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        });
+        Self { task, nodes }
+    }
+}

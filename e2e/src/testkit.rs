@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::kubelet::DriverRegistration;
+use crate::node_side::{NodeSideConfig, NodeSideSim};
 use crate::{wait_for, Cluster, Error, Result};
 
 /// The workspace root (the checkout).
@@ -66,16 +66,32 @@ pub async fn apply_yaml(cluster: &Cluster, name: &str, yaml: &str) -> Result<std
         .await
 }
 
-/// Registration of the hostpath example's node pods (kubelet's part).
-pub fn hostpath_registration(namespace: &str, instance: &str) -> DriverRegistration {
-    DriverRegistration {
+/// Label selector of a CSIDriverDeployment's node pods.
+pub fn node_pod_selector(instance: &str) -> String {
+    format!(
+        "app.kubernetes.io/managed-by=csiops-operator,app.kubernetes.io/component=node,app.kubernetes.io/instance={instance}"
+    )
+}
+
+/// Starts the node side (a real driver process and the csiops registrar per
+/// node, registered by a plugin-watcher client) for a CSIDriverDeployment.
+pub fn node_side(
+    cluster: &Cluster,
+    namespace: &str,
+    instance: &str,
+    driver: &str,
+) -> Result<NodeSideSim> {
+    let cfg = NodeSideConfig {
+        kubeconfig: cluster.kubeconfig_path().to_path_buf(),
+        bin_dir: cluster.bin_dir().to_path_buf(),
+        sidecar: crate::sidecar_bin()?,
+        // Short: socket paths must fit in 108 bytes.
+        dir: cluster.work_dir().join(format!("ns-{instance}")),
         namespace: namespace.to_string(),
-        pod_selector: format!(
-            "app.kubernetes.io/managed-by=csiops-operator,app.kubernetes.io/component=node,app.kubernetes.io/instance={instance}"
-        ),
-        driver: "hostpath.csi.k8s.io".to_string(),
-        topology_key: Some("topology.hostpath.csi/node".to_string()),
-    }
+        pod_selector: node_pod_selector(instance),
+        driver: driver.to_string(),
+    };
+    Ok(NodeSideSim::spawn(cluster.client()?, cfg))
 }
 
 /// Parses kubectl's table output into one map per row, keyed by header.

@@ -4,8 +4,7 @@
 
 use std::time::Duration;
 
-use csiops_e2e::kubelet::{DriverRegistration, KubeletSim};
-use csiops_e2e::testkit::{self, hostpath_registration};
+use csiops_e2e::testkit;
 use csiops_e2e::{operator_bin, pid_alive, wait_for, Cluster, ClusterOptions};
 use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
 use kube::api::Api;
@@ -92,17 +91,10 @@ async fn bad_input_is_refused_or_degraded_and_the_good_driver_is_untouched() {
     let mut operator = cluster
         .run_operator(&operator_bin().expect("operator built"))
         .expect("operator starts");
-    let other = DriverRegistration {
-        namespace: "csi-other".into(),
-        pod_selector: "app.kubernetes.io/component=node,app.kubernetes.io/instance=other".into(),
-        driver: "other.csi.example.com".into(),
-        topology_key: None,
-    };
-    let _kubelet = KubeletSim::spawn(
-        client.clone(),
-        vec![hostpath_registration(NS, "hostpath"), other],
-        Duration::from_millis(300),
-    );
+    let _hostpath_nodes =
+        testkit::node_side(&cluster, NS, "hostpath", "hostpath.csi.k8s.io").expect("node side");
+    let _other_nodes = testkit::node_side(&cluster, "csi-other", "other", "other.csi.example.com")
+        .expect("node side");
 
     let example = testkit::example_path();
     cluster

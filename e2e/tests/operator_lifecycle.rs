@@ -2,13 +2,14 @@
 //! example, an ordered upgrade, and an ordered teardown that leaves nothing.
 //!
 //! One cluster for the whole file: the steps build on each other, as a storage
-//! admin's day would. Registration is played by `KubeletSim` (kwok nodes have
-//! no kubelet) until the csiops registrar and a real driver run per node.
+//! admin's day would. kwok pods run nothing, so the node side is played per
+//! node once its node pod is Ready: a real CSI driver process and the csiops
+//! registrar, registered by a kubelet plugin-watcher client; REGISTERED comes
+//! from the CSINode entries the registrar writes.
 
 use std::time::Duration;
 
-use csiops_e2e::kubelet::KubeletSim;
-use csiops_e2e::testkit::{self, hostpath_registration};
+use csiops_e2e::testkit;
 use csiops_e2e::timeline::{Entry, Timeline};
 use csiops_e2e::{operator_bin, wait_for, Cluster, ClusterOptions};
 use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
@@ -62,11 +63,7 @@ async fn install_upgrade_and_delete_in_order() {
     let mut operator = cluster
         .run_operator(&operator_bin().expect("operator built"))
         .expect("operator starts");
-    let _kubelet = KubeletSim::spawn(
-        client.clone(),
-        vec![hostpath_registration(NS, NAME)],
-        Duration::from_millis(300),
-    );
+    let _nodes = testkit::node_side(&cluster, NS, NAME, DRIVER).expect("node side starts");
 
     // --- install -------------------------------------------------------------
     let install = Timeline::start(&client, NS);

@@ -8,8 +8,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use csiops_e2e::kubelet::KubeletSim;
-use csiops_e2e::testkit::{self, hostpath_registration};
+use csiops_e2e::testkit;
 use csiops_e2e::{operator_bin, Cluster, ClusterOptions};
 
 const NS: &str = "csi-hostpath";
@@ -36,12 +35,9 @@ async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 
     eprintln!("==> starting csiops-operator (out of cluster, from the kubeconfig)");
     let operator = cluster.run_operator(&operator_bin()?)?;
-    // kwok nodes have no kubelet: register the driver on nodes whose node pod is Ready.
-    let _kubelet = KubeletSim::spawn(
-        cluster.client()?,
-        vec![hostpath_registration(NS, "hostpath")],
-        Duration::from_millis(300),
-    );
+    // kwok pods run nothing: each node whose node pod is Ready gets a real CSI
+    // driver process and the csiops registrar, registered like kubelet would.
+    let _nodes = testkit::node_side(&cluster, NS, "hostpath", "hostpath.csi.k8s.io")?;
 
     let example = testkit::example_path();
     eprintln!("==> kubectl apply -f {}", example.display());

@@ -30,12 +30,12 @@ pub fn bind_private(path: &Path) -> std::io::Result<(UnixListener, (u64, u64))> 
             "socket path has no directory",
         )
     })?;
-    let name = path.file_name().ok_or_else(|| {
-        std::io::Error::new(
+    if path.file_name().is_none() {
+        return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
             "socket path has no file name",
-        )
-    })?;
+        ));
+    }
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.is_dir() => {
             return Err(std::io::Error::new(
@@ -50,17 +50,15 @@ pub fn bind_private(path: &Path) -> std::io::Result<(UnixListener, (u64, u64))> 
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    let private = dir.join(format!(
-        ".{}.{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
+    // Short names: a unix socket path must fit in sun_path (108 bytes) when
+    // bound; the rename into place has no such limit.
+    let private = dir.join(format!(".reg-{}", std::process::id()));
     if private.exists() {
         std::fs::remove_dir_all(&private)?;
     }
     std::fs::DirBuilder::new().mode(0o700).create(&private)?;
     let result = (|| {
-        let tmp = private.join("sock");
+        let tmp = private.join("s");
         let listener = std::os::unix::net::UnixListener::bind(&tmp)?;
         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))?;
         std::fs::rename(&tmp, path)?;
