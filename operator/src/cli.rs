@@ -17,7 +17,7 @@ pub fn default_sidecar_image() -> String {
 
 /// Deploys, health-checks and upgrades CSI drivers from CSIDriverDeployment objects.
 #[derive(Debug, Parser)]
-#[command(name = "csiops-operator", version)]
+#[command(name = "csiops-operator", version, args_override_self = true)]
 pub struct Args {
     /// Kubeconfig to use; without it KUBECONFIG, ~/.kube/config or the in-cluster config.
     #[arg(long, env = "KUBECONFIG_PATH")]
@@ -94,5 +94,13 @@ mod tests {
         assert!(!a.leader_election);
         assert_eq!(a.log_format, LogFormat::Json);
         assert_eq!(a.sidecar_image, "example.com/s:1");
+        // As with Go flags, a later occurrence wins (wrappers append overrides).
+        let a = Args::try_parse_from([
+            "csiops-operator",
+            "--leader-election=false",
+            "--leader-election=true",
+        ])
+        .expect("parses");
+        assert!(a.leader_election);
     }
 }

@@ -8,7 +8,7 @@ use csiops_sidecars::{liveness, registrar};
 
 /// Rust replacements of the kubernetes-csi sidecars.
 #[derive(Debug, Parser)]
-#[command(name = "csiops-sidecar", version)]
+#[command(name = "csiops-sidecar", version, args_override_self = true)]
 struct Cli {
     #[command(subcommand)]
     role: Role,

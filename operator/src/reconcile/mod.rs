@@ -129,16 +129,14 @@ pub async fn run(
         deployments: deployments.clone(),
     });
 
-    // Signal readiness once the three caches have their first full list.
-    let (p, c, d) = (pods.clone(), csinodes.clone(), deployments.clone());
+    // Signal readiness once our caches have their first full list. Each store
+    // gets exactly one waiter: kube's ready-signal wakes a single waiter only,
+    // and the controller's own store is already awaited by its runner (which
+    // starts reconciling only once that store is ready).
+    let (p, c) = (pods.clone(), csinodes.clone());
     tokio::spawn(async move {
-        let synced = futures::future::join3(
-            p.wait_until_ready(),
-            c.wait_until_ready(),
-            d.wait_until_ready(),
-        )
-        .await;
-        if synced.0.is_ok() && synced.1.is_ok() && synced.2.is_ok() {
+        let synced = futures::future::join(p.wait_until_ready(), c.wait_until_ready()).await;
+        if synced.0.is_ok() && synced.1.is_ok() {
             info!("caches synced");
             on_ready();
         }
@@ -209,10 +207,8 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
         return teardown(&obj, &ctx, &api, owner).await;
     }
 
-    // Conflicts are judged on the full list of objects, never a partial one.
-    if ctx.deployments.wait_until_ready().await.is_err() {
-        return Ok(Requeue::requeue(StdDuration::from_secs(1)));
-    }
+    // Conflicts are judged on the full list of objects: the controller's runner
+    // starts reconciling only once its store has the first complete list.
     let all = ctx.deployments.state();
     if let Some(rival) = conflict::rival(&obj, all.iter().map(|d| d.as_ref())) {
         let problem = Problem {

@@ -1,0 +1,164 @@
+//! Two operator replicas on a real control plane: one leads on the Lease, the
+//! other waits ready; SIGTERM on the leader hands over at once (the Lease is
+//! released) and the new leader carries on reconciling.
+
+use std::time::Duration;
+
+use csiops_e2e::{
+    operator_bin, pid_alive, testkit, wait_for, Cluster, ClusterOptions, OperatorProcess,
+};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::Api;
+
+const NS: &str = "csi-hostpath";
+const DEADLINE: Duration = Duration::from_secs(90);
+
+fn get(addr: std::net::SocketAddr, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let code = out.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, out.split("\r\n\r\n").nth(1).unwrap_or("").to_string()))
+}
+
+async fn http(op: &OperatorProcess, path: &'static str) -> Option<(u16, String)> {
+    let addr = op.http_endpoint();
+    tokio::task::spawn_blocking(move || get(addr, path))
+        .await
+        .ok()
+        .flatten()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_takes_over_when_the_leader_stops() {
+    let cluster = Cluster::start(ClusterOptions { nodes: 3 })
+        .await
+        .expect("cluster starts");
+    let client = cluster.client().expect("client");
+    testkit::install_crd(&cluster).await.expect("CRD installs");
+    let bin = operator_bin().expect("operator built");
+    let replica = |id: &str| {
+        let args = [
+            "--leader-election=true".to_string(),
+            "--leader-election-namespace=default".to_string(),
+            format!("--identity={id}"),
+        ];
+        cluster
+            .run_operator_with(&bin, &args)
+            .expect("operator starts")
+    };
+    let a = replica("replica-a");
+    let b = replica("replica-b");
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let holder = || async {
+        leases
+            .get_opt("csiops-operator")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|l| l.spec.and_then(|s| s.holder_identity))
+            .filter(|h| !h.is_empty())
+    };
+    let first = wait_for(DEADLINE, Duration::from_millis(200), holder)
+        .await
+        .expect("a leader is elected");
+    let (leader, standby, standby_id) = if first == "replica-a" {
+        (a, b, "replica-b")
+    } else {
+        (b, a, "replica-a")
+    };
+
+    // Both are healthy and ready; only the leader says it leads.
+    let metrics = |op: &OperatorProcess| {
+        let op_addr = op.http_endpoint();
+        async move {
+            tokio::task::spawn_blocking(move || get(op_addr, "/metrics"))
+                .await
+                .ok()
+                .flatten()
+        }
+    };
+    wait_for(DEADLINE, Duration::from_millis(200), || async {
+        let l = http(&leader, "/readyz").await?;
+        let s = http(&standby, "/readyz").await?;
+        (l.0 == 200 && s.0 == 200).then_some(())
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "both replicas should be ready\nleader:\n{}\nstandby:\n{}",
+            leader.log_tail(60),
+            standby.log_tail(15)
+        )
+    });
+    assert!(metrics(&leader)
+        .await
+        .expect("metrics")
+        .1
+        .contains("csiops_leader 1"));
+    assert!(metrics(&standby)
+        .await
+        .expect("metrics")
+        .1
+        .contains("csiops_leader 0"));
+
+    let _nodes =
+        testkit::node_side(&cluster, NS, "hostpath", "hostpath.csi.k8s.io").expect("node side");
+    let example = testkit::example_path();
+    cluster
+        .kubectl_ok(["apply", "-f", &example.to_string_lossy()])
+        .await
+        .expect("example applies");
+    testkit::wait_running(&cluster, NS, "hostpath", "v1.17.0", 3, DEADLINE)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\nleader log:\n{}", leader.log_tail(30)));
+
+    // SIGTERM the leader: the Lease is released and the standby takes it.
+    let pid = leader.pid();
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe {
+        libc::kill(pid as libc::pid_t, libc::SIGTERM);
+    }
+    wait_for(
+        Duration::from_secs(15),
+        Duration::from_millis(100),
+        || async { (!pid_alive(pid)).then_some(()) },
+    )
+    .await
+    .expect("leader exits on SIGTERM");
+    let next = wait_for(
+        Duration::from_secs(15),
+        Duration::from_millis(100),
+        || async { holder().await.filter(|h| h == standby_id) },
+    )
+    .await
+    .unwrap_or_else(|_| panic!("standby did not take over:\n{}", standby.log_tail(30)));
+    assert_eq!(next, standby_id);
+
+    // The new leader reconciles: an upgrade goes through.
+    cluster
+        .kubectl_ok([
+            "-n",
+            NS,
+            "patch",
+            "csidd",
+            "hostpath",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"version":"v1.18.0"}}"#,
+        ])
+        .await
+        .expect("edit applies");
+    testkit::wait_running(&cluster, NS, "hostpath", "v1.18.0", 3, DEADLINE)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\nnew leader log:\n{}", standby.log_tail(30)));
+    drop(standby);
+    drop(leader);
+    cluster.stop().await.expect("cluster stops");
+}
