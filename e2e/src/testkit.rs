@@ -184,6 +184,32 @@ pub async fn jsonpath(cluster: &Cluster, args: &[&str], path: &str) -> Result<St
     cluster.kubectl_ok(&all).await
 }
 
+/// A plain HTTP/1.1 GET on loopback: `(status code, body)`, `None` if the
+/// server is not there. Blocking; call it from `spawn_blocking`.
+pub fn http_get(addr: std::net::SocketAddr, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let code = out.split_whitespace().nth(1)?.parse().ok()?;
+    let body = out.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    Some((code, body))
+}
+
+/// [`http_get`] from async code.
+pub async fn http_get_async(addr: std::net::SocketAddr, path: &str) -> Option<(u16, String)> {
+    let path = path.to_string();
+    tokio::task::spawn_blocking(move || http_get(addr, &path))
+        .await
+        .ok()
+        .flatten()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

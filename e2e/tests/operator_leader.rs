@@ -13,26 +13,8 @@ use kube::api::Api;
 const NS: &str = "csi-hostpath";
 const DEADLINE: Duration = Duration::from_secs(90);
 
-fn get(addr: std::net::SocketAddr, path: &str) -> Option<(u16, String)> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let code = out.split_whitespace().nth(1)?.parse().ok()?;
-    Some((code, out.split("\r\n\r\n").nth(1).unwrap_or("").to_string()))
-}
-
 async fn http(op: &OperatorProcess, path: &'static str) -> Option<(u16, String)> {
-    let addr = op.http_endpoint();
-    tokio::task::spawn_blocking(move || get(addr, path))
-        .await
-        .ok()
-        .flatten()
+    testkit::http_get_async(op.http_endpoint(), path).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -75,15 +57,6 @@ async fn a_standby_takes_over_when_the_leader_stops() {
     };
 
     // Both are healthy and ready; only the leader says it leads.
-    let metrics = |op: &OperatorProcess| {
-        let op_addr = op.http_endpoint();
-        async move {
-            tokio::task::spawn_blocking(move || get(op_addr, "/metrics"))
-                .await
-                .ok()
-                .flatten()
-        }
-    };
     wait_for(DEADLINE, Duration::from_millis(200), || async {
         let l = http(&leader, "/readyz").await?;
         let s = http(&standby, "/readyz").await?;
@@ -97,12 +70,12 @@ async fn a_standby_takes_over_when_the_leader_stops() {
             standby.log_tail(15)
         )
     });
-    assert!(metrics(&leader)
+    assert!(http(&leader, "/metrics")
         .await
         .expect("metrics")
         .1
         .contains("csiops_leader 1"));
-    assert!(metrics(&standby)
+    assert!(http(&standby, "/metrics")
         .await
         .expect("metrics")
         .1

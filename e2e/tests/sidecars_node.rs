@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use csiops_e2e::node_side::{kubelet_register, registration_socket, start_mock_driver};
 use csiops_e2e::process::ManagedProcess;
-use csiops_e2e::{free_port, pid_alive, sidecar_bin, wait_for, Cluster, ClusterOptions};
+use csiops_e2e::{free_port, pid_alive, sidecar_bin, testkit, wait_for, Cluster, ClusterOptions};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::storage::v1::{CSINode, CSINodeDriver, CSINodeSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -22,26 +22,8 @@ const OTHER: &str = "other.csi.example.com";
 const DEADLINE: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(100);
 
-fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let code = out.split_whitespace().nth(1)?.parse().ok()?;
-    let body = out.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
-    Some((code, body))
-}
-
 async fn healthz(port: u16) -> Option<(u16, String)> {
-    tokio::task::spawn_blocking(move || http_get(port, "/healthz"))
-        .await
-        .ok()
-        .flatten()
+    testkit::http_get_async(([127, 0, 0, 1], port).into(), "/healthz").await
 }
 
 fn entry<'a>(c: &'a CSINode, driver: &str) -> Option<&'a CSINodeDriver> {
@@ -257,9 +239,8 @@ async fn registrar_and_liveness_probe_with_a_real_driver() {
     .await
     .unwrap_or_else(|_| panic!("liveness never 200:\n{}", live.log_tail(20)));
     assert_eq!(ok.1, "ok");
-    let metrics = tokio::task::spawn_blocking(move || http_get(live_port, "/metrics"))
+    let metrics = testkit::http_get_async(([127, 0, 0, 1], live_port).into(), "/metrics")
         .await
-        .expect("join")
         .expect("metrics");
     assert!(metrics.1.contains("csi_sidecar_operations_seconds_count{driver_name=\"mock.csi.csiops.dev\",method_name=\"/csi.v1.Identity/Probe\",grpc_status_code=\"OK\"}"), "{}", metrics.1);
 

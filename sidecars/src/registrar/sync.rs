@@ -87,6 +87,28 @@ impl NodeInfoSync {
         }
     }
 
+    /// Applies a Node change as a merge patch guarded by the resourceVersion
+    /// read (a concurrent writer makes it fail and the pass retry); `false`
+    /// when there is nothing to change.
+    async fn patch_node(
+        &self,
+        node: &Node,
+        change: &nodeinfo::NodeChange,
+    ) -> Result<bool, SyncError> {
+        if change.is_empty() {
+            return Ok(false);
+        }
+        let patch = change.merge_patch(node.metadata.resource_version.as_deref());
+        self.nodes
+            .patch(
+                &self.node_name,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        Ok(true)
+    }
+
     /// Writes the driver's entry, labels and annotation; `true` if anything was written.
     pub async fn install(&self, info: &DriverNodeInfo) -> Result<bool, SyncError> {
         let node = self
@@ -96,17 +118,7 @@ impl NodeInfoSync {
             .ok_or_else(|| SyncError::NoNode(self.node_name.clone()))?;
         let mut wrote = false;
         let change = nodeinfo::node_install(&node, &self.driver_name, info);
-        if !change.is_empty() {
-            let patch = change.merge_patch(node.metadata.resource_version.as_deref());
-            self.nodes
-                .patch(
-                    &self.node_name,
-                    &PatchParams::default(),
-                    &Patch::Merge(&patch),
-                )
-                .await?;
-            wrote = true;
-        }
+        wrote |= self.patch_node(&node, &change).await?;
         let entry = nodeinfo::driver_entry(&self.driver_name, info);
         match self.csinodes.get_opt(&self.node_name).await? {
             None => {
@@ -145,17 +157,7 @@ impl NodeInfoSync {
         }
         if let Some(node) = self.nodes.get_opt(&self.node_name).await? {
             let change = nodeinfo::node_uninstall(&node, &self.driver_name);
-            if !change.is_empty() {
-                let patch = change.merge_patch(node.metadata.resource_version.as_deref());
-                self.nodes
-                    .patch(
-                        &self.node_name,
-                        &PatchParams::default(),
-                        &Patch::Merge(&patch),
-                    )
-                    .await?;
-                wrote = true;
-            }
+            wrote |= self.patch_node(&node, &change).await?;
         }
         if wrote {
             tracing::info!(node = %self.node_name, "driver removed from CSINode");
