@@ -209,6 +209,54 @@ async fn bad_input_is_refused_or_degraded_and_the_good_driver_is_untouched() {
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", operator.log_tail(40)));
 
+    // A step past its deadline: without a node side nothing registers, so the
+    // install waits in NodeInstall; after rollout.stepTimeoutSeconds the object
+    // is Degraded with the concrete reason and an Event, and keeps waiting.
+    let slow = object(
+        "csi-slow",
+        "slow",
+        "slow.csi.example.com",
+        "  rollout:\n    stepTimeoutSeconds: 10\n  csiDriver:\n    attachRequired: false\n",
+    );
+    let out = testkit::apply_yaml(&cluster, "slow", &slow)
+        .await
+        .expect("kubectl runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (reason, message) = wait_for(DEADLINE, Duration::from_millis(500), || async {
+        degraded(&cluster, "csi-slow", "slow")
+            .await
+            .filter(|(r, _)| r == "RolloutStepTimeout")
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no step deadline\n{}", operator.log_tail(30)));
+    assert_eq!(reason, "RolloutStepTimeout");
+    assert!(message.contains("step NodeInstall"), "{message}");
+    assert!(
+        message.contains("driver registered on 0 of 3 nodes"),
+        "{message}"
+    );
+    let progressing = testkit::jsonpath(
+        &cluster,
+        &["-n", "csi-slow", "get", "csidd", "slow"],
+        "{.status.conditions[?(@.type==\"Progressing\")].reason}",
+    )
+    .await
+    .expect("jsonpath");
+    assert_eq!(progressing, "ProgressDeadlineExceeded");
+    assert!(warning_events(&cluster, "csi-slow", "slow")
+        .await
+        .contains("RolloutStepTimeout"));
+    // Once the nodes register, the same rollout completes.
+    let _slow_nodes = testkit::node_side(&cluster, "csi-slow", "slow", "slow.csi.example.com")
+        .expect("node side");
+    testkit::wait_running(&cluster, "csi-slow", "slow", "v1.17.0", 3, DEADLINE)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", operator.log_tail(40)));
+
     // Deleting the duplicate removes nothing of the first.
     cluster
         .kubectl_ok(["-n", "csi-hostpath-2", "delete", "csidd", "hostpath"])
