@@ -22,7 +22,9 @@ enum Role {
     LivenessProbe(liveness::LivenessArgs),
 }
 
-#[tokio::main]
+// One thread: a node sidecar has little to do at once, and every thread
+// costs memory on every node of the cluster.
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     let common = match &cli.role {
