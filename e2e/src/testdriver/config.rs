@@ -324,7 +324,12 @@ mod tests {
 
     #[test]
     fn codes_by_any_spelling() {
-        for s in ["DeadlineExceeded", "DEADLINE_EXCEEDED", "deadline-exceeded", "4"] {
+        for s in [
+            "DeadlineExceeded",
+            "DEADLINE_EXCEEDED",
+            "deadline-exceeded",
+            "4",
+        ] {
             assert_eq!(parse_code(s).unwrap(), Code::DeadlineExceeded, "{s}");
         }
         assert_eq!(parse_code("ok").unwrap(), Code::Ok);

@@ -1,0 +1,41 @@
+//! `csi-test-driver`: a small hostpath-style CSI driver for the e2e tests
+//! whose state survives restarts and can be inspected.
+//!
+//! Volumes, controller publications (attachments) and node publications are
+//! kept in one JSON file, `<state-dir>/state.json`, written atomically
+//! (temp file, fsync, rename, fsync of the dir) on every mutation *before*
+//! the call is answered, so tests can `kill -9` the driver at any point and
+//! compare [`load_state`] (or `csi-test-driver list --state-dir D`) with the
+//! PersistentVolumes: no volume leaked, none duplicated. Nothing is mounted;
+//! a target path inside the state dir is created and removed, any other is
+//! only recorded.
+//!
+//! ```text
+//! csi-test-driver --endpoint unix:///tmp/x/csi.sock --nodeid node-0 --state-dir /tmp/x/state \
+//!   [--drivername test.csi.csiops.dev] [--enable-attach] [--max-volumes-per-node N] \
+//!   [--topology-key K] [--capacity 100Gi] \
+//!   [--fail CreateVolume=Unavailable:2] [--fail-after CreateVolume=DeadlineExceeded:1] \
+//!   [--delay CreateVolume=5s] [--delay-after CreateVolume=5s]
+//! csi-test-driver list --state-dir /tmp/x/state     # the volumes, as a JSON array
+//! csi-test-driver state --state-dir /tmp/x/state    # the whole state file
+//! ```
+//!
+//! - [`state`]: the persisted types, [`load_state`], [`StateStore`].
+//! - [`config`]: flags and fault specs.
+//! - [`service`]: the Identity, Controller and Node services.
+//! - [`serve`]: the unix socket, signals.
+//! - [`harness`]: [`TestDriverProcess`], the driver as a child of a test.
+
+pub mod config;
+pub mod harness;
+pub mod serve;
+pub mod service;
+pub mod state;
+
+pub use config::Config;
+pub use harness::{test_driver_bin, TestDriverProcess};
+pub use service::{Driver, DriverHandle};
+pub use state::{
+    load_state, Capability, ControllerPublication, DeletedVolume, NodePublication, State,
+    StateStore, Volume, STATE_FILE,
+};

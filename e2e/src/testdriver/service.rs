@@ -1,0 +1,1067 @@
+//! The CSI Identity, Controller and Node services of `csi-test-driver`.
+//!
+//! Every RPC goes through [`Driver::call`]: injected failure (`--fail`),
+//! delay (`--delay`), the work itself as one state transaction in a
+//! detached blocking task (so it completes even if the caller hangs up),
+//! `--fail-after`, `--delay-after`, and one log line with the redacted
+//! request, the code and the response.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use csiops_proto::csi::v1::{
+    controller_server::Controller, identity_server::Identity, list_volumes_response,
+    node_server::Node, plugin_capability, validate_volume_capabilities_response, volume_capability,
+    ControllerExpandVolumeRequest, ControllerExpandVolumeResponse,
+    ControllerGetCapabilitiesRequest, ControllerGetCapabilitiesResponse,
+    ControllerGetVolumeRequest, ControllerGetVolumeResponse, ControllerModifyVolumeRequest,
+    ControllerModifyVolumeResponse, ControllerPublishVolumeRequest,
+    ControllerPublishVolumeResponse, ControllerServiceCapability, ControllerUnpublishVolumeRequest,
+    ControllerUnpublishVolumeResponse, CreateSnapshotRequest, CreateSnapshotResponse,
+    CreateVolumeRequest, CreateVolumeResponse, DeleteSnapshotRequest, DeleteSnapshotResponse,
+    DeleteVolumeRequest, DeleteVolumeResponse, GetCapacityRequest, GetCapacityResponse,
+    GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest,
+    GetPluginInfoResponse, GetSnapshotRequest, GetSnapshotResponse, ListSnapshotsRequest,
+    ListSnapshotsResponse, ListVolumesRequest, ListVolumesResponse, NodeExpandVolumeRequest,
+    NodeExpandVolumeResponse, NodeGetCapabilitiesRequest, NodeGetCapabilitiesResponse,
+    NodeGetInfoRequest, NodeGetInfoResponse, NodeGetVolumeStatsRequest, NodeGetVolumeStatsResponse,
+    NodePublishVolumeRequest, NodePublishVolumeResponse, NodeStageVolumeRequest,
+    NodeStageVolumeResponse, NodeUnpublishVolumeRequest, NodeUnpublishVolumeResponse,
+    NodeUnstageVolumeRequest, NodeUnstageVolumeResponse, PluginCapability, ProbeRequest,
+    ProbeResponse, Topology, ValidateVolumeCapabilitiesRequest, ValidateVolumeCapabilitiesResponse,
+    VolumeCapability,
+};
+use csiops_proto::redact::redacted_debug;
+use tonic::{Code, Request, Response, Status};
+
+use super::config::{Config, DelaySpec, FaultSpec, DEFAULT_VOLUME_SIZE};
+use super::state::{
+    Capability, ControllerPublication, DeletedVolume, NodePublication, State, StateStore, Volume,
+};
+
+type Reply<T> = Result<Response<T>, Status>;
+
+/// The driver: configuration, state store and fault injection. Implements
+/// the three CSI services (clone the `Arc` into each tonic server).
+#[derive(Debug)]
+pub struct Driver {
+    pub name: String,
+    pub version: String,
+    pub node_id: String,
+    pub topology_key: String,
+    pub max_volumes_per_node: i64,
+    pub capacity: i64,
+    pub enable_attach: bool,
+    store: StateStore,
+    /// Canonical state dir: target paths inside it are really created.
+    state_dir: PathBuf,
+    fail: Vec<FaultSpec>,
+    fail_after: Vec<FaultSpec>,
+    delay: Vec<DelaySpec>,
+    delay_after: Vec<DelaySpec>,
+}
+
+/// Clonable handle to a [`Driver`], what the tonic servers hold.
+#[derive(Clone, Debug)]
+pub struct DriverHandle(pub Arc<Driver>);
+
+impl Driver {
+    /// Opens the state dir and records `nodeid` as a known node.
+    pub fn new(cfg: &Config) -> Result<Driver, String> {
+        let state_dir = cfg.state_dir.as_deref().ok_or("--state-dir is required")?;
+        let node_id = cfg
+            .nodeid
+            .clone()
+            .filter(|n| !n.is_empty())
+            .ok_or("--nodeid is required")?;
+        if cfg.capacity < 0 || cfg.max_volumes_per_node < 0 {
+            return Err("--capacity and --max-volumes-per-node must not be negative".into());
+        }
+        let store = StateStore::open(state_dir)
+            .map_err(|e| format!("state dir {}: {e}", state_dir.display()))?;
+        let state_dir = state_dir
+            .canonicalize()
+            .map_err(|e| format!("state dir {}: {e}", state_dir.display()))?;
+        store
+            .transaction(|s| {
+                s.nodes.insert(node_id.clone());
+                Ok::<_, ()>(())
+            })
+            .map_err(|e| format!("state dir {}: {e}", state_dir.display()))?
+            .ok();
+        Ok(Driver {
+            name: cfg.drivername.clone(),
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            node_id,
+            topology_key: cfg.topology_key.clone(),
+            max_volumes_per_node: cfg.max_volumes_per_node,
+            capacity: cfg.capacity,
+            enable_attach: cfg.enable_attach,
+            store,
+            state_dir,
+            fail: cfg.fail.clone(),
+            fail_after: cfg.fail_after.clone(),
+            delay: cfg.delay.clone(),
+            delay_after: cfg.delay_after.clone(),
+        })
+    }
+
+    /// The canonical state dir.
+    pub fn state_dir(&self) -> &Path {
+        &self.state_dir
+    }
+
+    fn injected(specs: &[FaultSpec], method: &str) -> Option<Status> {
+        specs
+            .iter()
+            .find(|f| f.method == method && f.take())
+            .map(|f| Status::new(f.code, format!("injected failure: {method}={:?}", f.code)))
+    }
+
+    fn delay_of(specs: &[DelaySpec], method: &str) -> Duration {
+        specs
+            .iter()
+            .filter(|d| d.method == method)
+            .map(|d| d.delay)
+            .sum()
+    }
+
+    /// Runs one RPC (see the module docs). `op` runs on the blocking pool.
+    async fn call<Req, Resp, F>(
+        self: &Arc<Self>,
+        method: &'static str,
+        request: Request<Req>,
+        op: F,
+    ) -> Reply<Resp>
+    where
+        Req: prost::Message + prost::Name + Send + 'static,
+        Resp: prost::Message + prost::Name + Send + 'static,
+        F: FnOnce(&Driver, Req) -> Result<Resp, Status> + Send + 'static,
+    {
+        let req = request.into_inner();
+        let req_text = redacted_debug(&req);
+        let started = Instant::now();
+        tracing::debug!(method, request = %req_text, "call started");
+        let this = self.clone();
+        // Detached: if the caller hangs up or its deadline passes, the work
+        // still completes (and is logged), as a real storage backend's would.
+        let task = tokio::spawn(async move {
+            let result = async {
+                if let Some(status) = Self::injected(&this.fail, method) {
+                    return Err(status);
+                }
+                let delay = Self::delay_of(&this.delay, method);
+                if !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
+                }
+                let worker = this.clone();
+                let resp = tokio::task::spawn_blocking(move || op(&worker, req))
+                    .await
+                    .map_err(|e| Status::internal(format!("{method} panicked: {e}")))??;
+                if let Some(status) = Self::injected(&this.fail_after, method) {
+                    return Err(status);
+                }
+                let delay = Self::delay_of(&this.delay_after, method);
+                if !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
+                }
+                Ok(resp)
+            }
+            .await;
+            let ms = started.elapsed().as_millis() as u64;
+            match &result {
+                Ok(resp) => tracing::info!(
+                    method,
+                    code = %"OK",
+                    duration_ms = ms,
+                    request = %req_text,
+                    response = %redacted_debug(resp),
+                    "call"
+                ),
+                Err(status) => tracing::info!(
+                    method,
+                    code = ?status.code(),
+                    message = status.message(),
+                    duration_ms = ms,
+                    request = %req_text,
+                    "call"
+                ),
+            }
+            result
+        });
+        let result = task
+            .await
+            .unwrap_or_else(|e| Err(Status::internal(format!("{method} failed: {e}"))));
+        result.map(Response::new)
+    }
+
+    /// A state transaction; store I/O errors become `INTERNAL`.
+    fn tx<T>(&self, f: impl FnOnce(&mut State) -> Result<T, Status>) -> Result<T, Status> {
+        self.store
+            .transaction(f)
+            .map_err(|e| Status::internal(format!("state store: {e}")))?
+    }
+
+    fn this_node_topology(&self) -> Topology {
+        Topology {
+            segments: HashMap::from([(self.topology_key.clone(), self.node_id.clone())]),
+        }
+    }
+
+    fn inside_state_dir(&self, target: &str) -> bool {
+        let p = Path::new(target);
+        p.is_absolute()
+            && !p.components().any(|c| matches!(c, Component::ParentDir))
+            && p.starts_with(&self.state_dir)
+            && p != self.state_dir
+    }
+
+    fn csi_volume(v: &Volume) -> csiops_proto::csi::v1::Volume {
+        csiops_proto::csi::v1::Volume {
+            capacity_bytes: v.capacity_bytes,
+            volume_id: v.id.clone(),
+            volume_context: v
+                .parameters
+                .iter()
+                .map(|(k, val)| (k.clone(), val.clone()))
+                .collect(),
+            content_source: None,
+            accessible_topology: v
+                .accessible_topology
+                .iter()
+                .map(|seg| Topology {
+                    segments: seg.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+                })
+                .collect(),
+        }
+    }
+
+    // ---- Controller operations (sync, run inside `call`) ----
+
+    fn create_volume(&self, req: CreateVolumeRequest) -> Result<CreateVolumeResponse, Status> {
+        if req.name.is_empty() {
+            return Err(Status::invalid_argument("name is required"));
+        }
+        if req.volume_capabilities.is_empty() {
+            return Err(Status::invalid_argument("volume_capabilities are required"));
+        }
+        let caps = req
+            .volume_capabilities
+            .iter()
+            .map(capability)
+            .collect::<Result<Vec<_>, _>>()?;
+        if req.volume_content_source.is_some() {
+            return Err(Status::invalid_argument(
+                "volume_content_source is not supported (no snapshots, no cloning)",
+            ));
+        }
+        let (required, limit) = match req.capacity_range {
+            Some(r) => (r.required_bytes, r.limit_bytes),
+            None => (0, 0),
+        };
+        if required < 0 || limit < 0 {
+            return Err(Status::invalid_argument(
+                "capacity_range must not be negative",
+            ));
+        }
+        if limit > 0 && limit < required {
+            return Err(Status::invalid_argument(format!(
+                "capacity_range: limit_bytes {limit} < required_bytes {required}"
+            )));
+        }
+        let size = if required > 0 {
+            required
+        } else if limit > 0 {
+            limit.min(DEFAULT_VOLUME_SIZE)
+        } else {
+            DEFAULT_VOLUME_SIZE
+        };
+        let parameters: BTreeMap<String, String> = req.parameters.clone().into_iter().collect();
+        let topology = req
+            .accessibility_requirements
+            .as_ref()
+            .and_then(|r| r.preferred.first().or(r.requisite.first()))
+            .cloned()
+            .unwrap_or_else(|| self.this_node_topology());
+        let capacity = self.capacity;
+        self.tx(|s| {
+            if let Some(v) = s.volume_by_name(&req.name) {
+                let fits = v.capacity_bytes >= required && (limit == 0 || v.capacity_bytes <= limit);
+                let same_type = caps
+                    .iter()
+                    .all(|c| v.volume_capabilities.iter().any(|e| e.access_type == c.access_type));
+                if !fits {
+                    return Err(Status::already_exists(format!(
+                        "volume {:?} ({}) exists with capacity {}, incompatible with required {required} limit {limit}",
+                        req.name, v.id, v.capacity_bytes
+                    )));
+                }
+                if !same_type {
+                    return Err(Status::already_exists(format!(
+                        "volume {:?} ({}) exists with other access types",
+                        req.name, v.id
+                    )));
+                }
+                if v.parameters != parameters {
+                    return Err(Status::already_exists(format!(
+                        "volume {:?} ({}) exists with other parameters",
+                        req.name, v.id
+                    )));
+                }
+                return Ok(Self::csi_volume(v));
+            }
+            if size > capacity {
+                return Err(Status::out_of_range(format!(
+                    "requested {size} bytes, the pool has {capacity}"
+                )));
+            }
+            let available = capacity - s.used_bytes();
+            if size > available {
+                return Err(Status::resource_exhausted(format!(
+                    "requested {size} bytes, {available} available"
+                )));
+            }
+            let id = new_volume_id();
+            let seq = s.next_seq;
+            s.next_seq += 1;
+            let v = Volume {
+                id: id.clone(),
+                name: req.name.clone(),
+                seq,
+                capacity_bytes: size,
+                parameters: parameters.clone(),
+                mutable_parameters: req.mutable_parameters.clone().into_iter().collect(),
+                secret_keys: secret_keys(&req.secrets),
+                volume_capabilities: caps.clone(),
+                accessible_topology: vec![topology.segments.clone().into_iter().collect()],
+                published_nodes: BTreeMap::new(),
+                node_publications: BTreeMap::new(),
+            };
+            let out = Self::csi_volume(&v);
+            s.volumes.insert(id, v);
+            Ok(out)
+        })
+        .map(|volume| CreateVolumeResponse {
+            volume: Some(volume),
+        })
+    }
+
+    fn delete_volume(&self, req: DeleteVolumeRequest) -> Result<DeleteVolumeResponse, Status> {
+        if req.volume_id.is_empty() {
+            return Err(Status::invalid_argument("volume_id is required"));
+        }
+        self.tx(|s| {
+            let Some(v) = s.volumes.get(&req.volume_id) else {
+                // Already gone: idempotent success (CSI spec).
+                return Ok(());
+            };
+            if !v.published_nodes.is_empty() || !v.node_publications.is_empty() {
+                return Err(Status::failed_precondition(format!(
+                    "volume {} is in use: controller-published to {:?}, node-published at {:?}",
+                    v.id,
+                    v.published_node_ids(),
+                    v.node_publications.keys().collect::<Vec<_>>()
+                )));
+            }
+            let v = s.volumes.remove(&req.volume_id).expect("checked above");
+            s.push_tombstone(DeletedVolume {
+                id: v.id,
+                name: v.name,
+                seq: v.seq,
+                secret_keys: secret_keys(&req.secrets),
+            });
+            Ok(())
+        })?;
+        Ok(DeleteVolumeResponse {})
+    }
+
+    fn controller_publish(
+        &self,
+        req: ControllerPublishVolumeRequest,
+    ) -> Result<ControllerPublishVolumeResponse, Status> {
+        if !self.enable_attach {
+            return Err(Status::unimplemented(
+                "ControllerPublishVolume: attach is disabled (--enable-attach)",
+            ));
+        }
+        if req.volume_id.is_empty() {
+            return Err(Status::invalid_argument("volume_id is required"));
+        }
+        if req.node_id.is_empty() {
+            return Err(Status::invalid_argument("node_id is required"));
+        }
+        let cap = req
+            .volume_capability
+            .as_ref()
+            .ok_or_else(|| Status::invalid_argument("volume_capability is required"))
+            .and_then(capability)?;
+        let max = self.max_volumes_per_node;
+        self.tx(|s| {
+            let attached_to_node = s
+                .volumes
+                .values()
+                .filter(|v| v.published_nodes.contains_key(&req.node_id))
+                .count() as i64;
+            let known_node = s.nodes.contains(&req.node_id);
+            let v = s
+                .volumes
+                .get_mut(&req.volume_id)
+                .ok_or_else(|| Status::not_found(format!("volume {} not found", req.volume_id)))?;
+            if !known_node {
+                return Err(Status::not_found(format!("node {} not found", req.node_id)));
+            }
+            if let Some(p) = v.published_nodes.get(&req.node_id) {
+                if p.readonly == req.readonly && p.capability == cap {
+                    return Ok(p.publish_context.clone());
+                }
+                return Err(Status::already_exists(format!(
+                    "volume {} is published to node {} with another capability or readonly flag",
+                    v.id, req.node_id
+                )));
+            }
+            if !is_multi_node(&cap.access_mode) {
+                if let Some(other) = v.published_nodes.keys().next() {
+                    return Err(Status::failed_precondition(format!(
+                        "volume {} is already published to node {other}",
+                        v.id
+                    )));
+                }
+            }
+            if max > 0 && attached_to_node >= max {
+                return Err(Status::resource_exhausted(format!(
+                    "node {} has {attached_to_node} volumes attached, the maximum is {max}",
+                    req.node_id
+                )));
+            }
+            let ctx = BTreeMap::from([("devicePath".to_owned(), format!("/dev/test-{}", v.id))]);
+            v.published_nodes.insert(
+                req.node_id.clone(),
+                ControllerPublication {
+                    readonly: req.readonly,
+                    capability: cap.clone(),
+                    secret_keys: secret_keys(&req.secrets),
+                    publish_context: ctx.clone(),
+                },
+            );
+            Ok(ctx)
+        })
+        .map(|ctx| ControllerPublishVolumeResponse {
+            publish_context: ctx.into_iter().collect(),
+        })
+    }
+
+    fn controller_unpublish(
+        &self,
+        req: ControllerUnpublishVolumeRequest,
+    ) -> Result<ControllerUnpublishVolumeResponse, Status> {
+        if !self.enable_attach {
+            return Err(Status::unimplemented(
+                "ControllerUnpublishVolume: attach is disabled (--enable-attach)",
+            ));
+        }
+        if req.volume_id.is_empty() {
+            return Err(Status::invalid_argument("volume_id is required"));
+        }
+        // A volume or node that does not exist is not published there, so
+        // this is success ("not attached → 0 OK"; csi-sanity's cleanup
+        // relies on it after DeleteVolume).
+        self.tx(|s| {
+            if let Some(v) = s.volumes.get_mut(&req.volume_id) {
+                if req.node_id.is_empty() {
+                    // Unset node_id: unpublish from every node (CSI spec).
+                    v.published_nodes.clear();
+                } else {
+                    v.published_nodes.remove(&req.node_id);
+                }
+            }
+            Ok(())
+        })?;
+        Ok(ControllerUnpublishVolumeResponse {})
+    }
+
+    fn validate_capabilities(
+        &self,
+        req: ValidateVolumeCapabilitiesRequest,
+    ) -> Result<ValidateVolumeCapabilitiesResponse, Status> {
+        if req.volume_id.is_empty() {
+            return Err(Status::invalid_argument("volume_id is required"));
+        }
+        if req.volume_capabilities.is_empty() {
+            return Err(Status::invalid_argument("volume_capabilities are required"));
+        }
+        let caps = req
+            .volume_capabilities
+            .iter()
+            .map(capability)
+            .collect::<Result<Vec<_>, _>>()?;
+        let v = self.tx(|s| {
+            s.volumes
+                .get(&req.volume_id)
+                .cloned()
+                .ok_or_else(|| Status::not_found(format!("volume {} not found", req.volume_id)))
+        })?;
+        let unsupported = caps.iter().find(|c| {
+            !v.volume_capabilities
+                .iter()
+                .any(|e| e.access_type == c.access_type)
+        });
+        if let Some(c) = unsupported {
+            return Ok(ValidateVolumeCapabilitiesResponse {
+                confirmed: None,
+                message: format!(
+                    "volume {} does not support access type {}",
+                    v.id, c.access_type
+                ),
+            });
+        }
+        Ok(ValidateVolumeCapabilitiesResponse {
+            confirmed: Some(validate_volume_capabilities_response::Confirmed {
+                volume_context: req.volume_context,
+                volume_capabilities: req.volume_capabilities,
+                parameters: req.parameters,
+                mutable_parameters: req.mutable_parameters,
+            }),
+            message: String::new(),
+        })
+    }
+
+    fn list_volumes(&self, req: ListVolumesRequest) -> Result<ListVolumesResponse, Status> {
+        if req.max_entries < 0 {
+            return Err(Status::invalid_argument("max_entries must not be negative"));
+        }
+        let state = self.tx(|s| Ok(s.clone()))?;
+        // The token is the creation sequence number to continue from, so
+        // deleting volumes between pages never shifts the next page.
+        let start: u64 = if req.starting_token.is_empty() {
+            0
+        } else {
+            match req.starting_token.parse::<u64>() {
+                Ok(n) if n <= state.next_seq => n,
+                _ => {
+                    return Err(Status::aborted(format!(
+                        "invalid starting_token {:?}",
+                        req.starting_token
+                    )))
+                }
+            }
+        };
+        let mut vols: Vec<&Volume> = state
+            .volumes_by_seq()
+            .into_iter()
+            .filter(|v| v.seq >= start)
+            .collect();
+        let mut next_token = String::new();
+        if req.max_entries > 0 && vols.len() > req.max_entries as usize {
+            next_token = vols[req.max_entries as usize].seq.to_string();
+            vols.truncate(req.max_entries as usize);
+        }
+        Ok(ListVolumesResponse {
+            entries: vols
+                .into_iter()
+                .map(|v| list_volumes_response::Entry {
+                    volume: Some(Self::csi_volume(v)),
+                    status: Some(list_volumes_response::VolumeStatus {
+                        published_node_ids: v.published_node_ids(),
+                        volume_condition: None,
+                    }),
+                })
+                .collect(),
+            next_token,
+        })
+    }
+
+    fn get_capacity(&self, req: GetCapacityRequest) -> Result<GetCapacityResponse, Status> {
+        for c in &req.volume_capabilities {
+            capability(c)?;
+        }
+        let used = self.tx(|s| Ok(s.used_bytes()))?;
+        let available = (self.capacity - used).max(0);
+        Ok(GetCapacityResponse {
+            available_capacity: available,
+            maximum_volume_size: Some(available),
+            minimum_volume_size: None,
+        })
+    }
+
+    fn controller_capabilities(&self) -> ControllerGetCapabilitiesResponse {
+        use csiops_proto::csi::v1::controller_service_capability::{rpc::Type, Rpc, Type as T};
+        let mut types = vec![
+            Type::CreateDeleteVolume,
+            Type::ListVolumes,
+            Type::GetCapacity,
+        ];
+        if self.enable_attach {
+            types.push(Type::PublishUnpublishVolume);
+            types.push(Type::ListVolumesPublishedNodes);
+        }
+        ControllerGetCapabilitiesResponse {
+            capabilities: types
+                .into_iter()
+                .map(|t| ControllerServiceCapability {
+                    r#type: Some(T::Rpc(Rpc { r#type: t as i32 })),
+                })
+                .collect(),
+        }
+    }
+
+    // ---- Node operations ----
+
+    fn node_publish(
+        &self,
+        req: NodePublishVolumeRequest,
+    ) -> Result<NodePublishVolumeResponse, Status> {
+        if req.volume_id.is_empty() {
+            return Err(Status::invalid_argument("volume_id is required"));
+        }
+        if req.target_path.is_empty() {
+            return Err(Status::invalid_argument("target_path is required"));
+        }
+        let cap = req
+            .volume_capability
+            .as_ref()
+            .ok_or_else(|| Status::invalid_argument("volume_capability is required"))
+            .and_then(capability)?;
+        let create_dir = self.inside_state_dir(&req.target_path);
+        let node_id = self.node_id.clone();
+        let enable_attach = self.enable_attach;
+        self.tx(|s| {
+            let v = s
+                .volumes
+                .get_mut(&req.volume_id)
+                .ok_or_else(|| Status::not_found(format!("volume {} not found", req.volume_id)))?;
+            if let Some(p) = v.node_publications.get(&req.target_path) {
+                if p.readonly == req.readonly && p.capability == cap && p.node_id == node_id {
+                    return Ok(());
+                }
+                return Err(Status::already_exists(format!(
+                    "volume {} is published at {} with another capability or readonly flag",
+                    v.id, req.target_path
+                )));
+            }
+            if enable_attach && !v.published_nodes.contains_key(&node_id) {
+                return Err(Status::failed_precondition(format!(
+                    "volume {} is not controller-published to node {node_id}",
+                    v.id
+                )));
+            }
+            if create_dir {
+                std::fs::create_dir_all(&req.target_path)
+                    .map_err(|e| Status::internal(format!("creating {}: {e}", req.target_path)))?;
+            }
+            v.node_publications.insert(
+                req.target_path.clone(),
+                NodePublication {
+                    node_id: node_id.clone(),
+                    readonly: req.readonly,
+                    capability: cap.clone(),
+                    secret_keys: secret_keys(&req.secrets),
+                    publish_context: req.publish_context.clone().into_iter().collect(),
+                    created_dir: create_dir,
+                },
+            );
+            Ok(())
+        })?;
+        Ok(NodePublishVolumeResponse {})
+    }
+
+    fn node_unpublish(
+        &self,
+        req: NodeUnpublishVolumeRequest,
+    ) -> Result<NodeUnpublishVolumeResponse, Status> {
+        if req.volume_id.is_empty() {
+            return Err(Status::invalid_argument("volume_id is required"));
+        }
+        if req.target_path.is_empty() {
+            return Err(Status::invalid_argument("target_path is required"));
+        }
+        let remove_dir = self.inside_state_dir(&req.target_path);
+        self.tx(|s| {
+            let v = s
+                .volumes
+                .get_mut(&req.volume_id)
+                .ok_or_else(|| Status::not_found(format!("volume {} not found", req.volume_id)))?;
+            if v.node_publications.contains_key(&req.target_path) && remove_dir {
+                // Remove before the record goes, so a crash in between is
+                // repaired by the retried call.
+                match std::fs::remove_dir_all(&req.target_path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => {
+                        return Err(Status::internal(format!(
+                            "removing {}: {e}",
+                            req.target_path
+                        )))
+                    }
+                }
+            }
+            v.node_publications.remove(&req.target_path);
+            Ok(())
+        })?;
+        Ok(NodeUnpublishVolumeResponse {})
+    }
+}
+
+/// The flattened form of a request's `VolumeCapability`; `INVALID_ARGUMENT`
+/// without access type or access mode.
+fn capability(c: &VolumeCapability) -> Result<Capability, Status> {
+    let mode = c
+        .access_mode
+        .as_ref()
+        .map(|m| m.mode)
+        .ok_or_else(|| Status::invalid_argument("volume capability without access_mode"))?;
+    let mode = volume_capability::access_mode::Mode::try_from(mode)
+        .ok()
+        .filter(|m| *m != volume_capability::access_mode::Mode::Unknown)
+        .ok_or_else(|| Status::invalid_argument(format!("unknown access mode {mode}")))?;
+    let (access_type, fs_type, mount_flags) = match &c.access_type {
+        Some(volume_capability::AccessType::Mount(m)) => {
+            ("mount", m.fs_type.clone(), m.mount_flags.clone())
+        }
+        Some(volume_capability::AccessType::Block(_)) => ("block", String::new(), Vec::new()),
+        None => {
+            return Err(Status::invalid_argument(
+                "volume capability without access_type (mount or block)",
+            ))
+        }
+    };
+    Ok(Capability {
+        access_type: access_type.to_owned(),
+        access_mode: mode.as_str_name().to_owned(),
+        fs_type,
+        mount_flags,
+    })
+}
+
+fn is_multi_node(mode: &str) -> bool {
+    mode.starts_with("MULTI_NODE")
+}
+
+/// Sorted keys of a secrets map. The values never leave the request.
+fn secret_keys(secrets: &HashMap<String, String>) -> Vec<String> {
+    let mut keys: Vec<String> = secrets.keys().cloned().collect();
+    keys.sort();
+    keys
+}
+
+/// A random UUID v4 (from `/dev/urandom`).
+fn new_volume_id() -> String {
+    use std::io::Read;
+    let mut b = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .expect("reading /dev/urandom");
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+fn unimplemented<T>(method: &str) -> Result<T, Status> {
+    Err(Status::new(
+        Code::Unimplemented,
+        format!("{method} is not implemented by csi-test-driver"),
+    ))
+}
+
+#[tonic::async_trait]
+impl Identity for DriverHandle {
+    async fn get_plugin_info(
+        &self,
+        r: Request<GetPluginInfoRequest>,
+    ) -> Reply<GetPluginInfoResponse> {
+        self.0
+            .call("GetPluginInfo", r, |d, _| {
+                Ok(GetPluginInfoResponse {
+                    name: d.name.clone(),
+                    vendor_version: d.version.clone(),
+                    manifest: HashMap::new(),
+                })
+            })
+            .await
+    }
+
+    async fn get_plugin_capabilities(
+        &self,
+        r: Request<GetPluginCapabilitiesRequest>,
+    ) -> Reply<GetPluginCapabilitiesResponse> {
+        use plugin_capability::{service::Type, Service, Type as T};
+        self.0
+            .call("GetPluginCapabilities", r, |_, _| {
+                Ok(GetPluginCapabilitiesResponse {
+                    capabilities: [
+                        Type::ControllerService,
+                        Type::VolumeAccessibilityConstraints,
+                    ]
+                    .into_iter()
+                    .map(|t| PluginCapability {
+                        r#type: Some(T::Service(Service { r#type: t as i32 })),
+                    })
+                    .collect(),
+                })
+            })
+            .await
+    }
+
+    async fn probe(&self, r: Request<ProbeRequest>) -> Reply<ProbeResponse> {
+        self.0
+            .call("Probe", r, |_, _| Ok(ProbeResponse { ready: Some(true) }))
+            .await
+    }
+}
+
+#[tonic::async_trait]
+impl Controller for DriverHandle {
+    async fn create_volume(&self, r: Request<CreateVolumeRequest>) -> Reply<CreateVolumeResponse> {
+        self.0.call("CreateVolume", r, Driver::create_volume).await
+    }
+
+    async fn delete_volume(&self, r: Request<DeleteVolumeRequest>) -> Reply<DeleteVolumeResponse> {
+        self.0.call("DeleteVolume", r, Driver::delete_volume).await
+    }
+
+    async fn controller_publish_volume(
+        &self,
+        r: Request<ControllerPublishVolumeRequest>,
+    ) -> Reply<ControllerPublishVolumeResponse> {
+        self.0
+            .call("ControllerPublishVolume", r, Driver::controller_publish)
+            .await
+    }
+
+    async fn controller_unpublish_volume(
+        &self,
+        r: Request<ControllerUnpublishVolumeRequest>,
+    ) -> Reply<ControllerUnpublishVolumeResponse> {
+        self.0
+            .call("ControllerUnpublishVolume", r, Driver::controller_unpublish)
+            .await
+    }
+
+    async fn validate_volume_capabilities(
+        &self,
+        r: Request<ValidateVolumeCapabilitiesRequest>,
+    ) -> Reply<ValidateVolumeCapabilitiesResponse> {
+        self.0
+            .call(
+                "ValidateVolumeCapabilities",
+                r,
+                Driver::validate_capabilities,
+            )
+            .await
+    }
+
+    async fn list_volumes(&self, r: Request<ListVolumesRequest>) -> Reply<ListVolumesResponse> {
+        self.0.call("ListVolumes", r, Driver::list_volumes).await
+    }
+
+    async fn get_capacity(&self, r: Request<GetCapacityRequest>) -> Reply<GetCapacityResponse> {
+        self.0.call("GetCapacity", r, Driver::get_capacity).await
+    }
+
+    async fn controller_get_capabilities(
+        &self,
+        r: Request<ControllerGetCapabilitiesRequest>,
+    ) -> Reply<ControllerGetCapabilitiesResponse> {
+        self.0
+            .call("ControllerGetCapabilities", r, |d, _| {
+                Ok(d.controller_capabilities())
+            })
+            .await
+    }
+
+    async fn create_snapshot(
+        &self,
+        r: Request<CreateSnapshotRequest>,
+    ) -> Reply<CreateSnapshotResponse> {
+        self.0
+            .call("CreateSnapshot", r, |_, _| unimplemented("CreateSnapshot"))
+            .await
+    }
+
+    async fn delete_snapshot(
+        &self,
+        r: Request<DeleteSnapshotRequest>,
+    ) -> Reply<DeleteSnapshotResponse> {
+        self.0
+            .call("DeleteSnapshot", r, |_, _| unimplemented("DeleteSnapshot"))
+            .await
+    }
+
+    async fn list_snapshots(
+        &self,
+        r: Request<ListSnapshotsRequest>,
+    ) -> Reply<ListSnapshotsResponse> {
+        self.0
+            .call("ListSnapshots", r, |_, _| unimplemented("ListSnapshots"))
+            .await
+    }
+
+    async fn get_snapshot(&self, r: Request<GetSnapshotRequest>) -> Reply<GetSnapshotResponse> {
+        self.0
+            .call("GetSnapshot", r, |_, _| unimplemented("GetSnapshot"))
+            .await
+    }
+
+    async fn controller_expand_volume(
+        &self,
+        r: Request<ControllerExpandVolumeRequest>,
+    ) -> Reply<ControllerExpandVolumeResponse> {
+        self.0
+            .call("ControllerExpandVolume", r, |_, _| {
+                unimplemented("ControllerExpandVolume")
+            })
+            .await
+    }
+
+    async fn controller_get_volume(
+        &self,
+        r: Request<ControllerGetVolumeRequest>,
+    ) -> Reply<ControllerGetVolumeResponse> {
+        self.0
+            .call("ControllerGetVolume", r, |_, _| {
+                unimplemented("ControllerGetVolume")
+            })
+            .await
+    }
+
+    async fn controller_modify_volume(
+        &self,
+        r: Request<ControllerModifyVolumeRequest>,
+    ) -> Reply<ControllerModifyVolumeResponse> {
+        self.0
+            .call("ControllerModifyVolume", r, |_, _| {
+                unimplemented("ControllerModifyVolume")
+            })
+            .await
+    }
+}
+
+#[tonic::async_trait]
+impl Node for DriverHandle {
+    async fn node_stage_volume(
+        &self,
+        r: Request<NodeStageVolumeRequest>,
+    ) -> Reply<NodeStageVolumeResponse> {
+        self.0
+            .call("NodeStageVolume", r, |_, _| {
+                unimplemented("NodeStageVolume")
+            })
+            .await
+    }
+
+    async fn node_unstage_volume(
+        &self,
+        r: Request<NodeUnstageVolumeRequest>,
+    ) -> Reply<NodeUnstageVolumeResponse> {
+        self.0
+            .call("NodeUnstageVolume", r, |_, _| {
+                unimplemented("NodeUnstageVolume")
+            })
+            .await
+    }
+
+    async fn node_publish_volume(
+        &self,
+        r: Request<NodePublishVolumeRequest>,
+    ) -> Reply<NodePublishVolumeResponse> {
+        self.0
+            .call("NodePublishVolume", r, Driver::node_publish)
+            .await
+    }
+
+    async fn node_unpublish_volume(
+        &self,
+        r: Request<NodeUnpublishVolumeRequest>,
+    ) -> Reply<NodeUnpublishVolumeResponse> {
+        self.0
+            .call("NodeUnpublishVolume", r, Driver::node_unpublish)
+            .await
+    }
+
+    async fn node_get_volume_stats(
+        &self,
+        r: Request<NodeGetVolumeStatsRequest>,
+    ) -> Reply<NodeGetVolumeStatsResponse> {
+        self.0
+            .call("NodeGetVolumeStats", r, |_, _| {
+                unimplemented("NodeGetVolumeStats")
+            })
+            .await
+    }
+
+    async fn node_expand_volume(
+        &self,
+        r: Request<NodeExpandVolumeRequest>,
+    ) -> Reply<NodeExpandVolumeResponse> {
+        self.0
+            .call("NodeExpandVolume", r, |_, _| {
+                unimplemented("NodeExpandVolume")
+            })
+            .await
+    }
+
+    async fn node_get_capabilities(
+        &self,
+        r: Request<NodeGetCapabilitiesRequest>,
+    ) -> Reply<NodeGetCapabilitiesResponse> {
+        self.0
+            .call("NodeGetCapabilities", r, |_, _| {
+                Ok(NodeGetCapabilitiesResponse {
+                    capabilities: Vec::new(),
+                })
+            })
+            .await
+    }
+
+    async fn node_get_info(&self, r: Request<NodeGetInfoRequest>) -> Reply<NodeGetInfoResponse> {
+        self.0
+            .call("NodeGetInfo", r, |d, _| {
+                Ok(NodeGetInfoResponse {
+                    node_id: d.node_id.clone(),
+                    max_volumes_per_node: d.max_volumes_per_node,
+                    accessible_topology: Some(d.this_node_topology()),
+                })
+            })
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn volume_ids_are_uuid_v4() {
+        let a = new_volume_id();
+        let b = new_volume_id();
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 36);
+        assert_eq!(&a[14..15], "4");
+        assert_eq!(a.matches('-').count(), 4);
+    }
+
+    #[test]
+    fn inside_state_dir_is_lexical_and_strict() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = Config::new("/unused.sock", "n1", dir.path());
+        let d = Driver::new(&cfg).unwrap();
+        let base = d.state_dir().to_path_buf();
+        assert!(d.inside_state_dir(base.join("t/target").to_str().unwrap()));
+        assert!(!d.inside_state_dir(base.to_str().unwrap()));
+        assert!(!d.inside_state_dir(base.join("../x").to_str().unwrap()));
+        assert!(!d.inside_state_dir("/tmp/csi-mount/target"));
+        assert!(!d.inside_state_dir("relative/target"));
+        // The node ID is recorded as known.
+        let s = super::super::state::load_state(dir.path()).unwrap();
+        assert!(s.nodes.contains("n1"));
+    }
+}

@@ -1,0 +1,768 @@
+//! `csi-test-driver` as a real process: state that survives `kill -9`,
+//! idempotency across restarts, fault injection, attach bookkeeping.
+//!
+//! `CSIOPS_CSI_SANITY=/path/to/csi-sanity` also runs upstream csi-sanity
+//! against it (see `csi_sanity_passes`).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use csiops_e2e::testdriver::{load_state, TestDriverProcess, Volume};
+use csiops_proto::client::{self, CsiClient};
+use csiops_proto::csi::v1::{
+    controller_service_capability, volume_capability, ControllerGetCapabilitiesRequest,
+    ControllerPublishVolumeRequest, ControllerUnpublishVolumeRequest, CreateVolumeRequest,
+    DeleteVolumeRequest, GetCapacityRequest, GetPluginInfoRequest, ListVolumesRequest,
+    NodeGetInfoRequest, NodePublishVolumeRequest, NodeUnpublishVolumeRequest, VolumeCapability,
+};
+use tonic::Code;
+
+const BIN: &str = env!("CARGO_BIN_EXE_csi-test-driver");
+
+struct Env {
+    dir: tempfile::TempDir,
+}
+
+impl Env {
+    fn new() -> Env {
+        Env {
+            dir: tempfile::Builder::new().prefix("ctd").tempdir().unwrap(),
+        }
+    }
+    fn socket(&self) -> PathBuf {
+        self.dir.path().join("csi.sock")
+    }
+    fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+    fn log(&self) -> PathBuf {
+        self.dir.path().join("driver.log")
+    }
+    async fn start(&self, args: &[&str]) -> TestDriverProcess {
+        TestDriverProcess::start(
+            Path::new(BIN),
+            &self.socket(),
+            &self.state_dir(),
+            args,
+            &self.log(),
+        )
+        .await
+        .unwrap()
+    }
+}
+
+fn mount_cap() -> VolumeCapability {
+    VolumeCapability {
+        access_mode: Some(volume_capability::AccessMode {
+            mode: volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+        }),
+        access_type: Some(volume_capability::AccessType::Mount(
+            volume_capability::MountVolume::default(),
+        )),
+    }
+}
+
+fn create_req(name: &str) -> CreateVolumeRequest {
+    CreateVolumeRequest {
+        name: name.into(),
+        volume_capabilities: vec![mount_cap()],
+        parameters: HashMap::from([("type".into(), "fast".into())]),
+        secrets: HashMap::from([("password".into(), "s3cr3t-value".into())]),
+        ..Default::default()
+    }
+}
+
+async fn create(csi: &CsiClient, name: &str) -> Result<String, tonic::Status> {
+    csi.controller()
+        .create_volume(create_req(name))
+        .await
+        .map(|r| r.into_inner().volume.unwrap().volume_id)
+}
+
+fn names(vols: &[Volume]) -> Vec<&str> {
+    vols.iter().map(|v| v.name.as_str()).collect()
+}
+
+fn cli_list(state_dir: &Path) -> Vec<Volume> {
+    let out = std::process::Command::new(BIN)
+        .args(["list", "--state-dir"])
+        .arg(state_dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[tokio::test]
+async fn create_volume_is_idempotent_across_kill9_and_restart() {
+    let env = Env::new();
+    let mut driver = env.start(&["--nodeid=node-a"]).await;
+    let csi = driver.client().await.unwrap();
+
+    let info = csi
+        .identity()
+        .get_plugin_info(GetPluginInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.name, "test.csi.csiops.dev");
+    assert_eq!(info.vendor_version, env!("CARGO_PKG_VERSION"));
+
+    let id = create(&csi, "pvc-1").await.unwrap();
+    let pid = driver.pid().unwrap();
+    driver.kill9();
+    assert!(!csiops_e2e::pid_alive(pid));
+    // kill -9 leaves the socket behind; the restart removes it.
+    assert!(env.socket().exists());
+    driver.restart().await.unwrap();
+
+    let csi = driver.client().await.unwrap();
+    assert_eq!(
+        create(&csi, "pvc-1").await.unwrap(),
+        id,
+        "same name, same volume"
+    );
+    let other = create(&csi, "pvc-2").await.unwrap();
+    assert_ne!(other, id);
+
+    let state = driver.state().unwrap();
+    let vols: Vec<Volume> = state.volumes_by_seq().into_iter().cloned().collect();
+    assert_eq!(names(&vols), ["pvc-1", "pvc-2"]);
+    let v = &vols[0];
+    assert_eq!(v.id, id);
+    assert_eq!(v.capacity_bytes, 1 << 30, "default size");
+    assert_eq!(
+        v.parameters,
+        BTreeMap::from([("type".into(), "fast".into())])
+    );
+    assert_eq!(v.secret_keys, ["password"]);
+    assert_eq!(
+        v.accessible_topology,
+        [BTreeMap::from([(
+            "topology.test.csi.csiops.dev/node".to_owned(),
+            "node-a".to_owned()
+        )])]
+    );
+    // The inspection CLI prints the same thing.
+    assert_eq!(cli_list(&env.state_dir()), vols);
+
+    // Same name, incompatible capacity or parameters: ALREADY_EXISTS.
+    let mut bigger = create_req("pvc-1");
+    bigger.capacity_range = Some(csiops_proto::csi::v1::CapacityRange {
+        required_bytes: 2 << 30,
+        limit_bytes: 0,
+    });
+    let err = csi.controller().create_volume(bigger).await.unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
+    let mut other_params = create_req("pvc-1");
+    other_params.parameters.insert("type".into(), "slow".into());
+    let err = csi
+        .controller()
+        .create_volume(other_params)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::AlreadyExists, "{err:?}");
+
+    // Secret values are neither stored nor logged.
+    driver.stop(Duration::from_secs(5));
+    let state_text = std::fs::read_to_string(env.state_dir().join("state.json")).unwrap();
+    assert!(!state_text.contains("s3cr3t-value"));
+    let log = std::fs::read_to_string(env.log()).unwrap();
+    assert!(log.contains("method=\"CreateVolume\" code=OK"), "{log}");
+    assert!(!log.contains("s3cr3t-value"), "{log}");
+}
+
+#[tokio::test]
+async fn delete_volume_of_unknown_id_is_ok_and_deletes_are_idempotent() {
+    let env = Env::new();
+    let driver = env.start(&["--nodeid=node-a"]).await;
+    let csi = driver.client().await.unwrap();
+
+    for _ in 0..2 {
+        csi.controller()
+            .delete_volume(DeleteVolumeRequest {
+                volume_id: "no-such-volume".into(),
+                secrets: HashMap::new(),
+            })
+            .await
+            .unwrap();
+    }
+    let err = csi
+        .controller()
+        .delete_volume(DeleteVolumeRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+
+    let id = create(&csi, "pvc-del").await.unwrap();
+    for _ in 0..2 {
+        csi.controller()
+            .delete_volume(DeleteVolumeRequest {
+                volume_id: id.clone(),
+                secrets: HashMap::from([("token".into(), "xyz-secret".into())]),
+            })
+            .await
+            .unwrap();
+    }
+    let state = driver.state().unwrap();
+    assert!(state.volumes.is_empty());
+    assert_eq!(state.deleted.len(), 1, "{:?}", state.deleted);
+    assert_eq!(state.deleted[0].id, id);
+    assert_eq!(state.deleted[0].name, "pvc-del");
+    assert_eq!(state.deleted[0].secret_keys, ["token"]);
+    // A new volume of the same name after deletion is a new volume.
+    assert_ne!(create(&csi, "pvc-del").await.unwrap(), id);
+}
+
+#[tokio::test]
+async fn state_survives_kill9_with_the_answer_lost() {
+    let env = Env::new();
+    let mut driver = env
+        .start(&["--nodeid=node-a", "--delay-after=CreateVolume=60s"])
+        .await;
+    let csi = driver.client().await.unwrap();
+
+    // The volume is persisted before the (delayed) answer; kill the driver
+    // while the caller waits.
+    let call = {
+        let csi = csi.clone();
+        tokio::spawn(async move { create(&csi, "pvc-lost").await })
+    };
+    let state_dir = env.state_dir();
+    let persisted =
+        csiops_e2e::wait_for(Duration::from_secs(10), Duration::from_millis(10), || {
+            let dir = state_dir.clone();
+            async move {
+                load_state(&dir)
+                    .unwrap()
+                    .volume_by_name("pvc-lost")
+                    .map(|v| v.id.clone())
+            }
+        })
+        .await
+        .unwrap();
+    driver.kill9();
+    let err = call.await.unwrap().unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+
+    // Restarted without the delay: the retry finds the volume, no duplicate.
+    drop(driver);
+    let driver = env.start(&["--nodeid=node-a"]).await;
+    let csi = driver.client().await.unwrap();
+    assert_eq!(create(&csi, "pvc-lost").await.unwrap(), persisted);
+    assert_eq!(driver.state().unwrap().volumes.len(), 1);
+}
+
+#[tokio::test]
+async fn state_file_survives_kill9_mid_burst() {
+    let env = Env::new();
+    let mut driver = env.start(&["--nodeid=node-a", "--capacity=1Ti"]).await;
+    let csi = driver.client().await.unwrap();
+
+    // Four callers create volumes as fast as they can; kill -9 after 40
+    // acknowledgements, with calls in flight.
+    let acked = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::<String, String>::new()));
+    let attempted = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let mut tasks = Vec::new();
+    for t in 0..4 {
+        let (csi, acked, attempted) = (csi.clone(), acked.clone(), attempted.clone());
+        tasks.push(tokio::spawn(async move {
+            for i in 0.. {
+                let name = format!("burst-{t}-{i}");
+                attempted.lock().unwrap().push(name.clone());
+                match create(&csi, &name).await {
+                    Ok(id) => {
+                        acked.lock().unwrap().insert(name, id);
+                    }
+                    Err(_) => return,
+                }
+            }
+        }));
+    }
+    csiops_e2e::wait_for(Duration::from_secs(30), Duration::from_millis(1), || {
+        let n = acked.lock().unwrap().len();
+        async move { (n >= 40).then_some(()) }
+    })
+    .await
+    .unwrap();
+    driver.kill9();
+    for t in tasks {
+        t.await.unwrap();
+    }
+
+    // The file parses and holds every acknowledged volume with its ID, and
+    // nothing that was never asked for.
+    let acked = acked.lock().unwrap().clone();
+    let attempted = attempted.lock().unwrap().clone();
+    let state = load_state(&env.state_dir()).unwrap();
+    for (name, id) in &acked {
+        assert_eq!(
+            state.volume_by_name(name).map(|v| &v.id),
+            Some(id),
+            "acknowledged {name} lost"
+        );
+    }
+    for v in state.volumes.values() {
+        assert!(attempted.contains(&v.name), "unexpected volume {}", v.name);
+    }
+    assert!(state.volumes.len() <= attempted.len());
+
+    // Replaying every attempted name after a restart duplicates nothing.
+    driver.restart().await.unwrap();
+    let csi = driver.client().await.unwrap();
+    for name in &attempted {
+        let id = create(&csi, name).await.unwrap();
+        if let Some(acked_id) = acked.get(name) {
+            assert_eq!(&id, acked_id, "{name}");
+        }
+    }
+    let state = driver.state().unwrap();
+    assert_eq!(state.volumes.len(), attempted.len());
+}
+
+#[tokio::test]
+async fn failure_injection() {
+    let env = Env::new();
+    let driver = env
+        .start(&[
+            "--nodeid=node-a",
+            "--fail=CreateVolume=Unavailable:2",
+            "--fail-after=DeleteVolume=DeadlineExceeded:1",
+            "--fail=NodeGetInfo=INTERNAL",
+            "--delay=ListVolumes=1s",
+        ])
+        .await;
+    let csi = driver.client().await.unwrap();
+
+    // --fail: before any work.
+    for _ in 0..2 {
+        let err = create(&csi, "pvc-f").await.unwrap_err();
+        assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+        assert!(err.message().contains("injected"), "{err:?}");
+        assert!(driver.state().unwrap().volumes.is_empty());
+    }
+    let id = create(&csi, "pvc-f").await.unwrap();
+
+    // --fail-after: the work is done, the answer is an error.
+    let err = csi
+        .controller()
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: id.clone(),
+            secrets: HashMap::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::DeadlineExceeded, "{err:?}");
+    assert!(driver.state().unwrap().volumes.is_empty(), "deleted anyway");
+    csi.controller()
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: id,
+            secrets: HashMap::new(),
+        })
+        .await
+        .unwrap();
+
+    // No count: every call.
+    for _ in 0..3 {
+        let err = csi
+            .node()
+            .node_get_info(NodeGetInfoRequest {})
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::Internal);
+    }
+
+    // --delay: a caller with a shorter deadline times out.
+    let err = csi
+        .controller()
+        .list_volumes(client::with_timeout(
+            ListVolumesRequest::default(),
+            Duration::from_millis(200),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::DeadlineExceeded, "{err:?}");
+
+    let log = driver.log();
+    assert!(log.contains("code=Unavailable"), "{log}");
+}
+
+#[tokio::test]
+async fn delayed_work_completes_even_when_the_caller_gives_up() {
+    let env = Env::new();
+    let driver = env
+        .start(&["--nodeid=node-a", "--delay=CreateVolume=500ms"])
+        .await;
+    let csi = driver.client().await.unwrap();
+    let err = csi
+        .controller()
+        .create_volume(client::with_timeout(
+            create_req("pvc-slow"),
+            Duration::from_millis(100),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::DeadlineExceeded, "{err:?}");
+    assert!(driver.state().unwrap().volumes.is_empty());
+    // Like a real backend, the storage side finishes: a leak unless the CO
+    // retries with the same name.
+    let state_dir = env.state_dir();
+    let id = csiops_e2e::wait_for(Duration::from_secs(10), Duration::from_millis(20), || {
+        let dir = state_dir.clone();
+        async move {
+            load_state(&dir)
+                .unwrap()
+                .volume_by_name("pvc-slow")
+                .map(|v| v.id.clone())
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(create(&csi, "pvc-slow").await.unwrap(), id);
+    // The abandoned call is logged too, with its real outcome.
+    let logged = csiops_e2e::wait_for(Duration::from_secs(5), Duration::from_millis(20), || {
+        let n = driver
+            .log()
+            .matches("method=\"CreateVolume\" code=OK")
+            .count();
+        async move { (n == 2).then_some(()) }
+    })
+    .await;
+    assert!(logged.is_ok(), "{}", driver.log());
+}
+
+#[tokio::test]
+async fn attach_and_node_publish_with_a_shared_state_dir() {
+    let env = Env::new();
+    // A controller instance and a node instance share the state dir, as in
+    // the e2e (one controller, one driver per simulated node).
+    let controller = env.start(&["--nodeid=ctrl-0", "--enable-attach"]).await;
+    let node_socket = env.dir.path().join("node-1.sock");
+    let node = TestDriverProcess::start(
+        Path::new(BIN),
+        &node_socket,
+        &env.state_dir(),
+        &[
+            "--nodeid=node-1",
+            "--enable-attach",
+            "--max-volumes-per-node=1",
+        ],
+        &env.dir.path().join("node-1.log"),
+    )
+    .await
+    .unwrap();
+    let csi = controller.client().await.unwrap();
+    let node_csi = node.client().await.unwrap();
+
+    let caps = csi
+        .controller()
+        .controller_get_capabilities(ControllerGetCapabilitiesRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let caps: Vec<i32> = caps
+        .capabilities
+        .iter()
+        .filter_map(|c| {
+            c.r#type
+                .map(|controller_service_capability::Type::Rpc(r)| r.r#type)
+        })
+        .collect();
+    use controller_service_capability::rpc::Type as T;
+    for t in [
+        T::CreateDeleteVolume,
+        T::ListVolumes,
+        T::GetCapacity,
+        T::PublishUnpublishVolume,
+        T::ListVolumesPublishedNodes,
+    ] {
+        assert!(caps.contains(&(t as i32)), "{t:?} missing from {caps:?}");
+    }
+
+    let info = node_csi
+        .node()
+        .node_get_info(NodeGetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.node_id, "node-1");
+    assert_eq!(info.max_volumes_per_node, 1);
+    assert_eq!(
+        info.accessible_topology.unwrap().segments,
+        HashMap::from([("topology.test.csi.csiops.dev/node".into(), "node-1".into())])
+    );
+
+    let id = create(&csi, "pvc-att").await.unwrap();
+    let publish = |node_id: &str| ControllerPublishVolumeRequest {
+        volume_id: id.clone(),
+        node_id: node_id.into(),
+        volume_capability: Some(mount_cap()),
+        secrets: HashMap::from([("pub-key".into(), "pub-secret".into())]),
+        ..Default::default()
+    };
+    let err = csi
+        .controller()
+        .controller_publish_volume(publish("node-unknown"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+
+    // NodePublish before ControllerPublish is a CO bug.
+    let target = controller.state_dir().join("pods/p1/target");
+    let node_publish = NodePublishVolumeRequest {
+        volume_id: id.clone(),
+        target_path: target.to_str().unwrap().into(),
+        volume_capability: Some(mount_cap()),
+        ..Default::default()
+    };
+    let err = node_csi
+        .node()
+        .node_publish_volume(node_publish.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+
+    for _ in 0..2 {
+        let ctx = csi
+            .controller()
+            .controller_publish_volume(publish("node-1"))
+            .await
+            .unwrap()
+            .into_inner()
+            .publish_context;
+        assert_eq!(ctx["devicePath"], format!("/dev/test-{id}"));
+    }
+    // Single-node writer: another node is refused.
+    let err = csi
+        .controller()
+        .controller_publish_volume(publish("ctrl-0"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+
+    let list = csi
+        .controller()
+        .list_volumes(ListVolumesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(list.entries.len(), 1);
+    assert_eq!(
+        list.entries[0].status.as_ref().unwrap().published_node_ids,
+        ["node-1"]
+    );
+
+    node_csi
+        .node()
+        .node_publish_volume(node_publish.clone())
+        .await
+        .unwrap();
+    node_csi
+        .node()
+        .node_publish_volume(node_publish)
+        .await
+        .unwrap();
+    assert!(target.is_dir(), "target inside the state dir is created");
+    let state = controller.state().unwrap();
+    let v = &state.volumes[&id];
+    assert_eq!(v.published_nodes["node-1"].secret_keys, ["pub-key"]);
+    let np = &v.node_publications[target.to_str().unwrap()];
+    assert_eq!(np.node_id, "node-1");
+    assert!(np.created_dir);
+    assert_eq!(state.nodes.iter().collect::<Vec<_>>(), ["ctrl-0", "node-1"]);
+
+    // In use: DeleteVolume refuses.
+    let del = DeleteVolumeRequest {
+        volume_id: id.clone(),
+        secrets: HashMap::new(),
+    };
+    let err = csi
+        .controller()
+        .delete_volume(del.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+
+    let unpublish = NodeUnpublishVolumeRequest {
+        volume_id: id.clone(),
+        target_path: target.to_str().unwrap().into(),
+    };
+    node_csi
+        .node()
+        .node_unpublish_volume(unpublish.clone())
+        .await
+        .unwrap();
+    node_csi
+        .node()
+        .node_unpublish_volume(unpublish)
+        .await
+        .unwrap();
+    assert!(!target.exists());
+    let unpublish = ControllerUnpublishVolumeRequest {
+        volume_id: id.clone(),
+        node_id: "node-1".into(),
+        secrets: HashMap::new(),
+    };
+    csi.controller()
+        .controller_unpublish_volume(unpublish.clone())
+        .await
+        .unwrap();
+    csi.controller().delete_volume(del).await.unwrap();
+    // Unpublish of a deleted volume is still OK (it is not attached).
+    csi.controller()
+        .controller_unpublish_volume(unpublish)
+        .await
+        .unwrap();
+    assert!(controller.state().unwrap().volumes.is_empty());
+}
+
+#[tokio::test]
+async fn list_volumes_pages_survive_deletions_and_capacity_is_tracked() {
+    let env = Env::new();
+    let driver = env.start(&["--nodeid=node-a", "--capacity=10Gi"]).await;
+    let csi = driver.client().await.unwrap();
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        ids.push(create(&csi, &format!("pvc-{i}")).await.unwrap());
+    }
+    let capacity = csi
+        .controller()
+        .get_capacity(GetCapacityRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(capacity.available_capacity, 5 << 30);
+
+    let page = |token: String| ListVolumesRequest {
+        max_entries: 2,
+        starting_token: token,
+    };
+    let first = csi
+        .controller()
+        .list_volumes(page(String::new()))
+        .await
+        .unwrap()
+        .into_inner();
+    let got: Vec<String> = first
+        .entries
+        .iter()
+        .map(|e| e.volume.as_ref().unwrap().volume_id.clone())
+        .collect();
+    assert_eq!(got, ids[0..2]);
+    assert!(!first.next_token.is_empty());
+    // Deleting the listed volumes does not shift the next page.
+    for id in &ids[0..2] {
+        csi.controller()
+            .delete_volume(DeleteVolumeRequest {
+                volume_id: id.clone(),
+                secrets: HashMap::new(),
+            })
+            .await
+            .unwrap();
+    }
+    let second = csi
+        .controller()
+        .list_volumes(page(first.next_token))
+        .await
+        .unwrap()
+        .into_inner();
+    let got: Vec<String> = second
+        .entries
+        .iter()
+        .map(|e| e.volume.as_ref().unwrap().volume_id.clone())
+        .collect();
+    assert_eq!(got, ids[2..4]);
+
+    let err = csi
+        .controller()
+        .list_volumes(page("not-a-token".into()))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Aborted);
+
+    // 3 GiB used of 10: 8 GiB does not fit.
+    let mut big = create_req("pvc-big");
+    big.capacity_range = Some(csiops_proto::csi::v1::CapacityRange {
+        required_bytes: 8 << 30,
+        limit_bytes: 0,
+    });
+    let err = csi
+        .controller()
+        .create_volume(big.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    big.capacity_range.as_mut().unwrap().required_bytes = 11 << 30;
+    let err = csi.controller().create_volume(big).await.unwrap_err();
+    assert_eq!(err.code(), Code::OutOfRange, "{err:?}");
+}
+
+#[tokio::test]
+async fn sigterm_removes_the_socket_and_a_live_socket_is_not_stolen() {
+    let env = Env::new();
+    let mut driver = env.start(&["--nodeid=node-a"]).await;
+
+    // A second instance on the same, live socket refuses to start.
+    let second = std::process::Command::new(BIN)
+        .arg(format!("--endpoint=unix://{}", env.socket().display()))
+        .arg(format!("--state-dir={}", env.state_dir().display()))
+        .arg("--nodeid=node-b")
+        .output()
+        .unwrap();
+    assert!(!second.status.success());
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(stderr.contains("in use"), "{stderr}");
+
+    driver.stop(Duration::from_secs(5));
+    assert!(!env.socket().exists(), "socket removed on SIGTERM");
+    let log = driver.log();
+    assert!(log.contains("SIGTERM: stopping"), "{log}");
+    assert!(log.contains("stopped"), "{log}");
+}
+
+/// Runs upstream csi-sanity when `CSIOPS_CSI_SANITY` names its binary
+/// (`GOBIN=/tmp/sanity go install
+/// github.com/kubernetes-csi/csi-test/v5/cmd/csi-sanity@v5.6.0`).
+#[tokio::test]
+async fn csi_sanity_passes() {
+    let Some(sanity) = std::env::var_os("CSIOPS_CSI_SANITY").filter(|s| !s.is_empty()) else {
+        eprintln!("CSIOPS_CSI_SANITY not set: skipping csi-sanity");
+        return;
+    };
+    let env = Env::new();
+    let driver = env
+        .start(&[
+            "--nodeid=node-a",
+            "--enable-attach",
+            "--max-volumes-per-node=3",
+        ])
+        .await;
+    let params = env.dir.path().join("params.yaml");
+    std::fs::write(&params, "type: fast\n").unwrap();
+    let state = env.state_dir();
+    let out = std::process::Command::new(sanity)
+        .arg(format!("--csi.endpoint={}", env.socket().display()))
+        .arg(format!("--csi.testvolumeparameters={}", params.display()))
+        .arg("--csi.testnodevolumeattachlimit")
+        // Target paths inside the state dir are really created and removed.
+        .arg(format!("--csi.mountdir={}", state.join("mnt").display()))
+        .arg(format!(
+            "--csi.stagingdir={}",
+            state.join("stage").display()
+        ))
+        .arg("--ginkgo.no-color")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("0 Failed"), "{stdout}");
+    assert!(
+        driver.state().unwrap().volumes.is_empty(),
+        "csi-sanity cleans up"
+    );
+}
