@@ -36,7 +36,9 @@ lint: toolchain
 
 ## Every test: lint, unit and golden tests, then the e2e suite on a real local control plane.
 test: toolchain lint cluster-bins build
-	CSIOPS_BIN_DIR="$$(e2e/cluster-bins/build.sh)" $(CARGO) test --workspace
+	CSIOPS_BIN_DIR="$$(e2e/cluster-bins/build.sh)" \
+	CSIOPS_CSI_SANITY="$$(e2e/cluster-bins/csi-sanity.sh)" \
+	$(CARGO) test --workspace
 
 ## Unit tests only (no control plane).
 unit:
