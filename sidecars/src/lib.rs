@@ -4,6 +4,7 @@
 
 pub mod common;
 pub mod liveness;
+pub mod provisioner;
 pub mod registrar;
 
 use std::net::SocketAddr;

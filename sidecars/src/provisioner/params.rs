@@ -1,0 +1,997 @@
+//! StorageClass parameters: what goes to CreateVolume, which secrets are
+//! referenced for which operation, and the filesystem type.
+//!
+//! - Keys with the reserved prefix `csi.storage.k8s.io/` are the
+//!   provisioner's own and are stripped from `CreateVolumeRequest.parameters`;
+//!   an unknown key with that prefix is an error (upstream: "found unknown
+//!   parameter key ... with reserved namespace"), so a misspelt secret key
+//!   fails loudly instead of provisioning without credentials.
+//! - The deprecated secret keys of the CSI design doc (`csiProvisionerSecretName`,
+//!   `csiProvisionerSecretNamespace`, `csiControllerPublishSecret*`,
+//!   `csiNodeStageSecret*`, `csiNodePublishSecret*`) and the deprecated
+//!   `fsType` are honoured but, as upstream, still passed through to the
+//!   driver ("Deprecated parameters prefixed with "csi" are not stripped to
+//!   preserve backwards compatibility").
+//! - Secret names and namespaces may be templates; see [`secret_ref`].
+//! - `--extra-create-metadata` adds `csi.storage.k8s.io/pvc/name`,
+//!   `/pvc/namespace` and `/pv/name` after stripping, so a StorageClass cannot
+//!   forge them.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+use k8s_openapi::api::core::v1::SecretReference;
+
+use super::naming::{is_dns1123_label, is_dns1123_subdomain};
+
+/// Prefix of the parameters the provisioner keeps to itself.
+pub const PARAMETER_PREFIX: &str = "csi.storage.k8s.io/";
+/// Filesystem type of the volume.
+pub const FS_TYPE_KEY: &str = "csi.storage.k8s.io/fstype";
+/// Deprecated filesystem type key (matched case-insensitively, as upstream).
+pub const DEPRECATED_FS_TYPE_KEY: &str = "fsType";
+/// Secret used for every operation that has no secret keys of its own.
+pub const DEFAULT_SECRET_NAME_KEY: &str = "csi.storage.k8s.io/secret-name";
+pub const DEFAULT_SECRET_NAMESPACE_KEY: &str = "csi.storage.k8s.io/secret-namespace";
+/// `--extra-create-metadata` parameters.
+pub const PVC_NAME_KEY: &str = "csi.storage.k8s.io/pvc/name";
+pub const PVC_NAMESPACE_KEY: &str = "csi.storage.k8s.io/pvc/namespace";
+pub const PV_NAME_KEY: &str = "csi.storage.k8s.io/pv/name";
+
+/// The operation a secret is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SecretKind {
+    /// CreateVolume / DeleteVolume (fetched by the provisioner itself).
+    Provisioner,
+    /// ControllerPublish / ControllerUnpublish (`PV.spec.csi.controllerPublishSecretRef`).
+    ControllerPublish,
+    /// NodeStage / NodeUnstage (`nodeStageSecretRef`).
+    NodeStage,
+    /// NodePublish / NodeUnpublish (`nodePublishSecretRef`).
+    NodePublish,
+    /// ControllerExpandVolume (`controllerExpandSecretRef`).
+    ControllerExpand,
+    /// NodeExpandVolume (`nodeExpandSecretRef`).
+    NodeExpand,
+}
+
+impl SecretKind {
+    pub const ALL: [SecretKind; 6] = [
+        SecretKind::Provisioner,
+        SecretKind::ControllerPublish,
+        SecretKind::NodeStage,
+        SecretKind::NodePublish,
+        SecretKind::ControllerExpand,
+        SecretKind::NodeExpand,
+    ];
+
+    /// `(name key, namespace key)` with the reserved prefix.
+    pub fn keys(self) -> (&'static str, &'static str) {
+        match self {
+            SecretKind::Provisioner => (
+                "csi.storage.k8s.io/provisioner-secret-name",
+                "csi.storage.k8s.io/provisioner-secret-namespace",
+            ),
+            SecretKind::ControllerPublish => (
+                "csi.storage.k8s.io/controller-publish-secret-name",
+                "csi.storage.k8s.io/controller-publish-secret-namespace",
+            ),
+            SecretKind::NodeStage => (
+                "csi.storage.k8s.io/node-stage-secret-name",
+                "csi.storage.k8s.io/node-stage-secret-namespace",
+            ),
+            SecretKind::NodePublish => (
+                "csi.storage.k8s.io/node-publish-secret-name",
+                "csi.storage.k8s.io/node-publish-secret-namespace",
+            ),
+            SecretKind::ControllerExpand => (
+                "csi.storage.k8s.io/controller-expand-secret-name",
+                "csi.storage.k8s.io/controller-expand-secret-namespace",
+            ),
+            SecretKind::NodeExpand => (
+                "csi.storage.k8s.io/node-expand-secret-name",
+                "csi.storage.k8s.io/node-expand-secret-namespace",
+            ),
+        }
+    }
+
+    /// The deprecated `(name key, namespace key)`, where one exists.
+    pub fn deprecated_keys(self) -> Option<(&'static str, &'static str)> {
+        match self {
+            SecretKind::Provisioner => {
+                Some(("csiProvisionerSecretName", "csiProvisionerSecretNamespace"))
+            }
+            SecretKind::ControllerPublish => Some((
+                "csiControllerPublishSecretName",
+                "csiControllerPublishSecretNamespace",
+            )),
+            SecretKind::NodeStage => {
+                Some(("csiNodeStageSecretName", "csiNodeStageSecretNamespace"))
+            }
+            SecretKind::NodePublish => {
+                Some(("csiNodePublishSecretName", "csiNodePublishSecretNamespace"))
+            }
+            SecretKind::ControllerExpand | SecretKind::NodeExpand => None,
+        }
+    }
+
+    /// Whether the name template may use `${pvc.annotations['KEY']}`. The
+    /// provisioner secret may not: upstream resolves it against a claim that
+    /// carries only name and namespace (the same at deletion, from claimRef).
+    pub fn allows_annotations(self) -> bool {
+        self != SecretKind::Provisioner
+    }
+}
+
+impl fmt::Display for SecretKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SecretKind::Provisioner => "Provisioner",
+            SecretKind::ControllerPublish => "ControllerPublish",
+            SecretKind::NodeStage => "NodeStage",
+            SecretKind::NodePublish => "NodePublish",
+            SecretKind::ControllerExpand => "ControllerExpand",
+            SecretKind::NodeExpand => "NodeExpand",
+        })
+    }
+}
+
+/// A resolved secret reference (the Secret may or may not exist).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecretRef {
+    pub name: String,
+    pub namespace: String,
+}
+
+impl From<&SecretRef> for SecretReference {
+    fn from(r: &SecretRef) -> Self {
+        SecretReference {
+            name: Some(r.name.clone()),
+            namespace: Some(r.namespace.clone()),
+        }
+    }
+}
+
+/// What templates are resolved against.
+#[derive(Debug, Clone, Copy)]
+pub struct TemplateContext<'a> {
+    pub pv_name: &'a str,
+    pub pvc_name: &'a str,
+    pub pvc_namespace: &'a str,
+    /// The claim's annotations (`None` at deletion, where only claimRef is known).
+    pub pvc_annotations: Option<&'a BTreeMap<String, String>>,
+}
+
+/// Why the parameters cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParamsError {
+    #[error("found unknown parameter key {0:?} with reserved prefix {PARAMETER_PREFIX:?}")]
+    UnknownReservedKey(String),
+    #[error("fstype specified in parameters more than once: {0:?}")]
+    FsTypeConflict(Vec<String>),
+    #[error(
+        "{secret} secret specified with both the deprecated {deprecated:?} and the {key:?} key"
+    )]
+    SecretConflict {
+        secret: SecretKind,
+        deprecated: &'static str,
+        key: &'static str,
+    },
+    #[error("{secret} secret: {present:?} is set but {missing:?} is not; both must be specified")]
+    SecretIncomplete {
+        secret: SecretKind,
+        present: &'static str,
+        missing: &'static str,
+    },
+    #[error("{secret} secret: parameter {key:?} is empty")]
+    SecretEmpty {
+        secret: SecretKind,
+        key: &'static str,
+    },
+    #[error("parameter {key:?}: malformed template {template:?} (a `$` must start `${{token}}`)")]
+    TemplateSyntax { key: &'static str, template: String },
+    #[error("parameter {key:?}: unknown token ${{{token}}} in {template:?}")]
+    UnknownToken {
+        key: &'static str,
+        token: String,
+        template: String,
+    },
+    #[error("parameter {key:?}: token ${{{token}}} is not allowed here (allowed: {allowed})")]
+    TokenNotAllowed {
+        key: &'static str,
+        token: String,
+        allowed: &'static str,
+    },
+    #[error(
+        "parameter {key:?}: the claim has no annotation {annotation:?} (template {template:?})"
+    )]
+    MissingAnnotation {
+        key: &'static str,
+        annotation: String,
+        template: String,
+    },
+    #[error("parameter {key:?}: {template:?} resolved to {resolved:?}, which is not a valid secret name")]
+    InvalidSecretName {
+        key: &'static str,
+        template: String,
+        resolved: String,
+    },
+    #[error("parameter {key:?}: {template:?} resolved to {resolved:?}, which is not a valid namespace name")]
+    InvalidSecretNamespace {
+        key: &'static str,
+        template: String,
+        resolved: String,
+    },
+}
+
+/// Every reserved key a StorageClass may carry.
+fn is_known_reserved(key: &str) -> bool {
+    key == FS_TYPE_KEY
+        || key == DEFAULT_SECRET_NAME_KEY
+        || key == DEFAULT_SECRET_NAMESPACE_KEY
+        || SecretKind::ALL.iter().any(|k| {
+            let (n, ns) = k.keys();
+            key == n || key == ns
+        })
+}
+
+/// `--extra-create-metadata` values.
+#[derive(Debug, Clone, Copy)]
+pub struct ExtraCreateMetadata<'a> {
+    pub pvc_name: &'a str,
+    pub pvc_namespace: &'a str,
+    pub pv_name: &'a str,
+}
+
+/// `CreateVolumeRequest.parameters`: the class's parameters without the
+/// reserved keys, plus the extra metadata when enabled.
+pub fn create_volume_parameters(
+    class_params: &BTreeMap<String, String>,
+    extra: Option<&ExtraCreateMetadata<'_>>,
+) -> Result<HashMap<String, String>, ParamsError> {
+    let mut out = HashMap::with_capacity(class_params.len() + 3);
+    for (k, v) in class_params {
+        if k.starts_with(PARAMETER_PREFIX) {
+            if !is_known_reserved(k) {
+                return Err(ParamsError::UnknownReservedKey(k.clone()));
+            }
+        } else {
+            out.insert(k.clone(), v.clone());
+        }
+    }
+    if let Some(m) = extra {
+        out.insert(PVC_NAME_KEY.into(), m.pvc_name.into());
+        out.insert(PVC_NAMESPACE_KEY.into(), m.pvc_namespace.into());
+        out.insert(PV_NAME_KEY.into(), m.pv_name.into());
+    }
+    Ok(out)
+}
+
+/// The filesystem type: `csi.storage.k8s.io/fstype`, or the deprecated
+/// `fsType` (any case), else `default` (`--default-fstype`). Both keys at once
+/// is an error. `None` means "let the driver choose".
+pub fn fs_type(
+    class_params: &BTreeMap<String, String>,
+    default: Option<&str>,
+) -> Result<Option<String>, ParamsError> {
+    let found: Vec<(&String, &String)> = class_params
+        .iter()
+        .filter(|(k, _)| *k == FS_TYPE_KEY || k.eq_ignore_ascii_case("fstype"))
+        .collect();
+    if found.len() > 1 {
+        return Err(ParamsError::FsTypeConflict(
+            found.into_iter().map(|(k, _)| k.clone()).collect(),
+        ));
+    }
+    let value = found
+        .first()
+        .map(|(_, v)| v.as_str())
+        .filter(|v| !v.is_empty())
+        .or(default);
+    Ok(value.filter(|v| !v.is_empty()).map(str::to_string))
+}
+
+/// The name and namespace templates of one key pair, if set.
+fn templates<'p>(
+    secret: SecretKind,
+    params: &'p BTreeMap<String, String>,
+    pairs: &[(&'static str, &'static str)],
+) -> Result<Option<(Field<'p>, Field<'p>)>, ParamsError> {
+    let pick = |which: fn(&(&'static str, &'static str)) -> &'static str| {
+        let mut hit: Option<Field<'p>> = None;
+        for pair in pairs {
+            let key = which(pair);
+            if let Some(v) = params.get(key) {
+                if let Some(prev) = hit {
+                    return Err(ParamsError::SecretConflict {
+                        secret,
+                        deprecated: prev.key,
+                        key,
+                    });
+                }
+                hit = Some(Field { key, template: v });
+            }
+        }
+        Ok(hit)
+    };
+    let name = pick(|p| p.0)?;
+    let namespace = pick(|p| p.1)?;
+    match (name, namespace) {
+        (None, None) => Ok(None),
+        (Some(n), None) => Err(ParamsError::SecretIncomplete {
+            secret,
+            present: n.key,
+            missing: pairs.last().map_or("", |p| p.1),
+        }),
+        (None, Some(ns)) => Err(ParamsError::SecretIncomplete {
+            secret,
+            present: ns.key,
+            missing: pairs.last().map_or("", |p| p.0),
+        }),
+        (Some(n), Some(ns)) => {
+            for f in [n, ns] {
+                if f.template.is_empty() {
+                    return Err(ParamsError::SecretEmpty { secret, key: f.key });
+                }
+            }
+            Ok(Some((n, ns)))
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Field<'p> {
+    key: &'static str,
+    template: &'p str,
+}
+
+/// The secret for `kind`, resolved from the class parameters, or `None` when
+/// the class names none (neither the operation's keys nor the default
+/// `csi.storage.k8s.io/secret-name`/`-namespace`).
+///
+/// Templates (upstream's tokens; anything else is an error):
+///
+/// | field     | `${pv.name}` | `${pvc.namespace}` | `${pvc.name}` | `${pvc.annotations['KEY']}` |
+/// |-----------|:---:|:---:|:---:|:---:|
+/// | namespace | yes | yes | no  | no |
+/// | name      | yes | yes | yes | all but the provisioner secret |
+///
+/// The namespace never depends on what the claim's owner controls (its name
+/// or annotations); the resolved namespace must be a DNS-1123 label and the
+/// name a DNS-1123 subdomain.
+pub fn secret_ref(
+    kind: SecretKind,
+    class_params: &BTreeMap<String, String>,
+    ctx: &TemplateContext<'_>,
+) -> Result<Option<SecretRef>, ParamsError> {
+    let mut pairs = Vec::with_capacity(2);
+    if let Some(d) = kind.deprecated_keys() {
+        pairs.push(d);
+    }
+    pairs.push(kind.keys());
+    let found = match templates(kind, class_params, &pairs)? {
+        Some(t) => Some(t),
+        None => templates(
+            kind,
+            class_params,
+            &[(DEFAULT_SECRET_NAME_KEY, DEFAULT_SECRET_NAMESPACE_KEY)],
+        )?,
+    };
+    let Some((name, namespace)) = found else {
+        return Ok(None);
+    };
+
+    let resolved_ns = resolve(namespace, false, false, ctx)?;
+    if !is_dns1123_label(&resolved_ns) {
+        return Err(ParamsError::InvalidSecretNamespace {
+            key: namespace.key,
+            template: namespace.template.to_string(),
+            resolved: resolved_ns,
+        });
+    }
+    let resolved_name = resolve(name, true, kind.allows_annotations(), ctx)?;
+    if !is_dns1123_subdomain(&resolved_name) {
+        return Err(ParamsError::InvalidSecretName {
+            key: name.key,
+            template: name.template.to_string(),
+            resolved: resolved_name,
+        });
+    }
+    Ok(Some(SecretRef {
+        name: resolved_name,
+        namespace: resolved_ns,
+    }))
+}
+
+/// The secret references a provisioned PV carries.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PvSecretRefs {
+    pub controller_publish: Option<SecretRef>,
+    pub node_stage: Option<SecretRef>,
+    pub node_publish: Option<SecretRef>,
+    pub controller_expand: Option<SecretRef>,
+    pub node_expand: Option<SecretRef>,
+}
+
+/// All five PV secret references (every one but the provisioner's).
+pub fn pv_secret_refs(
+    class_params: &BTreeMap<String, String>,
+    ctx: &TemplateContext<'_>,
+) -> Result<PvSecretRefs, ParamsError> {
+    Ok(PvSecretRefs {
+        controller_publish: secret_ref(SecretKind::ControllerPublish, class_params, ctx)?,
+        node_stage: secret_ref(SecretKind::NodeStage, class_params, ctx)?,
+        node_publish: secret_ref(SecretKind::NodePublish, class_params, ctx)?,
+        controller_expand: secret_ref(SecretKind::ControllerExpand, class_params, ctx)?,
+        node_expand: secret_ref(SecretKind::NodeExpand, class_params, ctx)?,
+    })
+}
+
+const ANNOTATION_OPEN: &str = "pvc.annotations['";
+const ANNOTATION_CLOSE: &str = "']";
+
+fn resolve(
+    field: Field<'_>,
+    is_name: bool,
+    annotations_allowed: bool,
+    ctx: &TemplateContext<'_>,
+) -> Result<String, ParamsError> {
+    let allowed = match (is_name, annotations_allowed) {
+        (false, _) => "${pv.name}, ${pvc.namespace}",
+        (true, false) => "${pv.name}, ${pvc.namespace}, ${pvc.name}",
+        (true, true) => "${pv.name}, ${pvc.namespace}, ${pvc.name}, ${pvc.annotations['KEY']}",
+    };
+    let template = field.template;
+    let syntax = || ParamsError::TemplateSyntax {
+        key: field.key,
+        template: template.to_string(),
+    };
+    let mut out = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(dollar) = rest.find('$') {
+        out.push_str(&rest[..dollar]);
+        let after = rest[dollar + 1..].strip_prefix('{').ok_or_else(syntax)?;
+        let close = after.find('}').ok_or_else(syntax)?;
+        let token = &after[..close];
+        if token.is_empty() {
+            return Err(syntax());
+        }
+        let not_allowed = || ParamsError::TokenNotAllowed {
+            key: field.key,
+            token: token.to_string(),
+            allowed,
+        };
+        let value: &str = match token {
+            "pv.name" => ctx.pv_name,
+            "pvc.namespace" => ctx.pvc_namespace,
+            "pvc.name" if is_name => ctx.pvc_name,
+            "pvc.name" => return Err(not_allowed()),
+            t if t.starts_with(ANNOTATION_OPEN)
+                && t.ends_with(ANNOTATION_CLOSE)
+                && t.len() > ANNOTATION_OPEN.len() + ANNOTATION_CLOSE.len() =>
+            {
+                if !(is_name && annotations_allowed) {
+                    return Err(not_allowed());
+                }
+                let key = &t[ANNOTATION_OPEN.len()..t.len() - ANNOTATION_CLOSE.len()];
+                match ctx.pvc_annotations.and_then(|a| a.get(key)) {
+                    Some(v) => v,
+                    None => {
+                        return Err(ParamsError::MissingAnnotation {
+                            key: field.key,
+                            annotation: key.to_string(),
+                            template: template.to_string(),
+                        })
+                    }
+                }
+            }
+            t => {
+                return Err(ParamsError::UnknownToken {
+                    key: field.key,
+                    token: t.to_string(),
+                    template: template.to_string(),
+                })
+            }
+        };
+        out.push_str(value);
+        rest = &after[close + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn ctx(annotations: Option<&BTreeMap<String, String>>) -> TemplateContext<'_> {
+        TemplateContext {
+            pv_name: "pvc-1234",
+            pvc_name: "data-web-0",
+            pvc_namespace: "team-a",
+            pvc_annotations: annotations,
+        }
+    }
+
+    fn sref(name: &str, namespace: &str) -> SecretRef {
+        SecretRef {
+            name: name.into(),
+            namespace: namespace.into(),
+        }
+    }
+
+    #[test]
+    fn create_volume_parameters_strip_reserved_keys() {
+        let extra = ExtraCreateMetadata {
+            pvc_name: "data-web-0",
+            pvc_namespace: "team-a",
+            pv_name: "pvc-1234",
+        };
+        type Case<'a> = (
+            &'a str,
+            Vec<(&'a str, &'a str)>,
+            bool,
+            Result<Vec<(&'a str, &'a str)>, ParamsError>,
+        );
+        let cases: Vec<Case> = vec![
+            ("empty", vec![], false, Ok(vec![])),
+            (
+                // design.md: "StorageClass parameters with the
+                // `csi.storage.k8s.io/` prefixed keys stripped".
+                "reserved keys stripped, others passed",
+                vec![
+                    ("type", "ssd"),
+                    (FS_TYPE_KEY, "xfs"),
+                    ("csi.storage.k8s.io/provisioner-secret-name", "s"),
+                    ("csi.storage.k8s.io/provisioner-secret-namespace", "ns"),
+                    ("csi.storage.k8s.io/node-expand-secret-name", "s"),
+                    ("csi.storage.k8s.io/node-expand-secret-namespace", "ns"),
+                    (DEFAULT_SECRET_NAME_KEY, "s"),
+                    (DEFAULT_SECRET_NAMESPACE_KEY, "ns"),
+                ],
+                false,
+                Ok(vec![("type", "ssd")]),
+            ),
+            (
+                // Upstream keeps the deprecated keys for backwards compatibility.
+                "deprecated keys are passed through",
+                vec![
+                    ("csiProvisionerSecretName", "s"),
+                    ("csiProvisionerSecretNamespace", "ns"),
+                    ("fsType", "ext4"),
+                ],
+                false,
+                Ok(vec![
+                    ("csiProvisionerSecretName", "s"),
+                    ("csiProvisionerSecretNamespace", "ns"),
+                    ("fsType", "ext4"),
+                ]),
+            ),
+            (
+                "unknown reserved key is an error",
+                vec![
+                    ("type", "ssd"),
+                    ("csi.storage.k8s.io/provisoner-secret-name", "s"),
+                ],
+                false,
+                Err(ParamsError::UnknownReservedKey(
+                    "csi.storage.k8s.io/provisoner-secret-name".into(),
+                )),
+            ),
+            (
+                "a class cannot forge the extra metadata",
+                vec![(PVC_NAME_KEY, "forged")],
+                true,
+                Err(ParamsError::UnknownReservedKey(PVC_NAME_KEY.into())),
+            ),
+            (
+                // README: "--extra-create-metadata: Enables the injection of
+                // extra PVC and PV metadata as parameters when calling
+                // `CreateVolume` on the driver (keys: "csi.storage.k8s.io/pvc/name",
+                // "csi.storage.k8s.io/pvc/namespace", "csi.storage.k8s.io/pv/name")"
+                "extra metadata",
+                vec![("type", "ssd"), (FS_TYPE_KEY, "xfs")],
+                true,
+                Ok(vec![
+                    ("type", "ssd"),
+                    (PVC_NAME_KEY, "data-web-0"),
+                    (PVC_NAMESPACE_KEY, "team-a"),
+                    (PV_NAME_KEY, "pvc-1234"),
+                ]),
+            ),
+        ];
+        for (name, input, with_extra, want) in cases {
+            let got = create_volume_parameters(&params(&input), with_extra.then_some(&extra));
+            let want = want.map(|w| {
+                w.iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect::<HashMap<_, _>>()
+            });
+            assert_eq!(got, want, "{name}");
+        }
+    }
+
+    #[test]
+    fn fs_types() {
+        type Case<'a> = (
+            &'a str,
+            &'a [(&'a str, &'a str)],
+            Option<&'a str>,
+            Result<Option<&'a str>, ParamsError>,
+        );
+        let cases: &[Case] = &[
+            ("none", &[], None, Ok(None)),
+            ("default flag", &[], Some("ext4"), Ok(Some("ext4"))),
+            (
+                "prefixed",
+                &[(FS_TYPE_KEY, "xfs")],
+                Some("ext4"),
+                Ok(Some("xfs")),
+            ),
+            ("deprecated", &[("fsType", "xfs")], None, Ok(Some("xfs"))),
+            (
+                "deprecated any case",
+                &[("FSTYPE", "xfs")],
+                None,
+                Ok(Some("xfs")),
+            ),
+            (
+                "empty value falls back",
+                &[(FS_TYPE_KEY, "")],
+                Some("ext4"),
+                Ok(Some("ext4")),
+            ),
+            ("empty everywhere", &[(FS_TYPE_KEY, "")], Some(""), Ok(None)),
+            (
+                "both keys",
+                &[(FS_TYPE_KEY, "xfs"), ("fsType", "ext4")],
+                None,
+                Err(ParamsError::FsTypeConflict(vec![
+                    FS_TYPE_KEY.into(),
+                    "fsType".into(),
+                ])),
+            ),
+            (
+                "two deprecated spellings",
+                &[("fstype", "xfs"), ("fsType", "ext4")],
+                None,
+                Err(ParamsError::FsTypeConflict(vec![
+                    "fsType".into(),
+                    "fstype".into(),
+                ])),
+            ),
+        ];
+        for (name, input, default, want) in cases {
+            let got = fs_type(&params(input), *default);
+            assert_eq!(got, want.clone().map(|o| o.map(str::to_string)), "{name}");
+        }
+    }
+
+    #[test]
+    fn secret_references() {
+        let annotations = BTreeMap::from([(
+            "example.com/secret".to_string(),
+            "from-annotation".to_string(),
+        )]);
+        let prov = SecretKind::Provisioner.keys();
+        let stage = SecretKind::NodeStage.keys();
+        let expand = SecretKind::ControllerExpand.keys();
+        type Case<'a> = (
+            &'a str,
+            SecretKind,
+            Vec<(&'a str, &'a str)>,
+            Result<Option<SecretRef>, ParamsError>,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "nothing",
+                SecretKind::Provisioner,
+                vec![("type", "x")],
+                Ok(None),
+            ),
+            (
+                "literal",
+                SecretKind::Provisioner,
+                vec![(prov.0, "creds"), (prov.1, "kube-system")],
+                Ok(Some(sref("creds", "kube-system"))),
+            ),
+            (
+                // CSI design doc: "The CSI external-provisioner will reserve
+                // the parameter keys `csiProvisionerSecretName` and
+                // `csiProvisionerSecretNamespace`."
+                "deprecated keys",
+                SecretKind::Provisioner,
+                vec![
+                    ("csiProvisionerSecretName", "mysecret"),
+                    ("csiProvisionerSecretNamespace", "mynamespace"),
+                ],
+                Ok(Some(sref("mysecret", "mynamespace"))),
+            ),
+            (
+                "deprecated name with new namespace",
+                SecretKind::NodePublish,
+                vec![
+                    ("csiNodePublishSecretName", "s"),
+                    (SecretKind::NodePublish.keys().1, "ns"),
+                ],
+                Ok(Some(sref("s", "ns"))),
+            ),
+            (
+                "both deprecated and new name",
+                SecretKind::Provisioner,
+                vec![
+                    ("csiProvisionerSecretName", "a"),
+                    (prov.0, "b"),
+                    (prov.1, "ns"),
+                ],
+                Err(ParamsError::SecretConflict {
+                    secret: SecretKind::Provisioner,
+                    deprecated: "csiProvisionerSecretName",
+                    key: prov.0,
+                }),
+            ),
+            (
+                "name without namespace",
+                SecretKind::NodeStage,
+                vec![(stage.0, "s")],
+                Err(ParamsError::SecretIncomplete {
+                    secret: SecretKind::NodeStage,
+                    present: stage.0,
+                    missing: stage.1,
+                }),
+            ),
+            (
+                "namespace without name",
+                SecretKind::ControllerExpand,
+                vec![(expand.1, "ns")],
+                Err(ParamsError::SecretIncomplete {
+                    secret: SecretKind::ControllerExpand,
+                    present: expand.1,
+                    missing: expand.0,
+                }),
+            ),
+            (
+                "empty value",
+                SecretKind::Provisioner,
+                vec![(prov.0, ""), (prov.1, "ns")],
+                Err(ParamsError::SecretEmpty {
+                    secret: SecretKind::Provisioner,
+                    key: prov.0,
+                }),
+            ),
+            (
+                "default secret applies when the operation has none",
+                SecretKind::ControllerPublish,
+                vec![
+                    (DEFAULT_SECRET_NAME_KEY, "all"),
+                    (DEFAULT_SECRET_NAMESPACE_KEY, "ns"),
+                ],
+                Ok(Some(sref("all", "ns"))),
+            ),
+            (
+                "operation's own keys win over the default",
+                SecretKind::NodeStage,
+                vec![
+                    (DEFAULT_SECRET_NAME_KEY, "all"),
+                    (DEFAULT_SECRET_NAMESPACE_KEY, "ns"),
+                    (stage.0, "stage"),
+                    (stage.1, "ns2"),
+                ],
+                Ok(Some(sref("stage", "ns2"))),
+            ),
+            (
+                "incomplete default",
+                SecretKind::NodeExpand,
+                vec![(DEFAULT_SECRET_NAME_KEY, "all")],
+                Err(ParamsError::SecretIncomplete {
+                    secret: SecretKind::NodeExpand,
+                    present: DEFAULT_SECRET_NAME_KEY,
+                    missing: DEFAULT_SECRET_NAMESPACE_KEY,
+                }),
+            ),
+            (
+                "templates in name and namespace",
+                SecretKind::Provisioner,
+                vec![
+                    (prov.0, "${pvc.name}-${pv.name}"),
+                    (prov.1, "${pvc.namespace}"),
+                ],
+                Ok(Some(sref("data-web-0-pvc-1234", "team-a"))),
+            ),
+            (
+                "pv name as namespace",
+                SecretKind::NodePublish,
+                vec![
+                    (SecretKind::NodePublish.keys().0, "s"),
+                    (SecretKind::NodePublish.keys().1, "${pv.name}"),
+                ],
+                Ok(Some(sref("s", "pvc-1234"))),
+            ),
+            (
+                "annotation in a node secret name",
+                SecretKind::NodeStage,
+                vec![
+                    (stage.0, "${pvc.annotations['example.com/secret']}"),
+                    (stage.1, "${pvc.namespace}"),
+                ],
+                Ok(Some(sref("from-annotation", "team-a"))),
+            ),
+            (
+                "annotation not allowed for the provisioner secret",
+                SecretKind::Provisioner,
+                vec![
+                    (prov.0, "${pvc.annotations['example.com/secret']}"),
+                    (prov.1, "ns"),
+                ],
+                Err(ParamsError::TokenNotAllowed {
+                    key: prov.0,
+                    token: "pvc.annotations['example.com/secret']".into(),
+                    allowed: "${pv.name}, ${pvc.namespace}, ${pvc.name}",
+                }),
+            ),
+            (
+                "claim name not allowed in a namespace",
+                SecretKind::NodeStage,
+                vec![(stage.0, "s"), (stage.1, "${pvc.name}")],
+                Err(ParamsError::TokenNotAllowed {
+                    key: stage.1,
+                    token: "pvc.name".into(),
+                    allowed: "${pv.name}, ${pvc.namespace}",
+                }),
+            ),
+            (
+                "annotation not allowed in a namespace",
+                SecretKind::NodeStage,
+                vec![
+                    (stage.0, "s"),
+                    (stage.1, "${pvc.annotations['example.com/secret']}"),
+                ],
+                Err(ParamsError::TokenNotAllowed {
+                    key: stage.1,
+                    token: "pvc.annotations['example.com/secret']".into(),
+                    allowed: "${pv.name}, ${pvc.namespace}",
+                }),
+            ),
+            (
+                "unknown token",
+                SecretKind::NodeStage,
+                vec![(stage.0, "${pvc.uid}"), (stage.1, "ns")],
+                Err(ParamsError::UnknownToken {
+                    key: stage.0,
+                    token: "pvc.uid".into(),
+                    template: "${pvc.uid}".into(),
+                }),
+            ),
+            (
+                "missing annotation",
+                SecretKind::NodeStage,
+                vec![(stage.0, "${pvc.annotations['other']}"), (stage.1, "ns")],
+                Err(ParamsError::MissingAnnotation {
+                    key: stage.0,
+                    annotation: "other".into(),
+                    template: "${pvc.annotations['other']}".into(),
+                }),
+            ),
+            (
+                "bare dollar",
+                SecretKind::NodeStage,
+                vec![(stage.0, "$pv"), (stage.1, "ns")],
+                Err(ParamsError::TemplateSyntax {
+                    key: stage.0,
+                    template: "$pv".into(),
+                }),
+            ),
+            (
+                "unterminated token",
+                SecretKind::NodeStage,
+                vec![(stage.0, "${pv.name"), (stage.1, "ns")],
+                Err(ParamsError::TemplateSyntax {
+                    key: stage.0,
+                    template: "${pv.name".into(),
+                }),
+            ),
+            (
+                "empty token",
+                SecretKind::NodeStage,
+                vec![(stage.0, "a${}"), (stage.1, "ns")],
+                Err(ParamsError::TemplateSyntax {
+                    key: stage.0,
+                    template: "a${}".into(),
+                }),
+            ),
+            (
+                "invalid resolved name",
+                SecretKind::Provisioner,
+                vec![(prov.0, "My_Secret"), (prov.1, "ns")],
+                Err(ParamsError::InvalidSecretName {
+                    key: prov.0,
+                    template: "My_Secret".into(),
+                    resolved: "My_Secret".into(),
+                }),
+            ),
+            (
+                "namespace must be a label",
+                SecretKind::Provisioner,
+                vec![(prov.0, "s"), (prov.1, "a.b")],
+                Err(ParamsError::InvalidSecretNamespace {
+                    key: prov.1,
+                    template: "a.b".into(),
+                    resolved: "a.b".into(),
+                }),
+            ),
+        ];
+        for (name, kind, input, want) in cases {
+            let got = secret_ref(kind, &params(&input), &ctx(Some(&annotations)));
+            assert_eq!(got, want, "{name}");
+        }
+    }
+
+    #[test]
+    fn annotation_with_bad_value_is_an_invalid_name() {
+        let stage = SecretKind::NodeStage.keys();
+        let annotations = BTreeMap::from([("k".to_string(), "Not Valid".to_string())]);
+        let got = secret_ref(
+            SecretKind::NodeStage,
+            &params(&[(stage.0, "${pvc.annotations['k']}"), (stage.1, "ns")]),
+            &ctx(Some(&annotations)),
+        );
+        assert_eq!(
+            got,
+            Err(ParamsError::InvalidSecretName {
+                key: stage.0,
+                template: "${pvc.annotations['k']}".into(),
+                resolved: "Not Valid".into(),
+            })
+        );
+        // At deletion there are no annotations to resolve against.
+        let got = secret_ref(
+            SecretKind::NodeStage,
+            &params(&[(stage.0, "${pvc.annotations['k']}"), (stage.1, "ns")]),
+            &ctx(None),
+        );
+        assert!(matches!(got, Err(ParamsError::MissingAnnotation { .. })));
+    }
+
+    #[test]
+    fn pv_secrets_cover_every_operation_but_the_provisioner() {
+        let mut input = vec![];
+        for kind in SecretKind::ALL {
+            let (n, ns) = kind.keys();
+            input.push((
+                n.to_string(),
+                format!("{}-secret", kind.to_string().to_lowercase()),
+            ));
+            input.push((ns.to_string(), "ns".to_string()));
+        }
+        let p: BTreeMap<String, String> = input.into_iter().collect();
+        let refs = pv_secret_refs(&p, &ctx(None)).expect("valid");
+        assert_eq!(
+            refs,
+            PvSecretRefs {
+                controller_publish: Some(sref("controllerpublish-secret", "ns")),
+                node_stage: Some(sref("nodestage-secret", "ns")),
+                node_publish: Some(sref("nodepublish-secret", "ns")),
+                controller_expand: Some(sref("controllerexpand-secret", "ns")),
+                node_expand: Some(sref("nodeexpand-secret", "ns")),
+            }
+        );
+        assert_eq!(
+            secret_ref(SecretKind::Provisioner, &p, &ctx(None)),
+            Ok(Some(sref("provisioner-secret", "ns")))
+        );
+        assert_eq!(
+            SecretReference::from(&sref("a", "b")),
+            SecretReference {
+                name: Some("a".into()),
+                namespace: Some("b".into())
+            }
+        );
+    }
+}

@@ -1,0 +1,533 @@
+//! The two pure halves of one provisioning, around the CreateVolume call:
+//!
+//! 1. [`prepare`]: claim + class + flags + driver capabilities + the cached
+//!    Nodes and CSINodes → the CreateVolume request (without credentials:
+//!    the caller fetches the provisioner Secret named in
+//!    [`Prepared::provisioner_secret`] and fills `request.secrets`) and what
+//!    the PV will need.
+//! 2. [`finish`]: the driver's `Volume` → the checked capacity and the PV.
+//!    A [`FinishError::Capacity`] means the volume exists but is unusable:
+//!    the caller deletes it before retrying.
+
+use csiops_proto::csi::v1::{CreateVolumeRequest, Volume};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
+
+use super::capabilities::{self, CapabilityError};
+use super::naming::{NamingError, VolumeNamer};
+use super::params::{
+    self, ExtraCreateMetadata, ParamsError, PvSecretRefs, SecretKind, SecretRef, TemplateContext,
+};
+use super::pv::{self, PvError, PvInputs, PvOptions};
+use super::topology::{self, TopologyError, TopologyInputs};
+
+/// The provisioner's flags that decide what is provisioned.
+#[derive(Debug, Clone, Default)]
+pub struct ProvisionerConfig {
+    pub driver_name: String,
+    /// `--volume-name-prefix`, `--volume-name-uuid-length`.
+    pub namer: VolumeNamer,
+    /// `--default-fstype`.
+    pub default_fs_type: Option<String>,
+    /// `--extra-create-metadata`.
+    pub extra_create_metadata: bool,
+    /// `--strict-topology`.
+    pub strict_topology: bool,
+    /// `--immediate-topology` (upstream default true).
+    pub immediate_topology: bool,
+    /// `--controller-publish-readonly`.
+    pub controller_publish_read_only: bool,
+    /// PV deletion protection finalizer on Delete-policy PVs.
+    pub pv_protection_finalizer: bool,
+    /// Value of the `storage.kubernetes.io/csiProvisionerIdentity` attribute.
+    pub identity: Option<String>,
+}
+
+/// What the driver said it can do.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DriverCapabilities {
+    /// Plugin VOLUME_ACCESSIBILITY_CONSTRAINTS (and topology enabled).
+    pub topology: bool,
+    /// Controller SINGLE_NODE_MULTI_WRITER.
+    pub single_node_multi_writer: bool,
+}
+
+/// The informer caches topology is computed from.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Cluster<'a> {
+    pub nodes: &'a [Node],
+    pub csi_nodes: &'a [CSINode],
+}
+
+/// Why a claim cannot be provisioned now.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PrepareError {
+    /// Upstream: "claim Selector is not supported".
+    #[error("claim Selector is not supported")]
+    Selector,
+    /// Snapshots, clones and populators are not handled yet.
+    #[error("data source {0:?} is not supported")]
+    DataSource(String),
+    #[error("the claim has no {0}")]
+    Claim(&'static str),
+    #[error(transparent)]
+    Naming(#[from] NamingError),
+    #[error(transparent)]
+    Params(#[from] ParamsError),
+    #[error(transparent)]
+    Capability(#[from] CapabilityError),
+    #[error(transparent)]
+    Topology(#[from] TopologyError),
+}
+
+/// A CreateVolume request and what the PV will carry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prepared {
+    /// Volume name = PV name.
+    pub name: String,
+    /// `secrets` is empty: fill it from `provisioner_secret`.
+    pub request: CreateVolumeRequest,
+    pub provisioner_secret: Option<SecretRef>,
+    pub pv_secrets: PvSecretRefs,
+    pub fs_type: Option<String>,
+}
+
+/// Step 1: the CreateVolume request for `claim` of `class`.
+pub fn prepare(
+    claim: &PersistentVolumeClaim,
+    class: &StorageClass,
+    config: &ProvisionerConfig,
+    caps: DriverCapabilities,
+    cluster: Cluster<'_>,
+) -> Result<Prepared, PrepareError> {
+    let spec = claim.spec.clone().unwrap_or_default();
+    if spec.selector.is_some() {
+        return Err(PrepareError::Selector);
+    }
+    if let Some(kind) = spec
+        .data_source_ref
+        .as_ref()
+        .map(|d| d.kind.clone())
+        .or_else(|| spec.data_source.as_ref().map(|d| d.kind.clone()))
+    {
+        return Err(PrepareError::DataSource(kind));
+    }
+    let meta = &claim.metadata;
+    let pvc_name = meta.name.as_deref().ok_or(PrepareError::Claim("name"))?;
+    let pvc_namespace = meta
+        .namespace
+        .as_deref()
+        .ok_or(PrepareError::Claim("namespace"))?;
+    let name = config
+        .namer
+        .volume_name(meta.uid.as_deref().unwrap_or_default())?;
+
+    let empty = Default::default();
+    let class_params = class.parameters.as_ref().unwrap_or(&empty);
+    let fs_type = params::fs_type(class_params, config.default_fs_type.as_deref())?;
+    let capacity_range = capabilities::capacity_range(&spec)?;
+    let volume_capabilities = capabilities::volume_capabilities(
+        &spec,
+        fs_type.as_deref(),
+        class.mount_options.as_deref().unwrap_or_default(),
+        caps.single_node_multi_writer,
+    )?;
+    let requirements = topology::accessibility_requirements(&TopologyInputs {
+        supports_topology: caps.topology,
+        driver: &config.driver_name,
+        pvc_name,
+        strict_topology: config.strict_topology,
+        immediate_topology: config.immediate_topology,
+        allowed_topologies: class.allowed_topologies.as_deref().unwrap_or_default(),
+        selected_node: topology::selected_node(claim),
+        nodes: cluster.nodes,
+        csi_nodes: cluster.csi_nodes,
+    })?;
+
+    let ctx = TemplateContext {
+        pv_name: &name,
+        pvc_name,
+        pvc_namespace,
+        pvc_annotations: None,
+    };
+    let provisioner_secret = params::secret_ref(SecretKind::Provisioner, class_params, &ctx)?;
+    let pv_secrets = params::pv_secret_refs(
+        class_params,
+        &TemplateContext {
+            pvc_annotations: meta.annotations.as_ref().or(Some(&empty)),
+            ..ctx
+        },
+    )?;
+    let extra = ExtraCreateMetadata {
+        pvc_name,
+        pvc_namespace,
+        pv_name: &name,
+    };
+    let parameters = params::create_volume_parameters(
+        class_params,
+        config.extra_create_metadata.then_some(&extra),
+    )?;
+
+    Ok(Prepared {
+        request: CreateVolumeRequest {
+            name: name.clone(),
+            capacity_range: Some(capacity_range),
+            volume_capabilities,
+            parameters,
+            accessibility_requirements: requirements,
+            ..CreateVolumeRequest::default()
+        },
+        name,
+        provisioner_secret,
+        pv_secrets,
+        fs_type,
+    })
+}
+
+/// Why the created volume cannot become a PV.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FinishError {
+    /// The volume does not fit the claim: delete it, then retry.
+    #[error(transparent)]
+    Capacity(CapabilityError),
+    #[error(transparent)]
+    Pv(#[from] PvError),
+}
+
+/// Step 2: the PV for the volume the driver created.
+pub fn finish(
+    prepared: &Prepared,
+    claim: &PersistentVolumeClaim,
+    class: &StorageClass,
+    config: &ProvisionerConfig,
+    caps: DriverCapabilities,
+    volume: &Volume,
+) -> Result<PersistentVolume, FinishError> {
+    let requested = prepared.request.capacity_range.unwrap_or_default();
+    let capacity_bytes = capabilities::provisioned_capacity(&requested, volume.capacity_bytes)
+        .map_err(FinishError::Capacity)?;
+    Ok(pv::build_pv(
+        &PvInputs {
+            pv_name: &prepared.name,
+            claim,
+            class,
+            volume,
+            capacity_bytes,
+            fs_type: prepared.fs_type.as_deref(),
+            provisioner_secret: prepared.provisioner_secret.as_ref(),
+            secrets: &prepared.pv_secrets,
+        },
+        &PvOptions {
+            driver: &config.driver_name,
+            supports_topology: caps.topology,
+            protection_finalizer: config.pv_protection_finalizer,
+            controller_publish_read_only: config.controller_publish_read_only,
+            identity: config.identity.as_deref(),
+        },
+    )?)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, HashMap};
+
+    use csiops_proto::csi::v1::volume_capability::access_mode::Mode;
+    use csiops_proto::csi::v1::volume_capability::{AccessMode, AccessType, MountVolume};
+    use csiops_proto::csi::v1::{CapacityRange, Topology, TopologyRequirement, VolumeCapability};
+    use k8s_openapi::api::core::v1::{
+        PersistentVolumeClaimSpec, TypedLocalObjectReference, VolumeResourceRequirements,
+    };
+    use k8s_openapi::api::storage::v1::{CSINodeDriver, CSINodeSpec};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+    use super::*;
+
+    const DRIVER: &str = "hostpath.csi.k8s.io";
+    const KEY: &str = "topology.hostpath.csi/node";
+    const UID: &str = "9f3b1c2a-5d4e-4f60-8a7b-0c1d2e3f4a5b";
+
+    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn claim() -> PersistentVolumeClaim {
+        let mut c = PersistentVolumeClaim {
+            spec: Some(PersistentVolumeClaimSpec {
+                access_modes: Some(vec!["ReadWriteOnce".into()]),
+                resources: Some(VolumeResourceRequirements {
+                    requests: Some(BTreeMap::from([("storage".into(), Quantity("1Gi".into()))])),
+                    limits: None,
+                }),
+                storage_class_name: Some("fast".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        c.metadata.name = Some("data".into());
+        c.metadata.namespace = Some("team-a".into());
+        c.metadata.uid = Some(UID.into());
+        c.metadata.annotations = Some(map(&[
+            (topology::SELECTED_NODE_ANNOTATION, "node-1"),
+            ("example.com/stage-secret", "stage-creds"),
+        ]));
+        c
+    }
+
+    fn class() -> StorageClass {
+        let mut sc = StorageClass {
+            provisioner: DRIVER.into(),
+            reclaim_policy: Some("Delete".into()),
+            parameters: Some(map(&[
+                ("kind", "fast"),
+                (params::FS_TYPE_KEY, "xfs"),
+                (
+                    "csi.storage.k8s.io/provisioner-secret-name",
+                    "${pvc.name}-prov",
+                ),
+                (
+                    "csi.storage.k8s.io/provisioner-secret-namespace",
+                    "${pvc.namespace}",
+                ),
+                (
+                    "csi.storage.k8s.io/node-stage-secret-name",
+                    "${pvc.annotations['example.com/stage-secret']}",
+                ),
+                (
+                    "csi.storage.k8s.io/node-stage-secret-namespace",
+                    "${pvc.namespace}",
+                ),
+            ])),
+            mount_options: Some(vec!["noatime".into()]),
+            ..Default::default()
+        };
+        sc.metadata.name = Some("fast".into());
+        sc
+    }
+
+    fn cluster() -> (Vec<Node>, Vec<CSINode>) {
+        let mut nodes = Vec::new();
+        let mut csi = Vec::new();
+        for n in ["node-0", "node-1"] {
+            let mut node = Node::default();
+            node.metadata.name = Some(n.into());
+            node.metadata.labels = Some(map(&[(KEY, n)]));
+            nodes.push(node);
+            let mut c = CSINode {
+                spec: CSINodeSpec {
+                    drivers: vec![CSINodeDriver {
+                        name: DRIVER.into(),
+                        node_id: n.into(),
+                        topology_keys: Some(vec![KEY.into()]),
+                        allocatable: None,
+                    }],
+                },
+                ..Default::default()
+            };
+            c.metadata.name = Some(n.into());
+            csi.push(c);
+        }
+        (nodes, csi)
+    }
+
+    fn config() -> ProvisionerConfig {
+        ProvisionerConfig {
+            driver_name: DRIVER.into(),
+            extra_create_metadata: true,
+            immediate_topology: true,
+            pv_protection_finalizer: true,
+            ..Default::default()
+        }
+    }
+
+    const CAPS: DriverCapabilities = DriverCapabilities {
+        topology: true,
+        single_node_multi_writer: false,
+    };
+
+    #[test]
+    fn prepare_then_finish() {
+        let (nodes, csi_nodes) = cluster();
+        let cluster = Cluster {
+            nodes: &nodes,
+            csi_nodes: &csi_nodes,
+        };
+        let p = prepare(&claim(), &class(), &config(), CAPS, cluster).expect("prepared");
+        let name = format!("pvc-{UID}");
+        let seg = |n: &str| Topology {
+            segments: HashMap::from([(KEY.to_string(), n.to_string())]),
+        };
+        assert_eq!(
+            p,
+            Prepared {
+                name: name.clone(),
+                request: CreateVolumeRequest {
+                    name: name.clone(),
+                    capacity_range: Some(CapacityRange {
+                        required_bytes: 1 << 30,
+                        limit_bytes: 0,
+                    }),
+                    volume_capabilities: vec![VolumeCapability {
+                        access_mode: Some(AccessMode {
+                            mode: Mode::SingleNodeWriter as i32
+                        }),
+                        access_type: Some(AccessType::Mount(MountVolume {
+                            fs_type: "xfs".into(),
+                            mount_flags: vec!["noatime".into()],
+                            volume_mount_group: String::new(),
+                        })),
+                    }],
+                    parameters: HashMap::from([
+                        ("kind".to_string(), "fast".to_string()),
+                        (params::PVC_NAME_KEY.to_string(), "data".to_string()),
+                        (params::PVC_NAMESPACE_KEY.to_string(), "team-a".to_string()),
+                        (params::PV_NAME_KEY.to_string(), name.clone()),
+                    ]),
+                    accessibility_requirements: Some(TopologyRequirement {
+                        requisite: vec![seg("node-0"), seg("node-1")],
+                        preferred: vec![seg("node-1"), seg("node-0")],
+                    }),
+                    ..Default::default()
+                },
+                provisioner_secret: Some(SecretRef {
+                    name: "data-prov".into(),
+                    namespace: "team-a".into(),
+                }),
+                pv_secrets: PvSecretRefs {
+                    node_stage: Some(SecretRef {
+                        name: "stage-creds".into(),
+                        namespace: "team-a".into(),
+                    }),
+                    ..Default::default()
+                },
+                fs_type: Some("xfs".into()),
+            }
+        );
+
+        let volume = Volume {
+            capacity_bytes: 0,
+            volume_id: "vol-1".into(),
+            accessible_topology: vec![seg("node-1")],
+            ..Default::default()
+        };
+        let pv = finish(&p, &claim(), &class(), &config(), CAPS, &volume).expect("pv");
+        let spec = pv.spec.clone().unwrap_or_default();
+        assert_eq!(pv.metadata.name.as_deref(), Some(name.as_str()));
+        assert_eq!(
+            spec.capacity.and_then(|c| c.get("storage").cloned()),
+            Some(Quantity("1Gi".into())),
+            "capacity 0 = unknown: the request stands in"
+        );
+        assert_eq!(
+            spec.csi
+                .as_ref()
+                .and_then(|c| c.node_stage_secret_ref.clone())
+                .and_then(|r| r.name),
+            Some("stage-creds".into())
+        );
+        assert!(spec.node_affinity.is_some());
+
+        let small = Volume {
+            capacity_bytes: 1,
+            ..volume
+        };
+        assert_eq!(
+            finish(&p, &claim(), &class(), &config(), CAPS, &small),
+            Err(FinishError::Capacity(CapabilityError::TooSmall {
+                provisioned: 1,
+                required: 1 << 30,
+            }))
+        );
+    }
+
+    #[test]
+    fn prepare_errors() {
+        let (nodes, csi_nodes) = cluster();
+        let cluster = Cluster {
+            nodes: &nodes,
+            csi_nodes: &csi_nodes,
+        };
+        let with = |f: fn(&mut PersistentVolumeClaim, &mut StorageClass)| {
+            let (mut c, mut sc) = (claim(), class());
+            f(&mut c, &mut sc);
+            prepare(&c, &sc, &config(), CAPS, cluster).err()
+        };
+        let cases: Vec<(&str, Option<PrepareError>, Option<PrepareError>)> = vec![
+            (
+                "selector",
+                with(|c, _| {
+                    if let Some(s) = c.spec.as_mut() {
+                        s.selector = Some(LabelSelector::default());
+                    }
+                }),
+                Some(PrepareError::Selector),
+            ),
+            (
+                "data source",
+                with(|c, _| {
+                    if let Some(s) = c.spec.as_mut() {
+                        s.data_source = Some(TypedLocalObjectReference {
+                            kind: "VolumeSnapshot".into(),
+                            name: "snap".into(),
+                            api_group: Some("snapshot.storage.k8s.io".into()),
+                        });
+                    }
+                }),
+                Some(PrepareError::DataSource("VolumeSnapshot".into())),
+            ),
+            (
+                "no UID",
+                with(|c, _| c.metadata.uid = None),
+                Some(PrepareError::Naming(NamingError::NoUid)),
+            ),
+            (
+                "selected node unknown",
+                with(|c, _| {
+                    c.metadata.annotations =
+                        Some(map(&[(topology::SELECTED_NODE_ANNOTATION, "node-9")]));
+                }),
+                Some(PrepareError::Topology(TopologyError::SelectedNodeNotFound(
+                    "node-9".into(),
+                ))),
+            ),
+            (
+                "annotation template without the annotation",
+                with(|c, _| {
+                    c.metadata.annotations =
+                        Some(map(&[(topology::SELECTED_NODE_ANNOTATION, "node-1")]));
+                }),
+                Some(PrepareError::Params(ParamsError::MissingAnnotation {
+                    key: "csi.storage.k8s.io/node-stage-secret-name",
+                    annotation: "example.com/stage-secret".into(),
+                    template: "${pvc.annotations['example.com/stage-secret']}".into(),
+                })),
+            ),
+            (
+                "unknown reserved parameter",
+                with(|_, sc| {
+                    if let Some(p) = sc.parameters.as_mut() {
+                        p.insert("csi.storage.k8s.io/whatever".into(), "x".into());
+                    }
+                }),
+                Some(PrepareError::Params(ParamsError::UnknownReservedKey(
+                    "csi.storage.k8s.io/whatever".into(),
+                ))),
+            ),
+            (
+                "no storage request",
+                with(|c, _| {
+                    if let Some(s) = c.spec.as_mut() {
+                        s.resources = None;
+                    }
+                }),
+                Some(PrepareError::Capability(CapabilityError::NoStorageRequest)),
+            ),
+        ];
+        for (name, got, want) in cases {
+            assert_eq!(got, want, "{name}");
+        }
+    }
+}
