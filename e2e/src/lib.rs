@@ -36,5 +36,5 @@ pub use cluster::{Cluster, ClusterOptions, START_TIMEOUT};
 pub use error::{Error, Result};
 pub use operator::OperatorProcess;
 pub use ports::free_port;
-pub use process::pid_alive;
+pub use process::{pid_alive, sigterm_and_wait};
 pub use wait::{wait_for, WaitTimeout};

@@ -268,6 +268,21 @@ fn spawn_on_keeper_thread(cmd: Command) -> std::io::Result<Child> {
         .map_err(|_| std::io::Error::other("spawner thread is gone"))?
 }
 
+/// Sends SIGTERM to `pid` and waits up to `deadline` for it to exit; `false`
+/// if it is still alive then. For tests of graceful shutdown (the process is
+/// not killed afterwards: its owner's drop does that).
+pub async fn sigterm_and_wait(pid: u32, deadline: Duration) -> bool {
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe {
+        libc::kill(pid as libc::pid_t, libc::SIGTERM);
+    }
+    crate::wait_for(deadline, Duration::from_millis(50), || async {
+        (!pid_alive(pid)).then_some(())
+    })
+    .await
+    .is_ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use csiops_e2e::testkit;
-use csiops_e2e::{operator_bin, pid_alive, wait_for, Cluster, ClusterOptions};
+use csiops_e2e::{operator_bin, sigterm_and_wait, wait_for, Cluster, ClusterOptions};
 use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
 use kube::api::Api;
 
@@ -281,23 +281,11 @@ async fn bad_input_is_refused_or_degraded_and_the_good_driver_is_untouched() {
 
     // SIGTERM ends the operator cleanly and promptly.
     operator.check_running().expect("operator alive");
-    let pid = operator.pid();
-    // SAFETY: kill has no memory-safety preconditions.
-    unsafe {
-        libc::kill(pid as libc::pid_t, libc::SIGTERM);
-    }
-    wait_for(
-        Duration::from_secs(10),
-        Duration::from_millis(100),
-        || async { (!pid_alive(pid)).then_some(()) },
-    )
-    .await
-    .unwrap_or_else(|_| {
-        panic!(
-            "operator still running 10s after SIGTERM:\n{}",
-            operator.log_tail(20)
-        )
-    });
+    assert!(
+        sigterm_and_wait(operator.pid(), Duration::from_secs(10)).await,
+        "operator still running 10s after SIGTERM:\n{}",
+        operator.log_tail(20)
+    );
     assert!(
         operator.log_tail(5).contains("csiops-operator stopped"),
         "{}",

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use csiops_e2e::{
-    operator_bin, pid_alive, testkit, wait_for, Cluster, ClusterOptions, OperatorProcess,
+    operator_bin, sigterm_and_wait, testkit, wait_for, Cluster, ClusterOptions, OperatorProcess,
 };
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
@@ -93,18 +93,11 @@ async fn a_standby_takes_over_when_the_leader_stops() {
         .unwrap_or_else(|e| panic!("{e}\nleader log:\n{}", leader.log_tail(30)));
 
     // SIGTERM the leader: the Lease is released and the standby takes it.
-    let pid = leader.pid();
-    // SAFETY: kill has no memory-safety preconditions.
-    unsafe {
-        libc::kill(pid as libc::pid_t, libc::SIGTERM);
-    }
-    wait_for(
-        Duration::from_secs(15),
-        Duration::from_millis(100),
-        || async { (!pid_alive(pid)).then_some(()) },
-    )
-    .await
-    .expect("leader exits on SIGTERM");
+    assert!(
+        sigterm_and_wait(leader.pid(), Duration::from_secs(15)).await,
+        "leader did not exit on SIGTERM:\n{}",
+        leader.log_tail(20)
+    );
     let next = wait_for(
         Duration::from_secs(15),
         Duration::from_millis(100),

@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use csiops_e2e::node_side::{kubelet_register, registration_socket, start_mock_driver};
 use csiops_e2e::process::ManagedProcess;
-use csiops_e2e::{free_port, pid_alive, sidecar_bin, testkit, wait_for, Cluster, ClusterOptions};
+use csiops_e2e::{
+    free_port, pid_alive, sidecar_bin, sigterm_and_wait, testkit, wait_for, Cluster, ClusterOptions,
+};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::storage::v1::{CSINode, CSINodeDriver, CSINodeSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -67,13 +69,18 @@ fn registrar(cluster: &Cluster, p: &Paths, port: u16, extra: &[&str], n: usize) 
     .expect("registrar starts")
 }
 
-fn sigterm(p: &ManagedProcess) {
-    // SAFETY: kill has no memory-safety preconditions.
-    unsafe {
-        libc::kill(p.pid() as libc::pid_t, libc::SIGTERM);
-    }
+/// SIGTERM, then the exit status as the process reports it.
+async fn sigterm_exit(p: &mut ManagedProcess) -> String {
+    assert!(
+        sigterm_and_wait(p.pid(), DEADLINE).await,
+        "process {} did not exit on SIGTERM:\n{}",
+        p.pid(),
+        p.log_tail(20)
+    );
+    p.check_running().expect_err("exited").to_string()
 }
 
+/// The exit status of a process that ends by itself.
 async fn wait_exit(p: &mut ManagedProcess) -> String {
     let pid = p.pid();
     wait_for(DEADLINE, POLL, || async { (!pid_alive(pid)).then_some(()) })
@@ -283,8 +290,7 @@ async fn registrar_and_liveness_probe_with_a_real_driver() {
     .expect("entry back with the driver");
 
     // SIGTERM: socket and entry removed, the other driver untouched.
-    sigterm(&reg);
-    let exit = wait_exit(&mut reg).await;
+    let exit = sigterm_exit(&mut reg).await;
     assert!(exit.contains("exit status: 0"), "{exit}");
     assert!(!socket.exists(), "socket removed on exit");
     let c = csinodes.get(NODE).await.expect("csinode");
@@ -305,8 +311,7 @@ async fn registrar_and_liveness_probe_with_a_real_driver() {
     })
     .await
     .unwrap_or_else(|_| panic!("no entry:\n{}", kept.log_tail(20)));
-    sigterm(&kept);
-    wait_exit(&mut kept).await;
+    sigterm_exit(&mut kept).await;
     let c = csinodes.get(NODE).await.expect("csinode");
     assert!(
         entry(&c, DRIVER).is_some(),
