@@ -149,7 +149,7 @@ pub fn plan(
     }
 
     let mut plan = Plan::new(None);
-    let mut rollout = match persisted {
+    let rollout = match persisted {
         Some(r) => retarget(r, desired, now, &mut plan.transitions),
         None => match start(desired, observed, now) {
             Some(r) => {
@@ -165,40 +165,10 @@ pub fn plan(
         },
     };
 
-    loop {
-        let (actions, wait) = run_step(rollout.step, desired, observed);
-        for a in actions {
-            if !plan.actions.contains(&a) {
-                plan.actions.push(a);
-            }
-        }
-        match wait {
-            Some(waiting) => {
-                plan.overdue = overdue(&rollout, desired.step_timeout, now, &waiting);
-                plan.waiting_for = Some(waiting);
-                plan.rollout = Some(rollout);
-                return plan;
-            }
-            None => {
-                plan.transitions
-                    .push(Transition::StepCompleted(rollout.step));
-                match next_step(rollout.kind, rollout.step) {
-                    Some(step) => {
-                        plan.transitions.push(Transition::StepStarted(step));
-                        rollout.step = step;
-                        rollout.step_started_at = rfc3339(now);
-                    }
-                    None => {
-                        plan.transitions
-                            .push(Transition::RolloutCompleted(rollout.kind));
-                        plan.completed = true;
-                        plan.rollout = None;
-                        return plan;
-                    }
-                }
-            }
-        }
-    }
+    drive_steps(&mut plan, rollout, desired.step_timeout, now, |step| {
+        run_step(step, desired, observed)
+    });
+    plan
 }
 
 /// Plans an object being deleted: the ordered teardown.
@@ -225,63 +195,97 @@ pub fn plan_delete(
             r
         }
     };
+    // A step of a live rollout persisted here (a deletion that began before
+    // this operator recorded it) restarts the teardown at its first step.
+    if !matches!(
+        rollout.step,
+        RolloutStep::ControllerDelete | RolloutStep::NodeDelete | RolloutStep::ClusterCleanup
+    ) {
+        rollout.step = RolloutStep::ControllerDelete;
+        rollout.step_started_at = rfc3339(now);
+    }
+    drive_steps(&mut plan, rollout, step_timeout, now, |step| {
+        run_delete_step(step, observed)
+    });
+    if plan.completed {
+        plan.actions.push(Action::RemoveFinalizer);
+    }
+    plan
+}
+
+/// Runs steps from `rollout.step` on: each step's actions are added to the
+/// plan; a finished step starts the next one in the same pass; the first step
+/// still waiting is persisted (with its deadline judged), or the rollout ends.
+fn drive_steps(
+    plan: &mut Plan,
+    mut rollout: RolloutStatus,
+    step_timeout: Duration,
+    now: DateTime<Utc>,
+    run: impl Fn(RolloutStep) -> (Vec<Action>, Option<String>),
+) {
     loop {
-        let (action, wait) = match rollout.step {
-            RolloutStep::ControllerDelete => (
-                observed
-                    .controller
-                    .is_some()
-                    .then_some(Action::DeleteController),
-                controller_gone(observed),
-            ),
-            RolloutStep::NodeDelete => (
-                observed.node.is_some().then_some(Action::DeleteNode),
-                node_gone(observed),
-            ),
-            RolloutStep::ClusterCleanup => (
-                (observed.cluster_scoped_remaining > 0).then_some(Action::CleanupClusterScoped),
-                (observed.cluster_scoped_remaining > 0).then(|| {
-                    format!(
-                        "{} cluster-scoped object(s) still present",
-                        observed.cluster_scoped_remaining
-                    )
-                }),
-            ),
-            // Any other step persisted here (a deletion that began mid-rollout
-            // before this operator recorded it) restarts the teardown.
-            _ => {
-                rollout.step = RolloutStep::ControllerDelete;
-                rollout.step_started_at = rfc3339(now);
-                continue;
+        let (actions, wait) = run(rollout.step);
+        for a in actions {
+            if !plan.actions.contains(&a) {
+                plan.actions.push(a);
             }
-        };
-        plan.actions.extend(action);
-        match wait {
-            Some(waiting) => {
-                plan.overdue = overdue(&rollout, step_timeout, now, &waiting);
-                plan.waiting_for = Some(waiting);
-                plan.rollout = Some(rollout);
-                return plan;
+        }
+        if let Some(waiting) = wait {
+            plan.overdue = overdue(&rollout, step_timeout, now, &waiting);
+            plan.waiting_for = Some(waiting);
+            plan.rollout = Some(rollout);
+            return;
+        }
+        plan.transitions
+            .push(Transition::StepCompleted(rollout.step));
+        match next_step(rollout.kind, rollout.step) {
+            Some(step) => {
+                plan.transitions.push(Transition::StepStarted(step));
+                rollout.step = step;
+                rollout.step_started_at = rfc3339(now);
             }
             None => {
                 plan.transitions
-                    .push(Transition::StepCompleted(rollout.step));
-                match next_step(RolloutKind::Delete, rollout.step) {
-                    Some(step) => {
-                        plan.transitions.push(Transition::StepStarted(step));
-                        rollout.step = step;
-                        rollout.step_started_at = rfc3339(now);
-                    }
-                    None => {
-                        plan.transitions
-                            .push(Transition::RolloutCompleted(RolloutKind::Delete));
-                        plan.actions.push(Action::RemoveFinalizer);
-                        plan.completed = true;
-                        return plan;
-                    }
-                }
+                    .push(Transition::RolloutCompleted(rollout.kind));
+                plan.completed = true;
+                plan.rollout = None;
+                return;
             }
         }
+    }
+}
+
+/// Actions and wait of a teardown step.
+fn run_delete_step(step: RolloutStep, observed: &Observed) -> (Vec<Action>, Option<String>) {
+    match step {
+        RolloutStep::ControllerDelete => (
+            observed
+                .controller
+                .iter()
+                .map(|_| Action::DeleteController)
+                .collect(),
+            controller_gone(observed),
+        ),
+        RolloutStep::NodeDelete => (
+            observed.node.iter().map(|_| Action::DeleteNode).collect(),
+            node_gone(observed),
+        ),
+        RolloutStep::ClusterCleanup => {
+            let left = observed.cluster_scoped_remaining;
+            if left == 0 {
+                (Vec::new(), None)
+            } else {
+                (
+                    vec![Action::CleanupClusterScoped],
+                    Some(format!("{left} cluster-scoped object(s) still present")),
+                )
+            }
+        }
+        // Normalised away by `plan_delete` before the first step runs.
+        RolloutStep::NodeInstall
+        | RolloutStep::ControllerScaleDown
+        | RolloutStep::NodeRoll
+        | RolloutStep::ControllerRoll => (Vec::new(), None),
     }
 }
 
@@ -448,6 +452,7 @@ fn run_step(
                 controller_ready(desired, observed),
             )
         }
+        // A live rollout never holds a teardown step (see `next_step`).
         RolloutStep::ControllerDelete | RolloutStep::NodeDelete | RolloutStep::ClusterCleanup => {
             (Vec::new(), None)
         }
