@@ -257,6 +257,51 @@ async fn bad_input_is_refused_or_degraded_and_the_good_driver_is_untouched() {
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", operator.log_tail(40)));
 
+    // A StorageClass is immutable: a changed class is deleted and created
+    // again (with an Event), and the driver's workloads are not touched.
+    let classes: Api<k8s_openapi::api::storage::v1::StorageClass> = Api::all(client.clone());
+    let old_uid = classes
+        .get("csi-hostpath-sc")
+        .await
+        .expect("class")
+        .metadata
+        .uid;
+    cluster
+        .kubectl_ok([
+            "-n", NS, "patch", "csidd", "hostpath", "--type=merge", "-p",
+            r#"{"spec":{"storageClasses":[{"name":"csi-hostpath-sc","volumeBindingMode":"WaitForFirstConsumer","allowVolumeExpansion":true,"parameters":{"tier":"gold"}}]}}"#,
+        ])
+        .await
+        .expect("class edit applies");
+    let recreated = wait_for(DEADLINE, Duration::from_millis(300), || async {
+        let c = classes.get_opt("csi-hostpath-sc").await.ok().flatten()?;
+        (c.metadata.uid != old_uid).then_some(c)
+    })
+    .await
+    .unwrap_or_else(|_| panic!("class not re-created\n{}", operator.log_tail(30)));
+    assert_eq!(
+        recreated
+            .parameters
+            .as_ref()
+            .and_then(|p| p.get("tier"))
+            .map(String::as_str),
+        Some("gold")
+    );
+    let events = cluster
+        .kubectl_ok([
+            "-n",
+            NS,
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.name=hostpath",
+            "-o",
+            "custom-columns=REASON:.reason",
+        ])
+        .await
+        .expect("events");
+    assert!(events.contains("StorageClassRecreated"), "{events}");
+
     // Deleting the duplicate removes nothing of the first.
     cluster
         .kubectl_ok(["-n", "csi-hostpath-2", "delete", "csidd", "hostpath"])

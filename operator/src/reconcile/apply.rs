@@ -69,20 +69,33 @@ pub fn content_hash<K: Serialize>(obj: &K) -> Result<String, serde_json::Error> 
 pub enum Applied {
     Created,
     Updated,
+    /// Deleted and created again (an immutable object whose content changed).
+    Recreated,
     Unchanged,
 }
 
-/// Applies `desired` after checking ownership of the live object.
-///
-/// With `skip_unchanged`, an object whose live `APPLIED_HASH` matches is not
-/// written (supporting objects). Workloads pass `false`: their live replicas may
-/// have been changed by a scale-down and must be re-asserted.
+/// How [`apply`] treats a live object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Always apply. Workloads: their live replicas may have been changed by
+    /// a scale-down and must be re-asserted.
+    Always,
+    /// Skip the write when the live `APPLIED_HASH` matches (supporting objects:
+    /// an unchanged object costs a read and no write).
+    IfChanged,
+    /// Like `IfChanged`, but a changed object is deleted and created again,
+    /// for kinds whose fields are immutable (StorageClass).
+    RecreateIfChanged,
+}
+
+/// Applies `desired` after checking ownership of the live object (one read),
+/// as `mode` says.
 pub async fn apply<K>(
     api: &Api<K>,
     kind: &'static str,
     mut desired: K,
     owner: Owner<'_>,
-    skip_unchanged: bool,
+    mode: Mode,
 ) -> Result<Applied, Error>
 where
     K: Resource + Clone + DeserializeOwned + Serialize + Debug,
@@ -102,9 +115,30 @@ where
                 detail: owner_detail(live.meta()),
             });
         }
-        if skip_unchanged && live.annotations().get(APPLIED_HASH) == Some(&hash) {
+        let unchanged = live.annotations().get(APPLIED_HASH) == Some(&hash);
+        if unchanged && mode != Mode::Always {
             return Ok(Applied::Unchanged);
         }
+    }
+    let mut outcome = if live.is_some() {
+        Applied::Updated
+    } else {
+        Applied::Created
+    };
+    if let (Some(live), Mode::RecreateIfChanged) = (&live, mode) {
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: live.uid(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(&name, &params).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.is_not_found() => {}
+            Err(e) => return Err(Error::Kube(e)),
+        }
+        outcome = Applied::Recreated;
     }
     desired
         .annotations_mut()
@@ -113,11 +147,7 @@ where
     api.patch(&name, &params, &Patch::Apply(&desired))
         .await
         .map_err(|e| Error::from_write(kind, &name, e))?;
-    Ok(if live.is_some() {
-        Applied::Updated
-    } else {
-        Applied::Created
-    })
+    Ok(outcome)
 }
 
 /// Deletes the named object if it exists and is ours; `Ok(false)` if absent.

@@ -34,7 +34,7 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use tracing::{info, warn};
 
-use self::apply::{apply, delete_owned, get_owned, Applied, Owner, APPLIED_HASH, FIELD_MANAGER};
+use self::apply::{apply, delete_owned, get_owned, Applied, Mode, Owner, FIELD_MANAGER};
 use self::cluster::ClusterScoped;
 use self::error::Error;
 use self::events::{publish, Note};
@@ -473,7 +473,7 @@ async fn apply_supporting(
         "ServiceAccount",
         r.controller_service_account.clone(),
         owner,
-        true,
+        Mode::IfChanged,
     )
     .await?;
     apply(
@@ -481,20 +481,20 @@ async fn apply_supporting(
         "ServiceAccount",
         r.node_service_account.clone(),
         owner,
-        true,
+        Mode::IfChanged,
     )
     .await?;
     if let Some(role) = &r.leader_election_role {
         let api: Api<Role> = Api::namespaced(c.clone(), owner.namespace);
-        apply(&api, "Role", role.clone(), owner, true).await?;
+        apply(&api, "Role", role.clone(), owner, Mode::IfChanged).await?;
     }
     if let Some(binding) = &r.leader_election_role_binding {
         let api: Api<RoleBinding> = Api::namespaced(c.clone(), owner.namespace);
-        apply(&api, "RoleBinding", binding.clone(), owner, true).await?;
+        apply(&api, "RoleBinding", binding.clone(), owner, Mode::IfChanged).await?;
     }
     let roles: Api<ClusterRole> = Api::all(c.clone());
     for role in &r.cluster_roles {
-        apply(&roles, "ClusterRole", role.clone(), owner, true).await?;
+        apply(&roles, "ClusterRole", role.clone(), owner, Mode::IfChanged).await?;
     }
     let bindings: Api<ClusterRoleBinding> = Api::all(c.clone());
     for binding in &r.cluster_role_bindings {
@@ -503,7 +503,7 @@ async fn apply_supporting(
             "ClusterRoleBinding",
             binding.clone(),
             owner,
-            true,
+            Mode::IfChanged,
         )
         .await?;
     }
@@ -511,11 +511,26 @@ async fn apply_supporting(
     // Some CSIDriver fields are immutable: when the API refuses the change,
     // the object is re-created (running volumes keep working meanwhile).
     let drivers: Api<CSIDriver> = Api::all(c.clone());
-    match apply(&drivers, "CSIDriver", r.csi_driver.clone(), owner, true).await {
+    match apply(
+        &drivers,
+        "CSIDriver",
+        r.csi_driver.clone(),
+        owner,
+        Mode::IfChanged,
+    )
+    .await
+    {
         Err(Error::Rejected { message, .. }) => {
             let name = r.csi_driver.name_any();
             delete_owned(&drivers, "CSIDriver", &name, owner).await?;
-            apply(&drivers, "CSIDriver", r.csi_driver.clone(), owner, true).await?;
+            apply(
+                &drivers,
+                "CSIDriver",
+                r.csi_driver.clone(),
+                owner,
+                Mode::IfChanged,
+            )
+            .await?;
             let note =
                 format!("CSIDriver {name} re-created: an immutable field changed ({message})");
             publish(
@@ -535,14 +550,17 @@ async fn apply_supporting(
     let classes: Api<StorageClass> = Api::all(c.clone());
     for class in &r.storage_classes {
         let name = class.name_any();
-        let want = apply::content_hash(class).map_err(|source| Error::Serialize {
-            kind: "StorageClass",
-            name: name.clone(),
-            source,
-        })?;
-        if let Some(live) = get_owned(&classes, "StorageClass", &name, owner).await? {
-            if live.annotations().get(APPLIED_HASH) != Some(&want) {
-                delete_owned(&classes, "StorageClass", &name, owner).await?;
+        match apply(
+            &classes,
+            "StorageClass",
+            class.clone(),
+            owner,
+            Mode::RecreateIfChanged,
+        )
+        .await?
+        {
+            Applied::Created => info!(storage_class = %name, "StorageClass created"),
+            Applied::Recreated => {
                 let note = format!("StorageClass {name} re-created with the new spec");
                 publish(
                     &ctx.recorder,
@@ -556,9 +574,7 @@ async fn apply_supporting(
                 )
                 .await;
             }
-        }
-        if apply(&classes, "StorageClass", class.clone(), owner, true).await? == Applied::Created {
-            info!(storage_class = %name, "StorageClass created");
+            Applied::Updated | Applied::Unchanged => {}
         }
     }
     Ok(())
@@ -575,10 +591,24 @@ async fn execute(
     let (sts_api, ds_api) = workload_apis(ctx, owner.namespace);
     match action {
         Action::ApplyNode => {
-            apply(&ds_api, "DaemonSet", r.daemonset.clone(), owner, false).await?;
+            apply(
+                &ds_api,
+                "DaemonSet",
+                r.daemonset.clone(),
+                owner,
+                Mode::Always,
+            )
+            .await?;
         }
         Action::ApplyController => {
-            apply(&sts_api, "StatefulSet", r.statefulset.clone(), owner, false).await?;
+            apply(
+                &sts_api,
+                "StatefulSet",
+                r.statefulset.clone(),
+                owner,
+                Mode::Always,
+            )
+            .await?;
         }
         Action::ScaleControllerToZero => {
             // Replicas only: the old template stays until the node side is rolled.
