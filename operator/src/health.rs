@@ -37,7 +37,8 @@ pub struct HealthInput<'a> {
     pub daemonset: Option<&'a DaemonSet>,
     /// This object's pods (controller and node).
     pub pods: &'a [Pod],
-    pub csinodes: &'a [CSINode],
+    /// The cluster's CSINodes, as the shared cache holds them (not copied).
+    pub csinodes: &'a [std::sync::Arc<CSINode>],
     pub now: DateTime<Utc>,
 }
 

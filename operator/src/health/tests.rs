@@ -22,16 +22,18 @@ fn ready_since(t: &str) -> serde_json::Value {
     ]})
 }
 
-fn csinode(name: &str, drivers: &[&str]) -> CSINode {
+fn csinode(name: &str, drivers: &[&str]) -> std::sync::Arc<CSINode> {
     let drivers: Vec<_> = drivers
         .iter()
         .map(|d| json!({"name": d, "nodeID": name}))
         .collect();
-    serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"drivers": drivers}}))
-        .expect("csinode fixture")
+    std::sync::Arc::new(
+        serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"drivers": drivers}}))
+            .expect("csinode fixture"),
+    )
 }
 
-fn input<'a>(pods: &'a [Pod], csinodes: &'a [CSINode]) -> HealthInput<'a> {
+fn input<'a>(pods: &'a [Pod], csinodes: &'a [std::sync::Arc<CSINode>]) -> HealthInput<'a> {
     HealthInput {
         driver_name: "hostpath.csi.k8s.io",
         kubelet_dir: "/var/lib/kubelet",

@@ -279,7 +279,7 @@ async fn drive(
     let sts = get_owned(&sts_api, "StatefulSet", &names::controller_name(obj), owner).await?;
     let ds = get_owned(&ds_api, "DaemonSet", &names::node_name(obj), owner).await?;
     let pods = pods_of(ctx, owner);
-    let csinodes: Vec<CSINode> = ctx.csinodes.state().iter().map(|c| (**c).clone()).collect();
+    let csinodes = ctx.csinodes.state();
     let registration_required = spec.sidecars.registrar.enabled;
     let health = health::assess(&HealthInput {
         driver_name: &spec.driver_name,
