@@ -2,6 +2,7 @@
 //! subcommand per role. Flags keep the upstream kubernetes-csi names so an
 //! existing driver manifest can swap the image.
 
+pub mod attacher;
 pub mod common;
 pub mod liveness;
 pub mod provisioner;
