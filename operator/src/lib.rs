@@ -3,7 +3,6 @@ pub mod admin;
 pub mod cli;
 pub mod health;
 pub mod install;
-pub mod leader;
 pub mod metrics;
 pub mod reconcile;
 pub mod render;

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use clap::Parser;
 use csiops_operator::admin::{self, AdminState};
 use csiops_operator::cli::Args;
-use csiops_operator::leader::{LeaderConfig, LeaderElector};
 use csiops_operator::metrics::Metrics;
 use csiops_operator::reconcile::{self, RunConfig};
 use csiops_operator::render::RenderConfig;
 use csiops_operator::telemetry;
+use csiops_sidecars::common::leader::{LeaderConfig, LeaderElector};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use tokio::sync::watch;
@@ -43,7 +43,7 @@ enum MainError {
     #[error("cannot infer a Kubernetes config: {0}")]
     Infer(#[from] kube::config::InferConfigError),
     #[error("leader election: {0}")]
-    Leader(#[from] csiops_operator::leader::LeaderError),
+    Leader(#[from] csiops_sidecars::common::leader::LeaderError),
     #[error("admin server: {0}")]
     Admin(#[from] admin::AdminError),
 }

@@ -6,9 +6,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use csiops_proto::client::{self, ConnectError, CsiClient};
+use csiops_proto::csi::v1::controller_service_capability::rpc::Type as ControllerCapability;
+use csiops_proto::csi::v1::controller_service_capability::Type as ControllerCapabilityType;
+use csiops_proto::csi::v1::plugin_capability::service::Type as PluginServiceType;
+use csiops_proto::csi::v1::plugin_capability::Type as PluginCapabilityType;
 use csiops_proto::csi::v1::{
-    GetPluginInfoRequest, GetPluginInfoResponse, NodeGetInfoRequest, NodeGetInfoResponse,
-    ProbeRequest,
+    ControllerGetCapabilitiesRequest, GetPluginCapabilitiesRequest, GetPluginInfoRequest,
+    GetPluginInfoResponse, NodeGetInfoRequest, NodeGetInfoResponse, ProbeRequest,
 };
 use tonic::{Code, Status};
 
@@ -78,7 +82,14 @@ impl Driver {
         }
     }
 
-    async fn timed<T, F>(&self, method: &'static str, call: F) -> Result<T, Status>
+    /// The gRPC client, for the calls a role makes through [`Self::timed`].
+    pub fn client(&self) -> &CsiClient {
+        &self.client
+    }
+
+    /// Runs one call and records it under `method` (the full gRPC method
+    /// name, e.g. `/csi.v1.Controller/CreateVolume`, as upstream labels it).
+    pub async fn timed<T, F>(&self, method: &'static str, call: F) -> Result<T, Status>
     where
         F: Future<Output = Result<tonic::Response<T>, Status>>,
     {
@@ -118,6 +129,67 @@ impl Driver {
             c.node_get_info(NodeGetInfoRequest {}),
         )
         .await
+    }
+
+    /// The plugin's service capabilities (CONTROLLER_SERVICE,
+    /// VOLUME_ACCESSIBILITY_CONSTRAINTS, …); unknown values are skipped.
+    pub async fn plugin_capabilities(&self) -> Result<Vec<PluginServiceType>, Status> {
+        let mut c = self.client.identity();
+        let resp = self
+            .timed(
+                "/csi.v1.Identity/GetPluginCapabilities",
+                c.get_plugin_capabilities(GetPluginCapabilitiesRequest {}),
+            )
+            .await?;
+        Ok(resp
+            .capabilities
+            .into_iter()
+            .filter_map(|cap| match cap.r#type? {
+                PluginCapabilityType::Service(s) => PluginServiceType::try_from(s.r#type).ok(),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// The controller's RPC capabilities (CREATE_DELETE_VOLUME,
+    /// PUBLISH_UNPUBLISH_VOLUME, …); unknown values are skipped.
+    pub async fn controller_capabilities(&self) -> Result<Vec<ControllerCapability>, Status> {
+        let mut c = self.client.controller();
+        let resp = self
+            .timed(
+                "/csi.v1.Controller/ControllerGetCapabilities",
+                c.controller_get_capabilities(ControllerGetCapabilitiesRequest {}),
+            )
+            .await?;
+        Ok(resp
+            .capabilities
+            .into_iter()
+            .filter_map(|cap| match cap.r#type? {
+                ControllerCapabilityType::Rpc(rpc) => {
+                    ControllerCapability::try_from(rpc.r#type).ok()
+                }
+            })
+            .collect())
+    }
+
+    /// Probe until the driver says it is ready, retrying with backoff
+    /// (`false` when `shutdown` fires first).
+    pub async fn probe_until_ready(&self, timeout: Duration, shutdown: &Shutdown) -> bool {
+        let mut delay = Duration::from_millis(500);
+        loop {
+            match self.probe(timeout).await {
+                Ok(true) => return true,
+                Ok(false) => tracing::info!("driver not ready yet"),
+                Err(e) => {
+                    tracing::warn!(code = ?e.code(), message = %e.message(), "Probe failed; retrying")
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = shutdown.wait() => return false,
+            }
+            delay = (delay * 2).min(Duration::from_secs(10));
+        }
     }
 
     /// GetPluginInfo, retried with backoff until it answers with a name or

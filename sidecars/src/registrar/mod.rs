@@ -87,18 +87,9 @@ pub enum RegistrarError {
 }
 
 async fn kube_client(args: &RegistrarArgs) -> Result<kube::Client, RegistrarError> {
-    let config = match &args.kubeconfig {
-        Some(path) => {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| RegistrarError::Kube(e.to_string()))?;
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-                .await
-                .map_err(|e| RegistrarError::Kube(e.to_string()))?
-        }
-        None => kube::Config::infer()
-            .await
-            .map_err(|e| RegistrarError::Kube(e.to_string()))?,
-    };
+    let config = crate::common::kube::config(args.kubeconfig.as_deref())
+        .await
+        .map_err(|e| RegistrarError::Kube(e.to_string()))?;
     kube::Client::try_from(config).map_err(|e| RegistrarError::Kube(e.to_string()))
 }
 

@@ -1,8 +1,9 @@
 //! Leader election on a `coordination.k8s.io/v1` Lease, modelled on client-go's
 //! `leaderelection` package.
 //!
-//! Several replicas of the operator may run for availability, but only one may
-//! reconcile at a time: two reconcilers driving the same rollout would fight.
+//! Several replicas of the operator, the provisioner or the attacher may run
+//! for availability, but only one may act at a time: two operators driving the
+//! same rollout, or two provisioners racing on one claim, would fight.
 //! The replica whose identity is in the Lease's `holderIdentity`, and which
 //! keeps `renewTime` fresh, is the leader; the others wait until the lease
 //! expires (`renewTime + leaseDurationSeconds < now`) or is released, then take

@@ -1,0 +1,208 @@
+//! What the controller sidecars (provisioner, attacher) share besides the
+//! work queue: retry and leader-election flags with the upstream names, and
+//! running the controller only while holding the Lease.
+
+use std::future::Future;
+use std::time::Duration;
+
+use clap::Args;
+
+use super::args::parse_duration;
+use super::leader::{LeaderConfig, LeaderElector, LeaderError};
+use super::shutdown::Shutdown;
+use super::workqueue::Backoff;
+
+/// Retry and leader-election flags.
+#[derive(Debug, Clone, Args)]
+pub struct ControllerArgs {
+    /// First retry delay of a failed object; doubles on every failure.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub retry_interval_start: Duration,
+
+    /// Longest retry delay of a failed object.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub retry_interval_max: Duration,
+
+    /// Only one replica acts at a time, elected with a Lease.
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub leader_election: bool,
+
+    /// Namespace of the Lease; default: the pod's namespace (in cluster),
+    /// else `default`.
+    #[arg(long, default_value = "")]
+    pub leader_election_namespace: String,
+
+    /// How long a Lease stays valid after its last renewal.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub leader_election_lease_duration: Duration,
+
+    /// How long the leader retries renewing before it gives up.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub leader_election_renew_deadline: Duration,
+
+    /// Interval between attempts to acquire or renew the Lease.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub leader_election_retry_period: Duration,
+}
+
+impl ControllerArgs {
+    pub fn backoff(&self) -> Result<Backoff, String> {
+        if self.retry_interval_start.is_zero()
+            || self.retry_interval_max < self.retry_interval_start
+        {
+            return Err(format!(
+                "--retry-interval-start ({:?}) must be positive and at most --retry-interval-max ({:?})",
+                self.retry_interval_start, self.retry_interval_max
+            ));
+        }
+        Ok(Backoff {
+            start: self.retry_interval_start,
+            max: self.retry_interval_max,
+        })
+    }
+
+    /// The Lease config for `lease_name`, with the pod name (or host name)
+    /// as identity.
+    pub fn leader_config(&self, lease_name: &str) -> LeaderConfig {
+        let namespace = if self.leader_election_namespace.is_empty() {
+            std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE)
+                .map(|s| s.trim().to_string())
+                .ok()
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| "default".to_string())
+        } else {
+            self.leader_election_namespace.clone()
+        };
+        LeaderConfig {
+            lease_duration: self.leader_election_lease_duration,
+            renew_deadline: self.leader_election_renew_deadline,
+            retry_period: self.leader_election_retry_period,
+            ..LeaderConfig::new(lease_name, namespace, identity())
+        }
+    }
+}
+
+const SERVICE_ACCOUNT_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+/// This replica's identity: `POD_NAME`, else the host name, plus the pid so
+/// two processes on one host (tests) differ.
+fn identity() -> String {
+    let host = std::env::var("POD_NAME")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_else(|| "csiops-sidecar".to_string());
+    format!("{host}_{}", std::process::id())
+}
+
+/// A Lease name from a driver name, as csi-lib-utils makes it (so our
+/// sidecar and an upstream one of the same driver share one Lease): every
+/// character outside `[A-Za-z0-9-]` becomes `-`, and a trailing `-` gets an
+/// `X` (a name may not end with `-`).
+pub fn lease_name(prefix: &str, driver: &str) -> String {
+    let mut name: String = format!("{prefix}{driver}")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    if name.ends_with('-') {
+        name.push('X');
+    }
+    name
+}
+
+/// How a controller run under [`run_as_leader`] ended.
+#[derive(Debug, thiserror::Error)]
+pub enum LeadError {
+    #[error(transparent)]
+    Leader(#[from] LeaderError),
+}
+
+/// Runs `controller` — at once without election, else once this replica
+/// holds the Lease, and only as long as it does. Losing the Lease ends the
+/// run with an error (the process should exit and be restarted: another
+/// replica may already act). The Lease is released on the way out.
+pub async fn run_as_leader<F, Fut>(
+    client: kube::Client,
+    election: Option<LeaderConfig>,
+    shutdown: &Shutdown,
+    controller: F,
+) -> Result<(), LeadError>
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let Some(cfg) = election else {
+        controller().await;
+        return Ok(());
+    };
+    let elector = LeaderElector::new(client, cfg)?;
+    tracing::info!(lease = %elector.config().lease_name, identity = %elector.config().identity, "waiting for leadership");
+    tokio::select! {
+        res = elector.acquire() => res?,
+        () = shutdown.wait() => {
+            elector.release().await;
+            return Ok(());
+        }
+    }
+    tracing::info!(lease = %elector.config().lease_name, "leading");
+    let result = tokio::select! {
+        () = controller() => Ok(()),
+        lost = elector.renew_loop() => match lost {
+            Err(e) => Err(LeadError::Leader(e)),
+            Ok(never) => match never {},
+        },
+    };
+    elector.release().await;
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_names_are_sanitized_like_upstream() {
+        assert_eq!(
+            lease_name("external-attacher-leader-", "hostpath.csi.k8s.io"),
+            "external-attacher-leader-hostpath-csi-k8s-io"
+        );
+        assert_eq!(lease_name("", "vendor.io/block_"), "vendor-io-block-X");
+    }
+
+    #[test]
+    fn backoff_bounds_are_checked() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct T {
+            #[command(flatten)]
+            c: ControllerArgs,
+        }
+        let t = T::parse_from(["t"]);
+        assert_eq!(
+            t.c.backoff(),
+            Ok(Backoff {
+                start: Duration::from_secs(1),
+                max: Duration::from_secs(300)
+            })
+        );
+        assert!(!t.c.leader_election);
+        let t = T::parse_from(["t", "--leader-election", "--retry-interval-start=10m"]);
+        assert!(t.c.leader_election);
+        assert!(t.c.backoff().unwrap_err().contains("at most"));
+        let t = T::parse_from(["t", "--leader-election=false"]);
+        assert!(!t.c.leader_election);
+        let cfg = t.c.leader_config("lease");
+        assert_eq!(cfg.lease_name, "lease");
+        assert!(cfg.validate().is_ok(), "{:?}", cfg.validate());
+    }
+}

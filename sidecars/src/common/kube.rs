@@ -1,0 +1,224 @@
+//! The Kubernetes client of the controller sidecars: `--kubeconfig`, and
+//! client-go's client-side rate limit (`--kube-api-qps`, `--kube-api-burst`)
+//! as a token bucket in front of every request.
+//!
+//! The limit matters for the same reason it does upstream: a provisioner or
+//! attacher that catches up on thousands of objects after a restart must not
+//! flood the API server. Long-lived watches take one token when they start.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use clap::Args;
+use tokio::time::{Instant, Sleep};
+
+/// Flags of the sidecars that talk to the API server.
+#[derive(Debug, Clone, Args)]
+pub struct KubeArgs {
+    /// Kubeconfig (out of cluster); default: in-cluster or KUBECONFIG.
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Sustained requests per second to the API server (client-go's QPS).
+    #[arg(long, default_value_t = 5.0)]
+    pub kube_api_qps: f64,
+
+    /// Requests allowed in a burst above the sustained rate.
+    #[arg(long, default_value_t = 10)]
+    pub kube_api_burst: u32,
+}
+
+/// Why no client could be made.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeError {
+    #[error("cannot read kubeconfig {path}: {source}")]
+    Kubeconfig {
+        path: PathBuf,
+        source: kube::config::KubeconfigError,
+    },
+    #[error("no Kubernetes configuration (in-cluster or KUBECONFIG): {0}")]
+    Infer(#[from] kube::config::InferConfigError),
+    #[error("Kubernetes client: {0}")]
+    Client(#[from] kube::Error),
+    #[error(
+        "--kube-api-qps must be positive and --kube-api-burst at least 1 (got {qps}, {burst})"
+    )]
+    Limits { qps: f64, burst: u32 },
+}
+
+/// The client configuration: the kubeconfig at `path`, else inferred.
+pub async fn config(path: Option<&Path>) -> Result<kube::Config, KubeError> {
+    match path {
+        Some(path) => {
+            let kubeconfig_error = |source| KubeError::Kubeconfig {
+                path: path.to_path_buf(),
+                source,
+            };
+            let kc = kube::config::Kubeconfig::read_from(path).map_err(kubeconfig_error)?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(kubeconfig_error)
+        }
+        None => Ok(kube::Config::infer().await?),
+    }
+}
+
+/// A client whose every request waits for a token of the QPS/burst bucket.
+pub async fn client(args: &KubeArgs) -> Result<kube::Client, KubeError> {
+    if !(args.kube_api_qps > 0.0 && args.kube_api_qps.is_finite()) || args.kube_api_burst == 0 {
+        return Err(KubeError::Limits {
+            qps: args.kube_api_qps,
+            burst: args.kube_api_burst,
+        });
+    }
+    let config = config(args.kubeconfig.as_deref()).await?;
+    let layer = ThrottleLayer {
+        qps: args.kube_api_qps,
+        burst: args.kube_api_burst,
+    };
+    Ok(kube::client::ClientBuilder::try_from(config)?
+        .with_layer(&layer)
+        .build())
+}
+
+/// A token bucket: `burst` tokens, refilled at `qps` per second.
+#[derive(Debug)]
+pub struct TokenBucket {
+    qps: f64,
+    burst: f64,
+    tokens: f64,
+    last: Instant,
+}
+
+impl TokenBucket {
+    /// A full bucket.
+    pub fn new(qps: f64, burst: u32) -> Self {
+        let burst = f64::from(burst.max(1));
+        TokenBucket {
+            qps,
+            burst,
+            tokens: burst,
+            last: Instant::now(),
+        }
+    }
+
+    /// Takes a token now, or says how long until one is available.
+    pub fn try_take(&mut self, now: Instant) -> Result<(), Duration> {
+        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * self.qps).min(self.burst);
+        self.last = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(Duration::from_secs_f64((1.0 - self.tokens) / self.qps))
+        }
+    }
+}
+
+/// Puts a [`Throttle`] in front of a service.
+#[derive(Debug, Clone, Copy)]
+pub struct ThrottleLayer {
+    pub qps: f64,
+    pub burst: u32,
+}
+
+impl<S> tower::Layer<S> for ThrottleLayer {
+    type Service = Throttle<S>;
+
+    fn layer(&self, inner: S) -> Throttle<S> {
+        Throttle {
+            inner,
+            bucket: TokenBucket::new(self.qps, self.burst),
+            holding: false,
+            sleep: None,
+        }
+    }
+}
+
+/// Readiness waits for a token; the call spends it. kube's client puts a
+/// `Buffer` in front, which polls readiness before every call, so requests
+/// from all tasks share one bucket.
+pub struct Throttle<S> {
+    inner: S,
+    bucket: TokenBucket,
+    /// A token was taken for the next call.
+    holding: bool,
+    sleep: Option<Pin<Box<Sleep>>>,
+}
+
+impl<S, R> tower::Service<R> for Throttle<S>
+where
+    S: tower::Service<R>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        while !self.holding {
+            if let Some(sleep) = self.sleep.as_mut() {
+                if sleep.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                self.sleep = None;
+            }
+            match self.bucket.try_take(Instant::now()) {
+                Ok(()) => self.holding = true,
+                Err(wait) => self.sleep = Some(Box::pin(tokio::time::sleep(wait))),
+            }
+        }
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: R) -> Self::Future {
+        self.holding = false;
+        self.inner.call(req)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bucket_allows_a_burst_then_the_rate() {
+        let mut b = TokenBucket::new(10.0, 3);
+        let t0 = b.last;
+        for _ in 0..3 {
+            assert_eq!(b.try_take(t0), Ok(()));
+        }
+        let wait = b.try_take(t0).expect_err("bucket empty");
+        assert!((wait.as_secs_f64() - 0.1).abs() < 1e-6, "{wait:?}");
+        // 100ms later exactly one token is back.
+        let t1 = t0 + Duration::from_millis(100);
+        assert_eq!(b.try_take(t1), Ok(()));
+        assert!(b.try_take(t1).is_err());
+        // A long pause refills to the burst, not beyond.
+        let t2 = t1 + Duration::from_secs(60);
+        for _ in 0..3 {
+            assert_eq!(b.try_take(t2), Ok(()));
+        }
+        assert!(b.try_take(t2).is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn throttle_spaces_calls_at_the_rate() {
+        use tower::{Service, ServiceExt};
+        let svc =
+            tower::service_fn(|()| async { Ok::<_, std::convert::Infallible>(Instant::now()) });
+        let mut svc = tower::Layer::layer(&ThrottleLayer { qps: 4.0, burst: 2 }, svc);
+        let start = Instant::now();
+        let mut times = Vec::new();
+        for _ in 0..6 {
+            let ready = svc.ready().await.expect("ready");
+            times.push(ready.call(()).await.expect("call") - start);
+        }
+        // Two at once (the burst), then one every 250ms.
+        let ms: Vec<u128> = times.iter().map(|d| d.as_millis()).collect();
+        assert_eq!(ms, vec![0, 0, 250, 500, 750, 1000]);
+    }
+}
