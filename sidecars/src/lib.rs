@@ -26,4 +26,6 @@ pub enum SidecarError {
     Task(String),
     #[error(transparent)]
     Registrar(#[from] registrar::RegistrarError),
+    #[error(transparent)]
+    Attacher(#[from] attacher::AttacherError),
 }

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use csiops_sidecars::common::logging;
-use csiops_sidecars::{liveness, registrar};
+use csiops_sidecars::{attacher, liveness, registrar};
 
 /// Rust replacements of the kubernetes-csi sidecars.
 #[derive(Debug, Parser)]
@@ -20,6 +20,8 @@ enum Role {
     Registrar(registrar::RegistrarArgs),
     /// Serves /healthz by calling the driver's Probe.
     LivenessProbe(liveness::LivenessArgs),
+    /// Attaches and detaches volumes for VolumeAttachments (ControllerPublish/Unpublish).
+    Attacher(attacher::AttacherArgs),
 }
 
 // One thread: a node sidecar has little to do at once, and every thread
@@ -30,6 +32,7 @@ async fn main() -> ExitCode {
     let common = match &cli.role {
         Role::Registrar(a) => &a.common,
         Role::LivenessProbe(a) => &a.common,
+        Role::Attacher(a) => &a.common,
     };
     if let Err(e) = logging::init(common.log_format, common.verbosity) {
         eprintln!("csiops-sidecar: {e}");
@@ -38,6 +41,7 @@ async fn main() -> ExitCode {
     let res = match cli.role {
         Role::Registrar(a) => registrar::run(a).await,
         Role::LivenessProbe(a) => liveness::run(a).await,
+        Role::Attacher(a) => attacher::run(a).await,
     };
     match res {
         Ok(()) => {
