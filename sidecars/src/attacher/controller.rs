@@ -275,9 +275,12 @@ impl Controller {
         // Only the node-ID annotation is read from Nodes: metadata suffices.
         let node_stream = reflector::reflector(
             watches.node_writer,
-            watcher(Api::<PartialObjectMeta<Node>>::all(self.client.clone()), cfg)
-                .default_backoff()
-                .modify(slim),
+            watcher(
+                Api::<PartialObjectMeta<Node>>::all(self.client.clone()),
+                cfg,
+            )
+            .default_backoff()
+            .modify(slim),
         );
 
         let me = self.clone();
