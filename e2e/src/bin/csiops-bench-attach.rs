@@ -132,6 +132,7 @@ async fn run_one(
         &dir.join("state"),
         &[
             "--enable-attach",
+            "--capacity=100Ti",
             &format!("--drivername={driver_name}"),
             &format!("--nodeid={NODE_ID}"),
         ],
