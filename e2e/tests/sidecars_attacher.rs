@@ -13,9 +13,10 @@ use csiops_e2e::attach::{self, attached, has_finalizer};
 use csiops_e2e::process::ManagedProcess;
 use csiops_e2e::testdriver::{load_state, TestDriverProcess};
 use csiops_e2e::{free_port, sidecar_bin, testkit, wait_for, Cluster, ClusterOptions};
-use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::api::core::v1::{PersistentVolume, Secret, SecretReference};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 
 const TEST_DRIVER: &str = env!("CARGO_BIN_EXE_csi-test-driver");
@@ -25,6 +26,7 @@ const NODE: &str = "kwok-node-0";
 const NODE_ID: &str = "test-node-id-0";
 const DEADLINE: Duration = Duration::from_secs(60);
 const POLL: Duration = Duration::from_millis(100);
+const SECRET_VALUE: &str = "s3cr3t-do-not-log";
 
 struct Setup {
     driver: TestDriverProcess,
@@ -154,6 +156,8 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
             "--retry-interval-start=1s",
             "--kube-api-qps=50",
             "--kube-api-burst=100",
+            // Debug logs include the (redacted) CSI requests.
+            "--v=5",
         ],
         0,
     );
@@ -161,10 +165,33 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
     let ids = attach::create_volumes(&csi, "vol", 8)
         .await
         .expect("volumes");
+    // pv-6 carries a controller-publish secret.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
+    secrets
+        .create(
+            &pp,
+            &Secret {
+                metadata: ObjectMeta {
+                    name: Some("publish-secret".into()),
+                    ..Default::default()
+                },
+                string_data: Some([("password".to_string(), SECRET_VALUE.to_string())].into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("Secret");
     for (i, id) in ids.iter().enumerate() {
-        pvs.create(&pp, &attach::pv(&format!("pv-{i}"), &s.driver_name, id))
-            .await
-            .expect("PV");
+        let mut pv = attach::pv(&format!("pv-{i}"), &s.driver_name, id);
+        if i == 6 {
+            if let Some(csi) = pv.spec.as_mut().and_then(|s| s.csi.as_mut()) {
+                csi.controller_publish_secret_ref = Some(SecretReference {
+                    name: Some("publish-secret".into()),
+                    namespace: Some("default".into()),
+                });
+            }
+        }
+        pvs.create(&pp, &pv).await.expect("PV");
     }
 
     // 1. A failing publish: attachError and an Event, then recovery.
@@ -372,6 +399,38 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
     assert!(published(&s, &ids[7]).is_empty());
     assert!(!has_finalizer(&refused.metadata, &s.finalizer));
 
+    // The publish carries the PV's controller-publish secret; its value is
+    // never logged.
+    vas.create(&pp, &attach::va("va-6", &s.driver_name, "pv-6", NODE))
+        .await
+        .expect("VA");
+    wait_va(&vas, "va-6", "attached with a secret", &attacher, |va| {
+        va.is_some_and(|v| attached(v, &s.finalizer))
+    })
+    .await;
+    let state = load_state(s.driver.state_dir()).expect("state");
+    let publication = state
+        .volumes
+        .get(&ids[6])
+        .and_then(|v| v.published_nodes.get(NODE_ID))
+        .cloned()
+        .expect("published");
+    assert_eq!(publication.secret_keys, vec!["password".to_string()]);
+    vas.delete("va-6", &DeleteParams::default())
+        .await
+        .expect("delete");
+    wait_va(&vas, "va-6", "gone", &attacher, |va| va.is_none()).await;
+    let log = std::fs::read_to_string(
+        cluster
+            .log_dir()
+            .join(format!("attacher-{}-0.log", s.driver_name)),
+    )
+    .expect("attacher log");
+    assert!(
+        !log.contains(SECRET_VALUE),
+        "the secret leaked into the log"
+    );
+
     // 5. Trivial mode: a driver without PUBLISH_UNPUBLISH_VOLUME.
     let t = start_driver(&cluster, "trivial.test.csi.csiops.dev", &[]).await;
     let tport = free_port().expect("port");
@@ -422,6 +481,91 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
         .await
         .expect("delete");
     wait_va(&vas, "tva-0", "gone", &trivial, |va| va.is_none()).await;
+
+    // 6. Detaches never starve attaches: two workers per queue, four
+    //    detaches of 6 s each queued; a new attachment is attached while at
+    //    least two of them are still waiting (one shared pool of two would
+    //    take ~12 s of detaches first).
+    let slow = start_driver(
+        &cluster,
+        "slow.test.csi.csiops.dev",
+        &["--enable-attach", "--delay=ControllerUnpublishVolume=6s"],
+    )
+    .await;
+    let slow_attacher = start_attacher(
+        &cluster,
+        &slow,
+        free_port().expect("port"),
+        &[
+            "--worker-threads=2",
+            "--kube-api-qps=50",
+            "--kube-api-burst=100",
+        ],
+        0,
+    );
+    let scsi = slow.driver.client().await.expect("client");
+    let sids = attach::create_volumes(&scsi, "svol", 5)
+        .await
+        .expect("volumes");
+    for (i, id) in sids.iter().enumerate() {
+        pvs.create(&pp, &attach::pv(&format!("spv-{i}"), &slow.driver_name, id))
+            .await
+            .expect("PV");
+    }
+    for i in 0..4 {
+        let name = format!("sva-{i}");
+        vas.create(
+            &pp,
+            &attach::va(&name, &slow.driver_name, &format!("spv-{i}"), NODE),
+        )
+        .await
+        .expect("VA");
+        wait_va(&vas, &name, "attached", &slow_attacher, |va| {
+            va.is_some_and(|v| attached(v, &slow.finalizer))
+        })
+        .await;
+    }
+    for i in 0..4 {
+        vas.delete(&format!("sva-{i}"), &DeleteParams::default())
+            .await
+            .expect("delete");
+    }
+    vas.create(&pp, &attach::va("sva-4", &slow.driver_name, "spv-4", NODE))
+        .await
+        .expect("VA");
+    wait_va(
+        &vas,
+        "sva-4",
+        "attached during the detaches",
+        &slow_attacher,
+        |va| va.is_some_and(|v| attached(v, &slow.finalizer)),
+    )
+    .await;
+    let mut still_detaching = 0;
+    for i in 0..4 {
+        if vas
+            .get_opt(&format!("sva-{i}"))
+            .await
+            .expect("get")
+            .is_some()
+        {
+            still_detaching += 1;
+        }
+    }
+    assert!(
+        still_detaching >= 2,
+        "only {still_detaching} detaches were pending when the attach finished"
+    );
+    for i in 0..4 {
+        wait_va(
+            &vas,
+            &format!("sva-{i}"),
+            "detached",
+            &slow_attacher,
+            |va| va.is_none(),
+        )
+        .await;
+    }
 
     // Metrics with the upstream name for the CSI calls, and the queues.
     let (_, body) = testkit::http_get_async(([127, 0, 0, 1], port).into(), "/metrics")
@@ -477,10 +621,33 @@ async fn kill9_during_100_attach_detach_cycles_ends_consistent() {
     let ids = attach::create_volumes(&csi, "vol", LANES)
         .await
         .expect("volumes");
+    // pv-6 carries a controller-publish secret.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
+    secrets
+        .create(
+            &pp,
+            &Secret {
+                metadata: ObjectMeta {
+                    name: Some("publish-secret".into()),
+                    ..Default::default()
+                },
+                string_data: Some([("password".to_string(), SECRET_VALUE.to_string())].into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("Secret");
     for (i, id) in ids.iter().enumerate() {
-        pvs.create(&pp, &attach::pv(&format!("pv-{i}"), &s.driver_name, id))
-            .await
-            .expect("PV");
+        let mut pv = attach::pv(&format!("pv-{i}"), &s.driver_name, id);
+        if i == 6 {
+            if let Some(csi) = pv.spec.as_mut().and_then(|s| s.csi.as_mut()) {
+                csi.controller_publish_secret_ref = Some(SecretReference {
+                    name: Some("publish-secret".into()),
+                    namespace: Some("default".into()),
+                });
+            }
+        }
+        pvs.create(&pp, &pv).await.expect("PV");
     }
 
     let port = free_port().expect("port");
