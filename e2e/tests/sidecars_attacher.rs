@@ -13,6 +13,7 @@ use csiops_e2e::attach::{self, attached, has_finalizer};
 use csiops_e2e::process::ManagedProcess;
 use csiops_e2e::testdriver::{load_state, TestDriverProcess};
 use csiops_e2e::{free_port, sidecar_bin, testkit, wait_for, Cluster, ClusterOptions};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{PersistentVolume, Secret, SecretReference};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
@@ -404,7 +405,7 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
     vas.create(&pp, &attach::va("va-6", &s.driver_name, "pv-6", NODE))
         .await
         .expect("VA");
-    wait_va(&vas, "va-6", "attached with a secret", &attacher, |va| {
+    let va6 = wait_va(&vas, "va-6", "attached with a secret", &attacher, |va| {
         va.is_some_and(|v| attached(v, &s.finalizer))
     })
     .await;
@@ -414,7 +415,13 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
         .get(&ids[6])
         .and_then(|v| v.published_nodes.get(NODE_ID))
         .cloned()
-        .expect("published");
+        .unwrap_or_else(|| {
+            panic!(
+                "va-6 attached but not published: {va6:?}\n{:?}\n{}",
+                state.volumes.get(&ids[6]),
+                attacher.log_tail(60)
+            )
+        });
     assert_eq!(publication.secret_keys, vec!["password".to_string()]);
     vas.delete("va-6", &DeleteParams::default())
         .await
@@ -566,6 +573,59 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
         )
         .await;
     }
+
+    // 7. Leader election: of two attachers only the Lease holder acts; when
+    //    it is killed, the other takes over.
+    let l = start_driver(&cluster, "leader.test.csi.csiops.dev", &["--enable-attach"]).await;
+    let election = [
+        "--leader-election",
+        "--leader-election-namespace=default",
+        "--leader-election-lease-duration=3s",
+        "--leader-election-renew-deadline=2s",
+        "--leader-election-retry-period=500ms",
+    ];
+    let mut first = start_attacher(&cluster, &l, free_port().expect("port"), &election, 0);
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    let lease_name = "external-attacher-leader-leader-test-csi-csiops-dev";
+    wait_for(DEADLINE, POLL, || async {
+        let lease = leases.get_opt(lease_name).await.ok()??;
+        let holder = lease.spec?.holder_identity?;
+        holder.ends_with(&format!("_{}", first.pid())).then_some(())
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the first attacher leads\n{}", first.log_tail(20)));
+    let second = start_attacher(&cluster, &l, free_port().expect("port"), &election, 1);
+    let lcsi = l.driver.client().await.expect("client");
+    let lids = attach::create_volumes(&lcsi, "lvol", 2)
+        .await
+        .expect("volumes");
+    for (i, id) in lids.iter().enumerate() {
+        pvs.create(&pp, &attach::pv(&format!("lpv-{i}"), &l.driver_name, id))
+            .await
+            .expect("PV");
+    }
+    vas.create(&pp, &attach::va("lva-0", &l.driver_name, "lpv-0", NODE))
+        .await
+        .expect("VA");
+    wait_va(&vas, "lva-0", "attached by the leader", &first, |va| {
+        va.is_some_and(|v| attached(v, &l.finalizer))
+    })
+    .await;
+    let second_log = || std::fs::read_to_string(second.log_path()).unwrap_or_default();
+    assert!(
+        !second_log().contains("attaching"),
+        "the standby acted:\n{}",
+        second_log()
+    );
+    attach::kill9(&mut first);
+    vas.create(&pp, &attach::va("lva-1", &l.driver_name, "lpv-1", NODE))
+        .await
+        .expect("VA");
+    wait_va(&vas, "lva-1", "attached by the new leader", &second, |va| {
+        va.is_some_and(|v| attached(v, &l.finalizer))
+    })
+    .await;
+    assert!(second_log().contains("attaching"), "{}", second_log());
 
     // Metrics with the upstream name for the CSI calls, and the queues.
     let (_, body) = testkit::http_get_async(([127, 0, 0, 1], port).into(), "/metrics")
