@@ -25,4 +25,6 @@ pub enum SidecarError {
     Task(String),
     #[error(transparent)]
     Registrar(#[from] registrar::RegistrarError),
+    #[error(transparent)]
+    Provisioner(#[from] provisioner::ProvisionerError),
 }
