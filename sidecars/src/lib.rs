@@ -28,4 +28,6 @@ pub enum SidecarError {
     Registrar(#[from] registrar::RegistrarError),
     #[error(transparent)]
     Attacher(#[from] attacher::AttacherError),
+    #[error(transparent)]
+    Provisioner(#[from] provisioner::ProvisionerError),
 }

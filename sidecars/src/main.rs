@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use csiops_sidecars::common::logging;
-use csiops_sidecars::{attacher, liveness, registrar};
+use csiops_sidecars::{attacher, liveness, provisioner, registrar};
 
 /// Rust replacements of the kubernetes-csi sidecars.
 #[derive(Debug, Parser)]
@@ -20,6 +20,10 @@ enum Role {
     Registrar(registrar::RegistrarArgs),
     /// Serves /healthz by calling the driver's Probe.
     LivenessProbe(liveness::LivenessArgs),
+    /// Creates and deletes volumes for PersistentVolumeClaims.
+    // Upstream's --timeout default for the provisioner is 10s.
+    #[command(mut_arg("timeout", |a| a.default_value("10s")))]
+    Provisioner(provisioner::ProvisionerArgs),
     /// Attaches and detaches volumes for VolumeAttachments (ControllerPublish/Unpublish).
     Attacher(attacher::AttacherArgs),
 }
@@ -32,6 +36,7 @@ async fn main() -> ExitCode {
     let common = match &cli.role {
         Role::Registrar(a) => &a.common,
         Role::LivenessProbe(a) => &a.common,
+        Role::Provisioner(a) => &a.common,
         Role::Attacher(a) => &a.common,
     };
     if let Err(e) = logging::init(common.log_format, common.verbosity) {
@@ -41,6 +46,7 @@ async fn main() -> ExitCode {
     let res = match cli.role {
         Role::Registrar(a) => registrar::run(a).await,
         Role::LivenessProbe(a) => liveness::run(a).await,
+        Role::Provisioner(a) => provisioner::run(a).await,
         Role::Attacher(a) => attacher::run(a).await,
     };
     match res {

@@ -37,13 +37,13 @@ use tonic::Status;
 
 use super::cache::Cached;
 use super::decide::{self, Mode, PvAction, Refusal, VaAction, Volume};
-use super::metrics::{AttacherMetrics, Write};
+use super::metrics::{Write, Writes};
 use super::node::{self, NodeIdError};
 use super::request::{self, PublishCaps, RequestError, SecretRef};
 use super::{csi, status};
 use crate::common::driver::{code_name, Driver};
 use crate::common::shutdown::Shutdown;
-use crate::common::workqueue::{Backoff, WorkQueue};
+use crate::common::workqueue::{Backoff, QueueMetrics, WorkQueue};
 
 /// Event reasons (close to the kubelet/attach-detach controller's wording).
 pub const REASON_ATTACH_FAILED: &str = "AttachFailed";
@@ -60,7 +60,6 @@ pub struct Config {
     pub default_fs_type: String,
     pub timeout: Duration,
     pub workers: usize,
-    pub backoff: Backoff,
     /// Re-queue every attachment this often (0: never), like upstream's `--resync`.
     pub resync: Duration,
 }
@@ -114,6 +113,34 @@ enum Kind {
     Detach,
 }
 
+/// The three work queues, made before the controller so the metrics
+/// registry can hold them.
+pub struct Queues {
+    pub attach: Arc<WorkQueue<String>>,
+    pub detach: Arc<WorkQueue<String>>,
+    pub pv: Arc<WorkQueue<String>>,
+}
+
+impl Queues {
+    pub fn new(backoff: Backoff) -> Self {
+        let queue = || Arc::new(WorkQueue::new(backoff));
+        Queues {
+            attach: queue(),
+            detach: queue(),
+            pv: queue(),
+        }
+    }
+
+    /// Their gauges, named `attach`, `detach` and `pv`.
+    pub fn metrics(&self) -> QueueMetrics {
+        let mut m = QueueMetrics::default();
+        m.add("attach", self.attach.clone());
+        m.add("detach", self.detach.clone());
+        m.add("pv", self.pv.clone());
+        m
+    }
+}
+
 pub struct Controller {
     cfg: Config,
     finalizer: String,
@@ -129,7 +156,7 @@ pub struct Controller {
     /// VolumeAttachment keys a worker holds, across both VA queues.
     busy: Mutex<HashSet<String>>,
     recorder: Recorder,
-    metrics: Arc<AttacherMetrics>,
+    metrics: Writes,
 }
 
 /// The reflector streams, to be driven by [`Controller::run`].
@@ -150,17 +177,18 @@ impl Controller {
         cfg: Config,
         client: kube::Client,
         driver: Driver,
-        metrics: Arc<AttacherMetrics>,
+        queues: Queues,
+        metrics: Writes,
     ) -> (Arc<Self>, Watches) {
         let (va_store, va_writer) = reflector::store();
         let (pv_store, pv_writer) = reflector::store();
         let (csinode_store, csinode_writer) = reflector::store();
         let (node_store, node_writer) = reflector::store();
-        let queue = || Arc::new(WorkQueue::new(cfg.backoff));
-        let (attach_q, detach_q, pv_q) = (queue(), queue(), queue());
-        metrics.watch_queue("attach", attach_q.clone());
-        metrics.watch_queue("detach", detach_q.clone());
-        metrics.watch_queue("pv", pv_q.clone());
+        let Queues {
+            attach: attach_q,
+            detach: detach_q,
+            pv: pv_q,
+        } = queues;
         let recorder = Recorder::new(
             client.clone(),
             Reporter {

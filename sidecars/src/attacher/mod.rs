@@ -106,8 +106,14 @@ pub async fn run(args: AttacherArgs) -> Result<(), SidecarError> {
     let client = crate::common::kube::client(&args.kube)
         .await
         .map_err(AttacherError::from)?;
-    let metrics = Arc::new(Metrics::new());
-    let ours = Arc::new(metrics::AttacherMetrics::new());
+    let queues = controller::Queues::new(backoff);
+    let writes = metrics::Writes::default();
+    let mut registry = Metrics::new();
+    registry
+        .registry_mut()
+        .register_collector(Box::new(queues.metrics()));
+    writes.register(registry.registry_mut());
+    let metrics = Arc::new(registry);
 
     let Some(driver) = Driver::connect_waiting(
         &args.common.csi_address,
@@ -162,12 +168,7 @@ pub async fn run(args: AttacherArgs) -> Result<(), SidecarError> {
             Some(
                 http::serve(
                     addr,
-                    metrics::router(
-                        metrics.clone(),
-                        ours.clone(),
-                        &args.common.metrics_path,
-                        check,
-                    ),
+                    http::router(metrics.clone(), &args.common.metrics_path, check),
                     async move { stop.wait().await },
                 )
                 .await
@@ -184,10 +185,9 @@ pub async fn run(args: AttacherArgs) -> Result<(), SidecarError> {
         default_fs_type: args.default_fstype.clone(),
         timeout: args.common.timeout,
         workers: args.worker_threads,
-        backoff,
         resync: args.resync,
     };
-    let (ctrl, watches) = controller::Controller::new(cfg, client.clone(), driver, ours);
+    let (ctrl, watches) = controller::Controller::new(cfg, client.clone(), driver, queues, writes);
     let election = args.controller.leader_election.then(|| {
         args.controller
             .leader_config(&lease_name("external-attacher-leader-", &driver_name))

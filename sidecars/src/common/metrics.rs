@@ -65,6 +65,11 @@ impl Metrics {
         }
     }
 
+    /// The registry, for a role to add its own metrics before sharing `self`.
+    pub fn registry_mut(&mut self) -> &mut Registry {
+        &mut self.registry
+    }
+
     /// Sets the driver_name label of later observations.
     pub fn set_driver_name(&self, name: &str) {
         if let Ok(mut d) = self.driver.lock() {

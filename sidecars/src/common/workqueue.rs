@@ -18,6 +18,10 @@ use std::hash::Hash;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -267,6 +271,95 @@ impl<K: Clone + Eq + Hash> State<K> {
     }
 }
 
+/// What the metrics read of a queue, whatever its key type.
+pub trait QueueStats: Send + Sync {
+    fn depth(&self) -> usize;
+    fn delayed(&self) -> usize;
+    fn oldest_age(&self) -> Duration;
+}
+
+impl<K: Clone + Eq + Hash + Send> QueueStats for WorkQueue<K> {
+    fn depth(&self) -> usize {
+        self.len()
+    }
+    fn delayed(&self) -> usize {
+        self.delayed_len()
+    }
+    fn oldest_age(&self) -> Duration {
+        WorkQueue::oldest_age(self)
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueLabel {
+    name: String,
+}
+
+/// Exports, read at every scrape, `workqueue_depth{name}` (client-go's name)
+/// plus `workqueue_oldest_item_age_seconds{name}` and
+/// `workqueue_delayed_items{name}` (keys waiting for a backoff).
+#[derive(Default)]
+pub struct QueueMetrics {
+    queues: Vec<(QueueLabel, std::sync::Arc<dyn QueueStats>)>,
+}
+
+impl std::fmt::Debug for QueueMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.queues.iter().map(|(l, _)| l.name.as_str()).collect();
+        f.debug_struct("QueueMetrics")
+            .field("queues", &names)
+            .finish()
+    }
+}
+
+impl QueueMetrics {
+    pub fn add(&mut self, name: &str, queue: std::sync::Arc<dyn QueueStats>) {
+        self.queues.push((
+            QueueLabel {
+                name: name.to_string(),
+            },
+            queue,
+        ));
+    }
+
+    fn gauge(
+        &self,
+        encoder: &mut DescriptorEncoder,
+        name: &str,
+        help: &str,
+        value: impl Fn(&dyn QueueStats) -> f64,
+    ) -> Result<(), std::fmt::Error> {
+        let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+        for (label, queue) in &self.queues {
+            ConstGauge::new(value(queue.as_ref())).encode(family.encode_family(label)?)?;
+        }
+        Ok(())
+    }
+}
+
+impl Collector for QueueMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        self.gauge(
+            &mut encoder,
+            "workqueue_depth",
+            "Current depth of workqueue",
+            |q| q.depth() as f64,
+        )?;
+        self.gauge(
+            &mut encoder,
+            "workqueue_oldest_item_age_seconds",
+            "How long the oldest ready item of the workqueue has waited",
+            |q| q.oldest_age().as_secs_f64(),
+        )?;
+        self.gauge(
+            &mut encoder,
+            "workqueue_delayed_items",
+            "Items waiting for their retry backoff or requeue time",
+            |q| q.delayed() as f64,
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -408,6 +501,32 @@ mod tests {
         }
         got.sort_unstable();
         assert_eq!(got, vec!["a", "b", "c", "d"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn queue_metrics_are_read_at_scrape_time() {
+        let q = Arc::new(queue());
+        let mut metrics = QueueMetrics::default();
+        metrics.add("claims", q.clone());
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register_collector(Box::new(metrics));
+        q.add("a");
+        q.add_rate_limited("b");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+        assert!(
+            text.contains("workqueue_depth{name=\"claims\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("workqueue_delayed_items{name=\"claims\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("workqueue_oldest_item_age_seconds{name=\"claims\"} 0.5"),
+            "{text}"
+        );
     }
 
     #[tokio::test(start_paused = true)]

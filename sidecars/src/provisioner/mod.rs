@@ -1,6 +1,10 @@
 //! `csiops-sidecar provisioner`: the external-provisioner behaviour of the
-//! upstream README and the CSI design doc. This part is the pure decision
-//! logic, each piece a function of its inputs with table-driven tests:
+//! upstream README and the CSI design doc, plus one guarantee upstream lacks:
+//! a crash or a deleted claim at any point never leaks a volume (see
+//! [`claim`]).
+//!
+//! The pure decision logic, each piece a function of its inputs with
+//! table-driven tests:
 //!
 //! - [`naming`]: `<--volume-name-prefix>-<PVC UID>`, the volume and PV name;
 //! - [`params`]: StorageClass parameters → CreateVolume parameters (reserved
@@ -12,17 +16,199 @@
 //! - [`topology`]: requisite/preferred accessibility requirements, per the
 //!   README's table;
 //! - [`pv`]: the PersistentVolume for a created volume;
-//! - [`plan`]: the above composed into the two steps around CreateVolume.
+//! - [`plan`]: the above composed into the two steps around CreateVolume;
+//! - [`decide`]: what a claim or a PV needs; [`finalizer`]: the patches.
+//!
+//! Around it: [`controller`] (caches, queues, workers), [`claim`] and
+//! [`volume`] (the syncs), [`csi`], [`secrets`], [`metrics`], [`args`].
 
+pub mod args;
 pub mod capabilities;
+pub mod claim;
+pub mod controller;
+pub mod csi;
+pub mod decide;
+pub mod finalizer;
+pub mod metrics;
 pub mod naming;
 pub mod params;
 pub mod plan;
 pub mod pv;
 pub mod quantity;
+pub mod secrets;
 pub mod topology;
+pub mod volume;
 
+use std::sync::Arc;
+
+use csiops_proto::csi::v1::controller_service_capability::rpc::Type as Rpc;
+use csiops_proto::csi::v1::plugin_capability::service::Type as Service;
+
+pub use args::ProvisionerArgs;
 pub use plan::{
     finish, prepare, Cluster, DriverCapabilities, FinishError, PrepareError, Prepared,
     ProvisionerConfig,
 };
+
+use crate::common::controller::{lease_name, run_as_leader, LeadError};
+use crate::common::driver::{code_name, Driver};
+use crate::common::http::{self, HealthCheck};
+use crate::common::kube::{self as kube_client, KubeError};
+use crate::common::metrics::Metrics;
+use crate::common::shutdown::Shutdown;
+use crate::common::workqueue::QueueMetrics;
+use crate::SidecarError;
+use controller::{Provisioner, Queues, Setup};
+
+/// Why the provisioner could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ProvisionerError {
+    #[error("driver {call} failed: {code}: {message}")]
+    DriverInfo {
+        call: &'static str,
+        code: &'static str,
+        message: String,
+    },
+    #[error("the driver answered GetPluginInfo with an empty name")]
+    NoName,
+    #[error("driver {driver:?} does not provide the controller service with CREATE_DELETE_VOLUME; the provisioner cannot work with it")]
+    CannotProvision { driver: String },
+    #[error(transparent)]
+    Kube(#[from] KubeError),
+    #[error(transparent)]
+    Lead(#[from] LeadError),
+}
+
+fn info_error(call: &'static str) -> impl Fn(tonic::Status) -> ProvisionerError {
+    move |s| ProvisionerError::DriverInfo {
+        call,
+        code: code_name(s.code()),
+        message: s.message().to_string(),
+    }
+}
+
+/// Runs until SIGTERM, or until leadership is lost.
+pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
+    let (shutdown, _trigger) = Shutdown::on_signals();
+    let backoff = args.controller.backoff().map_err(SidecarError::Flag)?;
+    let http_addr = args.common.http_addr().map_err(SidecarError::Flag)?;
+
+    let queues = Queues::new(backoff);
+    let operations = Arc::new(metrics::OperationMetrics::default());
+    let mut registry = Metrics::new();
+    operations.register(registry.registry_mut());
+    let mut queue_metrics = QueueMetrics::default();
+    queue_metrics.add("claims", queues.claims.clone());
+    queue_metrics.add("volumes", queues.volumes.clone());
+    registry
+        .registry_mut()
+        .register_collector(Box::new(queue_metrics));
+    let metrics = Arc::new(registry);
+
+    let server = match http_addr {
+        Some(addr) => {
+            let ok: HealthCheck = Arc::new(|| Box::pin(async { Ok(()) }));
+            let router = http::router(metrics.clone(), &args.common.metrics_path, ok);
+            let stop = shutdown.clone();
+            Some(
+                http::serve(addr, router, async move { stop.wait().await })
+                    .await
+                    .map_err(|source| SidecarError::Bind { addr, source })?,
+            )
+        }
+        None => None,
+    };
+
+    let Some(driver) = Driver::connect_waiting(
+        &args.common.csi_address,
+        args.common.timeout,
+        metrics.clone(),
+        &shutdown,
+    )
+    .await
+    else {
+        return Ok(());
+    };
+    if !driver
+        .probe_until_ready(args.common.timeout, &shutdown)
+        .await
+    {
+        return Ok(());
+    }
+    let (driver_name, caps) = driver_facts(&driver).await?;
+    metrics.set_driver_name(&driver_name);
+    let (config, gates) = args.config(&driver_name).map_err(SidecarError::Flag)?;
+    let caps = DriverCapabilities {
+        topology: caps.topology && gates.topology,
+        ..caps
+    };
+    tracing::info!(driver = %driver_name, topology = caps.topology, "driver ready");
+
+    let client = kube_client::client(&args.kube)
+        .await
+        .map_err(ProvisionerError::from)?;
+    let election = args
+        .controller
+        .leader_election
+        .then(|| args.controller.leader_config(&lease_name("", &driver_name)));
+    let workers = args.worker_threads;
+    let setup = Setup {
+        driver,
+        config,
+        caps,
+        timeout: args.common.timeout,
+        workers,
+        queues,
+        metrics: operations,
+    };
+    let lead_client = client.clone();
+    let stop = shutdown.clone();
+    run_as_leader(lead_client, election, &shutdown, move || async move {
+        let (provisioner, watches) = Provisioner::new(client, setup);
+        provisioner.run(watches, workers, stop).await;
+    })
+    .await
+    .map_err(ProvisionerError::from)?;
+
+    if let Some(server) = server {
+        match server.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(SidecarError::Http(e)),
+            Err(e) => return Err(SidecarError::Task(e.to_string())),
+        }
+    }
+    Ok(())
+}
+
+/// GetPluginInfo, GetPluginCapabilities and ControllerGetCapabilities: the
+/// driver's name and what it supports. Any failure ends the process.
+async fn driver_facts(driver: &Driver) -> Result<(String, DriverCapabilities), ProvisionerError> {
+    let info = driver
+        .plugin_info()
+        .await
+        .map_err(info_error("GetPluginInfo"))?;
+    if info.name.is_empty() {
+        return Err(ProvisionerError::NoName);
+    }
+    let plugin = driver
+        .plugin_capabilities()
+        .await
+        .map_err(info_error("GetPluginCapabilities"))?;
+    if !plugin.contains(&Service::ControllerService) {
+        return Err(ProvisionerError::CannotProvision { driver: info.name });
+    }
+    let controller = driver
+        .controller_capabilities()
+        .await
+        .map_err(info_error("ControllerGetCapabilities"))?;
+    if !controller.contains(&Rpc::CreateDeleteVolume) {
+        return Err(ProvisionerError::CannotProvision { driver: info.name });
+    }
+    Ok((
+        info.name,
+        DriverCapabilities {
+            topology: plugin.contains(&Service::VolumeAccessibilityConstraints),
+            single_node_multi_writer: controller.contains(&Rpc::SingleNodeMultiWriter),
+        },
+    ))
+}

@@ -9,6 +9,8 @@
 //!    A [`FinishError::Capacity`] means the volume exists but is unusable:
 //!    the caller deletes it before retrying.
 
+use std::sync::Arc;
+
 use csiops_proto::csi::v1::{CreateVolumeRequest, Volume};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
@@ -55,8 +57,8 @@ pub struct DriverCapabilities {
 /// The informer caches topology is computed from.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Cluster<'a> {
-    pub nodes: &'a [Node],
-    pub csi_nodes: &'a [CSINode],
+    pub nodes: &'a [Arc<Node>],
+    pub csi_nodes: &'a [Arc<CSINode>],
 }
 
 /// Why a claim cannot be provisioned now.
@@ -308,14 +310,14 @@ mod tests {
         sc
     }
 
-    fn cluster() -> (Vec<Node>, Vec<CSINode>) {
+    fn cluster() -> (Vec<Arc<Node>>, Vec<Arc<CSINode>>) {
         let mut nodes = Vec::new();
         let mut csi = Vec::new();
         for n in ["node-0", "node-1"] {
             let mut node = Node::default();
             node.metadata.name = Some(n.into());
             node.metadata.labels = Some(map(&[(KEY, n)]));
-            nodes.push(node);
+            nodes.push(Arc::new(node));
             let mut c = CSINode {
                 spec: CSINodeSpec {
                     drivers: vec![CSINodeDriver {
@@ -328,7 +330,7 @@ mod tests {
                 ..Default::default()
             };
             c.metadata.name = Some(n.into());
-            csi.push(c);
+            csi.push(Arc::new(c));
         }
         (nodes, csi)
     }

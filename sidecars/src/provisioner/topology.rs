@@ -28,6 +28,7 @@
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use csiops_proto::csi::v1::{Topology, TopologyRequirement};
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, TopologySelectorTerm};
@@ -80,8 +81,8 @@ pub struct TopologyInputs<'a> {
     pub allowed_topologies: &'a [TopologySelectorTerm],
     /// The selected node (see [`selected_node`]); `None` = immediate binding.
     pub selected_node: Option<&'a str>,
-    pub nodes: &'a [Node],
-    pub csi_nodes: &'a [CSINode],
+    pub nodes: &'a [Arc<Node>],
+    pub csi_nodes: &'a [Arc<CSINode>],
 }
 
 /// The claim's selected node, if the scheduler chose one.
@@ -357,7 +358,7 @@ mod tests {
     const ZONE: &str = "topology.example.com/zone";
     const RACK: &str = "topology.example.com/rack";
 
-    fn node(name: &str, labels: &[(&str, &str)]) -> Node {
+    fn node(name: &str, labels: &[(&str, &str)]) -> Arc<Node> {
         let mut n = Node::default();
         n.metadata.name = Some(name.into());
         n.metadata.labels = Some(
@@ -366,10 +367,10 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
         );
-        n
+        Arc::new(n)
     }
 
-    fn csi_node(name: &str, drivers: &[(&str, &[&str])]) -> CSINode {
+    fn csi_node(name: &str, drivers: &[(&str, &[&str])]) -> Arc<CSINode> {
         let mut c = CSINode {
             spec: CSINodeSpec {
                 drivers: drivers
@@ -386,7 +387,7 @@ mod tests {
             ..Default::default()
         };
         c.metadata.name = Some(name.into());
-        c
+        Arc::new(c)
     }
 
     fn allowed(terms: &[&[(&str, &[&str])]]) -> Vec<TopologySelectorTerm> {
@@ -428,7 +429,7 @@ mod tests {
 
     /// Three zones, one node each, all with the driver; node-d is labelled but
     /// has no driver; node-e has the driver registered without topology.
-    fn cluster() -> (Vec<Node>, Vec<CSINode>) {
+    fn cluster() -> (Vec<Arc<Node>>, Vec<Arc<CSINode>>) {
         let nodes = vec![
             node("node-a", &[(ZONE, "a"), (RACK, "1")]),
             node("node-b", &[(ZONE, "b"), (RACK, "1")]),
@@ -447,8 +448,8 @@ mod tests {
     }
 
     fn inputs<'a>(
-        nodes: &'a [Node],
-        csi_nodes: &'a [CSINode],
+        nodes: &'a [Arc<Node>],
+        csi_nodes: &'a [Arc<CSINode>],
         allowed_topologies: &'a [TopologySelectorTerm],
         selected_node: Option<&'a str>,
         strict_topology: bool,
@@ -651,7 +652,7 @@ mod tests {
             node("n3", &[(ZONE, "b"), (RACK, "1")]),
             node("n4", &[(ZONE, "b"), (RACK, "1")]),
         ];
-        let csi: Vec<CSINode> = ["n1", "n2", "n3", "n4"]
+        let csi: Vec<Arc<CSINode>> = ["n1", "n2", "n3", "n4"]
             .iter()
             .map(|n| csi_node(n, &[(DRIVER, &[ZONE, RACK])]))
             .collect();

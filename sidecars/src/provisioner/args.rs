@@ -1,0 +1,155 @@
+//! Flags of `csiops-sidecar provisioner`, with external-provisioner's names
+//! and defaults.
+
+use clap::Args;
+
+use crate::common::args::CommonArgs;
+use crate::common::controller::ControllerArgs;
+use crate::common::kube::KubeArgs;
+
+use super::naming::VolumeNamer;
+use super::plan::ProvisionerConfig;
+
+/// Flags of `provisioner`.
+#[derive(Debug, Clone, Args)]
+pub struct ProvisionerArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    #[command(flatten)]
+    pub kube: KubeArgs,
+    #[command(flatten)]
+    pub controller: ControllerArgs,
+
+    /// Concurrent CreateVolume/DeleteVolume calls (and workers per queue).
+    #[arg(long, default_value_t = 100)]
+    pub worker_threads: usize,
+
+    /// Prefix of volume and PV names: `<prefix>-<claim UID>`.
+    #[arg(long, default_value = "pvc")]
+    pub volume_name_prefix: String,
+
+    /// Truncates the claim UID in names to this many characters (-1: whole).
+    #[arg(long, default_value_t = -1, allow_negative_numbers = true)]
+    pub volume_name_uuid_length: i64,
+
+    /// Adds `csi.storage.k8s.io/pvc/name`, `pvc/namespace` and `pv/name` to
+    /// the CreateVolume parameters.
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub extra_create_metadata: bool,
+
+    /// Delayed binding: require the selected node's topology only, not the
+    /// other nodes' segments the class allows.
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub strict_topology: bool,
+
+    /// Immediate binding without allowedTopologies: pass the aggregated
+    /// topology of the nodes that run the driver (false: no requirement).
+    #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub immediate_topology: bool,
+
+    /// fsType when the StorageClass names none (empty: let the driver choose).
+    #[arg(long, default_value = "")]
+    pub default_fstype: String,
+
+    /// A claim whose only access mode is ReadOnlyMany gets a read-only PV.
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub controller_publish_readonly: bool,
+
+    /// Upstream feature gates; `Topology=true|false` is honoured (default
+    /// true), `HonorPVReclaimPolicy=true|false` switches the PV finalizer
+    /// (default true); other gates are refused.
+    #[arg(long, default_value = "")]
+    pub feature_gates: String,
+}
+
+/// Upstream gates this provisioner understands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FeatureGates {
+    pub topology: bool,
+    pub honor_pv_reclaim_policy: bool,
+}
+
+/// Parses `Key=bool,Key=bool`.
+pub fn feature_gates(s: &str) -> Result<FeatureGates, String> {
+    let mut gates = FeatureGates {
+        topology: true,
+        honor_pv_reclaim_policy: true,
+    };
+    for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let (key, value) = item
+            .split_once('=')
+            .ok_or_else(|| format!("--feature-gates: {item:?} is not Key=true|false"))?;
+        let value: bool = value
+            .trim()
+            .parse()
+            .map_err(|_| format!("--feature-gates: {item:?}: value must be true or false"))?;
+        match key.trim() {
+            "Topology" => gates.topology = value,
+            "HonorPVReclaimPolicy" => gates.honor_pv_reclaim_policy = value,
+            other => return Err(format!("--feature-gates: unknown gate {other:?}")),
+        }
+    }
+    Ok(gates)
+}
+
+impl ProvisionerArgs {
+    /// The decision config for `driver`, or why the flags are wrong.
+    pub fn config(&self, driver: &str) -> Result<(ProvisionerConfig, FeatureGates), String> {
+        let gates = feature_gates(&self.feature_gates)?;
+        let namer = VolumeNamer::new(&self.volume_name_prefix, self.volume_name_uuid_length)
+            .map_err(|e| e.to_string())?;
+        if self.worker_threads == 0 {
+            return Err("--worker-threads must be at least 1".into());
+        }
+        let millis = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or_default();
+        Ok((
+            ProvisionerConfig {
+                driver_name: driver.to_string(),
+                namer,
+                default_fs_type: Some(self.default_fstype.clone()).filter(|s| !s.is_empty()),
+                extra_create_metadata: self.extra_create_metadata,
+                strict_topology: self.strict_topology,
+                immediate_topology: self.immediate_topology,
+                controller_publish_read_only: self.controller_publish_readonly,
+                pv_protection_finalizer: gates.honor_pv_reclaim_policy,
+                // Upstream's "<start time>-<random>-<driver>"; the pid stands
+                // in for the random part.
+                identity: Some(format!("{millis}-{}-{driver}", std::process::id())),
+            },
+            gates,
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gates() {
+        assert_eq!(
+            feature_gates(""),
+            Ok(FeatureGates {
+                topology: true,
+                honor_pv_reclaim_policy: true
+            })
+        );
+        assert_eq!(
+            feature_gates("Topology=false, HonorPVReclaimPolicy=false"),
+            Ok(FeatureGates {
+                topology: false,
+                honor_pv_reclaim_policy: false
+            })
+        );
+        assert!(feature_gates("Topology").unwrap_err().contains("Key=true"));
+        assert!(feature_gates("Topology=yes")
+            .unwrap_err()
+            .contains("true or false"));
+        assert!(feature_gates("CSIStorageCapacity=true")
+            .unwrap_err()
+            .contains("unknown gate"));
+    }
+}

@@ -1,0 +1,346 @@
+//! One claim's sync: provision it, let go of it, or clean up after it.
+//!
+//! Provisioning is ordered so that no crash can leak a volume:
+//! 1. [`CLAIM_FINALIZER`] goes on the claim (the claim cannot disappear
+//!    from now on without us);
+//! 2. CreateVolume, named after the claim UID (idempotent across retries
+//!    and restarts);
+//! 3. the PV is created (it now carries the volume's lifecycle);
+//! 4. the finalizer comes off.
+//!
+//! A crash before 3 leaves the finalizer: either the claim is still wanted
+//! and the retry's CreateVolume returns the same volume, or the claim was
+//! deleted and [`Provisioner::clean_up`] deletes the volume before letting
+//! the claim go.
+
+use std::time::Instant;
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::events::EventType;
+use kube::runtime::reflector::ObjectRef;
+use kube::ResourceExt;
+use tonic::{Code, Status};
+
+use super::controller::{ClaimKey, Provisioner};
+use super::decide::{self, ClaimAction, CLAIM_FINALIZER};
+use super::metrics::Operation;
+use super::naming::NamingError;
+use super::plan::{self, Cluster, FinishError, PrepareError, Prepared};
+use super::secrets::{self, SecretError};
+use super::{csi, finalizer};
+
+/// Why a claim is not provisioned yet (each becomes a Warning Event on the
+/// claim and a retry with backoff).
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimError {
+    #[error("storageclass.storage.k8s.io {0:?} not found")]
+    ClassMissing(String),
+    #[error(transparent)]
+    Prepare(#[from] PrepareError),
+    #[error(transparent)]
+    Naming(#[from] NamingError),
+    #[error(transparent)]
+    Secret(#[from] SecretError),
+    #[error("failed to provision volume with StorageClass {class:?}: {}", rpc(.status))]
+    Create { class: String, status: Status },
+    #[error("the created volume is unusable ({error}); it was deleted and will be created again")]
+    Unusable { error: FinishError },
+    #[error("the created volume is unusable ({error}) and deleting it failed: {}", rpc(.status))]
+    UnusableNotDeleted { error: FinishError, status: Status },
+    #[error("cannot build the PV: {0}")]
+    Pv(FinishError),
+    #[error("PV {0:?} exists and belongs to another claim")]
+    PvTaken(String),
+    #[error("the claim was deleted and re-created while being provisioned")]
+    Recreated,
+    #[error("claim deleted before its volume got a PV, and deleting volume {volume:?} failed: {}", rpc(.status))]
+    CleanUpFailed { volume: String, status: Status },
+    #[error("claim deleted before its volume got a PV, and whether volume {volume:?} exists cannot be told: {why}. Delete it on the storage backend if it exists, then remove finalizer {CLAIM_FINALIZER} from the claim")]
+    CleanUpBlocked { volume: String, why: String },
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+impl ClaimError {
+    /// The Event reason.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ClaimError::CleanUpFailed { .. } | ClaimError::CleanUpBlocked { .. } => {
+                "ProvisioningCleanupFailed"
+            }
+            _ => "ProvisioningFailed",
+        }
+    }
+}
+
+/// An RPC error in upstream's words, which admins grep for.
+fn rpc(status: &Status) -> String {
+    format!(
+        "rpc error: code = {:?} desc = {}",
+        status.code(),
+        status.message()
+    )
+}
+
+impl Provisioner {
+    pub(super) async fn sync_claim(&self, key: &ClaimKey) -> Result<(), ClaimError> {
+        let Some(claim) = self.caches.claims.get(key) else {
+            return Ok(());
+        };
+        let class =
+            decide::class_name(&claim).and_then(|n| self.caches.classes.get(&ObjectRef::new(n)));
+        let pv_name = self
+            .config
+            .namer
+            .pv_name(claim.uid().as_deref().unwrap_or_default())?;
+        let pv_cached = self.caches.volumes.get(&ObjectRef::new(&pv_name)).is_some();
+        match decide::claim_action(
+            &claim,
+            &self.config.driver_name,
+            class.as_deref(),
+            pv_cached,
+        ) {
+            ClaimAction::Nothing(why) => {
+                tracing::debug!(claim = %key, why, "nothing to do");
+                Ok(())
+            }
+            ClaimAction::ClassMissing(name) => Err(ClaimError::ClassMissing(name)),
+            ClaimAction::ReleaseClaim => self.set_claim_finalizer(&claim, false).await.map(drop),
+            ClaimAction::Provision => match class {
+                Some(class) => self.provision(key, &claim, &class).await,
+                None => Err(ClaimError::ClassMissing(String::new())),
+            },
+            ClaimAction::CleanUp => self.clean_up(&claim, class.as_deref(), &pv_name).await,
+        }
+    }
+
+    fn prepare(
+        &self,
+        claim: &PersistentVolumeClaim,
+        class: &StorageClass,
+    ) -> Result<Prepared, PrepareError> {
+        let nodes = self.caches.nodes.state();
+        let csi_nodes = self.caches.csi_nodes.state();
+        plan::prepare(
+            claim,
+            class,
+            &self.config,
+            self.caps,
+            Cluster {
+                nodes: &nodes,
+                csi_nodes: &csi_nodes,
+            },
+        )
+    }
+
+    async fn provision(
+        &self,
+        key: &ClaimKey,
+        cached: &PersistentVolumeClaim,
+        class: &StorageClass,
+    ) -> Result<(), ClaimError> {
+        let started = Instant::now();
+        let prepared = self.prepare(cached, class)?;
+        // 1. The finalizer first: from here on the claim cannot vanish
+        //    while a volume may exist for it.
+        let claim = self.set_claim_finalizer(cached, true).await?;
+        if self.claims.failures(key) == 0 {
+            self.event(
+                &claim,
+                EventType::Normal,
+                "Provisioning",
+                format!("External provisioner is provisioning volume for claim \"{key}\""),
+            )
+            .await;
+        }
+        let mut request = prepared.request.clone();
+        if let Some(r) = &prepared.provisioner_secret {
+            request.secrets = secrets::fetch(&self.client, r).await?;
+        }
+        let secrets = request.secrets.clone();
+        let class_name = class.name_any();
+        // 2. The volume.
+        let volume = {
+            let _permit = self.calls.acquire().await;
+            csi::create_volume(&self.driver, request, self.timeout).await
+        }
+        .map_err(|status| ClaimError::Create {
+            class: class_name.clone(),
+            status,
+        })?;
+        let pv = match plan::finish(&prepared, &claim, class, &self.config, self.caps, &volume) {
+            Ok(pv) => pv,
+            Err(error @ FinishError::Capacity(_)) => {
+                // Too small: no PV may point at it; delete and start over.
+                let _permit = self.calls.acquire().await;
+                return match csi::delete_volume(
+                    &self.driver,
+                    &volume.volume_id,
+                    secrets,
+                    self.timeout,
+                )
+                .await
+                {
+                    Ok(()) => Err(ClaimError::Unusable { error }),
+                    Err(status) => Err(ClaimError::UnusableNotDeleted { error, status }),
+                };
+            }
+            Err(e) => return Err(ClaimError::Pv(e)),
+        };
+        // 3. The PV.
+        self.create_pv(&pv, &claim).await?;
+        // 4. The PV holds the volume now.
+        self.set_claim_finalizer(&claim, false).await?;
+        self.metrics
+            .succeeded(Operation::Provision, &class_name, started.elapsed());
+        tracing::info!(claim = %key, pv = %prepared.name, volume = %volume.volume_id, "provisioned");
+        self.event(
+            &claim,
+            EventType::Normal,
+            "ProvisioningSucceeded",
+            format!("Successfully provisioned volume {}", prepared.name),
+        )
+        .await;
+        Ok(())
+    }
+
+    /// Creates the PV; one already there for this claim (an earlier attempt)
+    /// is fine, one for another claim is an error.
+    async fn create_pv(
+        &self,
+        pv: &PersistentVolume,
+        claim: &PersistentVolumeClaim,
+    ) -> Result<(), ClaimError> {
+        let api: Api<PersistentVolume> = Api::all(self.client.clone());
+        match api.create(&PostParams::default(), pv).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.is_already_exists() => {
+                let name = pv.name_any();
+                let existing = api.get(&name).await?;
+                let claim_uid = existing
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.claim_ref.as_ref())
+                    .and_then(|r| r.uid.clone());
+                if claim_uid.is_some() && claim_uid == claim.uid() {
+                    Ok(())
+                } else {
+                    Err(ClaimError::PvTaken(name))
+                }
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The claim was deleted while holding our finalizer. If its PV exists,
+    /// the PV's reclaim policy takes it from here. If not, the volume may
+    /// exist without any object pointing at it: CreateVolume with the same
+    /// name returns it if it does (and creates it if it did not, which the
+    /// DeleteVolume that follows undoes), then the claim is let go.
+    async fn clean_up(
+        &self,
+        claim: &PersistentVolumeClaim,
+        class: Option<&StorageClass>,
+        pv_name: &str,
+    ) -> Result<(), ClaimError> {
+        // The cache may not show a PV created a moment ago: ask the server.
+        let volumes: Api<PersistentVolume> = Api::all(self.client.clone());
+        if volumes.get_opt(pv_name).await?.is_some() {
+            self.set_claim_finalizer(claim, false).await?;
+            return Ok(());
+        }
+        let blocked = |why: String| ClaimError::CleanUpBlocked {
+            volume: pv_name.to_string(),
+            why,
+        };
+        let class = class.ok_or_else(|| {
+            blocked(format!(
+                "StorageClass {:?} is gone",
+                decide::class_name(claim).unwrap_or_default()
+            ))
+        })?;
+        let prepared = self
+            .prepare(claim, class)
+            .map_err(|e| blocked(e.to_string()))?;
+        let mut request = prepared.request.clone();
+        if let Some(r) = &prepared.provisioner_secret {
+            request.secrets = secrets::fetch(&self.client, r).await?;
+        }
+        let secrets = request.secrets.clone();
+        let _permit = self.calls.acquire().await;
+        match csi::create_volume(&self.driver, request, self.timeout).await {
+            Ok(volume) => {
+                csi::delete_volume(&self.driver, &volume.volume_id, secrets, self.timeout)
+                    .await
+                    .map_err(|status| ClaimError::CleanUpFailed {
+                        volume: pv_name.to_string(),
+                        status,
+                    })?;
+                tracing::info!(pv = %pv_name, volume = %volume.volume_id, "deleted the volume of a claim deleted before its PV was created");
+            }
+            // The name is taken by a volume this request does not match:
+            // it may be ours, so it must not be forgotten.
+            Err(status) if status.code() == Code::AlreadyExists => {
+                return Err(blocked(rpc(&status)));
+            }
+            // The driver refuses the request outright: it holds no volume
+            // of that name (it would have returned it).
+            Err(status) if csi::is_final(&status) => {
+                tracing::info!(pv = %pv_name, error = %rpc(&status), "no volume to clean up");
+            }
+            Err(status) => {
+                return Err(ClaimError::CleanUpFailed {
+                    volume: pv_name.to_string(),
+                    status,
+                })
+            }
+        }
+        drop(_permit);
+        self.set_claim_finalizer(claim, false).await?;
+        Ok(())
+    }
+
+    /// Adds (`present`) or removes [`CLAIM_FINALIZER`] with a version-pinned
+    /// patch; on a conflict reads the claim again and retries. Returns the
+    /// claim as written.
+    async fn set_claim_finalizer(
+        &self,
+        claim: &PersistentVolumeClaim,
+        present: bool,
+    ) -> Result<PersistentVolumeClaim, ClaimError> {
+        let namespace = claim.namespace().unwrap_or_default();
+        let name = claim.name_any();
+        let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &namespace);
+        let mut current = claim.clone();
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let patch = if present {
+                finalizer::add(&current.metadata, CLAIM_FINALIZER)
+            } else {
+                finalizer::remove(&current.metadata, CLAIM_FINALIZER)
+            };
+            let Some(patch) = patch else {
+                return Ok(current);
+            };
+            match api
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(written) => return Ok(written),
+                Err(kube::Error::Api(s)) if s.is_conflict() && attempt <= 3 => {
+                    match api.get_opt(&name).await? {
+                        Some(fresh) if fresh.uid() == claim.uid() => current = fresh,
+                        // Gone: nothing holds a finalizer any more.
+                        None if !present => return Ok(current),
+                        _ => return Err(ClaimError::Recreated),
+                    }
+                }
+                Err(kube::Error::Api(s)) if s.is_not_found() && !present => return Ok(current),
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+}

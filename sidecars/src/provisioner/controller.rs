@@ -1,0 +1,331 @@
+//! The provisioner's controller: shared caches of claims, classes, PVs,
+//! CSINodes, Nodes and VolumeAttachments (no per-claim GET of a Node or
+//! CSINode), a claim queue and a volume queue with per-key backoff, and
+//! workers that run [`super::claim`] and [`super::volume`] syncs. CSI calls
+//! of both queues share `--worker-threads` permits.
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::hash::Hash;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
+use kube::api::Api;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+use super::decide::{claim_has_finalizer, claim_is_for, pv_is_ours};
+use super::metrics::OperationMetrics;
+use super::plan::{DriverCapabilities, ProvisionerConfig};
+use crate::common::driver::Driver;
+use crate::common::shutdown::Shutdown;
+use crate::common::workqueue::{Backoff, WorkQueue};
+
+pub type ClaimKey = ObjectRef<PersistentVolumeClaim>;
+type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// The informer caches.
+pub struct Caches {
+    pub claims: Store<PersistentVolumeClaim>,
+    pub classes: Store<StorageClass>,
+    pub volumes: Store<PersistentVolume>,
+    pub csi_nodes: Store<CSINode>,
+    pub nodes: Store<Node>,
+    pub attachments: Store<VolumeAttachment>,
+}
+
+/// The queues, made before the metrics registry is shared.
+pub struct Queues {
+    pub claims: Arc<WorkQueue<ClaimKey>>,
+    pub volumes: Arc<WorkQueue<String>>,
+}
+
+impl Queues {
+    pub fn new(backoff: Backoff) -> Self {
+        Queues {
+            claims: Arc::new(WorkQueue::new(backoff)),
+            volumes: Arc::new(WorkQueue::new(backoff)),
+        }
+    }
+}
+
+/// Everything a sync needs.
+pub struct Provisioner {
+    pub client: kube::Client,
+    pub driver: Driver,
+    pub config: ProvisionerConfig,
+    pub caps: DriverCapabilities,
+    /// `--timeout` of each CreateVolume/DeleteVolume.
+    pub timeout: Duration,
+    pub caches: Caches,
+    pub claims: Arc<WorkQueue<ClaimKey>>,
+    pub volumes: Arc<WorkQueue<String>>,
+    /// `--worker-threads` permits for CSI calls.
+    pub calls: Semaphore,
+    pub recorder: Recorder,
+    pub metrics: Arc<OperationMetrics>,
+}
+
+/// What [`Provisioner::new`] needs besides the client.
+pub struct Setup {
+    pub driver: Driver,
+    pub config: ProvisionerConfig,
+    pub caps: DriverCapabilities,
+    pub timeout: Duration,
+    pub workers: usize,
+    pub queues: Queues,
+    pub metrics: Arc<OperationMetrics>,
+}
+
+/// A reflector whose events also go to `route`; managed fields are dropped
+/// from the cache (they are most of an object's size and never read).
+fn reflect<K>(api: Api<K>, route: impl Fn(&watcher::Event<K>) + Send + 'static) -> (Store<K>, Task)
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+{
+    let (reader, writer) = reflector::store();
+    let kind = K::kind(&K::DynamicType::default()).to_string();
+    let stream = watcher(api, watcher::Config::default().any_semantic())
+        .default_backoff()
+        .modify(|o| o.managed_fields_mut().clear())
+        .reflect(writer);
+    let task = async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(event) => route(&event),
+                Err(e) => tracing::warn!(%kind, error = %e, "watch failed; retrying"),
+            }
+        }
+    };
+    (reader, Box::pin(task))
+}
+
+fn applied<K>(event: &watcher::Event<K>) -> Option<&K> {
+    match event {
+        watcher::Event::Apply(o) | watcher::Event::InitApply(o) => Some(o),
+        _ => None,
+    }
+}
+
+impl Provisioner {
+    /// The caches, queues and watch tasks (not started).
+    pub fn new(client: kube::Client, setup: Setup) -> (Arc<Provisioner>, Vec<Task>) {
+        let driver_name = setup.config.driver_name.clone();
+        let Queues { claims, volumes } = setup.queues;
+        let mut tasks = Vec::new();
+
+        let (claims_store, task) = {
+            let (queue, driver) = (claims.clone(), driver_name.clone());
+            reflect(
+                Api::<PersistentVolumeClaim>::all(client.clone()),
+                move |e| {
+                    if let Some(c) = applied(e) {
+                        if claim_is_for(c, &driver) || claim_has_finalizer(c) {
+                            queue.add(ObjectRef::from_obj(c));
+                        }
+                    }
+                },
+            )
+        };
+        tasks.push(task);
+        let (volumes_store, task) = {
+            let (vq, cq, driver) = (volumes.clone(), claims.clone(), driver_name.clone());
+            reflect(Api::<PersistentVolume>::all(client.clone()), move |e| {
+                if let Some(pv) = applied(e) {
+                    if pv_is_ours(pv, &driver) {
+                        vq.add(pv.name_any());
+                        // A claim still holding our finalizer lets go once
+                        // its PV is seen.
+                        if let Some(r) = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()) {
+                            if let (Some(ns), Some(name)) = (&r.namespace, &r.name) {
+                                cq.add(ObjectRef::new(name).within(ns));
+                            }
+                        }
+                    }
+                }
+            })
+        };
+        tasks.push(task);
+        let (attachments, task) = {
+            let vq = volumes.clone();
+            reflect(Api::<VolumeAttachment>::all(client.clone()), move |e| {
+                // A deletion waiting for a detach can go on now.
+                if let watcher::Event::Delete(va) = e {
+                    if let Some(pv) = &va.spec.source.persistent_volume_name {
+                        vq.add(pv.clone());
+                    }
+                }
+            })
+        };
+        tasks.push(task);
+        let (classes, task) = reflect(Api::<StorageClass>::all(client.clone()), |_| {});
+        tasks.push(task);
+        let (csi_nodes, task) = reflect(Api::<CSINode>::all(client.clone()), |_| {});
+        tasks.push(task);
+        let (nodes, task) = reflect(Api::<Node>::all(client.clone()), |_| {});
+        tasks.push(task);
+
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "external-provisioner".into(),
+                instance: setup.config.identity.clone(),
+            },
+        );
+        let provisioner = Provisioner {
+            client,
+            driver: setup.driver,
+            config: setup.config,
+            caps: setup.caps,
+            timeout: setup.timeout,
+            caches: Caches {
+                claims: claims_store,
+                classes,
+                volumes: volumes_store,
+                csi_nodes,
+                nodes,
+                attachments,
+            },
+            claims,
+            volumes,
+            calls: Semaphore::new(setup.workers),
+            recorder,
+            metrics: setup.metrics,
+        };
+        (Arc::new(provisioner), tasks)
+    }
+
+    /// Starts the watches, waits for every cache, then runs `workers`
+    /// workers per queue until `shutdown`.
+    pub async fn run(self: Arc<Self>, watches: Vec<Task>, workers: usize, shutdown: Shutdown) {
+        let mut background = JoinSet::new();
+        for w in watches {
+            background.spawn(w);
+        }
+        // One waiter per store: a store's readiness wakes a single waiter.
+        let caches = &self.caches;
+        let synced = async {
+            let _ = caches.claims.wait_until_ready().await;
+            let _ = caches.volumes.wait_until_ready().await;
+            let _ = caches.classes.wait_until_ready().await;
+            let _ = caches.csi_nodes.wait_until_ready().await;
+            let _ = caches.nodes.wait_until_ready().await;
+            let _ = caches.attachments.wait_until_ready().await;
+        };
+        tokio::select! {
+            () = synced => {}
+            () = shutdown.wait() => {
+                background.abort_all();
+                return;
+            }
+        }
+        tracing::info!(
+            claims = caches.claims.state().len(),
+            volumes = caches.volumes.state().len(),
+            "caches synced; provisioning"
+        );
+        let mut workers_set = JoinSet::new();
+        for _ in 0..workers {
+            workers_set.spawn(self.clone().claim_worker());
+            workers_set.spawn(self.clone().volume_worker());
+        }
+        shutdown.wait().await;
+        // Workers finish the object in hand (a CSI call ends within
+        // --timeout), then see the closed queues.
+        self.claims.shut_down();
+        self.volumes.shut_down();
+        while workers_set.join_next().await.is_some() {}
+        background.abort_all();
+    }
+
+    async fn claim_worker(self: Arc<Self>) {
+        while let Some(key) = self.claims.next().await {
+            match self.sync_claim(&key).await {
+                Ok(()) => self.claims.forget(&key),
+                Err(e) => {
+                    let claim = self.caches.claims.get(&key);
+                    tracing::warn!(claim = %key, error = %e, "provisioning failed; will retry");
+                    if let Some(claim) = claim {
+                        let class = super::decide::class_name(&claim).unwrap_or_default();
+                        self.metrics
+                            .failed(super::metrics::Operation::Provision, class);
+                        self.warn(claim.as_ref(), e.reason(), e.to_string()).await;
+                    }
+                    self.claims.add_rate_limited(key.clone());
+                }
+            }
+            self.claims.done(&key);
+        }
+    }
+
+    async fn volume_worker(self: Arc<Self>) {
+        while let Some(name) = self.volumes.next().await {
+            match self.sync_volume(&name).await {
+                Ok(()) => self.volumes.forget(&name),
+                Err(e) => {
+                    tracing::warn!(pv = %name, error = %e, "volume deletion failed; will retry");
+                    if let Some(pv) = self.caches.volumes.get(&ObjectRef::new(&name)) {
+                        let class = pv
+                            .spec
+                            .as_ref()
+                            .and_then(|s| s.storage_class_name.clone())
+                            .unwrap_or_default();
+                        self.metrics
+                            .failed(super::metrics::Operation::Delete, &class);
+                        self.warn(pv.as_ref(), "VolumeFailedDelete", e.to_string())
+                            .await;
+                    }
+                    self.volumes.add_rate_limited(name.clone());
+                }
+            }
+            self.volumes.done(&name);
+        }
+    }
+
+    /// Publishes an Event; a refused Event is logged, never fatal.
+    pub async fn event<K: Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
+        let event = Event {
+            type_,
+            reason: reason.to_string(),
+            note: Some(truncate(note, 1000)),
+            action: reason.to_string(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &obj.object_ref(&())).await {
+            tracing::warn!(%reason, error = %e, "cannot publish event");
+        }
+    }
+
+    pub async fn warn<K: Resource<DynamicType = ()>>(&self, obj: &K, reason: &str, note: String) {
+        self.event(obj, EventType::Warning, reason, note).await;
+    }
+}
+
+fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push('…');
+    }
+    s
+}

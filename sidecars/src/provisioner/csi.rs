@@ -1,0 +1,96 @@
+//! CreateVolume and DeleteVolume through the instrumented driver connection,
+//! and which of their errors are final.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use csiops_proto::client::with_timeout;
+use csiops_proto::csi::v1::{CreateVolumeRequest, DeleteVolumeRequest, Volume};
+use tonic::{Code, Status};
+
+use crate::common::driver::Driver;
+
+/// CreateVolume with `--timeout`; the created (or already existing) volume.
+pub async fn create_volume(
+    driver: &Driver,
+    request: CreateVolumeRequest,
+    timeout: Duration,
+) -> Result<Volume, Status> {
+    let mut c = driver.client().controller();
+    let resp = driver
+        .timed(
+            "/csi.v1.Controller/CreateVolume",
+            c.create_volume(with_timeout(request, timeout)),
+        )
+        .await?;
+    resp.volume
+        .ok_or_else(|| Status::internal("CreateVolume answered without a volume"))
+}
+
+/// DeleteVolume with `--timeout`. NotFound counts as deleted (CSI: the
+/// call is idempotent and a plugin may answer NotFound for a gone volume).
+pub async fn delete_volume(
+    driver: &Driver,
+    volume_id: &str,
+    secrets: HashMap<String, String>,
+    timeout: Duration,
+) -> Result<(), Status> {
+    let mut c = driver.client().controller();
+    let request = DeleteVolumeRequest {
+        volume_id: volume_id.to_string(),
+        secrets,
+    };
+    match driver
+        .timed(
+            "/csi.v1.Controller/DeleteVolume",
+            c.delete_volume(with_timeout(request, timeout)),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(s) if s.code() == Code::NotFound => Ok(()),
+        Err(s) => Err(s),
+    }
+}
+
+/// Whether the driver has decided: a final error means CreateVolume did
+/// not and will not create the volume for this request. The others (the
+/// call timed out, the driver is busy or restarting) mean the volume may
+/// still be created, as upstream treats them.
+pub fn is_final(status: &Status) -> bool {
+    !matches!(
+        status.code(),
+        Code::Cancelled
+            | Code::DeadlineExceeded
+            | Code::Unavailable
+            | Code::ResourceExhausted
+            | Code::Aborted
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_and_busy_drivers_are_not_final() {
+        for code in [
+            Code::Cancelled,
+            Code::DeadlineExceeded,
+            Code::Unavailable,
+            Code::ResourceExhausted,
+            Code::Aborted,
+        ] {
+            assert!(!is_final(&Status::new(code, "x")), "{code:?}");
+        }
+        for code in [
+            Code::InvalidArgument,
+            Code::AlreadyExists,
+            Code::OutOfRange,
+            Code::Internal,
+            Code::Unimplemented,
+        ] {
+            assert!(is_final(&Status::new(code, "x")), "{code:?}");
+        }
+    }
+}

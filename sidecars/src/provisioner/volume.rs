@@ -1,0 +1,197 @@
+//! One PV's sync: delete the volume of a Released PV whose reclaim policy is
+//! Delete, then the PV; never while a VolumeAttachment still refers to it.
+//!
+//! Order: DeleteVolume, then our finalizer off, then the PV deleted. A crash
+//! between any two steps repeats the remaining ones: DeleteVolume of a gone
+//! volume succeeds (NotFound counts as deleted), and a PV without our
+//! finalizer but still Released is picked up again.
+
+use std::time::Instant;
+
+use k8s_openapi::api::core::v1::PersistentVolume;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::runtime::reflector::ObjectRef;
+use kube::ResourceExt;
+use tonic::Status;
+
+use super::controller::Provisioner;
+use super::decide::{self, VolumeAction};
+use super::finalizer;
+use super::metrics::Operation;
+use super::params::SecretRef;
+use super::pv::{
+    DELETION_SECRET_NAMESPACE_ANNOTATION, DELETION_SECRET_NAME_ANNOTATION, PV_PROTECTION_FINALIZER,
+};
+use super::secrets::{self, SecretError};
+
+/// Why a volume is not deleted yet (a Warning Event on the PV and a retry).
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    #[error("persistentvolume {pv} is still attached to node {node}")]
+    StillAttached { pv: String, node: String },
+    #[error("the PV has no CSI volume handle")]
+    NoHandle,
+    #[error(transparent)]
+    Secret(#[from] SecretError),
+    #[error("rpc error: code = {:?} desc = {}", .0.code(), .0.message())]
+    Delete(Status),
+    #[error("persistentvolume {0} kept changing while its finalizer was being removed")]
+    Busy(String),
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+/// The deletion secret the PV's annotations name, if any (empty values are
+/// upstream's "no secret").
+pub fn deletion_secret(pv: &PersistentVolume) -> Option<SecretRef> {
+    let a = pv.metadata.annotations.as_ref()?;
+    let name = a
+        .get(DELETION_SECRET_NAME_ANNOTATION)
+        .filter(|s| !s.is_empty())?;
+    let namespace = a
+        .get(DELETION_SECRET_NAMESPACE_ANNOTATION)
+        .filter(|s| !s.is_empty())?;
+    Some(SecretRef {
+        name: name.clone(),
+        namespace: namespace.clone(),
+    })
+}
+
+impl Provisioner {
+    pub(super) async fn sync_volume(&self, name: &str) -> Result<(), VolumeError> {
+        let Some(pv) = self.caches.volumes.get(&ObjectRef::new(name)) else {
+            return Ok(());
+        };
+        match decide::volume_action(&pv, &self.config.driver_name) {
+            VolumeAction::Nothing(why) => {
+                tracing::debug!(pv = %name, why, "nothing to do");
+                Ok(())
+            }
+            VolumeAction::RemoveFinalizer => self.remove_pv_finalizer(&pv).await,
+            VolumeAction::Delete => self.delete(&pv).await,
+        }
+    }
+
+    async fn delete(&self, pv: &PersistentVolume) -> Result<(), VolumeError> {
+        let started = Instant::now();
+        let name = pv.name_any();
+        let attached = self
+            .caches
+            .attachments
+            .state()
+            .into_iter()
+            .find(|va| va.spec.source.persistent_volume_name.as_deref() == Some(name.as_str()));
+        if let Some(va) = attached {
+            return Err(VolumeError::StillAttached {
+                pv: name,
+                node: va.spec.node_name.clone(),
+            });
+        }
+        let handle = pv
+            .spec
+            .as_ref()
+            .and_then(|s| s.csi.as_ref())
+            .map(|c| c.volume_handle.clone())
+            .filter(|h| !h.is_empty())
+            .ok_or(VolumeError::NoHandle)?;
+        let secrets = match deletion_secret(pv) {
+            Some(r) => secrets::fetch(&self.client, &r).await?,
+            None => Default::default(),
+        };
+        {
+            let _permit = self.calls.acquire().await;
+            super::csi::delete_volume(&self.driver, &handle, secrets, self.timeout)
+                .await
+                .map_err(VolumeError::Delete)?;
+        }
+        self.remove_pv_finalizer(pv).await?;
+        if pv.metadata.deletion_timestamp.is_none() {
+            let api: Api<PersistentVolume> = Api::all(self.client.clone());
+            let params = DeleteParams {
+                // Never the PV of someone else that took the name since.
+                preconditions: Some(Preconditions {
+                    uid: pv.uid(),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match api.delete(&name, &params).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.is_not_found() => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let class = pv
+            .spec
+            .as_ref()
+            .and_then(|s| s.storage_class_name.clone())
+            .unwrap_or_default();
+        self.metrics
+            .succeeded(Operation::Delete, &class, started.elapsed());
+        tracing::info!(pv = %name, volume = %handle, "deleted");
+        Ok(())
+    }
+
+    /// Takes [`PV_PROTECTION_FINALIZER`] off, re-reading on a conflict.
+    async fn remove_pv_finalizer(&self, pv: &PersistentVolume) -> Result<(), VolumeError> {
+        let api: Api<PersistentVolume> = Api::all(self.client.clone());
+        let name = pv.name_any();
+        let mut current = pv.clone();
+        for _ in 0..4 {
+            let Some(patch) = finalizer::remove(&current.metadata, PV_PROTECTION_FINALIZER) else {
+                return Ok(());
+            };
+            match api
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(()),
+                Err(kube::Error::Api(s)) if s.is_conflict() => match api.get_opt(&name).await? {
+                    Some(fresh) if fresh.uid() == pv.uid() => current = fresh,
+                    _ => return Ok(()),
+                },
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(VolumeError::Busy(name))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    #[test]
+    fn deletion_secret_from_annotations() {
+        let mut pv = PersistentVolume::default();
+        assert_eq!(deletion_secret(&pv), None);
+        pv.metadata.annotations = Some(BTreeMap::from([
+            (DELETION_SECRET_NAME_ANNOTATION.to_string(), String::new()),
+            (
+                DELETION_SECRET_NAMESPACE_ANNOTATION.to_string(),
+                String::new(),
+            ),
+        ]));
+        assert_eq!(deletion_secret(&pv), None, "empty means none");
+        pv.metadata.annotations = Some(BTreeMap::from([
+            (
+                DELETION_SECRET_NAME_ANNOTATION.to_string(),
+                "creds".to_string(),
+            ),
+            (
+                DELETION_SECRET_NAMESPACE_ANNOTATION.to_string(),
+                "ns".to_string(),
+            ),
+        ]));
+        assert_eq!(
+            deletion_secret(&pv),
+            Some(SecretRef {
+                name: "creds".into(),
+                namespace: "ns".into()
+            })
+        );
+    }
+}
