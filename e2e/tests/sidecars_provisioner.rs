@@ -11,7 +11,9 @@ use k8s_openapi::api::core::v1::{
     PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec, Secret,
     VolumeResourceRequirements,
 };
-use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::api::storage::v1::{
+    StorageClass, VolumeAttachment, VolumeAttachmentSource, VolumeAttachmentSpec,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -96,7 +98,7 @@ async fn bound(a: &Apis, name: &str) -> (PersistentVolumeClaim, PersistentVolume
     (c, pv)
 }
 
-async fn event_reasons(cluster: &Cluster, claim: &str) -> Vec<String> {
+async fn event_reasons(cluster: &Cluster, object: &str) -> Vec<String> {
     let out = cluster
         .kubectl([
             "get",
@@ -104,7 +106,7 @@ async fn event_reasons(cluster: &Cluster, claim: &str) -> Vec<String> {
             "-n",
             NS,
             "--field-selector",
-            &format!("involvedObject.name={claim}"),
+            &format!("involvedObject.name={object}"),
             "-o",
             "jsonpath={range .items[*]}{.reason}|{.note}{.message}{\"\\n\"}{end}",
         ])
@@ -319,11 +321,53 @@ async fn provisions_binds_deletes_and_retains() {
         assert!(metrics.contains(needle), "missing {needle} in\n{metrics}");
     }
 
-    // Delete: the volume goes from the driver, then the PV.
+    // Delete while a VolumeAttachment still names the PV: the PV is
+    // Released but the volume stays until the attachment is gone.
+    let attachments: Api<VolumeAttachment> = Api::all(client.clone());
+    attachments
+        .create(
+            &PostParams::default(),
+            &VolumeAttachment {
+                metadata: ObjectMeta {
+                    name: Some("csi-data".into()),
+                    ..Default::default()
+                },
+                spec: VolumeAttachmentSpec {
+                    attacher: DRIVER.into(),
+                    node_name: cluster.node_names()[0].clone(),
+                    source: VolumeAttachmentSource {
+                        persistent_volume_name: Some(pv_name.clone()),
+                        ..Default::default()
+                    },
+                },
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("attachment");
     a.claims
         .delete("data", &DeleteParams::default())
         .await
         .expect("delete claim");
+    let waiting = wait_for(DEADLINE, POLL, || async {
+        let r = event_reasons(&cluster, &pv_name).await;
+        r.into_iter()
+            .find(|r| r.starts_with("VolumeFailedDelete|") && r.contains("still attached"))
+    })
+    .await;
+    assert!(waiting.is_ok(), "no VolumeFailedDelete while attached");
+    assert!(
+        bed.driver_volumes()
+            .expect("volumes")
+            .contains_key(&pv_name),
+        "deleted while attached"
+    );
+    assert!(a.volumes.get_opt(&pv_name).await.expect("get").is_some());
+    attachments
+        .delete("csi-data", &DeleteParams::default())
+        .await
+        .expect("detach");
+    // Delete: the volume goes from the driver, then the PV.
     wait_for(DEADLINE, POLL, || async {
         a.volumes
             .get_opt(&pv_name)
