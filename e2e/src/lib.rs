@@ -26,6 +26,7 @@ pub mod node_side;
 pub mod operator;
 pub mod ports;
 pub mod process;
+pub mod provisioning;
 pub mod testdriver;
 pub mod testkit;
 pub mod timeline;

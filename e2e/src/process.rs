@@ -202,6 +202,19 @@ pub fn terminate_all(procs: &mut [ManagedProcess], grace: Duration) {
 
 /// Whether a process with this pid is running. A zombie (exited, not yet
 /// reaped, e.g. reparented to a pid 1 that never reaps) counts as dead.
+/// `VmRSS` and `VmHWM` (peak) of a process, in KiB, for benchmarks.
+pub fn memory_kib(pid: u32) -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+    };
+    Some((field("VmRSS:")?, field("VmHWM:")?))
+}
+
 pub fn pid_alive(pid: u32) -> bool {
     // SAFETY: signal 0 only checks for existence and permission.
     let r = unsafe { libc::kill(pid as libc::pid_t, 0) };

@@ -10,21 +10,8 @@
 use std::time::Duration;
 
 use csiops_e2e::node_side::{kubelet_register, registration_socket, start_mock_driver};
-use csiops_e2e::process::ManagedProcess;
+use csiops_e2e::process::{memory_kib, ManagedProcess};
 use csiops_e2e::{free_port, sidecar_bin, wait_for, Cluster, ClusterOptions};
-
-/// `VmRSS` and `VmHWM` of a process, in KiB.
-fn memory_kib(pid: u32) -> Option<(u64, u64)> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-    };
-    Some((field("VmRSS:")?, field("VmHWM:")?))
-}
 
 fn probe(port: u16) -> bool {
     use std::io::{Read, Write};

@@ -44,7 +44,8 @@ const STORAGE: &str = "storage.k8s.io";
 
 /// external-provisioner: PVs for PVCs, StorageClass parameters, topology from
 /// CSINode/Node, VolumeAttachments (to delay deletes of attached volumes),
-/// provisioner/node-stage secrets, Events on PVCs.
+/// provisioner/node-stage secrets, Events on PVCs and PVs (events.k8s.io,
+/// which the sidecars' recorder writes).
 pub const PROVISIONER_GRANTS: &[Grant] = &[
     grant(
         "",
@@ -61,11 +62,7 @@ pub const PROVISIONER_GRANTS: &[Grant] = &[
     grant("", "nodes", READ),
     grant(STORAGE, "volumeattachments", READ),
     grant("", "secrets", &["get"]),
-    grant(
-        "",
-        "events",
-        &["get", "list", "watch", "create", "update", "patch"],
-    ),
+    grant("events.k8s.io", "events", &["create", "patch"]),
 ];
 
 /// external-attacher: VolumeAttachments and their status, PV finalizers, node

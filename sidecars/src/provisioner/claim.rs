@@ -146,6 +146,18 @@ impl Provisioner {
         // 1. The finalizer first: from here on the claim cannot vanish
         //    while a volume may exist for it.
         let claim = self.set_claim_finalizer(cached, true).await?;
+        if claim.metadata.deletion_timestamp.is_some()
+            || claim
+                .spec
+                .as_ref()
+                .and_then(|s| s.volume_name.as_ref())
+                .is_some()
+        {
+            // The cached claim was stale: it is bound or being deleted now,
+            // and the watch event saying so is on its way; that event
+            // brings the claim back here with the right decision.
+            return Ok(());
+        }
         if self.claims.failures(key) == 0 {
             self.event(
                 &claim,
@@ -245,7 +257,20 @@ impl Provisioner {
         class: Option<&StorageClass>,
         pv_name: &str,
     ) -> Result<(), ClaimError> {
-        // The cache may not show a PV created a moment ago: ask the server.
+        // The cache may lag behind our own writes: a claim we let go a
+        // moment ago may still show our finalizer there, and its volume is
+        // deleted already. CreateVolume below would create it again, with
+        // nothing left to delete it. So only the server's word counts.
+        let claims: Api<PersistentVolumeClaim> =
+            Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
+        let claim = match claims.get_opt(&claim.name_any()).await? {
+            Some(fresh) if fresh.uid() == claim.uid() && decide::claim_has_finalizer(&fresh) => {
+                fresh
+            }
+            _ => return Ok(()),
+        };
+        let claim = &claim;
+        // Likewise for a PV created a moment ago.
         let volumes: Api<PersistentVolume> = Api::all(self.client.clone());
         if volumes.get_opt(pv_name).await?.is_some() {
             self.set_claim_finalizer(claim, false).await?;

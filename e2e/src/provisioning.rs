@@ -1,0 +1,185 @@
+//! The provisioner's test bed on a running [`Cluster`]: a controller
+//! instance of `csi-test-driver` on a local socket, `csiops-sidecar
+//! provisioner` against it, and the cluster's nodes made to look as the
+//! registrar leaves them (topology label and a CSINode entry per node), so
+//! topology is computed from real Node and CSINode objects.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::storage::v1::{CSINode, CSINodeDriver, CSINodeSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+
+use crate::process::ManagedProcess;
+use crate::testdriver::config::{DEFAULT_DRIVER_NAME, DEFAULT_TOPOLOGY_KEY};
+use crate::testdriver::harness::{test_driver_bin, TestDriverProcess};
+use crate::{free_port, sidecar_bin, Cluster, Error, Result};
+
+/// The driver name of the bed.
+pub const DRIVER: &str = DEFAULT_DRIVER_NAME;
+/// The driver's topology key; each node's value is its name.
+pub const TOPOLOGY_KEY: &str = DEFAULT_TOPOLOGY_KEY;
+
+/// Labels every node with [`TOPOLOGY_KEY`] and gives it a CSINode entry for
+/// [`DRIVER`], as our registrar does on a real node.
+pub async fn register_nodes(cluster: &Cluster) -> Result<()> {
+    let client = cluster.client()?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let csi_nodes: Api<CSINode> = Api::all(client);
+    for name in cluster.node_names() {
+        let labels = serde_json::json!({"metadata": {"labels": {TOPOLOGY_KEY: name}}});
+        nodes
+            .patch(name, &PatchParams::default(), &Patch::Merge(&labels))
+            .await
+            .map_err(|e| Error::Other(format!("labelling node {name}: {e}")))?;
+        let csi_node = CSINode {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                ..Default::default()
+            },
+            spec: CSINodeSpec {
+                drivers: vec![CSINodeDriver {
+                    name: DRIVER.into(),
+                    node_id: name.clone(),
+                    topology_keys: Some(vec![TOPOLOGY_KEY.into()]),
+                    allocatable: None,
+                }],
+            },
+        };
+        match csi_nodes.create(&PostParams::default(), &csi_node).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.is_already_exists() => {}
+            Err(e) => return Err(Error::Other(format!("creating CSINode {name}: {e}"))),
+        }
+    }
+    Ok(())
+}
+
+/// A driver and the provisioner in front of it.
+pub struct ProvisionerBed {
+    pub driver: TestDriverProcess,
+    sidecar: Option<ManagedProcess>,
+    sidecar_bin: PathBuf,
+    sidecar_args: Vec<String>,
+    sidecar_log: PathBuf,
+    /// Port of the provisioner's /metrics.
+    pub http_port: u16,
+}
+
+impl ProvisionerBed {
+    /// Registers the nodes, starts `csi-test-driver <driver_args>` and the
+    /// provisioner with test-friendly defaults plus `sidecar_args` (later
+    /// flags win).
+    pub async fn start(
+        cluster: &Cluster,
+        driver_args: &[&str],
+        sidecar_args: &[&str],
+    ) -> Result<ProvisionerBed> {
+        register_nodes(cluster).await?;
+        let dir = cluster.work_dir();
+        let socket = dir.join("drv.sock");
+        let state = dir.join("drv-state");
+        std::fs::create_dir_all(&state)
+            .map_err(|e| Error::Other(format!("creating {}: {e}", state.display())))?;
+        let mut args = vec!["--nodeid=controller"];
+        args.extend_from_slice(driver_args);
+        let driver = TestDriverProcess::start(
+            &test_driver_bin()?,
+            &socket,
+            &state,
+            &args,
+            &cluster.log_dir().join("csi-test-driver.log"),
+        )
+        .await?;
+        let http_port = free_port()?;
+        let mut all = vec![
+            "provisioner".to_string(),
+            format!("--csi-address=unix://{}", socket.display()),
+            format!("--kubeconfig={}", cluster.kubeconfig_path().display()),
+            format!("--http-endpoint=127.0.0.1:{http_port}"),
+            "--kube-api-qps=200".into(),
+            "--kube-api-burst=400".into(),
+            "--retry-interval-start=200ms".into(),
+            "--retry-interval-max=2s".into(),
+            "--timeout=10s".into(),
+            "--extra-create-metadata".into(),
+            "--v=4".into(),
+        ];
+        all.extend(sidecar_args.iter().map(|s| s.to_string()));
+        let mut bed = ProvisionerBed {
+            driver,
+            sidecar: None,
+            sidecar_bin: sidecar_bin()?,
+            sidecar_args: all,
+            sidecar_log: cluster.log_dir().join("provisioner.log"),
+            http_port,
+        };
+        bed.start_sidecar()?;
+        Ok(bed)
+    }
+
+    /// Starts the provisioner (again), its output appended to the same log.
+    pub fn start_sidecar(&mut self) -> Result<()> {
+        self.sidecar = Some(ManagedProcess::spawn(
+            "provisioner",
+            &self.sidecar_bin,
+            &self.sidecar_args,
+            &self.sidecar_log,
+        )?);
+        Ok(())
+    }
+
+    /// `kill -9` of the provisioner, no grace.
+    pub fn kill9_sidecar(&mut self) {
+        if let Some(mut p) = self.sidecar.take() {
+            // SAFETY: kill has no memory-safety preconditions.
+            unsafe {
+                libc::kill(p.pid() as libc::pid_t, libc::SIGKILL);
+            }
+            p.terminate(Duration::ZERO);
+        }
+    }
+
+    /// SIGTERM and wait.
+    pub fn stop_sidecar(&mut self) {
+        if let Some(mut p) = self.sidecar.take() {
+            p.terminate(Duration::from_secs(10));
+        }
+    }
+
+    pub fn sidecar_pid(&self) -> Option<u32> {
+        self.sidecar.as_ref().map(ManagedProcess::pid)
+    }
+
+    /// Fails when the provisioner exited.
+    pub fn check_sidecar(&mut self) -> Result<()> {
+        match self.sidecar.as_mut() {
+            Some(p) => p.check_running(),
+            None => Ok(()),
+        }
+    }
+
+    pub fn sidecar_log(&self) -> String {
+        std::fs::read_to_string(&self.sidecar_log).unwrap_or_default()
+    }
+
+    pub fn sidecar_log_path(&self) -> &Path {
+        &self.sidecar_log
+    }
+
+    /// Volume name → volume ID of the driver's live volumes.
+    pub fn driver_volumes(&self) -> Result<BTreeMap<String, String>> {
+        let state = self
+            .driver
+            .state()
+            .map_err(|e| Error::Other(format!("reading the driver state: {e}")))?;
+        Ok(state
+            .volumes
+            .values()
+            .map(|v| (v.name.clone(), v.id.clone()))
+            .collect())
+    }
+}

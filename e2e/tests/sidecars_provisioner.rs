@@ -1,0 +1,718 @@
+//! The provisioner on a real control plane (kube-controller-manager's PV
+//! controller binds what it creates) with a real CSI driver process
+//! (`csi-test-driver`, whose persisted state is the truth about volumes).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use csiops_e2e::provisioning::{ProvisionerBed, DRIVER, TOPOLOGY_KEY};
+use csiops_e2e::{testkit, wait_for, Cluster, ClusterOptions};
+use k8s_openapi::api::core::v1::{
+    PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec, Secret,
+    VolumeResourceRequirements,
+};
+use k8s_openapi::api::storage::v1::{
+    StorageClass, VolumeAttachment, VolumeAttachmentSource, VolumeAttachmentSpec,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::ResourceExt;
+
+const NS: &str = "default";
+const DEADLINE: Duration = Duration::from_secs(60);
+const POLL: Duration = Duration::from_millis(100);
+const SECRET_VALUE: &str = "s3cr3t-value-never-logged";
+const CLAIM_FINALIZER: &str = "csiops.dev/volume-provisioning";
+
+fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn class(name: &str, reclaim: &str, binding: &str, params: &[(&str, &str)]) -> StorageClass {
+    StorageClass {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        provisioner: DRIVER.into(),
+        reclaim_policy: Some(reclaim.into()),
+        volume_binding_mode: Some(binding.into()),
+        parameters: Some(map(params)),
+        ..Default::default()
+    }
+}
+
+fn claim(name: &str, class: &str, size: &str) -> PersistentVolumeClaim {
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(NS.into()),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".into()]),
+            storage_class_name: Some(class.into()),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([("storage".into(), Quantity(size.into()))])),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+struct Apis {
+    claims: Api<PersistentVolumeClaim>,
+    volumes: Api<PersistentVolume>,
+    classes: Api<StorageClass>,
+}
+
+fn apis(cluster: &Cluster) -> Apis {
+    let client = cluster.client().expect("client");
+    Apis {
+        claims: Api::namespaced(client.clone(), NS),
+        volumes: Api::all(client.clone()),
+        classes: Api::all(client),
+    }
+}
+
+/// Waits until the claim is Bound; returns it with its PV.
+async fn bound(a: &Apis, name: &str) -> (PersistentVolumeClaim, PersistentVolume) {
+    let c = wait_for(DEADLINE, POLL, || async {
+        let c = a.claims.get_opt(name).await.ok().flatten()?;
+        (c.status.as_ref()?.phase.as_deref() == Some("Bound")).then_some(c)
+    })
+    .await
+    .unwrap_or_else(|_| panic!("claim {name} not Bound within {DEADLINE:?}"));
+    let pv_name = c
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.clone())
+        .expect("bound claim names its PV");
+    let pv = a.volumes.get(&pv_name).await.expect("PV of a bound claim");
+    (c, pv)
+}
+
+async fn event_reasons(cluster: &Cluster, object: &str) -> Vec<String> {
+    let out = cluster
+        .kubectl([
+            "get",
+            "events",
+            "-n",
+            NS,
+            "--field-selector",
+            &format!("involvedObject.name={object}"),
+            "-o",
+            "jsonpath={range .items[*]}{.reason}|{.note}{.message}{\"\\n\"}{end}",
+        ])
+        .await
+        .expect("kubectl get events");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provisions_binds_deletes_and_retains() {
+    let cluster = Cluster::start(ClusterOptions { nodes: 3 })
+        .await
+        .expect("cluster");
+    let mut bed = ProvisionerBed::start(
+        &cluster,
+        &[],
+        &["--leader-election", "--leader-election-namespace=default"],
+    )
+    .await
+    .expect("provisioner bed");
+    let a = apis(&cluster);
+    let client = cluster.client().expect("client");
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
+    secrets
+        .create(
+            &PostParams::default(),
+            &Secret {
+                metadata: ObjectMeta {
+                    name: Some("creds".into()),
+                    ..Default::default()
+                },
+                string_data: Some(map(&[("password", SECRET_VALUE)])),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("secret");
+    let mut fast = class(
+        "fast",
+        "Delete",
+        "Immediate",
+        &[
+            ("type", "ssd"),
+            ("csi.storage.k8s.io/fstype", "xfs"),
+            ("csi.storage.k8s.io/provisioner-secret-name", "creds"),
+            (
+                "csi.storage.k8s.io/provisioner-secret-namespace",
+                "${pvc.namespace}",
+            ),
+            (
+                "csi.storage.k8s.io/node-stage-secret-name",
+                "${pvc.name}-stage",
+            ),
+            (
+                "csi.storage.k8s.io/node-stage-secret-namespace",
+                "${pvc.namespace}",
+            ),
+        ],
+    );
+    fast.mount_options = Some(vec!["noatime".into()]);
+    a.classes
+        .create(&PostParams::default(), &fast)
+        .await
+        .expect("class");
+    a.classes
+        .create(
+            &PostParams::default(),
+            &class("keep", "Retain", "Immediate", &[("type", "hdd")]),
+        )
+        .await
+        .expect("class");
+
+    // Provision.
+    a.claims
+        .create(&PostParams::default(), &claim("data", "fast", "2Gi"))
+        .await
+        .expect("claim");
+    let (c, pv) = bound(&a, "data").await;
+    let uid = c.uid().expect("uid");
+    let pv_name = format!("pvc-{uid}");
+    assert_eq!(pv.name_any(), pv_name);
+    let state = bed.driver.state().expect("driver state");
+    let volume = state
+        .volume_by_name(&pv_name)
+        .expect("the driver has the volume")
+        .clone();
+    assert_eq!(
+        state.volumes.values().filter(|v| v.name == pv_name).count(),
+        1,
+        "exactly one volume for the claim"
+    );
+    // Parameters: reserved keys stripped, extra metadata added.
+    assert_eq!(
+        volume.parameters,
+        map(&[
+            ("type", "ssd"),
+            ("csi.storage.k8s.io/pvc/name", "data"),
+            ("csi.storage.k8s.io/pvc/namespace", NS),
+            ("csi.storage.k8s.io/pv/name", &pv_name),
+        ])
+    );
+    assert_eq!(
+        volume.secret_keys,
+        vec!["password".to_string()],
+        "provisioner secret passed"
+    );
+    assert_eq!(volume.capacity_bytes, 2 << 30);
+    // The PV as upstream writes it.
+    let spec = pv.spec.clone().expect("spec");
+    let csi = spec.csi.clone().expect("CSI source");
+    assert_eq!(csi.driver, DRIVER);
+    assert_eq!(csi.volume_handle, volume.id);
+    assert_eq!(csi.fs_type.as_deref(), Some("xfs"));
+    assert_eq!(
+        csi.node_stage_secret_ref
+            .as_ref()
+            .and_then(|r| r.name.as_deref()),
+        Some("data-stage")
+    );
+    assert!(csi.controller_publish_secret_ref.is_none());
+    assert_eq!(
+        spec.persistent_volume_reclaim_policy.as_deref(),
+        Some("Delete")
+    );
+    assert_eq!(spec.storage_class_name.as_deref(), Some("fast"));
+    assert_eq!(spec.mount_options, Some(vec!["noatime".to_string()]));
+    assert_eq!(
+        spec.capacity
+            .as_ref()
+            .and_then(|c| c.get("storage"))
+            .map(|q| q.0.as_str()),
+        Some("2Gi")
+    );
+    assert_eq!(
+        spec.claim_ref.as_ref().and_then(|r| r.uid.clone()),
+        Some(uid.clone())
+    );
+    let annotations = pv.annotations();
+    assert_eq!(
+        annotations
+            .get("pv.kubernetes.io/provisioned-by")
+            .map(String::as_str),
+        Some(DRIVER)
+    );
+    assert_eq!(
+        annotations
+            .get("volume.kubernetes.io/provisioner-deletion-secret-name")
+            .map(String::as_str),
+        Some("creds")
+    );
+    assert!(pv
+        .finalizers()
+        .iter()
+        .any(|f| f == "external-provisioner.volume.kubernetes.io/finalizer"));
+    // Immediate binding: the driver chose one node's segment; the PV is
+    // pinned to exactly that.
+    let chosen = volume
+        .accessible_topology
+        .first()
+        .and_then(|s| s.get(TOPOLOGY_KEY))
+        .cloned()
+        .expect("topology");
+    assert!(cluster.node_names().contains(&chosen), "{chosen}");
+    let terms = spec
+        .node_affinity
+        .and_then(|a| a.required)
+        .map(|r| r.node_selector_terms)
+        .expect("node affinity");
+    let exprs = terms[0].match_expressions.clone().unwrap_or_default();
+    assert_eq!(terms.len(), 1);
+    assert_eq!(
+        (exprs[0].key.as_str(), exprs[0].values.clone()),
+        (TOPOLOGY_KEY, Some(vec![chosen]))
+    );
+    // The claim no longer carries our finalizer; Events tell the story.
+    let c = a.claims.get("data").await.expect("claim");
+    assert!(
+        !c.finalizers().iter().any(|f| f == CLAIM_FINALIZER),
+        "{:?}",
+        c.finalizers()
+    );
+    let reasons = event_reasons(&cluster, "data").await;
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.starts_with("ProvisioningSucceeded|")),
+        "{reasons:?}"
+    );
+    // Leader election: the Lease names this provisioner.
+    let holder = testkit::jsonpath(
+        &cluster,
+        &["get", "lease", "-n", NS, "test-csi-csiops-dev"],
+        "{.spec.holderIdentity}",
+    )
+    .await
+    .expect("lease");
+    assert!(!holder.is_empty(), "lease without holder");
+    // Metrics with upstream names.
+    let (status, metrics) =
+        testkit::http_get_async(([127, 0, 0, 1], bed.http_port).into(), "/metrics")
+            .await
+            .expect("metrics");
+    assert_eq!(status, 200);
+    for needle in [
+        "controller_persistentvolumeclaim_provision_total{class=\"fast\"} 1",
+        "method_name=\"/csi.v1.Controller/CreateVolume\",grpc_status_code=\"OK\"",
+        "workqueue_depth{name=\"claims\"}",
+    ] {
+        assert!(metrics.contains(needle), "missing {needle} in\n{metrics}");
+    }
+
+    // Delete while a VolumeAttachment still names the PV: the PV is
+    // Released but the volume stays until the attachment is gone.
+    let attachments: Api<VolumeAttachment> = Api::all(client.clone());
+    attachments
+        .create(
+            &PostParams::default(),
+            &VolumeAttachment {
+                metadata: ObjectMeta {
+                    name: Some("csi-data".into()),
+                    ..Default::default()
+                },
+                spec: VolumeAttachmentSpec {
+                    attacher: DRIVER.into(),
+                    node_name: cluster.node_names()[0].clone(),
+                    source: VolumeAttachmentSource {
+                        persistent_volume_name: Some(pv_name.clone()),
+                        ..Default::default()
+                    },
+                },
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("attachment");
+    a.claims
+        .delete("data", &DeleteParams::default())
+        .await
+        .expect("delete claim");
+    let waiting = wait_for(DEADLINE, POLL, || async {
+        let r = event_reasons(&cluster, &pv_name).await;
+        r.into_iter()
+            .find(|r| r.starts_with("VolumeFailedDelete|") && r.contains("still attached"))
+    })
+    .await;
+    assert!(waiting.is_ok(), "no VolumeFailedDelete while attached");
+    assert!(
+        bed.driver_volumes()
+            .expect("volumes")
+            .contains_key(&pv_name),
+        "deleted while attached"
+    );
+    assert!(a.volumes.get_opt(&pv_name).await.expect("get").is_some());
+    attachments
+        .delete("csi-data", &DeleteParams::default())
+        .await
+        .expect("detach");
+    // Delete: the volume goes from the driver, then the PV.
+    wait_for(DEADLINE, POLL, || async {
+        a.volumes
+            .get_opt(&pv_name)
+            .await
+            .ok()
+            .flatten()
+            .is_none()
+            .then_some(())
+    })
+    .await
+    .expect("PV deleted");
+    let state = bed.driver.state().expect("driver state");
+    assert!(
+        state.volume_by_name(&pv_name).is_none(),
+        "volume left in the driver"
+    );
+    assert!(
+        state.deleted.iter().any(|d| d.id == volume.id),
+        "no DeleteVolume recorded"
+    );
+
+    // Retain: the PV stays Released and the volume stays.
+    a.claims
+        .create(&PostParams::default(), &claim("kept", "keep", "1Gi"))
+        .await
+        .expect("claim");
+    let (_, kept_pv) = bound(&a, "kept").await;
+    assert!(kept_pv
+        .finalizers()
+        .iter()
+        .all(|f| f != "external-provisioner.volume.kubernetes.io/finalizer"));
+    a.claims
+        .delete("kept", &DeleteParams::default())
+        .await
+        .expect("delete claim");
+    wait_for(DEADLINE, POLL, || async {
+        let pv = a
+            .volumes
+            .get_opt(&kept_pv.name_any())
+            .await
+            .ok()
+            .flatten()?;
+        (pv.status?.phase.as_deref() == Some("Released")).then_some(())
+    })
+    .await
+    .expect("PV Released");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        a.volumes
+            .get_opt(&kept_pv.name_any())
+            .await
+            .expect("get")
+            .is_some(),
+        "retained PV deleted"
+    );
+    assert!(
+        bed.driver_volumes()
+            .expect("volumes")
+            .contains_key(&kept_pv.name_any()),
+        "retained volume deleted"
+    );
+
+    // Secrets never reach the log, even at -v=4.
+    bed.check_sidecar().expect("provisioner still running");
+    let log = bed.sidecar_log();
+    assert!(
+        log.contains("provisioned"),
+        "log has no provisioning lines:\n{log}"
+    );
+    assert!(
+        !log.contains(SECRET_VALUE),
+        "secret value in the provisioner log"
+    );
+    bed.stop_sidecar();
+    cluster.stop().await.expect("stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delayed_binding_follows_the_selected_node() {
+    let cluster = Cluster::start(ClusterOptions { nodes: 3 })
+        .await
+        .expect("cluster");
+    let bed = ProvisionerBed::start(&cluster, &[], &[])
+        .await
+        .expect("bed");
+    let a = apis(&cluster);
+    a.classes
+        .create(
+            &PostParams::default(),
+            &class("late", "Delete", "WaitForFirstConsumer", &[]),
+        )
+        .await
+        .expect("class");
+    a.claims
+        .create(&PostParams::default(), &claim("late", "late", "1Gi"))
+        .await
+        .expect("claim");
+    // Without a node choice nothing happens.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        bed.driver_volumes().expect("volumes").is_empty(),
+        "provisioned before the scheduler chose"
+    );
+    // The scheduler's choice, as kube-scheduler writes it.
+    let node = cluster.node_names()[1].clone();
+    let patch = serde_json::json!({"metadata": {"annotations": {"volume.kubernetes.io/selected-node": node}}});
+    a.claims
+        .patch("late", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("select node");
+    let (_, pv) = bound(&a, "late").await;
+    let state = bed.driver.state().expect("state");
+    let volume = state.volume_by_name(&pv.name_any()).expect("volume");
+    assert_eq!(
+        volume.accessible_topology,
+        vec![map(&[(TOPOLOGY_KEY, &node)])],
+        "the driver was asked to prefer the selected node first"
+    );
+    let terms = pv
+        .spec
+        .and_then(|s| s.node_affinity)
+        .and_then(|a| a.required)
+        .map(|r| r.node_selector_terms)
+        .expect("affinity");
+    let values: Vec<_> = terms
+        .iter()
+        .flat_map(|t| t.match_expressions.clone().unwrap_or_default())
+        .flat_map(|e| e.values.unwrap_or_default())
+        .collect();
+    assert_eq!(values, vec![node]);
+    cluster.stop().await.expect("stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_become_events_and_are_retried() {
+    let cluster = Cluster::start(ClusterOptions { nodes: 1 })
+        .await
+        .expect("cluster");
+    // Two refusals, then the driver accepts.
+    let bed = ProvisionerBed::start(&cluster, &["--fail=CreateVolume=INVALID_ARGUMENT:2"], &[])
+        .await
+        .expect("bed");
+    let a = apis(&cluster);
+    a.classes
+        .create(
+            &PostParams::default(),
+            &class("flaky", "Delete", "Immediate", &[]),
+        )
+        .await
+        .expect("class");
+    a.claims
+        .create(&PostParams::default(), &claim("flaky", "flaky", "1Gi"))
+        .await
+        .expect("claim");
+    let (_, pv) = bound(&a, "flaky").await;
+    let reasons = event_reasons(&cluster, "flaky").await;
+    let failed: Vec<_> = reasons
+        .iter()
+        .filter(|r| r.starts_with("ProvisioningFailed|"))
+        .collect();
+    assert!(!failed.is_empty(), "{reasons:?}");
+    assert!(
+        failed[0].contains("code = InvalidArgument"),
+        "driver's message in the Event: {failed:?}"
+    );
+    assert_eq!(
+        bed.driver_volumes()
+            .expect("volumes")
+            .keys()
+            .cloned()
+            .collect::<Vec<_>>(),
+        vec![pv.name_any()]
+    );
+
+    // A claim of a class that does not exist: a Warning, no volume.
+    a.claims
+        .create(&PostParams::default(), &claim("orphan", "missing", "1Gi"))
+        .await
+        .expect("claim");
+    // The PV controller only hands claims of existing classes to external
+    // provisioners; mark it the way it would.
+    let patch = serde_json::json!({"metadata": {"annotations": {"volume.kubernetes.io/storage-provisioner": DRIVER}}});
+    a.claims
+        .patch("orphan", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("annotate");
+    let found = wait_for(DEADLINE, POLL, || async {
+        let r = event_reasons(&cluster, "orphan").await;
+        r.into_iter()
+            .find(|r| r.starts_with("ProvisioningFailed|") && r.contains("\"missing\" not found"))
+    })
+    .await;
+    assert!(found.is_ok(), "no ProvisioningFailed for the missing class");
+    assert_eq!(bed.driver_volumes().expect("volumes").len(), 1);
+    cluster.stop().await.expect("stop");
+}
+
+/// `kill -9` of the provisioner again and again while 100 claims are
+/// provisioned and half of them deleted (some before their PV exists), then
+/// the rest deleted: at every settled point the driver holds exactly one
+/// volume per live claim, and none at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill9_during_provisioning_and_deletion_leaks_nothing() {
+    const CLAIMS: usize = 100;
+    let cluster = Cluster::start(ClusterOptions { nodes: 2 })
+        .await
+        .expect("cluster");
+    // A slow CreateVolume widens the window between the volume and its PV.
+    let mut bed = ProvisionerBed::start(
+        &cluster,
+        &["--delay=CreateVolume=150ms", "--delay=DeleteVolume=100ms"],
+        &["--worker-threads=10"],
+    )
+    .await
+    .expect("bed");
+    let a = apis(&cluster);
+    a.classes
+        .create(
+            &PostParams::default(),
+            &class("chaos", "Delete", "Immediate", &[]),
+        )
+        .await
+        .expect("class");
+
+    let names: Vec<String> = (0..CLAIMS).map(|i| format!("c{i:03}")).collect();
+    let mut kills = 0;
+    for (i, name) in names.iter().enumerate() {
+        a.claims
+            .create(&PostParams::default(), &claim(name, "chaos", "1Mi"))
+            .await
+            .expect("claim");
+        if i % 10 == 9 {
+            bed.kill9_sidecar();
+            kills += 1;
+            // Delete some claims while nothing runs: their volumes may
+            // exist with no PV yet.
+            for gone in names[i - 9..=i].iter().step_by(3) {
+                a.claims
+                    .delete(gone, &DeleteParams::default())
+                    .await
+                    .expect("delete");
+            }
+            bed.start_sidecar().expect("restart");
+            tokio::time::sleep(Duration::from_millis(300 + (i as u64 * 37) % 500)).await;
+        }
+    }
+    let deleted: BTreeSet<String> = names
+        .chunks(10)
+        .flat_map(|c| c.iter().step_by(3).cloned())
+        .collect();
+    let live: Vec<&String> = names.iter().filter(|n| !deleted.contains(*n)).collect();
+    // Keep killing while the rest settles.
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        bed.kill9_sidecar();
+        bed.start_sidecar().expect("restart");
+        kills += 1;
+    }
+    for name in &live {
+        bound(&a, name).await;
+    }
+    // Deleted claims are gone (our finalizer released) and every PV is
+    // gone with them.
+    let settled = wait_for(
+        Duration::from_secs(120),
+        Duration::from_millis(500),
+        || async {
+            let claims = a.claims.list(&ListParams::default()).await.ok()?;
+            let pvs = a.volumes.list(&ListParams::default()).await.ok()?;
+            let volumes = bed.driver_volumes().ok()?;
+            let pv_names: BTreeSet<String> = pvs.items.iter().map(|p| p.name_any()).collect();
+            (claims.items.len() == live.len()
+                && pv_names.len() == live.len()
+                && volumes.keys().cloned().collect::<BTreeSet<_>>() == pv_names)
+                .then_some((pv_names, volumes))
+        },
+    )
+    .await;
+    let (pv_names, volumes) = match settled {
+        Ok(v) => v,
+        Err(_) => {
+            let claims = a.claims.list(&ListParams::default()).await.expect("list");
+            let pvs = a.volumes.list(&ListParams::default()).await.expect("list");
+            let volumes = bed.driver_volumes().expect("volumes");
+            let pv_names: BTreeSet<String> = pvs.items.iter().map(|p| p.name_any()).collect();
+            let extra: Vec<_> = volumes.keys().filter(|v| !pv_names.contains(*v)).collect();
+            let missing: Vec<_> = pv_names
+                .iter()
+                .filter(|p| !volumes.contains_key(*p))
+                .collect();
+            let stuck: Vec<String> = claims
+                .items
+                .iter()
+                .filter(|c| !live.contains(&&c.name_any()))
+                .map(|c| format!("{} {:?} {:?}", c.name_any(), c.uid(), c.finalizers()))
+                .collect();
+            panic!(
+                "not settled: {} claims ({} expected), {} PVs, {} volumes; volumes without PV {extra:?}; PVs without volume {missing:?}; deleted claims still there {stuck:?}; log at {}",
+                claims.items.len(),
+                live.len(),
+                pvs.items.len(),
+                volumes.len(),
+                bed.sidecar_log_path().display()
+            )
+        }
+    };
+    // One volume per claim: names are unique by construction, so compare
+    // counts of the driver's volumes (by ID) too.
+    let state = bed.driver.state().expect("state");
+    assert_eq!(
+        state.volumes.len(),
+        live.len(),
+        "duplicate volumes: {:?}",
+        state.volumes.keys()
+    );
+    assert_eq!(volumes.len(), pv_names.len());
+
+    // Delete the rest, with more kills.
+    for (i, name) in live.iter().enumerate() {
+        a.claims
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("delete");
+        if i % 15 == 14 {
+            bed.kill9_sidecar();
+            bed.start_sidecar().expect("restart");
+            kills += 1;
+        }
+    }
+    wait_for(
+        Duration::from_secs(120),
+        Duration::from_millis(500),
+        || async {
+            let pvs = a.volumes.list(&ListParams::default()).await.ok()?;
+            (pvs.items.is_empty() && bed.driver_volumes().ok()?.is_empty()).then_some(())
+        },
+    )
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "volumes left after deleting every claim: {:?}",
+            bed.driver_volumes()
+        )
+    });
+    assert!(kills >= 15, "the loop killed the provisioner {kills} times");
+    bed.stop_sidecar();
+    cluster.stop().await.expect("stop");
+}
