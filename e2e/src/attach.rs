@@ -120,6 +120,32 @@ pub async fn register_driver(
     Ok(())
 }
 
+/// Removes `driver`'s entry from the node's CSINode (a driver that
+/// unregistered, or a node whose plugin is gone).
+pub async fn unregister_driver(client: &kube::Client, node: &str, driver: &str) -> Result<()> {
+    let api: Api<CSINode> = Api::all(client.clone());
+    let mut drivers: Vec<CSINodeDriver> = api
+        .get_opt(node)
+        .await?
+        .map(|c| c.spec.drivers)
+        .unwrap_or_default();
+    drivers.retain(|d| d.name != driver);
+    let obj = CSINode {
+        metadata: ObjectMeta {
+            name: Some(node.into()),
+            ..Default::default()
+        },
+        spec: CSINodeSpec { drivers },
+    };
+    api.patch(
+        node,
+        &PatchParams::apply("csiops-e2e").force(),
+        &Patch::Apply(&obj),
+    )
+    .await?;
+    Ok(())
+}
+
 /// Creates `n` volumes named `<prefix>-<i>` through CreateVolume; their IDs.
 pub async fn create_volumes(csi: &CsiClient, prefix: &str, n: usize) -> Result<Vec<String>> {
     let mut ids = Vec::with_capacity(n);

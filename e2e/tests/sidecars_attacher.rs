@@ -14,11 +14,11 @@ use csiops_e2e::process::ManagedProcess;
 use csiops_e2e::testdriver::{load_state, TestDriverProcess};
 use csiops_e2e::{free_port, sidecar_bin, testkit, wait_for, Cluster, ClusterOptions};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{PersistentVolume, Secret, SecretReference};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, Secret, SecretReference};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 
 const TEST_DRIVER: &str = env!("CARGO_BIN_EXE_csi-test-driver");
 const NODE: &str = "kwok-node-0";
@@ -400,8 +400,44 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
     assert!(published(&s, &ids[7]).is_empty());
     assert!(!has_finalizer(&refused.metadata, &s.finalizer));
 
+    // Node-ID fallbacks: without the driver's CSINode entry, a detach uses
+    // the ID the attach stored on the attachment, and an attach the Node's
+    // `csi.volume.kubernetes.io/nodeid` annotation.
+    let va5 = vas.get("va-5").await.expect("va-5");
+    assert_eq!(
+        va5.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("csi.alpha.kubernetes.io/node-id"))
+            .map(String::as_str),
+        Some(NODE_ID)
+    );
+    attach::unregister_driver(&client, NODE, &s.driver_name)
+        .await
+        .expect("CSINode entry removed");
+    vas.delete("va-5", &DeleteParams::default())
+        .await
+        .expect("delete va-5");
+    wait_va(
+        &vas,
+        "va-5",
+        "detached without a CSINode entry",
+        &attacher,
+        |va| va.is_none(),
+    )
+    .await;
+    assert!(published(&s, &ids[5]).is_empty(), "va-5 unpublished");
+    let nodes: Api<Node> = Api::all(client.clone());
+    let ann = serde_json::json!({"metadata": {"annotations": {
+        "csi.volume.kubernetes.io/nodeid": serde_json::json!({ s.driver_name.clone(): NODE_ID }).to_string()
+    }}});
+    nodes
+        .patch(NODE, &PatchParams::default(), &Patch::Merge(&ann))
+        .await
+        .expect("node annotation");
+
     // The publish carries the PV's controller-publish secret; its value is
-    // never logged.
+    // never logged. (Attached through the Node annotation, see above.)
     vas.create(&pp, &attach::va("va-6", &s.driver_name, "pv-6", NODE))
         .await
         .expect("VA");
