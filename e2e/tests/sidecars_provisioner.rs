@@ -450,7 +450,8 @@ async fn delayed_binding_follows_the_selected_node() {
     let cluster = Cluster::start(ClusterOptions { nodes: 3 })
         .await
         .expect("cluster");
-    let bed = ProvisionerBed::start(&cluster, &[], &[])
+    // The first CreateVolume finds the node's storage exhausted.
+    let bed = ProvisionerBed::start(&cluster, &["--fail=CreateVolume=RESOURCE_EXHAUSTED:1"], &[])
         .await
         .expect("bed");
     let a = apis(&cluster);
@@ -478,6 +479,21 @@ async fn delayed_binding_follows_the_selected_node() {
         .patch("late", &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .expect("select node");
+    // Exhausted storage hands the claim back to the scheduler: the
+    // provisioner removes its choice.
+    wait_for(DEADLINE, POLL, || async {
+        let c = a.claims.get("late").await.ok()?;
+        (!c.annotations()
+            .contains_key("volume.kubernetes.io/selected-node"))
+        .then_some(())
+    })
+    .await
+    .expect("selected-node removed after RESOURCE_EXHAUSTED");
+    // The scheduler chooses again (the same node, now with room).
+    a.claims
+        .patch("late", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("select node again");
     let (_, pv) = bound(&a, "late").await;
     let state = bed.driver.state().expect("state");
     let volume = state.volume_by_name(&pv.name_any()).expect("volume");

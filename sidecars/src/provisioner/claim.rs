@@ -29,7 +29,7 @@ use super::metrics::Operation;
 use super::naming::NamingError;
 use super::plan::{self, Cluster, FinishError, PrepareError, Prepared};
 use super::secrets::{self, SecretError};
-use super::{csi, finalizer};
+use super::{csi, finalizer, topology};
 
 /// Why a claim is not provisioned yet (each becomes a Warning Event on the
 /// claim and a retry with backoff).
@@ -181,7 +181,18 @@ impl Provisioner {
         .map_err(|status| ClaimError::Create {
             class: class_name.clone(),
             status,
-        })?;
+        });
+        let volume = match volume {
+            Ok(v) => v,
+            Err(e) => {
+                if let ClaimError::Create { status, .. } = &e {
+                    if self.may_reschedule(&claim, status) {
+                        self.reschedule(&claim).await?;
+                    }
+                }
+                return Err(e);
+            }
+        };
         let pv = match plan::finish(&prepared, &claim, class, &self.config, self.caps, &volume) {
             Ok(pv) => pv,
             Err(error @ FinishError::Capacity(_)) => {
@@ -215,6 +226,34 @@ impl Provisioner {
             format!("Successfully provisioned volume {}", prepared.name),
         )
         .await;
+        Ok(())
+    }
+
+    /// Whether to hand the claim back to the scheduler, as upstream does:
+    /// only with delayed binding (a selected node), a driver with topology
+    /// (another node changes the request) and an error saying the node's
+    /// storage is exhausted.
+    fn may_reschedule(&self, claim: &PersistentVolumeClaim, status: &Status) -> bool {
+        self.caps.topology
+            && topology::selected_node(claim).is_some()
+            && status.code() == Code::ResourceExhausted
+    }
+
+    /// Removes the selected-node annotations, so the scheduler picks again.
+    async fn reschedule(&self, claim: &PersistentVolumeClaim) -> Result<(), ClaimError> {
+        let api: Api<PersistentVolumeClaim> =
+            Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
+        let patch = serde_json::json!({"metadata": {"annotations": {
+            topology::SELECTED_NODE_ANNOTATION: null,
+            topology::ALPHA_SELECTED_NODE_ANNOTATION: null,
+        }}});
+        api.patch(
+            &claim.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+        tracing::info!(claim = %claim.name_any(), "storage exhausted on the selected node; rescheduling");
         Ok(())
     }
 
