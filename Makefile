@@ -5,7 +5,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 CARGO ?= cargo
 
-.PHONY: all build test unit e2e lint fmt crds manifests cluster-bins demo toolchain clean-cache
+.PHONY: all build test unit e2e lint fmt crds manifests cluster-bins demo toolchain clean-cache bench-attacher
 
 all: build
 
@@ -48,6 +48,19 @@ unit:
 ## and `kubectl get csidriverdeployments -o wide`.
 demo: toolchain cluster-bins build
 	CSIOPS_BIN_DIR="$$(e2e/cluster-bins/build.sh)" $(CARGO) run -q -p csiops-e2e --bin csiops-demo
+
+## Benchmark (not part of `test`): our attacher vs upstream csi-attacher
+## (built once from the Go module proxy). BENCH_VAS=N, BENCH_QPS, BENCH_BURST.
+BENCH_VAS ?= 300
+BENCH_QPS ?= 5
+BENCH_BURST ?= 10
+bench-attacher: toolchain cluster-bins
+	$(CARGO) build --release -p csiops-sidecars --bin csiops-sidecar -p csiops-e2e --bin csi-test-driver --bin csiops-bench-attach
+	CSIOPS_BIN_DIR="$$(e2e/cluster-bins/build.sh)" \
+	CSIOPS_EXTERNAL_ATTACHER="$$(e2e/cluster-bins/external-attacher.sh)" \
+	CSIOPS_SIDECAR_BIN="$${CARGO_TARGET_DIR:-target}/release/csiops-sidecar" \
+	CSIOPS_TEST_DRIVER_BIN="$${CARGO_TARGET_DIR:-target}/release/csi-test-driver" \
+	"$${CARGO_TARGET_DIR:-target}/release/csiops-bench-attach" --vas $(BENCH_VAS) --qps $(BENCH_QPS) --burst $(BENCH_BURST)
 
 clean-cache:
 	rm -rf "$${CSIOPS_CACHE_DIR:-$$HOME/.cache/csiops}"

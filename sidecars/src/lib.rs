@@ -2,6 +2,7 @@
 //! subcommand per role. Flags keep the upstream kubernetes-csi names so an
 //! existing driver manifest can swap the image.
 
+pub mod attacher;
 pub mod common;
 pub mod liveness;
 pub mod provisioner;
@@ -25,6 +26,8 @@ pub enum SidecarError {
     Task(String),
     #[error(transparent)]
     Registrar(#[from] registrar::RegistrarError),
+    #[error(transparent)]
+    Attacher(#[from] attacher::AttacherError),
     #[error(transparent)]
     Provisioner(#[from] provisioner::ProvisionerError),
 }

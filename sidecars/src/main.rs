@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use csiops_sidecars::common::logging;
-use csiops_sidecars::{liveness, provisioner, registrar};
+use csiops_sidecars::{attacher, liveness, provisioner, registrar};
 
 /// Rust replacements of the kubernetes-csi sidecars.
 #[derive(Debug, Parser)]
@@ -24,6 +24,8 @@ enum Role {
     // Upstream's --timeout default for the provisioner is 10s.
     #[command(mut_arg("timeout", |a| a.default_value("10s")))]
     Provisioner(provisioner::ProvisionerArgs),
+    /// Attaches and detaches volumes for VolumeAttachments (ControllerPublish/Unpublish).
+    Attacher(attacher::AttacherArgs),
 }
 
 // One thread: a node sidecar has little to do at once, and every thread
@@ -35,6 +37,7 @@ async fn main() -> ExitCode {
         Role::Registrar(a) => &a.common,
         Role::LivenessProbe(a) => &a.common,
         Role::Provisioner(a) => &a.common,
+        Role::Attacher(a) => &a.common,
     };
     if let Err(e) = logging::init(common.log_format, common.verbosity) {
         eprintln!("csiops-sidecar: {e}");
@@ -44,6 +47,7 @@ async fn main() -> ExitCode {
         Role::Registrar(a) => registrar::run(a).await,
         Role::LivenessProbe(a) => liveness::run(a).await,
         Role::Provisioner(a) => provisioner::run(a).await,
+        Role::Attacher(a) => attacher::run(a).await,
     };
     match res {
         Ok(()) => {

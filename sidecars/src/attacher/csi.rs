@@ -1,0 +1,51 @@
+//! The two CSI calls only the attacher makes, through the shared driver
+//! connection so they are timed into `csi_sidecar_operations_seconds` like
+//! every other call, each with the `--timeout` deadline.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use csiops_proto::client::with_timeout;
+use csiops_proto::csi::v1::{ControllerPublishVolumeRequest, ControllerUnpublishVolumeRequest};
+use csiops_proto::redact;
+use tonic::Status;
+
+use crate::common::driver::Driver;
+
+pub const PUBLISH: &str = "/csi.v1.Controller/ControllerPublishVolume";
+pub const UNPUBLISH: &str = "/csi.v1.Controller/ControllerUnpublishVolume";
+
+/// ControllerPublishVolume; the publish context on success.
+pub async fn publish(
+    driver: &Driver,
+    req: ControllerPublishVolumeRequest,
+    timeout: Duration,
+) -> Result<BTreeMap<String, String>, Status> {
+    // Secrets are stripped from what is logged.
+    tracing::debug!(request = %redact::redacted(&req), "ControllerPublishVolume");
+    let mut c = driver.client().controller();
+    let resp = driver
+        .timed(
+            PUBLISH,
+            c.controller_publish_volume(with_timeout(req, timeout)),
+        )
+        .await?;
+    Ok(resp.publish_context.into_iter().collect())
+}
+
+/// ControllerUnpublishVolume.
+pub async fn unpublish(
+    driver: &Driver,
+    req: ControllerUnpublishVolumeRequest,
+    timeout: Duration,
+) -> Result<(), Status> {
+    tracing::debug!(request = %redact::redacted(&req), "ControllerUnpublishVolume");
+    let mut c = driver.client().controller();
+    driver
+        .timed(
+            UNPUBLISH,
+            c.controller_unpublish_volume(with_timeout(req, timeout)),
+        )
+        .await
+        .map(drop)
+}

@@ -1,0 +1,496 @@
+//! What to do with a VolumeAttachment or a PersistentVolume, as a pure
+//! function of the cached objects. The controller carries out the answer;
+//! every rule of the design doc and the upstream README lives here:
+//!
+//! - only VolumeAttachments whose `spec.attacher` is this driver;
+//! - attach (no deletionTimestamp, not yet attached): refuse while the PV is
+//!   missing or being deleted; otherwise our finalizer on the PV, then on
+//!   the VolumeAttachment, both *before* ControllerPublishVolume, so that
+//!   whatever is published is always covered by both finalizers;
+//! - detach (deletionTimestamp and our finalizer): ControllerUnpublishVolume,
+//!   then drop the finalizer;
+//! - trivial mode (driver without PUBLISH_UNPUBLISH_VOLUME): mark attached,
+//!   no finalizers, no CSI calls;
+//! - PV finalizer: removed only from a PV with a deletionTimestamp that no
+//!   VolumeAttachment refers to. Together with "attach only a PV without
+//!   deletionTimestamp" this keeps the PV and VolumeAttachment queues from
+//!   racing (upstream README, "Concurrency"): once a PV is being deleted, no
+//!   new attach can start for it, and an attach that started earlier has its
+//!   VolumeAttachment in the same cache the PV worker consults.
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeSpec};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+
+use super::finalizer;
+
+/// Whether the driver can publish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// PUBLISH_UNPUBLISH_VOLUME: finalizers and CSI calls.
+    Real,
+    /// No PUBLISH_UNPUBLISH_VOLUME: mark attached, nothing else.
+    Trivial,
+}
+
+/// Why an attach cannot start; recorded as `attachError` and retried.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("PersistentVolume {0:?} not found")]
+    PvMissing(String),
+    #[error("PersistentVolume {0:?} is marked for deletion")]
+    PvDeleting(String),
+    #[error("spec.source must name exactly one of persistentVolumeName and inlineVolumeSpec")]
+    BadSource,
+}
+
+/// The answer for one VolumeAttachment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VaAction {
+    /// Another driver's attachment.
+    NotOurs,
+    /// Attached (or detached) already; nothing to write.
+    Done,
+    /// Trivial mode: one status write, attached.
+    MarkAttached,
+    /// Real mode: make sure of the finalizers, publish, mark attached.
+    Attach {
+        /// Our finalizer is missing on the PV (none for inline volumes).
+        add_pv_finalizer: bool,
+        /// Our finalizer is missing on the VolumeAttachment.
+        add_va_finalizer: bool,
+    },
+    /// Real mode, but the attach may not start.
+    Refuse(Refusal),
+    /// Real mode: unpublish, then drop our finalizer.
+    Detach {
+        /// Other finalizers keep the object after ours is gone: then its
+        /// status is also set to detached, so it does not claim a volume
+        /// that is no longer attached. Otherwise the object disappears and
+        /// the status write would be wasted.
+        clear_status: bool,
+    },
+    /// Trivial mode, being deleted, yet our finalizer is on it (left from
+    /// when the driver could publish): drop it without a CSI call, since the
+    /// driver no longer offers ControllerUnpublishVolume.
+    DropFinalizer,
+}
+
+/// The PV an attachment needs, as found in the cache.
+#[derive(Debug, Clone, Copy)]
+pub enum Volume<'a> {
+    /// `spec.source.persistentVolumeName`, found.
+    Pv(&'a PersistentVolume),
+    /// `spec.source.persistentVolumeName`, not in the cache.
+    MissingPv(&'a str),
+    /// `spec.source.inlineVolumeSpec`.
+    Inline(&'a PersistentVolumeSpec),
+    /// Both or neither.
+    Invalid,
+}
+
+impl<'a> Volume<'a> {
+    /// The volume an attachment refers to, looked up with `get_pv`.
+    pub fn of(
+        va: &'a VolumeAttachment,
+        get_pv: impl FnOnce(&str) -> Option<&'a PersistentVolume>,
+    ) -> Self {
+        let src = &va.spec.source;
+        match (
+            src.persistent_volume_name.as_deref(),
+            src.inline_volume_spec.as_ref(),
+        ) {
+            (Some(name), None) => get_pv(name).map_or(Volume::MissingPv(name), Volume::Pv),
+            (None, Some(spec)) => Volume::Inline(spec),
+            _ => Volume::Invalid,
+        }
+    }
+
+    /// The spec to build CSI requests from.
+    pub fn spec(&self) -> Option<&'a PersistentVolumeSpec> {
+        match self {
+            Volume::Pv(pv) => pv.spec.as_ref(),
+            Volume::Inline(spec) => Some(spec),
+            Volume::MissingPv(_) | Volume::Invalid => None,
+        }
+    }
+}
+
+/// What to do with `va`. `finalizer` is [`finalizer::finalizer_name`] of `driver`.
+pub fn va_action(
+    va: &VolumeAttachment,
+    volume: Volume<'_>,
+    driver: &str,
+    finalizer: &str,
+    mode: Mode,
+) -> VaAction {
+    if va.spec.attacher != driver {
+        return VaAction::NotOurs;
+    }
+    let finalizers = va.metadata.finalizers.as_ref();
+    let ours = finalizer::has(finalizers, finalizer);
+    if va.metadata.deletion_timestamp.is_some() {
+        return match (ours, mode) {
+            (false, _) => VaAction::Done,
+            (true, Mode::Trivial) => VaAction::DropFinalizer,
+            (true, Mode::Real) => VaAction::Detach {
+                clear_status: finalizers.is_some_and(|f| f.iter().any(|x| x != finalizer)),
+            },
+        };
+    }
+    if va.status.as_ref().is_some_and(|s| s.attached) {
+        return VaAction::Done;
+    }
+    if mode == Mode::Trivial {
+        return VaAction::MarkAttached;
+    }
+    let add_pv_finalizer = match volume {
+        Volume::Pv(pv) if pv.metadata.deletion_timestamp.is_some() => {
+            return VaAction::Refuse(Refusal::PvDeleting(
+                pv.metadata.name.clone().unwrap_or_default(),
+            ))
+        }
+        Volume::Pv(pv) => !finalizer::has(pv.metadata.finalizers.as_ref(), finalizer),
+        Volume::MissingPv(name) => return VaAction::Refuse(Refusal::PvMissing(name.to_string())),
+        Volume::Inline(_) => false,
+        Volume::Invalid => return VaAction::Refuse(Refusal::BadSource),
+    };
+    VaAction::Attach {
+        add_pv_finalizer,
+        add_va_finalizer: !ours,
+    }
+}
+
+/// The answer for one PersistentVolume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PvAction {
+    Nothing,
+    RemoveFinalizer,
+}
+
+/// Whether to drop our finalizer from `pv`; `referenced`: some
+/// VolumeAttachment in the cache names it in `spec.source.persistentVolumeName`.
+pub fn pv_action(pv: &PersistentVolume, finalizer: &str, referenced: bool) -> PvAction {
+    if pv.metadata.deletion_timestamp.is_some()
+        && finalizer::has(pv.metadata.finalizers.as_ref(), finalizer)
+        && !referenced
+    {
+        PvAction::RemoveFinalizer
+    } else {
+        PvAction::Nothing
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::CSIPersistentVolumeSource;
+    use k8s_openapi::api::storage::v1::{
+        VolumeAttachmentSource, VolumeAttachmentSpec, VolumeAttachmentStatus,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+
+    const D: &str = "test.csi.csiops.dev";
+    const F: &str = "external-attacher/test-csi-csiops-dev";
+    const OTHER_F: &str = "example.com/keep";
+
+    fn now() -> Time {
+        Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH)
+    }
+
+    fn pv(deleting: bool, finalizers: &[&str]) -> PersistentVolume {
+        PersistentVolume {
+            metadata: ObjectMeta {
+                name: Some("pv1".into()),
+                deletion_timestamp: deleting.then(now),
+                finalizers: Some(finalizers.iter().map(|s| s.to_string()).collect()),
+                ..Default::default()
+            },
+            spec: Some(PersistentVolumeSpec {
+                csi: Some(CSIPersistentVolumeSource {
+                    driver: D.into(),
+                    volume_handle: "h".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[derive(Clone, Copy)]
+    struct V {
+        attacher: &'static str,
+        deleting: bool,
+        attached: bool,
+        finalizers: &'static [&'static str],
+    }
+
+    const NEW: V = V {
+        attacher: D,
+        deleting: false,
+        attached: false,
+        finalizers: &[],
+    };
+
+    fn va(v: V) -> VolumeAttachment {
+        VolumeAttachment {
+            metadata: ObjectMeta {
+                name: Some("va1".into()),
+                deletion_timestamp: v.deleting.then(now),
+                finalizers: Some(v.finalizers.iter().map(|s| s.to_string()).collect()),
+                ..Default::default()
+            },
+            spec: VolumeAttachmentSpec {
+                attacher: v.attacher.into(),
+                node_name: "n1".into(),
+                source: VolumeAttachmentSource {
+                    persistent_volume_name: Some("pv1".into()),
+                    ..Default::default()
+                },
+            },
+            status: Some(VolumeAttachmentStatus {
+                attached: v.attached,
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn attachment_table() {
+        let live_pv = pv(false, &[]);
+        let live_pv_f = pv(false, &[F]);
+        let dying_pv = pv(true, &[F]);
+        let inline = PersistentVolumeSpec::default();
+        use VaAction::*;
+        let cases: Vec<(&str, V, Volume, Mode, VaAction)> = vec![
+            (
+                "another driver",
+                V {
+                    attacher: "other",
+                    ..NEW
+                },
+                Volume::Pv(&live_pv),
+                Mode::Real,
+                NotOurs,
+            ),
+            (
+                "new: both finalizers",
+                NEW,
+                Volume::Pv(&live_pv),
+                Mode::Real,
+                Attach {
+                    add_pv_finalizer: true,
+                    add_va_finalizer: true,
+                },
+            ),
+            (
+                "PV has ours",
+                NEW,
+                Volume::Pv(&live_pv_f),
+                Mode::Real,
+                Attach {
+                    add_pv_finalizer: false,
+                    add_va_finalizer: true,
+                },
+            ),
+            (
+                "retry after a failed publish",
+                V {
+                    finalizers: &[F],
+                    ..NEW
+                },
+                Volume::Pv(&live_pv_f),
+                Mode::Real,
+                Attach {
+                    add_pv_finalizer: false,
+                    add_va_finalizer: false,
+                },
+            ),
+            (
+                "inline volume: no PV finalizer",
+                NEW,
+                Volume::Inline(&inline),
+                Mode::Real,
+                Attach {
+                    add_pv_finalizer: false,
+                    add_va_finalizer: true,
+                },
+            ),
+            (
+                "attached",
+                V {
+                    attached: true,
+                    finalizers: &[F],
+                    ..NEW
+                },
+                Volume::Pv(&live_pv_f),
+                Mode::Real,
+                Done,
+            ),
+            (
+                "PV missing",
+                NEW,
+                Volume::MissingPv("pv1"),
+                Mode::Real,
+                Refuse(Refusal::PvMissing("pv1".into())),
+            ),
+            (
+                "PV being deleted",
+                NEW,
+                Volume::Pv(&dying_pv),
+                Mode::Real,
+                Refuse(Refusal::PvDeleting("pv1".into())),
+            ),
+            (
+                "bad source",
+                NEW,
+                Volume::Invalid,
+                Mode::Real,
+                Refuse(Refusal::BadSource),
+            ),
+            (
+                "trivial",
+                NEW,
+                Volume::MissingPv("pv1"),
+                Mode::Trivial,
+                MarkAttached,
+            ),
+            (
+                "trivial, attached",
+                V {
+                    attached: true,
+                    ..NEW
+                },
+                Volume::Pv(&live_pv),
+                Mode::Trivial,
+                Done,
+            ),
+            (
+                "detach",
+                V {
+                    deleting: true,
+                    attached: true,
+                    finalizers: &[F],
+                    ..NEW
+                },
+                Volume::Pv(&live_pv_f),
+                Mode::Real,
+                Detach {
+                    clear_status: false,
+                },
+            ),
+            (
+                "detach, PV deleting too",
+                V {
+                    deleting: true,
+                    finalizers: &[F],
+                    ..NEW
+                },
+                Volume::Pv(&dying_pv),
+                Mode::Real,
+                Detach {
+                    clear_status: false,
+                },
+            ),
+            (
+                "detach, another finalizer stays",
+                V {
+                    deleting: true,
+                    finalizers: &[OTHER_F, F],
+                    ..NEW
+                },
+                Volume::Pv(&live_pv_f),
+                Mode::Real,
+                Detach { clear_status: true },
+            ),
+            (
+                "detached already",
+                V {
+                    deleting: true,
+                    finalizers: &[OTHER_F],
+                    ..NEW
+                },
+                Volume::Pv(&live_pv_f),
+                Mode::Real,
+                Done,
+            ),
+            (
+                "trivial, deleted",
+                V {
+                    deleting: true,
+                    ..NEW
+                },
+                Volume::Pv(&live_pv),
+                Mode::Trivial,
+                Done,
+            ),
+            (
+                "trivial, leftover finalizer",
+                V {
+                    deleting: true,
+                    finalizers: &[F],
+                    ..NEW
+                },
+                Volume::Pv(&live_pv),
+                Mode::Trivial,
+                DropFinalizer,
+            ),
+            (
+                "another driver, deleting",
+                V {
+                    attacher: "other",
+                    deleting: true,
+                    finalizers: &[F],
+                    ..NEW
+                },
+                Volume::Pv(&live_pv),
+                Mode::Real,
+                NotOurs,
+            ),
+        ];
+        for (name, v, vol, mode, want) in cases {
+            assert_eq!(va_action(&va(v), vol, D, F, mode), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn volume_lookup() {
+        let p = pv(false, &[]);
+        let mut a = va(NEW);
+        assert!(matches!(
+            Volume::of(&a, |n| (n == "pv1").then_some(&p)),
+            Volume::Pv(_)
+        ));
+        assert!(matches!(Volume::of(&a, |_| None), Volume::MissingPv("pv1")));
+        a.spec.source.inline_volume_spec = Some(PersistentVolumeSpec::default());
+        assert!(matches!(Volume::of(&a, |_| Some(&p)), Volume::Invalid));
+        a.spec.source.persistent_volume_name = None;
+        let v = Volume::of(&a, |_| Some(&p));
+        assert!(matches!(v, Volume::Inline(_)));
+        assert!(v.spec().is_some());
+        a.spec.source.inline_volume_spec = None;
+        assert!(matches!(Volume::of(&a, |_| Some(&p)), Volume::Invalid));
+    }
+
+    #[test]
+    fn pv_finalizer_table() {
+        let cases = [
+            (pv(true, &[F]), false, PvAction::RemoveFinalizer),
+            (
+                pv(true, &["kubernetes.io/pv-protection", F]),
+                false,
+                PvAction::RemoveFinalizer,
+            ),
+            (pv(true, &[F]), true, PvAction::Nothing),
+            (pv(false, &[F]), false, PvAction::Nothing),
+            (
+                pv(true, &["kubernetes.io/pv-protection"]),
+                false,
+                PvAction::Nothing,
+            ),
+        ];
+        for (i, (p, referenced, want)) in cases.iter().enumerate() {
+            assert_eq!(pv_action(p, F, *referenced), *want, "case {i}");
+        }
+    }
+}
