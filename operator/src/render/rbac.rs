@@ -66,7 +66,7 @@ pub const PROVISIONER_GRANTS: &[Grant] = &[
 ];
 
 /// external-attacher: VolumeAttachments and their status, PV finalizers, node
-/// IDs from CSINode/Node, publish secrets, Events.
+/// IDs from CSINode/Node, publish secrets, Events (events.k8s.io).
 pub const ATTACHER_GRANTS: &[Grant] = &[
     grant("", "persistentvolumes", &["get", "list", "watch", "patch"]),
     grant(
@@ -78,7 +78,7 @@ pub const ATTACHER_GRANTS: &[Grant] = &[
     grant(STORAGE, "csinodes", READ),
     grant("", "nodes", READ),
     grant("", "secrets", &["get"]),
-    grant("", "events", &["create", "patch"]),
+    grant("events.k8s.io", "events", &["create", "patch"]),
 ];
 
 /// Registrar: maintains its node's CSINode entry, topology labels and the

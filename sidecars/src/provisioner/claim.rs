@@ -75,6 +75,15 @@ impl ClaimError {
     }
 }
 
+/// `namespace/name`, as admins write it.
+pub fn display(key: &ClaimKey) -> String {
+    format!(
+        "{}/{}",
+        key.namespace.as_deref().unwrap_or_default(),
+        key.name
+    )
+}
+
 /// An RPC error in upstream's words, which admins grep for.
 fn rpc(status: &Status) -> String {
     format!(
@@ -103,7 +112,7 @@ impl Provisioner {
             pv_cached,
         ) {
             ClaimAction::Nothing(why) => {
-                tracing::debug!(claim = %key, why, "nothing to do");
+                tracing::debug!(claim = %display(key), why, "nothing to do");
                 Ok(())
             }
             ClaimAction::ClassMissing(name) => Err(ClaimError::ClassMissing(name)),
@@ -158,15 +167,9 @@ impl Provisioner {
             // brings the claim back here with the right decision.
             return Ok(());
         }
-        if self.claims.failures(key) == 0 {
-            self.event(
-                &claim,
-                EventType::Normal,
-                "Provisioning",
-                format!("External provisioner is provisioning volume for claim \"{key}\""),
-            )
-            .await;
-        }
+        // No "Provisioning" Event, unlike upstream: the PV controller's
+        // ExternalProvisioning Event already says it, and every write counts
+        // against --kube-api-qps.
         let mut request = prepared.request.clone();
         if let Some(r) = &prepared.provisioner_secret {
             request.secrets = secrets::fetch(&self.client, r).await?;
@@ -218,7 +221,7 @@ impl Provisioner {
         self.set_claim_finalizer(&claim, false).await?;
         self.metrics
             .succeeded(Operation::Provision, &class_name, started.elapsed());
-        tracing::info!(claim = %key, pv = %prepared.name, volume = %volume.volume_id, "provisioned");
+        tracing::info!(claim = %display(key), pv = %prepared.name, volume = %volume.volume_id, "provisioned");
         self.event(
             &claim,
             EventType::Normal,

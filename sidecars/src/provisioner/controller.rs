@@ -255,7 +255,7 @@ impl Provisioner {
                 Ok(()) => self.claims.forget(&key),
                 Err(e) => {
                     let claim = self.caches.claims.get(&key);
-                    tracing::warn!(claim = %key, error = %e, "provisioning failed; will retry");
+                    tracing::warn!(claim = %super::claim::display(&key), error = %e, "provisioning failed; will retry");
                     if let Some(claim) = claim {
                         let class = super::decide::class_name(&claim).unwrap_or_default();
                         self.metrics
