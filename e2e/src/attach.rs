@@ -5,7 +5,6 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::Duration;
 
 use csiops_proto::client::CsiClient;
 use csiops_proto::csi::v1::{volume_capability, CreateVolumeRequest, VolumeCapability};
@@ -20,7 +19,6 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, Patch, PatchParams};
 
-use crate::process::ManagedProcess;
 use crate::{Error, Result};
 
 /// The attacher's finalizer for a driver name (upstream's spelling).
@@ -84,13 +82,14 @@ pub fn va(name: &str, attacher: &str, pv: &str, node: &str) -> VolumeAttachment 
     }
 }
 
-/// Adds (or updates) `driver`'s entry with `node_id` in the node's CSINode,
-/// as the registrar does.
+/// Adds (or updates) `driver`'s entry with `node_id` and `topology_keys`
+/// in the node's CSINode, as the registrar does.
 pub async fn register_driver(
     client: &kube::Client,
     node: &str,
     driver: &str,
     node_id: &str,
+    topology_keys: &[&str],
 ) -> Result<()> {
     let api: Api<CSINode> = Api::all(client.clone());
     let mut drivers: Vec<CSINodeDriver> = api
@@ -102,6 +101,8 @@ pub async fn register_driver(
     drivers.push(CSINodeDriver {
         name: driver.into(),
         node_id: node_id.into(),
+        topology_keys: (!topology_keys.is_empty())
+            .then(|| topology_keys.iter().map(|k| k.to_string()).collect()),
         ..Default::default()
     });
     let obj = CSINode {
@@ -190,30 +191,6 @@ pub fn attacher_args(
     ];
     args.extend(extra.iter().map(|s| s.to_string()));
     args
-}
-
-/// Starts `bin` with `args`, output appended to `log`.
-pub fn spawn(name: &str, bin: &Path, args: &[String], log: &Path) -> Result<ManagedProcess> {
-    ManagedProcess::spawn(name, bin, args, log)
-}
-
-/// `kill -9` and reap.
-pub fn kill9(p: &mut ManagedProcess) {
-    // SAFETY: kill has no memory-safety preconditions.
-    unsafe {
-        libc::kill(p.pid() as libc::pid_t, libc::SIGKILL);
-    }
-    p.terminate(Duration::ZERO);
-}
-
-/// The peak resident set of a live process (`VmHWM`), in KiB.
-pub fn peak_rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
 }
 
 /// Whether the attachment is attached with our finalizer.

@@ -144,6 +144,15 @@ impl ManagedProcess {
         }
     }
 
+    /// `kill -9` (no grace, as a crash) and reap.
+    pub fn kill9(&mut self) {
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe {
+            libc::kill(self.pid() as libc::pid_t, libc::SIGKILL);
+        }
+        self.terminate(Duration::ZERO);
+    }
+
     /// SIGTERM, SIGKILL after `grace`, reaped on return.
     pub fn terminate(&mut self, grace: Duration) {
         terminate_all(std::slice::from_mut(self), grace);

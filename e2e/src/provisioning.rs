@@ -9,9 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::storage::v1::{CSINode, CSINodeDriver, CSINodeSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 
 use crate::process::ManagedProcess;
 use crate::testdriver::config::{DEFAULT_DRIVER_NAME, DEFAULT_TOPOLOGY_KEY};
@@ -28,32 +26,13 @@ pub const TOPOLOGY_KEY: &str = DEFAULT_TOPOLOGY_KEY;
 pub async fn register_nodes(cluster: &Cluster) -> Result<()> {
     let client = cluster.client()?;
     let nodes: Api<Node> = Api::all(client.clone());
-    let csi_nodes: Api<CSINode> = Api::all(client);
     for name in cluster.node_names() {
         let labels = serde_json::json!({"metadata": {"labels": {TOPOLOGY_KEY: name}}});
         nodes
             .patch(name, &PatchParams::default(), &Patch::Merge(&labels))
             .await
             .map_err(|e| Error::Other(format!("labelling node {name}: {e}")))?;
-        let csi_node = CSINode {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                ..Default::default()
-            },
-            spec: CSINodeSpec {
-                drivers: vec![CSINodeDriver {
-                    name: DRIVER.into(),
-                    node_id: name.clone(),
-                    topology_keys: Some(vec![TOPOLOGY_KEY.into()]),
-                    allocatable: None,
-                }],
-            },
-        };
-        match csi_nodes.create(&PostParams::default(), &csi_node).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.is_already_exists() => {}
-            Err(e) => return Err(Error::Other(format!("creating CSINode {name}: {e}"))),
-        }
+        crate::attach::register_driver(&client, name, DRIVER, name, &[TOPOLOGY_KEY]).await?;
     }
     Ok(())
 }
@@ -135,11 +114,7 @@ impl ProvisionerBed {
     /// `kill -9` of the provisioner, no grace.
     pub fn kill9_sidecar(&mut self) {
         if let Some(mut p) = self.sidecar.take() {
-            // SAFETY: kill has no memory-safety preconditions.
-            unsafe {
-                libc::kill(p.pid() as libc::pid_t, libc::SIGKILL);
-            }
-            p.terminate(Duration::ZERO);
+            p.kill9();
         }
     }
 

@@ -55,7 +55,7 @@ async fn start_driver(cluster: &Cluster, name: &str, args: &[&str]) -> Setup {
     )
     .await
     .expect("csi-test-driver starts");
-    attach::register_driver(&cluster.client().expect("client"), NODE, name, NODE_ID)
+    attach::register_driver(&cluster.client().expect("client"), NODE, name, NODE_ID, &[])
         .await
         .expect("CSINode entry");
     Setup {
@@ -77,7 +77,7 @@ fn start_attacher(
     let log = cluster
         .log_dir()
         .join(format!("attacher-{}-{n}.log", s.driver_name));
-    attach::spawn(
+    ManagedProcess::spawn(
         "attacher",
         &sidecar_bin().expect("csiops-sidecar built"),
         &args,
@@ -653,7 +653,7 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
         "the standby acted:\n{}",
         second_log()
     );
-    attach::kill9(&mut first);
+    first.kill9();
     vas.create(&pp, &attach::va("lva-1", &l.driver_name, "lpv-1", NODE))
         .await
         .expect("VA");
@@ -763,12 +763,12 @@ async fn kill9_during_100_attach_detach_cycles_ends_consistent() {
         tokio::spawn(async move {
             let mut rng = Lcg(42);
             let mut kills = 0usize;
-            let mut p = attach::spawn("attacher", &bin, &args, &log).expect("starts");
+            let mut p = ManagedProcess::spawn("attacher", &bin, &args, &log).expect("starts");
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {
                 tokio::time::sleep(Duration::from_millis(150 + rng.next(750))).await;
-                attach::kill9(&mut p);
+                p.kill9();
                 kills += 1;
-                p = attach::spawn("attacher", &bin, &args, &log).expect("restarts");
+                p = ManagedProcess::spawn("attacher", &bin, &args, &log).expect("restarts");
             }
             (p, kills)
         })

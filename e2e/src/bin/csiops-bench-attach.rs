@@ -139,7 +139,7 @@ async fn run_one(
         &dir.join("driver.log"),
     )
     .await?;
-    attach::register_driver(&client, NODE, &driver_name, NODE_ID).await?;
+    attach::register_driver(&client, NODE, &driver_name, NODE_ID, &[]).await?;
     let csi = driver.client().await?;
     let ids = attach::create_volumes(&csi, name, args.vas).await?;
     let pvs: Api<PersistentVolume> = Api::all(client.clone());

@@ -123,11 +123,7 @@ impl TestDriverProcess {
     /// `kill -9` and reap. The socket file stays behind, as after a crash.
     pub fn kill9(&mut self) {
         if let Some(mut p) = self.proc.take() {
-            // SAFETY: kill has no memory-safety preconditions.
-            unsafe {
-                libc::kill(p.pid() as libc::pid_t, libc::SIGKILL);
-            }
-            p.terminate(Duration::ZERO);
+            p.kill9();
         }
     }
 

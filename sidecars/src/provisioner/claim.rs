@@ -369,9 +369,9 @@ impl Provisioner {
         Ok(())
     }
 
-    /// Adds (`present`) or removes [`CLAIM_FINALIZER`] with a version-pinned
-    /// patch; on a conflict reads the claim again and retries. Returns the
-    /// claim as written.
+    /// Adds (`present`) or removes [`CLAIM_FINALIZER`] (see [`finalizer`]
+    /// for the patches); when the patch no longer fits the claim, reads it
+    /// again and retries. Returns the claim as written.
     async fn set_claim_finalizer(
         &self,
         claim: &PersistentVolumeClaim,
@@ -384,20 +384,24 @@ impl Provisioner {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let patch = if present {
-                finalizer::add(&current.metadata, CLAIM_FINALIZER)
+            let written = if present {
+                let Some(patch) = finalizer::add(&current.metadata, CLAIM_FINALIZER) else {
+                    return Ok(current);
+                };
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
             } else {
-                finalizer::remove(&current.metadata, CLAIM_FINALIZER)
+                let Some(patch) = finalizer::remove_at_index(&current.metadata, CLAIM_FINALIZER)
+                else {
+                    return Ok(current);
+                };
+                api.patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch))
+                    .await
             };
-            let Some(patch) = patch else {
-                return Ok(current);
-            };
-            match api
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
+            match written {
                 Ok(written) => return Ok(written),
-                Err(kube::Error::Api(s)) if s.is_conflict() && attempt <= 3 => {
+                // 409 for a stale version, 422 for a failed JSON-patch test.
+                Err(kube::Error::Api(s)) if (s.is_conflict() || s.code == 422) && attempt <= 3 => {
                     match api.get_opt(&name).await? {
                         Some(fresh) if fresh.uid() == claim.uid() => current = fresh,
                         // Gone: nothing holds a finalizer any more.

@@ -1,7 +1,11 @@
-//! Finalizer edits as merge patches that carry the `resourceVersion` they were
-//! computed from: the API server applies them only to that version (409
-//! otherwise), so a finalizer another controller added meanwhile is never
-//! dropped by our rewrite of the list.
+//! Finalizer edits that never drop someone else's finalizer:
+//!
+//! - adding is a merge patch of the whole list pinned to the
+//!   `resourceVersion` it was computed from (409 if the object changed);
+//! - removing is a JSON patch that tests our entry at its index and removes
+//!   it, so it applies over unrelated changes (the PV controller binding the
+//!   claim a moment after its PV was created) and fails only when the list
+//!   itself moved. That saves a conflict, a GET and a retry per claim.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{json, Value};
@@ -16,14 +20,18 @@ pub fn add(meta: &ObjectMeta, name: &str) -> Option<Value> {
     Some(patch(meta, finalizers))
 }
 
-/// The patch removing `name`, or `None` when it is not there.
-pub fn remove(meta: &ObjectMeta, name: &str) -> Option<Value> {
-    let finalizers = meta.finalizers.as_ref()?;
-    if !finalizers.iter().any(|f| f == name) {
-        return None;
-    }
-    let kept: Vec<String> = finalizers.iter().filter(|f| *f != name).cloned().collect();
-    Some(patch(meta, kept))
+/// The JSON patch removing `name` at its current index, or `None` when it
+/// is not there.
+pub fn remove_at_index(meta: &ObjectMeta, name: &str) -> Option<json_patch::Patch> {
+    let index = meta.finalizers.as_ref()?.iter().position(|f| f == name)?;
+    let path = format!("/metadata/finalizers/{index}");
+    // The patch is built from known-good JSON; a failure would be a bug in
+    // this function, reported as "no patch" rather than a panic.
+    serde_json::from_value(json!([
+        {"op": "test", "path": path, "value": name},
+        {"op": "remove", "path": path},
+    ]))
+    .ok()
 }
 
 fn patch(meta: &ObjectMeta, finalizers: Vec<String>) -> Value {
@@ -63,12 +71,16 @@ mod tests {
     }
 
     #[test]
-    fn remove_keeps_others() {
+    fn remove_at_index_tests_the_entry() {
+        let p = remove_at_index(&meta(Some(&["a", "x/y", "b"])), "x/y").expect("patch");
         assert_eq!(
-            remove(&meta(Some(&["a", "x/y", "b"])), "x/y"),
-            Some(json!({"metadata": {"resourceVersion": "42", "finalizers": ["a", "b"]}}))
+            serde_json::to_value(&p).expect("json"),
+            json!([
+                {"op": "test", "path": "/metadata/finalizers/1", "value": "x/y"},
+                {"op": "remove", "path": "/metadata/finalizers/1"},
+            ])
         );
-        assert_eq!(remove(&meta(Some(&["a"])), "x/y"), None);
-        assert_eq!(remove(&meta(None), "x/y"), None);
+        assert!(remove_at_index(&meta(Some(&["a"])), "x/y").is_none());
+        assert!(remove_at_index(&meta(None), "x/y").is_none());
     }
 }

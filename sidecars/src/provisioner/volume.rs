@@ -132,25 +132,30 @@ impl Provisioner {
         Ok(())
     }
 
-    /// Takes [`PV_PROTECTION_FINALIZER`] off, re-reading on a conflict.
+    /// Takes [`PV_PROTECTION_FINALIZER`] off, re-reading when the list moved.
     async fn remove_pv_finalizer(&self, pv: &PersistentVolume) -> Result<(), VolumeError> {
         let api: Api<PersistentVolume> = Api::all(self.client.clone());
         let name = pv.name_any();
         let mut current = pv.clone();
         for _ in 0..4 {
-            let Some(patch) = finalizer::remove(&current.metadata, PV_PROTECTION_FINALIZER) else {
+            let Some(patch) =
+                finalizer::remove_at_index(&current.metadata, PV_PROTECTION_FINALIZER)
+            else {
                 return Ok(());
             };
             match api
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch))
                 .await
             {
                 Ok(_) => return Ok(()),
                 Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(()),
-                Err(kube::Error::Api(s)) if s.is_conflict() => match api.get_opt(&name).await? {
-                    Some(fresh) if fresh.uid() == pv.uid() => current = fresh,
-                    _ => return Ok(()),
-                },
+                // The finalizer list changed under us (a failed test): re-read.
+                Err(kube::Error::Api(s)) if s.is_conflict() || s.code == 422 => {
+                    match api.get_opt(&name).await? {
+                        Some(fresh) if fresh.uid() == pv.uid() => current = fresh,
+                        _ => return Ok(()),
+                    }
+                }
                 Err(e) => return Err(e.into()),
             }
         }
