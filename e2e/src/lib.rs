@@ -15,6 +15,7 @@
 //!
 //! Binaries come from `e2e/cluster-bins/build.sh` (or `CSIOPS_BIN_DIR`).
 
+pub mod apimetrics;
 pub mod attach;
 pub mod bins;
 pub mod certs;

@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use csiops_e2e::apimetrics;
 use csiops_e2e::attach;
 use csiops_e2e::process::ManagedProcess;
 use csiops_e2e::testdriver::{test_driver_bin, TestDriverProcess};
@@ -63,38 +64,21 @@ struct Outcome {
     rss_kib: u64,
 }
 
-/// Sum of kube-apiserver's `apiserver_request_total` for writes the attacher
-/// makes: PATCH/PUT of VolumeAttachments and PVs (incl. status), and Events.
+/// Writes the attacher makes: PATCH/PUT of VolumeAttachments and PVs (incl.
+/// status), and Events.
 async fn attacher_writes(client: &kube::Client) -> Result<f64, Box<dyn std::error::Error>> {
-    let req = http::Request::get("/metrics").body(Vec::new())?;
-    let text = client.request_text(req).await?;
-    let mut total = 0.0;
-    for line in text
-        .lines()
-        .filter(|l| l.starts_with("apiserver_request_total{"))
-    {
-        let Some((labels, value)) = line.rsplit_once(' ') else {
-            continue;
-        };
-        let label = |k: &str| {
-            labels
-                .split(&format!("{k}=\""))
-                .nth(1)
-                .and_then(|r| r.split('"').next())
-                .unwrap_or("")
-                .to_string()
-        };
-        let (verb, resource) = (label("verb"), label("resource"));
-        let counted = match resource.as_str() {
-            "volumeattachments" | "persistentvolumes" => verb == "PATCH" || verb == "PUT",
-            "events" => verb == "POST" || verb == "PATCH",
-            _ => false,
-        };
-        if counted {
-            total += value.parse::<f64>().unwrap_or(0.0);
-        }
-    }
-    Ok(total)
+    Ok(apimetrics::requests(
+        client,
+        &[
+            ("volumeattachments", "PATCH"),
+            ("volumeattachments", "PUT"),
+            ("persistentvolumes", "PATCH"),
+            ("persistentvolumes", "PUT"),
+            ("events", "POST"),
+            ("events", "PATCH"),
+        ],
+    )
+    .await?)
 }
 
 async fn count_attached(

@@ -1,6 +1,7 @@
 //! Benchmark (not a test): time to Bound for N claims and to deletion of
-//! their volumes, and the provisioner's memory, on the local control plane
-//! with `csi-test-driver`. Prints a Markdown table row.
+//! their volumes, the API writes per claim (kube-apiserver's own counter:
+//! writes to claims, PVs and Events), and the provisioner's memory, on the
+//! local control plane with `csi-test-driver`. Prints a Markdown table.
 //!
 //! `csiops-bench-provision [claims] [qps] [burst]` (defaults 500, 50, 100).
 //! The provisioner binary is `CSIOPS_SIDECAR_BIN` (use a release build).
@@ -8,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use csiops_e2e::apimetrics;
 use csiops_e2e::process::memory_kib;
 use csiops_e2e::provisioning::{ProvisionerBed, DRIVER};
 use csiops_e2e::{wait_for, Cluster, ClusterOptions};
@@ -20,6 +22,17 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 
 const NS: &str = "default";
+
+/// What the provisioner writes. The claims' own POST/DELETE come from the
+/// benchmark, and the PV controller's claim binds are PUTs: neither counts.
+const WRITES: &[apimetrics::Kind] = &[
+    ("persistentvolumeclaims", "PATCH"),
+    ("persistentvolumes", "POST"),
+    ("persistentvolumes", "PATCH"),
+    ("persistentvolumes", "DELETE"),
+    ("events", "POST"),
+    ("events", "PATCH"),
+];
 
 fn arg<T: std::str::FromStr>(i: usize, default: T) -> T {
     std::env::args()
@@ -60,7 +73,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let client = cluster.client()?;
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NS);
     let pvs: Api<PersistentVolume> = Api::all(client.clone());
-    let classes: Api<StorageClass> = Api::all(client);
+    let classes: Api<StorageClass> = Api::all(client.clone());
+    let client_for_metrics = client;
     classes
         .create(
             &PostParams::default(),
@@ -79,6 +93,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Let the provisioner sync its caches before the clock starts.
     tokio::time::sleep(Duration::from_secs(2)).await;
 
+    let writes0 = apimetrics::requests(&client_for_metrics, WRITES).await?;
     let start = Instant::now();
     for i in 0..claims {
         pvcs.create(&PostParams::default(), &claim(i)).await?;
@@ -98,6 +113,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let to_bound = start.elapsed();
     let pid = bed.sidecar_pid().ok_or("provisioner not running")?;
     let (_, hwm_provision) = memory_kib(pid).ok_or("provisioner gone")?;
+    let writes1 = apimetrics::requests(&client_for_metrics, WRITES).await?;
 
     let start = Instant::now();
     pvcs.delete_collection(&DeleteParams::default(), &ListParams::default())
@@ -108,19 +124,23 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     })
     .await?;
     let to_deleted = start.elapsed();
+    let writes2 = apimetrics::requests(&client_for_metrics, WRITES).await?;
     let (rss, hwm) = memory_kib(pid).ok_or("provisioner gone")?;
     let left = bed.driver_volumes()?.len();
     bed.stop_sidecar();
     cluster.stop().await?;
 
     let mib = |kib: u64| kib as f64 / 1024.0;
-    println!("| provisioner | claims | QPS/burst | create calls | all Bound | all deleted | VmHWM after provisioning (MiB) | VmRSS / VmHWM at the end (MiB) | volumes left |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    let n = claims as f64;
+    println!("| provisioner | claims | QPS/burst | claims created in | all Bound | all deleted | writes per provision | per deletion | VmHWM after provisioning (MiB) | VmRSS / VmHWM at the end (MiB) | volumes left |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     println!(
-        "| csiops | {claims} | {qps}/{burst} | {:.1}s | {:.1}s | {:.1}s | {:.1} | {:.1} / {:.1} | {left} |",
+        "| csiops | {claims} | {qps}/{burst} | {:.1}s | {:.1}s | {:.1}s | {:.2} | {:.2} | {:.1} | {:.1} / {:.1} | {left} |",
         created.as_secs_f64(),
         to_bound.as_secs_f64(),
         to_deleted.as_secs_f64(),
+        (writes1 - writes0) / n,
+        (writes2 - writes1) / n,
         mib(hwm_provision),
         mib(rss),
         mib(hwm),
