@@ -1,7 +1,8 @@
 //! Benchmark (not a test): time to Bound for N claims and to deletion of
-//! their volumes, the API writes per claim (kube-apiserver's own counter:
-//! writes to claims, PVs and Events), and the provisioner's memory, on the
-//! local control plane with `csi-test-driver`. Prints a Markdown table.
+//! their volumes, the provisioner's API requests per claim (its own
+//! `csiops_kube_api_requests_total{verb}`: writes, and GETs outside the
+//! watches), and its memory, on the local control plane with
+//! `csi-test-driver`. Prints a Markdown table.
 //!
 //! `csiops-bench-provision [claims] [qps] [burst]` (defaults 500, 50, 100).
 //! The provisioner binary is `CSIOPS_SIDECAR_BIN` (use a release build).
@@ -9,10 +10,9 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use csiops_e2e::apimetrics;
 use csiops_e2e::process::memory_kib;
 use csiops_e2e::provisioning::{ProvisionerBed, DRIVER};
-use csiops_e2e::{wait_for, Cluster, ClusterOptions};
+use csiops_e2e::{testkit, wait_for, Cluster, ClusterOptions};
 use k8s_openapi::api::core::v1::{
     PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec, VolumeResourceRequirements,
 };
@@ -23,16 +23,27 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 
 const NS: &str = "default";
 
-/// What the provisioner writes. The claims' own POST/DELETE come from the
-/// benchmark, and the PV controller's claim binds are PUTs: neither counts.
-const WRITES: &[apimetrics::Kind] = &[
-    ("persistentvolumeclaims", "PATCH"),
-    ("persistentvolumes", "POST"),
-    ("persistentvolumes", "PATCH"),
-    ("persistentvolumes", "DELETE"),
-    ("events", "POST"),
-    ("events", "PATCH"),
-];
+/// (writes, reads) the provisioner has sent so far, from its metrics.
+async fn requests(port: u16) -> Result<(f64, f64), Box<dyn std::error::Error>> {
+    let (_, text) = testkit::http_get_async(([127, 0, 0, 1], port).into(), "/metrics")
+        .await
+        .ok_or("no metrics")?;
+    let (mut writes, mut reads) = (0.0, 0.0);
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("csiops_kube_api_requests_total{verb=\"") else {
+            continue;
+        };
+        let Some((verb, value)) = rest.split_once("\"} ") else {
+            continue;
+        };
+        let n: f64 = value.trim().parse().unwrap_or(0.0);
+        match verb {
+            "GET" => reads += n,
+            _ => writes += n,
+        }
+    }
+    Ok((writes, reads))
+}
 
 fn arg<T: std::str::FromStr>(i: usize, default: T) -> T {
     std::env::args()
@@ -73,8 +84,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let client = cluster.client()?;
     let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NS);
     let pvs: Api<PersistentVolume> = Api::all(client.clone());
-    let classes: Api<StorageClass> = Api::all(client.clone());
-    let client_for_metrics = client;
+    let classes: Api<StorageClass> = Api::all(client);
     classes
         .create(
             &PostParams::default(),
@@ -93,7 +103,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Let the provisioner sync its caches before the clock starts.
     tokio::time::sleep(Duration::from_secs(2)).await;
 
-    let writes0 = apimetrics::requests(&client_for_metrics, WRITES).await?;
+    let (writes0, reads0) = requests(bed.http_port).await?;
     let start = Instant::now();
     for i in 0..claims {
         pvcs.create(&PostParams::default(), &claim(i)).await?;
@@ -113,7 +123,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let to_bound = start.elapsed();
     let pid = bed.sidecar_pid().ok_or("provisioner not running")?;
     let (_, hwm_provision) = memory_kib(pid).ok_or("provisioner gone")?;
-    let writes1 = apimetrics::requests(&client_for_metrics, WRITES).await?;
+    let (writes1, reads1) = requests(bed.http_port).await?;
 
     let start = Instant::now();
     pvcs.delete_collection(&DeleteParams::default(), &ListParams::default())
@@ -124,7 +134,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     })
     .await?;
     let to_deleted = start.elapsed();
-    let writes2 = apimetrics::requests(&client_for_metrics, WRITES).await?;
+    let (writes2, reads2) = requests(bed.http_port).await?;
     let (rss, hwm) = memory_kib(pid).ok_or("provisioner gone")?;
     let left = bed.driver_volumes()?.len();
     bed.stop_sidecar();
@@ -132,15 +142,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let mib = |kib: u64| kib as f64 / 1024.0;
     let n = claims as f64;
-    println!("| provisioner | claims | QPS/burst | claims created in | all Bound | all deleted | writes per provision | per deletion | VmHWM after provisioning (MiB) | VmRSS / VmHWM at the end (MiB) | volumes left |");
+    println!("| provisioner | claims | QPS/burst | claims created in | all Bound | all deleted | writes (GETs) per provision | per deletion | VmHWM after provisioning (MiB) | VmRSS / VmHWM at the end (MiB) | volumes left |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     println!(
-        "| csiops | {claims} | {qps}/{burst} | {:.1}s | {:.1}s | {:.1}s | {:.2} | {:.2} | {:.1} | {:.1} / {:.1} | {left} |",
+        "| csiops | {claims} | {qps}/{burst} | {:.1}s | {:.1}s | {:.1}s | {:.2} ({:.2}) | {:.2} ({:.2}) | {:.1} | {:.1} / {:.1} | {left} |",
         created.as_secs_f64(),
         to_bound.as_secs_f64(),
         to_deleted.as_secs_f64(),
         (writes1 - writes0) / n,
+        (reads1 - reads0) / n,
         (writes2 - writes1) / n,
+        (reads2 - reads1) / n,
         mib(hwm_provision),
         mib(rss),
         mib(hwm),

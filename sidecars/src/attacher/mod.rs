@@ -103,12 +103,14 @@ pub async fn run(args: AttacherArgs) -> Result<(), SidecarError> {
     };
     let http_addr =
         crate::common::args::parse_endpoint(&http_endpoint).map_err(SidecarError::Flag)?;
-    let client = crate::common::kube::client(&args.kube)
+    let requests = crate::common::kube::ApiRequests::default();
+    let client = crate::common::kube::client(&args.kube, &requests)
         .await
         .map_err(AttacherError::from)?;
     let queues = controller::Queues::new(backoff);
     let writes = metrics::Writes::default();
     let mut registry = Metrics::new();
+    requests.register(registry.registry_mut());
     registry
         .registry_mut()
         .register_collector(Box::new(queues.metrics()));

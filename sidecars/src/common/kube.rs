@@ -13,6 +13,10 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use clap::Args;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 use tokio::time::{Instant, Sleep};
 
 /// Flags of the sidecars that talk to the API server.
@@ -66,8 +70,47 @@ pub async fn config(path: Option<&Path>) -> Result<kube::Config, KubeError> {
     }
 }
 
-/// A client whose every request waits for a token of the QPS/burst bucket.
-pub async fn client(args: &KubeArgs) -> Result<kube::Client, KubeError> {
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VerbLabel {
+    verb: String,
+}
+
+/// `csiops_kube_api_requests_total{verb}`: every request the sidecar sent to
+/// the API server, by HTTP method (watches and lists are GETs). What the
+/// QPS limit is spent on, and the write counts the benchmarks report.
+#[derive(Clone, Debug, Default)]
+pub struct ApiRequests(Family<VerbLabel, Counter>);
+
+impl ApiRequests {
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "csiops_kube_api_requests",
+            "Requests sent to the Kubernetes API server, by HTTP method",
+            self.0.clone(),
+        );
+    }
+
+    fn count(&self, method: &http::Method) {
+        self.0
+            .get_or_create(&VerbLabel {
+                verb: method.as_str().to_string(),
+            })
+            .inc();
+    }
+
+    /// Requests so far with `method` (`GET`, `PATCH`, …).
+    pub fn get(&self, method: &str) -> u64 {
+        self.0
+            .get_or_create(&VerbLabel {
+                verb: method.to_string(),
+            })
+            .get()
+    }
+}
+
+/// A client whose every request waits for a token of the QPS/burst bucket
+/// and is counted in `requests`.
+pub async fn client(args: &KubeArgs, requests: &ApiRequests) -> Result<kube::Client, KubeError> {
     if !(args.kube_api_qps > 0.0 && args.kube_api_qps.is_finite()) || args.kube_api_burst == 0 {
         return Err(KubeError::Limits {
             qps: args.kube_api_qps,
@@ -78,6 +121,7 @@ pub async fn client(args: &KubeArgs) -> Result<kube::Client, KubeError> {
     let layer = ThrottleLayer {
         qps: args.kube_api_qps,
         burst: args.kube_api_burst,
+        requests: requests.clone(),
     };
     Ok(kube::client::ClientBuilder::try_from(config)?
         .with_layer(&layer)
@@ -120,10 +164,11 @@ impl TokenBucket {
 }
 
 /// Puts a [`Throttle`] in front of a service.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ThrottleLayer {
     pub qps: f64,
     pub burst: u32,
+    pub requests: ApiRequests,
 }
 
 impl<S> tower::Layer<S> for ThrottleLayer {
@@ -135,6 +180,7 @@ impl<S> tower::Layer<S> for ThrottleLayer {
             bucket: TokenBucket::new(self.qps, self.burst),
             holding: false,
             sleep: None,
+            requests: self.requests.clone(),
         }
     }
 }
@@ -148,11 +194,12 @@ pub struct Throttle<S> {
     /// A token was taken for the next call.
     holding: bool,
     sleep: Option<Pin<Box<Sleep>>>,
+    requests: ApiRequests,
 }
 
-impl<S, R> tower::Service<R> for Throttle<S>
+impl<S, B> tower::Service<http::Request<B>> for Throttle<S>
 where
-    S: tower::Service<R>,
+    S: tower::Service<http::Request<B>>,
 {
     type Response = S::Response;
     type Error = S::Error;
@@ -174,8 +221,9 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: R) -> Self::Future {
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
         self.holding = false;
+        self.requests.count(req.method());
         self.inner.call(req)
     }
 }
@@ -208,17 +256,27 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn throttle_spaces_calls_at_the_rate() {
         use tower::{Service, ServiceExt};
-        let svc =
-            tower::service_fn(|()| async { Ok::<_, std::convert::Infallible>(Instant::now()) });
-        let mut svc = tower::Layer::layer(&ThrottleLayer { qps: 4.0, burst: 2 }, svc);
+        let svc = tower::service_fn(|_: http::Request<()>| async {
+            Ok::<_, std::convert::Infallible>(Instant::now())
+        });
+        let requests = ApiRequests::default();
+        let layer = ThrottleLayer {
+            qps: 4.0,
+            burst: 2,
+            requests: requests.clone(),
+        };
+        let mut svc = tower::Layer::layer(&layer, svc);
         let start = Instant::now();
         let mut times = Vec::new();
         for _ in 0..6 {
             let ready = svc.ready().await.expect("ready");
-            times.push(ready.call(()).await.expect("call") - start);
+            let req = http::Request::patch("/x").body(()).expect("request");
+            times.push(ready.call(req).await.expect("call") - start);
         }
         // Two at once (the burst), then one every 250ms.
         let ms: Vec<u128> = times.iter().map(|d| d.as_millis()).collect();
         assert_eq!(ms, vec![0, 0, 250, 500, 750, 1000]);
+        assert_eq!(requests.get("PATCH"), 6);
+        assert_eq!(requests.get("GET"), 0);
     }
 }

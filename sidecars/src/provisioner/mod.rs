@@ -97,6 +97,8 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
     let operations = Arc::new(metrics::OperationMetrics::default());
     let mut registry = Metrics::new();
     operations.register(registry.registry_mut());
+    let requests = kube_client::ApiRequests::default();
+    requests.register(registry.registry_mut());
     let mut queue_metrics = QueueMetrics::default();
     queue_metrics.add("claims", queues.claims.clone());
     queue_metrics.add("volumes", queues.volumes.clone());
@@ -144,7 +146,7 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
     };
     tracing::info!(driver = %driver_name, topology = caps.topology, "driver ready");
 
-    let client = kube_client::client(&args.kube)
+    let client = kube_client::client(&args.kube, &requests)
         .await
         .map_err(ProvisionerError::from)?;
     let election = args
