@@ -117,6 +117,10 @@ impl Provisioner {
             }
             ClaimAction::ClassMissing(name) => Err(ClaimError::ClassMissing(name)),
             ClaimAction::ReleaseClaim => self.set_claim_finalizer(&claim, false).await.map(drop),
+            ClaimAction::Provision if self.provisioned.contains(claim.uid().as_deref()) => {
+                tracing::debug!(claim = %display(key), "provisioned a moment ago; waiting for the PV to show");
+                Ok(())
+            }
             ClaimAction::Provision => match class {
                 Some(class) => self.provision(key, &claim, &class).await,
                 None => Err(ClaimError::ClassMissing(String::new())),
@@ -219,6 +223,7 @@ impl Provisioner {
         self.create_pv(&pv, &claim).await?;
         // 4. The PV holds the volume now.
         self.set_claim_finalizer(&claim, false).await?;
+        self.provisioned.insert(claim.uid());
         self.metrics
             .succeeded(Operation::Provision, &class_name, started.elapsed());
         tracing::info!(claim = %display(key), pv = %prepared.name, volume = %volume.volume_id, "provisioned");

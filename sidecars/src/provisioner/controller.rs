@@ -31,6 +31,35 @@ use crate::common::shutdown::Shutdown;
 use crate::common::workqueue::{Backoff, WorkQueue};
 
 pub type ClaimKey = ObjectRef<PersistentVolumeClaim>;
+
+/// UIDs of objects this process just finished with, until the watch shows
+/// the result. The caches lag behind our own writes by a watch event; a sync
+/// in that gap would redo finished work (a second CreateVolume and claim
+/// finalizer round, or a second DeleteVolume and PV DELETE). Harmless, as
+/// every step is idempotent, but it costs API writes and CSI calls.
+#[derive(Debug, Default)]
+pub struct Recent(std::sync::Mutex<std::collections::HashSet<String>>);
+
+impl Recent {
+    fn set(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+    pub fn insert(&self, uid: Option<String>) {
+        if let Some(uid) = uid {
+            self.set().insert(uid);
+        }
+    }
+    pub fn contains(&self, uid: Option<&str>) -> bool {
+        uid.is_some_and(|u| self.set().contains(u))
+    }
+    pub fn remove(&self, uid: Option<&str>) {
+        if let Some(uid) = uid {
+            self.set().remove(uid);
+        }
+    }
+}
 type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// The informer caches.
@@ -73,6 +102,10 @@ pub struct Provisioner {
     pub calls: Semaphore,
     pub recorder: Recorder,
     pub metrics: Arc<OperationMetrics>,
+    /// Claims provisioned until their PV is seen (by claim UID).
+    pub provisioned: Arc<Recent>,
+    /// PVs deleted until the watch reports them gone (by PV UID).
+    pub deleted: Arc<Recent>,
 }
 
 /// What [`Provisioner::new`] needs besides the client.
@@ -124,30 +157,40 @@ impl Provisioner {
         let driver_name = setup.config.driver_name.clone();
         let Queues { claims, volumes } = setup.queues;
         let mut tasks = Vec::new();
+        let provisioned = Arc::new(Recent::default());
+        let deleted = Arc::new(Recent::default());
 
         let (claims_store, task) = {
-            let (queue, driver) = (claims.clone(), driver_name.clone());
+            let (queue, driver, recent) =
+                (claims.clone(), driver_name.clone(), provisioned.clone());
             reflect(
                 Api::<PersistentVolumeClaim>::all(client.clone()),
-                move |e| {
-                    if let Some(c) = applied(e) {
-                        if claim_is_for(c, &driver) || claim_has_finalizer(c) {
-                            queue.add(ObjectRef::from_obj(c));
-                        }
+                move |e| match e {
+                    watcher::Event::Apply(c) | watcher::Event::InitApply(c)
+                        if claim_is_for(c, &driver) || claim_has_finalizer(c) =>
+                    {
+                        queue.add(ObjectRef::from_obj(c));
                     }
+                    watcher::Event::Delete(c) => recent.remove(c.metadata.uid.as_deref()),
+                    _ => {}
                 },
             )
         };
         tasks.push(task);
         let (volumes_store, task) = {
             let (vq, cq, driver) = (volumes.clone(), claims.clone(), driver_name.clone());
+            let (provisioned, deleted) = (provisioned.clone(), deleted.clone());
             reflect(Api::<PersistentVolume>::all(client.clone()), move |e| {
+                if let watcher::Event::Delete(pv) = e {
+                    deleted.remove(pv.metadata.uid.as_deref());
+                }
                 if let Some(pv) = applied(e) {
                     if pv_is_ours(pv, &driver) {
                         vq.add(pv.name_any());
                         // A claim still holding our finalizer lets go once
                         // its PV is seen.
                         if let Some(r) = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()) {
+                            provisioned.remove(r.uid.as_deref());
                             if let (Some(ns), Some(name)) = (&r.namespace, &r.name) {
                                 cq.add(ObjectRef::new(name).within(ns));
                             }
@@ -202,6 +245,8 @@ impl Provisioner {
             calls: Semaphore::new(setup.workers),
             recorder,
             metrics: setup.metrics,
+            provisioned,
+            deleted,
         };
         (Arc::new(provisioner), tasks)
     }

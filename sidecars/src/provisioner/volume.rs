@@ -62,6 +62,10 @@ impl Provisioner {
         let Some(pv) = self.caches.volumes.get(&ObjectRef::new(name)) else {
             return Ok(());
         };
+        if self.deleted.contains(pv.metadata.uid.as_deref()) {
+            tracing::debug!(pv = %name, "deleted a moment ago; waiting for the watch to show it");
+            return Ok(());
+        }
         match decide::volume_action(&pv, &self.config.driver_name) {
             VolumeAction::Nothing(why) => {
                 tracing::debug!(pv = %name, why, "nothing to do");
@@ -121,6 +125,7 @@ impl Provisioner {
                 Err(e) => return Err(e.into()),
             }
         }
+        self.deleted.insert(pv.uid());
         let class = pv
             .spec
             .as_ref()
