@@ -21,7 +21,9 @@ use kube::api::{Api, Patch, PatchParams};
 
 use crate::{Error, Result};
 
-/// The attacher's finalizer for a driver name (upstream's spelling).
+/// The attacher's finalizer for a driver name (upstream's spelling),
+/// written out independently of the product's code on purpose: the tests
+/// check the sidecar against upstream's rule, not against itself.
 pub fn finalizer(driver: &str) -> String {
     let mut s: String = driver
         .chars()
@@ -91,39 +93,30 @@ pub async fn register_driver(
     node_id: &str,
     topology_keys: &[&str],
 ) -> Result<()> {
-    let api: Api<CSINode> = Api::all(client.clone());
-    let mut drivers: Vec<CSINodeDriver> = api
-        .get_opt(node)
-        .await?
-        .map(|c| c.spec.drivers)
-        .unwrap_or_default();
-    drivers.retain(|d| d.name != driver);
-    drivers.push(CSINodeDriver {
+    let entry = CSINodeDriver {
         name: driver.into(),
         node_id: node_id.into(),
         topology_keys: (!topology_keys.is_empty())
             .then(|| topology_keys.iter().map(|k| k.to_string()).collect()),
         ..Default::default()
-    });
-    let obj = CSINode {
-        metadata: ObjectMeta {
-            name: Some(node.into()),
-            ..Default::default()
-        },
-        spec: CSINodeSpec { drivers },
     };
-    api.patch(
-        node,
-        &PatchParams::apply("csiops-e2e").force(),
-        &Patch::Apply(&obj),
-    )
-    .await?;
-    Ok(())
+    set_driver_entry(client, node, driver, Some(entry)).await
 }
 
 /// Removes `driver`'s entry from the node's CSINode (a driver that
 /// unregistered, or a node whose plugin is gone).
 pub async fn unregister_driver(client: &kube::Client, node: &str, driver: &str) -> Result<()> {
+    set_driver_entry(client, node, driver, None).await
+}
+
+/// Replaces `driver`'s entry in the node's CSINode with `entry` (or drops
+/// it), keeping the other drivers' entries.
+async fn set_driver_entry(
+    client: &kube::Client,
+    node: &str,
+    driver: &str,
+    entry: Option<CSINodeDriver>,
+) -> Result<()> {
     let api: Api<CSINode> = Api::all(client.clone());
     let mut drivers: Vec<CSINodeDriver> = api
         .get_opt(node)
@@ -131,6 +124,7 @@ pub async fn unregister_driver(client: &kube::Client, node: &str, driver: &str) 
         .map(|c| c.spec.drivers)
         .unwrap_or_default();
     drivers.retain(|d| d.name != driver);
+    drivers.extend(entry);
     let obj = CSINode {
         metadata: ObjectMeta {
             name: Some(node.into()),

@@ -669,47 +669,46 @@ impl Controller {
     }
 
     async fn record_attach_error(&self, va: &VolumeAttachment, err: &SyncError) {
-        let message = err.to_string();
-        let same = va
-            .status
-            .as_ref()
-            .and_then(|s| s.attach_error.as_ref())
-            .and_then(|e| e.message.as_deref())
-            == Some(status::truncate(&message, status::MAX_ERROR_MESSAGE));
-        if same {
-            // Already on record: another identical write and Event would only
-            // load the API server on every retry.
-            return;
-        }
-        self.record(
-            va,
-            status::attach_error(&message, now()),
-            REASON_ATTACH_FAILED,
-            "Attach",
-            &message,
-        )
-        .await;
+        self.record_error(va, err, false).await;
     }
 
     async fn record_detach_error(&self, va: &VolumeAttachment, err: &SyncError) {
+        self.record_error(va, err, true).await;
+    }
+
+    /// `attachError` (or `detachError`) and an Event, unless the same message
+    /// is already on record: another identical write and Event on every
+    /// retry would only load the API server.
+    async fn record_error(&self, va: &VolumeAttachment, err: &SyncError, detach: bool) {
         let message = err.to_string();
-        let same = va
+        let recorded = va
             .status
             .as_ref()
-            .and_then(|s| s.detach_error.as_ref())
-            .and_then(|e| e.message.as_deref())
-            == Some(status::truncate(&message, status::MAX_ERROR_MESSAGE));
-        if same {
+            .and_then(|s| {
+                if detach {
+                    s.detach_error.as_ref()
+                } else {
+                    s.attach_error.as_ref()
+                }
+            })
+            .and_then(|e| e.message.as_deref());
+        if recorded == Some(status::truncate(&message, status::MAX_ERROR_MESSAGE)) {
             return;
         }
-        self.record(
-            va,
-            status::detach_error(&message, now()),
-            REASON_DETACH_FAILED,
-            "Detach",
-            &message,
-        )
-        .await;
+        let (patch, reason, action) = if detach {
+            (
+                status::detach_error(&message, now()),
+                REASON_DETACH_FAILED,
+                "Detach",
+            )
+        } else {
+            (
+                status::attach_error(&message, now()),
+                REASON_ATTACH_FAILED,
+                "Attach",
+            )
+        };
+        self.record(va, patch, reason, action, &message).await;
     }
 
     /// The error into the status and an Event; failures to record are only

@@ -4,27 +4,12 @@
 //! [a-zA-Z0-9-] replaced by '-'>`, with an `X` appended when that ends in '-'
 //! (a finalizer's name part must not end with '-').
 
-/// Upstream's sanitised driver name.
-pub fn sanitize_driver_name(driver: &str) -> String {
-    let mut name: String = driver
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' {
-                c
-            } else {
-                '-'
-            }
-        })
-        .collect();
-    if name.ends_with('-') {
-        name.push('X');
-    }
-    name
-}
-
 /// `external-attacher/<sanitised driver>`.
 pub fn finalizer_name(driver: &str) -> String {
-    format!("external-attacher/{}", sanitize_driver_name(driver))
+    format!(
+        "external-attacher/{}",
+        crate::common::controller::sanitize_name(driver)
+    )
 }
 
 /// Whether `finalizers` (an object's `metadata.finalizers`) holds `name`.

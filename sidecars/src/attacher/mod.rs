@@ -117,7 +117,7 @@ pub async fn run(args: AttacherArgs) -> Result<(), SidecarError> {
     writes.register(registry.registry_mut());
     let metrics = Arc::new(registry);
 
-    let Some(driver) = Driver::connect_waiting(
+    let Some(driver) = Driver::connect_ready(
         &args.common.csi_address,
         args.common.timeout,
         metrics.clone(),
@@ -127,12 +127,6 @@ pub async fn run(args: AttacherArgs) -> Result<(), SidecarError> {
     else {
         return Ok(());
     };
-    if !driver
-        .probe_until_ready(args.common.timeout, &shutdown)
-        .await
-    {
-        return Ok(());
-    }
     let Some(driver_name) = driver.driver_name_waiting(&shutdown).await else {
         return Ok(());
     };

@@ -99,12 +99,12 @@ fn identity() -> String {
     format!("{host}_{}", std::process::id())
 }
 
-/// A Lease name from a driver name, as csi-lib-utils makes it (so our
-/// sidecar and an upstream one of the same driver share one Lease): every
-/// character outside `[A-Za-z0-9-]` becomes `-`, and a trailing `-` gets an
-/// `X` (a name may not end with `-`).
-pub fn lease_name(prefix: &str, driver: &str) -> String {
-    let mut name: String = format!("{prefix}{driver}")
+/// csi-lib-utils' sanitising of a driver name into a name part (used for
+/// Lease names and the attacher's finalizer, so ours and upstream's agree):
+/// every character outside `[A-Za-z0-9-]` becomes `-`, and a trailing `-`
+/// gets an `X` (such names may not end with `-`).
+pub fn sanitize_name(name: &str) -> String {
+    let mut out: String = name
         .chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '-' {
@@ -114,10 +114,16 @@ pub fn lease_name(prefix: &str, driver: &str) -> String {
             }
         })
         .collect();
-    if name.ends_with('-') {
-        name.push('X');
+    if out.ends_with('-') {
+        out.push('X');
     }
-    name
+    out
+}
+
+/// A Lease name from a driver name, as csi-lib-utils makes it (so our
+/// sidecar and an upstream one of the same driver share one Lease).
+pub fn lease_name(prefix: &str, driver: &str) -> String {
+    sanitize_name(&format!("{prefix}{driver}"))
 }
 
 /// How a controller run under [`run_as_leader`] ended.

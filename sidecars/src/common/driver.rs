@@ -82,6 +82,21 @@ impl Driver {
         }
     }
 
+    /// Connects (retrying) and Probes until the driver says it is ready: how
+    /// the controller sidecars start. `None` when `shutdown` fires first.
+    pub async fn connect_ready(
+        address: &str,
+        timeout: Duration,
+        metrics: Arc<Metrics>,
+        shutdown: &Shutdown,
+    ) -> Option<Self> {
+        let driver = Self::connect_waiting(address, timeout, metrics, shutdown).await?;
+        driver
+            .probe_until_ready(timeout, shutdown)
+            .await
+            .then_some(driver)
+    }
+
     /// The gRPC client, for the calls a role makes through [`Self::timed`].
     pub fn client(&self) -> &CsiClient {
         &self.client

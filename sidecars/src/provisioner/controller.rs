@@ -321,13 +321,8 @@ impl Provisioner {
                 Err(e) => {
                     tracing::warn!(pv = %name, error = %e, "volume deletion failed; will retry");
                     if let Some(pv) = self.caches.volumes.get(&ObjectRef::new(&name)) {
-                        let class = pv
-                            .spec
-                            .as_ref()
-                            .and_then(|s| s.storage_class_name.clone())
-                            .unwrap_or_default();
                         self.metrics
-                            .failed(super::metrics::Operation::Delete, &class);
+                            .failed(super::metrics::Operation::Delete, super::pv::class_of(&pv));
                         self.warn(pv.as_ref(), "VolumeFailedDelete", e.to_string())
                             .await;
                     }

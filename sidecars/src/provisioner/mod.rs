@@ -121,7 +121,7 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
         None => None,
     };
 
-    let Some(driver) = Driver::connect_waiting(
+    let Some(driver) = Driver::connect_ready(
         &args.common.csi_address,
         args.common.timeout,
         metrics.clone(),
@@ -131,12 +131,6 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
     else {
         return Ok(());
     };
-    if !driver
-        .probe_until_ready(args.common.timeout, &shutdown)
-        .await
-    {
-        return Ok(());
-    }
     let (driver_name, caps) = driver_facts(&driver).await?;
     metrics.set_driver_name(&driver_name);
     let (config, gates) = args.config(&driver_name).map_err(SidecarError::Flag)?;

@@ -91,6 +91,15 @@ pub struct PvInputs<'a> {
     pub secrets: &'a PvSecretRefs,
 }
 
+/// The PV's StorageClass name (empty when it has none), the `class` label
+/// of the operation metrics.
+pub fn class_of(pv: &PersistentVolume) -> &str {
+    pv.spec
+        .as_ref()
+        .and_then(|s| s.storage_class_name.as_deref())
+        .unwrap_or_default()
+}
+
 /// `VolumeNodeAffinity` in Form 1: one term per accessible segment, one
 /// `In` expression with exactly one value per key ("The provisioner will
 /// always choose Form 1, i.e. all `values` will have at most 1 element.").

@@ -20,7 +20,8 @@ use super::finalizer;
 use super::metrics::Operation;
 use super::params::SecretRef;
 use super::pv::{
-    DELETION_SECRET_NAMESPACE_ANNOTATION, DELETION_SECRET_NAME_ANNOTATION, PV_PROTECTION_FINALIZER,
+    class_of, DELETION_SECRET_NAMESPACE_ANNOTATION, DELETION_SECRET_NAME_ANNOTATION,
+    PV_PROTECTION_FINALIZER,
 };
 use super::secrets::{self, SecretError};
 
@@ -126,13 +127,8 @@ impl Provisioner {
             }
         }
         self.deleted.insert(pv.uid());
-        let class = pv
-            .spec
-            .as_ref()
-            .and_then(|s| s.storage_class_name.clone())
-            .unwrap_or_default();
         self.metrics
-            .succeeded(Operation::Delete, &class, started.elapsed());
+            .succeeded(Operation::Delete, class_of(pv), started.elapsed());
         tracing::info!(pv = %name, volume = %handle, "deleted");
         Ok(())
     }
