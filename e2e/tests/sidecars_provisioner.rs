@@ -581,6 +581,99 @@ async fn failures_become_events_and_are_retried() {
     cluster.stop().await.expect("stop");
 }
 
+/// A claim that gets bound to another PV while its own volume was being
+/// created (here: CreateVolume in flight, the provisioner killed, an admin's
+/// pre-bound PV appears) no longer needs that volume: the restarted
+/// provisioner deletes it before letting the claim go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_bound_elsewhere_leaves_no_volume_behind() {
+    let cluster = Cluster::start(ClusterOptions { nodes: 1 })
+        .await
+        .expect("cluster");
+    let mut bed = ProvisionerBed::start(&cluster, &["--delay=CreateVolume=3s"], &[])
+        .await
+        .expect("bed");
+    let a = apis(&cluster);
+    a.classes
+        .create(
+            &PostParams::default(),
+            &class("slow", "Delete", "Immediate", &[]),
+        )
+        .await
+        .expect("class");
+    a.claims
+        .create(&PostParams::default(), &claim("taken", "slow", "1Gi"))
+        .await
+        .expect("claim");
+    // Our finalizer is on: CreateVolume is under way. Kill the provisioner.
+    let c = wait_for(DEADLINE, POLL, || async {
+        let c = a.claims.get("taken").await.ok()?;
+        c.finalizers()
+            .iter()
+            .any(|f| f == CLAIM_FINALIZER)
+            .then_some(c)
+    })
+    .await
+    .expect("finalizer on before CreateVolume");
+    bed.kill9_sidecar();
+    let uid = c.uid().expect("uid");
+    let ours = format!("pvc-{uid}");
+    // The driver finishes the volume nobody will use.
+    wait_for(DEADLINE, POLL, || async {
+        bed.driver_volumes().ok()?.contains_key(&ours).then_some(())
+    })
+    .await
+    .expect("the in-flight CreateVolume completes");
+    // An admin's PV, pre-bound to the claim: the PV controller binds them.
+    let static_pv = PersistentVolume {
+        metadata: ObjectMeta {
+            name: Some("static-pv".into()),
+            ..Default::default()
+        },
+        spec: Some(k8s_openapi::api::core::v1::PersistentVolumeSpec {
+            access_modes: Some(vec!["ReadWriteOnce".into()]),
+            capacity: Some(BTreeMap::from([("storage".into(), Quantity("1Gi".into()))])),
+            storage_class_name: Some("slow".into()),
+            persistent_volume_reclaim_policy: Some("Retain".into()),
+            claim_ref: Some(k8s_openapi::api::core::v1::ObjectReference {
+                namespace: Some(NS.into()),
+                name: Some("taken".into()),
+                uid: Some(uid.clone()),
+                ..Default::default()
+            }),
+            csi: Some(k8s_openapi::api::core::v1::CSIPersistentVolumeSource {
+                driver: "static.example.com".into(),
+                volume_handle: "static-1".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    a.volumes
+        .create(&PostParams::default(), &static_pv)
+        .await
+        .expect("static PV");
+    let (c, pv) = bound(&a, "taken").await;
+    assert_eq!(pv.name_any(), "static-pv");
+    assert!(c.finalizers().iter().any(|f| f == CLAIM_FINALIZER));
+    // Restart: the unused volume is deleted, then the claim is let go.
+    bed.start_sidecar().expect("restart");
+    wait_for(DEADLINE, POLL, || async {
+        let c = a.claims.get("taken").await.ok()?;
+        (!c.finalizers().iter().any(|f| f == CLAIM_FINALIZER)).then_some(())
+    })
+    .await
+    .expect("claim let go");
+    assert!(
+        !bed.driver_volumes().expect("volumes").contains_key(&ours),
+        "the unused volume was left behind"
+    );
+    assert!(a.volumes.get_opt(&ours).await.expect("get").is_none());
+    bed.stop_sidecar();
+    cluster.stop().await.expect("stop");
+}
+
 /// `kill -9` of the provisioner again and again while 100 claims are
 /// provisioned and half of them deleted (some before their PV exists), then
 /// the rest deleted: at every settled point the driver holds exactly one

@@ -4,7 +4,10 @@
 //!
 //! - Attach and detach have separate queues with `--worker-threads` workers
 //!   each, so a burst of slow detaches never holds up attaches (upstream
-//!   serves both from one queue and one pool). A key is in at most one
+//!   serves both from one queue and one pool). Their CSI calls share
+//!   `--worker-threads` permits of a first-come-first-served semaphore:
+//!   the driver never sees more calls at once than the flag says, and an
+//!   attach waits at most for the calls queued before it. A key is in at most one
 //!   queue's hands at a time: a worker that finds the key busy in the other
 //!   queue puts it back shortly, so an attach and a detach of the same
 //!   VolumeAttachment never run concurrently (an unpublish overtaken by a
@@ -155,6 +158,9 @@ pub struct Controller {
     pub pv_q: Arc<WorkQueue<String>>,
     /// VolumeAttachment keys a worker holds, across both VA queues.
     busy: Mutex<HashSet<String>>,
+    /// `--worker-threads` permits for ControllerPublish/Unpublish (tokio's
+    /// semaphore is fair: permits go out in the order they were asked).
+    calls: tokio::sync::Semaphore,
     recorder: Recorder,
     metrics: Writes,
 }
@@ -196,6 +202,7 @@ impl Controller {
                 instance: std::env::var("POD_NAME").ok().filter(|s| !s.is_empty()),
             },
         );
+        let permits = cfg.workers.max(1);
         let c = Controller {
             finalizer: super::finalizer::finalizer_name(&cfg.driver_name),
             cfg,
@@ -209,6 +216,7 @@ impl Controller {
             detach_q,
             pv_q,
             busy: Mutex::new(HashSet::new()),
+            calls: tokio::sync::Semaphore::new(permits),
             recorder,
             metrics,
         };
@@ -579,9 +587,11 @@ impl Controller {
         }
 
         tracing::info!(va = %name, volume = %req.volume_id, node = %node_id, "attaching");
-        let publish_context = csi::publish(&self.driver, req, self.cfg.timeout)
-            .await
-            .map_err(SyncError::Csi)?;
+        let publish_context = {
+            let _permit = self.calls.acquire().await;
+            csi::publish(&self.driver, req, self.cfg.timeout).await
+        }
+        .map_err(SyncError::Csi)?;
         self.mark_attached(&current, &publish_context).await?;
         tracing::info!(va = %name, "attached");
         Ok(())
@@ -626,9 +636,11 @@ impl Controller {
         let mut req = request::unpublish_request(spec, &node_id)?;
         req.secrets = self.secrets(request::publish_secret_ref(spec)?).await?;
         tracing::info!(va = %name, volume = %req.volume_id, node = %node_id, "detaching");
-        csi::unpublish(&self.driver, req, self.cfg.timeout)
-            .await
-            .map_err(SyncError::Csi)?;
+        {
+            let _permit = self.calls.acquire().await;
+            csi::unpublish(&self.driver, req, self.cfg.timeout).await
+        }
+        .map_err(SyncError::Csi)?;
         if clear_status {
             let api: Api<VolumeAttachment> = Api::all(self.client.clone());
             let patched = api

@@ -189,7 +189,13 @@ pub async fn run(args: AttacherArgs) -> Result<(), SidecarError> {
             .leader_config(&lease_name("external-attacher-leader-", &driver_name))
     });
     let stop = shutdown.clone();
-    let outcome = run_as_leader(client, election, &shutdown, move || ctrl.run(watches, stop)).await;
+    let lead_client = crate::common::kube::election_client(&args.kube)
+        .await
+        .map_err(AttacherError::from)?;
+    let outcome = run_as_leader(lead_client, election, &shutdown, move || {
+        ctrl.run(watches, stop)
+    })
+    .await;
     if let Some(task) = http_task {
         let _ = tokio::time::timeout(Duration::from_secs(2), task).await;
     }

@@ -128,6 +128,16 @@ pub async fn client(args: &KubeArgs, requests: &ApiRequests) -> Result<kube::Cli
         .build())
 }
 
+/// A client without the rate limit, for leader election only: a Lease
+/// renewal must never wait behind the workers' backlog in the bucket (at 5
+/// QPS a few hundred queued writes outlast the renew deadline, and the
+/// leader would give up while healthy). It makes one request per retry
+/// period. Upstream builds a separate client for the same reason.
+pub async fn election_client(args: &KubeArgs) -> Result<kube::Client, KubeError> {
+    let config = config(args.kubeconfig.as_deref()).await?;
+    Ok(kube::Client::try_from(config)?)
+}
+
 /// A token bucket: `burst` tokens, refilled at `qps` per second.
 #[derive(Debug)]
 pub struct TokenBucket {

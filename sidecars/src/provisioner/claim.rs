@@ -29,6 +29,7 @@ use super::metrics::Operation;
 use super::naming::NamingError;
 use super::plan::{self, Cluster, FinishError, PrepareError, Prepared};
 use super::secrets::{self, SecretError};
+use super::topology::TopologyError;
 use super::{csi, finalizer, topology};
 
 /// Why a claim is not provisioned yet (each becomes a Warning Event on the
@@ -55,9 +56,9 @@ pub enum ClaimError {
     PvTaken(String),
     #[error("the claim was deleted and re-created while being provisioned")]
     Recreated,
-    #[error("claim deleted before its volume got a PV, and deleting volume {volume:?} failed: {}", rpc(.status))]
+    #[error("the claim no longer needs volume {volume:?} (deleted, or bound to another PV) and cleaning it up failed: {}", rpc(.status))]
     CleanUpFailed { volume: String, status: Status },
-    #[error("claim deleted before its volume got a PV, and whether volume {volume:?} exists cannot be told: {why}. Delete it on the storage backend if it exists, then remove finalizer {CLAIM_FINALIZER} from the claim")]
+    #[error("the claim no longer needs volume {volume:?} (deleted, or bound to another PV), and whether that volume exists cannot be told: {why}. Delete it on the storage backend if it exists, then remove finalizer {CLAIM_FINALIZER} from the claim")]
     CleanUpBlocked { volume: String, why: String },
     #[error("Kubernetes API: {0}")]
     Kube(#[from] kube::Error),
@@ -109,6 +110,7 @@ impl Provisioner {
             &claim,
             &self.config.driver_name,
             class.as_deref(),
+            &pv_name,
             pv_cached,
         ) {
             ClaimAction::Nothing(why) => {
@@ -155,7 +157,20 @@ impl Provisioner {
         class: &StorageClass,
     ) -> Result<(), ClaimError> {
         let started = Instant::now();
-        let prepared = self.prepare(cached, class)?;
+        let prepared = match self.prepare(cached, class) {
+            Ok(p) => p,
+            Err(e) => {
+                // The scheduler chose a node that is gone: let it choose
+                // again, as upstream does.
+                if matches!(
+                    e,
+                    PrepareError::Topology(TopologyError::SelectedNodeNotFound(_))
+                ) {
+                    self.reschedule(cached).await?;
+                }
+                return Err(e.into());
+            }
+        };
         // 1. The finalizer first: from here on the claim cannot vanish
         //    while a volume may exist for it.
         let claim = self.set_claim_finalizer(cached, true).await?;
@@ -219,11 +234,18 @@ impl Provisioner {
             }
             Err(e) => return Err(ClaimError::Pv(e)),
         };
-        // 3. The PV.
-        self.create_pv(&pv, &claim).await?;
-        // 4. The PV holds the volume now.
-        self.set_claim_finalizer(&claim, false).await?;
+        // 3. The PV. Remembered first: its watch event, which ends the
+        //    memory, may come before this task goes on.
         self.provisioned.insert(claim.uid());
+        let done = async {
+            self.create_pv(&pv, &claim).await?;
+            // 4. The PV holds the volume now.
+            self.set_claim_finalizer(&claim, false).await
+        };
+        if let Err(e) = done.await {
+            self.provisioned.remove(claim.uid().as_deref());
+            return Err(e);
+        }
         self.metrics
             .succeeded(Operation::Provision, &class_name, started.elapsed());
         tracing::info!(claim = %display(key), pv = %prepared.name, volume = %volume.volume_id, "provisioned");
@@ -338,7 +360,11 @@ impl Provisioner {
             .map_err(|e| blocked(e.to_string()))?;
         let mut request = prepared.request.clone();
         if let Some(r) = &prepared.provisioner_secret {
-            request.secrets = secrets::fetch(&self.client, r).await?;
+            // A Secret deleted with its namespace blocks the clean-up: say
+            // so, with what to do, rather than retry in silence.
+            request.secrets = secrets::fetch(&self.client, r)
+                .await
+                .map_err(|e| blocked(e.to_string()))?;
         }
         let secrets = request.secrets.clone();
         let _permit = self.calls.acquire().await;
@@ -350,16 +376,17 @@ impl Provisioner {
                         volume: pv_name.to_string(),
                         status,
                     })?;
-                tracing::info!(pv = %pv_name, volume = %volume.volume_id, "deleted the volume of a claim deleted before its PV was created");
+                tracing::info!(pv = %pv_name, volume = %volume.volume_id, "deleted the volume of a claim that no longer needs it");
             }
             // The name is taken by a volume this request does not match:
             // it may be ours, so it must not be forgotten.
             Err(status) if status.code() == Code::AlreadyExists => {
                 return Err(blocked(rpc(&status)));
             }
-            // The driver refuses the request outright: it holds no volume
-            // of that name (it would have returned it).
-            Err(status) if csi::is_final(&status) => {
+            // The driver rejects the request itself: it holds no volume of
+            // that name (it would have returned it). Any other error proves
+            // nothing, and the clean-up is retried.
+            Err(status) if csi::proves_no_volume(&status) => {
                 tracing::info!(pv = %pv_name, error = %rpc(&status), "no volume to clean up");
             }
             Err(status) => {

@@ -23,7 +23,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use super::decide::{claim_has_finalizer, claim_is_for, pv_is_ours};
+use super::decide::{claim_is_for, pv_is_ours};
 use super::metrics::OperationMetrics;
 use super::plan::{DriverCapabilities, ProvisionerConfig};
 use crate::common::driver::Driver;
@@ -167,7 +167,7 @@ impl Provisioner {
                 Api::<PersistentVolumeClaim>::all(client.clone()),
                 move |e| match e {
                     watcher::Event::Apply(c) | watcher::Event::InitApply(c)
-                        if claim_is_for(c, &driver) || claim_has_finalizer(c) =>
+                        if claim_is_for(c, &driver) =>
                     {
                         queue.add(ObjectRef::from_obj(c));
                     }

@@ -68,6 +68,19 @@ pub fn is_final(status: &Status) -> bool {
     )
 }
 
+/// Whether the error proves that no volume of the request's name exists:
+/// the driver rejected the request itself. Narrower than [`is_final`]:
+/// `Internal`, `Unknown`, `Unauthenticated`… may come from a transport or a
+/// backend that never got as far as looking the name up, and
+/// `AlreadyExists` says the name *is* taken. Only this may let a clean-up
+/// conclude there is nothing to delete.
+pub fn proves_no_volume(status: &Status) -> bool {
+    matches!(
+        status.code(),
+        Code::InvalidArgument | Code::OutOfRange | Code::Unimplemented
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -91,6 +104,24 @@ mod tests {
             Code::Unimplemented,
         ] {
             assert!(is_final(&Status::new(code, "x")), "{code:?}");
+        }
+    }
+
+    #[test]
+    fn only_a_rejected_request_proves_there_is_no_volume() {
+        for code in [Code::InvalidArgument, Code::OutOfRange, Code::Unimplemented] {
+            assert!(proves_no_volume(&Status::new(code, "x")), "{code:?}");
+        }
+        for code in [
+            Code::Internal,
+            Code::Unknown,
+            Code::Unauthenticated,
+            Code::PermissionDenied,
+            Code::AlreadyExists,
+            Code::DeadlineExceeded,
+            Code::Unavailable,
+        ] {
+            assert!(!proves_no_volume(&Status::new(code, "x")), "{code:?}");
         }
     }
 }

@@ -80,13 +80,20 @@ pub fn class_name(claim: &PersistentVolumeClaim) -> Option<&str> {
 }
 
 /// The decision for `claim`. `class` is the cached class named by the claim;
-/// `pv_cached` whether the cache holds a PV of the claim's volume name.
+/// `pv_name` the name of the claim's volume and PV; `pv_cached` whether the
+/// cache holds that PV.
 pub fn claim_action(
     claim: &PersistentVolumeClaim,
     driver: &str,
     class: Option<&StorageClass>,
+    pv_name: &str,
     pv_cached: bool,
 ) -> ClaimAction {
+    // The finalizer has one name for every driver: only the provisioner the
+    // claim names (an annotation that stays through deletion) may act on it.
+    if !claim_is_for(claim, driver) {
+        return ClaimAction::Nothing("claim is for another provisioner");
+    }
     let ours = claim_has_finalizer(claim);
     if claim.metadata.deletion_timestamp.is_some() {
         return if ours {
@@ -95,20 +102,20 @@ pub fn claim_action(
             ClaimAction::Nothing("claim is being deleted")
         };
     }
-    let bound = claim
+    let bound_to = claim
         .spec
         .as_ref()
         .and_then(|s| s.volume_name.as_deref())
-        .is_some_and(|v| !v.is_empty());
-    if bound || pv_cached {
-        return if ours {
-            ClaimAction::ReleaseClaim
-        } else {
-            ClaimAction::Nothing("claim already has a volume")
-        };
-    }
-    if !claim_is_for(claim, driver) {
-        return ClaimAction::Nothing("claim is for another provisioner");
+        .filter(|v| !v.is_empty());
+    match (bound_to, ours) {
+        (Some(v), true) if v == pv_name => return ClaimAction::ReleaseClaim,
+        // Bound to another PV (a matching one appeared while ours was being
+        // made): our volume, if it exists, is nobody's. Clean it up first.
+        (Some(_), true) => return ClaimAction::CleanUp,
+        (Some(_), false) => return ClaimAction::Nothing("claim already has a volume"),
+        (None, true) if pv_cached => return ClaimAction::ReleaseClaim,
+        (None, false) if pv_cached => return ClaimAction::Nothing("claim already has a volume"),
+        (None, _) => {}
     }
     let Some(class_name) = class_name(claim) else {
         return ClaimAction::Nothing("claim has no StorageClass");
@@ -199,6 +206,7 @@ mod tests {
     use super::*;
 
     const DRIVER: &str = "test.csi.csiops.dev";
+    const PV: &str = "pvc-0000";
 
     fn claim(edit: impl FnOnce(&mut PersistentVolumeClaim)) -> PersistentVolumeClaim {
         let mut c = PersistentVolumeClaim {
@@ -354,12 +362,12 @@ mod tests {
                 Nothing("claim already has a volume"),
             ),
             (
-                "bound, our finalizer still on",
+                "bound to our PV, our finalizer still on",
                 claim(|c| {
                     with_finalizer(c);
                     c.spec
                         .as_mut()
-                        .map(|s| s.volume_name = Some("pv-1".into()))
+                        .map(|s| s.volume_name = Some(PV.into()))
                         .unwrap_or(());
                 }),
                 Some(&immediate),
@@ -409,7 +417,7 @@ mod tests {
             ),
         ];
         for (name, c, class, pv, want) in cases {
-            assert_eq!(claim_action(&c, DRIVER, class, pv), want, "{name}");
+            assert_eq!(claim_action(&c, DRIVER, class, PV, pv), want, "{name}");
         }
     }
 

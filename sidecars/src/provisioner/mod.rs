@@ -157,7 +157,9 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
         queues,
         metrics: operations,
     };
-    let lead_client = client.clone();
+    let lead_client = kube_client::election_client(&args.kube)
+        .await
+        .map_err(ProvisionerError::from)?;
     let stop = shutdown.clone();
     run_as_leader(lead_client, election, &shutdown, move || async move {
         let (provisioner, watches) = Provisioner::new(client, setup);

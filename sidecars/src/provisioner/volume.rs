@@ -109,6 +109,22 @@ impl Provisioner {
                 .await
                 .map_err(VolumeError::Delete)?;
         }
+        // Remembered first: the watch event that ends the memory may come
+        // before this task goes on.
+        self.deleted.insert(pv.uid());
+        if let Err(e) = self.remove_pv_and_finalizer(pv).await {
+            self.deleted.remove(pv.uid().as_deref());
+            return Err(e);
+        }
+        self.metrics
+            .succeeded(Operation::Delete, class_of(pv), started.elapsed());
+        tracing::info!(pv = %name, volume = %handle, "deleted");
+        Ok(())
+    }
+
+    /// Our finalizer off, then the PV deleted (unless it is already).
+    async fn remove_pv_and_finalizer(&self, pv: &PersistentVolume) -> Result<(), VolumeError> {
+        let name = pv.name_any();
         self.remove_pv_finalizer(pv).await?;
         if pv.metadata.deletion_timestamp.is_none() {
             let api: Api<PersistentVolume> = Api::all(self.client.clone());
@@ -126,10 +142,6 @@ impl Provisioner {
                 Err(e) => return Err(e.into()),
             }
         }
-        self.deleted.insert(pv.uid());
-        self.metrics
-            .succeeded(Operation::Delete, class_of(pv), started.elapsed());
-        tracing::info!(pv = %name, volume = %handle, "deleted");
         Ok(())
     }
 
