@@ -68,18 +68,16 @@ impl Driver {
         metrics: Arc<Metrics>,
         shutdown: &Shutdown,
     ) -> Option<Self> {
-        let mut delay = Duration::from_secs(1);
-        loop {
+        retrying(Duration::from_secs(1), shutdown, || async {
             match Self::connect(address, timeout, metrics.clone()).await {
-                Ok(d) => return Some(d),
-                Err(e) => tracing::warn!(error = %e, "waiting for the CSI driver"),
+                Ok(d) => Some(d),
+                Err(e) => {
+                    tracing::warn!(error = %e, "waiting for the CSI driver");
+                    None
+                }
             }
-            tokio::select! {
-                _ = tokio::time::sleep(delay) => {}
-                _ = shutdown.wait() => return None,
-            }
-            delay = (delay * 2).min(Duration::from_secs(10));
-        }
+        })
+        .await
     }
 
     /// Connects (retrying) and Probes until the driver says it is ready: how
@@ -190,40 +188,60 @@ impl Driver {
     /// Probe until the driver says it is ready, retrying with backoff
     /// (`false` when `shutdown` fires first).
     pub async fn probe_until_ready(&self, timeout: Duration, shutdown: &Shutdown) -> bool {
-        let mut delay = Duration::from_millis(500);
-        loop {
+        retrying(Duration::from_millis(500), shutdown, || async {
             match self.probe(timeout).await {
-                Ok(true) => return true,
-                Ok(false) => tracing::info!("driver not ready yet"),
+                Ok(true) => Some(()),
+                Ok(false) => {
+                    tracing::info!("driver not ready yet");
+                    None
+                }
                 Err(e) => {
-                    tracing::warn!(code = ?e.code(), message = %e.message(), "Probe failed; retrying")
+                    tracing::warn!(code = ?e.code(), message = %e.message(), "Probe failed; retrying");
+                    None
                 }
             }
-            tokio::select! {
-                _ = tokio::time::sleep(delay) => {}
-                _ = shutdown.wait() => return false,
-            }
-            delay = (delay * 2).min(Duration::from_secs(10));
-        }
+        })
+        .await
+        .is_some()
     }
 
     /// GetPluginInfo, retried with backoff until it answers with a name or
     /// `shutdown` fires. A driver still starting refuses or times out first.
     pub async fn driver_name_waiting(&self, shutdown: &Shutdown) -> Option<String> {
-        let mut delay = Duration::from_millis(500);
-        loop {
+        retrying(Duration::from_millis(500), shutdown, || async {
             match self.plugin_info().await {
-                Ok(info) if !info.name.is_empty() => return Some(info.name),
-                Ok(_) => tracing::warn!("driver answered GetPluginInfo with an empty name"),
+                Ok(info) if !info.name.is_empty() => Some(info.name),
+                Ok(_) => {
+                    tracing::warn!("driver answered GetPluginInfo with an empty name");
+                    None
+                }
                 Err(e) => {
-                    tracing::warn!(code = ?e.code(), message = %e.message(), "GetPluginInfo failed; retrying")
+                    tracing::warn!(code = ?e.code(), message = %e.message(), "GetPluginInfo failed; retrying");
+                    None
                 }
             }
-            tokio::select! {
-                _ = tokio::time::sleep(delay) => {}
-                _ = shutdown.wait() => return None,
-            }
-            delay = (delay * 2).min(Duration::from_secs(10));
+        })
+        .await
+    }
+}
+
+/// Runs `attempt` until it gives `Some`, waiting `first` between tries,
+/// doubling up to 10s; `None` once `shutdown` fires. Each attempt logs its
+/// own failure.
+async fn retrying<T, F, Fut>(first: Duration, shutdown: &Shutdown, mut attempt: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let mut delay = first;
+    loop {
+        if let Some(v) = attempt().await {
+            return Some(v);
         }
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = shutdown.wait() => return None,
+        }
+        delay = (delay * 2).min(Duration::from_secs(10));
     }
 }

@@ -15,6 +15,8 @@
 
 use std::time::Instant;
 
+use csiops_proto::csi::v1::CreateVolumeRequest;
+
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -125,7 +127,10 @@ impl Provisioner {
             }
             ClaimAction::Provision => match class {
                 Some(class) => self.provision(key, &claim, &class).await,
-                None => Err(ClaimError::ClassMissing(String::new())),
+                // claim_action decides Provision only with the class cached.
+                None => Err(ClaimError::ClassMissing(
+                    decide::class_name(&claim).unwrap_or_default().to_string(),
+                )),
             },
             ClaimAction::CleanUp => self.clean_up(&claim, class.as_deref(), &pv_name).await,
         }
@@ -148,6 +153,18 @@ impl Provisioner {
                 csi_nodes: &csi_nodes,
             },
         )
+    }
+
+    /// The CreateVolume request with the provisioner Secret's content.
+    async fn request_with_secrets(
+        &self,
+        prepared: &Prepared,
+    ) -> Result<CreateVolumeRequest, SecretError> {
+        let mut request = prepared.request.clone();
+        if let Some(r) = &prepared.provisioner_secret {
+            request.secrets = secrets::fetch(&self.client, r).await?;
+        }
+        Ok(request)
     }
 
     async fn provision(
@@ -189,30 +206,24 @@ impl Provisioner {
         // No "Provisioning" Event, unlike upstream: the PV controller's
         // ExternalProvisioning Event already says it, and every write counts
         // against --kube-api-qps.
-        let mut request = prepared.request.clone();
-        if let Some(r) = &prepared.provisioner_secret {
-            request.secrets = secrets::fetch(&self.client, r).await?;
-        }
+        let request = self.request_with_secrets(&prepared).await?;
         let secrets = request.secrets.clone();
         let class_name = class.name_any();
         // 2. The volume.
-        let volume = {
+        let created = {
             let _permit = self.calls.acquire().await;
             csi::create_volume(&self.driver, request, self.timeout).await
-        }
-        .map_err(|status| ClaimError::Create {
-            class: class_name.clone(),
-            status,
-        });
-        let volume = match volume {
+        };
+        let volume = match created {
             Ok(v) => v,
-            Err(e) => {
-                if let ClaimError::Create { status, .. } = &e {
-                    if self.may_reschedule(&claim, status) {
-                        self.reschedule(&claim).await?;
-                    }
+            Err(status) => {
+                if self.may_reschedule(&claim, &status) {
+                    self.reschedule(&claim).await?;
                 }
-                return Err(e);
+                return Err(ClaimError::Create {
+                    class: class_name,
+                    status,
+                });
             }
         };
         let pv = match plan::finish(&prepared, &claim, class, &self.config, self.caps, &volume) {
@@ -315,11 +326,12 @@ impl Provisioner {
         }
     }
 
-    /// The claim was deleted while holding our finalizer. If its PV exists,
-    /// the PV's reclaim policy takes it from here. If not, the volume may
-    /// exist without any object pointing at it: CreateVolume with the same
-    /// name returns it if it does (and creates it if it did not, which the
-    /// DeleteVolume that follows undoes), then the claim is let go.
+    /// The claim holds our finalizer but no longer needs its volume: it was
+    /// deleted, or bound to another PV. If its PV exists, the PV's reclaim
+    /// policy takes it from here. If not, the volume may exist without any
+    /// object pointing at it: CreateVolume with the same name returns it if
+    /// it does (and creates it if it did not, which the DeleteVolume that
+    /// follows undoes), then the claim is let go.
     async fn clean_up(
         &self,
         claim: &PersistentVolumeClaim,
@@ -358,16 +370,14 @@ impl Provisioner {
         let prepared = self
             .prepare(claim, class)
             .map_err(|e| blocked(e.to_string()))?;
-        let mut request = prepared.request.clone();
-        if let Some(r) = &prepared.provisioner_secret {
-            // A Secret deleted with its namespace blocks the clean-up: say
-            // so, with what to do, rather than retry in silence.
-            request.secrets = secrets::fetch(&self.client, r)
-                .await
-                .map_err(|e| blocked(e.to_string()))?;
-        }
+        // A Secret deleted with its namespace blocks the clean-up: say so,
+        // with what to do, rather than retry in silence.
+        let request = self
+            .request_with_secrets(&prepared)
+            .await
+            .map_err(|e| blocked(e.to_string()))?;
         let secrets = request.secrets.clone();
-        let _permit = self.calls.acquire().await;
+        let permit = self.calls.acquire().await;
         match csi::create_volume(&self.driver, request, self.timeout).await {
             Ok(volume) => {
                 csi::delete_volume(&self.driver, &volume.volume_id, secrets, self.timeout)
@@ -396,7 +406,7 @@ impl Provisioner {
                 })
             }
         }
-        drop(_permit);
+        drop(permit);
         self.set_claim_finalizer(claim, false).await?;
         Ok(())
     }
