@@ -72,6 +72,39 @@ struct Apis {
     classes: Api<StorageClass>,
 }
 
+impl Apis {
+    async fn add_class(&self, class: &StorageClass) {
+        self.classes
+            .create(&PostParams::default(), class)
+            .await
+            .expect("class");
+    }
+
+    async fn add_claim(&self, claim: &PersistentVolumeClaim) {
+        self.claims
+            .create(&PostParams::default(), claim)
+            .await
+            .expect("claim");
+    }
+}
+
+/// A cluster of `nodes` with the provisioner bed (driver and provisioner
+/// flags on top of the bed's defaults).
+async fn start(
+    nodes: usize,
+    driver_args: &[&str],
+    sidecar_args: &[&str],
+) -> (Cluster, ProvisionerBed, Apis) {
+    let cluster = Cluster::start(ClusterOptions { nodes })
+        .await
+        .expect("cluster");
+    let bed = ProvisionerBed::start(&cluster, driver_args, sidecar_args)
+        .await
+        .expect("provisioner bed");
+    let a = apis(&cluster);
+    (cluster, bed, a)
+}
+
 fn apis(cluster: &Cluster) -> Apis {
     let client = cluster.client().expect("client");
     Apis {
@@ -120,17 +153,12 @@ async fn event_reasons(cluster: &Cluster, object: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn provisions_binds_deletes_and_retains() {
-    let cluster = Cluster::start(ClusterOptions { nodes: 3 })
-        .await
-        .expect("cluster");
-    let mut bed = ProvisionerBed::start(
-        &cluster,
+    let (cluster, mut bed, a) = start(
+        3,
         &[],
         &["--leader-election", "--leader-election-namespace=default"],
     )
-    .await
-    .expect("provisioner bed");
-    let a = apis(&cluster);
+    .await;
     let client = cluster.client().expect("client");
     let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
     secrets
@@ -170,23 +198,12 @@ async fn provisions_binds_deletes_and_retains() {
         ],
     );
     fast.mount_options = Some(vec!["noatime".into()]);
-    a.classes
-        .create(&PostParams::default(), &fast)
-        .await
-        .expect("class");
-    a.classes
-        .create(
-            &PostParams::default(),
-            &class("keep", "Retain", "Immediate", &[("type", "hdd")]),
-        )
-        .await
-        .expect("class");
+    a.add_class(&fast).await;
+    a.add_class(&class("keep", "Retain", "Immediate", &[("type", "hdd")]))
+        .await;
 
     // Provision.
-    a.claims
-        .create(&PostParams::default(), &claim("data", "fast", "2Gi"))
-        .await
-        .expect("claim");
+    a.add_claim(&claim("data", "fast", "2Gi")).await;
     let (c, pv) = bound(&a, "data").await;
     let uid = c.uid().expect("uid");
     let pv_name = format!("pvc-{uid}");
@@ -390,10 +407,7 @@ async fn provisions_binds_deletes_and_retains() {
     );
 
     // Retain: the PV stays Released and the volume stays.
-    a.claims
-        .create(&PostParams::default(), &claim("kept", "keep", "1Gi"))
-        .await
-        .expect("claim");
+    a.add_claim(&claim("kept", "keep", "1Gi")).await;
     let (_, kept_pv) = bound(&a, "kept").await;
     assert!(kept_pv
         .finalizers()
@@ -447,25 +461,11 @@ async fn provisions_binds_deletes_and_retains() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delayed_binding_follows_the_selected_node() {
-    let cluster = Cluster::start(ClusterOptions { nodes: 3 })
-        .await
-        .expect("cluster");
     // The first CreateVolume finds the node's storage exhausted.
-    let bed = ProvisionerBed::start(&cluster, &["--fail=CreateVolume=RESOURCE_EXHAUSTED:1"], &[])
-        .await
-        .expect("bed");
-    let a = apis(&cluster);
-    a.classes
-        .create(
-            &PostParams::default(),
-            &class("late", "Delete", "WaitForFirstConsumer", &[]),
-        )
-        .await
-        .expect("class");
-    a.claims
-        .create(&PostParams::default(), &claim("late", "late", "1Gi"))
-        .await
-        .expect("claim");
+    let (cluster, bed, a) = start(3, &["--fail=CreateVolume=RESOURCE_EXHAUSTED:1"], &[]).await;
+    a.add_class(&class("late", "Delete", "WaitForFirstConsumer", &[]))
+        .await;
+    a.add_claim(&claim("late", "late", "1Gi")).await;
     // Without a node choice nothing happens.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(
@@ -519,25 +519,11 @@ async fn delayed_binding_follows_the_selected_node() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_become_events_and_are_retried() {
-    let cluster = Cluster::start(ClusterOptions { nodes: 1 })
-        .await
-        .expect("cluster");
     // Two refusals, then the driver accepts.
-    let bed = ProvisionerBed::start(&cluster, &["--fail=CreateVolume=INVALID_ARGUMENT:2"], &[])
-        .await
-        .expect("bed");
-    let a = apis(&cluster);
-    a.classes
-        .create(
-            &PostParams::default(),
-            &class("flaky", "Delete", "Immediate", &[]),
-        )
-        .await
-        .expect("class");
-    a.claims
-        .create(&PostParams::default(), &claim("flaky", "flaky", "1Gi"))
-        .await
-        .expect("claim");
+    let (cluster, bed, a) = start(1, &["--fail=CreateVolume=INVALID_ARGUMENT:2"], &[]).await;
+    a.add_class(&class("flaky", "Delete", "Immediate", &[]))
+        .await;
+    a.add_claim(&claim("flaky", "flaky", "1Gi")).await;
     let (_, pv) = bound(&a, "flaky").await;
     let reasons = event_reasons(&cluster, "flaky").await;
     let failed: Vec<_> = reasons
@@ -559,10 +545,7 @@ async fn failures_become_events_and_are_retried() {
     );
 
     // A claim of a class that does not exist: a Warning, no volume.
-    a.claims
-        .create(&PostParams::default(), &claim("orphan", "missing", "1Gi"))
-        .await
-        .expect("claim");
+    a.add_claim(&claim("orphan", "missing", "1Gi")).await;
     // The PV controller only hands claims of existing classes to external
     // provisioners; mark it the way it would.
     let patch = serde_json::json!({"metadata": {"annotations": {"volume.kubernetes.io/storage-provisioner": DRIVER}}});
@@ -587,24 +570,10 @@ async fn failures_become_events_and_are_retried() {
 /// provisioner deletes it before letting the claim go.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_bound_elsewhere_leaves_no_volume_behind() {
-    let cluster = Cluster::start(ClusterOptions { nodes: 1 })
-        .await
-        .expect("cluster");
-    let mut bed = ProvisionerBed::start(&cluster, &["--delay=CreateVolume=3s"], &[])
-        .await
-        .expect("bed");
-    let a = apis(&cluster);
-    a.classes
-        .create(
-            &PostParams::default(),
-            &class("slow", "Delete", "Immediate", &[]),
-        )
-        .await
-        .expect("class");
-    a.claims
-        .create(&PostParams::default(), &claim("taken", "slow", "1Gi"))
-        .await
-        .expect("claim");
+    let (cluster, mut bed, a) = start(1, &["--delay=CreateVolume=3s"], &[]).await;
+    a.add_class(&class("slow", "Delete", "Immediate", &[]))
+        .await;
+    a.add_claim(&claim("taken", "slow", "1Gi")).await;
     // Our finalizer is on: CreateVolume is under way. Kill the provisioner.
     let c = wait_for(DEADLINE, POLL, || async {
         let c = a.claims.get("taken").await.ok()?;
@@ -681,33 +650,20 @@ async fn a_claim_bound_elsewhere_leaves_no_volume_behind() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill9_during_provisioning_and_deletion_leaks_nothing() {
     const CLAIMS: usize = 100;
-    let cluster = Cluster::start(ClusterOptions { nodes: 2 })
-        .await
-        .expect("cluster");
     // A slow CreateVolume widens the window between the volume and its PV.
-    let mut bed = ProvisionerBed::start(
-        &cluster,
+    let (cluster, mut bed, a) = start(
+        2,
         &["--delay=CreateVolume=150ms", "--delay=DeleteVolume=100ms"],
         &["--worker-threads=10"],
     )
-    .await
-    .expect("bed");
-    let a = apis(&cluster);
-    a.classes
-        .create(
-            &PostParams::default(),
-            &class("chaos", "Delete", "Immediate", &[]),
-        )
-        .await
-        .expect("class");
+    .await;
+    a.add_class(&class("chaos", "Delete", "Immediate", &[]))
+        .await;
 
     let names: Vec<String> = (0..CLAIMS).map(|i| format!("c{i:03}")).collect();
     let mut kills = 0;
     for (i, name) in names.iter().enumerate() {
-        a.claims
-            .create(&PostParams::default(), &claim(name, "chaos", "1Mi"))
-            .await
-            .expect("claim");
+        a.add_claim(&claim(name, "chaos", "1Mi")).await;
         if i % 10 == 9 {
             bed.kill9_sidecar();
             kills += 1;
