@@ -5,7 +5,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 CARGO ?= cargo
 
-.PHONY: all build test unit e2e lint fmt crds manifests cluster-bins demo toolchain clean-cache bench-attacher
+.PHONY: all build test unit e2e lint fmt crds manifests cluster-bins node-prereqs demo toolchain clean-cache bench-attacher
 
 all: build
 
@@ -26,16 +26,25 @@ crds:
 manifests:
 	$(CARGO) run -q -p csiops-operator --bin csiops-manifests > manifests/install.yaml
 
-## Build (or reuse from the cache) etcd, kube-*, kwok and hostpathplugin.
+## Build (or reuse from the cache) etcd, kube-*, kubelet, kube-proxy, kwok and csi-mock-driver.
 cluster-bins:
 	@e2e/cluster-bins/build.sh >/dev/null
+
+## Debian packages the real node of the e2e needs (no-op when present).
+NODE_PACKAGES := containerd runc containernetworking-plugins iptables
+node-prereqs:
+	@if ! command -v containerd >/dev/null || ! command -v runc >/dev/null || \
+	    ! command -v iptables >/dev/null || [ ! -x /usr/lib/cni/bridge ]; then \
+	  echo "installing $(NODE_PACKAGES)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(NODE_PACKAGES) >/dev/null; \
+	fi
 
 lint: toolchain
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 ## Every test: lint, unit and golden tests, then the e2e suite on a real local control plane.
-test: toolchain lint cluster-bins build
+test: toolchain lint cluster-bins node-prereqs build
 	CSIOPS_BIN_DIR="$$(e2e/cluster-bins/build.sh)" \
 	CSIOPS_CSI_SANITY="$$(e2e/cluster-bins/csi-sanity.sh)" \
 	$(CARGO) test --workspace

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build (or reuse from cache) the local Kubernetes test bed used by the e2e
 # tests: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok,
-# and csi-mock-driver (Kubernetes' own CSI mock driver, kube/csi-mock-driver).
+# csi-mock-driver (Kubernetes' own CSI mock driver, kube/csi-mock-driver),
+# and the real node's kubelet and kube-proxy.
 #
 #   BIN=$(e2e/cluster-bins/build.sh)   # prints ONLY the bin dir on stdout
 #   e2e/cluster-bins/build.sh --sync   # regenerate wrapper go.mod/go.sum
@@ -79,7 +80,9 @@ sync_modules() {
     go get -tool \
       "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VERSION" \
       "k8s.io/kubernetes/cmd/kube-controller-manager@$K8S_VERSION" \
-      "k8s.io/kubernetes/cmd/kube-scheduler@$K8S_VERSION"
+      "k8s.io/kubernetes/cmd/kube-scheduler@$K8S_VERSION" \
+      "k8s.io/kubernetes/cmd/kubelet@$K8S_VERSION" \
+      "k8s.io/kubernetes/cmd/kube-proxy@$K8S_VERSION"
     go mod tidy
   ) >&2
 
@@ -115,8 +118,8 @@ check_pins() {
 # platform, and a hash of the wrapper modules, csi-mock-driver's source and
 # the build recipe below.
 # ---------------------------------------------------------------------------
-RECIPE=5 # bump when the build flags/ldflags or the set of binaries change
-BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok csi-mock-driver)
+RECIPE=6 # bump when the build flags/ldflags or the set of binaries change
+BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kwok csi-mock-driver)
 
 cache_key() {
   local gover goos goarch h
@@ -140,6 +143,8 @@ bins_ok() {
   "$dir/kube-apiserver" --version >"$t/kube-apiserver" 2>&1 &
   "$dir/kube-controller-manager" --version >"$t/kube-controller-manager" 2>&1 &
   "$dir/kube-scheduler" --version >"$t/kube-scheduler" 2>&1 &
+  "$dir/kubelet" --version >"$t/kubelet" 2>&1 &
+  "$dir/kube-proxy" --version >"$t/kube-proxy" 2>&1 &
   "$dir/kwok" --version >"$t/kwok" 2>&1 &
   "$dir/csi-mock-driver" --version >"$t/csi-mock-driver" 2>&1 &
   local rc=0
@@ -148,6 +153,8 @@ bins_ok() {
   grep -qx "Kubernetes $K8S_VERSION" "$t/kube-apiserver" || rc=1
   grep -qx "Kubernetes $K8S_VERSION" "$t/kube-controller-manager" || rc=1
   grep -qx "Kubernetes $K8S_VERSION" "$t/kube-scheduler" || rc=1
+  grep -qx "Kubernetes $K8S_VERSION" "$t/kubelet" || rc=1
+  grep -qx "Kubernetes $K8S_VERSION" "$t/kube-proxy" || rc=1
   grep -q "$KWOK_VERSION" "$t/kwok" || rc=1
   grep -q "^csi-mock-driver k8s.io/kubernetes $K8S_VERSION " "$t/csi-mock-driver" || rc=1
   rm -rf "$t"
@@ -190,11 +197,13 @@ build_into() {
   # storage/drivers/csi-test) shares the pinned module graph and most compiled
   # packages, so it goes in the same invocation. It takes its --version from
   # the embedded build info; the -X flags do not touch it.
-  log "building kube-apiserver, kube-controller-manager, kube-scheduler, csi-mock-driver $K8S_VERSION (slowest step: ~4-5 min cold on 2 cores)"
+  log "building kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy, csi-mock-driver $K8S_VERSION (slowest step: ~5-7 min cold on 2 cores)"
   (cd "$HERE/kube" && CGO_ENABLED=0 go build "${build_flags[@]}" -ldflags="${kld[*]}" -o "$out/" \
     k8s.io/kubernetes/cmd/kube-apiserver \
     k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler \
+    k8s.io/kubernetes/cmd/kubelet \
+    k8s.io/kubernetes/cmd/kube-proxy \
     ./csi-mock-driver) >&2
 
   # --- etcd ------------------------------------------------------------------

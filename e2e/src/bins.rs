@@ -15,6 +15,8 @@ pub const CLUSTER_BINARIES: &[&str] = &[
     "kube-scheduler",
     "kwok",
     "csi-mock-driver",
+    "kubelet",
+    "kube-proxy",
 ];
 
 /// `<workspace>/e2e`.

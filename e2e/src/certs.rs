@@ -20,8 +20,8 @@ pub struct Pki {
     /// kubeconfig's `certificate-authority`, the controller-manager's
     /// `--root-ca-file`.
     pub ca_cert: PathBuf,
-    /// Serving certificate of the apiserver, SANs 127.0.0.1, localhost and
-    /// the in-cluster `kubernetes` Service names.
+    /// Serving certificate of the apiserver, SANs 127.0.0.1, the real node's
+    /// host address, localhost and the in-cluster `kubernetes` Service names.
     pub apiserver_cert: PathBuf,
     pub apiserver_key: PathBuf,
     /// Service-account signing key, PKCS#8 PEM.
@@ -50,9 +50,11 @@ impl Pki {
         let ca = Issuer::new(ca_params, ca_key);
 
         let server_key = KeyPair::generate()?;
+        let host_ip = crate::realnode::HOST_IP.to_string();
         let mut server_params = CertificateParams::new(
             [
                 "127.0.0.1",
+                host_ip.as_str(),
                 "localhost",
                 "10.96.0.1",
                 "kubernetes",

@@ -1,5 +1,7 @@
 //! A real control plane on 127.0.0.1: etcd, kube-apiserver,
-//! kube-controller-manager, kube-scheduler and kwok as local processes.
+//! kube-controller-manager, kube-scheduler and kwok as local processes, and
+//! optionally one real node (containerd, kubelet, kube-proxy; see
+//! [`crate::realnode`]).
 
 use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
@@ -7,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::realnode::{self, HostNetwork, ImageSet, RealNode};
 use k8s_openapi::api::core::v1::{Node, ServiceAccount};
 use kube::api::{Api, ListParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -34,11 +37,30 @@ const POLL: Duration = Duration::from_millis(200);
 pub struct ClusterOptions {
     /// Number of kwok-simulated Nodes, `kwok-node-0..N-1`.
     pub nodes: usize,
+    /// One real node ([`realnode::NODE_NAME`]) running the images of
+    /// `make images`; the kwok Nodes then carry [`kwok::SIMULATED_TAINT`].
+    /// Needs root and the packages of `make node-prereqs`;
+    /// without them `start` fails saying what is missing. One real node runs
+    /// on a machine at a time: a second cluster asking for one waits.
+    pub real_node: bool,
 }
 
 impl Default for ClusterOptions {
     fn default() -> Self {
-        ClusterOptions { nodes: 3 }
+        ClusterOptions {
+            nodes: 3,
+            real_node: false,
+        }
+    }
+}
+
+impl ClusterOptions {
+    /// `nodes` kwok nodes and no real node.
+    pub fn kwok(nodes: usize) -> ClusterOptions {
+        ClusterOptions {
+            nodes,
+            real_node: false,
+        }
     }
 }
 
@@ -54,9 +76,12 @@ pub struct Cluster {
     logs: PathBuf,
     config: kube::Config,
     api_port: u16,
+    /// Where the apiserver listens (127.0.0.1, or the real node's bridge address).
+    host: Ipv4Addr,
     nodes: Vec<String>,
     /// In start order; etcd first.
     procs: Vec<ManagedProcess>,
+    real: Option<RealNode>,
     started_in: Duration,
     operator_runs: AtomicUsize,
 }
@@ -79,9 +104,15 @@ impl Cluster {
         let bin_dir = tokio::task::spawn_blocking(bins::bin_dir)
             .await
             .map_err(|e| Error::Other(format!("resolving bin dir: {e}")))??;
+        // Before the start deadline: a cold image build takes minutes.
+        let images = if opts.real_node {
+            Some(blocking("resolving images", ImageSet::resolve).await?)
+        } else {
+            None
+        };
         let mut attempt = 1;
         loop {
-            match Cluster::start_once(&opts, &bin_dir).await {
+            match Cluster::start_once(&opts, &bin_dir, images.clone()).await {
                 Err(e) if attempt < START_ATTEMPTS && is_port_conflict(&e) => {
                     tracing::warn!(
                         attempt,
@@ -94,7 +125,11 @@ impl Cluster {
         }
     }
 
-    async fn start_once(opts: &ClusterOptions, bin_dir: &Path) -> Result<Cluster> {
+    async fn start_once(
+        opts: &ClusterOptions,
+        bin_dir: &Path,
+        images: Option<ImageSet>,
+    ) -> Result<Cluster> {
         let t0 = Instant::now();
         let timeout = std::env::var("CSIOPS_E2E_START_TIMEOUT_SECS")
             .ok()
@@ -103,7 +138,19 @@ impl Cluster {
             .unwrap_or(START_TIMEOUT);
         let deadline = t0 + timeout;
 
-        let w = WorkDir::create()?;
+        // The bridge exists before the apiserver, which listens on it.
+        let net = match images {
+            Some(_) => {
+                Some(blocking("creating the real node's network", HostNetwork::create).await?)
+            }
+            None => None,
+        };
+        let host = if net.is_some() {
+            realnode::HOST_IP
+        } else {
+            Ipv4Addr::LOCALHOST
+        };
+        let w = WorkDir::create(host)?;
         let config = kube::Config::from_custom_kubeconfig(
             Kubeconfig::read_from(&w.kubeconfig)?,
             &KubeConfigOptions::default(),
@@ -126,8 +173,10 @@ impl Cluster {
             logs: w.logs.clone(),
             config,
             api_port: w.ports.apiserver,
+            host,
             nodes: (0..opts.nodes).map(kwok::node_name).collect(),
             procs: Vec::new(),
+            real: None,
             started_in: Duration::ZERO,
             operator_runs: AtomicUsize::new(0),
             dir: Some(w.dir),
@@ -169,7 +218,7 @@ impl Cluster {
         let nodes_api: Api<Node> = Api::all(client.clone());
         for name in &cluster.nodes {
             nodes_api
-                .create(&PostParams::default(), &kwok::node(name))
+                .create(&PostParams::default(), &kwok::node(name, opts.real_node))
                 .await?;
         }
 
@@ -205,6 +254,10 @@ impl Cluster {
             })
             .await?;
 
+        if let (Some(net), Some(images)) = (net, images) {
+            cluster.start_real_node(net, images, deadline).await?;
+        }
+
         cluster.started_in = t0.elapsed();
         tracing::info!(
             dir = %cluster.root.display(),
@@ -213,6 +266,45 @@ impl Cluster {
             "cluster ready"
         );
         Ok(cluster)
+    }
+
+    async fn start_real_node(
+        &mut self,
+        net: HostNetwork,
+        images: ImageSet,
+        deadline: Instant,
+    ) -> Result<()> {
+        let (root, bin_dir, kubeconfig, logs) = (
+            self.root.join("node"),
+            self.bin_dir.clone(),
+            self.kubeconfig.clone(),
+            self.logs.clone(),
+        );
+        let node = blocking("starting the real node", move || {
+            RealNode::start(net, &root, &bin_dir, &kubeconfig, &logs, images)
+        })
+        .await?;
+        self.real = Some(node);
+        let nodes_api: Api<Node> = Api::all(self.client()?);
+        self.poll_until("the real node Ready", deadline, || async {
+            match nodes_api.get_opt(realnode::NODE_NAME).await {
+                Ok(Some(n)) if kwok::node_ready(&n) => Ok(()),
+                Ok(Some(_)) => Err("registered, not Ready".into()),
+                Ok(None) => Err("not registered yet".into()),
+                Err(e) => Err(e.to_string()),
+            }
+        })
+        .await
+    }
+
+    /// The real node, if the cluster was started with one.
+    pub fn real_node(&self) -> Option<&RealNode> {
+        self.real.as_ref()
+    }
+
+    /// The real node, mutably (to restart its kubelet).
+    pub fn real_node_mut(&mut self) -> Option<&mut RealNode> {
+        self.real.as_mut()
     }
 
     fn spawn(&mut self, name: &str, args: Vec<String>) -> Result<()> {
@@ -263,12 +355,17 @@ impl Cluster {
     pub fn check_running(&mut self) -> Result<()> {
         self.procs
             .iter_mut()
-            .try_for_each(ManagedProcess::check_running)
+            .try_for_each(ManagedProcess::check_running)?;
+        match self.real.as_mut() {
+            Some(node) => node.check_running(),
+            None => Ok(()),
+        }
     }
 
     /// The last `lines` lines of every process log, one section each.
     pub fn log_tails(&self, lines: usize) -> String {
-        self.procs
+        let mut tails: String = self
+            .procs
             .iter()
             .map(|p| {
                 format!(
@@ -278,7 +375,11 @@ impl Cluster {
                     p.log_tail(lines)
                 )
             })
-            .collect()
+            .collect();
+        if let Some(node) = &self.real {
+            tails.push_str(&node.log_tails(lines));
+        }
+        tails
     }
 
     /// A new client for the cluster (admin, `system:masters`). Cheap; make
@@ -297,9 +398,9 @@ impl Cluster {
         &self.kubeconfig
     }
 
-    /// `https://127.0.0.1:<port>`.
+    /// `https://<host>:<port>`: 127.0.0.1, or the bridge address with a real node.
     pub fn api_url(&self) -> String {
-        format!("https://127.0.0.1:{}", self.api_port)
+        format!("https://{}:{}", self.host, self.api_port)
     }
 
     /// The cluster's temp dir; tests may put their own files (sockets, logs) here.
@@ -395,8 +496,8 @@ impl Cluster {
     /// removes the temp dir. Dropping the cluster does the same, blocking.
     pub async fn stop(mut self) -> Result<()> {
         let procs = std::mem::take(&mut self.procs);
-        let dir = self.dir.take();
-        tokio::task::spawn_blocking(move || shutdown(procs, dir))
+        let (real, dir) = (self.real.take(), self.dir.take());
+        tokio::task::spawn_blocking(move || shutdown(procs, real, dir))
             .await
             .map_err(|e| Error::Other(format!("stopping the cluster: {e}")))
     }
@@ -404,22 +505,56 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        shutdown(std::mem::take(&mut self.procs), self.dir.take());
+        shutdown(
+            std::mem::take(&mut self.procs),
+            self.real.take(),
+            self.dir.take(),
+        );
     }
 }
 
-/// Everything but etcd first, so the apiserver's graceful shutdown still
-/// reaches its storage; then etcd; then the temp dir.
-fn shutdown(mut procs: Vec<ManagedProcess>, dir: Option<tempfile::TempDir>) {
-    let mut rest = procs.split_off(procs.len().min(1));
-    process::terminate_all(&mut rest, DEFAULT_GRACE);
+/// The controllers and kwok first (nothing recreates pods after that); then
+/// the real node, whose teardown still needs the apiserver; then the
+/// apiserver, whose graceful shutdown still reaches its storage; then etcd;
+/// then the temp dir, which is never removed while anything is mounted in
+/// it (a mount could lead into the host's own directories).
+fn shutdown(
+    mut procs: Vec<ManagedProcess>,
+    real: Option<RealNode>,
+    dir: Option<tempfile::TempDir>,
+) {
+    let mut controllers = procs.split_off(procs.len().min(2));
+    process::terminate_all(&mut controllers, DEFAULT_GRACE);
+    if let Some(node) = real {
+        node.stop();
+    }
+    let mut apiserver = procs.split_off(procs.len().min(1));
+    process::terminate_all(&mut apiserver, DEFAULT_GRACE);
     process::terminate_all(&mut procs, DEFAULT_GRACE);
     if let Some(dir) = dir {
-        if std::env::var_os("CSIOPS_E2E_KEEP").is_some_and(|v| !v.is_empty() && v != "0") {
+        let stuck = realnode::host::unmount_all_under(dir.path());
+        if !stuck.is_empty() {
+            let kept = dir.keep();
+            eprintln!(
+                "csiops-e2e: not removing {}: still mounted: {stuck:?}",
+                kept.display()
+            );
+        } else if std::env::var_os("CSIOPS_E2E_KEEP").is_some_and(|v| !v.is_empty() && v != "0") {
             let kept = dir.keep();
             eprintln!("csiops-e2e: kept {}", kept.display());
         }
     }
+}
+
+/// Runs blocking set-up work off the async runtime.
+async fn blocking<T, F>(what: &str, f: F) -> Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T> + Send + 'static,
+{
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Other(format!("{what}: {e}")))?
 }
 
 fn is_port_conflict(e: &Error) -> bool {

@@ -1,5 +1,6 @@
 //! Command lines of the control-plane processes. Everything listens on
-//! 127.0.0.1 only and writes only inside the cluster's temp dir.
+//! 127.0.0.1 only (the apiserver on the real node's bridge address when
+//! there is one) and writes only inside the cluster's temp dir.
 
 use std::path::Path;
 
@@ -33,10 +34,10 @@ pub(crate) fn etcd(w: &WorkDir) -> Vec<String> {
 
 pub(crate) fn kube_apiserver(w: &WorkDir) -> Vec<String> {
     let pki = &w.pki;
-    vec![
+    let mut args = vec![
         format!("--etcd-servers={}", etcd_url(w)),
-        "--bind-address=127.0.0.1".into(),
-        "--advertise-address=127.0.0.1".into(),
+        format!("--bind-address={}", w.host),
+        format!("--advertise-address={}", w.host),
         format!("--secure-port={}", w.ports.apiserver),
         format!("--tls-cert-file={}", p(&pki.apiserver_cert)),
         format!("--tls-private-key-file={}", p(&pki.apiserver_key)),
@@ -50,13 +51,22 @@ pub(crate) fn kube_apiserver(w: &WorkDir) -> Vec<String> {
         "--service-cluster-ip-range=10.96.0.0/16".into(),
         // CSI node plugins are privileged DaemonSets.
         "--allow-privileged=true".into(),
-        // The `kubernetes` Endpoints would point at 127.0.0.1, which
-        // Endpoints validation rejects (loopback); nothing needs them.
-        "--endpoint-reconciler-type=none".into(),
         // Unused with --tls-cert-file, but its default is /var/run/kubernetes.
         format!("--cert-dir={}", p(&w.serving_certs.join("kube-apiserver"))),
         "--profiling=false".into(),
-    ]
+    ];
+    if w.host.is_loopback() {
+        // The `kubernetes` Endpoints would point at 127.0.0.1, which
+        // Endpoints validation rejects (loopback); no pod runs for real.
+        args.push("--endpoint-reconciler-type=none".into());
+    } else {
+        // A real node: pods reach the apiserver through the `kubernetes`
+        // Service, whose endpoint is the advertised bridge address (the
+        // default lease reconciler keeps it); logs and exec reach kubelet
+        // on the node's InternalIP.
+        args.push("--kubelet-preferred-address-types=InternalIP".into());
+    }
+    args
 }
 
 pub(crate) fn kube_controller_manager(w: &WorkDir) -> Vec<String> {
@@ -100,7 +110,7 @@ mod tests {
 
     #[test]
     fn everything_is_on_loopback_and_in_the_temp_dir() {
-        let w = WorkDir::create().unwrap();
+        let w = WorkDir::create(std::net::Ipv4Addr::LOCALHOST).unwrap();
         let root = w.root.display().to_string();
         for args in [
             etcd(&w),

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::core::v1::{Node, NodeStatus};
+use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, Taint};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
@@ -23,6 +23,11 @@ pub const NODE_ANNOTATION: (&str, &str) = ("kwok.x-k8s.io/node", "fake");
 
 /// Label on every simulated Node.
 pub const NODE_TYPE_LABEL: (&str, &str) = ("type", "kwok");
+
+/// The taint simulated Nodes carry when a real node runs next to them, so
+/// that a workload lands on a simulated Node only if it tolerates that
+/// (`kubectl apply -f manifests/install.yaml` then runs the operator for real).
+pub const SIMULATED_TAINT: (&str, &str) = ("csiops.dev/simulated-node", "NoSchedule");
 
 /// Lease duration kwok uses for its Node heartbeats (kwokctl's default).
 const NODE_LEASE_SECONDS: u32 = 40;
@@ -70,7 +75,7 @@ pub fn node_name(i: usize) -> String {
 /// creation: there is no kubelet to report it, and the apiserver keeps the
 /// status of a created Node; kwok's node-initialize stage then adds the
 /// conditions, addresses and node info.
-pub fn node(name: &str) -> Node {
+pub fn node(name: &str, tainted: bool) -> Node {
     let labels = BTreeMap::from([
         ("kubernetes.io/hostname".to_string(), name.to_string()),
         ("kubernetes.io/os".to_string(), "linux".to_string()),
@@ -101,7 +106,14 @@ pub fn node(name: &str) -> Node {
             annotations: Some(annotations),
             ..Default::default()
         },
-        spec: None,
+        spec: tainted.then(|| NodeSpec {
+            taints: Some(vec![Taint {
+                key: SIMULATED_TAINT.0.to_string(),
+                effect: SIMULATED_TAINT.1.to_string(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
         status: Some(NodeStatus {
             allocatable: Some(resources.clone()),
             capacity: Some(resources),
@@ -124,14 +136,17 @@ mod tests {
 
     #[test]
     fn node_is_selected_by_kwok() {
-        let n = node("kwok-node-0");
+        let n = node("kwok-node-0", false);
+        assert!(n.spec.is_none());
+        let tainted = node("kwok-node-1", true).spec.unwrap().taints.unwrap();
+        assert_eq!(tainted[0].key, SIMULATED_TAINT.0);
         let ann = n.metadata.annotations.unwrap();
         assert_eq!(ann[NODE_ANNOTATION.0], NODE_ANNOTATION.1);
         assert_eq!(
             n.metadata.labels.unwrap()["kubernetes.io/hostname"],
             "kwok-node-0"
         );
-        assert!(!node_ready(&node("x")));
+        assert!(!node_ready(&node("x", false)));
     }
 
     #[test]

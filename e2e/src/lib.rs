@@ -1,12 +1,13 @@
 //! End-to-end test bed for csiops: a real Kubernetes control plane on
 //! 127.0.0.1 (etcd, kube-apiserver, kube-controller-manager,
 //! kube-scheduler) with kwok standing in for kubelets, all as local child
-//! processes of the test, plus the operator binary under test.
+//! processes of the test, plus the operator binary under test; optionally
+//! one real node (containerd, kubelet, kube-proxy) running our images.
 //!
 //! ```no_run
 //! # async fn demo() -> csiops_e2e::Result<()> {
 //! use csiops_e2e::{Cluster, ClusterOptions};
-//! let cluster = Cluster::start(ClusterOptions { nodes: 3 }).await?;
+//! let cluster = Cluster::start(ClusterOptions::kwok(3)).await?;
 //! let client = cluster.client()?;
 //! let out = cluster.kubectl(["get", "nodes"]).await?;
 //! cluster.stop().await?;
@@ -28,6 +29,7 @@ pub mod operator;
 pub mod ports;
 pub mod process;
 pub mod provisioning;
+pub mod realnode;
 pub mod testdriver;
 pub mod testkit;
 pub mod timeline;

@@ -173,6 +173,10 @@ impl NodeSideSim {
                         let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
                             continue;
                         };
+                        // The real node's pods run for real, registered by kubelet.
+                        if node == crate::realnode::NODE_NAME {
+                            continue;
+                        }
                         if !ready || state.lock().await.contains_key(&node) {
                             continue;
                         }

@@ -2,7 +2,7 @@
 //! applying manifests, reading `kubectl get csidd` as a user would.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::node_side::{NodeSideConfig, NodeSideSim};
@@ -208,6 +208,67 @@ pub async fn http_get_async(addr: std::net::SocketAddr, path: &str) -> Option<(u
         .await
         .ok()
         .flatten()
+}
+
+/// A CSIDriverDeployment of csi-test-driver (image `image`) in its own
+/// namespace, for the real node: its node pods use `kubelet_dir`, and with
+/// `on_simulated_nodes` they also go to the (tainted) kwok nodes.
+pub struct TestDriverDeployment<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub driver: &'a str,
+    pub image: &'a str,
+    pub version: &'a str,
+    pub kubelet_dir: &'a Path,
+    pub on_simulated_nodes: bool,
+}
+
+impl TestDriverDeployment<'_> {
+    /// The Namespace and the CSIDriverDeployment as YAML.
+    pub fn yaml(&self) -> String {
+        let tolerations = if self.on_simulated_nodes {
+            format!(
+                "\n    tolerations:\n    - {{key: {}, operator: Exists, effect: {}}}",
+                crate::kwok::SIMULATED_TAINT.0,
+                crate::kwok::SIMULATED_TAINT.1
+            )
+        } else {
+            String::new()
+        };
+        format!(
+            r#"apiVersion: v1
+kind: Namespace
+metadata:
+  name: {ns}
+---
+apiVersion: csiops.dev/v1alpha1
+kind: CSIDriverDeployment
+metadata:
+  name: {name}
+  namespace: {ns}
+spec:
+  driverName: {driver}
+  version: {version}
+  driver:
+    image: {image}
+    args:
+    - --drivername={driver}
+    - --endpoint=$(CSI_ENDPOINT)
+    - --nodeid=$(KUBE_NODE_NAME)
+    - --state-dir=/csi/state
+  node:
+    kubeletDir: {kubelet_dir}{tolerations}
+  csiDriver:
+    attachRequired: false
+"#,
+            ns = self.namespace,
+            name = self.name,
+            driver = self.driver,
+            version = self.version,
+            image = self.image,
+            kubelet_dir = self.kubelet_dir.display(),
+        )
+    }
 }
 
 #[cfg(test)]

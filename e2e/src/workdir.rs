@@ -35,6 +35,9 @@ pub(crate) struct WorkDir {
     /// Parent of each component's `--cert-dir` (self-signed serving certs).
     pub serving_certs: PathBuf,
     pub ports: Ports,
+    /// Where the apiserver listens: 127.0.0.1, or the real node's bridge
+    /// address so pods can reach it.
+    pub host: std::net::Ipv4Addr,
 }
 
 impl WorkDir {
@@ -42,7 +45,7 @@ impl WorkDir {
     /// after removing those left by test processes that died without
     /// cleaning up (SIGKILL). Kept short: Unix socket paths put in it later
     /// must stay under 108 bytes.
-    pub fn create() -> Result<WorkDir> {
+    pub fn create(host: std::net::Ipv4Addr) -> Result<WorkDir> {
         let parent = std::env::var_os("CSIOPS_E2E_TMPDIR")
             .map(PathBuf::from)
             .unwrap_or_else(std::env::temp_dir);
@@ -91,7 +94,7 @@ impl WorkDir {
         let kubeconfig = root.join("kubeconfig");
         write(
             &kubeconfig,
-            &kubeconfig_yaml(ports.apiserver, &pki.ca_cert, &token),
+            &kubeconfig_yaml(host, ports.apiserver, &pki.ca_cert, &token),
         )?;
 
         Ok(WorkDir {
@@ -104,6 +107,7 @@ impl WorkDir {
             logs,
             serving_certs,
             ports,
+            host,
         })
     }
 }
@@ -120,7 +124,11 @@ fn sweep_stale_dirs(parent: &Path) {
             .ok()
             .and_then(|s| s.trim().parse::<u32>().ok());
         if let Some(pid) = owner {
-            if !process::pid_alive(pid) {
+            // Never delete through a mount (a real node's leftovers could
+            // lead into host directories): unmount first, skip if stuck.
+            if !process::pid_alive(pid)
+                && crate::realnode::host::unmount_all_under(&entry.path()).is_empty()
+            {
                 let _ = std::fs::remove_dir_all(entry.path());
             }
         }
@@ -129,14 +137,14 @@ fn sweep_stale_dirs(parent: &Path) {
 
 /// Admin kubeconfig: static token, CA by path (kube-rs, kubectl and kwok
 /// all read `certificate-authority` files), namespace `default`.
-fn kubeconfig_yaml(api_port: u16, ca: &Path, token: &str) -> String {
+fn kubeconfig_yaml(host: std::net::Ipv4Addr, api_port: u16, ca: &Path, token: &str) -> String {
     format!(
         "apiVersion: v1
 kind: Config
 clusters:
 - name: csiops-e2e
   cluster:
-    server: https://127.0.0.1:{api_port}
+    server: https://{host}:{api_port}
     certificate-authority: {ca}
 users:
 - name: admin

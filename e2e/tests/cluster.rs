@@ -18,7 +18,7 @@ const POLL: Duration = Duration::from_millis(250);
 #[tokio::test(flavor = "multi_thread")]
 async fn cluster_runs_workloads_on_kwok_nodes_and_stops_cleanly() {
     let t0 = Instant::now();
-    let cluster = Cluster::start(ClusterOptions { nodes: NODES })
+    let cluster = Cluster::start(ClusterOptions::kwok(NODES))
         .await
         .expect("cluster start");
     eprintln!(

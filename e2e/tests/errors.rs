@@ -19,7 +19,7 @@ async fn early_exit_is_reported_with_the_log_tail() {
     // and bin_dir() has not cached a real dir yet.
     std::env::set_var("CSIOPS_BIN_DIR", bins.path());
 
-    let err = Cluster::start(ClusterOptions { nodes: 1 })
+    let err = Cluster::start(ClusterOptions::kwok(1))
         .await
         .expect_err("fake binaries must not start");
     match &err {

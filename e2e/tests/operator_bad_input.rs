@@ -83,7 +83,7 @@ async fn fingerprint(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_refused_or_degraded_and_the_good_driver_is_untouched() {
-    let cluster = Cluster::start(ClusterOptions { nodes: 3 })
+    let cluster = Cluster::start(ClusterOptions::kwok(3))
         .await
         .expect("cluster starts");
     let client = cluster.client().expect("client");

@@ -19,7 +19,7 @@ async fn http(op: &OperatorProcess, path: &'static str) -> Option<(u16, String)>
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_takes_over_when_the_leader_stops() {
-    let cluster = Cluster::start(ClusterOptions { nodes: 3 })
+    let cluster = Cluster::start(ClusterOptions::kwok(3))
         .await
         .expect("cluster starts");
     let client = cluster.client().expect("client");

@@ -34,7 +34,7 @@ fn is_ds(e: &Entry) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn install_upgrade_and_delete_in_order() {
-    let cluster = Cluster::start(ClusterOptions { nodes: NODES })
+    let cluster = Cluster::start(ClusterOptions::kwok(NODES))
         .await
         .expect("cluster starts");
     let client = cluster.client().expect("client");

@@ -130,7 +130,7 @@ fn count(w: &BTreeSet<(String, u64)>, kind: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
-    let cluster = Cluster::start(ClusterOptions { nodes: 1 })
+    let cluster = Cluster::start(ClusterOptions::kwok(1))
         .await
         .expect("cluster starts");
     let client = cluster.client().expect("client");
@@ -695,7 +695,7 @@ impl Lcg {
 async fn kill9_during_100_attach_detach_cycles_ends_consistent() {
     const LANES: usize = 10;
     const CYCLES: usize = 10;
-    let cluster = Cluster::start(ClusterOptions { nodes: 1 })
+    let cluster = Cluster::start(ClusterOptions::kwok(1))
         .await
         .expect("cluster starts");
     let client = cluster.client().expect("client");

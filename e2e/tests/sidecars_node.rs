@@ -91,7 +91,7 @@ async fn wait_exit(p: &mut ManagedProcess) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registrar_and_liveness_probe_with_a_real_driver() {
-    let cluster = Cluster::start(ClusterOptions { nodes: 1 })
+    let cluster = Cluster::start(ClusterOptions::kwok(1))
         .await
         .expect("cluster starts");
     let client = cluster.client().expect("client");

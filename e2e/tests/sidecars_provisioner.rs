@@ -95,7 +95,7 @@ async fn start(
     driver_args: &[&str],
     sidecar_args: &[&str],
 ) -> (Cluster, ProvisionerBed, Apis) {
-    let cluster = Cluster::start(ClusterOptions { nodes })
+    let cluster = Cluster::start(ClusterOptions::kwok(nodes))
         .await
         .expect("cluster");
     let bed = ProvisionerBed::start(&cluster, driver_args, sidecar_args)

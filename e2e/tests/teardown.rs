@@ -35,7 +35,7 @@ async fn all_gone(pids: &[(String, u32)]) {
 /// A shell script stands in for the operator so this test does not depend on
 /// the operator's own state.
 async fn fake_operator_is_started_with_flags_and_killed_on_drop() {
-    let cluster = Cluster::start(ClusterOptions { nodes: 1 })
+    let cluster = Cluster::start(ClusterOptions::kwok(1))
         .await
         .expect("start");
     let script = cluster.work_dir().join("fake-operator.sh");
@@ -68,7 +68,7 @@ async fn fake_operator_is_started_with_flags_and_killed_on_drop() {
 }
 
 async fn children_die_when_the_test_panics() {
-    let cluster = Cluster::start(ClusterOptions { nodes: 1 })
+    let cluster = Cluster::start(ClusterOptions::kwok(1))
         .await
         .expect("start");
     let pids = cluster.pids();
@@ -145,7 +145,7 @@ impl Drop for KillOnDrop {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "helper process of children_die_on_panic_and_on_sigkill_of_the_test"]
 async fn helper_start_cluster_and_block() {
-    let cluster = Cluster::start(ClusterOptions { nodes: 1 })
+    let cluster = Cluster::start(ClusterOptions::kwok(1))
         .await
         .expect("start");
     for (name, pid) in cluster.pids() {

@@ -246,7 +246,7 @@ async fn run_one(
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let ours = sidecar_bin()?;
-    let cluster = Cluster::start(ClusterOptions { nodes: 1 }).await?;
+    let cluster = Cluster::start(ClusterOptions::kwok(1)).await?;
     let mut runs: Vec<(&str, PathBuf, bool)> = vec![("csiops", ours.clone(), false)];
     if let Some(up) = &args.upstream {
         runs.push(("upstream", up.clone(), true));

@@ -33,7 +33,7 @@ fn probe(port: u16) -> bool {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let sidecar = sidecar_bin()?;
-    let cluster = Cluster::start(ClusterOptions { nodes: 1 }).await?;
+    let cluster = Cluster::start(ClusterOptions::kwok(1)).await?;
     let dir = cluster.work_dir().join("bench");
     let registry = dir.join("reg");
     std::fs::create_dir_all(&registry)?;

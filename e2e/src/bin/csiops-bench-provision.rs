@@ -77,7 +77,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let claims: usize = arg(1, 500);
     let qps: u32 = arg(2, 50);
     let burst: u32 = arg(3, 100);
-    let cluster = Cluster::start(ClusterOptions { nodes: 3 }).await?;
+    let cluster = Cluster::start(ClusterOptions::kwok(3)).await?;
     let qps_flag = format!("--kube-api-qps={qps}");
     let burst_flag = format!("--kube-api-burst={burst}");
     let mut bed = ProvisionerBed::start(&cluster, &[], &[&qps_flag, &burst_flag, "--v=2"]).await?;

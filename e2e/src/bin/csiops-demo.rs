@@ -1,5 +1,9 @@
-//! `make demo`: a local control plane, the operator, the hostpath example, and
-//! `kubectl get csidriverdeployments -o wide`.
+//! `make demo`: a local control plane with three kwok nodes and one real
+//! node (containerd, kubelet, kube-proxy); `manifests/install.yaml` runs the
+//! operator in containers on the real node; a CSIDriverDeployment of
+//! csi-test-driver puts its node pods on every node (real containers on the
+//! real node, simulated ones on kwok's); then `kubectl get
+//! csidriverdeployments -o wide` and the pods with their container IDs.
 //!
 //! In a terminal the cluster stays up until Ctrl-C so you can look around
 //! (the KUBECONFIG is printed); without one (CI, pipes) it tears down at once.
@@ -8,10 +12,14 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use csiops_e2e::realnode::images;
 use csiops_e2e::testkit;
-use csiops_e2e::{operator_bin, Cluster, ClusterOptions};
+use csiops_e2e::{Cluster, ClusterOptions};
 
-const NS: &str = "csi-hostpath";
+const NS: &str = "csi-test";
+const NAME: &str = "testdriver";
+const DRIVER: &str = "csi-test.csiops.dev";
+const KWOK_NODES: usize = 3;
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -26,40 +34,86 @@ async fn main() -> ExitCode {
 
 async fn demo() -> Result<(), Box<dyn std::error::Error>> {
     let started = Instant::now();
-    eprintln!("==> starting a local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok with 3 nodes)");
-    let cluster = Cluster::start(ClusterOptions { nodes: 3 }).await?;
+    eprintln!("==> starting a local control plane (etcd, kube-apiserver, controller-manager, scheduler), {KWOK_NODES} kwok nodes and one real node (containerd, kubelet, kube-proxy)");
+    let cluster = Cluster::start(ClusterOptions {
+        nodes: KWOK_NODES,
+        real_node: true,
+    })
+    .await?;
     eprintln!("    up in {:.1}s", cluster.startup_time().as_secs_f64());
+    let node = cluster.real_node().ok_or("the cluster has no real node")?;
+    print!(
+        "{}",
+        cluster.kubectl_ok(["get", "nodes", "-o", "wide"]).await?
+    );
 
-    eprintln!("==> installing the CSIDriverDeployment CRD");
-    testkit::install_crd(&cluster).await?;
-
-    eprintln!("==> starting csiops-operator (out of cluster, from the kubeconfig)");
-    let operator = cluster.run_operator(&operator_bin()?)?;
-    // kwok pods run nothing: each node whose node pod is Ready gets a real CSI
-    // driver process and the csiops registrar, registered like kubelet would.
-    let _nodes = testkit::node_side(&cluster, NS, "hostpath", "hostpath.csi.k8s.io")?;
-
-    let example = testkit::example_path();
-    eprintln!("==> kubectl apply -f {}", example.display());
+    let install = testkit::workspace_root().join("manifests/install.yaml");
+    eprintln!("\n==> kubectl apply --server-side -f {}", install.display());
+    cluster
+        .kubectl_ok(["apply", "--server-side", "-f", &install.to_string_lossy()])
+        .await?;
+    cluster
+        .kubectl_ok([
+            "-n",
+            "csiops-system",
+            "rollout",
+            "status",
+            "deployment/csiops-operator",
+            "--timeout=180s",
+        ])
+        .await?;
     print!(
         "{}",
         cluster
-            .kubectl_ok(["apply", "-f", &example.to_string_lossy()])
+            .kubectl_ok(["-n", "csiops-system", "get", "pods", "-o", "wide"])
             .await?
     );
 
-    eprintln!("==> waiting until the driver is Running on every node");
+    // kwok pods run nothing: each kwok node whose node pod is Ready gets a
+    // real CSI driver process and the csiops registrar, registered like
+    // kubelet would. The real node's pod is registered by the real kubelet.
+    let _kwok_nodes = testkit::node_side(&cluster, NS, NAME, DRIVER)?;
+    let cr = testkit::TestDriverDeployment {
+        namespace: NS,
+        name: NAME,
+        driver: DRIVER,
+        image: node.images().reference(images::TEST_DRIVER)?,
+        version: "v0.1.0",
+        kubelet_dir: &node.layout().kubelet_dir(),
+        on_simulated_nodes: true,
+    };
+    eprintln!(
+        "\n==> kubectl apply -f - (a CSIDriverDeployment of csi-test-driver)\n{}",
+        cr.yaml()
+    );
+    let out = testkit::apply_yaml(&cluster, "demo-driver", &cr.yaml()).await?;
+    print!("{}", String::from_utf8_lossy(&out.stdout));
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned().into());
+    }
+
+    eprintln!("==> waiting until the driver is Running and registered on every node");
+    let nodes = KWOK_NODES + 1;
     if let Err(e) = testkit::wait_running(
         &cluster,
         NS,
-        "hostpath",
-        "v1.17.0",
-        3,
-        Duration::from_secs(120),
+        NAME,
+        "v0.1.0",
+        nodes,
+        Duration::from_secs(180),
     )
     .await
     {
-        eprintln!("operator log:\n{}", operator.log_tail(30));
+        let logs = cluster
+            .kubectl([
+                "-n",
+                "csiops-system",
+                "logs",
+                "deployment/csiops-operator",
+                "--tail=30",
+            ])
+            .await?;
+        eprintln!("operator log:\n{}", String::from_utf8_lossy(&logs.stdout));
         return Err(e.into());
     }
 
@@ -70,8 +124,7 @@ async fn demo() -> Result<(), Box<dyn std::error::Error>> {
             .kubectl_ok(["get", "csidriverdeployments", "-A", "-o", "wide"])
             .await?
     );
-    eprintln!();
-    eprintln!("==> kubectl -n {NS} get statefulsets,daemonsets,pods");
+    eprintln!("\n==> kubectl -n {NS} get pods (container IDs: real containers in containerd; kwok's pods have none)");
     print!(
         "{}",
         cluster
@@ -79,9 +132,9 @@ async fn demo() -> Result<(), Box<dyn std::error::Error>> {
                 "-n",
                 NS,
                 "get",
-                "statefulsets,daemonsets,pods",
+                "pods",
                 "-o",
-                "wide"
+                "custom-columns=POD:.metadata.name,NODE:.spec.nodeName,STATUS:.status.phase,CONTAINER-IDS:.status.containerStatuses[*].containerID",
             ])
             .await?
     );
@@ -93,13 +146,12 @@ async fn demo() -> Result<(), Box<dyn std::error::Error>> {
             "  export KUBECONFIG={}",
             cluster.kubeconfig_path().display()
         );
-        eprintln!("  kubectl -n {NS} describe csidd hostpath");
-        eprintln!("  kubectl -n {NS} patch csidd hostpath --type=merge -p '{{\"spec\":{{\"version\":\"v1.18.0\"}}}}'");
+        eprintln!("  kubectl -n {NS} describe csidd {NAME}");
+        eprintln!("  kubectl -n csiops-system logs deployment/csiops-operator");
         eprintln!("  kubectl get csidd -A -w");
         tokio::signal::ctrl_c().await?;
         eprintln!("\n==> stopping");
     }
-    operator.stop().await;
     cluster.stop().await?;
     Ok(())
 }

@@ -1,0 +1,352 @@
+//! What the real node changes on the host, and how each change is undone:
+//! the bridge, mounts, pods' network namespaces, containerd shims and
+//! kube-proxy's iptables chains. Also the machine-wide lock (one real node
+//! at a time) and the prerequisite check.
+//!
+//! Everything here runs external commands or syscalls synchronously: it is
+//! called from `Drop` as well as from async code (through `spawn_blocking`).
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use super::config::{BRIDGE, CNI_BIN_DIR, HOST_IP, SUBNET};
+use crate::error::{io, Error, Result};
+
+/// Where CNI (through containerd) pins pods' network namespaces.
+const NETNS_DIR: &str = "/run/netns";
+
+/// Holds the machine-wide real-node lock until dropped. The bridge name,
+/// kubelet's ports and kube-proxy's iptables chains are per machine, so two
+/// real nodes (two tests in one binary, or two test binaries) take turns.
+#[derive(Debug)]
+pub struct NodeLock {
+    _file: File,
+}
+
+impl NodeLock {
+    /// Blocks until the lock is free.
+    pub fn acquire() -> Result<NodeLock> {
+        let path = std::env::temp_dir().join("csiops-e2e-real-node.lock");
+        let file = File::create(&path).map_err(io("creating lock file", &path))?;
+        // SAFETY: flock on an fd we own; it is released when the fd closes.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(io("locking", &path)(std::io::Error::last_os_error()));
+        }
+        Ok(NodeLock { _file: file })
+    }
+}
+
+/// Fails, naming what is missing and how to get it, unless this machine can
+/// run a real node. A test that needs one fails with this; it never skips.
+pub fn check_prerequisites() -> Result<()> {
+    let mut missing = Vec::new();
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        missing.push("root (kubelet, containerd and the bridge need it)".to_string());
+    }
+    for cmd in [
+        "containerd",
+        "ctr",
+        "runc",
+        "iptables",
+        "iptables-save",
+        "ip",
+    ] {
+        if which(cmd).is_none() {
+            missing.push(format!("the `{cmd}` command"));
+        }
+    }
+    for plugin in ["bridge", "host-local", "loopback"] {
+        let p = Path::new(CNI_BIN_DIR).join(plugin);
+        if !p.is_file() {
+            missing.push(format!("the CNI plugin {}", p.display()));
+        }
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Other(format!(
+        "this machine cannot run the real node; missing: {}. `make node-prereqs` installs \
+         Debian's containerd, runc, containernetworking-plugins and iptables",
+        missing.join(", ")
+    )))
+}
+
+/// The full path of `cmd` on PATH.
+pub fn which(cmd: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|dir| Path::new(dir).join(cmd))
+        .find(|p| p.is_file())
+}
+
+/// Runs a command, returning stdout; a non-zero exit is an error quoting stderr.
+pub fn run(program: &str, args: &[&str]) -> Result<String> {
+    let out = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(io("running", program))?;
+    if !out.status.success() {
+        return Err(Error::Other(format!(
+            "{program} {} failed ({}): {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Creates the bridge with the host's address, replacing one left by a run
+/// that died. It exists before the apiserver starts, which listens on it.
+pub fn create_bridge() -> Result<()> {
+    delete_bridge();
+    let (_, prefix) = SUBNET;
+    run("ip", &["link", "add", BRIDGE, "type", "bridge"])?;
+    run(
+        "ip",
+        &["addr", "add", &format!("{HOST_IP}/{prefix}"), "dev", BRIDGE],
+    )?;
+    run("ip", &["link", "set", BRIDGE, "up"])?;
+    Ok(())
+}
+
+/// Removes the bridge if it exists; the pods' veths went with their netns.
+pub fn delete_bridge() {
+    if bridge_exists() {
+        if let Err(e) = run("ip", &["link", "delete", BRIDGE]) {
+            tracing::warn!("deleting bridge {BRIDGE}: {e}");
+        }
+    }
+}
+
+pub fn bridge_exists() -> bool {
+    Path::new("/sys/class/net").join(BRIDGE).exists()
+}
+
+/// Mount points at or below `root`, deepest first, from /proc/self/mountinfo.
+pub fn mounts_under(root: &Path) -> Vec<PathBuf> {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    let mut found: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|m| PathBuf::from(unescape_mount_path(m)))
+        .filter(|m| m.starts_with(root))
+        .collect();
+    found.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
+    found.dedup();
+    found
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape_mount_path(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 4 <= b.len() {
+            let oct = &b[i + 1..i + 4];
+            let parsed = std::str::from_utf8(oct)
+                .ok()
+                .filter(|o| o.bytes().all(|c| (b'0'..=b'7').contains(&c)))
+                .and_then(|o| u8::from_str_radix(o, 8).ok());
+            if let Some(v) = parsed {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Detaches every mount at or below `root`, deepest first, repeating while
+/// stacked mounts remain. Returns the ones that would not go.
+pub fn unmount_all_under(root: &Path) -> Vec<PathBuf> {
+    for _ in 0..5 {
+        let mounts = mounts_under(root);
+        if mounts.is_empty() {
+            return mounts;
+        }
+        for m in &mounts {
+            let Ok(c) = std::ffi::CString::new(m.as_os_str().as_encoded_bytes()) else {
+                continue;
+            };
+            // SAFETY: a valid NUL-terminated path; MNT_DETACH never blocks.
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+    mounts_under(root)
+}
+
+/// The network namespaces pinned in /run/netns now.
+pub fn netns_names() -> BTreeSet<String> {
+    std::fs::read_dir(NETNS_DIR)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Unpins and removes the CNI network namespaces not in `before`: those the
+/// node's sandboxes created and did not get to remove.
+pub fn remove_new_netns(before: &BTreeSet<String>) -> Vec<String> {
+    let mut left = Vec::new();
+    for name in netns_names().difference(before) {
+        if !name.starts_with("cni-") {
+            continue;
+        }
+        let p = Path::new(NETNS_DIR).join(name);
+        unmount_all_under(&p);
+        if std::fs::remove_file(&p).is_err() && p.exists() {
+            left.push(name.clone());
+        }
+    }
+    left
+}
+
+/// Processes whose command line mentions `needle` (a path of this node):
+/// the containerd shims and anything else started for the node.
+pub fn processes_mentioning(needle: &str) -> Vec<(u32, String)> {
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let me = std::process::id();
+    rd.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != me)
+        .filter_map(|pid| {
+            let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let cmd = String::from_utf8_lossy(&raw).replace('\0', " ");
+            cmd.contains(needle).then(|| (pid, cmd.trim().to_string()))
+        })
+        .collect()
+}
+
+/// SIGKILLs `pid` and every process below it (shims and their containers).
+pub fn kill_tree(pid: u32) {
+    for child in children(pid) {
+        kill_tree(child);
+    }
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+}
+
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|s| {
+            s.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<u32>>()
+        })
+        .collect()
+}
+
+/// The `KUBE-*` chains in the IPv4 and IPv6 tables.
+pub fn kube_chains() -> Vec<String> {
+    ["iptables-save", "ip6tables-save"]
+        .iter()
+        .filter(|c| which(c).is_some())
+        .filter_map(|c| run(c, &[]).ok())
+        .flat_map(|out| {
+            out.lines()
+                .filter(|l| l.starts_with(":KUBE-"))
+                .filter_map(|l| l[1..].split(' ').next().map(String::from))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// Removes whatever `KUBE-*` chains and the jumps to them are left after
+/// `kube-proxy --cleanup` (and kubelet's canary chains): the rules that
+/// reference them, then the chains.
+pub fn remove_kube_chains() {
+    for (save, ipt) in [
+        ("iptables-save", "iptables"),
+        ("ip6tables-save", "ip6tables"),
+    ] {
+        if which(save).is_none() {
+            continue;
+        }
+        let Ok(dump) = run(save, &[]) else { continue };
+        let mut table = "";
+        let mut chains: Vec<(String, String)> = Vec::new();
+        for line in dump.lines() {
+            if let Some(t) = line.strip_prefix('*') {
+                table = t;
+            } else if let Some(rule) = line.strip_prefix("-A ") {
+                let chain = rule.split(' ').next().unwrap_or_default();
+                if !chain.starts_with("KUBE-") && rule.contains("KUBE-") {
+                    let mut args = vec!["-t", table, "-D"];
+                    args.extend(rule.split(' '));
+                    let _ = run(ipt, &args);
+                }
+            } else if let Some(c) = line.strip_prefix(":KUBE-") {
+                if let Some(name) = c.split(' ').next() {
+                    chains.push((table.to_string(), format!("KUBE-{name}")));
+                }
+            }
+        }
+        for (t, c) in &chains {
+            let _ = run(ipt, &["-t", t, "-F", c]);
+        }
+        for (t, c) in &chains {
+            let _ = run(ipt, &["-t", t, "-X", c]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_paths_are_unescaped() {
+        assert_eq!(unescape_mount_path(r"/a\040b/c"), "/a b/c");
+        assert_eq!(unescape_mount_path(r"/plain"), "/plain");
+        assert_eq!(unescape_mount_path(r"/trailing\"), r"/trailing\");
+        assert_eq!(unescape_mount_path(r"/x\09"), r"/x\09");
+    }
+
+    #[test]
+    fn which_finds_sh_and_not_nonsense() {
+        assert!(which("sh").is_some());
+        assert!(which("no-such-command-csiops").is_none());
+    }
+
+    #[test]
+    fn processes_mentioning_finds_a_child_by_its_argument() {
+        let mut child = Command::new("sleep")
+            .arg("30.123456")
+            .spawn()
+            .expect("sleep");
+        // Polled briefly: under a loaded parallel test run the new
+        // process's /proc entry has been seen to lag.
+        let mut found = Vec::new();
+        for _ in 0..50 {
+            found = processes_mentioning("30.123456");
+            if !found.is_empty() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(found.iter().any(|(pid, _)| *pid == child.id()), "{found:?}");
+    }
+}

@@ -1,0 +1,397 @@
+//! One real Kubernetes node next to the kwok ones: containerd (with runc and
+//! the CNI bridge), kubelet and kube-proxy, all built or installed locally,
+//! running our images for real.
+//!
+//! Life cycle, driven by [`crate::Cluster`]:
+//! 1. [`HostNetwork::create`] takes the machine-wide lock, checks the
+//!    prerequisites and creates the bridge, before the apiserver starts (it
+//!    listens on the bridge address so pods can reach it).
+//! 2. [`RealNode::start`] starts containerd, imports the images, starts
+//!    kubelet and kube-proxy; the cluster then waits for the Node to be Ready.
+//! 3. [`RealNode::stop`] (also on drop): force-deletes the node's pods so
+//!    kubelet stops them (CNI teardown included), stops kubelet, kube-proxy
+//!    (and `kube-proxy --cleanup`) and containerd, then removes whatever is
+//!    still there: tasks, shims, network namespaces, mounts, iptables chains
+//!    and the bridge. [`leftovers`] says what, if anything, survived.
+
+pub mod config;
+pub mod host;
+pub mod images;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::error::{io, Error, Result};
+use crate::process::{self, ManagedProcess};
+pub use config::{Layout, HOST_IP, NODE_NAME};
+pub use images::ImageSet;
+
+/// How long kubelet gets to stop the node's pods at teardown before the
+/// leftovers are removed by force.
+const POD_DRAIN: Duration = Duration::from_secs(45);
+
+/// The machine-wide lock and the bridge; both released on drop.
+#[derive(Debug)]
+pub struct HostNetwork {
+    lock: Option<host::NodeLock>,
+}
+
+impl HostNetwork {
+    /// Waits for the machine's real-node lock, checks the prerequisites and
+    /// creates the bridge.
+    pub fn create() -> Result<HostNetwork> {
+        host::check_prerequisites()?;
+        let lock = host::NodeLock::acquire()?;
+        // A run that died may have left its chains; they would shadow ours.
+        host::remove_kube_chains();
+        host::create_bridge()?;
+        Ok(HostNetwork { lock: Some(lock) })
+    }
+}
+
+impl Drop for HostNetwork {
+    fn drop(&mut self) {
+        if self.lock.take().is_some() {
+            host::delete_bridge();
+        }
+    }
+}
+
+/// A running real node.
+#[derive(Debug)]
+pub struct RealNode {
+    layout: Layout,
+    kubeconfig: PathBuf,
+    bin_dir: PathBuf,
+    logs: PathBuf,
+    /// containerd, kubelet, kube-proxy (start order).
+    procs: Vec<ManagedProcess>,
+    netns_before: BTreeSet<String>,
+    images: ImageSet,
+    /// Cleans up if the test process dies without tearing the node down.
+    reaper: Option<std::process::Child>,
+    /// Dropped last, after everything else is gone.
+    net: Option<HostNetwork>,
+}
+
+impl RealNode {
+    /// Starts containerd, imports `images`, starts kubelet and kube-proxy.
+    /// The caller waits for the Node to become Ready.
+    pub fn start(
+        net: HostNetwork,
+        root: &Path,
+        bin_dir: &Path,
+        kubeconfig: &Path,
+        logs: &Path,
+        images: ImageSet,
+    ) -> Result<RealNode> {
+        let layout = Layout::new(root);
+        for d in layout.dirs() {
+            std::fs::create_dir_all(&d).map_err(io("creating dir", &d))?;
+        }
+        write(
+            &layout.containerd_config(),
+            &config::containerd_toml(&layout, images.pause()?),
+        )?;
+        write(
+            &layout.cni_conf_dir().join("10-csiops.conflist"),
+            &config::cni_conflist(&layout),
+        )?;
+        let p = crate::ports::free_ports(4)?;
+        write(
+            &layout.kubelet_config(),
+            &config::kubelet_yaml(&layout, &layout.containerd_socket(), p[0], p[1]),
+        )?;
+
+        let mut node = RealNode {
+            layout,
+            kubeconfig: kubeconfig.to_path_buf(),
+            bin_dir: bin_dir.to_path_buf(),
+            logs: logs.to_path_buf(),
+            procs: Vec::new(),
+            netns_before: host::netns_names(),
+            images,
+            reaper: None,
+            net: Some(net),
+        };
+        node.reaper = Some(node.spawn_reaper()?);
+
+        let containerd = host::which("containerd")
+            .ok_or_else(|| Error::Other("containerd is not on PATH".into()))?;
+        let args = vec![format!(
+            "--config={}",
+            node.layout.containerd_config().display()
+        )];
+        node.spawn("containerd", &containerd, &args)?;
+        node.wait_for_containerd()?;
+        node.images.import(&node.layout.containerd_socket())?;
+
+        let kubelet_args = config::kubelet_args(&node.layout, kubeconfig);
+        node.spawn("kubelet", &bin_dir.join("kubelet"), &kubelet_args)?;
+        let proxy_args = config::kube_proxy_args(kubeconfig, p[2], p[3]);
+        node.spawn("kube-proxy", &bin_dir.join("kube-proxy"), &proxy_args)?;
+        Ok(node)
+    }
+
+    /// Starts `reaper.sh` in its own process group, where neither the test's
+    /// death nor a terminal's Ctrl-C reaches it.
+    fn spawn_reaper(&self) -> Result<std::process::Child> {
+        use std::os::unix::process::CommandExt;
+        let script = self.layout.root.join("reaper.sh");
+        write(&script, include_str!("reaper.sh"))?;
+        let before = self.layout.root.join("netns-before");
+        let names: Vec<&str> = self.netns_before.iter().map(String::as_str).collect();
+        write(&before, &names.join("\n"))?;
+        // By environment, not argv: the reaper kills whatever names the
+        // node dir on its command line, and must not hit itself.
+        std::process::Command::new("bash")
+            .arg(&script)
+            .env("REAPER_PARENT", std::process::id().to_string())
+            .env("REAPER_NODE", &self.layout.root)
+            .env("REAPER_KUBE_PROXY", self.bin_dir.join("kube-proxy"))
+            .env("REAPER_NETNS_BEFORE", &before)
+            .env("REAPER_BRIDGE", config::BRIDGE)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .process_group(0)
+            .spawn()
+            .map_err(io("starting the reaper", &script))
+    }
+
+    fn spawn(&mut self, name: &str, program: &Path, args: &[String]) -> Result<()> {
+        let log = self.logs.join(format!("{name}.log"));
+        self.procs
+            .push(ManagedProcess::spawn(name, program, args, &log)?);
+        Ok(())
+    }
+
+    fn wait_for_containerd(&mut self) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            self.check_running()?;
+            if self.ctr(&["version"]).is_ok() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Other(format!(
+                    "containerd did not answer on {} within 30s\n{}",
+                    self.layout.containerd_socket().display(),
+                    self.log_tails(30)
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Runs `ctr` against this node's containerd in the CRI namespace.
+    pub fn ctr(&self, args: &[&str]) -> Result<String> {
+        ctr(&self.layout.containerd_socket(), args)
+    }
+
+    /// The node's paths (its kubelet dir is what a CSIDriverDeployment's
+    /// `node.kubeletDir` must name).
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The images imported into the node.
+    pub fn images(&self) -> &ImageSet {
+        &self.images
+    }
+
+    /// `Err(ProcessExited)` with its log tail if a node process died.
+    pub fn check_running(&mut self) -> Result<()> {
+        self.procs
+            .iter_mut()
+            .try_for_each(ManagedProcess::check_running)
+    }
+
+    /// The last `lines` lines of each node process's log.
+    pub fn log_tails(&self, lines: usize) -> String {
+        self.procs
+            .iter()
+            .map(|p| format!("--- {} ---\n{}\n", p.name(), p.log_tail(lines)))
+            .collect()
+    }
+
+    /// (name, pid) of the node's processes.
+    pub fn pids(&self) -> Vec<(String, u32)> {
+        self.procs
+            .iter()
+            .map(|p| (p.name().to_string(), p.pid()))
+            .collect()
+    }
+
+    /// IDs of the containers (sandboxes included) containerd knows about.
+    pub fn container_ids(&self) -> Result<Vec<String>> {
+        Ok(self
+            .ctr(&["containers", "ls", "-q"])?
+            .lines()
+            .map(str::to_string)
+            .collect())
+    }
+
+    /// Restarts kubelet (same arguments), as a node agent upgrade or crash would.
+    pub fn restart_kubelet(&mut self) -> Result<()> {
+        let i = self
+            .procs
+            .iter()
+            .position(|p| p.name() == "kubelet")
+            .ok_or_else(|| Error::Other("kubelet is not running".into()))?;
+        let mut old = self.procs.remove(i);
+        old.terminate(process::DEFAULT_GRACE);
+        let args = config::kubelet_args(&self.layout, &self.kubeconfig);
+        let program = self.bin_dir.join("kubelet");
+        self.spawn("kubelet", &program, &args)
+    }
+
+    /// Tears the node down (see the module docs). Needs the apiserver, so
+    /// the cluster stops its controllers first and the apiserver after.
+    pub fn stop(mut self) {
+        self.teardown();
+    }
+
+    fn teardown(&mut self) {
+        if self.net.is_none() {
+            return;
+        }
+        self.drain_pods();
+        let mut procs = std::mem::take(&mut self.procs);
+        // kubelet and kube-proxy first, containerd last.
+        let containerd = procs.iter().position(|p| p.name() == "containerd");
+        let mut runtime: Vec<ManagedProcess> = containerd
+            .map(|i| vec![procs.remove(i)])
+            .unwrap_or_default();
+        process::terminate_all(&mut procs, process::DEFAULT_GRACE);
+        let proxy = self.bin_dir.join("kube-proxy");
+        if let Err(e) = host::run(&proxy.to_string_lossy(), &["--cleanup"]) {
+            tracing::warn!("kube-proxy --cleanup: {e}");
+        }
+        self.remove_containers();
+        process::terminate_all(&mut runtime, process::DEFAULT_GRACE);
+
+        let socket = self.layout.containerd_socket().display().to_string();
+        for (pid, cmd) in host::processes_mentioning(&socket) {
+            tracing::warn!(pid, cmd, "killing a leftover containerd shim");
+            host::kill_tree(pid);
+        }
+        host::remove_new_netns(&self.netns_before);
+        let stuck = host::unmount_all_under(&self.layout.root);
+        if !stuck.is_empty() {
+            tracing::warn!(?stuck, "mounts that would not go");
+        }
+        host::remove_kube_chains();
+        drop(self.net.take());
+        if let Some(mut reaper) = self.reaper.take() {
+            let _ = reaper.kill();
+            let _ = reaper.wait();
+        }
+    }
+
+    /// Force-deletes every pod bound to this node and waits (bounded) until
+    /// kubelet has stopped their containers and sandboxes, which is what
+    /// runs the CNI teardown.
+    fn drain_pods(&self) {
+        let kubectl = std::env::var_os("KUBECTL").unwrap_or_else(|| "kubectl".into());
+        let out = std::process::Command::new(kubectl)
+            .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+            .args([
+                "delete",
+                "pods",
+                "--all-namespaces",
+                "--field-selector",
+                &format!("spec.nodeName={NODE_NAME}"),
+                "--force",
+                "--grace-period=0",
+                "--wait=false",
+                "--request-timeout=10s",
+            ])
+            .stdin(std::process::Stdio::null())
+            .output();
+        if let Ok(o) = &out {
+            if !o.status.success() {
+                tracing::warn!(
+                    "deleting the real node's pods: {}",
+                    String::from_utf8_lossy(&o.stderr)
+                );
+            }
+        }
+        let deadline = Instant::now() + POD_DRAIN;
+        while Instant::now() < deadline {
+            match self.ctr(&["tasks", "ls", "-q"]) {
+                Ok(t) if t.trim().is_empty() => return,
+                Err(_) => return,
+                Ok(_) => std::thread::sleep(Duration::from_millis(500)),
+            }
+        }
+        tracing::warn!("kubelet did not stop every container within {POD_DRAIN:?}");
+    }
+
+    /// Kills and deletes whatever tasks and containers containerd still has.
+    fn remove_containers(&self) {
+        let Ok(tasks) = self.ctr(&["tasks", "ls", "-q"]) else {
+            return;
+        };
+        for id in tasks.lines().filter(|l| !l.is_empty()) {
+            let _ = self.ctr(&["tasks", "kill", "-a", "-s", "SIGKILL", id]);
+            let _ = self.ctr(&["tasks", "delete", "-f", id]);
+        }
+        if let Ok(ids) = self.ctr(&["containers", "ls", "-q"]) {
+            for id in ids.lines().filter(|l| !l.is_empty()) {
+                let _ = self.ctr(&["containers", "delete", id]);
+            }
+        }
+    }
+}
+
+impl Drop for RealNode {
+    fn drop(&mut self) {
+        self.teardown();
+    }
+}
+
+/// `ctr --address <socket> --namespace k8s.io <args>`.
+pub fn ctr(socket: &Path, args: &[&str]) -> Result<String> {
+    let sock = socket.display().to_string();
+    let mut all = vec!["--address", &sock, "--namespace", config::CRI_NAMESPACE];
+    all.extend_from_slice(args);
+    host::run("ctr", &all)
+}
+
+/// What a stopped node left on the host, one line each; empty when clean.
+/// `root` is the node's directory, `before` the network namespaces that
+/// existed before it started.
+pub fn leftovers(root: &Path, before: &BTreeSet<String>) -> Vec<String> {
+    let mut left = Vec::new();
+    let needle = root.display().to_string();
+    for (pid, cmd) in host::processes_mentioning(&needle) {
+        left.push(format!("process {pid}: {cmd}"));
+    }
+    for m in host::mounts_under(root) {
+        left.push(format!("mount {}", m.display()));
+    }
+    for ns in host::netns_names().difference(before) {
+        left.push(format!("network namespace {ns}"));
+    }
+    if host::bridge_exists() {
+        left.push(format!("bridge {}", config::BRIDGE));
+    }
+    for c in host::kube_chains() {
+        left.push(format!("iptables chain {c}"));
+    }
+    left
+}
+
+impl RealNode {
+    /// The network namespaces that existed before the node started (for
+    /// [`leftovers`]).
+    pub fn netns_before(&self) -> &BTreeSet<String> {
+        &self.netns_before
+    }
+}
+
+fn write(path: &Path, text: &str) -> Result<()> {
+    std::fs::write(path, text).map_err(io("writing", path))
+}

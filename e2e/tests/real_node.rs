@@ -1,0 +1,450 @@
+//! csiops on a real node: kubelet, containerd and runc run our images.
+//!
+//! - A pod runs for real on the node, and stopping the cluster leaves
+//!   nothing on the host (no process, mount, network namespace, bridge or
+//!   iptables chain).
+//! - `manifests/install.yaml`, unmodified, runs the operator in containers
+//!   with in-cluster config and leader election; a CSIDriverDeployment of
+//!   csi-test-driver puts its pods on the node, our registrar registers with
+//!   the real kubelet, the node stays quiet, a wrong `kubeletDir` shows in
+//!   status, an upgrade restarts the containers in the documented order, and
+//!   deleting the object removes its containers from containerd.
+//!
+//! These tests need root and `make node-prereqs`; without them they fail
+//! saying what is missing. One real node runs at a time (a machine-wide
+//! lock), so the tests take turns.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use csiops_e2e::realnode::{self, images, NODE_NAME};
+use csiops_e2e::timeline::Timeline;
+use csiops_e2e::{testkit, wait_for, Cluster, ClusterOptions};
+use k8s_openapi::api::core::v1::{Container, Node, Pod};
+use k8s_openapi::api::storage::v1::CSINode;
+use kube::api::{Api, ListParams};
+use kube::ResourceExt;
+
+const DEADLINE: Duration = Duration::from_secs(180);
+const NS: &str = "csi-test";
+const NAME: &str = "testdriver";
+const DRIVER: &str = "csi-test.csiops.dev";
+
+fn with_real_node(kwok_nodes: usize) -> ClusterOptions {
+    ClusterOptions {
+        nodes: kwok_nodes,
+        real_node: true,
+    }
+}
+
+async fn start(kwok_nodes: usize) -> Cluster {
+    Cluster::start(with_real_node(kwok_nodes))
+        .await
+        .unwrap_or_else(|e| panic!("cluster with a real node starts: {e}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_runs_for_real_and_teardown_leaves_nothing() {
+    let cluster = start(1).await;
+    let node = cluster.real_node().expect("a real node");
+    let root = node.layout().root.clone();
+    let netns_before = node.netns_before().clone();
+    let image = node
+        .images()
+        .reference(images::TEST_DRIVER)
+        .expect("driver image")
+        .to_string();
+
+    // The real node registered next to the kwok one.
+    let nodes = cluster.kubectl_ok(["get", "nodes"]).await.expect("nodes");
+    assert!(
+        nodes.contains(NODE_NAME) && nodes.contains("kwok-node-0"),
+        "{nodes}"
+    );
+
+    let pod = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: smoke
+spec:
+  nodeName: {NODE_NAME}
+  containers:
+  - name: driver
+    image: {image}
+    args: ["--endpoint=/csi/csi.sock", "--nodeid=smoke", "--state-dir=/csi/state"]
+    volumeMounts:
+    - {{name: csi, mountPath: /csi}}
+  volumes:
+  - {{name: csi, emptyDir: {{}}}}
+"#
+    );
+    let out = testkit::apply_yaml(&cluster, "smoke", &pod)
+        .await
+        .expect("kubectl");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let pods: Api<Pod> = Api::default_namespaced(cluster.client().expect("client"));
+    let running = wait_for(DEADLINE, Duration::from_millis(500), || async {
+        let p = pods.get_opt("smoke").await.ok()??;
+        let st = p.status.clone()?;
+        (st.phase.as_deref() == Some("Running")).then_some(p)
+    })
+    .await
+    .unwrap_or_else(|_| panic!("pod never Running\n{}", cluster.log_tails(30)));
+
+    // A pod IP from the node's bridge, and a container containerd runs.
+    let ip = running
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .expect("pod IP");
+    assert!(ip.starts_with("10.213.0."), "pod IP {ip}");
+    let id = container_id(&running, "driver").expect("container ID");
+    let containers = node.container_ids().expect("ctr containers ls");
+    assert!(containers.contains(&id), "{id} not in {containers:?}");
+
+    // kubectl logs reaches the kubelet through the apiserver.
+    let logs = cluster
+        .kubectl_ok(["logs", "smoke"])
+        .await
+        .expect("kubectl logs");
+    assert!(!logs.trim().is_empty(), "the driver logged nothing");
+
+    cluster.stop().await.expect("cluster stops");
+    let left = realnode::leftovers(&root, &netns_before);
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn install_yaml_and_a_driver_run_for_real() {
+    let cluster = start(0).await;
+    let node = cluster.real_node().expect("a real node");
+    let root = node.layout().root.clone();
+    let netns_before = node.netns_before().clone();
+    let kubelet_dir = node.layout().kubelet_dir();
+    let client = cluster.client().expect("client");
+    let image = node
+        .images()
+        .reference(images::TEST_DRIVER)
+        .expect("driver image")
+        .to_string();
+    // A second tag of the same image for the upgrade.
+    let next_image = format!("{image}-next");
+    node.ctr(&["images", "tag", &image, &next_image])
+        .expect("ctr images tag");
+
+    // --- install.yaml, unmodified --------------------------------------------
+    let install = testkit::workspace_root().join("manifests/install.yaml");
+    cluster
+        .kubectl_ok(["apply", "--server-side", "-f", &install.to_string_lossy()])
+        .await
+        .expect("install.yaml applies");
+    let rollout = cluster
+        .kubectl([
+            "-n",
+            "csiops-system",
+            "rollout",
+            "status",
+            "deployment/csiops-operator",
+            "--timeout=180s",
+        ])
+        .await
+        .expect("kubectl");
+    assert!(
+        rollout.status.success(),
+        "operator Deployment never became ready (its readinessProbe is /readyz): {}\n{}",
+        String::from_utf8_lossy(&rollout.stderr),
+        cluster.log_tails(40)
+    );
+    // In-cluster config worked: one replica holds the Lease.
+    let holder = testkit::jsonpath(
+        &cluster,
+        &["-n", "csiops-system", "get", "lease", "csiops-operator"],
+        "{.spec.holderIdentity}",
+    )
+    .await
+    .expect("operator Lease");
+    assert!(holder.starts_with("csiops-operator-"), "holder {holder:?}");
+
+    // --- a driver on the real node -------------------------------------------
+    let timeline = Timeline::start(&client, NS);
+    let out = testkit::apply_yaml(
+        &cluster,
+        "testdriver",
+        &driver_yaml(NAME, DRIVER, &image, "v0.1.0", &kubelet_dir),
+    )
+    .await
+    .expect("kubectl");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let row = testkit::wait_running(&cluster, NS, NAME, "v0.1.0", 1, DEADLINE)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", operator_logs_and_tails(&cluster)));
+    assert_eq!(row["REGISTERED"], "1/1");
+    assert_eq!(row["CONTROLLER"], "1/1");
+
+    // The containers run with exactly the arguments the operator rendered.
+    let node_pod = one_pod(&client, &testkit::node_pod_selector(NAME)).await;
+    for c in &node_pod.spec.as_ref().expect("spec").containers {
+        let id = container_id(&node_pod, &c.name).expect("container ID");
+        let info: serde_json::Value =
+            serde_json::from_str(&node.ctr(&["containers", "info", &id]).expect("ctr info"))
+                .expect("ctr info is JSON");
+        let argv: Vec<String> = info["Spec"]["process"]["args"]
+            .as_array()
+            .expect("process args")
+            .iter()
+            .filter_map(|a| a.as_str().map(String::from))
+            .collect();
+        let want = expand_args(c);
+        assert!(
+            argv.ends_with(&want),
+            "container {}: runs {argv:?}, rendered {want:?}",
+            c.name
+        );
+    }
+
+    // Our registrar registered with the real kubelet's plugin watcher.
+    let kubelet_log =
+        std::fs::read_to_string(cluster.log_dir().join("kubelet.log")).expect("kubelet log");
+    let registered = format!("Register new plugin with name: {DRIVER}");
+    assert!(
+        kubelet_log.contains(&registered),
+        "kubelet never registered {DRIVER}"
+    );
+
+    // kubelet and the registrar agree on CSINode and the Node: a quiet
+    // minute writes neither.
+    let csinodes: Api<CSINode> = Api::all(client.clone());
+    let nodes: Api<Node> = Api::all(client.clone());
+    let rv = |o: Option<String>| o.unwrap_or_default();
+    let before = (
+        rv(csinodes
+            .get(NODE_NAME)
+            .await
+            .expect("CSINode")
+            .resource_version()),
+        rv(nodes.get(NODE_NAME).await.expect("Node").resource_version()),
+    );
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let after = (
+        rv(csinodes
+            .get(NODE_NAME)
+            .await
+            .expect("CSINode")
+            .resource_version()),
+        rv(nodes.get(NODE_NAME).await.expect("Node").resource_version()),
+    );
+    assert_eq!(
+        before, after,
+        "CSINode or Node written during a quiet minute"
+    );
+
+    // --- a wrong kubeletDir shows in status ----------------------------------
+    let wrong_dir = root.join("wrong-kubelet");
+    let out = testkit::apply_yaml(
+        &cluster,
+        "wrongdir",
+        &driver_yaml(
+            "wrongdir",
+            "csi-wrong.csiops.dev",
+            &image,
+            "v0.1.0",
+            &wrong_dir,
+        ),
+    )
+    .await
+    .expect("kubectl");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let unhealthy = wait_for(Duration::from_secs(90), Duration::from_secs(1), || async {
+        let v = testkit::jsonpath(
+            &cluster,
+            &["-n", NS, "get", "csidd", "wrongdir"],
+            "{.status.unhealthyPods}",
+        )
+        .await
+        .ok()?;
+        (v.contains(NODE_NAME) && v.contains("kubeletDir")).then_some(v)
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "wrong kubeletDir never reported\n{}",
+            operator_logs_and_tails(&cluster)
+        )
+    });
+    println!("wrong kubeletDir: {unhealthy}");
+    cluster
+        .kubectl_ok(["-n", NS, "delete", "csidd", "wrongdir", "--timeout=120s"])
+        .await
+        .expect("wrongdir deleted");
+
+    // --- upgrade: real container restarts, in order ---------------------------
+    let old_uid = node_pod.uid().expect("uid");
+    let patch = format!(r#"{{"spec":{{"version":"v0.1.1","driver":{{"image":"{next_image}"}}}}}}"#);
+    cluster
+        .kubectl_ok([
+            "-n",
+            NS,
+            "patch",
+            "csidd",
+            NAME,
+            "--type=merge",
+            "-p",
+            &patch,
+        ])
+        .await
+        .expect("patch");
+    testkit::wait_running(&cluster, NS, NAME, "v0.1.1", 1, DEADLINE)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", operator_logs_and_tails(&cluster)));
+    let new_pod = one_pod(&client, &testkit::node_pod_selector(NAME)).await;
+    assert_ne!(
+        new_pod.uid().as_deref(),
+        Some(old_uid.as_str()),
+        "node pod not replaced"
+    );
+    let entries = timeline.entries();
+    let dump = Timeline::render(&entries);
+    let sts = |e: &csiops_e2e::timeline::Entry| e.kind == "StatefulSet";
+    let ds = |e: &csiops_e2e::timeline::Entry| e.kind == "DaemonSet";
+    let down = Timeline::first(&entries, |e| sts(e) && e.desired == 0)
+        .unwrap_or_else(|| panic!("controller never scaled down:\n{dump}"));
+    let rolled = Timeline::first(&entries, |e| ds(e) && e.generation > 1)
+        .unwrap_or_else(|| panic!("DaemonSet never rolled:\n{dump}"));
+    assert!(
+        down < rolled,
+        "controller must go down before the node side rolls:\n{dump}"
+    );
+    let kubelet_log =
+        std::fs::read_to_string(cluster.log_dir().join("kubelet.log")).expect("kubelet log");
+    assert!(
+        kubelet_log.matches(&registered).count() >= 2,
+        "the upgraded registrar did not register again with kubelet"
+    );
+    drop(timeline);
+
+    // --- delete: the containers leave containerd ------------------------------
+    cluster
+        .kubectl_ok(["-n", NS, "delete", "csidd", NAME, "--timeout=120s"])
+        .await
+        .expect("delete");
+    let sidecar = node
+        .images()
+        .reference(images::SIDECAR)
+        .expect("sidecar image")
+        .to_string();
+    let gone = wait_for(Duration::from_secs(90), Duration::from_secs(1), || async {
+        let listed = node.ctr(&["containers", "ls"]).ok()?;
+        let ours = listed
+            .lines()
+            .filter(|l| l.contains(&image) || l.contains(&sidecar))
+            .count();
+        (ours == 0).then_some(())
+    })
+    .await;
+    assert!(
+        gone.is_ok(),
+        "driver containers still in containerd:\n{}",
+        node.ctr(&["containers", "ls"]).unwrap_or_default()
+    );
+
+    cluster.stop().await.expect("cluster stops");
+    let left = realnode::leftovers(&root, &netns_before);
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}
+
+fn driver_yaml(name: &str, driver: &str, image: &str, version: &str, kubelet_dir: &Path) -> String {
+    testkit::TestDriverDeployment {
+        namespace: NS,
+        name,
+        driver,
+        image,
+        version,
+        kubelet_dir,
+        on_simulated_nodes: false,
+    }
+    .yaml()
+}
+
+/// The one pod matching `selector` in [`NS`].
+async fn one_pod(client: &kube::Client, selector: &str) -> Pod {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let list = pods
+        .list(&ListParams::default().labels(selector))
+        .await
+        .expect("list pods");
+    assert_eq!(list.items.len(), 1, "pods matching {selector}");
+    list.items.into_iter().next().expect("one pod")
+}
+
+/// The containerd ID of container `name` (`containerd://<id>` in status).
+fn container_id(pod: &Pod, name: &str) -> Option<String> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == name)?
+        .container_id
+        .as_deref()?
+        .strip_prefix("containerd://")
+        .map(String::from)
+}
+
+/// A container's args with kubelet's `$(VAR)` expansion of its literal
+/// env values and of `spec.nodeName` (the only field reference we render).
+fn expand_args(c: &Container) -> Vec<String> {
+    let mut vars = BTreeMap::new();
+    for e in c.env.iter().flatten() {
+        let value = match (&e.value, &e.value_from) {
+            (Some(v), _) => v.clone(),
+            (None, Some(from)) => match from.field_ref.as_ref().map(|f| f.field_path.as_str()) {
+                Some("spec.nodeName") => NODE_NAME.to_string(),
+                _ => continue,
+            },
+            _ => continue,
+        };
+        vars.insert(format!("$({})", e.name), value);
+    }
+    c.args
+        .iter()
+        .flatten()
+        .map(|a| {
+            vars.iter()
+                .fold(a.clone(), |acc, (k, v)| acc.replace(k.as_str(), v))
+        })
+        .collect()
+}
+
+fn operator_logs_and_tails(cluster: &Cluster) -> String {
+    let logs = std::process::Command::new("kubectl")
+        .arg(format!(
+            "--kubeconfig={}",
+            cluster.kubeconfig_path().display()
+        ))
+        .args([
+            "-n",
+            "csiops-system",
+            "logs",
+            "deployment/csiops-operator",
+            "--tail=40",
+        ])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    format!("operator log:\n{logs}\n{}", cluster.log_tails(30))
+}
