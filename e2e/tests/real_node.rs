@@ -448,3 +448,95 @@ fn operator_logs_and_tails(cluster: &Cluster) -> String {
         .unwrap_or_default();
     format!("operator log:\n{logs}\n{}", cluster.log_tails(30))
 }
+
+/// The test process is SIGKILLed with a pod running on its real node: no
+/// destructor runs, the node's processes die with it (PR_SET_PDEATHSIG) and
+/// the reaper removes the rest (shim, container, network namespace, mounts,
+/// chains, bridge).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_test_leaves_nothing_behind() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    let mut helper = Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "--ignored",
+            "--exact",
+            "helper_real_node_with_a_pod_and_block",
+            "--nocapture",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("helper starts");
+    let stdout = helper.stdout.take().expect("stdout");
+    let reported = tokio::task::spawn_blocking(move || {
+        let (mut root, mut before) = (None, None);
+        for line in BufReader::new(stdout).lines().map_while(|l| l.ok()) {
+            if let Some(r) = line.strip_prefix("HELPER_NODE ") {
+                root = Some(std::path::PathBuf::from(r));
+            } else if let Some(b) = line.strip_prefix("HELPER_NETNS ") {
+                before = Some(
+                    b.split(',')
+                        .filter(|s| !s.is_empty())
+                        .map(String::from)
+                        .collect(),
+                );
+            } else if line == "HELPER_READY" {
+                return root.zip(before);
+            }
+        }
+        None
+    })
+    .await
+    .expect("reader");
+    let _ = helper.kill();
+    let _ = helper.wait();
+    let (root, before) = reported.expect("the helper ran a pod on its real node");
+
+    let clean = wait_for(Duration::from_secs(60), Duration::from_secs(1), || async {
+        realnode::leftovers(&root, &before).is_empty().then_some(())
+    })
+    .await;
+    assert!(
+        clean.is_ok(),
+        "left behind by a SIGKILLed test: {:#?}",
+        realnode::leftovers(&root, &before)
+    );
+    assert!(!root.exists(), "{} not removed", root.display());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "helper process of a_killed_test_leaves_nothing_behind"]
+async fn helper_real_node_with_a_pod_and_block() {
+    let cluster = start(0).await;
+    let node = cluster.real_node().expect("a real node");
+    println!("HELPER_NODE {}", node.layout().root.display());
+    let before: Vec<&str> = node.netns_before().iter().map(String::as_str).collect();
+    println!("HELPER_NETNS {}", before.join(","));
+    let pause = node
+        .images()
+        .reference(images::PAUSE)
+        .expect("pause")
+        .to_string();
+    let pod = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\nspec:\n  nodeName: {NODE_NAME}\n  containers:\n  - name: p\n    image: {pause}\n"
+    );
+    let out = testkit::apply_yaml(&cluster, "p", &pod)
+        .await
+        .expect("kubectl");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pods: Api<Pod> = Api::default_namespaced(cluster.client().expect("client"));
+    wait_for(DEADLINE, Duration::from_millis(500), || async {
+        let p = pods.get_opt("p").await.ok()??;
+        (p.status?.phase.as_deref() == Some("Running")).then_some(())
+    })
+    .await
+    .expect("pod Running");
+    println!("HELPER_READY");
+    futures::future::pending::<()>().await;
+}

@@ -17,6 +17,10 @@ use crate::rollout::{ControllerObs, NodeObs};
 /// registration follows readiness by a few seconds on a healthy node.
 pub const REGISTRATION_GRACE_SECONDS: i64 = 30;
 
+/// A pod still creating its containers this long after it was scheduled is
+/// looked into: kubelet's mount failures are reported after this.
+pub const CREATING_GRACE_SECONDS: i64 = 10;
+
 /// Container waiting reasons that mean the pod will not come up by itself.
 const BAD_WAITING_REASONS: &[&str] = &[
     "CrashLoopBackOff",
@@ -39,7 +43,37 @@ pub struct HealthInput<'a> {
     pub pods: &'a [Pod],
     /// The cluster's CSINodes, as the shared cache holds them (not copied).
     pub csinodes: &'a [std::sync::Arc<CSINode>],
+    /// kubelet's latest `FailedMount` message per pod name, for the pods
+    /// [`stuck_creating`] named (see `reconcile::pod_events`).
+    pub mount_failures: &'a std::collections::BTreeMap<String, String>,
     pub now: DateTime<Utc>,
+}
+
+/// Whether `pod` has been creating its containers for longer than
+/// [`CREATING_GRACE_SECONDS`]: its volumes may not mount (kubelet says why
+/// only in an Event, which the caller then reads).
+pub fn stuck_creating(pod: &Pod, now: DateTime<Utc>) -> bool {
+    let Some(status) = pod.status.as_ref() else {
+        return false;
+    };
+    if pod.metadata.deletion_timestamp.is_some() || status.phase.as_deref() != Some("Pending") {
+        return false;
+    }
+    let scheduled_since = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "True")
+        .and_then(|c| c.last_transition_time.as_ref())
+        .and_then(|t| DateTime::from_timestamp(t.0.as_second(), 0));
+    let creating = status.container_statuses.iter().flatten().all(|cs| {
+        cs.state
+            .as_ref()
+            .and_then(|s| s.waiting.as_ref())
+            .is_some_and(|w| w.reason.as_deref() == Some("ContainerCreating"))
+    });
+    creating
+        && scheduled_since.is_some_and(|t| now - t >= Duration::seconds(CREATING_GRACE_SECONDS))
 }
 
 /// Result of [`assess`].
@@ -160,6 +194,19 @@ fn pod_problem(
             .clone()
             .unwrap_or_else(|| "pod failed".into());
         return Some(unhealthy("Failed", msg));
+    }
+    // Volumes that do not mount: kubelet's own words, and for a node pod the
+    // usual cause (its hostPaths live under kubeletDir).
+    if let Some(msg) = input.mount_failures.get(&name) {
+        let message = if is_node_pod {
+            format!(
+                "{msg}; check that spec.node.kubeletDir ({}) is the kubelet's root directory",
+                input.kubelet_dir
+            )
+        } else {
+            msg.clone()
+        };
+        return Some(unhealthy("FailedMount", message));
     }
     let conditions = status.conditions.iter().flatten();
     for c in conditions.clone() {

@@ -121,10 +121,11 @@ const OPERATOR_GRANTS: &[Grant] = &[
         resource: "events",
         verbs: &["create", "patch"],
     },
+    // list: kubelet's FailedMount Events of a driver pod that does not start.
     Grant {
         api_group: "",
         resource: "events",
-        verbs: &["create", "patch"],
+        verbs: &["create", "patch", "list"],
     },
 ];
 

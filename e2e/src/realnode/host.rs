@@ -1,7 +1,7 @@
-//! What the real node changes on the host, and how each change is undone:
-//! the bridge, mounts, pods' network namespaces, containerd shims and
-//! kube-proxy's iptables chains. Also the machine-wide lock (one real node
-//! at a time) and the prerequisite check.
+//! What the real node changes on the host: creating the bridge, and reading
+//! back what is left (mounts, network namespaces, processes, iptables
+//! chains) for the leftover check; `reaper.sh` removes them. Also the
+//! machine-wide lock (one real node at a time) and the prerequisite check.
 //!
 //! Everything here runs external commands or syscalls synchronously: it is
 //! called from `Drop` as well as from async code (through `spawn_blocking`).
@@ -36,6 +36,12 @@ impl NodeLock {
             return Err(io("locking", &path)(std::io::Error::last_os_error()));
         }
         Ok(NodeLock { _file: file })
+    }
+
+    /// The locked descriptor: a child that inherits it (the reaper) keeps
+    /// the machine locked until it, too, has exited.
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        self._file.as_raw_fd()
     }
 }
 
@@ -199,23 +205,6 @@ pub fn netns_names() -> BTreeSet<String> {
         .unwrap_or_default()
 }
 
-/// Unpins and removes the CNI network namespaces not in `before`: those the
-/// node's sandboxes created and did not get to remove.
-pub fn remove_new_netns(before: &BTreeSet<String>) -> Vec<String> {
-    let mut left = Vec::new();
-    for name in netns_names().difference(before) {
-        if !name.starts_with("cni-") {
-            continue;
-        }
-        let p = Path::new(NETNS_DIR).join(name);
-        unmount_all_under(&p);
-        if std::fs::remove_file(&p).is_err() && p.exists() {
-            left.push(name.clone());
-        }
-    }
-    left
-}
-
 /// Processes whose command line mentions `needle` (a path of this node):
 /// the containerd shims and anything else started for the node.
 pub fn processes_mentioning(needle: &str) -> Vec<(u32, String)> {
@@ -234,29 +223,6 @@ pub fn processes_mentioning(needle: &str) -> Vec<(u32, String)> {
         .collect()
 }
 
-/// SIGKILLs `pid` and every process below it (shims and their containers).
-pub fn kill_tree(pid: u32) {
-    for child in children(pid) {
-        kill_tree(child);
-    }
-    // SAFETY: kill has no memory-safety preconditions.
-    unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
-}
-
-fn children(pid: u32) -> Vec<u32> {
-    let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return Vec::new();
-    };
-    rd.flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
-        .flat_map(|s| {
-            s.split_whitespace()
-                .filter_map(|p| p.parse().ok())
-                .collect::<Vec<u32>>()
-        })
-        .collect()
-}
-
 /// The `KUBE-*` chains in the IPv4 and IPv6 tables.
 pub fn kube_chains() -> Vec<String> {
     ["iptables-save", "ip6tables-save"]
@@ -270,45 +236,6 @@ pub fn kube_chains() -> Vec<String> {
                 .collect::<Vec<_>>()
         })
         .collect()
-}
-
-/// Removes whatever `KUBE-*` chains and the jumps to them are left after
-/// `kube-proxy --cleanup` (and kubelet's canary chains): the rules that
-/// reference them, then the chains.
-pub fn remove_kube_chains() {
-    for (save, ipt) in [
-        ("iptables-save", "iptables"),
-        ("ip6tables-save", "ip6tables"),
-    ] {
-        if which(save).is_none() {
-            continue;
-        }
-        let Ok(dump) = run(save, &[]) else { continue };
-        let mut table = "";
-        let mut chains: Vec<(String, String)> = Vec::new();
-        for line in dump.lines() {
-            if let Some(t) = line.strip_prefix('*') {
-                table = t;
-            } else if let Some(rule) = line.strip_prefix("-A ") {
-                let chain = rule.split(' ').next().unwrap_or_default();
-                if !chain.starts_with("KUBE-") && rule.contains("KUBE-") {
-                    let mut args = vec!["-t", table, "-D"];
-                    args.extend(rule.split(' '));
-                    let _ = run(ipt, &args);
-                }
-            } else if let Some(c) = line.strip_prefix(":KUBE-") {
-                if let Some(name) = c.split(' ').next() {
-                    chains.push((table.to_string(), format!("KUBE-{name}")));
-                }
-            }
-        }
-        for (t, c) in &chains {
-            let _ = run(ipt, &["-t", t, "-F", c]);
-        }
-        for (t, c) in &chains {
-            let _ = run(ipt, &["-t", t, "-X", c]);
-        }
-    }
 }
 
 #[cfg(test)]

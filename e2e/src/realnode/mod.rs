@@ -9,10 +9,12 @@
 //! 2. [`RealNode::start`] starts containerd, imports the images, starts
 //!    kubelet and kube-proxy; the cluster then waits for the Node to be Ready.
 //! 3. [`RealNode::stop`] (also on drop): force-deletes the node's pods so
-//!    kubelet stops them (CNI teardown included), stops kubelet, kube-proxy
-//!    (and `kube-proxy --cleanup`) and containerd, then removes whatever is
-//!    still there: tasks, shims, network namespaces, mounts, iptables chains
-//!    and the bridge. [`leftovers`] says what, if anything, survived.
+//!    kubelet stops them (CNI teardown included), stops kubelet and
+//!    kube-proxy, deletes what containerd still has and stops it, then runs
+//!    `reaper.sh` for what is still there: shims, containers, network
+//!    namespaces, mounts, iptables chains and the bridge. The same script,
+//!    started with the node, waits for the test process and does this if it
+//!    dies without a teardown. [`leftovers`] says what, if anything, survived.
 
 pub mod config;
 pub mod host;
@@ -43,10 +45,12 @@ impl HostNetwork {
     pub fn create() -> Result<HostNetwork> {
         host::check_prerequisites()?;
         let lock = host::NodeLock::acquire()?;
-        // A run that died may have left its chains; they would shadow ours.
-        host::remove_kube_chains();
         host::create_bridge()?;
         Ok(HostNetwork { lock: Some(lock) })
+    }
+
+    fn lock_fd(&self) -> Option<std::os::fd::RawFd> {
+        self.lock.as_ref().map(host::NodeLock::raw_fd)
     }
 }
 
@@ -134,30 +138,52 @@ impl RealNode {
         Ok(node)
     }
 
-    /// Starts `reaper.sh` in its own process group, where neither the test's
-    /// death nor a terminal's Ctrl-C reaches it.
-    fn spawn_reaper(&self) -> Result<std::process::Child> {
-        use std::os::unix::process::CommandExt;
-        let script = self.layout.root.join("reaper.sh");
-        write(&script, include_str!("reaper.sh"))?;
+    /// `reaper.sh` for this node (see the script): `bash -c`, parameters
+    /// by environment, so its command line never names the node dir.
+    fn reaper(&self, parent: Option<u32>) -> Result<std::process::Command> {
         let before = self.layout.root.join("netns-before");
         let names: Vec<&str> = self.netns_before.iter().map(String::as_str).collect();
         write(&before, &names.join("\n"))?;
-        // By environment, not argv: the reaper kills whatever names the
-        // node dir on its command line, and must not hit itself.
-        std::process::Command::new("bash")
-            .arg(&script)
-            .env("REAPER_PARENT", std::process::id().to_string())
+        let mut cmd = std::process::Command::new("bash");
+        cmd.args(["-c", include_str!("reaper.sh"), "csiops-reaper"])
+            .env(
+                "REAPER_PARENT",
+                parent.map(|p| p.to_string()).unwrap_or_default(),
+            )
             .env("REAPER_NODE", &self.layout.root)
             .env("REAPER_KUBE_PROXY", self.bin_dir.join("kube-proxy"))
             .env("REAPER_NETNS_BEFORE", &before)
             .env("REAPER_BRIDGE", config::BRIDGE)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .process_group(0)
+            .stderr(std::process::Stdio::null());
+        Ok(cmd)
+    }
+
+    /// Starts the watchdog: the reaper waiting for this process to die, in
+    /// its own process group (a terminal's Ctrl-C does not reach it), holding
+    /// the machine lock as fd 9 so no other real node starts (and makes a
+    /// bridge of the same name) while it cleans.
+    fn spawn_reaper(&self) -> Result<std::process::Child> {
+        use std::os::unix::process::CommandExt;
+        let lock = self
+            .net
+            .as_ref()
+            .and_then(HostNetwork::lock_fd)
+            .ok_or_else(|| Error::Other("the real node has no lock".into()))?;
+        let mut cmd = self.reaper(Some(std::process::id()))?;
+        // SAFETY: dup2 is async-signal-safe; the new fd has no CLOEXEC.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::dup2(lock, 9) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        cmd.process_group(0)
             .spawn()
-            .map_err(io("starting the reaper", &script))
+            .map_err(io("starting the reaper", "bash"))
     }
 
     fn spawn(&mut self, name: &str, program: &Path, args: &[String]) -> Result<()> {
@@ -265,29 +291,23 @@ impl RealNode {
             .map(|i| vec![procs.remove(i)])
             .unwrap_or_default();
         process::terminate_all(&mut procs, process::DEFAULT_GRACE);
-        let proxy = self.bin_dir.join("kube-proxy");
-        if let Err(e) = host::run(&proxy.to_string_lossy(), &["--cleanup"]) {
-            tracing::warn!("kube-proxy --cleanup: {e}");
-        }
         self.remove_containers();
         process::terminate_all(&mut runtime, process::DEFAULT_GRACE);
 
-        let socket = self.layout.containerd_socket().display().to_string();
-        for (pid, cmd) in host::processes_mentioning(&socket) {
-            tracing::warn!(pid, cmd, "killing a leftover containerd shim");
-            host::kill_tree(pid);
+        // The forced part: shims, containers, netns, mounts, chains, bridge.
+        match self
+            .reaper(None)
+            .and_then(|mut c| c.status().map_err(io("running", "reaper")))
+        {
+            Ok(st) if st.success() => {}
+            other => tracing::warn!(?other, "the reaper failed"),
         }
-        host::remove_new_netns(&self.netns_before);
-        let stuck = host::unmount_all_under(&self.layout.root);
-        if !stuck.is_empty() {
-            tracing::warn!(?stuck, "mounts that would not go");
-        }
-        host::remove_kube_chains();
-        drop(self.net.take());
+        // The reaper holds the machine lock too: it goes before the lock.
         if let Some(mut reaper) = self.reaper.take() {
             let _ = reaper.kill();
             let _ = reaper.wait();
         }
+        drop(self.net.take());
     }
 
     /// Force-deletes every pod bound to this node and waits (bounded) until

@@ -1,31 +1,40 @@
 #!/usr/bin/env bash
-# The real node's reaper: cleans the host after a test process that died
-# without tearing its node down (SIGKILL, Ctrl-C, abort). The harness starts
-# it in its own session when the node starts and kills it after an orderly
-# teardown, so it only ever acts when nothing else will.
+# Removes by force what a real node leaves on the host once its processes are
+# stopped or dead: containerd shims and the containers they ran, the pods'
+# network namespaces, mounts under the node dir, the `KUBE-*` iptables chains
+# (kube-proxy's and kubelet's) and the bridge.
 #
-#   REAPER_PARENT=pid REAPER_NODE=dir REAPER_KUBE_PROXY=bin \
-#   REAPER_NETNS_BEFORE=file REAPER_BRIDGE=name reaper.sh
+# Two uses, both from `mod.rs`:
+# - at the end of an orderly teardown (REAPER_PARENT empty): at once;
+# - as the node's watchdog, started with the node in its own process group
+#   (REAPER_PARENT = the test process): it waits for the test process to die
+#   without a teardown (SIGKILL, Ctrl-C, abort), then cleans and removes the
+#   cluster dir. After an orderly teardown the harness kills it.
 #
-# (By environment: the script kills whatever names the node dir on its
-# command line, and must not be one of those.)
-#
-# The control-plane and node processes themselves die with the test
-# (PR_SET_PDEATHSIG); what outlives them is undone here: containerd shims and
-# the containers they run, pods' network namespaces, mounts under the node
-# dir, kube-proxy's iptables chains and the bridge.
+# Parameters come by environment, not argv, and the script runs as `bash -c`:
+# it kills whatever names the node dir on its command line, and must not be
+# one of those.
+#   REAPER_PARENT        pid to wait for (empty: clean now)
+#   REAPER_NODE          the node dir
+#   REAPER_KUBE_PROXY    kube-proxy binary (for --cleanup)
+#   REAPER_NETNS_BEFORE  file listing the /run/netns entries that predate the node
+#   REAPER_BRIDGE        the bridge's name
 set -u
-parent=$REAPER_PARENT node=$REAPER_NODE proxy=$REAPER_KUBE_PROXY
-netns_before=$REAPER_NETNS_BEFORE bridge=$REAPER_BRIDGE
+parent=${REAPER_PARENT:-}
+node=$REAPER_NODE
+proxy=$REAPER_KUBE_PROXY
+netns_before=$REAPER_NETNS_BEFORE
+bridge=$REAPER_BRIDGE
 
-# A terminal's Ctrl-C goes to the test's process group, not ours; ignore
-# hang-ups too: this must run to the end once started.
-trap '' INT HUP TERM
-
-while kill -0 "$parent" 2>/dev/null; do sleep 1; done
+if [ -n "$parent" ]; then
+  # A terminal's Ctrl-C goes to the test's process group, not ours; once the
+  # wait is over, nothing may interrupt the clean-up.
+  trap '' INT HUP TERM
+  while kill -0 "$parent" 2>/dev/null; do sleep 1; done
+fi
 
 # Everything started for the node names its dir on its command line
-# (containerd's config, kubelet's root, the shims' socket address).
+# (containerd's config, kubelet's root dir, the shims' socket address).
 pkill -KILL -f -- "$node" 2>/dev/null
 # Containers outlive their shim: kill them through runc's state.
 runc_root="$node/runc/k8s.io"
@@ -45,10 +54,28 @@ done
 # Mounts under the node dir, deepest first (mountinfo's 5th field).
 awk '{print $5}' /proc/self/mountinfo | grep -F -- "$node" | sort -r |
   while read -r m; do umount -l "$m" 2>/dev/null; done
+# kube-proxy's chains, then whatever KUBE-* is left (kubelet's canaries and
+# firewall chains): drop the jumps into them from other chains, flush them,
+# delete them; one iptables-restore per table family.
 "$proxy" --cleanup >/dev/null 2>&1
+for family in iptables ip6tables; do
+  command -v "$family-save" >/dev/null || continue
+  "$family-save" | awk '
+    /^\*/ { print; n = 0; next }
+    /^:KUBE-/ { chains[++n] = substr($1, 2); next }
+    /^-A / && $2 !~ /^KUBE-/ && /KUBE-/ { sub(/^-A /, "-D "); print; next }
+    /^COMMIT/ {
+      for (i = 1; i <= n; i++) print "-F " chains[i]
+      for (i = 1; i <= n; i++) print "-X " chains[i]
+      print; next
+    }
+  ' | "$family-restore" --noflush 2>/dev/null
+done
 ip link delete "$bridge" 2>/dev/null
-# The cluster dir (the node dir's parent), only once nothing is mounted in it.
-if ! awk '{print $5}' /proc/self/mountinfo | grep -qF -- "$node"; then
+
+# A dead test cannot remove its cluster dir (the node dir's parent); do it
+# once nothing is mounted in it.
+if [ -n "$parent" ] && ! awk '{print $5}' /proc/self/mountinfo | grep -qF -- "$node"; then
   rm -rf -- "$(dirname "$node")"
 fi
 exit 0

@@ -33,6 +33,9 @@ fn csinode(name: &str, drivers: &[&str]) -> std::sync::Arc<CSINode> {
     )
 }
 
+static NO_MOUNT_FAILURES: std::collections::BTreeMap<String, String> =
+    std::collections::BTreeMap::new();
+
 fn input<'a>(pods: &'a [Pod], csinodes: &'a [std::sync::Arc<CSINode>]) -> HealthInput<'a> {
     HealthInput {
         driver_name: "hostpath.csi.k8s.io",
@@ -42,8 +45,82 @@ fn input<'a>(pods: &'a [Pod], csinodes: &'a [std::sync::Arc<CSINode>]) -> Health
         daemonset: None,
         pods,
         csinodes,
+        mount_failures: &NO_MOUNT_FAILURES,
         now: now(),
     }
+}
+
+fn creating_since(t: &str) -> serde_json::Value {
+    json!({"phase": "Pending",
+        "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": t}],
+        "containerStatuses": [{"name": "driver", "image": "i", "imageID": "", "ready": false,
+            "restartCount": 0, "state": {"waiting": {"reason": "ContainerCreating"}}}]})
+}
+
+#[test]
+fn a_pod_creating_past_the_grace_is_looked_into() {
+    let long = pod("a", "node", "n1", creating_since("2026-11-21T09:59:00Z"));
+    let fresh = pod("b", "node", "n1", creating_since("2026-11-21T09:59:55Z"));
+    let running = pod("c", "node", "n1", ready_since("2026-11-21T09:00:00Z"));
+    assert!(stuck_creating(&long, now()));
+    assert!(!stuck_creating(&fresh, now()));
+    assert!(!stuck_creating(&running, now()));
+}
+
+#[test]
+fn a_failed_mount_is_reported_in_kubelets_words_with_the_kubelet_dir_hint() {
+    let pods = [
+        pod(
+            "node-a",
+            "node",
+            "n1",
+            creating_since("2026-11-21T09:59:00Z"),
+        ),
+        pod(
+            "ctrl-0",
+            "controller",
+            "n1",
+            creating_since("2026-11-21T09:59:00Z"),
+        ),
+    ];
+    let failures = std::collections::BTreeMap::from([
+        (
+            "node-a".to_string(),
+            "MountVolume.SetUp failed for volume \"registration-dir\": hostPath type check failed"
+                .to_string(),
+        ),
+        ("ctrl-0".to_string(), "secret \"x\" not found".to_string()),
+    ]);
+    let h = assess(&HealthInput {
+        mount_failures: &failures,
+        ..input(&pods, &[])
+    });
+    let node = h
+        .unhealthy
+        .iter()
+        .find(|u| u.name == "node-a")
+        .expect("node pod");
+    assert_eq!(node.reason, "FailedMount");
+    assert!(
+        node.message.starts_with("MountVolume.SetUp failed"),
+        "{}",
+        node.message
+    );
+    assert!(
+        node.message
+            .contains("spec.node.kubeletDir (/var/lib/kubelet)"),
+        "{}",
+        node.message
+    );
+    let ctrl = h
+        .unhealthy
+        .iter()
+        .find(|u| u.name == "ctrl-0")
+        .expect("controller pod");
+    assert_eq!(
+        ctrl.message, "secret \"x\" not found",
+        "no kubeletDir hint off the node"
+    );
 }
 
 #[test]

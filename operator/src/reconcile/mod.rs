@@ -14,6 +14,7 @@ pub mod cluster;
 pub mod conflict;
 pub mod error;
 pub mod events;
+pub mod pod_events;
 
 use std::sync::Arc;
 use std::time::Duration as StdDuration;
@@ -281,6 +282,7 @@ async fn drive(
     let pods = pods_of(ctx, owner);
     let csinodes = ctx.csinodes.state();
     let registration_required = spec.sidecars.registrar.enabled;
+    let mount_failures = pod_events::mount_failures(&ctx.client, owner.namespace, &pods, now).await;
     let health = health::assess(&HealthInput {
         driver_name: &spec.driver_name,
         kubelet_dir: &spec.node.kubelet_dir,
@@ -289,6 +291,7 @@ async fn drive(
         daemonset: ds.as_ref(),
         pods: &pods,
         csinodes: &csinodes,
+        mount_failures: &mount_failures,
         now,
     });
     let observed = observe(sts.as_ref(), ds.as_ref(), &health, 0);
@@ -364,6 +367,7 @@ async fn teardown(
         daemonset: ds.as_ref(),
         pods: &pods,
         csinodes: &[],
+        mount_failures: &Default::default(),
         now,
     });
     let observed = observe(sts.as_ref(), ds.as_ref(), &health, remaining);
