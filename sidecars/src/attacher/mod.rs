@@ -89,7 +89,7 @@ pub enum AttacherError {
     #[error("ControllerGetCapabilities: {0}")]
     Capabilities(tonic::Status),
     #[error(transparent)]
-    Lead(#[from] LeadError),
+    Lead(#[from] LeadError<controller::ControllerError>),
 }
 
 /// Runs until SIGTERM (or lost leadership, an error).

@@ -150,30 +150,33 @@ pub fn lease_name(prefix: &str, driver: &str) -> String {
     sanitize_name(&format!("{prefix}{driver}"))
 }
 
-/// How a controller run under [`run_as_leader`] ended.
+/// How a controller run under [`run_as_leader`] failed: leadership, or the
+/// controller's own error `E`.
 #[derive(Debug, thiserror::Error)]
-pub enum LeadError {
+pub enum LeadError<E> {
     #[error(transparent)]
     Leader(#[from] LeaderError),
+    #[error(transparent)]
+    Controller(E),
 }
 
 /// Runs `controller` — at once without election, else once this replica
 /// holds the Lease, and only as long as it does. Losing the Lease ends the
 /// run with an error (the process should exit and be restarted: another
-/// replica may already act). The Lease is released on the way out.
-pub async fn run_as_leader<F, Fut>(
+/// replica may already act), and so does the controller's own error. The
+/// Lease is released on the way out.
+pub async fn run_as_leader<F, Fut, E>(
     client: kube::Client,
     election: Option<LeaderConfig>,
     shutdown: &Shutdown,
     controller: F,
-) -> Result<(), LeadError>
+) -> Result<(), LeadError<E>>
 where
     F: FnOnce() -> Fut,
-    Fut: Future<Output = ()>,
+    Fut: Future<Output = Result<(), E>>,
 {
     let Some(cfg) = election else {
-        controller().await;
-        return Ok(());
+        return controller().await.map_err(LeadError::Controller);
     };
     let elector = LeaderElector::new(client, cfg)?;
     tracing::info!(lease = %elector.config().lease_name, identity = %elector.config().identity, "waiting for leadership");
@@ -186,7 +189,7 @@ where
     }
     tracing::info!(lease = %elector.config().lease_name, "leading");
     let result = tokio::select! {
-        () = controller() => Ok(()),
+        res = controller() => res.map_err(LeadError::Controller),
         lost = elector.renew_loop() => match lost {
             Err(e) => Err(LeadError::Leader(e)),
             Ok(never) => match never {},

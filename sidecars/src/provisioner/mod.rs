@@ -76,7 +76,7 @@ pub enum ProvisionerError {
     #[error(transparent)]
     Kube(#[from] KubeError),
     #[error(transparent)]
-    Lead(#[from] LeadError),
+    Lead(#[from] LeadError<std::convert::Infallible>),
 }
 
 fn info_error(call: &'static str) -> impl Fn(tonic::Status) -> ProvisionerError {
@@ -165,6 +165,7 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
     run_as_leader(lead_client, election, &shutdown, move || async move {
         let (provisioner, watches) = Provisioner::new(client, setup);
         provisioner.run(watches, workers, stop).await;
+        Ok::<(), std::convert::Infallible>(())
     })
     .await
     .map_err(ProvisionerError::from)?;
