@@ -254,9 +254,16 @@ impl Controller {
         }
     }
 
-    fn on_va_event(&self, ev: watcher::Event<VolumeAttachment>) {
+    /// `old` is the cached copy from before the event, if there was one.
+    fn on_va_event(&self, ev: watcher::Event<VolumeAttachment>, old: Option<&VolumeAttachment>) {
         match ev {
-            watcher::Event::Apply(va) | watcher::Event::InitApply(va) => self.enqueue_va(&va),
+            watcher::Event::Apply(va) | watcher::Event::InitApply(va) => {
+                if old.is_none_or(|old| decide::is_relevant_change(old, &va)) {
+                    self.enqueue_va(&va);
+                } else {
+                    tracing::trace!(va = %va.name_any(), "only our error record changed; not queued");
+                }
+            }
             watcher::Event::Delete(va) => {
                 self.vas.forget(&va.name_any());
                 if let Some(pv) = va.spec.source.persistent_volume_name.as_ref() {
@@ -290,15 +297,17 @@ impl Controller {
         shutdown: Shutdown,
     ) -> Result<(), ControllerError> {
         let cfg = watcher::Config::default();
-        let va_stream = reflector::reflector(
-            watches.va_writer,
-            watcher(
-                Api::<VolumeAttachment>::all(self.client.clone()),
-                cfg.clone(),
-            )
-            .default_backoff()
-            .modify(slim),
-        );
+        // VolumeAttachments go into their store here rather than through
+        // `reflector`, so that the handler also gets the copy the event
+        // replaces (an informer's "old" object) and can tell our own error
+        // records from real changes.
+        let va_stream = watcher(
+            Api::<VolumeAttachment>::all(self.client.clone()),
+            cfg.clone(),
+        )
+        .default_backoff()
+        .modify(slim);
+        let mut va_writer = watches.va_writer;
         let pv_stream = reflector::reflector(
             watches.pv_writer,
             watcher(
@@ -326,7 +335,16 @@ impl Controller {
         );
 
         let me = self.clone();
-        let va_task = drive(va_stream, "VolumeAttachment", move |ev| me.on_va_event(ev));
+        let va_task = drive(va_stream, "VolumeAttachment", move |ev| {
+            let old = match &ev {
+                watcher::Event::Apply(va) | watcher::Event::InitApply(va) => {
+                    me.vas.store().get(&ObjectRef::from_obj(va))
+                }
+                _ => None,
+            };
+            va_writer.apply_watcher_event(&ev);
+            me.on_va_event(ev, old.as_deref());
+        });
         let me = self.clone();
         let pv_task = drive(pv_stream, "PersistentVolume", move |ev| me.on_pv_event(ev));
         let csinode_task = drive(csinode_stream, "CSINode", |_| {});
