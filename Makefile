@@ -47,10 +47,12 @@ lint: toolchain
 test: toolchain lint cluster-bins node-prereqs build
 	CSIOPS_BIN_DIR="$$(e2e/cluster-bins/build.sh)" \
 	CSIOPS_CSI_SANITY="$$(e2e/cluster-bins/csi-sanity.sh)" \
+	CSIOPS_UPSTREAM_PROTOS="$$(e2e/cluster-bins/upstream-protos.sh)" \
 	$(CARGO) test --workspace
 
-## Unit tests only (no control plane).
+## Unit tests only (no control plane; Go fetches the published protos once).
 unit:
+	CSIOPS_UPSTREAM_PROTOS="$$(e2e/cluster-bins/upstream-protos.sh)" \
 	$(CARGO) test --workspace --exclude csiops-e2e
 
 ## The main job: a local control plane, the operator, the hostpath example,

@@ -891,3 +891,98 @@ async fn kill9_during_100_attach_detach_cycles_ends_consistent() {
         .items
         .is_empty());
 }
+
+/// ControllerPublishVolume calls that failed with Internal, per the
+/// attacher's own `csi_sidecar_operations_seconds` histogram; `None` while
+/// its HTTP server is not up.
+async fn failed_publishes(port: u16) -> Option<u64> {
+    let (_, body) = testkit::http_get_async(([127, 0, 0, 1], port).into(), "/metrics").await?;
+    Some(
+        body.lines()
+            .filter(|l| l.starts_with("csi_sidecar_operations_seconds_count{"))
+            .filter(|l| l.contains("ControllerPublishVolume") && l.contains("\"Internal\""))
+            .filter_map(|l| l.rsplit_once(' ')?.1.trim().parse::<u64>().ok())
+            .sum(),
+    )
+}
+
+/// A driver whose error message differs on every call (a request ID in it)
+/// must still be retried on the backoff schedule: the attacher's own
+/// `attachError` write is a change of the object, but not one that calls
+/// for another attempt (upstream's `shouldEnqueueVAChange`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changing_error_messages_do_not_bypass_the_backoff() {
+    let cluster = Cluster::start(ClusterOptions { nodes: 1 })
+        .await
+        .expect("cluster starts");
+    let client = cluster.client().expect("client");
+    let vas: Api<VolumeAttachment> = Api::all(client.clone());
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    let pp = PostParams::default();
+    let s = start_driver(
+        &cluster,
+        "backoff.test.csi.csiops.dev",
+        &[
+            "--enable-attach",
+            "--fail=ControllerPublishVolume=Internal",
+            "--numbered-failures",
+        ],
+    )
+    .await;
+    let port = free_port().expect("port");
+    // A generous API budget, so only the backoff can hold the retries back.
+    let attacher = start_attacher(
+        &cluster,
+        &s,
+        port,
+        &[
+            "--retry-interval-start=1s",
+            "--retry-interval-max=1m",
+            "--kube-api-qps=100",
+            "--kube-api-burst=200",
+        ],
+        0,
+    );
+    let csi = s.driver.client().await.expect("driver client");
+    let ids = attach::create_volumes(&csi, "vol", 1)
+        .await
+        .expect("volume");
+    pvs.create(&pp, &attach::pv("pv-0", &s.driver_name, &ids[0]))
+        .await
+        .expect("PV");
+    vas.create(&pp, &attach::va("va-0", &s.driver_name, "pv-0", NODE))
+        .await
+        .expect("VA");
+    wait_for(DEADLINE, POLL, || async {
+        failed_publishes(port).await.filter(|&n| n >= 1)
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no failed publish\n{}", attacher.log_tail(40)));
+    let first = writes(port).await;
+
+    // Attempts at 0 s, at once again (the first attempt's finalizer write is
+    // a real change), then after 1 s and 2 s more: four in the first 8 s.
+    // Without the filter every new message brings the next attempt at once.
+    const WINDOW: Duration = Duration::from_secs(8);
+    tokio::time::sleep(WINDOW).await;
+    let attempts = failed_publishes(port).await.expect("metrics served");
+    let later = writes(port).await;
+    assert!(
+        attempts <= 5,
+        "{attempts} publishes in {WINDOW:?} with --retry-interval-start=1s\n{}",
+        attacher.log_tail(40)
+    );
+    assert!(attempts >= 3, "retries stopped: {attempts}");
+    // The messages did change, and each new one was recorded.
+    assert!(
+        count(&later, "va_status") > count(&first, "va_status"),
+        "no new attachError written: {first:?} → {later:?}"
+    );
+    let va = vas.get("va-0").await.expect("va-0");
+    let message = va
+        .status
+        .and_then(|s| s.attach_error)
+        .and_then(|e| e.message)
+        .unwrap_or_default();
+    assert!(message.contains("(#"), "numbered message: {message:?}");
+}

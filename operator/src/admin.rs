@@ -21,9 +21,9 @@ use tokio::net::TcpListener;
 use crate::metrics::Metrics;
 
 /// Content type of `/metrics`; Prometheus uses it to pick the OpenMetrics
-/// parser, which understands the `# UNIT` and `# EOF` lines we emit.
-pub const OPENMETRICS_CONTENT_TYPE: &str =
-    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// parser, which understands the `# UNIT` and `# EOF` lines we emit. One
+/// definition, shared with the sidecars' `/metrics`.
+pub use csiops_sidecars::common::metrics::OPENMETRICS_CONTENT_TYPE;
 
 /// What the admin handlers read. Both fields are shared with the rest of the
 /// process, which updates them; the server only reads.

@@ -3,14 +3,16 @@
 //! services, methods, messages, fields, numbers, types, enums, custom
 //! options).
 //!
-//! The published files are not part of this repository. The test uses, in
-//! this order, `CSIOPS_UPSTREAM_CSI_PROTO` / `CSIOPS_UPSTREAM_PLUGINREGISTRATION_PROTO`
-//! (paths to the files) or the Go module cache, and skips with a message when
-//! neither has them. To fill the module cache:
+//! The published files are not part of this repository: `make test` (and
+//! `make unit`) fetch them through the Go module proxy with
+//! `e2e/cluster-bins/upstream-protos.sh` — the CSI spec at `CSI_SPEC_VERSION`
+//! and k8s.io/kubelet at the staging version of `K8S_VERSION`, both pinned in
+//! `e2e/versions.env` — and name the directory in `CSIOPS_UPSTREAM_PROTOS`.
+//! Without it these tests fail: a comparison that silently does not run
+//! proves nothing. By hand:
 //!
 //! ```sh
-//! go mod download -json github.com/container-storage-interface/spec@v1.12.0
-//! go mod download -json k8s.io/kubelet@v0.34.4
+//! CSIOPS_UPSTREAM_PROTOS="$(e2e/cluster-bins/upstream-protos.sh)" cargo test -p csiops-proto --test upstream
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -18,25 +20,24 @@ use std::path::{Path, PathBuf};
 use prost_reflect::{DynamicMessage, SerializeOptions};
 use serde_json::Value;
 
-const CSI_MODULE: &str = "github.com/container-storage-interface/spec@v1.12.0/csi.proto";
-const KUBELET_MODULE: &str = "k8s.io/kubelet@v0.34.4/pkg/apis/pluginregistration/v1/api.proto";
+const ENV: &str = "CSIOPS_UPSTREAM_PROTOS";
 
-fn module_cache() -> Option<PathBuf> {
-    if let Some(dir) = std::env::var_os("GOMODCACHE") {
-        return Some(dir.into());
-    }
-    let gopath = std::env::var_os("GOPATH")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join("go")))?;
-    Some(gopath.join("pkg/mod"))
-}
-
-fn upstream(env: &str, module_path: &str) -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os(env) {
-        return Some(path.into());
-    }
-    let path = module_cache()?.join(module_path);
-    path.exists().then_some(path)
+/// The published `file` from the directory in [`ENV`]; panics saying how to
+/// get it when the variable or the file is missing.
+fn upstream(file: &str) -> PathBuf {
+    let Some(dir) = std::env::var_os(ENV).filter(|d| !d.is_empty()) else {
+        panic!(
+            "{ENV} is not set: it must name the directory of the published protos. \
+             Run `make test`, or set {ENV}=\"$(e2e/cluster-bins/upstream-protos.sh)\""
+        );
+    };
+    let path = Path::new(&dir).join(file);
+    assert!(
+        path.is_file(),
+        "{ENV}={}: no {file} there; run e2e/cluster-bins/upstream-protos.sh for the directory",
+        Path::new(&dir).display()
+    );
+    path
 }
 
 /// Compiles `file` alone and renders its `FileDescriptorProto` (no source
@@ -98,11 +99,9 @@ fn first_difference(path: &str, ours: &Value, theirs: &Value) -> Option<String> 
     }
 }
 
-fn compare(ours: &str, env: &str, module_path: &str) {
-    let Some(theirs) = upstream(env, module_path) else {
-        eprintln!("SKIPPED: published {module_path} not found (set {env} or `go mod download` it)");
-        return;
-    };
+/// Compares our `ours` with the published `theirs` (a file name in [`ENV`]).
+fn compare(ours: &str, theirs: &str) {
+    let theirs = upstream(theirs);
     let ours = Path::new(env!("CARGO_MANIFEST_DIR")).join(ours);
     let (a, b) = (descriptor_json(&ours), descriptor_json(&theirs));
     if let Some(diff) = first_difference("", &a, &b) {
@@ -124,14 +123,10 @@ fn compare(ours: &str, env: &str, module_path: &str) {
 
 #[test]
 fn csi_proto_matches_published_v1_12() {
-    compare("csi.proto", "CSIOPS_UPSTREAM_CSI_PROTO", CSI_MODULE);
+    compare("csi.proto", "csi.proto");
 }
 
 #[test]
 fn pluginregistration_proto_matches_published_v1() {
-    compare(
-        "pluginregistration.proto",
-        "CSIOPS_UPSTREAM_PLUGINREGISTRATION_PROTO",
-        KUBELET_MODULE,
-    );
+    compare("pluginregistration.proto", "pluginregistration.proto");
 }

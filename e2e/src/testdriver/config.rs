@@ -89,6 +89,11 @@ pub struct Config {
     #[arg(long = "fail", value_name = "METHOD=CODE[:COUNT]")]
     pub fail: Vec<FaultSpec>,
 
+    /// Number every injected failure's message (`… (#7)`), like a driver
+    /// that puts a request ID into each error.
+    #[arg(long)]
+    pub numbered_failures: bool,
+
     /// `<Method>=<code>[:<count>]`: do the work and persist it, then answer
     /// with the error anyway (a lost response). Repeatable.
     #[arg(long = "fail-after", value_name = "METHOD=CODE[:COUNT]")]
@@ -118,6 +123,7 @@ impl Config {
             enable_attach: false,
             capacity: DEFAULT_CAPACITY,
             fail: Vec::new(),
+            numbered_failures: false,
             fail_after: Vec::new(),
             delay: Vec::new(),
             delay_after: Vec::new(),

@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Component, Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -61,6 +62,8 @@ pub struct Driver {
     fail_after: Vec<FaultSpec>,
     delay: Vec<DelaySpec>,
     delay_after: Vec<DelaySpec>,
+    /// `--numbered-failures`: the count of injected failures so far.
+    failure_numbers: Option<AtomicU64>,
 }
 
 /// Clonable handle to a [`Driver`], what the tonic servers hold.
@@ -105,6 +108,7 @@ impl Driver {
             fail_after: cfg.fail_after.clone(),
             delay: cfg.delay.clone(),
             delay_after: cfg.delay_after.clone(),
+            failure_numbers: cfg.numbered_failures.then(|| AtomicU64::new(0)),
         })
     }
 
@@ -113,11 +117,13 @@ impl Driver {
         &self.state_dir
     }
 
-    fn injected(specs: &[FaultSpec], method: &str) -> Option<Status> {
-        specs
-            .iter()
-            .find(|f| f.method == method && f.take())
-            .map(|f| Status::new(f.code, format!("injected failure: {method}={:?}", f.code)))
+    fn injected(&self, specs: &[FaultSpec], method: &str) -> Option<Status> {
+        let f = specs.iter().find(|f| f.method == method && f.take())?;
+        let mut message = format!("injected failure: {method}={:?}", f.code);
+        if let Some(n) = &self.failure_numbers {
+            message.push_str(&format!(" (#{})", n.fetch_add(1, Ordering::SeqCst) + 1));
+        }
+        Some(Status::new(f.code, message))
     }
 
     fn delay_of(specs: &[DelaySpec], method: &str) -> Duration {
@@ -149,7 +155,7 @@ impl Driver {
         // still completes (and is logged), as a real storage backend's would.
         let task = tokio::spawn(async move {
             let result = async {
-                if let Some(status) = Self::injected(&this.fail, method) {
+                if let Some(status) = this.injected(&this.fail, method) {
                     return Err(status);
                 }
                 let delay = Self::delay_of(&this.delay, method);
@@ -160,7 +166,7 @@ impl Driver {
                 let resp = tokio::task::spawn_blocking(move || op(&worker, req))
                     .await
                     .map_err(|e| Status::internal(format!("{method} panicked: {e}")))??;
-                if let Some(status) = Self::injected(&this.fail_after, method) {
+                if let Some(status) = this.injected(&this.fail_after, method) {
                     return Err(status);
                 }
                 let delay = Self::delay_of(&this.delay_after, method);

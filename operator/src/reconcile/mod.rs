@@ -332,7 +332,7 @@ async fn drive(
         deleting: false,
         now,
     });
-    write_status(obj, ctx, api, new_status).await?;
+    write_status(obj, api, new_status).await?;
     Ok(if plan.rollout.is_some() {
         Requeue::requeue(ROLLOUT_REQUEUE)
     } else {
@@ -416,7 +416,7 @@ async fn teardown(
         deleting: true,
         now,
     });
-    write_status(obj, ctx, api, new_status).await?;
+    write_status(obj, api, new_status).await?;
     Ok(Requeue::requeue(StdDuration::from_secs(5)))
 }
 
@@ -700,7 +700,7 @@ async fn write_problem(
         deleting: false,
         now: Utc::now(),
     });
-    write_status(obj, ctx, api, new_status).await
+    write_status(obj, api, new_status).await
 }
 
 fn health_of_status(s: &CSIDriverDeploymentStatus) -> Health {
@@ -716,7 +716,6 @@ fn health_of_status(s: &CSIDriverDeploymentStatus) -> Health {
 /// Writes status by server-side apply, only when it changed.
 async fn write_status(
     obj: &CSIDriverDeployment,
-    _ctx: &Context,
     api: &Api<CSIDriverDeployment>,
     status: CSIDriverDeploymentStatus,
 ) -> Result<(), Error> {

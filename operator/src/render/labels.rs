@@ -79,11 +79,6 @@ pub fn selector_labels(
     ])
 }
 
-/// [`selector_labels`] as a label selector string for list/watch calls.
-pub fn selector_string(obj: &CSIDriverDeployment, component: Component) -> String {
-    to_selector_string(&selector_labels(obj, component))
-}
-
 /// Labels of every namespaced object and pod template: the selector labels,
 /// the driver name, and the version when it is a valid label value (a version
 /// like `v1.2.3+build/7` is still reported by annotation, just not as label).
@@ -153,12 +148,4 @@ pub fn is_valid_label_value(value: &str) -> bool {
         && bytes
             .iter()
             .all(|&b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-}
-
-fn to_selector_string(labels: &BTreeMap<String, String>) -> String {
-    labels
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join(",")
 }

@@ -24,6 +24,7 @@
 //!   alone unless another finalizer keeps it).
 
 use std::collections::HashSet;
+use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -253,9 +254,16 @@ impl Controller {
         }
     }
 
-    fn on_va_event(&self, ev: watcher::Event<VolumeAttachment>) {
+    /// `old` is the cached copy from before the event, if there was one.
+    fn on_va_event(&self, ev: watcher::Event<VolumeAttachment>, old: Option<&VolumeAttachment>) {
         match ev {
-            watcher::Event::Apply(va) | watcher::Event::InitApply(va) => self.enqueue_va(&va),
+            watcher::Event::Apply(va) | watcher::Event::InitApply(va) => {
+                if old.is_none_or(|old| decide::is_relevant_change(old, &va)) {
+                    self.enqueue_va(&va);
+                } else {
+                    tracing::trace!(va = %va.name_any(), "only our error record changed; not queued");
+                }
+            }
             watcher::Event::Delete(va) => {
                 self.vas.forget(&va.name_any());
                 if let Some(pv) = va.spec.source.persistent_volume_name.as_ref() {
@@ -281,18 +289,25 @@ impl Controller {
         }
     }
 
-    /// Watches, workers and resync until `shutdown`.
-    pub async fn run(self: Arc<Self>, watches: Watches, shutdown: Shutdown) {
+    /// Watches, workers and resync until `shutdown`; an error if the
+    /// controller stopped on its own (the process must then exit non-zero).
+    pub async fn run(
+        self: Arc<Self>,
+        watches: Watches,
+        shutdown: Shutdown,
+    ) -> Result<(), ControllerError> {
         let cfg = watcher::Config::default();
-        let va_stream = reflector::reflector(
-            watches.va_writer,
-            watcher(
-                Api::<VolumeAttachment>::all(self.client.clone()),
-                cfg.clone(),
-            )
-            .default_backoff()
-            .modify(slim),
-        );
+        // VolumeAttachments go into their store here rather than through
+        // `reflector`, so that the handler also gets the copy the event
+        // replaces (an informer's "old" object) and can tell our own error
+        // records from real changes.
+        let va_stream = watcher(
+            Api::<VolumeAttachment>::all(self.client.clone()),
+            cfg.clone(),
+        )
+        .default_backoff()
+        .modify(slim);
+        let mut va_writer = watches.va_writer;
         let pv_stream = reflector::reflector(
             watches.pv_writer,
             watcher(
@@ -320,26 +335,46 @@ impl Controller {
         );
 
         let me = self.clone();
-        let va_task = drive(va_stream, "VolumeAttachment", move |ev| me.on_va_event(ev));
+        let va_task = drive(va_stream, "VolumeAttachment", move |ev| {
+            let old = match &ev {
+                watcher::Event::Apply(va) | watcher::Event::InitApply(va) => {
+                    me.vas.store().get(&ObjectRef::from_obj(va))
+                }
+                _ => None,
+            };
+            va_writer.apply_watcher_event(&ev);
+            me.on_va_event(ev, old.as_deref());
+        });
         let me = self.clone();
         let pv_task = drive(pv_stream, "PersistentVolume", move |ev| me.on_pv_event(ev));
         let csinode_task = drive(csinode_stream, "CSINode", |_| {});
         let node_task = drive(node_stream, "Node", |_| {});
+        // A watch never ends by itself (it re-lists after every error), so
+        // one that does leaves its cache stale for good: the first to end
+        // stops the controller.
         let watches = async {
-            tokio::join!(va_task, pv_task, csinode_task, node_task);
+            tokio::select! {
+                () = va_task => "VolumeAttachment",
+                () = pv_task => "PersistentVolume",
+                () = csinode_task => "CSINode",
+                () = node_task => "Node",
+            }
         };
 
         let workers = async {
-            // Every cache must have listed before any decision is taken.
+            // Every cache must have listed before any decision is taken. A
+            // store is never ready once its watch is gone.
             let ready = async {
-                let _ = self.vas.store().wait_until_ready().await;
-                let _ = self.pvs.store().wait_until_ready().await;
-                let _ = self.csinodes.wait_until_ready().await;
-                let _ = self.nodes.wait_until_ready().await;
+                self.vas.store().wait_until_ready().await.is_ok()
+                    && self.pvs.store().wait_until_ready().await.is_ok()
+                    && self.csinodes.wait_until_ready().await.is_ok()
+                    && self.nodes.wait_until_ready().await.is_ok()
             };
             tokio::select! {
-                () = ready => {}
-                () = shutdown.wait() => return,
+                synced = ready => if !synced {
+                    return Err(ControllerError::NotSynced);
+                },
+                () = shutdown.wait() => return Ok(()),
             }
             tracing::info!(
                 volume_attachments = self.vas.store().len(),
@@ -359,16 +394,14 @@ impl Controller {
                 pv_workers,
                 self.clone().resync(shutdown.clone())
             );
+            Ok(())
         };
 
-        tokio::select! {
-            () = watches => tracing::error!("watches ended"),
-            () = workers => {}
-            () = shutdown.wait() => {}
-        }
+        let outcome = supervise(watches, workers, &shutdown).await;
         self.attach_q.shut_down();
         self.detach_q.shut_down();
         self.pv_q.shut_down();
+        outcome
     }
 
     /// Every `--resync`, queue every attachment of ours again (a safety net
@@ -805,6 +838,30 @@ impl Controller {
     }
 }
 
+/// Why the controller stopped before it was told to.
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    #[error("the {0} watch ended; its cache would go stale")]
+    WatchEnded(&'static str),
+    #[error("the caches never synced: a watch ended first")]
+    NotSynced,
+}
+
+/// Runs the watches and the workers until `shutdown`. A watch that ends is
+/// a failure (they run for the life of the process); the workers end only
+/// with an error of their own, or once `shutdown` has fired.
+async fn supervise(
+    watches: impl Future<Output = &'static str>,
+    workers: impl Future<Output = Result<(), ControllerError>>,
+    shutdown: &Shutdown,
+) -> Result<(), ControllerError> {
+    tokio::select! {
+        kind = watches => Err(ControllerError::WatchEnded(kind)),
+        res = workers => res,
+        () = shutdown.wait() => Ok(()),
+    }
+}
+
 fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::now())
 }
@@ -821,5 +878,33 @@ where
             Ok(ev) => on_event(ev),
             Err(e) => tracing::warn!(kind = what, error = %e, "watch failed; retrying"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_that_ends_is_an_error() {
+        let (shutdown, _trigger) = Shutdown::new();
+        let res = supervise(
+            async { "VolumeAttachment" },
+            std::future::pending(),
+            &shutdown,
+        )
+        .await;
+        assert!(
+            matches!(res, Err(ControllerError::WatchEnded("VolumeAttachment"))),
+            "{res:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_is_a_clean_stop() {
+        let (shutdown, trigger) = Shutdown::new();
+        trigger.fire();
+        let res = supervise(std::future::pending(), std::future::pending(), &shutdown).await;
+        assert!(res.is_ok(), "{res:?}");
     }
 }

@@ -180,6 +180,43 @@ pub fn pv_action(pv: &PersistentVolume, finalizer: &str, referenced: bool) -> Pv
     }
 }
 
+/// Whether an update of a VolumeAttachment calls for a sync: upstream's
+/// `shouldEnqueueVAChange`. An update that changed nothing but
+/// `attachError`/`detachError` (and the resourceVersion and managed fields
+/// that come with any write) is the attacher's own record of a failure; a
+/// sync for it would retry at once and cut the failure's backoff short, and
+/// with a driver whose messages differ on every call (request IDs) each
+/// retry would write a new message and bring the next. An unchanged
+/// resourceVersion (a re-list) does call for one.
+pub fn is_relevant_change(old: &VolumeAttachment, new: &VolumeAttachment) -> bool {
+    if old.metadata.resource_version == new.metadata.resource_version {
+        return true;
+    }
+    let error_free = |va: &VolumeAttachment| {
+        va.status
+            .as_ref()
+            .is_none_or(|s| s.attach_error.is_none() && s.detach_error.is_none())
+    };
+    if error_free(old) && error_free(new) {
+        // Whatever changed, it is not an error record.
+        return true;
+    }
+    // `new` with old's error fields and write metadata: equal to `old` when
+    // nothing else changed. A missing status counts as an empty one, as
+    // Go's value-typed status does.
+    let old_status = old.status.clone().unwrap_or_default();
+    let mut sanitized = new.clone();
+    sanitized.metadata.resource_version = old.metadata.resource_version.clone();
+    sanitized.metadata.managed_fields = old.metadata.managed_fields.clone();
+    let mut status = sanitized.status.take().unwrap_or_default();
+    status.attach_error = old_status.attach_error.clone();
+    status.detach_error = old_status.detach_error.clone();
+    sanitized.status = Some(status);
+    let mut old = old.clone();
+    old.status = Some(old_status);
+    sanitized != old
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -491,6 +528,102 @@ mod tests {
         ];
         for (i, (p, referenced, want)) in cases.iter().enumerate() {
             assert_eq!(pv_action(p, F, *referenced), *want, "case {i}");
+        }
+    }
+
+    mod relevant_change {
+        use super::*;
+        use k8s_openapi::api::storage::v1::VolumeError;
+
+        fn va(
+            rv: &str,
+            attach_error: Option<&str>,
+            detach_error: Option<&str>,
+        ) -> VolumeAttachment {
+            let error = |m: &str| VolumeError {
+                message: Some(m.into()),
+                time: Some(now()),
+                ..Default::default()
+            };
+            VolumeAttachment {
+                metadata: ObjectMeta {
+                    name: Some("va".into()),
+                    resource_version: Some(rv.into()),
+                    finalizers: Some(vec![F.into()]),
+                    ..Default::default()
+                },
+                spec: VolumeAttachmentSpec {
+                    attacher: D.into(),
+                    node_name: "node".into(),
+                    source: VolumeAttachmentSource {
+                        persistent_volume_name: Some("pv1".into()),
+                        ..Default::default()
+                    },
+                },
+                status: (attach_error.is_some() || detach_error.is_some()).then(|| {
+                    VolumeAttachmentStatus {
+                        attach_error: attach_error.map(error),
+                        detach_error: detach_error.map(error),
+                        ..Default::default()
+                    }
+                }),
+            }
+        }
+
+        #[test]
+        fn own_error_records_are_not_relevant() {
+            // First error written (no status before), a new message, the
+            // detach error: none of them calls for a sync.
+            assert!(!is_relevant_change(
+                &va("1", None, None),
+                &va("2", Some("rpc error (#1)"), None)
+            ));
+            assert!(!is_relevant_change(
+                &va("2", Some("rpc error (#1)"), None),
+                &va("3", Some("rpc error (#2)"), None)
+            ));
+            assert!(!is_relevant_change(
+                &va("3", None, None),
+                &va("4", None, Some("unpublish failed"))
+            ));
+            // With managed fields changing too, as every write changes them.
+            let mut written = va("5", Some("rpc error (#3)"), None);
+            written.metadata.managed_fields = Some(vec![Default::default()]);
+            assert!(!is_relevant_change(
+                &va("4", Some("rpc error (#2)"), None),
+                &written
+            ));
+        }
+
+        #[test]
+        fn everything_else_is() {
+            let old = va("2", Some("rpc error"), None);
+            // A re-list: same resourceVersion.
+            assert!(is_relevant_change(&old, &old.clone()));
+            // No error on either side.
+            assert!(is_relevant_change(
+                &va("1", None, None),
+                &va("2", None, None)
+            ));
+            // Deletion requested along with a new error.
+            let mut deleting = va("3", Some("other"), None);
+            deleting.metadata.deletion_timestamp = Some(now());
+            assert!(is_relevant_change(&old, &deleting));
+            // A finalizer change.
+            let mut unfinalized = va("3", Some("rpc error"), None);
+            unfinalized.metadata.finalizers = None;
+            assert!(is_relevant_change(&old, &unfinalized));
+            // The attach succeeded (attached flips, the error goes).
+            let mut attached = va("3", None, None);
+            attached.status = Some(VolumeAttachmentStatus {
+                attached: true,
+                ..Default::default()
+            });
+            assert!(is_relevant_change(&old, &attached));
+            // The node changed (not possible in the API, but not ours to judge).
+            let mut moved = va("3", Some("rpc error"), None);
+            moved.spec.node_name = "other".into();
+            assert!(is_relevant_change(&old, &moved));
         }
     }
 }

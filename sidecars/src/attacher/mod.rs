@@ -89,20 +89,25 @@ pub enum AttacherError {
     #[error("ControllerGetCapabilities: {0}")]
     Capabilities(tonic::Status),
     #[error(transparent)]
-    Lead(#[from] LeadError),
+    Lead(#[from] LeadError<controller::ControllerError>),
 }
 
 /// Runs until SIGTERM (or lost leadership, an error).
 pub async fn run(args: AttacherArgs) -> Result<(), SidecarError> {
-    let (shutdown, _trigger) = Shutdown::on_signals();
-    let backoff = args.controller.backoff().map_err(SidecarError::Flag)?;
+    // Flags first: nothing below may wait (for the driver, the API server)
+    // before a wrong flag is reported.
+    let backoff = args.controller.check().map_err(SidecarError::Flag)?;
+    args.kube
+        .check()
+        .map_err(|e| SidecarError::Flag(e.to_string()))?;
     let http_endpoint = if args.common.http_endpoint.is_empty() {
         args.metrics_address.clone()
     } else {
         args.common.http_endpoint.clone()
     };
-    let http_addr =
-        crate::common::args::parse_endpoint(&http_endpoint).map_err(SidecarError::Flag)?;
+    let http_addr = crate::common::args::parse_endpoint(&http_endpoint)
+        .map_err(|e| SidecarError::Flag(format!("--http-endpoint: {e}")))?;
+    let (shutdown, _trigger) = Shutdown::on_signals();
     let requests = crate::common::kube::ApiRequests::default();
     let client = crate::common::kube::client(&args.kube, &requests)
         .await

@@ -44,43 +44,94 @@ impl CommonArgs {
     }
 }
 
-/// Parses a Go-style duration: a sequence of `<number><unit>` with units
-/// `ns`, `us`, `ms`, `s`, `m`, `h` (e.g. `1m30s`, `250ms`, `2.5s`).
+/// The longest duration accepted: Go's (`math.MaxInt64` nanoseconds, about
+/// 292 years). Anything longer is refused like Go refuses it; this bound also
+/// keeps `Instant::now() + d` from overflowing wherever a flag's value is
+/// used as a timeout or period.
+pub const MAX_DURATION: Duration = Duration::from_nanos(i64::MAX as u64);
+
+/// Parses a Go duration (`time.ParseDuration`): an optional sign, then a
+/// sequence of `<decimal number><unit>` with units `ns`, `us` (`µs`, `μs`),
+/// `ms`, `s`, `m`, `h` (`1m30s`, `250ms`, `2.5s`, `.5h`). A negative
+/// duration is refused (none of the flags means anything by it), as is one
+/// longer than [`MAX_DURATION`]. Exact integer arithmetic: a fraction finer
+/// than a nanosecond is truncated, as in Go.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
-    if s == "0" {
+    let (negative, body) = match s.as_bytes().first() {
+        Some(b'-') => (true, &s[1..]),
+        Some(b'+') => (false, &s[1..]),
+        _ => (false, s),
+    };
+    if body == "0" {
         return Ok(Duration::ZERO);
     }
-    if s.is_empty() {
-        return Err("empty duration".into());
+    if body.is_empty() {
+        return Err(format!("invalid duration {s:?}"));
     }
-    let mut total = 0f64;
-    let mut rest = s;
+    let too_long = || format!("duration {s:?} is longer than {MAX_DURATION:?}");
+    let mut total: u128 = 0;
+    let mut rest = body;
     while !rest.is_empty() {
-        let num_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(|| format!("duration {s:?} lacks a unit (ns, us, ms, s, m, h)"))?;
-        let (num, tail) = rest.split_at(num_len);
-        let value: f64 = num
-            .parse()
-            .map_err(|_| format!("duration {s:?}: {num:?} is not a number"))?;
+        let int_len = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let (int_digits, tail) = rest.split_at(int_len);
+        let (frac_digits, tail) = match tail.strip_prefix('.') {
+            Some(t) => t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len())),
+            None => ("", tail),
+        };
+        if int_digits.is_empty() && frac_digits.is_empty() {
+            return Err(format!("invalid duration {s:?}"));
+        }
         let unit_len = tail
             .find(|c: char| c.is_ascii_digit() || c == '.')
             .unwrap_or(tail.len());
         let (unit, next) = tail.split_at(unit_len);
-        let seconds = match unit {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
+        let unit_nanos: u128 = match unit {
+            "ns" => 1,
+            "us" | "\u{b5}s" | "\u{3bc}s" => 1_000,
+            "ms" => 1_000_000,
+            "s" => 1_000_000_000,
+            "m" => 60_000_000_000,
+            "h" => 3_600_000_000_000,
+            "" => return Err(format!("duration {s:?} lacks a unit (ns, us, ms, s, m, h)")),
             other => return Err(format!("duration {s:?}: unknown unit {other:?}")),
         };
-        total += value * seconds;
+        let mut int: u128 = 0;
+        for d in int_digits.bytes() {
+            int = int
+                .checked_mul(10)
+                .and_then(|v| v.checked_add(u128::from(d - b'0')))
+                .filter(|&v| v <= MAX_DURATION.as_nanos())
+                .ok_or_else(too_long)?;
+        }
+        // Digits past the 25th add less than a nanosecond even with the
+        // largest unit (an hour is 3.6e12 ns), and 25 digits times that unit
+        // stay far inside u128.
+        let frac = &frac_digits[..frac_digits.len().min(25)];
+        let mut numerator: u128 = 0;
+        for d in frac.bytes() {
+            numerator = numerator * 10 + u128::from(d - b'0');
+        }
+        let scale = 10u128.pow(frac.len() as u32);
+        let nanos = int
+            .checked_mul(unit_nanos)
+            .and_then(|v| v.checked_add(numerator * unit_nanos / scale))
+            .ok_or_else(too_long)?;
+        total = total
+            .checked_add(nanos)
+            .filter(|&t| t <= MAX_DURATION.as_nanos())
+            .ok_or_else(too_long)?;
         rest = next;
     }
-    Ok(Duration::from_secs_f64(total))
+    if negative && total != 0 {
+        return Err(format!("duration {s:?} is negative"));
+    }
+    let secs = u64::try_from(total / 1_000_000_000).map_err(|_| too_long())?;
+    // The remainder of a division by 1e9 always fits.
+    let nanos = (total % 1_000_000_000) as u32;
+    Ok(Duration::new(secs, nanos))
 }
 
 /// Parses `host:port`, `:port` (every address) or empty (disabled).
@@ -122,6 +173,86 @@ mod tests {
         assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
         assert!(parse_duration("10").unwrap_err().contains("lacks a unit"));
         assert!(parse_duration("3d").unwrap_err().contains("unknown unit"));
+        assert_eq!(parse_duration(".5h"), Ok(Duration::from_secs(1800)));
+        assert_eq!(parse_duration("1.s"), Ok(Duration::from_secs(1)));
+        assert_eq!(parse_duration("+2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("-0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("-0s"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("1\u{b5}s"), Ok(Duration::from_micros(1)));
+        assert_eq!(parse_duration("1\u{3bc}s"), Ok(Duration::from_micros(1)));
+        assert_eq!(
+            parse_duration("1.0000000009s"),
+            Ok(Duration::from_nanos(1_000_000_000)),
+            "finer than a nanosecond is truncated"
+        );
+        assert!(parse_duration("-1s").unwrap_err().contains("negative"));
+        for bad in ["", ".", "s", ".s", "1..2s", "+", "-", "1s2"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn huge_durations_are_errors_not_panics() {
+        // Go's limit, to the nanosecond.
+        assert_eq!(parse_duration("2562047h47m16.854775807s"), Ok(MAX_DURATION));
+        for huge in [
+            "2562047h47m16.854775808s",
+            "20000000000000000000s",
+            "9223372036854775808ns",
+            "99999999999999999999999999999999999999999h",
+            "2562047h2562047h",
+        ] {
+            let err = parse_duration(huge).expect_err(huge);
+            assert!(err.contains("longer than"), "{huge}: {err}");
+        }
+    }
+
+    mod props {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #[test]
+            fn never_panics(s in ".*") {
+                let _ = parse_duration(&s);
+            }
+
+            #[test]
+            fn never_panics_on_duration_like_input(
+                s in "[+-]?([0-9]{0,25}(\\.[0-9]{0,30})?(ns|us|\u{b5}s|ms|s|m|h|d|)){1,4}"
+            ) {
+                if let Ok(d) = parse_duration(&s) {
+                    prop_assert!(d <= MAX_DURATION);
+                }
+            }
+
+            #[test]
+            fn components_round_trip(
+                h in 0u64..1_000_000,
+                m in 0u64..100_000,
+                sec in 0u64..100_000,
+                ms in 0u64..10_000,
+                us in 0u64..10_000,
+                ns in 0u64..10_000,
+            ) {
+                let want = Duration::from_secs(h * 3600 + m * 60 + sec)
+                    + Duration::from_millis(ms)
+                    + Duration::from_micros(us)
+                    + Duration::from_nanos(ns);
+                let text = format!("{h}h{m}m{sec}s{ms}ms{us}us{ns}ns");
+                prop_assert_eq!(parse_duration(&text), Ok(want));
+            }
+
+            #[test]
+            fn decimal_seconds_round_trip(
+                secs in 0u64..=(i64::MAX as u64 / 1_000_000_000 - 1),
+                nanos in 0u32..1_000_000_000,
+            ) {
+                let want = Duration::new(secs, nanos);
+                let text = format!("{secs}.{nanos:09}s");
+                prop_assert_eq!(parse_duration(&text), Ok(want));
+            }
+        }
     }
 
     #[test]

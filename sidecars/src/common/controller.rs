@@ -61,6 +61,30 @@ impl ControllerArgs {
         })
     }
 
+    /// Every flag of this group that clap cannot check alone: the retry
+    /// bounds and, with `--leader-election`, the election timings (which
+    /// would otherwise be refused only once the driver answered). Returns
+    /// the backoff.
+    pub fn check(&self) -> Result<Backoff, String> {
+        let backoff = self.backoff()?;
+        if self.leader_election {
+            let timings = LeaderConfig {
+                lease_duration: self.leader_election_lease_duration,
+                renew_deadline: self.leader_election_renew_deadline,
+                retry_period: self.leader_election_retry_period,
+                // Placeholders: only the timings are checked here.
+                ..LeaderConfig::new("lease", "namespace", "identity")
+            };
+            timings.validate().map_err(|e| {
+                format!(
+                    "--leader-election-lease-duration, --leader-election-renew-deadline, \
+                     --leader-election-retry-period: {e}"
+                )
+            })?;
+        }
+        Ok(backoff)
+    }
+
     /// The Lease config for `lease_name`, with the pod name (or host name)
     /// as identity.
     pub fn leader_config(&self, lease_name: &str) -> LeaderConfig {
@@ -126,30 +150,33 @@ pub fn lease_name(prefix: &str, driver: &str) -> String {
     sanitize_name(&format!("{prefix}{driver}"))
 }
 
-/// How a controller run under [`run_as_leader`] ended.
+/// How a controller run under [`run_as_leader`] failed: leadership, or the
+/// controller's own error `E`.
 #[derive(Debug, thiserror::Error)]
-pub enum LeadError {
+pub enum LeadError<E> {
     #[error(transparent)]
     Leader(#[from] LeaderError),
+    #[error(transparent)]
+    Controller(E),
 }
 
 /// Runs `controller` — at once without election, else once this replica
 /// holds the Lease, and only as long as it does. Losing the Lease ends the
 /// run with an error (the process should exit and be restarted: another
-/// replica may already act). The Lease is released on the way out.
-pub async fn run_as_leader<F, Fut>(
+/// replica may already act), and so does the controller's own error. The
+/// Lease is released on the way out.
+pub async fn run_as_leader<F, Fut, E>(
     client: kube::Client,
     election: Option<LeaderConfig>,
     shutdown: &Shutdown,
     controller: F,
-) -> Result<(), LeadError>
+) -> Result<(), LeadError<E>>
 where
     F: FnOnce() -> Fut,
-    Fut: Future<Output = ()>,
+    Fut: Future<Output = Result<(), E>>,
 {
     let Some(cfg) = election else {
-        controller().await;
-        return Ok(());
+        return controller().await.map_err(LeadError::Controller);
     };
     let elector = LeaderElector::new(client, cfg)?;
     tracing::info!(lease = %elector.config().lease_name, identity = %elector.config().identity, "waiting for leadership");
@@ -162,7 +189,7 @@ where
     }
     tracing::info!(lease = %elector.config().lease_name, "leading");
     let result = tokio::select! {
-        () = controller() => Ok(()),
+        res = controller() => res.map_err(LeadError::Controller),
         lost = elector.renew_loop() => match lost {
             Err(e) => Err(LeadError::Leader(e)),
             Ok(never) => match never {},
@@ -210,5 +237,35 @@ mod tests {
         let cfg = t.c.leader_config("lease");
         assert_eq!(cfg.lease_name, "lease");
         assert!(cfg.validate().is_ok(), "{:?}", cfg.validate());
+    }
+
+    #[test]
+    fn election_timings_are_checked_up_front() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct T {
+            #[command(flatten)]
+            c: ControllerArgs,
+        }
+        let ok = T::parse_from(["t", "--leader-election"]);
+        assert!(ok.c.check().is_ok(), "{:?}", ok.c.check());
+        let bad = T::parse_from([
+            "t",
+            "--leader-election",
+            "--leader-election-lease-duration=5s",
+        ]);
+        let err = bad
+            .c
+            .check()
+            .expect_err("lease shorter than the renew deadline");
+        assert!(err.contains("--leader-election-lease-duration"), "{err}");
+        // Without election the timings are unused, and not judged.
+        let off = T::parse_from(["t", "--leader-election-lease-duration=5s"]);
+        assert!(off.c.check().is_ok());
+        let err = T::parse_from(["t", "--retry-interval-start=0s"])
+            .c
+            .check()
+            .expect_err("zero retry start");
+        assert!(err.contains("--retry-interval-start"), "{err}");
     }
 }

@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 
-use super::metrics::Metrics;
+use super::metrics::{Metrics, OPENMETRICS_CONTENT_TYPE};
 
 /// A health check: `Ok` for 200 "ok", `Err(reason)` for 500 with the reason.
 pub type HealthCheck =
@@ -36,14 +36,7 @@ async fn healthz(State(state): State<AppState>) -> Response {
 
 async fn metrics(State(state): State<AppState>) -> Response {
     match state.metrics.encode() {
-        Ok(body) => (
-            [(
-                header::CONTENT_TYPE,
-                "text/plain; version=0.0.4; charset=utf-8",
-            )],
-            body,
-        )
-            .into_response(),
+        Ok(body) => ([(header::CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)], body).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     }
 }
@@ -63,12 +56,25 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<tokio::task::JoinHandle<std::io::Result<()>>> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(%addr, "HTTP server listening");
-    Ok(tokio::spawn(async move {
+    Ok(serve_on(listener, router, shutdown))
+}
+
+/// Serves on a listener the caller bound, until `shutdown`. The socket is
+/// the one bound: nothing can take the port between a bind and a serve.
+pub fn serve_on(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> tokio::task::JoinHandle<std::io::Result<()>> {
+    match listener.local_addr() {
+        Ok(addr) => tracing::info!(%addr, "HTTP server listening"),
+        Err(e) => tracing::info!(error = %e, "HTTP server listening (address unknown)"),
+    }
+    tokio::spawn(async move {
         axum::serve(listener, router)
             .with_graceful_shutdown(shutdown)
             .await
-    }))
+    })
 }
 
 #[cfg(test)]
@@ -109,15 +115,14 @@ mod tests {
             "OK",
             std::time::Duration::from_millis(1),
         );
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
         let addr = listener.local_addr().expect("addr");
-        drop(listener);
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = serve(addr, router(metrics, "/metrics", check), async {
+        let task = serve_on(listener, router(metrics, "/metrics", check), async {
             let _ = rx.await;
-        })
-        .await
-        .expect("serves");
+        });
 
         let ok = tokio::task::spawn_blocking(move || get(addr, "/healthz"))
             .await
@@ -135,6 +140,14 @@ mod tests {
             .await
             .expect("join");
         assert!(m.contains("csi_sidecar_operations_seconds_bucket"), "{m}");
+        // The body is OpenMetrics text (it ends with `# EOF`), so it must be
+        // labelled as such, or Prometheus parses it with the wrong parser.
+        let content_type = m
+            .lines()
+            .find_map(|l| l.strip_prefix("content-type: "))
+            .unwrap_or_default();
+        assert_eq!(content_type, OPENMETRICS_CONTENT_TYPE, "{m}");
+        assert!(m.trim_end().ends_with("# EOF"), "{m}");
 
         let _ = tx.send(());
         task.await.expect("join").expect("clean shutdown");

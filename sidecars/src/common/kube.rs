@@ -35,6 +35,20 @@ pub struct KubeArgs {
     pub kube_api_burst: u32,
 }
 
+impl KubeArgs {
+    /// Checks the rate limits, so a bad value is reported before the sidecar
+    /// does anything else.
+    pub fn check(&self) -> Result<(), KubeError> {
+        if !(self.kube_api_qps > 0.0 && self.kube_api_qps.is_finite()) || self.kube_api_burst == 0 {
+            return Err(KubeError::Limits {
+                qps: self.kube_api_qps,
+                burst: self.kube_api_burst,
+            });
+        }
+        Ok(())
+    }
+}
+
 /// Why no client could be made.
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
@@ -111,12 +125,7 @@ impl ApiRequests {
 /// A client whose every request waits for a token of the QPS/burst bucket
 /// and is counted in `requests`.
 pub async fn client(args: &KubeArgs, requests: &ApiRequests) -> Result<kube::Client, KubeError> {
-    if !(args.kube_api_qps > 0.0 && args.kube_api_qps.is_finite()) || args.kube_api_burst == 0 {
-        return Err(KubeError::Limits {
-            qps: args.kube_api_qps,
-            burst: args.kube_api_burst,
-        });
-    }
+    args.check()?;
     let config = config(args.kubeconfig.as_deref()).await?;
     let layer = ThrottleLayer {
         qps: args.kube_api_qps,

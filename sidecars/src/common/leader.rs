@@ -5,15 +5,19 @@
 //! for availability, but only one may act at a time: two operators driving the
 //! same rollout, or two provisioners racing on one claim, would fight.
 //! The replica whose identity is in the Lease's `holderIdentity`, and which
-//! keeps `renewTime` fresh, is the leader; the others wait until the lease
-//! expires (`renewTime + leaseDurationSeconds < now`) or is released, then take
-//! it over. Every write is a `replace` carrying the `resourceVersion` that was
+//! keeps renewing it, is the leader; the others wait until the lease expires
+//! or is released, then take it over. Every write is a `replace` carrying the `resourceVersion` that was
 //! read, so the API server serialises competing writers: a `409 Conflict` means
 //! someone else wrote first, and we re-read and decide again.
 //!
-//! Like client-go, expiry is judged by comparing the holder's `renewTime` with
-//! the local clock, so replicas' clocks must agree to well within
-//! `lease_duration - renew_deadline` (NTP on the nodes is enough).
+//! Expiry is judged as client-go does, without comparing clocks: a standby
+//! remembers when it last *saw the record change* (its `observedTime`, on the
+//! local monotonic clock), and the lease has expired once
+//! `leaseDurationSeconds` have passed since then without a change. The
+//! holder's `renewTime` is never compared with the local clock, so a holder
+//! whose clock is hours off (ours or a Go replica sharing the Lease) is
+//! neither cut short nor waited for beyond the lease duration. A standby that
+//! starts sees every record as new and so waits one lease duration first.
 //!
 //! Usage: [`LeaderElector::acquire`], then run the controller alongside
 //! [`LeaderElector::renew_loop`] and exit the process when the latter returns;
@@ -149,15 +153,47 @@ pub enum Decision {
     },
 }
 
-/// Decides how `identity` should act on `lease` at time `now`.
+/// The lease record as this process last saw it change, and when: client-go's
+/// `observedRecord` and `observedTime`. `at` is on the local monotonic clock,
+/// so it means the same to this process whatever the wall clocks say.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Observation {
+    record: Option<LeaseSpec>,
+    at: Instant,
+}
+
+impl Observation {
+    /// What is known after reading `lease` at `now`: `previous`, if the
+    /// record is unchanged (metadata such as the resourceVersion aside), else
+    /// a new observation at `now`.
+    pub fn update(previous: Option<&Observation>, lease: &Lease, now: Instant) -> Observation {
+        match previous {
+            Some(p) if p.record == lease.spec => p.clone(),
+            _ => Observation {
+                record: lease.spec.clone(),
+                at: now,
+            },
+        }
+    }
+
+    /// When the record was last seen to change.
+    pub fn at(&self) -> Instant {
+        self.at
+    }
+}
+
+/// Decides how `identity` should act on `lease` at `now`, the record having
+/// last changed (as far as this process saw) at `observed_at`.
 ///
-/// Pure, so the election rules can be tested without a cluster. A lease with no
-/// `leaseDurationSeconds` is judged with `cfg.lease_duration`; a held lease
-/// with no `renewTime` counts as expired.
+/// Pure, so the election rules can be tested without a cluster. The lease
+/// has expired once its `leaseDurationSeconds` (else `cfg.lease_duration`)
+/// have passed since `observed_at`: a holder that renews changes the record
+/// every retry period, one that stopped does not. `renewTime` is not read.
 pub fn decide(
     lease: Option<&Lease>,
     identity: &str,
-    now: DateTime<Utc>,
+    observed_at: Instant,
+    now: Instant,
     cfg: &LeaderConfig,
 ) -> Decision {
     let Some(lease) = lease else {
@@ -175,20 +211,16 @@ pub fn decide(
     if holder == identity {
         return Decision::Renew;
     }
-    let expired = match spec.renew_time.as_ref() {
-        None => true,
-        Some(renew) => {
-            let duration_secs = spec
-                .lease_duration_seconds
-                .unwrap_or_else(|| cfg.lease_duration_seconds())
-                .max(0);
-            let expiry = renew
-                .0
-                .as_microsecond()
-                .saturating_add(i64::from(duration_secs) * 1_000_000);
-            expiry < now.timestamp_micros()
-        }
-    };
+    let duration_secs = spec
+        .lease_duration_seconds
+        .unwrap_or_else(|| cfg.lease_duration_seconds())
+        .max(0);
+    let duration = Duration::from_secs(u64::from(duration_secs.unsigned_abs()));
+    // client-go: valid while observedTime + duration is after now. A sum
+    // past the clock's range never comes.
+    let expired = observed_at
+        .checked_add(duration)
+        .is_some_and(|expiry| expiry <= now);
     if expired {
         Decision::TakeOver {
             previous_holder: Some(holder.to_owned()),
@@ -353,6 +385,8 @@ struct State {
     last_renew: Option<Instant>,
     /// Holder seen on the last read, to log only changes.
     observed_holder: Option<String>,
+    /// The record as last seen to change, and when (see [`decide`]).
+    observed: Option<Observation>,
 }
 
 /// Runs leader election for one replica. Share it via `Arc` if `renew_loop`
@@ -378,12 +412,6 @@ impl LeaderElector {
     /// The configuration in use.
     pub fn config(&self) -> &LeaderConfig {
         &self.cfg
-    }
-
-    /// Whether we believe we hold the lease: we acquired it and have not lost
-    /// or released it. For status reporting; `renew_loop` is what enforces loss.
-    pub fn is_leader(&self) -> bool {
-        self.state().last_renew.is_some()
     }
 
     /// Waits until this replica holds the lease, retrying every `retry_period`
@@ -532,8 +560,15 @@ impl LeaderElector {
 
         let current = self.api.get_opt(name).await.map_err(kube_err("get"))?;
         let started = Instant::now();
+        let observed_at = self.observe(current.as_ref(), started);
+        let decision = decide(
+            current.as_ref(),
+            &self.cfg.identity,
+            observed_at,
+            started,
+            &self.cfg,
+        );
         let now = Utc::now();
-        let decision = decide(current.as_ref(), &self.cfg.identity, now, &self.cfg);
         if let Decision::Wait { holder } = &decision {
             self.observe_holder(holder);
             return Ok(Attempt::Wait {
@@ -588,9 +623,27 @@ impl LeaderElector {
         Ok(Attempt::Held)
     }
 
+    /// Remembers the record read at `now`; returns when it last changed.
+    fn observe(&self, lease: Option<&Lease>, now: Instant) -> Instant {
+        let mut state = self.state();
+        match lease {
+            Some(lease) => {
+                let observed = Observation::update(state.observed.as_ref(), lease, now);
+                let at = observed.at();
+                state.observed = Some(observed);
+                at
+            }
+            None => {
+                state.observed = None;
+                now
+            }
+        }
+    }
+
     /// Remembers a successful write; returns whether we were already leading.
     fn record_write(&self, written: Lease, started: Instant) -> bool {
         let mut state = self.state();
+        state.observed = Some(Observation::update(None, &written, started));
         state.written = Some(written);
         state.observed_holder = Some(self.cfg.identity.clone());
         state.last_renew.replace(started).is_some()
@@ -705,79 +758,170 @@ mod tests {
         }
     }
 
+    /// A monotonic instant `secs` after a fixed origin.
+    fn at(origin: Instant, secs: u64) -> Instant {
+        origin + Duration::from_secs(secs)
+    }
+
     #[test]
     fn no_lease_means_create() {
-        assert_eq!(decide(None, ME, t(0), &cfg()), Decision::Create);
+        let o = Instant::now();
+        assert_eq!(decide(None, ME, o, o, &cfg()), Decision::Create);
     }
 
     #[test]
     fn own_lease_is_renewed_even_if_expired() {
+        let o = Instant::now();
         let l = lease(Some(ME), Some(t(0)), Some(15));
-        assert_eq!(decide(Some(&l), ME, t(5), &cfg()), Decision::Renew);
-        assert_eq!(decide(Some(&l), ME, t(100), &cfg()), Decision::Renew);
+        assert_eq!(decide(Some(&l), ME, o, at(o, 5), &cfg()), Decision::Renew);
+        assert_eq!(decide(Some(&l), ME, o, at(o, 100), &cfg()), Decision::Renew);
     }
 
     #[test]
-    fn foreign_valid_lease_means_wait() {
+    fn foreign_lease_expires_a_lease_duration_after_its_last_change() {
+        let o = Instant::now();
         let l = lease(Some(OTHER), Some(t(0)), Some(15));
         let wait = Decision::Wait {
             holder: OTHER.into(),
         };
-        assert_eq!(decide(Some(&l), ME, t(1), &cfg()), wait);
-        // Exactly at expiry the lease is still valid: expiry is strict.
-        assert_eq!(decide(Some(&l), ME, t(15), &cfg()), wait);
-    }
-
-    #[test]
-    fn foreign_expired_lease_is_taken_over() {
-        let l = lease(Some(OTHER), Some(t(0)), Some(15));
-        let now = t(15) + chrono::Duration::microseconds(1);
+        assert_eq!(decide(Some(&l), ME, o, at(o, 1), &cfg()), wait);
         assert_eq!(
-            decide(Some(&l), ME, now, &cfg()),
+            decide(
+                Some(&l),
+                ME,
+                o,
+                at(o, 15) - Duration::from_micros(1),
+                &cfg()
+            ),
+            wait
+        );
+        // client-go: valid while observedTime + duration is after now.
+        assert_eq!(
+            decide(Some(&l), ME, o, at(o, 15), &cfg()),
             Decision::TakeOver {
                 previous_holder: Some(OTHER.into())
             }
         );
     }
 
+    /// The holder's clock is hours off ours, either way. Its renewTime says
+    /// nothing to us: only whether the record keeps changing does.
+    #[test]
+    fn skewed_renew_times_neither_cut_a_live_lease_short_nor_keep_a_dead_one() {
+        let o = Instant::now();
+        let c = cfg();
+        for skew in [-3600 * 24 * 365, -3600, 3600, 3600 * 24 * 365] {
+            // First sight of a lease renewed "a year ago" (or "in a year"):
+            // a live holder, to be waited for.
+            let first = lease(Some(OTHER), Some(t(skew)), Some(15));
+            let seen = Observation::update(None, &first, o);
+            assert!(
+                matches!(
+                    decide(Some(&first), ME, seen.at(), at(o, 10), &c),
+                    Decision::Wait { .. }
+                ),
+                "skew {skew}: taken over at first sight"
+            );
+            // It renews every 5 s (its clock still off): still alive at 40 s.
+            let mut last = seen;
+            let mut current = first;
+            for i in 1..=8 {
+                current = lease(Some(OTHER), Some(t(skew + 5 * i)), Some(15));
+                let now = at(o, 5 * i as u64);
+                last = Observation::update(Some(&last), &current, now);
+                assert!(
+                    matches!(
+                        decide(Some(&current), ME, last.at(), now, &c),
+                        Decision::Wait { .. }
+                    ),
+                    "skew {skew}: a renewing holder lost its lease at {}s",
+                    5 * i
+                );
+            }
+            // Then it stops: the same record, read again and again, expires
+            // one lease duration after it last changed, and not before.
+            let before = at(o, 40 + 14);
+            let unchanged = Observation::update(Some(&last), &current.clone(), before);
+            assert_eq!(unchanged.at(), at(o, 40), "skew {skew}");
+            assert!(matches!(
+                decide(Some(&current), ME, unchanged.at(), before, &c),
+                Decision::Wait { .. }
+            ));
+            assert_eq!(
+                decide(Some(&current), ME, unchanged.at(), at(o, 40 + 15), &c),
+                Decision::TakeOver {
+                    previous_holder: Some(OTHER.into())
+                },
+                "skew {skew}: a dead holder's lease kept"
+            );
+        }
+    }
+
+    #[test]
+    fn metadata_changes_are_not_renewals() {
+        let o = Instant::now();
+        let l = lease(Some(OTHER), Some(t(0)), Some(15));
+        let seen = Observation::update(None, &l, o);
+        let mut touched = l.clone();
+        touched.metadata.resource_version = Some("43".into());
+        touched.metadata.labels = Some([("a".to_string(), "b".to_string())].into());
+        assert_eq!(Observation::update(Some(&seen), &touched, at(o, 9)).at(), o);
+        let mut renewed = l;
+        if let Some(spec) = renewed.spec.as_mut() {
+            spec.renew_time = Some(micro_time(t(-1)).unwrap());
+        }
+        assert_eq!(
+            Observation::update(Some(&seen), &renewed, at(o, 9)).at(),
+            at(o, 9),
+            "any change of the record counts, even to an older renewTime"
+        );
+    }
+
     #[test]
     fn lease_duration_falls_back_to_config() {
+        let o = Instant::now();
         let l = lease(Some(OTHER), Some(t(0)), None);
         let mut c = cfg();
         c.lease_duration = Duration::from_secs(30);
         assert!(matches!(
-            decide(Some(&l), ME, t(20), &c),
+            decide(Some(&l), ME, o, at(o, 20), &c),
             Decision::Wait { .. }
         ));
         assert!(matches!(
-            decide(Some(&l), ME, t(31), &c),
+            decide(Some(&l), ME, o, at(o, 31), &c),
             Decision::TakeOver { .. }
         ));
     }
 
     #[test]
-    fn foreign_lease_without_renew_time_is_expired() {
+    fn foreign_lease_without_renew_time_is_judged_like_any_other() {
+        let o = Instant::now();
         let l = lease(Some(OTHER), None, Some(15));
         assert!(matches!(
-            decide(Some(&l), ME, t(0), &cfg()),
+            decide(Some(&l), ME, o, o, &cfg()),
+            Decision::Wait { .. }
+        ));
+        assert!(matches!(
+            decide(Some(&l), ME, o, at(o, 15), &cfg()),
             Decision::TakeOver { .. }
         ));
     }
 
     #[test]
     fn released_lease_is_taken_over() {
+        let o = Instant::now();
         let released = Decision::TakeOver {
             previous_holder: None,
         };
         // Holder cleared, renewed just now: still free to take.
         let l = lease(None, Some(t(0)), Some(1));
-        assert_eq!(decide(Some(&l), ME, t(0), &cfg()), released);
+        assert_eq!(decide(Some(&l), ME, o, o, &cfg()), released);
         // Empty-string holder, as client-go writes it.
         let l = lease(Some(""), Some(t(0)), Some(15));
-        assert_eq!(decide(Some(&l), ME, t(0), &cfg()), released);
+        assert_eq!(decide(Some(&l), ME, o, o, &cfg()), released);
         // Lease object without a spec.
         let l = Lease::default();
-        assert_eq!(decide(Some(&l), ME, t(0), &cfg()), released);
+        assert_eq!(decide(Some(&l), ME, o, o, &cfg()), released);
     }
 
     #[test]
@@ -798,7 +942,8 @@ mod tests {
     #[test]
     fn takeover_increments_transitions_and_sets_acquire_time() {
         let old = lease(Some(OTHER), Some(t(0)), Some(15));
-        let decision = decide(Some(&old), ME, t(20), &cfg());
+        let o = Instant::now();
+        let decision = decide(Some(&old), ME, o, at(o, 20), &cfg());
         let l = build_lease(Some(&old), &decision, t(20), &cfg())
             .unwrap()
             .unwrap();
@@ -843,8 +988,9 @@ mod tests {
         assert_eq!(spec.holder_identity, None);
         assert_eq!(spec.lease_duration_seconds, Some(1));
         assert_eq!(spec.lease_transitions, Some(3));
+        let o = Instant::now();
         assert_eq!(
-            decide(Some(&l), OTHER, t(1), &cfg()),
+            decide(Some(&l), OTHER, o, o, &cfg()),
             Decision::TakeOver {
                 previous_holder: None
             }

@@ -7,7 +7,9 @@
 //! - [`WorkQueue::add_rate_limited`] re-queues a failed key after a per-key
 //!   exponential backoff (`--retry-interval-start` doubling up to
 //!   `--retry-interval-max`), which [`WorkQueue::forget`] resets on success;
-//! - [`WorkQueue::add_after`] re-queues a key at a given time (earliest wins).
+//! - [`WorkQueue::add_after`] re-queues a key at a given time (earliest wins);
+//!   a plain [`WorkQueue::add`] meanwhile does not cancel it (client-go's
+//!   semantics): the key is processed now and again at that time.
 //!
 //! The ready keys are served in FIFO order. Depth and the age of the oldest
 //! ready key are exposed for metrics: a queue whose oldest key keeps ageing is
@@ -244,11 +246,10 @@ impl<K: Clone + Eq + Hash> State<K> {
             return false;
         }
         self.dirty.insert(key.clone(), now);
-        if let Some((at, seq)) = self.delayed_at.remove(&key) {
-            // Queued now: a pending later time is moot.
-            self.delayed.remove(&(at, seq));
-            self.delayed_keys.remove(&seq);
-        }
+        // A pending later time (a retry's backoff) stays: the key is
+        // processed now and again then, as client-go's delaying queue does
+        // (its Add leaves the waiting AddAfter entry alone). Cancelling it
+        // would let any event cut a backoff short.
         if self.processing.contains(&key) {
             // `done` will queue it; handing it out now would run it twice.
             return false;
@@ -448,7 +449,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn earliest_requeue_time_wins_and_add_overrides_delay() {
+    async fn earliest_requeue_time_wins_and_add_keeps_the_delay() {
         let q = queue();
         q.add_after("a", Duration::from_secs(10));
         q.add_after("a", Duration::from_secs(3));
@@ -461,8 +462,30 @@ mod tests {
 
         q.add_after("b", Duration::from_secs(30));
         q.add("b");
-        assert_eq!(q.delayed_len(), 0);
+        assert_eq!(q.delayed_len(), 1);
+        let t = Instant::now();
         assert_eq!(q.next().await, Some("b"));
+        assert_eq!(Instant::now(), t);
+        q.done(&"b");
+        assert_eq!(q.next().await, Some("b"));
+        assert_eq!((Instant::now() - t).as_secs(), 30);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_plain_add_does_not_cancel_a_pending_retry() {
+        let q = queue();
+        q.add_rate_limited("a");
+        // A change arrives while the retry waits: processed at once...
+        q.add("a");
+        let t = Instant::now();
+        assert_eq!(q.next().await, Some("a"));
+        assert_eq!(Instant::now(), t);
+        q.done(&"a");
+        // ...and the retry still comes when its backoff is over, as in
+        // client-go, whose Add leaves a waiting AddAfter alone.
+        let retried = tokio::time::timeout(Duration::from_secs(60), q.next()).await;
+        assert_eq!(retried, Ok(Some("a")));
+        assert_eq!((Instant::now() - t).as_secs(), 1);
     }
 
     #[tokio::test(start_paused = true)]

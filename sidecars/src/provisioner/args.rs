@@ -1,11 +1,14 @@
 //! Flags of `csiops-sidecar provisioner`, with external-provisioner's names
 //! and defaults.
 
+use std::net::SocketAddr;
+
 use clap::Args;
 
 use crate::common::args::CommonArgs;
 use crate::common::controller::ControllerArgs;
 use crate::common::kube::KubeArgs;
+use crate::common::workqueue::Backoff;
 
 use super::naming::VolumeNamer;
 use super::plan::ProvisionerConfig;
@@ -92,41 +95,102 @@ pub fn feature_gates(s: &str) -> Result<FeatureGates, String> {
     Ok(gates)
 }
 
+/// The flags after [`ProvisionerArgs::check`]: what the later steps need
+/// parsed.
+#[derive(Debug, Clone)]
+pub struct Checked {
+    pub gates: FeatureGates,
+    pub namer: VolumeNamer,
+    pub backoff: Backoff,
+    pub http_addr: Option<SocketAddr>,
+}
+
 impl ProvisionerArgs {
-    /// The decision config for `driver`, or why the flags are wrong.
-    pub fn config(&self, driver: &str) -> Result<(ProvisionerConfig, FeatureGates), String> {
+    /// Checks every flag clap cannot check alone. Called first thing, before
+    /// the driver is dialled or a client made, so a wrong flag ends the
+    /// process at once with its name instead of behind "waiting for the CSI
+    /// driver".
+    pub fn check(&self) -> Result<Checked, String> {
         let gates = feature_gates(&self.feature_gates)?;
         let namer = VolumeNamer::new(&self.volume_name_prefix, self.volume_name_uuid_length)
             .map_err(|e| e.to_string())?;
         if self.worker_threads == 0 {
             return Err("--worker-threads must be at least 1".into());
         }
+        let backoff = self.controller.check()?;
+        self.kube.check().map_err(|e| e.to_string())?;
+        let http_addr = self
+            .common
+            .http_addr()
+            .map_err(|e| format!("--http-endpoint: {e}"))?;
+        Ok(Checked {
+            gates,
+            namer,
+            backoff,
+            http_addr,
+        })
+    }
+
+    /// The decision config for `driver`, from the checked flags.
+    pub fn config(&self, driver: &str, checked: &Checked) -> ProvisionerConfig {
         let millis = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis())
             .unwrap_or_default();
-        Ok((
-            ProvisionerConfig {
-                driver_name: driver.to_string(),
-                namer,
-                default_fs_type: Some(self.default_fstype.clone()).filter(|s| !s.is_empty()),
-                extra_create_metadata: self.extra_create_metadata,
-                strict_topology: self.strict_topology,
-                immediate_topology: self.immediate_topology,
-                controller_publish_read_only: self.controller_publish_readonly,
-                pv_protection_finalizer: gates.honor_pv_reclaim_policy,
-                // Upstream's "<start time>-<random>-<driver>"; the pid stands
-                // in for the random part.
-                identity: Some(format!("{millis}-{}-{driver}", std::process::id())),
-            },
-            gates,
-        ))
+        ProvisionerConfig {
+            driver_name: driver.to_string(),
+            namer: checked.namer.clone(),
+            default_fs_type: Some(self.default_fstype.clone()).filter(|s| !s.is_empty()),
+            extra_create_metadata: self.extra_create_metadata,
+            strict_topology: self.strict_topology,
+            immediate_topology: self.immediate_topology,
+            controller_publish_read_only: self.controller_publish_readonly,
+            pv_protection_finalizer: checked.gates.honor_pv_reclaim_policy,
+            // Upstream's "<start time>-<random>-<driver>"; the pid stands
+            // in for the random part.
+            identity: Some(format!("{millis}-{}-{driver}", std::process::id())),
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_flag_is_checked_together() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct T {
+            #[command(flatten)]
+            a: ProvisionerArgs,
+        }
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["t"];
+            argv.extend_from_slice(extra);
+            T::parse_from(argv).a.check()
+        };
+        assert!(parse(&[]).is_ok());
+        for (flag, argv) in [
+            ("--feature-gates", &["--feature-gates=Bogus=true"][..]),
+            (
+                "--volume-name-uuid-length",
+                &["--volume-name-uuid-length=0"],
+            ),
+            ("--volume-name-prefix", &["--volume-name-prefix="]),
+            ("--worker-threads", &["--worker-threads=0"]),
+            ("--retry-interval-start", &["--retry-interval-start=0s"]),
+            ("--kube-api-qps", &["--kube-api-qps=0"]),
+            ("--http-endpoint", &["--http-endpoint=nohost"]),
+            (
+                "--leader-election-lease-duration",
+                &["--leader-election", "--leader-election-lease-duration=1s"],
+            ),
+        ] {
+            let err = parse(argv).expect_err(flag);
+            assert!(err.contains(flag), "{flag}: {err}");
+        }
+    }
 
     #[test]
     fn gates() {

@@ -76,7 +76,7 @@ pub enum ProvisionerError {
     #[error(transparent)]
     Kube(#[from] KubeError),
     #[error(transparent)]
-    Lead(#[from] LeadError),
+    Lead(#[from] LeadError<std::convert::Infallible>),
 }
 
 fn info_error(call: &'static str) -> impl Fn(tonic::Status) -> ProvisionerError {
@@ -89,11 +89,12 @@ fn info_error(call: &'static str) -> impl Fn(tonic::Status) -> ProvisionerError 
 
 /// Runs until SIGTERM, or until leadership is lost.
 pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
+    // Flags first: nothing below may wait (for the driver, the API server)
+    // before a wrong flag is reported.
+    let checked = args.check().map_err(SidecarError::Flag)?;
     let (shutdown, _trigger) = Shutdown::on_signals();
-    let backoff = args.controller.backoff().map_err(SidecarError::Flag)?;
-    let http_addr = args.common.http_addr().map_err(SidecarError::Flag)?;
 
-    let queues = Queues::new(backoff);
+    let queues = Queues::new(checked.backoff);
     let operations = Arc::new(metrics::OperationMetrics::default());
     let mut registry = Metrics::new();
     operations.register(registry.registry_mut());
@@ -107,7 +108,7 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
         .register_collector(Box::new(queue_metrics));
     let metrics = Arc::new(registry);
 
-    let server = match http_addr {
+    let server = match checked.http_addr {
         Some(addr) => {
             let ok: HealthCheck = Arc::new(|| Box::pin(async { Ok(()) }));
             let router = http::router(metrics.clone(), &args.common.metrics_path, ok);
@@ -133,9 +134,9 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
     };
     let (driver_name, caps) = driver_facts(&driver).await?;
     metrics.set_driver_name(&driver_name);
-    let (config, gates) = args.config(&driver_name).map_err(SidecarError::Flag)?;
+    let config = args.config(&driver_name, &checked);
     let caps = DriverCapabilities {
-        topology: caps.topology && gates.topology,
+        topology: caps.topology && checked.gates.topology,
         ..caps
     };
     tracing::info!(driver = %driver_name, topology = caps.topology, "driver ready");
@@ -164,6 +165,7 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
     run_as_leader(lead_client, election, &shutdown, move || async move {
         let (provisioner, watches) = Provisioner::new(client, setup);
         provisioner.run(watches, workers, stop).await;
+        Ok::<(), std::convert::Infallible>(())
     })
     .await
     .map_err(ProvisionerError::from)?;

@@ -88,18 +88,20 @@ fn parse_bytes(s: &str) -> Result<i64, QuantityError> {
     let mut value = mantissa
         .checked_mul(1024u128.pow(bin))
         .ok_or_else(overflow)?;
-    let scale = dec - frac_len;
+    // An exponent near i64::MIN minus the fraction's digits does not fit:
+    // that is a scale below any divisor, as is every scale past 10^38.
+    let scale = dec.checked_sub(frac_len).unwrap_or(i64::MIN);
     if scale >= 0 {
-        let factor = u32::try_from(scale)
-            .ok()
-            .and_then(|e| 10u128.checked_pow(e))
-            .ok_or_else(overflow)?;
         if value != 0 {
+            let factor = u32::try_from(scale)
+                .ok()
+                .and_then(|e| 10u128.checked_pow(e))
+                .ok_or_else(overflow)?;
             value = value.checked_mul(factor).ok_or_else(overflow)?;
         }
     } else {
         // Round up, as `Value()` does.
-        value = match u32::try_from(-scale)
+        value = match u32::try_from(scale.unsigned_abs())
             .ok()
             .and_then(|e| 10u128.checked_pow(e))
         {
@@ -175,6 +177,88 @@ mod tests {
         ];
         for (s, want) in cases {
             assert_eq!(to_bytes(&Quantity((*s).into())), *want, "{s:?}");
+        }
+    }
+
+    #[test]
+    fn extreme_exponents_are_answers_not_panics() {
+        let cases: &[(&str, Result<i64, QuantityError>)] = &[
+            // Far below a byte: rounds up to one, like any other fraction.
+            ("1e-9223372036854775808", Ok(1)),
+            ("1.5e-9223372036854775808", Ok(1)),
+            ("0e-9223372036854775808", Ok(0)),
+            (
+                "1e9223372036854775807",
+                Err(QuantityError::Overflow("1e9223372036854775807".into())),
+            ),
+            ("0e9223372036854775807", Ok(0)),
+        ];
+        for (s, want) in cases {
+            assert_eq!(to_bytes(&Quantity((*s).into())), *want, "{s:?}");
+        }
+    }
+
+    mod props {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        const SUFFIXES: [(&str, i128); 17] = [
+            ("", 1),
+            ("Ki", 1 << 10),
+            ("Mi", 1 << 20),
+            ("Gi", 1 << 30),
+            ("Ti", 1 << 40),
+            ("Pi", 1 << 50),
+            ("Ei", 1 << 60),
+            ("k", 1_000),
+            ("M", 1_000_000),
+            ("G", 1_000_000_000),
+            ("T", 1_000_000_000_000),
+            ("P", 1_000_000_000_000_000),
+            ("E", 1_000_000_000_000_000_000),
+            ("e0", 1),
+            ("e3", 1_000),
+            ("E6", 1_000_000),
+            ("e+9", 1_000_000_000),
+        ];
+
+        proptest! {
+            #[test]
+            fn never_panics(s in ".*") {
+                let _ = to_bytes(&Quantity(s));
+            }
+
+            #[test]
+            fn never_panics_on_quantity_like_input(
+                s in "[+-]?[0-9]{0,45}(\\.[0-9]{0,45})?([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]{1,22})?"
+            ) {
+                if let Ok(bytes) = to_bytes(&Quantity(s)) {
+                    prop_assert!(bytes >= 0);
+                }
+            }
+
+            #[test]
+            fn canonical_form_round_trips(bytes in 0i64..=i64::MAX) {
+                prop_assert_eq!(to_bytes(&from_bytes(bytes)), Ok(bytes));
+            }
+
+            #[test]
+            fn integer_with_suffix_is_exact(n in 0i64..1_000_000_000, i in 0usize..SUFFIXES.len()) {
+                let (suffix, factor) = SUFFIXES[i];
+                let text = format!("{n}{suffix}");
+                let want = i128::from(n) * factor;
+                let got = to_bytes(&Quantity(text.clone()));
+                match i64::try_from(want) {
+                    Ok(want) => prop_assert_eq!(got, Ok(want), "{}", text),
+                    Err(_) => prop_assert_eq!(got, Err(QuantityError::Overflow(text.clone()))),
+                }
+            }
+
+            #[test]
+            fn milli_rounds_up_to_a_byte(n in 0i64..1_000_000_000_000) {
+                let got = to_bytes(&Quantity(format!("{n}m")));
+                prop_assert_eq!(got, Ok((n + 999) / 1000));
+            }
         }
     }
 
