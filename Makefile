@@ -5,7 +5,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 CARGO ?= cargo
 
-.PHONY: all build test unit e2e lint fmt crds manifests cluster-bins demo toolchain clean-cache bench-attacher
+.PHONY: all build test unit e2e lint fmt crds manifests cluster-bins images demo toolchain clean-cache bench-attacher
 
 all: build
 
@@ -30,13 +30,20 @@ manifests:
 cluster-bins:
 	@e2e/cluster-bins/build.sh >/dev/null
 
+## Build (or reuse from the cache) the OCI image archives: csiops-operator,
+## csiops-sidecar, csi-test-driver and the e2e pause image, with buildah and
+## static musl binaries, no daemon. Prints the output dir (archives + refs.env).
+images:
+	@e2e/images/build.sh
+
 lint: toolchain
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 ## Every test: lint, unit and golden tests, then the e2e suite on a real local control plane.
-test: toolchain lint cluster-bins build
+test: toolchain lint cluster-bins images build
 	CSIOPS_BIN_DIR="$$(e2e/cluster-bins/build.sh)" \
+	CSIOPS_IMAGES_DIR="$$(e2e/images/build.sh)" \
 	CSIOPS_CSI_SANITY="$$(e2e/cluster-bins/csi-sanity.sh)" \
 	$(CARGO) test --workspace
 
@@ -46,8 +53,10 @@ unit:
 
 ## The main job: a local control plane, the operator, the hostpath example,
 ## and `kubectl get csidriverdeployments -o wide`.
-demo: toolchain cluster-bins build
-	CSIOPS_BIN_DIR="$$(e2e/cluster-bins/build.sh)" $(CARGO) run -q -p csiops-e2e --bin csiops-demo
+demo: toolchain cluster-bins images build
+	CSIOPS_BIN_DIR="$$(e2e/cluster-bins/build.sh)" \
+	CSIOPS_IMAGES_DIR="$$(e2e/images/build.sh)" \
+	$(CARGO) run -q -p csiops-e2e --bin csiops-demo
 
 ## Benchmark (not part of `test`): our attacher vs upstream csi-attacher
 ## (built once from the Go module proxy). BENCH_VAS=N, BENCH_QPS, BENCH_BURST.
