@@ -5,7 +5,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 CARGO ?= cargo
 
-.PHONY: all build test unit e2e lint fmt crds manifests cluster-bins node-prereqs demo toolchain clean-cache bench-attacher
+.PHONY: all build test unit e2e lint fmt crds manifests cluster-bins node-prereqs images demo toolchain clean-cache bench-attacher
 
 all: build
 
@@ -39,13 +39,20 @@ node-prereqs:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(NODE_PACKAGES) >/dev/null; \
 	fi
 
+## Build (or reuse from the cache) the OCI image archives: csiops-operator,
+## csiops-sidecar, csi-test-driver and the e2e pause image, with buildah and
+## static musl binaries, no daemon. Prints the output dir (archives + refs.env).
+images:
+	@e2e/images/build.sh
+
 lint: toolchain
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 ## Every test: lint, unit and golden tests, then the e2e suite on a real local control plane.
-test: toolchain lint cluster-bins node-prereqs build
+test: toolchain lint cluster-bins node-prereqs images build
 	CSIOPS_BIN_DIR="$$(e2e/cluster-bins/build.sh)" \
+	CSIOPS_IMAGES_DIR="$$(e2e/images/build.sh)" \
 	CSIOPS_CSI_SANITY="$$(e2e/cluster-bins/csi-sanity.sh)" \
 	CSIOPS_UPSTREAM_PROTOS="$$(e2e/cluster-bins/upstream-protos.sh)" \
 	$(CARGO) test --workspace
@@ -57,8 +64,10 @@ unit:
 
 ## The main job: a local control plane, the operator, the hostpath example,
 ## and `kubectl get csidriverdeployments -o wide`.
-demo: toolchain cluster-bins build
-	CSIOPS_BIN_DIR="$$(e2e/cluster-bins/build.sh)" $(CARGO) run -q -p csiops-e2e --bin csiops-demo
+demo: toolchain cluster-bins node-prereqs images build
+	CSIOPS_BIN_DIR="$$(e2e/cluster-bins/build.sh)" \
+	CSIOPS_IMAGES_DIR="$$(e2e/images/build.sh)" \
+	$(CARGO) run -q -p csiops-e2e --bin csiops-demo
 
 ## Benchmark (not part of `test`): our attacher vs upstream csi-attacher
 ## (built once from the Go module proxy). BENCH_VAS=N, BENCH_QPS, BENCH_BURST.

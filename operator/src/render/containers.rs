@@ -7,8 +7,8 @@
 
 use csiops_crds::{DriverOverride, SidecarSpec};
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, Probe,
-    SecurityContext, VolumeMount,
+    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
+    ObjectFieldSelector, Probe, SecurityContext, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
@@ -157,7 +157,43 @@ pub(crate) fn driver_container(ctx: &Ctx<'_>, placement: DriverPlacement<'_>) ->
     }
 }
 
+/// How a sidecar container runs. The `csiops-sidecar` image's default user is
+/// 65532 (non-root); every sidecar gets a read-only root filesystem and no
+/// privilege escalation.
+#[derive(Clone, Copy)]
+enum SidecarUser {
+    /// The image's non-root user, enforced by the kubelet (`runAsNonRoot`),
+    /// with no capabilities.
+    NonRoot,
+    /// Root (uid 0), stated explicitly because the image defaults to
+    /// non-root: only the registrar, see [`registrar_container`].
+    Root,
+}
+
+fn sidecar_security_context(user: SidecarUser) -> SecurityContext {
+    let base = SecurityContext {
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        ..Default::default()
+    };
+    match user {
+        SidecarUser::NonRoot => SecurityContext {
+            run_as_non_root: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".to_string()]),
+                ..Default::default()
+            }),
+            ..base
+        },
+        SidecarUser::Root => SecurityContext {
+            run_as_user: Some(0),
+            ..base
+        },
+    }
+}
+
 /// Fields shared by every sidecar container.
+#[allow(clippy::too_many_arguments)]
 fn sidecar_container(
     ctx: &Ctx<'_>,
     name: &str,
@@ -166,6 +202,7 @@ fn sidecar_container(
     mut args: Vec<String>,
     operator_env: &[EnvVar],
     mounts: Vec<VolumeMount>,
+    user: SidecarUser,
 ) -> Result<Container, RenderError> {
     args.extend(spec.extra_args.iter().cloned());
     Ok(Container {
@@ -180,6 +217,7 @@ fn sidecar_container(
         env: none_if_empty(merge_env(&[operator_env, &spec.env])),
         resources: spec.resources.clone(),
         volume_mounts: Some(mounts),
+        security_context: Some(sidecar_security_context(user)),
         ..Default::default()
     })
 }
@@ -207,7 +245,16 @@ fn controller_sidecar(
     ];
     args.extend(extra_operator_args.iter().map(|a| a.to_string()));
     let env = [field_env("NAMESPACE", "metadata.namespace")];
-    sidecar_container(ctx, name, key, spec, args, &env, vec![socket_dir_mount()])
+    sidecar_container(
+        ctx,
+        name,
+        key,
+        spec,
+        args,
+        &env,
+        vec![socket_dir_mount()],
+        SidecarUser::NonRoot,
+    )
 }
 
 /// `csi-provisioner`: creates and deletes volumes for PVCs. Adds the PVC/PV
@@ -260,6 +307,10 @@ pub(crate) fn registrar_container(ctx: &Ctx<'_>) -> Result<Container, RenderErro
             ..Default::default()
         },
     ];
+    // Root, explicitly (the image's default user is non-root): the registrar
+    // creates its registration socket in kubelet's plugin watcher directory
+    // (`<kubeletDir>/plugins_registry`), which kubelet creates root-owned and
+    // not writable by anyone else.
     let mut container = sidecar_container(
         ctx,
         CONTAINER_REGISTRAR,
@@ -268,6 +319,7 @@ pub(crate) fn registrar_container(ctx: &Ctx<'_>) -> Result<Container, RenderErro
         args,
         &env,
         mounts,
+        SidecarUser::Root,
     )?;
     container.ports = Some(vec![ContainerPort {
         name: Some(REGISTRAR_PORT_NAME.to_string()),
@@ -308,6 +360,7 @@ pub(crate) fn liveness_probe_container(ctx: &Ctx<'_>) -> Result<Container, Rende
         args,
         &[],
         vec![socket_dir_mount()],
+        SidecarUser::NonRoot,
     )
 }
 
