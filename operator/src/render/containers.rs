@@ -157,43 +157,31 @@ pub(crate) fn driver_container(ctx: &Ctx<'_>, placement: DriverPlacement<'_>) ->
     }
 }
 
-/// How a sidecar container runs. The `csiops-sidecar` image's default user is
-/// 65532 (non-root); every sidecar gets a read-only root filesystem and no
-/// privilege escalation.
-#[derive(Clone, Copy)]
-enum SidecarUser {
-    /// The image's non-root user, enforced by the kubelet (`runAsNonRoot`),
-    /// with no capabilities.
-    NonRoot,
-    /// Root (uid 0), stated explicitly because the image defaults to
-    /// non-root: only the registrar, see [`registrar_container`].
-    Root,
-}
-
-fn sidecar_security_context(user: SidecarUser) -> SecurityContext {
-    let base = SecurityContext {
+/// How every sidecar container runs: as uid 0 with no capabilities at all,
+/// no privilege escalation and a read-only root filesystem.
+///
+/// Why uid 0 and not a non-root user: a sidecar must connect to the driver's
+/// socket, and connecting to a unix socket needs write permission on it.
+/// Drivers (csi-test-driver, hostpath, vendors') run as root and create it
+/// `srwxr-xr-x root root`, so only its owner, uid 0, may connect without
+/// CAP_DAC_OVERRIDE; the registrar also writes into kubelet's root-owned
+/// plugin registration directory. Being the owner needs no capability, so
+/// every capability is dropped.
+fn sidecar_security_context() -> SecurityContext {
+    SecurityContext {
+        run_as_user: Some(0),
+        run_as_non_root: Some(false),
         allow_privilege_escalation: Some(false),
         read_only_root_filesystem: Some(true),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".to_string()]),
+            ..Default::default()
+        }),
         ..Default::default()
-    };
-    match user {
-        SidecarUser::NonRoot => SecurityContext {
-            run_as_non_root: Some(true),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".to_string()]),
-                ..Default::default()
-            }),
-            ..base
-        },
-        SidecarUser::Root => SecurityContext {
-            run_as_user: Some(0),
-            ..base
-        },
     }
 }
 
 /// Fields shared by every sidecar container.
-#[allow(clippy::too_many_arguments)]
 fn sidecar_container(
     ctx: &Ctx<'_>,
     name: &str,
@@ -202,7 +190,6 @@ fn sidecar_container(
     mut args: Vec<String>,
     operator_env: &[EnvVar],
     mounts: Vec<VolumeMount>,
-    user: SidecarUser,
 ) -> Result<Container, RenderError> {
     args.extend(spec.extra_args.iter().cloned());
     Ok(Container {
@@ -217,7 +204,7 @@ fn sidecar_container(
         env: none_if_empty(merge_env(&[operator_env, &spec.env])),
         resources: spec.resources.clone(),
         volume_mounts: Some(mounts),
-        security_context: Some(sidecar_security_context(user)),
+        security_context: Some(sidecar_security_context()),
         ..Default::default()
     })
 }
@@ -253,7 +240,6 @@ fn controller_sidecar(
         args,
         &env,
         vec![socket_dir_mount()],
-        SidecarUser::NonRoot,
     )
 }
 
@@ -319,7 +305,6 @@ pub(crate) fn registrar_container(ctx: &Ctx<'_>) -> Result<Container, RenderErro
         args,
         &env,
         mounts,
-        SidecarUser::Root,
     )?;
     container.ports = Some(vec![ContainerPort {
         name: Some(REGISTRAR_PORT_NAME.to_string()),
@@ -360,7 +345,6 @@ pub(crate) fn liveness_probe_container(ctx: &Ctx<'_>) -> Result<Container, Rende
         args,
         &[],
         vec![socket_dir_mount()],
-        SidecarUser::NonRoot,
     )
 }
 
