@@ -49,7 +49,7 @@ async fn a_pod_runs_for_real_and_teardown_leaves_nothing() {
     let cluster = start(1).await;
     let node = cluster.real_node().expect("a real node");
     let root = node.layout().root.clone();
-    let netns_before = node.netns_before().clone();
+    let host_before = node.host_before().clone();
     let image = node
         .images()
         .reference(images::TEST_DRIVER)
@@ -117,7 +117,7 @@ spec:
     assert!(!logs.trim().is_empty(), "the driver logged nothing");
 
     cluster.stop().await.expect("cluster stops");
-    let left = realnode::leftovers(&root, &netns_before);
+    let left = realnode::leftovers(&root, &host_before);
     assert!(left.is_empty(), "left behind: {left:#?}");
 }
 
@@ -126,7 +126,7 @@ async fn install_yaml_and_a_driver_run_for_real() {
     let cluster = start(0).await;
     let node = cluster.real_node().expect("a real node");
     let root = node.layout().root.clone();
-    let netns_before = node.netns_before().clone();
+    let host_before = node.host_before().clone();
     let kubelet_dir = node.layout().kubelet_dir();
     let client = cluster.client().expect("client");
     let image = node
@@ -363,7 +363,7 @@ async fn install_yaml_and_a_driver_run_for_real() {
     );
 
     cluster.stop().await.expect("cluster stops");
-    let left = realnode::leftovers(&root, &netns_before);
+    let left = realnode::leftovers(&root, &host_before);
     assert!(left.is_empty(), "left behind: {left:#?}");
 }
 
@@ -471,18 +471,27 @@ async fn a_killed_test_leaves_nothing_behind() {
         .expect("helper starts");
     let stdout = helper.stdout.take().expect("stdout");
     let reported = tokio::task::spawn_blocking(move || {
-        let (mut root, mut before) = (None, None);
+        let (mut root, mut netns, mut kubelet_dir) = (None, None, None);
         for line in BufReader::new(stdout).lines().map_while(|l| l.ok()) {
             if let Some(r) = line.strip_prefix("HELPER_NODE ") {
                 root = Some(std::path::PathBuf::from(r));
             } else if let Some(b) = line.strip_prefix("HELPER_NETNS ") {
-                before = Some(
+                netns = Some(
                     b.split(',')
                         .filter(|s| !s.is_empty())
                         .map(String::from)
                         .collect(),
                 );
+            } else if let Some(b) = line.strip_prefix("HELPER_VAR_LIB_KUBELET ") {
+                kubelet_dir = Some(b == "true");
             } else if line == "HELPER_READY" {
+                let before =
+                    netns
+                        .zip(kubelet_dir)
+                        .map(|(netns, var_lib_kubelet)| realnode::HostBefore {
+                            netns,
+                            var_lib_kubelet,
+                        });
                 return root.zip(before);
             }
         }
@@ -512,8 +521,10 @@ async fn helper_real_node_with_a_pod_and_block() {
     let cluster = start(0).await;
     let node = cluster.real_node().expect("a real node");
     println!("HELPER_NODE {}", node.layout().root.display());
-    let before: Vec<&str> = node.netns_before().iter().map(String::as_str).collect();
-    println!("HELPER_NETNS {}", before.join(","));
+    let before = node.host_before();
+    let netns: Vec<&str> = before.netns.iter().map(String::as_str).collect();
+    println!("HELPER_NETNS {}", netns.join(","));
+    println!("HELPER_VAR_LIB_KUBELET {}", before.var_lib_kubelet);
     let pause = node
         .images()
         .reference(images::PAUSE)

@@ -912,7 +912,7 @@ async fn failed_publishes(port: u16) -> Option<u64> {
 /// for another attempt (upstream's `shouldEnqueueVAChange`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn changing_error_messages_do_not_bypass_the_backoff() {
-    let cluster = Cluster::start(ClusterOptions { nodes: 1 })
+    let cluster = Cluster::start(ClusterOptions::kwok(1))
         .await
         .expect("cluster starts");
     let client = cluster.client().expect("client");

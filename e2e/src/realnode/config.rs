@@ -232,6 +232,8 @@ pub fn kubelet_args(l: &Layout, kubeconfig: &Path) -> Vec<String> {
         format!("--kubeconfig={}", d(kubeconfig)),
         format!("--root-dir={}", d(&l.kubelet_dir())),
         format!("--cert-dir={}", d(&l.kubelet_certs())),
+        // Flexvolume's dir; its default is under /usr/libexec.
+        format!("--volume-plugin-dir={}", d(&l.root.join("volume-plugins"))),
         format!("--hostname-override={NODE_NAME}"),
         format!("--node-ip={HOST_IP}"),
         "--v=2".into(),

@@ -15,6 +15,10 @@ use std::process::{Command, Stdio};
 use super::config::{BRIDGE, CNI_BIN_DIR, HOST_IP, SUBNET};
 use crate::error::{io, Error, Result};
 
+/// kubelet's default root dir: it keeps its device-plugin socket there
+/// whatever its `--root-dir`.
+pub const KUBELET_DEFAULT_DIR: &str = "/var/lib/kubelet";
+
 /// Where CNI (through containerd) pins pods' network namespaces.
 const NETNS_DIR: &str = "/run/netns";
 

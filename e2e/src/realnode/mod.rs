@@ -71,7 +71,7 @@ pub struct RealNode {
     logs: PathBuf,
     /// containerd, kubelet, kube-proxy (start order).
     procs: Vec<ManagedProcess>,
-    netns_before: BTreeSet<String>,
+    before: HostBefore,
     images: ImageSet,
     /// Cleans up if the test process dies without tearing the node down.
     reaper: Option<std::process::Child>,
@@ -102,6 +102,12 @@ impl RealNode {
             &layout.cni_conf_dir().join("10-csiops.conflist"),
             &config::cni_conflist(&layout),
         )?;
+        // kubelet creates /var/lib/kubelet/device-plugins whatever its
+        // --root-dir; the reaper removes it if it was not there before.
+        let before = HostBefore::now();
+        if !before.var_lib_kubelet {
+            write(&layout.root.join("created-var-lib-kubelet"), "")?;
+        }
         let p = crate::ports::free_ports(4)?;
         write(
             &layout.kubelet_config(),
@@ -114,7 +120,7 @@ impl RealNode {
             bin_dir: bin_dir.to_path_buf(),
             logs: logs.to_path_buf(),
             procs: Vec::new(),
-            netns_before: host::netns_names(),
+            before,
             images,
             reaper: None,
             net: Some(net),
@@ -142,7 +148,7 @@ impl RealNode {
     /// by environment, so its command line never names the node dir.
     fn reaper(&self, parent: Option<u32>) -> Result<std::process::Command> {
         let before = self.layout.root.join("netns-before");
-        let names: Vec<&str> = self.netns_before.iter().map(String::as_str).collect();
+        let names: Vec<&str> = self.before.netns.iter().map(String::as_str).collect();
         write(&before, &names.join("\n"))?;
         let mut cmd = std::process::Command::new("bash");
         cmd.args(["-c", include_str!("reaper.sh"), "csiops-reaper"])
@@ -380,10 +386,29 @@ pub fn ctr(socket: &Path, args: &[&str]) -> Result<String> {
     host::run("ctr", &all)
 }
 
+/// What of the host's state a node may change, as it was before the node
+/// started: what [`leftovers`] compares with.
+#[derive(Debug, Clone)]
+pub struct HostBefore {
+    /// The network namespaces in /run/netns.
+    pub netns: BTreeSet<String>,
+    /// Whether /var/lib/kubelet existed (kubelet makes its device-plugins
+    /// dir there whatever its --root-dir).
+    pub var_lib_kubelet: bool,
+}
+
+impl HostBefore {
+    pub fn now() -> HostBefore {
+        HostBefore {
+            netns: host::netns_names(),
+            var_lib_kubelet: Path::new(host::KUBELET_DEFAULT_DIR).exists(),
+        }
+    }
+}
+
 /// What a stopped node left on the host, one line each; empty when clean.
-/// `root` is the node's directory, `before` the network namespaces that
-/// existed before it started.
-pub fn leftovers(root: &Path, before: &BTreeSet<String>) -> Vec<String> {
+/// `root` is the node's directory.
+pub fn leftovers(root: &Path, before: &HostBefore) -> Vec<String> {
     let mut left = Vec::new();
     let needle = root.display().to_string();
     for (pid, cmd) in host::processes_mentioning(&needle) {
@@ -392,8 +417,11 @@ pub fn leftovers(root: &Path, before: &BTreeSet<String>) -> Vec<String> {
     for m in host::mounts_under(root) {
         left.push(format!("mount {}", m.display()));
     }
-    for ns in host::netns_names().difference(before) {
+    for ns in host::netns_names().difference(&before.netns) {
         left.push(format!("network namespace {ns}"));
+    }
+    if !before.var_lib_kubelet && Path::new(host::KUBELET_DEFAULT_DIR).exists() {
+        left.push(format!("directory {}", host::KUBELET_DEFAULT_DIR));
     }
     if host::bridge_exists() {
         left.push(format!("bridge {}", config::BRIDGE));
@@ -405,10 +433,9 @@ pub fn leftovers(root: &Path, before: &BTreeSet<String>) -> Vec<String> {
 }
 
 impl RealNode {
-    /// The network namespaces that existed before the node started (for
-    /// [`leftovers`]).
-    pub fn netns_before(&self) -> &BTreeSet<String> {
-        &self.netns_before
+    /// The host's state before the node started (for [`leftovers`]).
+    pub fn host_before(&self) -> &HostBefore {
+        &self.before
     }
 }
 

@@ -72,6 +72,12 @@ for family in iptables ip6tables; do
   ' | "$family-restore" --noflush 2>/dev/null
 done
 ip link delete "$bridge" 2>/dev/null
+# kubelet puts its device-plugin socket in /var/lib/kubelet/device-plugins
+# whatever its --root-dir; remove what it created there.
+if [ -e "$node/created-var-lib-kubelet" ]; then
+  rm -f /var/lib/kubelet/device-plugins/kubelet.sock
+  rmdir /var/lib/kubelet/device-plugins /var/lib/kubelet 2>/dev/null
+fi
 
 # A dead test cannot remove its cluster dir (the node dir's parent); do it
 # once nothing is mounted in it.

@@ -232,15 +232,7 @@ fn controller_sidecar(
     ];
     args.extend(extra_operator_args.iter().map(|a| a.to_string()));
     let env = [field_env("NAMESPACE", "metadata.namespace")];
-    sidecar_container(
-        ctx,
-        name,
-        key,
-        spec,
-        args,
-        &env,
-        vec![socket_dir_mount()],
-    )
+    sidecar_container(ctx, name, key, spec, args, &env, vec![socket_dir_mount()])
 }
 
 /// `csi-provisioner`: creates and deletes volumes for PVCs. Adds the PVC/PV
