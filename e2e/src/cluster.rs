@@ -494,7 +494,13 @@ impl Cluster {
 
     /// Stops every process (SIGTERM, SIGKILL after a grace period) and
     /// removes the temp dir. Dropping the cluster does the same, blocking.
-    pub async fn stop(mut self) -> Result<()> {
+    pub async fn stop(self) -> Result<()> {
+        self.stop_and_report().await.map(drop)
+    }
+
+    /// [`Cluster::stop`], returning what the real node left on the host
+    /// ([`realnode::leftovers`]; empty without a real node).
+    pub async fn stop_and_report(mut self) -> Result<Vec<String>> {
         let procs = std::mem::take(&mut self.procs);
         let (real, dir) = (self.real.take(), self.dir.take());
         tokio::task::spawn_blocking(move || shutdown(procs, real, dir))
@@ -522,12 +528,10 @@ fn shutdown(
     mut procs: Vec<ManagedProcess>,
     real: Option<RealNode>,
     dir: Option<tempfile::TempDir>,
-) {
+) -> Vec<String> {
     let mut controllers = procs.split_off(procs.len().min(2));
     process::terminate_all(&mut controllers, DEFAULT_GRACE);
-    if let Some(node) = real {
-        node.stop();
-    }
+    let left = real.map(RealNode::stop).unwrap_or_default();
     let mut apiserver = procs.split_off(procs.len().min(1));
     process::terminate_all(&mut apiserver, DEFAULT_GRACE);
     process::terminate_all(&mut procs, DEFAULT_GRACE);
@@ -544,6 +548,7 @@ fn shutdown(
             eprintln!("csiops-e2e: kept {}", kept.display());
         }
     }
+    left
 }
 
 /// Runs blocking set-up work off the async runtime.

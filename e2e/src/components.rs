@@ -87,6 +87,8 @@ pub(crate) fn kube_controller_manager(w: &WorkDir) -> Vec<String> {
         // ServiceAccount tokens to mint and wait for.
         "--use-service-account-credentials=false".into(),
         "--controllers=*".into(),
+        // Its default, /usr/libexec/kubernetes/..., would be created on the host.
+        format!("--flex-volume-plugin-dir={}", p(&w.root.join("flexvolume"))),
         // Client-side rate limits only slow the tests down.
         "--kube-api-qps=200".into(),
         "--kube-api-burst=400".into(),

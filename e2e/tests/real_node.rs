@@ -48,8 +48,6 @@ async fn start(kwok_nodes: usize) -> Cluster {
 async fn a_pod_runs_for_real_and_teardown_leaves_nothing() {
     let cluster = start(1).await;
     let node = cluster.real_node().expect("a real node");
-    let root = node.layout().root.clone();
-    let host_before = node.host_before().clone();
     let image = node
         .images()
         .reference(images::TEST_DRIVER)
@@ -116,8 +114,7 @@ spec:
         .expect("kubectl logs");
     assert!(!logs.trim().is_empty(), "the driver logged nothing");
 
-    cluster.stop().await.expect("cluster stops");
-    let left = realnode::leftovers(&root, &host_before);
+    let left = cluster.stop_and_report().await.expect("cluster stops");
     assert!(left.is_empty(), "left behind: {left:#?}");
 }
 
@@ -126,7 +123,6 @@ async fn install_yaml_and_a_driver_run_for_real() {
     let cluster = start(0).await;
     let node = cluster.real_node().expect("a real node");
     let root = node.layout().root.clone();
-    let host_before = node.host_before().clone();
     let kubelet_dir = node.layout().kubelet_dir();
     let client = cluster.client().expect("client");
     let image = node
@@ -362,8 +358,7 @@ async fn install_yaml_and_a_driver_run_for_real() {
         node.ctr(&["containers", "ls"]).unwrap_or_default()
     );
 
-    cluster.stop().await.expect("cluster stops");
-    let left = realnode::leftovers(&root, &host_before);
+    let left = cluster.stop_and_report().await.expect("cluster stops");
     assert!(left.is_empty(), "left behind: {left:#?}");
 }
 
@@ -503,16 +498,23 @@ async fn a_killed_test_leaves_nothing_behind() {
     let _ = helper.wait();
     let (root, before) = reported.expect("the helper ran a pod on its real node");
 
-    let clean = wait_for(Duration::from_secs(60), Duration::from_secs(1), || async {
-        realnode::leftovers(&root, &before).is_empty().then_some(())
-    })
-    .await;
+    // The reaper holds the machine lock until it is done; taking it waits
+    // for that, and keeps other nodes from starting while we look.
+    let _lock = tokio::task::spawn_blocking(realnode::host::NodeLock::acquire)
+        .await
+        .expect("lock task")
+        .expect("machine lock");
+    let left = realnode::leftovers(&root, &before);
     assert!(
-        clean.is_ok(),
-        "left behind by a SIGKILLed test: {:#?}",
-        realnode::leftovers(&root, &before)
+        left.is_empty(),
+        "left behind by a SIGKILLed test: {left:#?}"
     );
-    assert!(!root.exists(), "{} not removed", root.display());
+    let cluster_dir = root.parent().expect("cluster dir");
+    assert!(
+        !cluster_dir.exists(),
+        "{} not removed",
+        cluster_dir.display()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -178,10 +178,16 @@ impl RealNode {
             .and_then(HostNetwork::lock_fd)
             .ok_or_else(|| Error::Other("the real node has no lock".into()))?;
         let mut cmd = self.reaper(Some(std::process::id()))?;
-        // SAFETY: dup2 is async-signal-safe; the new fd has no CLOEXEC.
+        // SAFETY: dup2 and fcntl are async-signal-safe. dup2's new fd has no
+        // CLOEXEC, but dup2 onto itself changes nothing: clear it then.
         unsafe {
             cmd.pre_exec(move || {
-                if libc::dup2(lock, 9) < 0 {
+                let rc = if lock == 9 {
+                    libc::fcntl(9, libc::F_SETFD, 0)
+                } else {
+                    libc::dup2(lock, 9)
+                };
+                if rc < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
                 Ok(())
@@ -279,15 +285,18 @@ impl RealNode {
         self.spawn("kubelet", &program, &args)
     }
 
-    /// Tears the node down (see the module docs). Needs the apiserver, so
-    /// the cluster stops its controllers first and the apiserver after.
-    pub fn stop(mut self) {
-        self.teardown();
+    /// Tears the node down (see the module docs) and returns what it left
+    /// behind ([`leftovers`], checked while this node still holds the
+    /// machine lock, so another node starting cannot be mistaken for a
+    /// leftover). Needs the apiserver, so the cluster stops its controllers
+    /// first and the apiserver after.
+    pub fn stop(mut self) -> Vec<String> {
+        self.teardown()
     }
 
-    fn teardown(&mut self) {
+    fn teardown(&mut self) -> Vec<String> {
         if self.net.is_none() {
-            return;
+            return Vec::new();
         }
         self.drain_pods();
         let mut procs = std::mem::take(&mut self.procs);
@@ -308,12 +317,16 @@ impl RealNode {
             Ok(st) if st.success() => {}
             other => tracing::warn!(?other, "the reaper failed"),
         }
-        // The reaper holds the machine lock too: it goes before the lock.
+        // Checked while the machine lock is still ours: afterwards another
+        // node may start, and its bridge is not our leftover.
+        let left = leftovers(&self.layout.root, &self.before);
+        // The watchdog holds the lock too: it goes before the lock does.
         if let Some(mut reaper) = self.reaper.take() {
             let _ = reaper.kill();
             let _ = reaper.wait();
         }
         drop(self.net.take());
+        left
     }
 
     /// Force-deletes every pod bound to this node and waits (bounded) until
@@ -374,7 +387,10 @@ impl RealNode {
 
 impl Drop for RealNode {
     fn drop(&mut self) {
-        self.teardown();
+        let left = self.teardown();
+        if !left.is_empty() {
+            tracing::warn!(?left, "the real node left things behind");
+        }
     }
 }
 
