@@ -15,6 +15,7 @@ pub const CLUSTER_BINARIES: &[&str] = &[
     "kube-scheduler",
     "kwok",
     "csi-mock-driver",
+    "regclient",
 ];
 
 /// `<workspace>/e2e`.
