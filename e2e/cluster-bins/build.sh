@@ -2,7 +2,9 @@
 # Build (or reuse from cache) the local Kubernetes test bed used by the e2e
 # tests: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok,
 # csi-mock-driver (Kubernetes' own CSI mock driver, kube/csi-mock-driver),
-# and the real node's kubelet and kube-proxy.
+# regclient (ours, kube/regclient: calls a unix-socket gRPC server the way
+# kubelet's plugin registration does), and the real node's kubelet and
+# kube-proxy.
 #
 #   BIN=$(e2e/cluster-bins/build.sh)   # prints ONLY the bin dir on stdout
 #   e2e/cluster-bins/build.sh --sync   # regenerate wrapper go.mod/go.sum
@@ -118,14 +120,14 @@ check_pins() {
 # platform, and a hash of the wrapper modules, csi-mock-driver's source and
 # the build recipe below.
 # ---------------------------------------------------------------------------
-RECIPE=6 # bump when the build flags/ldflags or the set of binaries change
-BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kwok csi-mock-driver)
+RECIPE=7 # bump when the build flags/ldflags or the set of binaries change
+BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kwok csi-mock-driver regclient)
 
 cache_key() {
   local gover goos goarch h
   { read -r gover; read -r goos; read -r goarch; } < <(go env GOVERSION GOOS GOARCH)
   h="$( { echo "recipe=$RECIPE"; cat "$HERE"/{kube,etcd,kwok}/go.{mod,sum} \
-    "$HERE"/kube/csi-mock-driver/*.go; } |
+    "$HERE"/kube/csi-mock-driver/*.go "$HERE"/kube/regclient/*.go; } |
     sha256sum | cut -c1-12)"
   printf 'k8s-%s_etcd-%s_kwok-%s_%s_%s-%s_%s' \
     "$K8S_VERSION" "$ETCD_VERSION" "$KWOK_VERSION" "$gover" "$goos" "$goarch" "$h"
@@ -147,6 +149,7 @@ bins_ok() {
   "$dir/kube-proxy" --version >"$t/kube-proxy" 2>&1 &
   "$dir/kwok" --version >"$t/kwok" 2>&1 &
   "$dir/csi-mock-driver" --version >"$t/csi-mock-driver" 2>&1 &
+  "$dir/regclient" -version >"$t/regclient" 2>&1 &
   local rc=0
   wait || rc=1
   grep -q "etcd Version: ${ETCD_VERSION#v}" "$t/etcd" || rc=1
@@ -157,6 +160,7 @@ bins_ok() {
   grep -qx "Kubernetes $K8S_VERSION" "$t/kube-proxy" || rc=1
   grep -q "$KWOK_VERSION" "$t/kwok" || rc=1
   grep -q "^csi-mock-driver k8s.io/kubernetes $K8S_VERSION " "$t/csi-mock-driver" || rc=1
+  grep -q "^regclient k8s.io/kubelet $K8S_STAGING_VERSION " "$t/regclient" || rc=1
   rm -rf "$t"
   return "$rc"
 }
@@ -204,7 +208,7 @@ build_into() {
     k8s.io/kubernetes/cmd/kube-scheduler \
     k8s.io/kubernetes/cmd/kubelet \
     k8s.io/kubernetes/cmd/kube-proxy \
-    ./csi-mock-driver) >&2
+    ./csi-mock-driver ./regclient) >&2
 
   # --- etcd ------------------------------------------------------------------
   log "building etcd $ETCD_VERSION"

@@ -17,6 +17,7 @@ pub const CLUSTER_BINARIES: &[&str] = &[
     "csi-mock-driver",
     "kubelet",
     "kube-proxy",
+    "regclient",
 ];
 
 /// `<workspace>/e2e`.

@@ -297,7 +297,8 @@ async fn registrar_and_liveness_probe_with_a_real_driver() {
     assert!(entry(&c, DRIVER).is_none(), "entry removed on SIGTERM");
     assert_eq!(entry(&c, OTHER), Some(&other));
 
-    // --keep-registration-on-exit keeps it (upgrades).
+    // --keep-registration-on-exit keeps it (upgrades). The entry is written
+    // once kubelet has accepted the new registrar.
     let mut kept = registrar(
         &cluster,
         &p,
@@ -305,6 +306,11 @@ async fn registrar_and_liveness_probe_with_a_real_driver() {
         &["--keep-registration-on-exit"],
         1,
     );
+    wait_for(DEADLINE, POLL, || async {
+        kubelet_register(&socket, Ok(())).await.ok()
+    })
+    .await
+    .unwrap_or_else(|_| panic!("registration:\n{}", kept.log_tail(20)));
     wait_for(DEADLINE, POLL, || async {
         let c = csinodes.get(NODE).await.ok()?;
         entry(&c, DRIVER).map(|_| ())

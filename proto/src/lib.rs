@@ -8,9 +8,12 @@
 //!   the registrar sidecar, called by kubelet).
 //! - [`client`]: dialling a driver's unix socket, per-call deadlines.
 //! - [`redact`]: rendering requests for logs with `csi_secret` fields stripped.
+//! - [`authority`]: serving gRPC clients that send a socket path as
+//!   `:authority` (kubelet's plugin registration, grpc-go by path).
 //!
 //! Well-known types (`google.protobuf.*`) map to [`prost_types`].
 
+pub mod authority;
 pub mod client;
 pub mod redact;
 

@@ -9,7 +9,6 @@ use csiops_proto::csi::v1::{
 };
 use tokio::net::UnixListener;
 use tokio::signal::unix::{signal, SignalKind};
-use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Server;
 
 use super::config::Config;
@@ -69,7 +68,9 @@ pub async fn run(cfg: Config) -> Result<(), String> {
         .add_service(IdentityServer::new(handle.clone()))
         .add_service(ControllerServer::new(handle.clone()))
         .add_service(NodeServer::new(handle))
-        .serve_with_incoming(UnixListenerStream::new(listener));
+        // Clients that dial by path send it as `:authority`; see
+        // csiops_proto::authority.
+        .serve_with_incoming(csiops_proto::authority::incoming(listener));
     let result = tokio::select! {
         r = server => r.map_err(|e| format!("gRPC server: {e}")),
         _ = term.recv() => { tracing::info!("SIGTERM: stopping"); Ok(()) }

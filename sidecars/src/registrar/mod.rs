@@ -5,7 +5,12 @@
 //! 1. Connect to the driver and ask GetPluginInfo, retrying while it starts.
 //! 2. Serve `Registration` on `<plugin-registration-path>/<driver>-reg.sock`,
 //!    bound privately; re-create the socket if something removes it.
-//! 3. Keep the CSINode (see `sync`).
+//!    Connections go through `csiops_proto::authority`, because kubelet
+//!    sends the socket path as `:authority`, which tonic's HTTP/2 layer
+//!    rejects.
+//! 3. Once kubelet reports the registration accepted (NotifyRegistrationStatus
+//!    with `plugin_registered`), keep the CSINode (see `sync`); nothing is
+//!    written before, so a CSINode entry means kubelet can use the driver.
 //! 4. kubelet refusing the registration ends the process non-zero; SIGTERM
 //!    removes the socket and, unless `--keep-registration-on-exit`, this
 //!    driver's CSINode entry and annotation key.
@@ -21,8 +26,7 @@ use std::time::Duration;
 
 use clap::Args;
 use csiops_proto::pluginregistration::registration_server::RegistrationServer;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::UnixListenerStream;
+use tokio::sync::watch;
 
 use crate::common::args::CommonArgs;
 use crate::common::driver::Driver;
@@ -103,7 +107,7 @@ fn serve_registration(
     path: &std::path::Path,
     driver_name: &str,
     endpoint: &str,
-    refusals: &mpsc::Sender<String>,
+    verdict: &watch::Sender<server::Verdict>,
 ) -> Result<Served, RegistrarError> {
     let (listener, identity) =
         socket::bind_private(path).map_err(|source| RegistrarError::Socket {
@@ -113,12 +117,12 @@ fn serve_registration(
     let service = server::RegistrationService {
         driver_name: driver_name.to_string(),
         endpoint: endpoint.to_string(),
-        refusals: refusals.clone(),
+        verdict: verdict.clone(),
     };
     let task = tokio::spawn(async move {
         let res = tonic::transport::Server::builder()
             .add_service(RegistrationServer::new(service))
-            .serve_with_incoming(UnixListenerStream::new(listener))
+            .serve_with_incoming(csiops_proto::authority::incoming(listener))
             .await;
         if let Err(e) = res {
             tracing::error!(error = %e, "registration server stopped");
@@ -156,12 +160,12 @@ pub async fn run(args: RegistrarArgs) -> Result<(), SidecarError> {
     tracing::info!(driver = %driver_name, node = %node_name, "driver found");
 
     let path = socket::socket_path(&args.plugin_registration_path, &driver_name);
-    let (refusal_tx, mut refusals) = mpsc::channel::<String>(4);
+    let (verdict_tx, mut verdict) = watch::channel(server::Verdict::Pending);
     let mut served = serve_registration(
         &path,
         &driver_name,
         &args.kubelet_registration_path,
-        &refusal_tx,
+        &verdict_tx,
     )?;
 
     // /healthz: the socket is ours and in place, and the driver answers.
@@ -206,6 +210,7 @@ pub async fn run(args: RegistrarArgs) -> Result<(), SidecarError> {
         driver_name.clone(),
         driver.clone(),
         args.node_info_interval,
+        verdict.clone(),
     );
     let sync_task = {
         let sync = sync.clone();
@@ -217,12 +222,19 @@ pub async fn run(args: RegistrarArgs) -> Result<(), SidecarError> {
     let outcome = loop {
         tokio::select! {
             _ = shutdown.wait() => break Ok(()),
-            Some(error) = refusals.recv() => break Err(RegistrarError::Refused(error)),
+            Ok(()) = verdict.changed() => {
+                if let server::Verdict::Refused(error) = &*verdict.borrow_and_update() {
+                    break Err(RegistrarError::Refused(error.clone()));
+                }
+            }
             _ = check_socket.tick() => {
                 if socket::identity(&path) != Some(served.identity) {
                     tracing::warn!(path = %path.display(), "registration socket was removed; re-creating it");
                     served.task.abort();
-                    served = serve_registration(&path, &driver_name, &args.kubelet_registration_path, &refusal_tx)?;
+                    // kubelet deregisters a removed socket and registers the
+                    // new one afresh: its earlier verdict no longer holds.
+                    verdict_tx.send_replace(server::Verdict::Pending);
+                    served = serve_registration(&path, &driver_name, &args.kubelet_registration_path, &verdict_tx)?;
                     if let Ok(mut id) = current_identity.lock() {
                         *id = served.identity;
                     }

@@ -1,7 +1,14 @@
 //! Keeps this node's CSINode entry, topology labels and node-ID annotation in
 //! step with the driver's NodeGetInfo, the way kubelet's node-info manager does
 //! (see `nodeinfo`). Runs at start, on every change of this Node or CSINode,
-//! and every `--node-info-interval`; API errors back off and retry.
+//! on every verdict of kubelet, and every `--node-info-interval`; API errors
+//! back off and retry.
+//!
+//! Nothing is written until kubelet has accepted the registration
+//! (NotifyRegistrationStatus with `plugin_registered`): the entry is what
+//! REGISTERED counts, so it must not claim a driver kubelet cannot use. While
+//! kubelet has not (yet) accepted, an entry already there is left alone too:
+//! it may be kubelet's own, or kept by `--keep-registration-on-exit`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -12,8 +19,10 @@ use k8s_openapi::api::storage::v1::CSINode;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::Client;
+use tokio::sync::watch;
 
 use super::nodeinfo::{self, DriverNodeInfo};
+use super::server::Verdict;
 use crate::common::driver::Driver;
 use crate::common::shutdown::Shutdown;
 
@@ -29,8 +38,14 @@ pub enum SyncError {
 /// What a pass did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
-    Installed { wrote: bool },
-    Uninstalled { wrote: bool },
+    Installed {
+        wrote: bool,
+    },
+    Uninstalled {
+        wrote: bool,
+    },
+    /// kubelet has not accepted the registration: nothing was done.
+    AwaitingKubelet,
 }
 
 /// The maintainer of one node's registration of one driver.
@@ -44,6 +59,8 @@ pub struct NodeInfoSync {
     /// How often NodeGetInfo is asked even when nothing changed: a driver that
     /// stops answering is noticed within this time.
     pub interval: Duration,
+    /// kubelet's verdict on the registration.
+    pub kubelet: watch::Receiver<Verdict>,
 }
 
 impl NodeInfoSync {
@@ -53,6 +70,7 @@ impl NodeInfoSync {
         driver_name: String,
         driver: Driver,
         interval: Duration,
+        kubelet: watch::Receiver<Verdict>,
     ) -> Self {
         Self {
             nodes: Api::all(client.clone()),
@@ -61,11 +79,16 @@ impl NodeInfoSync {
             driver_name,
             driver,
             interval,
+            kubelet,
         }
     }
 
-    /// One pass: NodeGetInfo, then install or (if the driver fails) uninstall.
+    /// One pass: once kubelet accepted the registration, NodeGetInfo, then
+    /// install or (if the driver fails) uninstall.
     pub async fn reconcile(&self) -> Result<Outcome, SyncError> {
+        if *self.kubelet.borrow() != Verdict::Registered {
+            return Ok(Outcome::AwaitingKubelet);
+        }
         match self.driver.node_get_info().await {
             Ok(resp) => {
                 let info = DriverNodeInfo {
@@ -173,12 +196,14 @@ impl NodeInfoSync {
         let node_events = watcher::watcher(self.nodes.clone(), by_name.clone()).map(|_| ());
         let csinode_events = watcher::watcher(self.csinodes.clone(), by_name).map(|_| ());
         let mut changes = stream::select(node_events, csinode_events).boxed();
+        let mut kubelet = self.kubelet.clone();
         let mut backoff = Duration::from_secs(1);
         let mut next = tokio::time::Instant::now();
         loop {
             tokio::select! {
                 _ = shutdown.wait() => return,
                 _ = tokio::time::sleep_until(next) => {}
+                Ok(()) = kubelet.changed() => {}
                 Some(()) = changes.next() => {
                     // Coalesce a burst of events (including our own writes) into one pass.
                     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -196,5 +221,73 @@ impl NodeInfoSync {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::common::metrics::Metrics;
+
+    /// A sync whose API server answers every request with 500 and counts
+    /// them, and whose driver accepts connections but never answers.
+    async fn sync_counting_requests(
+        dir: &std::path::Path,
+    ) -> (
+        NodeInfoSync,
+        watch::Sender<Verdict>,
+        Arc<AtomicUsize>,
+        std::os::unix::net::UnixListener,
+    ) {
+        let socket = dir.join("csi.sock");
+        // Never accepted: connecting succeeds, calls time out.
+        let listener = std::os::unix::net::UnixListener::bind(&socket).expect("bind");
+        let driver = Driver::connect(
+            &socket.to_string_lossy(),
+            Duration::from_millis(200),
+            Arc::new(Metrics::new()),
+        )
+        .await
+        .expect("driver socket connects");
+        let requests = Arc::new(AtomicUsize::new(0));
+        let counted = requests.clone();
+        let api = tower::service_fn(move |_: http::Request<kube::client::Body>| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async {
+                http::Response::builder()
+                    .status(500)
+                    .body(kube::client::Body::empty())
+            }
+        });
+        let (verdict, kubelet) = watch::channel(Verdict::Pending);
+        let sync = NodeInfoSync::new(
+            Client::new(api, "default"),
+            "node-a".into(),
+            "csi.example.com".into(),
+            driver,
+            Duration::from_secs(10),
+            kubelet,
+        );
+        (sync, verdict, requests, listener)
+    }
+
+    #[tokio::test]
+    async fn nothing_is_written_before_kubelet_accepts_nor_after_it_refuses() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (sync, verdict, requests, _driver) = sync_counting_requests(dir.path()).await;
+
+        assert_eq!(sync.reconcile().await.ok(), Some(Outcome::AwaitingKubelet));
+        verdict.send_replace(Verdict::Refused("incompatible version".into()));
+        assert_eq!(sync.reconcile().await.ok(), Some(Outcome::AwaitingKubelet));
+        assert_eq!(requests.load(Ordering::SeqCst), 0, "no API request at all");
+
+        // Accepted: the pass goes to the driver (which times out) and then to
+        // the API server (which fails), so the gate was what held it back.
+        verdict.send_replace(Verdict::Registered);
+        assert!(matches!(sync.reconcile().await, Err(SyncError::Kube(_))));
+        assert!(requests.load(Ordering::SeqCst) > 0);
     }
 }
