@@ -322,9 +322,7 @@ pub fn manifest() -> Result<String, serde_yaml::Error> {
         },
         subjects: Some(vec![subject()]),
     };
-    let crd = serde_yaml::to_string(
-        &<csiops_crds::CSIDriverDeployment as kube::CustomResourceExt>::crd(),
-    )?;
+    let crd = serde_yaml::to_string(&csiops_crds::crd())?;
     let parts = [
         doc(&namespace)?,
         crd,

@@ -852,3 +852,228 @@ fn unusable_objects_are_refused_with_a_reason() {
         Err(RenderError::InvalidKubeletDir { .. })
     ));
 }
+
+// ---------------------------------------------------------------- pod settings
+
+fn with_spec(patch: serde_json::Value) -> CSIDriverDeployment {
+    let mut v = serde_json::to_value(hostpath()).expect("serializes");
+    json_merge(&mut v["spec"], patch);
+    serde_json::from_value(v).expect("patched object parses")
+}
+
+fn json_merge(into: &mut Value, patch: Value) {
+    match (into, patch) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in b {
+                json_merge(a.entry(k).or_insert(Value::Null), v);
+            }
+        }
+        (slot, v) => *slot = v,
+    }
+}
+
+#[test]
+fn pod_settings_volumes_mounts_and_security_context_are_rendered() {
+    let obj = with_spec(serde_json::json!({
+        "node": {
+            "hostNetwork": true,
+            "hostPID": true,
+            "podLabels": {"team": "storage"},
+            "podAnnotations": {"example.com/scrape": "true"},
+            "volumes": [
+                {"name": "dev-dir", "hostPath": {"path": "/dev", "type": "Directory"}},
+                {"name": "modules", "hostPath": {"path": "/lib/modules"}}
+            ],
+            "volumeMounts": [
+                {"name": "dev-dir", "mountPath": "/dev", "mountPropagation": "HostToContainer"},
+                {"name": "modules", "mountPath": "/lib/modules", "readOnly": true}
+            ],
+            "securityContext": {"privileged": true, "capabilities": {"add": ["SYS_ADMIN"]}}
+        },
+        "controller": {
+            "dnsPolicy": "Default",
+            "volumes": [{"name": "config", "configMap": {"name": "driver-config"}}],
+            "volumeMounts": [{"name": "config", "mountPath": "/etc/driver"}]
+        },
+        "sidecars": {
+            "registrar": {"volumeMounts": [{"name": "dev-dir", "mountPath": "/dev"}]},
+            "provisioner": {"volumeMounts": [{"name": "config", "mountPath": "/etc/driver"}]}
+        }
+    }));
+    let r = must_render(&obj);
+
+    let node = pod(&r, Component::Node);
+    assert_eq!(node.host_network, Some(true));
+    assert_eq!(node.host_pid, Some(true));
+    // hostNetwork without a dnsPolicy keeps cluster DNS.
+    assert_eq!(node.dns_policy.as_deref(), Some("ClusterFirstWithHostNet"));
+    let volumes: Vec<&str> = node
+        .volumes
+        .iter()
+        .flatten()
+        .map(|v| v.name.as_str())
+        .collect();
+    assert_eq!(
+        volumes,
+        [
+            names::VOLUME_SOCKET_DIR,
+            names::VOLUME_REGISTRATION_DIR,
+            names::VOLUME_KUBELET_DIR,
+            "dev-dir",
+            "modules"
+        ]
+    );
+    assert_eq!(host_path(node, "dev-dir"), ("/dev", Some("Directory")));
+    assert_eq!(
+        mounts_of(node, "dev-dir"),
+        [
+            (names::CONTAINER_DRIVER, "/dev", Some("HostToContainer")),
+            (names::CONTAINER_REGISTRAR, "/dev", None)
+        ]
+    );
+    let driver = container(node, names::CONTAINER_DRIVER);
+    let sc = driver.security_context.as_ref().expect("security context");
+    assert_eq!(sc.privileged, Some(true));
+    assert_eq!(
+        sc.capabilities.as_ref().and_then(|c| c.add.clone()),
+        Some(vec!["SYS_ADMIN".to_string()])
+    );
+    // The operator's mounts come first and stay.
+    assert_eq!(
+        mounts_of(node, names::VOLUME_KUBELET_DIR),
+        [(
+            names::CONTAINER_DRIVER,
+            "/var/lib/kubelet",
+            Some("Bidirectional")
+        )]
+    );
+    let tmpl = r
+        .daemonset
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.as_ref())
+        .expect("template meta");
+    let labels = tmpl.labels.as_ref().expect("labels");
+    assert_eq!(labels["team"], "storage");
+    assert_eq!(labels[INSTANCE], "hostpath");
+    let annotations = tmpl.annotations.as_ref().expect("annotations");
+    assert_eq!(annotations["example.com/scrape"], "true");
+    assert_eq!(annotations[VERSION], "v1.17.0");
+
+    let ctrl = pod(&r, Component::Controller);
+    assert_eq!(ctrl.dns_policy.as_deref(), Some("Default"));
+    assert_eq!(ctrl.host_network, None);
+    assert_eq!(
+        mounts_of(ctrl, "config"),
+        [
+            (names::CONTAINER_DRIVER, "/etc/driver", None),
+            (names::CONTAINER_PROVISIONER, "/etc/driver", None)
+        ]
+    );
+    // Pod settings are pod content: they roll the pods.
+    let base = must_render(&hostpath());
+    assert_ne!(r.node_hash, base.node_hash);
+    assert_ne!(r.controller_hash, base.controller_hash);
+}
+
+#[test]
+fn collisions_with_what_the_operator_manages_are_refused_naming_both() {
+    let cases = [
+        (
+            serde_json::json!({"node": {"volumes": [{"name": "socket-dir", "emptyDir": {}}]}}),
+            vec![
+                "spec.node.volumes[0].name",
+                "\"socket-dir\"",
+                "CSI socket directory",
+            ],
+        ),
+        (
+            serde_json::json!({"node": {"volumes": [{"name": "kubelet-dir", "emptyDir": {}}]}}),
+            vec!["spec.node.volumes[0].name", "kubelet directory"],
+        ),
+        (
+            serde_json::json!({"controller": {
+                "volumes": [{"name": "x", "emptyDir": {}}],
+                "volumeMounts": [{"name": "x", "mountPath": "/csi"}]}}),
+            vec![
+                "spec.controller.volumeMounts[0].mountPath",
+                "\"/csi\"",
+                "CSI socket directory",
+            ],
+        ),
+        (
+            serde_json::json!({"node": {
+                "volumes": [{"name": "x", "emptyDir": {}}],
+                "volumeMounts": [{"name": "x", "mountPath": "/var/lib/kubelet/"}]}}),
+            vec!["spec.node.volumeMounts[0].mountPath", "kubeletDir"],
+        ),
+        (
+            serde_json::json!({
+                "node": {"volumes": [{"name": "x", "emptyDir": {}}]},
+                "sidecars": {"registrar": {"volumeMounts": [{"name": "x", "mountPath": "/registration"}]}}}),
+            vec![
+                "spec.sidecars.registrar.volumeMounts[0].mountPath",
+                "registration directory",
+            ],
+        ),
+        (
+            serde_json::json!({"node": {"podLabels": {"app.kubernetes.io/instance": "x"}}}),
+            vec![
+                "spec.node.podLabels",
+                "app.kubernetes.io/instance",
+                "selects its pods by",
+            ],
+        ),
+        (
+            serde_json::json!({"controller": {"podAnnotations": {"csiops.dev/version": "x"}}}),
+            vec!["spec.controller.podAnnotations", "csiops.dev/version"],
+        ),
+        (
+            serde_json::json!({"node": {"volumes": [
+                {"name": "a", "emptyDir": {}}, {"name": "a", "emptyDir": {}}]}}),
+            vec!["spec.node.volumes[1].name", "spec.node.volumes[0]"],
+        ),
+        (
+            serde_json::json!({"node": {"volumeMounts": [{"name": "nope", "mountPath": "/x"}]}}),
+            vec!["spec.node.volumeMounts[0]", "\"nope\"", "spec.node.volumes"],
+        ),
+        (
+            // The controller's volumes are not the node's.
+            serde_json::json!({
+                "controller": {"volumes": [{"name": "cfg", "emptyDir": {}}]},
+                "sidecars": {"registrar": {"volumeMounts": [{"name": "cfg", "mountPath": "/cfg"}]}}}),
+            vec![
+                "spec.sidecars.registrar.volumeMounts[0]",
+                "spec.node.volumes",
+            ],
+        ),
+        (
+            serde_json::json!({"node": {"securityContext": {"runAsUser": 0}}}),
+            vec![
+                "spec.node.securityContext",
+                "Bidirectional",
+                "privileged: true",
+            ],
+        ),
+        (
+            serde_json::json!({"controller": {
+                "volumes": [{"name": "m", "hostPath": {"path": "/mnt"}}],
+                "volumeMounts": [{"name": "m", "mountPath": "/mnt", "mountPropagation": "Bidirectional"}]}}),
+            vec!["spec.controller.securityContext", "/mnt"],
+        ),
+    ];
+    for (patch, expect) in cases {
+        let obj = with_spec(patch.clone());
+        let msg = render(&obj, &cfg())
+            .expect_err(&patch.to_string())
+            .to_string();
+        for e in expect {
+            assert!(msg.contains(e), "{patch}: {msg:?} should contain {e:?}");
+        }
+    }
+    // Mounting an operator-managed volume elsewhere is allowed.
+    let obj = with_spec(serde_json::json!({
+        "sidecars": {"registrar": {"volumeMounts": [{"name": "kubelet-dir", "mountPath": "/kubelet", "readOnly": true}]}}
+    }));
+    must_render(&obj);
+}

@@ -17,7 +17,8 @@ use super::hash::spec_hash;
 use super::labels::{common_labels, selector_labels, Component, TEMPLATE_HASH};
 use super::names::{controller_name, CONTAINER_DRIVER, VOLUME_SOCKET_DIR};
 use super::{
-    image_pull_secrets, none_if_empty, none_if_map_empty, pod_annotations, workload_meta, Ctx,
+    apply_pod_settings, image_pull_secrets, none_if_empty, none_if_map_empty, pod_annotations,
+    workload_meta, Ctx,
 };
 
 /// Renders the StatefulSet and returns it with its hash (also set as the
@@ -45,14 +46,9 @@ pub(crate) fn statefulset(ctx: &Ctx<'_>) -> Result<(StatefulSet, String), Render
         containers.push(liveness_probe_container(ctx)?);
     }
 
-    let pod = PodSpec {
+    let mut pod = PodSpec {
         service_account_name: Some(name.clone()),
         containers,
-        volumes: Some(vec![Volume {
-            name: VOLUME_SOCKET_DIR.to_string(),
-            empty_dir: Some(EmptyDirVolumeSource::default()),
-            ..Default::default()
-        }]),
         node_selector: none_if_map_empty(&spec.controller.node_selector),
         tolerations: none_if_empty(spec.controller.tolerations.clone()),
         affinity: spec.controller.affinity.clone(),
@@ -60,6 +56,22 @@ pub(crate) fn statefulset(ctx: &Ctx<'_>) -> Result<(StatefulSet, String), Render
         image_pull_secrets: image_pull_secrets(spec),
         ..Default::default()
     };
+    let mut template_meta = ObjectMeta {
+        labels: Some(common_labels(obj, Component::Controller)),
+        annotations: Some(pod_annotations(ctx, CONTAINER_DRIVER)),
+        ..Default::default()
+    };
+    let socket_dir = Volume {
+        name: VOLUME_SOCKET_DIR.to_string(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Default::default()
+    };
+    apply_pod_settings(
+        &mut pod,
+        &mut template_meta,
+        vec![socket_dir],
+        &spec.controller.pod,
+    );
 
     let sts_spec = StatefulSetSpec {
         replicas: Some(spec.controller.replicas),
@@ -72,11 +84,7 @@ pub(crate) fn statefulset(ctx: &Ctx<'_>) -> Result<(StatefulSet, String), Render
         // by one, and Parallel lets a scale-down to 0 finish at once.
         pod_management_policy: Some("Parallel".to_string()),
         template: PodTemplateSpec {
-            metadata: Some(ObjectMeta {
-                labels: Some(common_labels(obj, Component::Controller)),
-                annotations: Some(pod_annotations(ctx, CONTAINER_DRIVER)),
-                ..Default::default()
-            }),
+            metadata: Some(template_meta),
             spec: Some(pod),
         },
         ..Default::default()

@@ -22,9 +22,9 @@ pub mod validate;
 
 use std::collections::BTreeMap;
 
-use csiops_crds::{CSIDriverDeployment, CSIDriverDeploymentSpec};
+use csiops_crds::{CSIDriverDeployment, CSIDriverDeploymentSpec, DnsPolicy, PodSettings};
 use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
-use k8s_openapi::api::core::v1::{LocalObjectReference, ServiceAccount};
+use k8s_openapi::api::core::v1::{LocalObjectReference, PodSpec, ServiceAccount, Volume};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -217,6 +217,45 @@ pub(crate) fn pod_annotations(ctx: &Ctx<'_>, default_container: &str) -> BTreeMa
         (VERSION.to_string(), ctx.spec().version.clone()),
         (DEFAULT_CONTAINER.to_string(), default_container.to_string()),
     ])
+}
+
+/// Adds the user's pod-level settings to a rendered pod: volumes after the
+/// operator's, host namespaces, DNS policy, labels and annotations (whose
+/// keys validation made sure never replace the operator's).
+pub(crate) fn apply_pod_settings(
+    pod: &mut PodSpec,
+    template: &mut ObjectMeta,
+    managed_volumes: Vec<Volume>,
+    settings: &PodSettings,
+) {
+    let mut volumes = managed_volumes;
+    volumes.extend(settings.volumes.iter().cloned());
+    pod.volumes = none_if_empty(volumes);
+    if settings.host_network {
+        pod.host_network = Some(true);
+    }
+    if settings.host_pid {
+        pod.host_pid = Some(true);
+    }
+    // On the host network, ClusterFirst falls back to the node's resolver;
+    // ClusterFirstWithHostNet keeps cluster names resolvable, which is what
+    // drivers that talk to in-cluster services (ceph-csi…) need.
+    let dns = settings.dns_policy.or(settings
+        .host_network
+        .then_some(DnsPolicy::ClusterFirstWithHostNet));
+    pod.dns_policy = dns.map(|p| p.as_str().to_string());
+    if !settings.pod_labels.is_empty() {
+        let labels = template.labels.get_or_insert_with(BTreeMap::new);
+        for (k, v) in &settings.pod_labels {
+            labels.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+    }
+    if !settings.pod_annotations.is_empty() {
+        let annotations = template.annotations.get_or_insert_with(BTreeMap::new);
+        for (k, v) in &settings.pod_annotations {
+            annotations.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+    }
 }
 
 pub(crate) fn image_pull_secrets(
