@@ -13,6 +13,40 @@ use k8s_openapi::api::storage::v1::CSINode;
 use crate::render::labels::COMPONENT;
 use crate::rollout::{ControllerObs, NodeObs};
 
+/// Degraded reason when the node DaemonSet matches no node.
+pub const NO_MATCHING_NODES: &str = "NoMatchingNodes";
+
+/// Says plainly that the node DaemonSet runs nowhere, once the DaemonSet
+/// controller has looked at the current spec and scheduled it on 0 nodes
+/// (rather than leaving the user to decode "node pods 0/0 available").
+pub fn no_matching_nodes(
+    ds: Option<&DaemonSet>,
+    node_selector: &std::collections::BTreeMap<String, String>,
+) -> Option<String> {
+    let ds = ds?;
+    let status = ds.status.as_ref()?;
+    let generation = ds.metadata.generation.unwrap_or(0);
+    if status.observed_generation.unwrap_or(0) < generation || status.desired_number_scheduled > 0 {
+        return None;
+    }
+    Some(if node_selector.is_empty() {
+        "no node can run the node DaemonSet (0 nodes scheduled): check spec.node.tolerations \
+         against the nodes' taints; without node pods the driver is available nowhere"
+            .to_string()
+    } else {
+        let selector = node_selector
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        format!(
+            "no node matches spec.node.nodeSelector {selector} (0 nodes scheduled): label the \
+             nodes that should run the driver, or change the selector; without node pods the \
+             driver is available nowhere"
+        )
+    })
+}
+
 /// A Ready node pod gets this long to be registered before it is reported:
 /// registration follows readiness by a few seconds on a healthy node.
 pub const REGISTRATION_GRACE_SECONDS: i64 = 30;

@@ -14,6 +14,7 @@ pub mod cluster;
 pub mod conflict;
 pub mod error;
 pub mod events;
+pub mod retry;
 
 use std::sync::Arc;
 use std::time::Duration as StdDuration;
@@ -66,6 +67,8 @@ pub struct Context {
     pub pods: Store<Pod>,
     pub csinodes: Store<CSINode>,
     pub deployments: Store<CSIDriverDeployment>,
+    /// Consecutive failed writes per object, for backoff and reporting.
+    pub failures: retry::Failures,
 }
 
 /// Options of [`run`].
@@ -127,6 +130,7 @@ pub async fn run(
         pods: pods.clone(),
         csinodes: csinodes.clone(),
         deployments: deployments.clone(),
+        failures: retry::Failures::default(),
     });
 
     // Signal readiness once our caches have their first full list. Each store
@@ -201,6 +205,7 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
     let api: Api<CSIDriverDeployment> = Api::namespaced(ctx.client.clone(), &ns);
 
     if obj.metadata.deletion_timestamp.is_some() {
+        ctx.failures.clear(&format!("{ns}/{name}"));
         if !obj.finalizers().iter().any(|f| f == FINALIZER) {
             return Ok(Requeue::await_change());
         }
@@ -235,20 +240,40 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
         }
     };
 
+    let key = format!("{ns}/{name}");
     match drive(&obj, &ctx, &api, owner, &rendered).await {
-        Ok(requeue) => Ok(requeue),
-        Err(e) => match e.user_facing_reason() {
-            Some(reason) => {
+        Ok(requeue) => {
+            ctx.failures.clear(&key);
+            Ok(requeue)
+        }
+        Err(e) => {
+            if let Some(reason) = e.user_facing_reason() {
                 ctx.metrics.reconcile_failed(e.metric_kind());
                 let problem = Problem {
                     reason,
                     message: e.to_string(),
                 };
                 write_problem(&obj, &ctx, &api, &problem).await?;
-                Ok(Requeue::requeue(USER_ERROR_REQUEUE))
+                return Ok(Requeue::requeue(USER_ERROR_REQUEUE));
             }
-            None => Err(e),
-        },
+            let Some(reason) = e.repeated_failure_reason() else {
+                return Err(e);
+            };
+            ctx.metrics.reconcile_failed(e.metric_kind());
+            let failures = ctx.failures.record(&key);
+            let wait = retry::backoff(failures);
+            warn!(object = %name, namespace = %ns, failures, retry_in = ?wait, error = %e, "write failed");
+            if failures >= retry::REPORT_AFTER {
+                // The message stays the same while the failure does, so the
+                // condition and the Event are written once, not per retry.
+                let problem = Problem {
+                    reason,
+                    message: format!("{e}; retrying with backoff"),
+                };
+                write_problem(&obj, &ctx, &api, &problem).await?;
+            }
+            Ok(Requeue::requeue(wait))
+        }
     }
 }
 
@@ -312,9 +337,20 @@ async fn drive(
     }
     announce(obj, ctx, &plan).await;
 
-    let problem = plan.overdue.as_ref().map(|why| Problem {
-        reason: "RolloutStepTimeout",
-        message: why.clone(),
+    // No node to run on says more than any step deadline it causes.
+    let no_nodes =
+        health::no_matching_nodes(ds.as_ref(), &spec.node.node_selector).map(|why| Problem {
+            reason: health::NO_MATCHING_NODES,
+            message: why,
+        });
+    if let Some(p) = &no_nodes {
+        warn_once(obj, ctx, p).await;
+    }
+    let problem = no_nodes.or_else(|| {
+        plan.overdue.as_ref().map(|why| Problem {
+            reason: "RolloutStepTimeout",
+            message: why.clone(),
+        })
     });
     let new_status = report::build(&ReportInput {
         previous: status,
@@ -656,6 +692,24 @@ async fn announce(obj: &CSIDriverDeployment, ctx: &Context, plan: &Plan) {
             )
             .await;
         }
+    }
+}
+
+/// A Warning Event for `problem`, unless the object already reports it.
+async fn warn_once(obj: &CSIDriverDeployment, ctx: &Context, problem: &Problem) {
+    let already = obj
+        .status
+        .as_ref()
+        .and_then(|s| s.condition(report::DEGRADED))
+        .is_some_and(|c| c.status == "True" && c.reason == problem.reason);
+    if !already {
+        warn!(object = %obj.name_any(), reason = problem.reason, "{}", problem.message);
+        publish(
+            &ctx.recorder,
+            obj,
+            &Note::warning(problem.reason, problem.message.clone()),
+        )
+        .await;
     }
 }
 

@@ -426,6 +426,11 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_crd_refuses_exactly_the_names_rendering_cannot_use() {
+        assert_eq!(MAX_CR_NAME_LEN, csiops_crds::MAX_NAME_LEN);
+    }
+
+    #[test]
     fn flag_names() {
         assert_eq!(flag_name("--v=5"), Some("v"));
         assert_eq!(flag_name("-v"), Some("v"));
