@@ -340,7 +340,9 @@ fn node_volumes_follow_the_csi_design() {
             .iter()
             .flatten()
             .map(|v| v.name.as_str())
+            .take(3)
             .collect();
+        // The operator's three come first; the user's `node.volumes` follow.
         assert_eq!(names, ["socket-dir", "registration-dir", "kubelet-dir"]);
 
         // registration-dir: only the registrar, at /registration.
@@ -855,8 +857,15 @@ fn unusable_objects_are_refused_with_a_reason() {
 
 // ---------------------------------------------------------------- pod settings
 
+/// The example without its own volumes and mounts, patched with `patch`.
 fn with_spec(patch: serde_json::Value) -> CSIDriverDeployment {
-    let mut v = serde_json::to_value(hostpath()).expect("serializes");
+    let mut base = hostpath();
+    for pod in [&mut base.spec.controller.pod, &mut base.spec.node.pod] {
+        pod.volumes.clear();
+    }
+    base.spec.controller.driver.volume_mounts.clear();
+    base.spec.node.driver.volume_mounts.clear();
+    let mut v = serde_json::to_value(base).expect("serializes");
     json_merge(&mut v["spec"], patch);
     serde_json::from_value(v).expect("patched object parses")
 }
@@ -1076,4 +1085,123 @@ fn collisions_with_what_the_operator_manages_are_refused_naming_both() {
         "sidecars": {"registrar": {"volumeMounts": [{"name": "kubelet-dir", "mountPath": "/kubelet", "readOnly": true}]}}
     }));
     must_render(&obj);
+}
+
+// ---------------------------------------------------------------- hostpath facts
+
+/// The example runs hostpathplugin as upstream's deploy/kubernetes-1.34
+/// manifest does: the same facts in the rendered pods.
+#[test]
+fn hostpath_example_has_what_hostpathplugin_needs() {
+    let r = must_render(&hostpath());
+    let node = pod(&r, Component::Node);
+    let driver = container(node, names::CONTAINER_DRIVER);
+
+    assert_eq!(
+        driver.args.as_deref(),
+        Some(
+            &[
+                "--drivername=hostpath.csi.k8s.io".to_string(),
+                "--endpoint=$(CSI_ENDPOINT)".to_string(),
+                "--nodeid=$(KUBE_NODE_NAME)".to_string(),
+                "--v=5".to_string(),
+            ][..]
+        )
+    );
+    assert_eq!(
+        env_value(driver, "CSI_ENDPOINT"),
+        Some("unix:///csi/csi.sock")
+    );
+    let node_name = driver
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "KUBE_NODE_NAME")
+        .and_then(|e| e.value_from.as_ref())
+        .and_then(|v| v.field_ref.as_ref())
+        .map(|f| f.field_path.as_str());
+    assert_eq!(node_name, Some("spec.nodeName"));
+    assert_eq!(
+        driver.image.as_deref(),
+        Some("registry.k8s.io/sig-storage/hostpathplugin:v1.17.0")
+    );
+    // Privileged: Bidirectional propagation and loop devices need it.
+    assert_eq!(
+        driver.security_context.as_ref().and_then(|s| s.privileged),
+        Some(true)
+    );
+
+    // Data dir and /dev from the host, at upstream's paths.
+    assert_eq!(
+        host_path(node, "csi-data-dir"),
+        ("/var/lib/csi-hostpath-data/", Some("DirectoryOrCreate"))
+    );
+    assert_eq!(host_path(node, "dev-dir"), ("/dev", Some("Directory")));
+    assert_eq!(
+        mounts_of(node, "csi-data-dir"),
+        [(names::CONTAINER_DRIVER, "/csi-data-dir", None)]
+    );
+    assert_eq!(
+        mounts_of(node, "dev-dir"),
+        [(names::CONTAINER_DRIVER, "/dev", None)]
+    );
+    // Upstream's mountpoint dir (<kubelet>/pods) and plugins dir
+    // (<kubelet>/plugins), both Bidirectional: covered by the kubelet
+    // directory mounted at the same path, Bidirectional.
+    assert_eq!(
+        host_path(node, names::VOLUME_KUBELET_DIR),
+        ("/var/lib/kubelet", Some("Directory"))
+    );
+    assert_eq!(
+        mounts_of(node, names::VOLUME_KUBELET_DIR),
+        [(
+            names::CONTAINER_DRIVER,
+            "/var/lib/kubelet",
+            Some("Bidirectional")
+        )]
+    );
+    assert_eq!(
+        host_path(node, names::VOLUME_SOCKET_DIR),
+        (
+            "/var/lib/kubelet/plugins/hostpath.csi.k8s.io/",
+            Some("DirectoryOrCreate")
+        )
+    );
+    assert_eq!(
+        host_path(node, names::VOLUME_REGISTRATION_DIR),
+        ("/var/lib/kubelet/plugins_registry/", Some("Directory"))
+    );
+    // Its health: kubelet probes the driver through the liveness-probe sidecar.
+    let probe = driver.liveness_probe.as_ref().expect("liveness probe");
+    let get = probe.http_get.as_ref().expect("http probe");
+    assert_eq!(get.path.as_deref(), Some("/healthz"));
+    let port = driver
+        .ports
+        .iter()
+        .flatten()
+        .find(|p| p.name.as_deref() == Some("healthz"))
+        .map(|p| p.container_port);
+    assert_eq!(port, Some(csiops_operator::render::HEALTHZ_PORT));
+    assert!(container(node, names::CONTAINER_LIVENESS_PROBE)
+        .args
+        .iter()
+        .flatten()
+        .any(|a| a == &format!("--http-endpoint=:{}", csiops_operator::render::HEALTHZ_PORT)));
+
+    // The controller sees the same data dir.
+    let ctrl = pod(&r, Component::Controller);
+    assert_eq!(
+        host_path(ctrl, "csi-data-dir"),
+        ("/var/lib/csi-hostpath-data/", Some("DirectoryOrCreate"))
+    );
+    assert_eq!(
+        mounts_of(ctrl, "csi-data-dir"),
+        [(names::CONTAINER_DRIVER, "/csi-data-dir", None)]
+    );
+
+    // Its StorageClass.
+    let sc = &r.storage_classes[0];
+    assert_eq!(sc.metadata.name.as_deref(), Some("csi-hostpath-sc"));
+    assert_eq!(sc.provisioner, "hostpath.csi.k8s.io");
+    assert_eq!(sc.reclaim_policy.as_deref(), Some("Delete"));
 }
