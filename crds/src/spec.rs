@@ -119,7 +119,7 @@ pub struct CSIDriverDeploymentSpec {
     /// The CSI driver container, shared by controller and node pods.
     pub driver: DriverSpec,
 
-    /// The controller (cluster-level) StatefulSet.
+    /// The controller (cluster-level) workload: a StatefulSet or a Deployment.
     #[serde(default)]
     pub controller: ControllerSpec,
 
@@ -293,10 +293,36 @@ pub struct PodSettings {
     pub pod_labels: BTreeMap<String, String>,
 }
 
-/// The controller StatefulSet.
+/// Workload kind of the controller (the CSI design's "cluster-level
+/// deployment").
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum ControllerKind {
+    /// A StatefulSet: at most one pod per ordinal, even while a node is
+    /// unreachable (the design's recommendation).
+    #[default]
+    StatefulSet,
+    /// A Deployment; the sidecars' leader election keeps one active.
+    Deployment,
+}
+
+impl ControllerKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ControllerKind::StatefulSet => "StatefulSet",
+            ControllerKind::Deployment => "Deployment",
+        }
+    }
+}
+
+/// The controller workload.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ControllerSpec {
+    /// `StatefulSet` (default) or `Deployment`. Switching is a
+    /// controller-only rollout: the old workload is removed and its pods are
+    /// gone before the new one starts.
+    #[serde(default)]
+    pub kind: ControllerKind,
     /// Replicas of the controller; more than one relies on the sidecars'
     /// leader election, which the operator always enables.
     #[serde(default = "default_replicas")]
@@ -325,6 +351,7 @@ fn default_replicas() -> i32 {
 impl Default for ControllerSpec {
     fn default() -> Self {
         Self {
+            kind: ControllerKind::default(),
             replicas: default_replicas(),
             node_selector: BTreeMap::new(),
             tolerations: Vec::new(),

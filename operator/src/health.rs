@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 
 use chrono::{DateTime, Duration, Utc};
 use csiops_crds::{ControllerCounts, NodeCounts, UnhealthyPod};
-use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::storage::v1::CSINode;
 
@@ -67,7 +67,10 @@ pub struct HealthInput<'a> {
     pub driver_name: &'a str,
     pub kubelet_dir: &'a str,
     pub registration_required: bool,
+    /// The controller workload of the kind the spec asks for: a StatefulSet…
     pub statefulset: Option<&'a StatefulSet>,
+    /// …or a Deployment.
+    pub deployment: Option<&'a Deployment>,
     pub daemonset: Option<&'a DaemonSet>,
     /// This object's pods (controller and node).
     pub pods: &'a [Pod],
@@ -113,6 +116,14 @@ pub fn assess(input: &HealthInput<'_>) -> Health {
         let status = sts.status.as_ref();
         health.controller = ControllerCounts {
             desired: sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
+            ready: status.and_then(|s| s.ready_replicas).unwrap_or(0),
+            updated: status.and_then(|s| s.updated_replicas).unwrap_or(0),
+        };
+    }
+    if let Some(d) = input.deployment {
+        let status = d.status.as_ref();
+        health.controller = ControllerCounts {
+            desired: d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
             ready: status.and_then(|s| s.ready_replicas).unwrap_or(0),
             updated: status.and_then(|s| s.updated_replicas).unwrap_or(0),
         };
@@ -242,6 +253,20 @@ pub fn controller_obs(sts: &StatefulSet, hash_annotation: &str) -> ControllerObs
         observed_generation: status.and_then(|s| s.observed_generation).unwrap_or(0),
         spec_replicas: sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
         replicas: status.map_or(0, |s| s.replicas),
+        ready: status.and_then(|s| s.ready_replicas).unwrap_or(0),
+        updated: status.and_then(|s| s.updated_replicas).unwrap_or(0),
+    }
+}
+
+/// The live controller Deployment as the rollout state machine sees it.
+pub fn deployment_obs(d: &Deployment, hash_annotation: &str) -> ControllerObs {
+    let status = d.status.as_ref();
+    ControllerObs {
+        hash: annotation(&d.metadata, hash_annotation),
+        generation: d.metadata.generation.unwrap_or(0),
+        observed_generation: status.and_then(|s| s.observed_generation).unwrap_or(0),
+        spec_replicas: d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
+        replicas: status.and_then(|s| s.replicas).unwrap_or(0),
         ready: status.and_then(|s| s.ready_replicas).unwrap_or(0),
         updated: status.and_then(|s| s.updated_replicas).unwrap_or(0),
     }

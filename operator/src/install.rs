@@ -71,6 +71,12 @@ const OPERATOR_GRANTS: &[Grant] = &[
         resource: "daemonsets",
         verbs: ALL,
     },
+    // spec.controller.kind: Deployment.
+    Grant {
+        api_group: "apps",
+        resource: "deployments",
+        verbs: ALL,
+    },
     Grant {
         api_group: "",
         resource: "pods",

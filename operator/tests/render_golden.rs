@@ -18,7 +18,9 @@ use csiops_operator::render::labels::{
     self, Component, COMPONENT, INSTANCE, MANAGED_BY, OWNER_UID, TEMPLATE_HASH, VERSION,
     VERSION_LABEL,
 };
-use csiops_operator::render::{names, render, RenderConfig, RenderError, Rendered};
+use csiops_operator::render::{
+    names, render, ControllerWorkload, RenderConfig, RenderError, Rendered,
+};
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 use serde::Deserialize;
 use serde_json::Value;
@@ -157,7 +159,10 @@ fn objects(r: &Rendered) -> Vec<Value> {
     out.push(v(&r.csi_driver));
     out.extend(r.storage_classes.iter().map(v));
     out.push(v(&r.daemonset));
-    out.push(v(&r.statefulset));
+    match &r.controller {
+        ControllerWorkload::StatefulSet(s) => out.push(v(s)),
+        ControllerWorkload::Deployment(d) => out.push(v(d)),
+    }
     out
 }
 
@@ -266,11 +271,18 @@ fn golden_custom() {
 
 fn pod(r: &Rendered, component: Component) -> &PodSpec {
     let spec = match component {
-        Component::Controller => r.statefulset.spec.as_ref().map(|s| &s.template),
+        Component::Controller => r.controller.template(),
         Component::Node => r.daemonset.spec.as_ref().map(|s| &s.template),
     };
     spec.and_then(|t| t.spec.as_ref())
         .expect("workload has a pod spec")
+}
+
+/// The controller StatefulSet (the default kind).
+fn sts(r: &Rendered) -> &k8s_openapi::api::apps::v1::StatefulSet {
+    r.controller
+        .statefulset()
+        .expect("the controller is a StatefulSet")
 }
 
 fn container_names(p: &PodSpec) -> Vec<&str> {
@@ -610,7 +622,7 @@ fn hash_follows_the_driver_image_not_storage_classes() {
     let base = must_render(&hostpath());
     assert_eq!(base.controller_hash.len(), 16);
     let annotation = |r: &Rendered| {
-        r.statefulset
+        sts(r)
             .metadata
             .annotations
             .as_ref()
@@ -665,8 +677,7 @@ fn selectors_never_contain_the_version() {
     obj.spec.version = "v1.18.0".into();
     let b = must_render(&obj);
     for r in [&a, &b] {
-        let sts = r
-            .statefulset
+        let sts = sts(r)
             .spec
             .as_ref()
             .and_then(|s| s.selector.match_labels.clone());
@@ -686,8 +697,8 @@ fn selectors_never_contain_the_version() {
         }
     }
     assert_eq!(
-        a.statefulset.spec.as_ref().map(|s| &s.selector),
-        b.statefulset.spec.as_ref().map(|s| &s.selector)
+        sts(&a).spec.as_ref().map(|s| &s.selector),
+        sts(&b).spec.as_ref().map(|s| &s.selector)
     );
     // The version is on the pods (label and annotation), so it rolls them.
     let tmpl = b
@@ -1204,4 +1215,43 @@ fn hostpath_example_has_what_hostpathplugin_needs() {
     assert_eq!(sc.metadata.name.as_deref(), Some("csi-hostpath-sc"));
     assert_eq!(sc.provisioner, "hostpath.csi.k8s.io");
     assert_eq!(sc.reclaim_policy.as_deref(), Some("Delete"));
+}
+
+// ---------------------------------------------------------------- controller kind
+
+#[test]
+fn controller_kind_deployment_renders_the_same_pod_as_a_deployment() {
+    let sts_render = must_render(&hostpath());
+    let mut obj = hostpath();
+    obj.spec.controller.kind = csiops_crds::ControllerKind::Deployment;
+    obj.spec.controller.replicas = 2;
+    let r = must_render(&obj);
+    let deploy = r.controller.deployment().expect("a Deployment");
+    assert!(r.controller.statefulset().is_none());
+    assert_eq!(deploy.metadata.name.as_deref(), Some("hostpath-controller"));
+    let spec = deploy.spec.as_ref().expect("spec");
+    assert_eq!(spec.replicas, Some(2));
+    assert_eq!(
+        spec.selector,
+        sts(&sts_render).spec.as_ref().expect("spec").selector,
+        "same selector, so the pods of either kind are found the same way"
+    );
+    // Every controller sidecar elects a leader: two replicas never both act.
+    let p = pod(&r, Component::Controller);
+    let args = container(p, names::CONTAINER_PROVISIONER)
+        .args
+        .clone()
+        .unwrap_or_default();
+    assert!(args.iter().any(|a| a == "--leader-election"), "{args:?}");
+    assert_eq!(
+        deploy
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(TEMPLATE_HASH)),
+        Some(&r.controller_hash)
+    );
+    // Switching kinds is a controller-only change.
+    assert_ne!(r.controller_hash, sts_render.controller_hash);
+    assert_eq!(r.node_hash, sts_render.node_hash);
 }

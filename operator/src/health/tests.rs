@@ -39,6 +39,7 @@ fn input<'a>(pods: &'a [Pod], csinodes: &'a [std::sync::Arc<CSINode>]) -> Health
         kubelet_dir: "/var/lib/kubelet",
         registration_required: true,
         statefulset: None,
+        deployment: None,
         daemonset: None,
         pods,
         csinodes,

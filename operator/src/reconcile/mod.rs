@@ -20,9 +20,10 @@ use std::sync::Arc;
 use std::time::Duration as StdDuration;
 
 use chrono::{Duration, Utc};
+use csiops_crds::ControllerKind;
 use csiops_crds::{CSIDriverDeployment, CSIDriverDeploymentStatus};
 use futures::StreamExt;
-use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, StorageClass};
@@ -42,7 +43,7 @@ use self::events::{publish, Note};
 use crate::health::{self, Health, HealthInput};
 use crate::metrics::Metrics;
 use crate::render::labels::{self, INSTANCE, MANAGED_BY, MANAGED_BY_VALUE};
-use crate::render::{self, names, RenderConfig, Rendered};
+use crate::render::{self, names, ControllerWorkload, RenderConfig, Rendered};
 use crate::report::{self, Problem, ReportInput};
 use crate::rollout::{self, Action, Desired, Observed, Plan};
 
@@ -154,6 +155,10 @@ pub async fn run(
         )
         .owns(
             Api::<DaemonSet>::all(client.clone()),
+            watcher::Config::default().labels(&managed),
+        )
+        .owns(
+            Api::<Deployment>::all(client.clone()),
             watcher::Config::default().labels(&managed),
         )
         .watches_stream(pod_stream, pod_owner)
@@ -300,23 +305,25 @@ async fn drive(
         }
     }
 
-    let (sts_api, ds_api) = workload_apis(ctx, owner.namespace);
-    let sts = get_owned(&sts_api, "StatefulSet", &names::controller_name(obj), owner).await?;
+    let (_, ds_api) = workload_apis(ctx, owner.namespace);
+    let controller = LiveController::get(ctx, obj, owner).await?;
     let ds = get_owned(&ds_api, "DaemonSet", &names::node_name(obj), owner).await?;
     let pods = pods_of(ctx, owner);
     let csinodes = ctx.csinodes.state();
     let registration_required = spec.sidecars.registrar.enabled;
+    let (statefulset, deployment) = controller.current(spec.controller.kind);
     let health = health::assess(&HealthInput {
         driver_name: &spec.driver_name,
         kubelet_dir: &spec.node.kubelet_dir,
         registration_required,
-        statefulset: sts.as_ref(),
+        statefulset,
+        deployment,
         daemonset: ds.as_ref(),
         pods: &pods,
         csinodes: &csinodes,
         now,
     });
-    let observed = observe(sts.as_ref(), ds.as_ref(), &health, 0);
+    let observed = observe(&controller, spec.controller.kind, ds.as_ref(), &health, 0);
     let desired = Desired {
         node_hash: rendered.node_hash.clone(),
         controller_hash: rendered.controller_hash.clone(),
@@ -382,13 +389,26 @@ async fn teardown(
 ) -> Result<Requeue, Error> {
     let now = Utc::now();
     let (sts_api, ds_api) = workload_apis(ctx, owner.namespace);
+    let deploy_api: Api<Deployment> = Api::namespaced(ctx.client.clone(), owner.namespace);
     // What is not ours is not torn down: treat a foreign same-named workload as absent.
-    let sts = get_owned(&sts_api, "StatefulSet", &names::controller_name(obj), owner)
+    let controller = LiveController {
+        statefulset: get_owned(&sts_api, "StatefulSet", &names::controller_name(obj), owner)
+            .await
+            .or_else(ignore_not_owned)?,
+        deployment: get_owned(
+            &deploy_api,
+            "Deployment",
+            &names::controller_name(obj),
+            owner,
+        )
         .await
-        .or_else(ignore_not_owned)?;
+        .or_else(ignore_not_owned)?,
+    };
     let ds = get_owned(&ds_api, "DaemonSet", &names::node_name(obj), owner)
         .await
         .or_else(ignore_not_owned)?;
+    let kind = obj.spec.controller.kind;
+    let (statefulset, deployment) = controller.current(kind);
     let cluster = ClusterScoped::new(&ctx.client, labels::cluster_owner_selector(obj));
     let remaining = cluster.count().await?;
     let pods = pods_of(ctx, owner);
@@ -396,13 +416,14 @@ async fn teardown(
         driver_name: &obj.spec.driver_name,
         kubelet_dir: &obj.spec.node.kubelet_dir,
         registration_required: false,
-        statefulset: sts.as_ref(),
+        statefulset,
+        deployment,
         daemonset: ds.as_ref(),
         pods: &pods,
         csinodes: &[],
         now,
     });
-    let observed = observe(sts.as_ref(), ds.as_ref(), &health, remaining);
+    let observed = observe(&controller, kind, ds.as_ref(), &health, remaining);
     let status = obj.status.as_ref();
     let plan = rollout::plan_delete(
         &observed,
@@ -413,7 +434,10 @@ async fn teardown(
     for action in &plan.actions {
         match action {
             Action::DeleteController => {
-                delete_owned(&sts_api, "StatefulSet", &names::controller_name(obj), owner).await?;
+                delete_controller(ctx, obj, owner, kind).await?;
+            }
+            Action::DeleteStaleController => {
+                delete_controller(ctx, obj, owner, other_kind(kind)).await?;
             }
             Action::DeleteNode => {
                 delete_owned(&ds_api, "DaemonSet", &names::node_name(obj), owner).await?;
@@ -477,15 +501,96 @@ fn pods_of(ctx: &Context, owner: Owner<'_>) -> Vec<Pod> {
         .collect()
 }
 
+/// The live controller workloads of both kinds (normally at most one exists;
+/// both while `spec.controller.kind` is being switched).
+struct LiveController {
+    statefulset: Option<StatefulSet>,
+    deployment: Option<Deployment>,
+}
+
+impl LiveController {
+    /// Both kinds, ownership-checked.
+    async fn get(
+        ctx: &Context,
+        obj: &CSIDriverDeployment,
+        owner: Owner<'_>,
+    ) -> Result<Self, Error> {
+        let name = names::controller_name(obj);
+        let sts_api: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), owner.namespace);
+        let deploy_api: Api<Deployment> = Api::namespaced(ctx.client.clone(), owner.namespace);
+        Ok(Self {
+            statefulset: get_owned(&sts_api, "StatefulSet", &name, owner).await?,
+            deployment: get_owned(&deploy_api, "Deployment", &name, owner).await?,
+        })
+    }
+
+    /// The workload of `kind` as (StatefulSet, Deployment), the other `None`.
+    fn current(&self, kind: ControllerKind) -> (Option<&StatefulSet>, Option<&Deployment>) {
+        match kind {
+            ControllerKind::StatefulSet => (self.statefulset.as_ref(), None),
+            ControllerKind::Deployment => (None, self.deployment.as_ref()),
+        }
+    }
+
+    fn obs(&self, kind: ControllerKind) -> Option<rollout::ControllerObs> {
+        match kind {
+            ControllerKind::StatefulSet => self
+                .statefulset
+                .as_ref()
+                .map(|s| health::controller_obs(s, labels::TEMPLATE_HASH)),
+            ControllerKind::Deployment => self
+                .deployment
+                .as_ref()
+                .map(|d| health::deployment_obs(d, labels::TEMPLATE_HASH)),
+        }
+    }
+
+    fn exists(&self, kind: ControllerKind) -> bool {
+        match kind {
+            ControllerKind::StatefulSet => self.statefulset.is_some(),
+            ControllerKind::Deployment => self.deployment.is_some(),
+        }
+    }
+}
+
+fn other_kind(kind: ControllerKind) -> ControllerKind {
+    match kind {
+        ControllerKind::StatefulSet => ControllerKind::Deployment,
+        ControllerKind::Deployment => ControllerKind::StatefulSet,
+    }
+}
+
+/// Deletes the controller workload of `kind`, if it exists and is ours.
+async fn delete_controller(
+    ctx: &Context,
+    obj: &CSIDriverDeployment,
+    owner: Owner<'_>,
+    kind: ControllerKind,
+) -> Result<bool, Error> {
+    let name = names::controller_name(obj);
+    match kind {
+        ControllerKind::StatefulSet => {
+            let api: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), owner.namespace);
+            delete_owned(&api, "StatefulSet", &name, owner).await
+        }
+        ControllerKind::Deployment => {
+            let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), owner.namespace);
+            delete_owned(&api, "Deployment", &name, owner).await
+        }
+    }
+}
+
 /// What the state machine needs from the live objects.
 fn observe(
-    sts: Option<&StatefulSet>,
+    controller: &LiveController,
+    kind: ControllerKind,
     ds: Option<&DaemonSet>,
     health: &Health,
     cluster_scoped_remaining: usize,
 ) -> Observed {
     Observed {
-        controller: sts.map(|s| health::controller_obs(s, labels::TEMPLATE_HASH)),
+        controller: controller.obs(kind),
+        stale_controller: controller.exists(other_kind(kind)),
         controller_pods: health.controller_pods,
         node: ds.map(|d| health::node_obs(d, labels::TEMPLATE_HASH)),
         node_pods: health.node_pods,
@@ -636,24 +741,39 @@ async fn execute(
             )
             .await?;
         }
-        Action::ApplyController => {
-            apply(
-                &sts_api,
-                "StatefulSet",
-                r.statefulset.clone(),
-                owner,
-                Mode::Always,
-            )
-            .await?;
-        }
+        Action::ApplyController => match &r.controller {
+            ControllerWorkload::StatefulSet(sts) => {
+                apply(&sts_api, "StatefulSet", sts.clone(), owner, Mode::Always).await?;
+            }
+            ControllerWorkload::Deployment(deploy) => {
+                let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), owner.namespace);
+                apply(&api, "Deployment", deploy.clone(), owner, Mode::Always).await?;
+            }
+        },
         Action::ScaleControllerToZero => {
             // Replicas only: the old template stays until the node side is rolled.
             let name = names::controller_name(obj);
             let patch = json!({"spec": {"replicas": 0}});
-            sts_api
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-                .map_err(|e| Error::from_write("StatefulSet", &name, e))?;
+            let params = PatchParams::default();
+            let result = match r.controller.kind() {
+                ControllerKind::StatefulSet => sts_api
+                    .patch(&name, &params, &Patch::Merge(&patch))
+                    .await
+                    .map(drop),
+                ControllerKind::Deployment => {
+                    let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), owner.namespace);
+                    api.patch(&name, &params, &Patch::Merge(&patch))
+                        .await
+                        .map(drop)
+                }
+            };
+            result.map_err(|e| Error::from_write(r.controller.kind().as_str(), &name, e))?;
+        }
+        Action::DeleteStaleController => {
+            let stale = other_kind(r.controller.kind());
+            if delete_controller(ctx, obj, owner, stale).await? {
+                info!(object = %owner.name, kind = stale.as_str(), "removed the controller of the previous kind");
+            }
         }
         Action::DeleteController
         | Action::DeleteNode

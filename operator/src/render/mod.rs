@@ -9,7 +9,7 @@
 //! when serialized, ready for server-side apply.
 
 mod containers;
-mod controller;
+pub mod controller;
 mod csidriver;
 mod error;
 pub mod hash;
@@ -23,7 +23,7 @@ pub mod validate;
 use std::collections::BTreeMap;
 
 use csiops_crds::{CSIDriverDeployment, CSIDriverDeploymentSpec, DnsPolicy, PodSettings};
-use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
+use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{LocalObjectReference, PodSpec, ServiceAccount, Volume};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
@@ -33,6 +33,7 @@ pub use containers::{
     ATTACHER_HTTP_PORT, ENV_CSI_ENDPOINT, ENV_KUBE_NODE_NAME, HEALTHZ_PORT, HEALTHZ_PORT_NAME,
     PROVISIONER_HTTP_PORT, REGISTRAR_HTTP_PORT, REGISTRAR_PORT_NAME,
 };
+pub use controller::ControllerWorkload;
 pub use error::RenderError;
 pub use labels::Component;
 
@@ -68,10 +69,11 @@ pub struct Rendered {
     /// One binding per entry of `cluster_roles`, same names, same order.
     pub cluster_role_bindings: Vec<ClusterRoleBinding>,
     pub csi_driver: CSIDriver,
-    pub statefulset: StatefulSet,
+    /// The controller StatefulSet or Deployment (`spec.controller.kind`).
+    pub controller: ControllerWorkload,
     pub daemonset: DaemonSet,
     pub storage_classes: Vec<StorageClass>,
-    /// Hash of the StatefulSet spec (including replicas).
+    /// Hash of the controller workload's spec (including replicas and kind).
     pub controller_hash: String,
     /// Hash of the DaemonSet spec.
     pub node_hash: String,
@@ -90,7 +92,7 @@ pub fn render(obj: &CSIDriverDeployment, cfg: &RenderConfig) -> Result<Rendered,
         cfg,
     };
 
-    let (statefulset, controller_hash) = controller::statefulset(&ctx)?;
+    let (controller, controller_hash) = controller::controller(&ctx)?;
     let (daemonset, node_hash) = node::daemonset(&ctx)?;
     let (leader_election_role, leader_election_role_binding) = match rbac::leader_election(&ctx) {
         Some((role, binding)) => (Some(role), Some(binding)),
@@ -106,7 +108,7 @@ pub fn render(obj: &CSIDriverDeployment, cfg: &RenderConfig) -> Result<Rendered,
         cluster_roles,
         cluster_role_bindings,
         csi_driver: csidriver::csi_driver(&ctx),
-        statefulset,
+        controller,
         daemonset,
         storage_classes: storageclass::storage_classes(&ctx),
         controller_hash,
