@@ -5,7 +5,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Affinity, EnvVar, ResourceRequirements, Toleration};
+use k8s_openapi::api::core::v1::{
+    Affinity, EnvVar, ResourceRequirements, SecurityContext, Toleration, Volume, VolumeMount,
+};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
@@ -19,6 +21,11 @@ pub const DEFAULT_KUBELET_DIR: &str = "/var/lib/kubelet";
 pub const DEFAULT_SOCKET_NAME: &str = "csi.sock";
 /// Default deadline of one rollout step.
 pub const DEFAULT_STEP_TIMEOUT_SECONDS: i64 = 600;
+/// Longest `CSIDriverDeployment` name: the controller StatefulSet
+/// `<name>-controller` must stay within 52 characters, because the StatefulSet
+/// controller writes `<statefulset>-<revision hash>` (up to 63 characters) into
+/// a pod label. Enforced at admission by a CEL rule on `metadata.name`.
+pub const MAX_NAME_LEN: usize = 41;
 
 /// A CSI driver deployed by csiops: the controller StatefulSet, the node
 /// DaemonSet, the `CSIDriver` object, RBAC and optional StorageClasses.
@@ -83,6 +90,9 @@ pub const DEFAULT_STEP_TIMEOUT_SECONDS: i64 = 600;
         priority = 1
     )
 )]
+#[kube(validation = kube::core::Rule::new(
+    "size(self.metadata.name) <= 41"
+).message("metadata.name must be at most 41 characters: the operator names the controller workload <name>-controller, and a StatefulSet name longer than 52 characters cannot carry its pods' revision label"))]
 #[x_kube(validation = kube::core::Rule::new(
     "!has(self.storageClasses) || self.storageClasses.all(a, self.storageClasses.exists_one(b, b.name == a.name))"
 ).message("storageClasses names must be unique"))]
@@ -109,7 +119,7 @@ pub struct CSIDriverDeploymentSpec {
     /// The CSI driver container, shared by controller and node pods.
     pub driver: DriverSpec,
 
-    /// The controller (cluster-level) StatefulSet.
+    /// The controller (cluster-level) workload: a StatefulSet or a Deployment.
     #[serde(default)]
     pub controller: ControllerSpec,
 
@@ -214,12 +224,105 @@ pub struct DriverOverride {
     /// Replaces `driver.resources` in this workload.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
+    /// Mounts of the driver container in this workload, after the ones the
+    /// operator manages (`socket-dir` at `/csi`; in node pods also the
+    /// kubelet directory). Each names a volume of this workload's `volumes`.
+    /// `mountPropagation: Bidirectional` needs a privileged container.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volume_mounts: Vec<VolumeMount>,
+    /// Replaces the driver container's securityContext in this workload.
+    /// Default: none in controller pods; privileged in node pods (the
+    /// kubelet directory is mounted with Bidirectional propagation, which
+    /// Kubernetes only allows in a privileged container), so a node override
+    /// must keep `privileged: true`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security_context: Option<SecurityContext>,
 }
 
-/// The controller StatefulSet.
+/// DNS policy of a workload's pods.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum DnsPolicy {
+    ClusterFirst,
+    ClusterFirstWithHostNet,
+    Default,
+    None,
+}
+
+impl DnsPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DnsPolicy::ClusterFirst => "ClusterFirst",
+            DnsPolicy::ClusterFirstWithHostNet => "ClusterFirstWithHostNet",
+            DnsPolicy::Default => "Default",
+            DnsPolicy::None => "None",
+        }
+    }
+}
+
+/// Pod-level settings of a workload that real drivers need: host volumes
+/// (`/dev`, `/sys`, `/lib/modules`, a data directory…), the host network or
+/// PID namespace, and labels/annotations for the pods.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSettings {
+    /// Volumes added to the pods, after the ones the operator manages
+    /// (`socket-dir`; in node pods also `registration-dir` and `kubelet-dir`).
+    /// Any core volume source; mount them with `volumeMounts`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<Volume>,
+    /// Run the pods in the host's network namespace (ceph-csi, iSCSI…).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub host_network: bool,
+    /// DNS policy of the pods. With `hostNetwork: true` and no policy set,
+    /// `ClusterFirstWithHostNet` is used so cluster names still resolve.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns_policy: Option<DnsPolicy>,
+    /// Run the pods in the host's PID namespace.
+    #[serde(
+        default,
+        rename = "hostPID",
+        skip_serializing_if = "std::ops::Not::not"
+    )]
+    pub host_pid: bool,
+    /// Annotations added to the pods. Keys the operator sets are refused.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pod_annotations: BTreeMap<String, String>,
+    /// Labels added to the pods. Keys the operator sets (the
+    /// `app.kubernetes.io/*` labels it selects pods by) are refused.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pod_labels: BTreeMap<String, String>,
+}
+
+/// Workload kind of the controller (the CSI design's "cluster-level
+/// deployment").
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum ControllerKind {
+    /// A StatefulSet: at most one pod per ordinal, even while a node is
+    /// unreachable (the design's recommendation).
+    #[default]
+    StatefulSet,
+    /// A Deployment; the sidecars' leader election keeps one active.
+    Deployment,
+}
+
+impl ControllerKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ControllerKind::StatefulSet => "StatefulSet",
+            ControllerKind::Deployment => "Deployment",
+        }
+    }
+}
+
+/// The controller workload.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ControllerSpec {
+    /// `StatefulSet` (default) or `Deployment`. Switching is a
+    /// controller-only rollout: the old workload is removed and its pods are
+    /// gone before the new one starts.
+    #[serde(default)]
+    pub kind: ControllerKind,
     /// Replicas of the controller; more than one relies on the sidecars'
     /// leader election, which the operator always enables.
     #[serde(default = "default_replicas")]
@@ -236,6 +339,9 @@ pub struct ControllerSpec {
     /// Overrides of the driver container in controller pods.
     #[serde(default, flatten)]
     pub driver: DriverOverride,
+    /// Volumes, host namespaces, labels and annotations of controller pods.
+    #[serde(default, flatten)]
+    pub pod: PodSettings,
 }
 
 fn default_replicas() -> i32 {
@@ -245,12 +351,14 @@ fn default_replicas() -> i32 {
 impl Default for ControllerSpec {
     fn default() -> Self {
         Self {
+            kind: ControllerKind::default(),
             replicas: default_replicas(),
             node_selector: BTreeMap::new(),
             tolerations: Vec::new(),
             affinity: None,
             priority_class_name: None,
             driver: DriverOverride::default(),
+            pod: PodSettings::default(),
         }
     }
 }
@@ -267,7 +375,7 @@ pub struct NodeSpec {
     /// (k0s: `/var/lib/k0s/kubelet`, microk8s: `/var/snap/microk8s/common/var/lib/kubelet`).
     #[serde(default = "default_kubelet_dir")]
     #[schemars(length(min = 2, max = 4096), pattern(r"^/"))]
-    #[x_kube(validation = kube::core::Rule::new("!self.contains('/../') && !self.endsWith('/..') && !self.contains('//')").message("kubeletDir must be a clean absolute path"))]
+    #[x_kube(validation = kube::core::Rule::new("!self.contains('/../') && !self.endsWith('/..') && !self.contains('/./') && !self.endsWith('/.') && !self.contains('//') && !self.endsWith('/')").message("kubeletDir must be a clean absolute path: no '.' or '..' segments, no '//', no trailing '/' (for example /var/lib/kubelet)"))]
     pub kubelet_dir: String,
     /// DaemonSet rolling update `maxUnavailable` (count or percentage).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -277,6 +385,9 @@ pub struct NodeSpec {
     /// Overrides of the driver container in node pods.
     #[serde(default, flatten)]
     pub driver: DriverOverride,
+    /// Volumes, host namespaces, labels and annotations of node pods.
+    #[serde(default, flatten)]
+    pub pod: PodSettings,
 }
 
 fn default_kubelet_dir() -> String {
@@ -292,6 +403,7 @@ impl Default for NodeSpec {
             max_unavailable: None,
             priority_class_name: None,
             driver: DriverOverride::default(),
+            pod: PodSettings::default(),
         }
     }
 }
@@ -330,6 +442,10 @@ pub struct SidecarSpec {
     pub env: Vec<EnvVar>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
+    /// Mounts after `socket-dir` (and, in the registrar, `registration-dir`);
+    /// each names a volume of the pod the sidecar runs in.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volume_mounts: Vec<VolumeMount>,
 }
 
 impl Default for SidecarSpec {
@@ -339,6 +455,7 @@ impl Default for SidecarSpec {
             extra_args: Vec::new(),
             env: Vec::new(),
             resources: None,
+            volume_mounts: Vec::new(),
         }
     }
 }

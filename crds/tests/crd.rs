@@ -58,7 +58,7 @@ fn crd_has_short_name_status_and_printer_columns() {
 }
 
 fn schema_json() -> serde_json::Value {
-    let crd = CSIDriverDeployment::crd();
+    let crd = csiops_crds::crd();
     serde_json::to_value(&crd.spec.versions[0].schema).expect("schema serializes")
 }
 
@@ -161,4 +161,111 @@ fn storage_class_names_are_unique_and_one_default_at_most() {
 fn driver_spec_requires_an_image() {
     let err = serde_json::from_value::<DriverSpec>(serde_json::json!({})).expect_err("no image");
     assert!(err.to_string().contains("image"));
+}
+
+/// Every `Quantity` in the schema (resources of every container, emptyDir
+/// sizeLimit…) carries the quantity pattern, and the pattern accepts what
+/// Kubernetes accepts and refuses what it refuses.
+#[test]
+fn quantities_are_validated_by_the_schema() {
+    let s = schema_json();
+    let spec = &s["openAPIV3Schema"]["properties"]["spec"]["properties"];
+    let limits = &spec["driver"]["properties"]["resources"]["properties"]["limits"];
+    assert_eq!(
+        limits["additionalProperties"]["pattern"],
+        csiops_crds::QUANTITY_PATTERN
+    );
+    let sidecar_requests = &spec["sidecars"]["properties"]["provisioner"]["properties"]
+        ["resources"]["properties"]["requests"];
+    assert_eq!(
+        sidecar_requests["additionalProperties"]["pattern"],
+        csiops_crds::QUANTITY_PATTERN
+    );
+    // No quantity anywhere is left without the pattern.
+    let text = serde_json::to_string(&s).expect("json");
+    assert!(
+        !text.contains("Quantity is a fixed-point"),
+        "a Quantity was missed"
+    );
+
+    let re = regex::Regex::new(csiops_crds::QUANTITY_PATTERN).expect("pattern compiles");
+    for good in [
+        "1", "100m", "64Mi", "1.5Gi", "2e3", "0.5", ".5", "+1k", "1E",
+    ] {
+        assert!(re.is_match(good), "{good} should be a quantity");
+    }
+    for bad in ["lots", "", "1 Gi", "1gi", "Mi", "1.2.3", "64MB"] {
+        assert!(!re.is_match(bad), "{bad:?} should not be a quantity");
+    }
+}
+
+#[test]
+fn the_name_must_leave_room_for_the_derived_names() {
+    let mut ok = object(base_spec());
+    ok.metadata.name = Some("a".repeat(csiops_crds::MAX_NAME_LEN));
+    assert!(validate_cel(&ok).is_ok());
+    let mut long = object(base_spec());
+    long.metadata.name = Some("a".repeat(csiops_crds::MAX_NAME_LEN + 1));
+    let err = validate_cel(&long).expect_err("name too long refused");
+    assert!(
+        format!("{err:?}").contains("at most 41 characters"),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn kubelet_dir_with_a_trailing_slash_or_dot_segments_is_refused() {
+    for dir in ["/var/lib/kubelet/", "/var/./kubelet", "/var/lib/kubelet/."] {
+        let mut spec = base_spec();
+        spec.node.kubelet_dir = dir.into();
+        let err = validate_cel(&object(spec)).expect_err(dir);
+        assert!(
+            format!("{err:?}").contains("trailing '/'"),
+            "{dir}: {err:?}"
+        );
+    }
+    let mut spec = base_spec();
+    spec.node.kubelet_dir = "/var/lib/k0s/kubelet".into();
+    assert!(validate_cel(&object(spec)).is_ok());
+}
+
+#[test]
+fn pod_settings_parse_with_their_kubernetes_names() {
+    let spec: CSIDriverDeploymentSpec = serde_json::from_value(serde_json::json!({
+        "driverName": "rbd.csi.ceph.com",
+        "version": "v3.14.0",
+        "driver": {"image": "quay.io/cephcsi/cephcsi:v3.14.0"},
+        "node": {
+            "hostNetwork": true,
+            "hostPID": true,
+            "dnsPolicy": "ClusterFirstWithHostNet",
+            "podLabels": {"team": "storage"},
+            "podAnnotations": {"example.com/scrape": "true"},
+            "volumes": [{"name": "host-dev", "hostPath": {"path": "/dev"}}],
+            "volumeMounts": [{"name": "host-dev", "mountPath": "/dev", "mountPropagation": "HostToContainer"}],
+            "securityContext": {"privileged": true, "capabilities": {"add": ["SYS_ADMIN"]}}
+        },
+        "sidecars": {"registrar": {"volumeMounts": [{"name": "host-dev", "mountPath": "/dev"}]}}
+    }))
+    .expect("spec parses");
+    assert!(spec.node.pod.host_network && spec.node.pod.host_pid);
+    assert_eq!(spec.node.pod.volumes[0].name, "host-dev");
+    assert_eq!(
+        spec.node.driver.volume_mounts[0]
+            .mount_propagation
+            .as_deref(),
+        Some("HostToContainer")
+    );
+    assert_eq!(
+        spec.node
+            .driver
+            .security_context
+            .as_ref()
+            .and_then(|s| s.privileged),
+        Some(true)
+    );
+    assert_eq!(spec.sidecars.registrar.volume_mounts.len(), 1);
+    let back = serde_json::to_value(&spec.node).expect("serializes");
+    assert_eq!(back["hostPID"], true);
+    assert!(back.get("hostPid").is_none());
 }

@@ -101,7 +101,7 @@ fn check_info(v: &Value) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubelets_grpc_go_client_registers_our_registrar_and_calls_our_driver() {
-    let cluster = Cluster::start(ClusterOptions { nodes: 1 })
+    let cluster = Cluster::start(ClusterOptions::kwok(1))
         .await
         .expect("cluster starts");
     // Part of the test bed: missing means build.sh is stale, which must fail.

@@ -114,6 +114,9 @@ async fn bad_input_is_refused_or_degraded_and_the_good_driver_is_untouched() {
         ("ok.csi.example.com", "  node:\n    kubeletDir: var/lib/kubelet\n", "spec.node.kubeletDir"),
         ("ok.csi.example.com", "  node:\n    kubeletDir: /var/lib/../kubelet\n", "kubeletDir must be a clean absolute path"),
         ("ok.csi.example.com", "  controller:\n    replicas: -1\n", "spec.controller.replicas"),
+        ("ok.csi.example.com", "  node:\n    kubeletDir: /var/lib/kubelet/\n", "no trailing '/'"),
+        ("ok.csi.example.com", "  node:\n    resources:\n      limits:\n        memory: lots\n", "spec.node.resources.limits.memory"),
+        ("ok.csi.example.com", "  sidecars:\n    provisioner:\n      resources:\n        requests:\n          cpu: 1 core\n", "spec.sidecars.provisioner.resources.requests.cpu"),
         ("ok.csi.example.com", "  storageClasses:\n  - name: a\n    isDefault: true\n  - name: b\n    isDefault: true\n", "at most one storageClass may set isDefault"),
     ] {
         let out = testkit::apply_yaml(&cluster, "bad", &object("csi-bad", "bad", driver, extra)).await.expect("kubectl runs");
@@ -121,6 +124,19 @@ async fn bad_input_is_refused_or_degraded_and_the_good_driver_is_untouched() {
         assert!(!out.status.success(), "{driver}/{extra:?} must be refused");
         assert!(stderr.contains(expect), "refusal of {driver}/{extra:?} should name {expect:?}: {stderr}");
     }
+    // A name too long for the names derived from it is refused at admission.
+    let long = "a".repeat(42);
+    let out = testkit::apply_yaml(
+        &cluster,
+        "long",
+        &object("csi-bad", &long, "ok.csi.example.com", ""),
+    )
+    .await
+    .expect("kubectl runs");
+    assert!(!out.status.success(), "a 42-character name must be refused");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("at most 41 characters"), "{stderr}");
+
     let out = cluster
         .kubectl([
             "-n",
@@ -206,6 +222,112 @@ async fn bad_input_is_refused_or_degraded_and_the_good_driver_is_untouched() {
         .expect("kubectl runs");
     assert!(out.status.success());
     testkit::wait_running(&cluster, "csi-other", "other", "v1.17.0", 3, DEADLINE)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", operator.log_tail(40)));
+
+    // A nodeSelector that matches no node: said plainly, with an Event.
+    let nomatch = object(
+        "csi-nomatch",
+        "nomatch",
+        "nomatch.csi.example.com",
+        "  node:\n    nodeSelector:\n      disk: nvme\n  csiDriver:\n    attachRequired: false\n",
+    );
+    let out = testkit::apply_yaml(&cluster, "nomatch", &nomatch)
+        .await
+        .expect("kubectl runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (reason, message) = wait_for(DEADLINE, Duration::from_millis(300), || async {
+        degraded(&cluster, "csi-nomatch", "nomatch")
+            .await
+            .filter(|(r, _)| r == "NoMatchingNodes")
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no NoMatchingNodes\n{}", operator.log_tail(30)));
+    assert!(
+        message.contains("spec.node.nodeSelector disk=nvme"),
+        "{reason}: {message}"
+    );
+    assert!(warning_events(&cluster, "csi-nomatch", "nomatch")
+        .await
+        .contains("NoMatchingNodes"));
+
+    // A write the API server keeps failing (here a 500 from an admission
+    // webhook nobody serves): Degraded ApplyFailed with the API server's
+    // message and an Event; the operator keeps retrying and recovers once
+    // the cause is gone.
+    let webhook = r#"apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingWebhookConfiguration
+metadata:
+  name: csiops-e2e-unreachable
+webhooks:
+  - name: unreachable.csiops.dev
+    admissionReviewVersions: ["v1"]
+    sideEffects: None
+    failurePolicy: Fail
+    timeoutSeconds: 2
+    clientConfig:
+      url: https://127.0.0.1:1/validate
+    namespaceSelector:
+      matchLabels:
+        kubernetes.io/metadata.name: csi-webhook
+    rules:
+      - apiGroups: ["apps"]
+        apiVersions: ["v1"]
+        operations: ["CREATE", "UPDATE"]
+        resources: ["daemonsets"]
+"#;
+    let out = testkit::apply_yaml(&cluster, "webhook", webhook)
+        .await
+        .expect("kubectl runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let hooked = object(
+        "csi-webhook",
+        "hooked",
+        "hooked.csi.example.com",
+        "  csiDriver:\n    attachRequired: false\n",
+    );
+    let out = testkit::apply_yaml(&cluster, "hooked", &hooked)
+        .await
+        .expect("kubectl runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (reason, message) = wait_for(DEADLINE, Duration::from_millis(300), || async {
+        degraded(&cluster, "csi-webhook", "hooked")
+            .await
+            .filter(|(r, _)| r == "ApplyFailed")
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no ApplyFailed\n{}", operator.log_tail(30)));
+    assert!(
+        message.contains("DaemonSet hooked-node"),
+        "{reason}: {message}"
+    );
+    assert!(message.contains("failed calling webhook"), "{message}");
+    let events = warning_events(&cluster, "csi-webhook", "hooked").await;
+    assert!(events.contains("ApplyFailed"), "{events}");
+    cluster
+        .kubectl_ok([
+            "delete",
+            "validatingwebhookconfiguration",
+            "csiops-e2e-unreachable",
+        ])
+        .await
+        .expect("webhook deleted");
+    let _hooked_nodes =
+        testkit::node_side(&cluster, "csi-webhook", "hooked", "hooked.csi.example.com")
+            .expect("node side");
+    testkit::wait_running(&cluster, "csi-webhook", "hooked", "v1.17.0", 3, DEADLINE)
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", operator.log_tail(40)));
 

@@ -6,12 +6,46 @@ use std::collections::BTreeSet;
 
 use chrono::{DateTime, Duration, Utc};
 use csiops_crds::{ControllerCounts, NodeCounts, UnhealthyPod};
-use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::storage::v1::CSINode;
 
 use crate::render::labels::COMPONENT;
 use crate::rollout::{ControllerObs, NodeObs};
+
+/// Degraded reason when the node DaemonSet matches no node.
+pub const NO_MATCHING_NODES: &str = "NoMatchingNodes";
+
+/// Says plainly that the node DaemonSet runs nowhere, once the DaemonSet
+/// controller has looked at the current spec and scheduled it on 0 nodes
+/// (rather than leaving the user to decode "node pods 0/0 available").
+pub fn no_matching_nodes(
+    ds: Option<&DaemonSet>,
+    node_selector: &std::collections::BTreeMap<String, String>,
+) -> Option<String> {
+    let ds = ds?;
+    let status = ds.status.as_ref()?;
+    let generation = ds.metadata.generation.unwrap_or(0);
+    if status.observed_generation.unwrap_or(0) < generation || status.desired_number_scheduled > 0 {
+        return None;
+    }
+    Some(if node_selector.is_empty() {
+        "no node can run the node DaemonSet (0 nodes scheduled): check spec.node.tolerations \
+         against the nodes' taints; without node pods the driver is available nowhere"
+            .to_string()
+    } else {
+        let selector = node_selector
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        format!(
+            "no node matches spec.node.nodeSelector {selector} (0 nodes scheduled): label the \
+             nodes that should run the driver, or change the selector; without node pods the \
+             driver is available nowhere"
+        )
+    })
+}
 
 /// A Ready node pod gets this long to be registered before it is reported:
 /// registration follows readiness by a few seconds on a healthy node.
@@ -37,7 +71,10 @@ pub struct HealthInput<'a> {
     pub driver_name: &'a str,
     pub kubelet_dir: &'a str,
     pub registration_required: bool,
+    /// The controller workload of the kind the spec asks for: a StatefulSet…
     pub statefulset: Option<&'a StatefulSet>,
+    /// …or a Deployment.
+    pub deployment: Option<&'a Deployment>,
     pub daemonset: Option<&'a DaemonSet>,
     /// This object's pods (controller and node).
     pub pods: &'a [Pod],
@@ -113,6 +150,14 @@ pub fn assess(input: &HealthInput<'_>) -> Health {
         let status = sts.status.as_ref();
         health.controller = ControllerCounts {
             desired: sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
+            ready: status.and_then(|s| s.ready_replicas).unwrap_or(0),
+            updated: status.and_then(|s| s.updated_replicas).unwrap_or(0),
+        };
+    }
+    if let Some(d) = input.deployment {
+        let status = d.status.as_ref();
+        health.controller = ControllerCounts {
+            desired: d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
             ready: status.and_then(|s| s.ready_replicas).unwrap_or(0),
             updated: status.and_then(|s| s.updated_replicas).unwrap_or(0),
         };
@@ -255,6 +300,20 @@ pub fn controller_obs(sts: &StatefulSet, hash_annotation: &str) -> ControllerObs
         observed_generation: status.and_then(|s| s.observed_generation).unwrap_or(0),
         spec_replicas: sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
         replicas: status.map_or(0, |s| s.replicas),
+        ready: status.and_then(|s| s.ready_replicas).unwrap_or(0),
+        updated: status.and_then(|s| s.updated_replicas).unwrap_or(0),
+    }
+}
+
+/// The live controller Deployment as the rollout state machine sees it.
+pub fn deployment_obs(d: &Deployment, hash_annotation: &str) -> ControllerObs {
+    let status = d.status.as_ref();
+    ControllerObs {
+        hash: annotation(&d.metadata, hash_annotation),
+        generation: d.metadata.generation.unwrap_or(0),
+        observed_generation: status.and_then(|s| s.observed_generation).unwrap_or(0),
+        spec_replicas: d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
+        replicas: status.and_then(|s| s.replicas).unwrap_or(0),
         ready: status.and_then(|s| s.ready_replicas).unwrap_or(0),
         updated: status.and_then(|s| s.updated_replicas).unwrap_or(0),
     }

@@ -71,6 +71,12 @@ const OPERATOR_GRANTS: &[Grant] = &[
         resource: "daemonsets",
         verbs: ALL,
     },
+    // spec.controller.kind: Deployment.
+    Grant {
+        api_group: "apps",
+        resource: "deployments",
+        verbs: ALL,
+    },
     Grant {
         api_group: "",
         resource: "pods",
@@ -323,9 +329,7 @@ pub fn manifest() -> Result<String, serde_yaml::Error> {
         },
         subjects: Some(vec![subject()]),
     };
-    let crd = serde_yaml::to_string(
-        &<csiops_crds::CSIDriverDeployment as kube::CustomResourceExt>::crd(),
-    )?;
+    let crd = serde_yaml::to_string(&csiops_crds::crd())?;
     let parts = [
         doc(&namespace)?,
         crd,

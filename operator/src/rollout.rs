@@ -61,7 +61,11 @@ pub struct NodeObs {
 /// What the cluster has.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Observed {
+    /// The controller workload of the kind the spec asks for.
     pub controller: Option<ControllerObs>,
+    /// A controller workload of the other kind exists (left from before
+    /// `spec.controller.kind` changed).
+    pub stale_controller: bool,
     /// Controller pods that exist, terminating ones included.
     pub controller_pods: usize,
     pub node: Option<NodeObs>,
@@ -80,8 +84,10 @@ pub enum Action {
     ApplyNode,
     /// Server-side apply the rendered controller StatefulSet.
     ApplyController,
-    /// Set the live StatefulSet's replicas to 0, keeping its template.
+    /// Set the live controller workload's replicas to 0, keeping its template.
     ScaleControllerToZero,
+    /// Delete the controller workload of the kind the spec no longer asks for.
+    DeleteStaleController,
     DeleteController,
     DeleteNode,
     /// Delete the CSIDriver, cluster RBAC and StorageClasses this object owns.
@@ -258,14 +264,17 @@ fn drive_steps(
 /// Actions and wait of a teardown step.
 fn run_delete_step(step: RolloutStep, observed: &Observed) -> (Vec<Action>, Option<String>) {
     match step {
-        RolloutStep::ControllerDelete => (
-            observed
+        RolloutStep::ControllerDelete => {
+            let mut actions: Vec<Action> = observed
                 .controller
                 .iter()
                 .map(|_| Action::DeleteController)
-                .collect(),
-            controller_gone(observed),
-        ),
+                .collect();
+            if observed.stale_controller {
+                actions.push(Action::DeleteStaleController);
+            }
+            (actions, controller_gone(observed))
+        }
         RolloutStep::NodeDelete => (
             observed.node.iter().map(|_| Action::DeleteNode).collect(),
             node_gone(observed),
@@ -326,6 +335,7 @@ fn start(desired: &Desired, observed: &Observed, now: DateTime<Utc>) -> Option<R
         .controller
         .as_ref()
         .is_some_and(|c| c.spec_replicas > 0)
+        || observed.stale_controller
         || observed.controller_pods > 0;
 
     let (kind, step) = if !node_current {
@@ -337,7 +347,7 @@ fn start(desired: &Desired, observed: &Observed, now: DateTime<Utc>) -> Option<R
         } else {
             (upgrade_kind(desired), RolloutStep::NodeRoll)
         }
-    } else if !controller_current {
+    } else if !controller_current || observed.stale_controller {
         let kind = if desired.ever_completed {
             RolloutKind::ControllerUpdate
         } else {
@@ -428,10 +438,14 @@ fn run_step(
             (vec![Action::ApplyNode], node_rolled(desired, observed))
         }
         RolloutStep::ControllerScaleDown => {
-            let actions = match &observed.controller {
+            let mut actions = match &observed.controller {
                 Some(c) if c.spec_replicas != 0 => vec![Action::ScaleControllerToZero],
                 _ => Vec::new(),
             };
+            // A controller of the old kind is coming down for good: remove it.
+            if observed.stale_controller {
+                actions.push(Action::DeleteStaleController);
+            }
             (actions, controller_scaled_down(observed))
         }
         RolloutStep::ControllerRoll => {
@@ -445,6 +459,23 @@ fn run_step(
                 return (
                     vec![Action::ApplyNode],
                     Some("node DaemonSet is not at the desired content yet".to_string()),
+                );
+            }
+            // Switching kinds: the old workload and its pods are gone before
+            // the new one starts, so two controllers never run side by side.
+            if observed.stale_controller {
+                return (
+                    vec![Action::DeleteStaleController],
+                    Some("controller of the previous kind is being removed".to_string()),
+                );
+            }
+            if observed.controller.is_none() && observed.controller_pods > 0 {
+                return (
+                    Vec::new(),
+                    Some(format!(
+                        "controller of the previous kind: {} pod(s) left",
+                        observed.controller_pods
+                    )),
                 );
             }
             (
@@ -489,10 +520,15 @@ fn controller_scaled_down(observed: &Observed) -> Option<String> {
     // or a pod it is about to create could outlive our look at the pod list.
     if let Some(c) = &observed.controller {
         if c.spec_replicas != 0 || c.observed_generation < c.generation {
-            return Some("controller scaling down: StatefulSet has not observed replicas=0".into());
+            return Some(
+                "controller scaling down: the workload has not observed replicas=0".into(),
+            );
         }
     }
     let replicas = observed.controller.as_ref().map_or(0, |c| c.replicas);
+    if observed.stale_controller {
+        return Some("controller of the previous kind is being removed".to_string());
+    }
     if replicas > 0 || observed.controller_pods > 0 {
         return Some(format!(
             "controller scaling down: {} pod(s) left",
@@ -504,13 +540,13 @@ fn controller_scaled_down(observed: &Observed) -> Option<String> {
 
 fn controller_ready(desired: &Desired, observed: &Observed) -> Option<String> {
     let Some(c) = &observed.controller else {
-        return Some("controller StatefulSet not created yet".to_string());
+        return Some("controller workload not created yet".to_string());
     };
     if c.hash.as_deref() != Some(desired.controller_hash.as_str()) {
-        return Some("controller StatefulSet not updated yet".to_string());
+        return Some("controller workload not updated yet".to_string());
     }
     if c.observed_generation < c.generation {
-        return Some("StatefulSet controller has not observed the new generation".to_string());
+        return Some("controller workload: new generation not observed yet".to_string());
     }
     if c.ready < c.spec_replicas || c.updated < c.spec_replicas || c.replicas != c.spec_replicas {
         return Some(format!(
@@ -522,9 +558,11 @@ fn controller_ready(desired: &Desired, observed: &Observed) -> Option<String> {
 }
 
 fn controller_gone(observed: &Observed) -> Option<String> {
-    (observed.controller.is_some() || observed.controller_pods > 0).then(|| {
+    let exists =
+        observed.controller.is_some() || observed.stale_controller || observed.controller_pods > 0;
+    exists.then(|| {
         format!(
-            "controller StatefulSet deleting: {} pod(s) left",
+            "controller workload deleting: {} pod(s) left",
             observed.controller_pods
         )
     })

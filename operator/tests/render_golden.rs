@@ -18,7 +18,9 @@ use csiops_operator::render::labels::{
     self, Component, COMPONENT, INSTANCE, MANAGED_BY, OWNER_UID, TEMPLATE_HASH, VERSION,
     VERSION_LABEL,
 };
-use csiops_operator::render::{names, render, RenderConfig, RenderError, Rendered};
+use csiops_operator::render::{
+    names, render, ControllerWorkload, RenderConfig, RenderError, Rendered,
+};
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 use serde::Deserialize;
 use serde_json::Value;
@@ -157,7 +159,10 @@ fn objects(r: &Rendered) -> Vec<Value> {
     out.push(v(&r.csi_driver));
     out.extend(r.storage_classes.iter().map(v));
     out.push(v(&r.daemonset));
-    out.push(v(&r.statefulset));
+    match &r.controller {
+        ControllerWorkload::StatefulSet(s) => out.push(v(s)),
+        ControllerWorkload::Deployment(d) => out.push(v(d)),
+    }
     out
 }
 
@@ -266,11 +271,18 @@ fn golden_custom() {
 
 fn pod(r: &Rendered, component: Component) -> &PodSpec {
     let spec = match component {
-        Component::Controller => r.statefulset.spec.as_ref().map(|s| &s.template),
+        Component::Controller => r.controller.template(),
         Component::Node => r.daemonset.spec.as_ref().map(|s| &s.template),
     };
     spec.and_then(|t| t.spec.as_ref())
         .expect("workload has a pod spec")
+}
+
+/// The controller StatefulSet (the default kind).
+fn sts(r: &Rendered) -> &k8s_openapi::api::apps::v1::StatefulSet {
+    r.controller
+        .statefulset()
+        .expect("the controller is a StatefulSet")
 }
 
 fn container_names(p: &PodSpec) -> Vec<&str> {
@@ -340,7 +352,9 @@ fn node_volumes_follow_the_csi_design() {
             .iter()
             .flatten()
             .map(|v| v.name.as_str())
+            .take(3)
             .collect();
+        // The operator's three come first; the user's `node.volumes` follow.
         assert_eq!(names, ["socket-dir", "registration-dir", "kubelet-dir"]);
 
         // registration-dir: only the registrar, at /registration.
@@ -608,7 +622,7 @@ fn hash_follows_the_driver_image_not_storage_classes() {
     let base = must_render(&hostpath());
     assert_eq!(base.controller_hash.len(), 16);
     let annotation = |r: &Rendered| {
-        r.statefulset
+        sts(r)
             .metadata
             .annotations
             .as_ref()
@@ -663,8 +677,7 @@ fn selectors_never_contain_the_version() {
     obj.spec.version = "v1.18.0".into();
     let b = must_render(&obj);
     for r in [&a, &b] {
-        let sts = r
-            .statefulset
+        let sts = sts(r)
             .spec
             .as_ref()
             .and_then(|s| s.selector.match_labels.clone());
@@ -684,8 +697,8 @@ fn selectors_never_contain_the_version() {
         }
     }
     assert_eq!(
-        a.statefulset.spec.as_ref().map(|s| &s.selector),
-        b.statefulset.spec.as_ref().map(|s| &s.selector)
+        sts(&a).spec.as_ref().map(|s| &s.selector),
+        sts(&b).spec.as_ref().map(|s| &s.selector)
     );
     // The version is on the pods (label and annotation), so it rolls them.
     let tmpl = b
@@ -851,4 +864,394 @@ fn unusable_objects_are_refused_with_a_reason() {
         render(&obj, &cfg()),
         Err(RenderError::InvalidKubeletDir { .. })
     ));
+}
+
+// ---------------------------------------------------------------- pod settings
+
+/// The example without its own volumes and mounts, patched with `patch`.
+fn with_spec(patch: serde_json::Value) -> CSIDriverDeployment {
+    let mut base = hostpath();
+    for pod in [&mut base.spec.controller.pod, &mut base.spec.node.pod] {
+        pod.volumes.clear();
+    }
+    base.spec.controller.driver.volume_mounts.clear();
+    base.spec.node.driver.volume_mounts.clear();
+    let mut v = serde_json::to_value(base).expect("serializes");
+    json_merge(&mut v["spec"], patch);
+    serde_json::from_value(v).expect("patched object parses")
+}
+
+fn json_merge(into: &mut Value, patch: Value) {
+    match (into, patch) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in b {
+                json_merge(a.entry(k).or_insert(Value::Null), v);
+            }
+        }
+        (slot, v) => *slot = v,
+    }
+}
+
+#[test]
+fn pod_settings_volumes_mounts_and_security_context_are_rendered() {
+    let obj = with_spec(serde_json::json!({
+        "node": {
+            "hostNetwork": true,
+            "hostPID": true,
+            "podLabels": {"team": "storage"},
+            "podAnnotations": {"example.com/scrape": "true"},
+            "volumes": [
+                {"name": "dev-dir", "hostPath": {"path": "/dev", "type": "Directory"}},
+                {"name": "modules", "hostPath": {"path": "/lib/modules"}}
+            ],
+            "volumeMounts": [
+                {"name": "dev-dir", "mountPath": "/dev", "mountPropagation": "HostToContainer"},
+                {"name": "modules", "mountPath": "/lib/modules", "readOnly": true}
+            ],
+            "securityContext": {"privileged": true, "capabilities": {"add": ["SYS_ADMIN"]}}
+        },
+        "controller": {
+            "dnsPolicy": "Default",
+            "volumes": [{"name": "config", "configMap": {"name": "driver-config"}}],
+            "volumeMounts": [{"name": "config", "mountPath": "/etc/driver"}]
+        },
+        "sidecars": {
+            "registrar": {"volumeMounts": [{"name": "dev-dir", "mountPath": "/dev"}]},
+            "provisioner": {"volumeMounts": [{"name": "config", "mountPath": "/etc/driver"}]}
+        }
+    }));
+    let r = must_render(&obj);
+
+    let node = pod(&r, Component::Node);
+    assert_eq!(node.host_network, Some(true));
+    assert_eq!(node.host_pid, Some(true));
+    // hostNetwork without a dnsPolicy keeps cluster DNS.
+    assert_eq!(node.dns_policy.as_deref(), Some("ClusterFirstWithHostNet"));
+    let volumes: Vec<&str> = node
+        .volumes
+        .iter()
+        .flatten()
+        .map(|v| v.name.as_str())
+        .collect();
+    assert_eq!(
+        volumes,
+        [
+            names::VOLUME_SOCKET_DIR,
+            names::VOLUME_REGISTRATION_DIR,
+            names::VOLUME_KUBELET_DIR,
+            "dev-dir",
+            "modules"
+        ]
+    );
+    assert_eq!(host_path(node, "dev-dir"), ("/dev", Some("Directory")));
+    assert_eq!(
+        mounts_of(node, "dev-dir"),
+        [
+            (names::CONTAINER_DRIVER, "/dev", Some("HostToContainer")),
+            (names::CONTAINER_REGISTRAR, "/dev", None)
+        ]
+    );
+    let driver = container(node, names::CONTAINER_DRIVER);
+    let sc = driver.security_context.as_ref().expect("security context");
+    assert_eq!(sc.privileged, Some(true));
+    assert_eq!(
+        sc.capabilities.as_ref().and_then(|c| c.add.clone()),
+        Some(vec!["SYS_ADMIN".to_string()])
+    );
+    // The operator's mounts come first and stay.
+    assert_eq!(
+        mounts_of(node, names::VOLUME_KUBELET_DIR),
+        [(
+            names::CONTAINER_DRIVER,
+            "/var/lib/kubelet",
+            Some("Bidirectional")
+        )]
+    );
+    let tmpl = r
+        .daemonset
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.as_ref())
+        .expect("template meta");
+    let labels = tmpl.labels.as_ref().expect("labels");
+    assert_eq!(labels["team"], "storage");
+    assert_eq!(labels[INSTANCE], "hostpath");
+    let annotations = tmpl.annotations.as_ref().expect("annotations");
+    assert_eq!(annotations["example.com/scrape"], "true");
+    assert_eq!(annotations[VERSION], "v1.17.0");
+
+    let ctrl = pod(&r, Component::Controller);
+    assert_eq!(ctrl.dns_policy.as_deref(), Some("Default"));
+    assert_eq!(ctrl.host_network, None);
+    assert_eq!(
+        mounts_of(ctrl, "config"),
+        [
+            (names::CONTAINER_DRIVER, "/etc/driver", None),
+            (names::CONTAINER_PROVISIONER, "/etc/driver", None)
+        ]
+    );
+    // Pod settings are pod content: they roll the pods.
+    let base = must_render(&hostpath());
+    assert_ne!(r.node_hash, base.node_hash);
+    assert_ne!(r.controller_hash, base.controller_hash);
+}
+
+#[test]
+fn collisions_with_what_the_operator_manages_are_refused_naming_both() {
+    let cases = [
+        (
+            serde_json::json!({"node": {"volumes": [{"name": "socket-dir", "emptyDir": {}}]}}),
+            vec![
+                "spec.node.volumes[0].name",
+                "\"socket-dir\"",
+                "CSI socket directory",
+            ],
+        ),
+        (
+            serde_json::json!({"node": {"volumes": [{"name": "kubelet-dir", "emptyDir": {}}]}}),
+            vec!["spec.node.volumes[0].name", "kubelet directory"],
+        ),
+        (
+            serde_json::json!({"controller": {
+                "volumes": [{"name": "x", "emptyDir": {}}],
+                "volumeMounts": [{"name": "x", "mountPath": "/csi"}]}}),
+            vec![
+                "spec.controller.volumeMounts[0].mountPath",
+                "\"/csi\"",
+                "CSI socket directory",
+            ],
+        ),
+        (
+            serde_json::json!({"node": {
+                "volumes": [{"name": "x", "emptyDir": {}}],
+                "volumeMounts": [{"name": "x", "mountPath": "/var/lib/kubelet/"}]}}),
+            vec!["spec.node.volumeMounts[0].mountPath", "kubeletDir"],
+        ),
+        (
+            serde_json::json!({
+                "node": {"volumes": [{"name": "x", "emptyDir": {}}]},
+                "sidecars": {"registrar": {"volumeMounts": [{"name": "x", "mountPath": "/registration"}]}}}),
+            vec![
+                "spec.sidecars.registrar.volumeMounts[0].mountPath",
+                "registration directory",
+            ],
+        ),
+        (
+            serde_json::json!({"node": {"podLabels": {"app.kubernetes.io/instance": "x"}}}),
+            vec![
+                "spec.node.podLabels",
+                "app.kubernetes.io/instance",
+                "selects its pods by",
+            ],
+        ),
+        (
+            serde_json::json!({"controller": {"podAnnotations": {"csiops.dev/version": "x"}}}),
+            vec!["spec.controller.podAnnotations", "csiops.dev/version"],
+        ),
+        (
+            serde_json::json!({"node": {"volumes": [
+                {"name": "a", "emptyDir": {}}, {"name": "a", "emptyDir": {}}]}}),
+            vec!["spec.node.volumes[1].name", "spec.node.volumes[0]"],
+        ),
+        (
+            serde_json::json!({"node": {"volumeMounts": [{"name": "nope", "mountPath": "/x"}]}}),
+            vec!["spec.node.volumeMounts[0]", "\"nope\"", "spec.node.volumes"],
+        ),
+        (
+            // The controller's volumes are not the node's.
+            serde_json::json!({
+                "controller": {"volumes": [{"name": "cfg", "emptyDir": {}}]},
+                "sidecars": {"registrar": {"volumeMounts": [{"name": "cfg", "mountPath": "/cfg"}]}}}),
+            vec![
+                "spec.sidecars.registrar.volumeMounts[0]",
+                "spec.node.volumes",
+            ],
+        ),
+        (
+            serde_json::json!({"node": {"securityContext": {"runAsUser": 0}}}),
+            vec![
+                "spec.node.securityContext",
+                "Bidirectional",
+                "privileged: true",
+            ],
+        ),
+        (
+            serde_json::json!({"controller": {
+                "volumes": [{"name": "m", "hostPath": {"path": "/mnt"}}],
+                "volumeMounts": [{"name": "m", "mountPath": "/mnt", "mountPropagation": "Bidirectional"}]}}),
+            vec!["spec.controller.securityContext", "/mnt"],
+        ),
+    ];
+    for (patch, expect) in cases {
+        let obj = with_spec(patch.clone());
+        let msg = render(&obj, &cfg())
+            .expect_err(&patch.to_string())
+            .to_string();
+        for e in expect {
+            assert!(msg.contains(e), "{patch}: {msg:?} should contain {e:?}");
+        }
+    }
+    // Mounting an operator-managed volume elsewhere is allowed.
+    let obj = with_spec(serde_json::json!({
+        "sidecars": {"registrar": {"volumeMounts": [{"name": "kubelet-dir", "mountPath": "/kubelet", "readOnly": true}]}}
+    }));
+    must_render(&obj);
+}
+
+// ---------------------------------------------------------------- hostpath facts
+
+/// The example runs hostpathplugin as upstream's deploy/kubernetes-1.34
+/// manifest does: the same facts in the rendered pods.
+#[test]
+fn hostpath_example_has_what_hostpathplugin_needs() {
+    let r = must_render(&hostpath());
+    let node = pod(&r, Component::Node);
+    let driver = container(node, names::CONTAINER_DRIVER);
+
+    assert_eq!(
+        driver.args.as_deref(),
+        Some(
+            &[
+                "--drivername=hostpath.csi.k8s.io".to_string(),
+                "--endpoint=$(CSI_ENDPOINT)".to_string(),
+                "--nodeid=$(KUBE_NODE_NAME)".to_string(),
+                "--v=5".to_string(),
+            ][..]
+        )
+    );
+    assert_eq!(
+        env_value(driver, "CSI_ENDPOINT"),
+        Some("unix:///csi/csi.sock")
+    );
+    let node_name = driver
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "KUBE_NODE_NAME")
+        .and_then(|e| e.value_from.as_ref())
+        .and_then(|v| v.field_ref.as_ref())
+        .map(|f| f.field_path.as_str());
+    assert_eq!(node_name, Some("spec.nodeName"));
+    assert_eq!(
+        driver.image.as_deref(),
+        Some("registry.k8s.io/sig-storage/hostpathplugin:v1.17.0")
+    );
+    // Privileged: Bidirectional propagation and loop devices need it.
+    assert_eq!(
+        driver.security_context.as_ref().and_then(|s| s.privileged),
+        Some(true)
+    );
+
+    // Data dir and /dev from the host, at upstream's paths.
+    assert_eq!(
+        host_path(node, "csi-data-dir"),
+        ("/var/lib/csi-hostpath-data/", Some("DirectoryOrCreate"))
+    );
+    assert_eq!(host_path(node, "dev-dir"), ("/dev", Some("Directory")));
+    assert_eq!(
+        mounts_of(node, "csi-data-dir"),
+        [(names::CONTAINER_DRIVER, "/csi-data-dir", None)]
+    );
+    assert_eq!(
+        mounts_of(node, "dev-dir"),
+        [(names::CONTAINER_DRIVER, "/dev", None)]
+    );
+    // Upstream's mountpoint dir (<kubelet>/pods) and plugins dir
+    // (<kubelet>/plugins), both Bidirectional: covered by the kubelet
+    // directory mounted at the same path, Bidirectional.
+    assert_eq!(
+        host_path(node, names::VOLUME_KUBELET_DIR),
+        ("/var/lib/kubelet", Some("Directory"))
+    );
+    assert_eq!(
+        mounts_of(node, names::VOLUME_KUBELET_DIR),
+        [(
+            names::CONTAINER_DRIVER,
+            "/var/lib/kubelet",
+            Some("Bidirectional")
+        )]
+    );
+    assert_eq!(
+        host_path(node, names::VOLUME_SOCKET_DIR),
+        (
+            "/var/lib/kubelet/plugins/hostpath.csi.k8s.io/",
+            Some("DirectoryOrCreate")
+        )
+    );
+    assert_eq!(
+        host_path(node, names::VOLUME_REGISTRATION_DIR),
+        ("/var/lib/kubelet/plugins_registry/", Some("Directory"))
+    );
+    // Its health: kubelet probes the driver through the liveness-probe sidecar.
+    let probe = driver.liveness_probe.as_ref().expect("liveness probe");
+    let get = probe.http_get.as_ref().expect("http probe");
+    assert_eq!(get.path.as_deref(), Some("/healthz"));
+    let port = driver
+        .ports
+        .iter()
+        .flatten()
+        .find(|p| p.name.as_deref() == Some("healthz"))
+        .map(|p| p.container_port);
+    assert_eq!(port, Some(csiops_operator::render::HEALTHZ_PORT));
+    assert!(container(node, names::CONTAINER_LIVENESS_PROBE)
+        .args
+        .iter()
+        .flatten()
+        .any(|a| a == &format!("--http-endpoint=:{}", csiops_operator::render::HEALTHZ_PORT)));
+
+    // The controller sees the same data dir.
+    let ctrl = pod(&r, Component::Controller);
+    assert_eq!(
+        host_path(ctrl, "csi-data-dir"),
+        ("/var/lib/csi-hostpath-data/", Some("DirectoryOrCreate"))
+    );
+    assert_eq!(
+        mounts_of(ctrl, "csi-data-dir"),
+        [(names::CONTAINER_DRIVER, "/csi-data-dir", None)]
+    );
+
+    // Its StorageClass.
+    let sc = &r.storage_classes[0];
+    assert_eq!(sc.metadata.name.as_deref(), Some("csi-hostpath-sc"));
+    assert_eq!(sc.provisioner, "hostpath.csi.k8s.io");
+    assert_eq!(sc.reclaim_policy.as_deref(), Some("Delete"));
+}
+
+// ---------------------------------------------------------------- controller kind
+
+#[test]
+fn controller_kind_deployment_renders_the_same_pod_as_a_deployment() {
+    let sts_render = must_render(&hostpath());
+    let mut obj = hostpath();
+    obj.spec.controller.kind = csiops_crds::ControllerKind::Deployment;
+    obj.spec.controller.replicas = 2;
+    let r = must_render(&obj);
+    let deploy = r.controller.deployment().expect("a Deployment");
+    assert!(r.controller.statefulset().is_none());
+    assert_eq!(deploy.metadata.name.as_deref(), Some("hostpath-controller"));
+    let spec = deploy.spec.as_ref().expect("spec");
+    assert_eq!(spec.replicas, Some(2));
+    assert_eq!(
+        spec.selector,
+        sts(&sts_render).spec.as_ref().expect("spec").selector,
+        "same selector, so the pods of either kind are found the same way"
+    );
+    // Every controller sidecar elects a leader: two replicas never both act.
+    let p = pod(&r, Component::Controller);
+    let args = container(p, names::CONTAINER_PROVISIONER)
+        .args
+        .clone()
+        .unwrap_or_default();
+    assert!(args.iter().any(|a| a == "--leader-election"), "{args:?}");
+    assert_eq!(
+        deploy
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(TEMPLATE_HASH)),
+        Some(&r.controller_hash)
+    );
+    // Switching kinds is a controller-only change.
+    assert_ne!(r.controller_hash, sts_render.controller_hash);
+    assert_eq!(r.node_hash, sts_render.node_hash);
 }

@@ -42,6 +42,7 @@ fn input<'a>(pods: &'a [Pod], csinodes: &'a [std::sync::Arc<CSINode>]) -> Health
         kubelet_dir: "/var/lib/kubelet",
         registration_required: true,
         statefulset: None,
+        deployment: None,
         daemonset: None,
         pods,
         csinodes,
@@ -278,4 +279,42 @@ fn workload_counts_and_observations_come_from_the_live_objects() {
     let n = node_obs(&ds, "h");
     assert_eq!(n.hash, None);
     assert_eq!((n.desired, n.updated, n.available), (3, 1, 2));
+}
+
+fn ds_with(generation: i64, observed: Option<i64>, desired: i32) -> DaemonSet {
+    serde_json::from_value(json!({
+        "metadata": {"name": "x-node", "generation": generation},
+        "spec": {"selector": {}, "template": {}},
+        "status": {"currentNumberScheduled": desired, "desiredNumberScheduled": desired,
+                   "numberMisscheduled": 0, "numberReady": 0, "observedGeneration": observed}
+    }))
+    .expect("ds fixture")
+}
+
+#[test]
+fn a_daemonset_on_no_node_is_said_plainly() {
+    let selector = std::collections::BTreeMap::from([("disk".to_string(), "nvme".to_string())]);
+    let msg = no_matching_nodes(Some(&ds_with(1, Some(1), 0)), &selector).expect("reported");
+    assert!(
+        msg.contains("no node matches spec.node.nodeSelector disk=nvme"),
+        "{msg}"
+    );
+    let msg =
+        no_matching_nodes(Some(&ds_with(1, Some(1), 0)), &Default::default()).expect("reported");
+    assert!(msg.contains("tolerations"), "{msg}");
+    // Not before the DaemonSet controller has seen the current spec…
+    assert_eq!(
+        no_matching_nodes(Some(&ds_with(2, Some(1), 0)), &selector),
+        None
+    );
+    assert_eq!(
+        no_matching_nodes(Some(&ds_with(1, None, 0)), &selector),
+        None
+    );
+    // …and not when it runs somewhere, or does not exist.
+    assert_eq!(
+        no_matching_nodes(Some(&ds_with(1, Some(1), 2)), &selector),
+        None
+    );
+    assert_eq!(no_matching_nodes(None, &selector), None);
 }

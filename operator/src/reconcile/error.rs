@@ -24,6 +24,18 @@ pub enum Error {
         message: String,
     },
 
+    /// A write the API server failed for a reason other than refusing the
+    /// object (a 500 from a failing admission webhook or conversion, a 409,
+    /// a 503…): retried with backoff, reported once it repeats.
+    #[error("the API server failed to apply {kind} {name}: {message}")]
+    WriteFailed {
+        kind: &'static str,
+        name: String,
+        message: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
+
     #[error("cannot serialize {kind} {name}: {source}")]
     Serialize {
         kind: &'static str,
@@ -42,6 +54,7 @@ impl Error {
             Error::Kube(_) => "kube",
             Error::NotOwned { .. } => "conflict",
             Error::Rejected { .. } => "rejected",
+            Error::WriteFailed { .. } => "write",
             Error::Serialize { .. } => "serialize",
             Error::MissingMetadata(_) => "metadata",
         }
@@ -56,6 +69,15 @@ impl Error {
         }
     }
 
+    /// Errors that may be transient but, once they repeat, are what the user
+    /// must see: reported as Degraded with this reason after a few attempts.
+    pub fn repeated_failure_reason(&self) -> Option<&'static str> {
+        match self {
+            Error::WriteFailed { .. } => Some("ApplyFailed"),
+            _ => None,
+        }
+    }
+
     /// Classifies an API error of a write: validation and admission refusals are
     /// the user's to fix; anything else is retried with backoff.
     pub fn from_write(kind: &'static str, name: &str, err: kube::Error) -> Self {
@@ -64,6 +86,12 @@ impl Error {
                 kind,
                 name: name.to_string(),
                 message: s.message.clone(),
+            },
+            kube::Error::Api(s) => Error::WriteFailed {
+                kind,
+                name: name.to_string(),
+                message: format!("{} ({} {})", s.message, s.code, s.reason),
+                source: Box::new(err),
             },
             _ => Error::Kube(err),
         }
@@ -96,6 +124,18 @@ mod tests {
             .contains("StatefulSet x: spec.template: invalid"));
         let e = Error::from_write("StatefulSet", "x", api_error(503, "unavailable"));
         assert_eq!(e.user_facing_reason(), None);
-        assert_eq!(e.metric_kind(), "kube");
+        assert_eq!(e.repeated_failure_reason(), Some("ApplyFailed"));
+        assert_eq!(e.metric_kind(), "write");
+        assert!(e.to_string().contains("StatefulSet x: unavailable"), "{e}");
+        // A 500 (a failing webhook, a conversion error) is reported once it repeats.
+        let e = Error::from_write("DaemonSet", "y", api_error(500, "failed calling webhook"));
+        assert_eq!(e.repeated_failure_reason(), Some("ApplyFailed"));
+        // A broken connection is no message from the API server.
+        let e = Error::from_write(
+            "DaemonSet",
+            "y",
+            kube::Error::Discovery(kube::error::DiscoveryError::MissingResource("x".into())),
+        );
+        assert_eq!(e.repeated_failure_reason(), None);
     }
 }

@@ -40,11 +40,9 @@ pub fn describe_step(step: RolloutStep) -> &'static str {
         RolloutStep::NodeRoll => {
             "roll the node DaemonSet and wait until every pod is updated, available and registered"
         }
-        RolloutStep::ControllerRoll => {
-            "apply the controller StatefulSet and wait until it is ready"
-        }
+        RolloutStep::ControllerRoll => "apply the controller workload and wait until it is ready",
         RolloutStep::ControllerDelete => {
-            "delete the controller StatefulSet and wait until its pods are gone"
+            "delete the controller workload and wait until its pods are gone"
         }
         RolloutStep::NodeDelete => "delete the node DaemonSet and wait until its pods are gone",
         RolloutStep::ClusterCleanup => "delete the CSIDriver, cluster RBAC and StorageClasses",

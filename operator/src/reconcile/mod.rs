@@ -15,14 +15,16 @@ pub mod conflict;
 pub mod error;
 pub mod events;
 pub mod pod_events;
+pub mod retry;
 
 use std::sync::Arc;
 use std::time::Duration as StdDuration;
 
 use chrono::{Duration, Utc};
+use csiops_crds::ControllerKind;
 use csiops_crds::{CSIDriverDeployment, CSIDriverDeploymentStatus};
 use futures::StreamExt;
-use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, StorageClass};
@@ -42,7 +44,7 @@ use self::events::{publish, Note};
 use crate::health::{self, Health, HealthInput};
 use crate::metrics::Metrics;
 use crate::render::labels::{self, INSTANCE, MANAGED_BY, MANAGED_BY_VALUE};
-use crate::render::{self, names, RenderConfig, Rendered};
+use crate::render::{self, names, ControllerWorkload, RenderConfig, Rendered};
 use crate::report::{self, Problem, ReportInput};
 use crate::rollout::{self, Action, Desired, Observed, Plan};
 
@@ -67,6 +69,8 @@ pub struct Context {
     pub pods: Store<Pod>,
     pub csinodes: Store<CSINode>,
     pub deployments: Store<CSIDriverDeployment>,
+    /// Consecutive failed writes per object, for backoff and reporting.
+    pub failures: retry::Failures,
 }
 
 /// Options of [`run`].
@@ -128,6 +132,7 @@ pub async fn run(
         pods: pods.clone(),
         csinodes: csinodes.clone(),
         deployments: deployments.clone(),
+        failures: retry::Failures::default(),
     });
 
     // Signal readiness once our caches have their first full list. Each store
@@ -151,6 +156,10 @@ pub async fn run(
         )
         .owns(
             Api::<DaemonSet>::all(client.clone()),
+            watcher::Config::default().labels(&managed),
+        )
+        .owns(
+            Api::<Deployment>::all(client.clone()),
             watcher::Config::default().labels(&managed),
         )
         .watches_stream(pod_stream, pod_owner)
@@ -202,6 +211,7 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
     let api: Api<CSIDriverDeployment> = Api::namespaced(ctx.client.clone(), &ns);
 
     if obj.metadata.deletion_timestamp.is_some() {
+        ctx.failures.clear(&format!("{ns}/{name}"));
         if !obj.finalizers().iter().any(|f| f == FINALIZER) {
             return Ok(Requeue::await_change());
         }
@@ -236,20 +246,40 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
         }
     };
 
+    let key = format!("{ns}/{name}");
     match drive(&obj, &ctx, &api, owner, &rendered).await {
-        Ok(requeue) => Ok(requeue),
-        Err(e) => match e.user_facing_reason() {
-            Some(reason) => {
+        Ok(requeue) => {
+            ctx.failures.clear(&key);
+            Ok(requeue)
+        }
+        Err(e) => {
+            if let Some(reason) = e.user_facing_reason() {
                 ctx.metrics.reconcile_failed(e.metric_kind());
                 let problem = Problem {
                     reason,
                     message: e.to_string(),
                 };
                 write_problem(&obj, &ctx, &api, &problem).await?;
-                Ok(Requeue::requeue(USER_ERROR_REQUEUE))
+                return Ok(Requeue::requeue(USER_ERROR_REQUEUE));
             }
-            None => Err(e),
-        },
+            let Some(reason) = e.repeated_failure_reason() else {
+                return Err(e);
+            };
+            ctx.metrics.reconcile_failed(e.metric_kind());
+            let failures = ctx.failures.record(&key);
+            let wait = retry::backoff(failures);
+            warn!(object = %name, namespace = %ns, failures, retry_in = ?wait, error = %e, "write failed");
+            if failures >= retry::REPORT_AFTER {
+                // The message stays the same while the failure does, so the
+                // condition and the Event are written once, not per retry.
+                let problem = Problem {
+                    reason,
+                    message: format!("{e}; retrying with backoff"),
+                };
+                write_problem(&obj, &ctx, &api, &problem).await?;
+            }
+            Ok(Requeue::requeue(wait))
+        }
     }
 }
 
@@ -276,25 +306,27 @@ async fn drive(
         }
     }
 
-    let (sts_api, ds_api) = workload_apis(ctx, owner.namespace);
-    let sts = get_owned(&sts_api, "StatefulSet", &names::controller_name(obj), owner).await?;
+    let (_, ds_api) = workload_apis(ctx, owner.namespace);
+    let controller = LiveController::get(ctx, obj, owner).await?;
     let ds = get_owned(&ds_api, "DaemonSet", &names::node_name(obj), owner).await?;
     let pods = pods_of(ctx, owner);
     let csinodes = ctx.csinodes.state();
     let registration_required = spec.sidecars.registrar.enabled;
     let mount_failures = pod_events::mount_failures(&ctx.client, owner.namespace, &pods, now).await;
+    let (statefulset, deployment) = controller.current(spec.controller.kind);
     let health = health::assess(&HealthInput {
         driver_name: &spec.driver_name,
         kubelet_dir: &spec.node.kubelet_dir,
         registration_required,
-        statefulset: sts.as_ref(),
+        statefulset,
+        deployment,
         daemonset: ds.as_ref(),
         pods: &pods,
         csinodes: &csinodes,
         mount_failures: &mount_failures,
         now,
     });
-    let observed = observe(sts.as_ref(), ds.as_ref(), &health, 0);
+    let observed = observe(&controller, spec.controller.kind, ds.as_ref(), &health, 0);
     let desired = Desired {
         node_hash: rendered.node_hash.clone(),
         controller_hash: rendered.controller_hash.clone(),
@@ -315,9 +347,20 @@ async fn drive(
     }
     announce(obj, ctx, &plan).await;
 
-    let problem = plan.overdue.as_ref().map(|why| Problem {
-        reason: "RolloutStepTimeout",
-        message: why.clone(),
+    // No node to run on says more than any step deadline it causes.
+    let no_nodes =
+        health::no_matching_nodes(ds.as_ref(), &spec.node.node_selector).map(|why| Problem {
+            reason: health::NO_MATCHING_NODES,
+            message: why,
+        });
+    if let Some(p) = &no_nodes {
+        warn_once(obj, ctx, p).await;
+    }
+    let problem = no_nodes.or_else(|| {
+        plan.overdue.as_ref().map(|why| Problem {
+            reason: "RolloutStepTimeout",
+            message: why.clone(),
+        })
     });
     let new_status = report::build(&ReportInput {
         previous: status,
@@ -349,13 +392,26 @@ async fn teardown(
 ) -> Result<Requeue, Error> {
     let now = Utc::now();
     let (sts_api, ds_api) = workload_apis(ctx, owner.namespace);
+    let deploy_api: Api<Deployment> = Api::namespaced(ctx.client.clone(), owner.namespace);
     // What is not ours is not torn down: treat a foreign same-named workload as absent.
-    let sts = get_owned(&sts_api, "StatefulSet", &names::controller_name(obj), owner)
+    let controller = LiveController {
+        statefulset: get_owned(&sts_api, "StatefulSet", &names::controller_name(obj), owner)
+            .await
+            .or_else(ignore_not_owned)?,
+        deployment: get_owned(
+            &deploy_api,
+            "Deployment",
+            &names::controller_name(obj),
+            owner,
+        )
         .await
-        .or_else(ignore_not_owned)?;
+        .or_else(ignore_not_owned)?,
+    };
     let ds = get_owned(&ds_api, "DaemonSet", &names::node_name(obj), owner)
         .await
         .or_else(ignore_not_owned)?;
+    let kind = obj.spec.controller.kind;
+    let (statefulset, deployment) = controller.current(kind);
     let cluster = ClusterScoped::new(&ctx.client, labels::cluster_owner_selector(obj));
     let remaining = cluster.count().await?;
     let pods = pods_of(ctx, owner);
@@ -363,14 +419,15 @@ async fn teardown(
         driver_name: &obj.spec.driver_name,
         kubelet_dir: &obj.spec.node.kubelet_dir,
         registration_required: false,
-        statefulset: sts.as_ref(),
+        statefulset,
+        deployment,
         daemonset: ds.as_ref(),
         pods: &pods,
         csinodes: &[],
         mount_failures: &Default::default(),
         now,
     });
-    let observed = observe(sts.as_ref(), ds.as_ref(), &health, remaining);
+    let observed = observe(&controller, kind, ds.as_ref(), &health, remaining);
     let status = obj.status.as_ref();
     let plan = rollout::plan_delete(
         &observed,
@@ -381,7 +438,10 @@ async fn teardown(
     for action in &plan.actions {
         match action {
             Action::DeleteController => {
-                delete_owned(&sts_api, "StatefulSet", &names::controller_name(obj), owner).await?;
+                delete_controller(ctx, obj, owner, kind).await?;
+            }
+            Action::DeleteStaleController => {
+                delete_controller(ctx, obj, owner, other_kind(kind)).await?;
             }
             Action::DeleteNode => {
                 delete_owned(&ds_api, "DaemonSet", &names::node_name(obj), owner).await?;
@@ -445,15 +505,96 @@ fn pods_of(ctx: &Context, owner: Owner<'_>) -> Vec<Pod> {
         .collect()
 }
 
+/// The live controller workloads of both kinds (normally at most one exists;
+/// both while `spec.controller.kind` is being switched).
+struct LiveController {
+    statefulset: Option<StatefulSet>,
+    deployment: Option<Deployment>,
+}
+
+impl LiveController {
+    /// Both kinds, ownership-checked.
+    async fn get(
+        ctx: &Context,
+        obj: &CSIDriverDeployment,
+        owner: Owner<'_>,
+    ) -> Result<Self, Error> {
+        let name = names::controller_name(obj);
+        let sts_api: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), owner.namespace);
+        let deploy_api: Api<Deployment> = Api::namespaced(ctx.client.clone(), owner.namespace);
+        Ok(Self {
+            statefulset: get_owned(&sts_api, "StatefulSet", &name, owner).await?,
+            deployment: get_owned(&deploy_api, "Deployment", &name, owner).await?,
+        })
+    }
+
+    /// The workload of `kind` as (StatefulSet, Deployment), the other `None`.
+    fn current(&self, kind: ControllerKind) -> (Option<&StatefulSet>, Option<&Deployment>) {
+        match kind {
+            ControllerKind::StatefulSet => (self.statefulset.as_ref(), None),
+            ControllerKind::Deployment => (None, self.deployment.as_ref()),
+        }
+    }
+
+    fn obs(&self, kind: ControllerKind) -> Option<rollout::ControllerObs> {
+        match kind {
+            ControllerKind::StatefulSet => self
+                .statefulset
+                .as_ref()
+                .map(|s| health::controller_obs(s, labels::TEMPLATE_HASH)),
+            ControllerKind::Deployment => self
+                .deployment
+                .as_ref()
+                .map(|d| health::deployment_obs(d, labels::TEMPLATE_HASH)),
+        }
+    }
+
+    fn exists(&self, kind: ControllerKind) -> bool {
+        match kind {
+            ControllerKind::StatefulSet => self.statefulset.is_some(),
+            ControllerKind::Deployment => self.deployment.is_some(),
+        }
+    }
+}
+
+fn other_kind(kind: ControllerKind) -> ControllerKind {
+    match kind {
+        ControllerKind::StatefulSet => ControllerKind::Deployment,
+        ControllerKind::Deployment => ControllerKind::StatefulSet,
+    }
+}
+
+/// Deletes the controller workload of `kind`, if it exists and is ours.
+async fn delete_controller(
+    ctx: &Context,
+    obj: &CSIDriverDeployment,
+    owner: Owner<'_>,
+    kind: ControllerKind,
+) -> Result<bool, Error> {
+    let name = names::controller_name(obj);
+    match kind {
+        ControllerKind::StatefulSet => {
+            let api: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), owner.namespace);
+            delete_owned(&api, "StatefulSet", &name, owner).await
+        }
+        ControllerKind::Deployment => {
+            let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), owner.namespace);
+            delete_owned(&api, "Deployment", &name, owner).await
+        }
+    }
+}
+
 /// What the state machine needs from the live objects.
 fn observe(
-    sts: Option<&StatefulSet>,
+    controller: &LiveController,
+    kind: ControllerKind,
     ds: Option<&DaemonSet>,
     health: &Health,
     cluster_scoped_remaining: usize,
 ) -> Observed {
     Observed {
-        controller: sts.map(|s| health::controller_obs(s, labels::TEMPLATE_HASH)),
+        controller: controller.obs(kind),
+        stale_controller: controller.exists(other_kind(kind)),
         controller_pods: health.controller_pods,
         node: ds.map(|d| health::node_obs(d, labels::TEMPLATE_HASH)),
         node_pods: health.node_pods,
@@ -604,24 +745,39 @@ async fn execute(
             )
             .await?;
         }
-        Action::ApplyController => {
-            apply(
-                &sts_api,
-                "StatefulSet",
-                r.statefulset.clone(),
-                owner,
-                Mode::Always,
-            )
-            .await?;
-        }
+        Action::ApplyController => match &r.controller {
+            ControllerWorkload::StatefulSet(sts) => {
+                apply(&sts_api, "StatefulSet", sts.clone(), owner, Mode::Always).await?;
+            }
+            ControllerWorkload::Deployment(deploy) => {
+                let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), owner.namespace);
+                apply(&api, "Deployment", deploy.clone(), owner, Mode::Always).await?;
+            }
+        },
         Action::ScaleControllerToZero => {
             // Replicas only: the old template stays until the node side is rolled.
             let name = names::controller_name(obj);
             let patch = json!({"spec": {"replicas": 0}});
-            sts_api
-                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-                .map_err(|e| Error::from_write("StatefulSet", &name, e))?;
+            let params = PatchParams::default();
+            let result = match r.controller.kind() {
+                ControllerKind::StatefulSet => sts_api
+                    .patch(&name, &params, &Patch::Merge(&patch))
+                    .await
+                    .map(drop),
+                ControllerKind::Deployment => {
+                    let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), owner.namespace);
+                    api.patch(&name, &params, &Patch::Merge(&patch))
+                        .await
+                        .map(drop)
+                }
+            };
+            result.map_err(|e| Error::from_write(r.controller.kind().as_str(), &name, e))?;
+        }
+        Action::DeleteStaleController => {
+            let stale = other_kind(r.controller.kind());
+            if delete_controller(ctx, obj, owner, stale).await? {
+                info!(object = %owner.name, kind = stale.as_str(), "removed the controller of the previous kind");
+            }
         }
         Action::DeleteController
         | Action::DeleteNode
@@ -660,6 +816,24 @@ async fn announce(obj: &CSIDriverDeployment, ctx: &Context, plan: &Plan) {
             )
             .await;
         }
+    }
+}
+
+/// A Warning Event for `problem`, unless the object already reports it.
+async fn warn_once(obj: &CSIDriverDeployment, ctx: &Context, problem: &Problem) {
+    let already = obj
+        .status
+        .as_ref()
+        .and_then(|s| s.condition(report::DEGRADED))
+        .is_some_and(|c| c.status == "True" && c.reason == problem.reason);
+    if !already {
+        warn!(object = %obj.name_any(), reason = problem.reason, "{}", problem.message);
+        publish(
+            &ctx.recorder,
+            obj,
+            &Note::warning(problem.reason, problem.message.clone()),
+        )
+        .await;
     }
 }
 

@@ -117,6 +117,7 @@ pub(crate) fn driver_container(ctx: &Ctx<'_>, placement: DriverPlacement<'_>) ->
 
     let mut mounts = vec![socket_dir_mount()];
     mounts.extend(placement.extra_mounts);
+    mounts.extend(ov.volume_mounts.iter().cloned());
 
     let liveness = ctx.liveness_probe_enabled();
     Container {
@@ -147,10 +148,14 @@ pub(crate) fn driver_container(ctx: &Ctx<'_>, placement: DriverPlacement<'_>) ->
             period_seconds: Some(2),
             ..Default::default()
         }),
-        security_context: placement.privileged.then(|| SecurityContext {
-            privileged: Some(true),
-            allow_privilege_escalation: Some(true),
-            ..Default::default()
+        // An override replaces the default whole; validation made sure a node
+        // override stays privileged.
+        security_context: ov.security_context.clone().or_else(|| {
+            placement.privileged.then(|| SecurityContext {
+                privileged: Some(true),
+                allow_privilege_escalation: Some(true),
+                ..Default::default()
+            })
         }),
         volume_mounts: Some(mounts),
         ..Default::default()
@@ -189,9 +194,10 @@ fn sidecar_container(
     spec: &SidecarSpec,
     mut args: Vec<String>,
     operator_env: &[EnvVar],
-    mounts: Vec<VolumeMount>,
+    mut mounts: Vec<VolumeMount>,
 ) -> Result<Container, RenderError> {
     args.extend(spec.extra_args.iter().cloned());
+    mounts.extend(spec.volume_mounts.iter().cloned());
     Ok(Container {
         name: name.to_string(),
         image: Some(ctx.sidecar_image(key)?),

@@ -1,10 +1,14 @@
-//! The controller StatefulSet: the driver's controller service plus the
+//! The controller workload: the driver's controller service plus the
 //! provisioner, attacher and liveness-probe sidecars, sharing an `emptyDir`
-//! socket directory (the CSI design's "cluster-level deployment").
+//! socket directory (the CSI design's "cluster-level deployment"), as a
+//! StatefulSet (default) or a Deployment.
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
+use csiops_crds::ControllerKind;
+use k8s_openapi::api::apps::v1::{
+    Deployment, DeploymentSpec, DeploymentStrategy, StatefulSet, StatefulSetSpec,
+};
 use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, PodSpec, PodTemplateSpec, Volume};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 
@@ -17,12 +21,54 @@ use super::hash::spec_hash;
 use super::labels::{common_labels, selector_labels, Component, TEMPLATE_HASH};
 use super::names::{controller_name, CONTAINER_DRIVER, VOLUME_SOCKET_DIR};
 use super::{
-    image_pull_secrets, none_if_empty, none_if_map_empty, pod_annotations, workload_meta, Ctx,
+    apply_pod_settings, image_pull_secrets, none_if_empty, none_if_map_empty, pod_annotations,
+    workload_meta, Ctx,
 };
 
-/// Renders the StatefulSet and returns it with its hash (also set as the
-/// [`TEMPLATE_HASH`] annotation).
-pub(crate) fn statefulset(ctx: &Ctx<'_>) -> Result<(StatefulSet, String), RenderError> {
+/// The rendered controller workload, of the kind `spec.controller.kind` asks for.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ControllerWorkload {
+    StatefulSet(StatefulSet),
+    Deployment(Deployment),
+}
+
+impl ControllerWorkload {
+    pub fn kind(&self) -> ControllerKind {
+        match self {
+            ControllerWorkload::StatefulSet(_) => ControllerKind::StatefulSet,
+            ControllerWorkload::Deployment(_) => ControllerKind::Deployment,
+        }
+    }
+
+    /// The StatefulSet, if that is the kind.
+    pub fn statefulset(&self) -> Option<&StatefulSet> {
+        match self {
+            ControllerWorkload::StatefulSet(s) => Some(s),
+            ControllerWorkload::Deployment(_) => None,
+        }
+    }
+
+    /// The Deployment, if that is the kind.
+    pub fn deployment(&self) -> Option<&Deployment> {
+        match self {
+            ControllerWorkload::Deployment(d) => Some(d),
+            ControllerWorkload::StatefulSet(_) => None,
+        }
+    }
+
+    /// The pod template, whichever the kind.
+    pub fn template(&self) -> Option<&PodTemplateSpec> {
+        match self {
+            ControllerWorkload::StatefulSet(s) => s.spec.as_ref().map(|s| &s.template),
+            ControllerWorkload::Deployment(d) => d.spec.as_ref().map(|s| &s.template),
+        }
+    }
+}
+
+/// Renders the controller workload and returns it with its hash (also set as
+/// the [`TEMPLATE_HASH`] annotation). The kind is part of the hash, so
+/// switching kinds is a controller change.
+pub(crate) fn controller(ctx: &Ctx<'_>) -> Result<(ControllerWorkload, String), RenderError> {
     let obj = ctx.obj;
     let spec = ctx.spec();
     let name = controller_name(obj);
@@ -45,14 +91,9 @@ pub(crate) fn statefulset(ctx: &Ctx<'_>) -> Result<(StatefulSet, String), Render
         containers.push(liveness_probe_container(ctx)?);
     }
 
-    let pod = PodSpec {
+    let mut pod = PodSpec {
         service_account_name: Some(name.clone()),
         containers,
-        volumes: Some(vec![Volume {
-            name: VOLUME_SOCKET_DIR.to_string(),
-            empty_dir: Some(EmptyDirVolumeSource::default()),
-            ..Default::default()
-        }]),
         node_selector: none_if_map_empty(&spec.controller.node_selector),
         tolerations: none_if_empty(spec.controller.tolerations.clone()),
         affinity: spec.controller.affinity.clone(),
@@ -60,40 +101,82 @@ pub(crate) fn statefulset(ctx: &Ctx<'_>) -> Result<(StatefulSet, String), Render
         image_pull_secrets: image_pull_secrets(spec),
         ..Default::default()
     };
-
-    let sts_spec = StatefulSetSpec {
-        replicas: Some(spec.controller.replicas),
-        selector: LabelSelector {
-            match_labels: Some(selector_labels(obj, Component::Controller)),
-            ..Default::default()
-        },
-        service_name: Some(name.clone()),
-        // Sidecars elect a leader; there is no reason to start replicas one
-        // by one, and Parallel lets a scale-down to 0 finish at once.
-        pod_management_policy: Some("Parallel".to_string()),
-        template: PodTemplateSpec {
-            metadata: Some(ObjectMeta {
-                labels: Some(common_labels(obj, Component::Controller)),
-                annotations: Some(pod_annotations(ctx, CONTAINER_DRIVER)),
-                ..Default::default()
-            }),
-            spec: Some(pod),
-        },
+    let mut template_meta = ObjectMeta {
+        labels: Some(common_labels(obj, Component::Controller)),
+        annotations: Some(pod_annotations(ctx, CONTAINER_DRIVER)),
         ..Default::default()
     };
+    let socket_dir = Volume {
+        name: VOLUME_SOCKET_DIR.to_string(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Default::default()
+    };
+    apply_pod_settings(
+        &mut pod,
+        &mut template_meta,
+        vec![socket_dir],
+        &spec.controller.pod,
+    );
 
-    let hash = spec_hash("controller StatefulSet", &sts_spec)?;
-    let mut metadata = workload_meta(ctx, name, Component::Controller);
+    let selector = LabelSelector {
+        match_labels: Some(selector_labels(obj, Component::Controller)),
+        ..Default::default()
+    };
+    let template = PodTemplateSpec {
+        metadata: Some(template_meta),
+        spec: Some(pod),
+    };
+    let mut metadata = workload_meta(ctx, name.clone(), Component::Controller);
+    match spec.controller.kind {
+        ControllerKind::StatefulSet => {
+            let sts_spec = StatefulSetSpec {
+                replicas: Some(spec.controller.replicas),
+                selector,
+                service_name: Some(name),
+                // Sidecars elect a leader; there is no reason to start replicas one
+                // by one, and Parallel lets a scale-down to 0 finish at once.
+                pod_management_policy: Some("Parallel".to_string()),
+                template,
+                ..Default::default()
+            };
+            let hash = spec_hash("controller StatefulSet", &sts_spec)?;
+            set_hash(&mut metadata, &hash);
+            let sts = StatefulSet {
+                metadata,
+                spec: Some(sts_spec),
+                status: None,
+            };
+            Ok((ControllerWorkload::StatefulSet(sts), hash))
+        }
+        ControllerKind::Deployment => {
+            let deploy_spec = DeploymentSpec {
+                replicas: Some(spec.controller.replicas),
+                selector,
+                // A rolling update may run an old and a new pod side by side
+                // for a moment; the sidecars' leader election (always on)
+                // keeps one of them active.
+                strategy: Some(DeploymentStrategy {
+                    type_: Some("RollingUpdate".to_string()),
+                    ..Default::default()
+                }),
+                template,
+                ..Default::default()
+            };
+            let hash = spec_hash("controller Deployment", &deploy_spec)?;
+            set_hash(&mut metadata, &hash);
+            let deploy = Deployment {
+                metadata,
+                spec: Some(deploy_spec),
+                status: None,
+            };
+            Ok((ControllerWorkload::Deployment(deploy), hash))
+        }
+    }
+}
+
+fn set_hash(metadata: &mut ObjectMeta, hash: &str) {
     metadata
         .annotations
         .get_or_insert_with(BTreeMap::new)
-        .insert(TEMPLATE_HASH.to_string(), hash.clone());
-    Ok((
-        StatefulSet {
-            metadata,
-            spec: Some(sts_spec),
-            status: None,
-        },
-        hash,
-    ))
+        .insert(TEMPLATE_HASH.to_string(), hash.to_string());
 }

@@ -62,6 +62,43 @@ pub enum RenderError {
     )]
     InvalidSocketName { name: String },
 
+    /// A user-chosen name or path is one the operator manages itself.
+    #[error("{field} {value:?} collides with {what}; choose another {noun}")]
+    Collision {
+        /// Where the user set it, e.g. `spec.node.volumes[2].name`.
+        field: String,
+        value: String,
+        /// What the operator uses it for.
+        what: String,
+        /// `name`, `path`, `key`.
+        noun: &'static str,
+    },
+
+    /// A volumeMount names a volume the pod does not have.
+    #[error(
+        "{field} mounts volume {volume:?}, which is neither in {volumes_field} nor one the \
+         operator manages ({managed}); add it to {volumes_field}"
+    )]
+    UnknownVolume {
+        field: String,
+        volume: String,
+        volumes_field: &'static str,
+        managed: String,
+    },
+
+    /// Bidirectional mount propagation without a privileged container: the
+    /// API server would refuse the workload.
+    #[error(
+        "{field}: the driver container in {workload} pods has a Bidirectional mount ({mount}) \
+         but its securityContext is not privileged; Kubernetes allows Bidirectional propagation \
+         only in privileged containers, so set privileged: true in spec.{workload}.securityContext"
+    )]
+    BidirectionalNotPrivileged {
+        field: String,
+        workload: &'static str,
+        mount: String,
+    },
+
     /// Serializing a rendered spec for its hash failed (not expected to happen).
     #[error("cannot serialize the rendered {what} spec for hashing: {source}")]
     Hash {

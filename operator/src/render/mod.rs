@@ -9,7 +9,7 @@
 //! when serialized, ready for server-side apply.
 
 mod containers;
-mod controller;
+pub mod controller;
 mod csidriver;
 mod error;
 pub mod hash;
@@ -22,9 +22,9 @@ pub mod validate;
 
 use std::collections::BTreeMap;
 
-use csiops_crds::{CSIDriverDeployment, CSIDriverDeploymentSpec};
-use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
-use k8s_openapi::api::core::v1::{LocalObjectReference, ServiceAccount};
+use csiops_crds::{CSIDriverDeployment, CSIDriverDeploymentSpec, DnsPolicy, PodSettings};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{LocalObjectReference, PodSpec, ServiceAccount, Volume};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -33,6 +33,7 @@ pub use containers::{
     ATTACHER_HTTP_PORT, ENV_CSI_ENDPOINT, ENV_KUBE_NODE_NAME, HEALTHZ_PORT, HEALTHZ_PORT_NAME,
     PROVISIONER_HTTP_PORT, REGISTRAR_HTTP_PORT, REGISTRAR_PORT_NAME,
 };
+pub use controller::ControllerWorkload;
 pub use error::RenderError;
 pub use labels::Component;
 
@@ -68,10 +69,11 @@ pub struct Rendered {
     /// One binding per entry of `cluster_roles`, same names, same order.
     pub cluster_role_bindings: Vec<ClusterRoleBinding>,
     pub csi_driver: CSIDriver,
-    pub statefulset: StatefulSet,
+    /// The controller StatefulSet or Deployment (`spec.controller.kind`).
+    pub controller: ControllerWorkload,
     pub daemonset: DaemonSet,
     pub storage_classes: Vec<StorageClass>,
-    /// Hash of the StatefulSet spec (including replicas).
+    /// Hash of the controller workload's spec (including replicas and kind).
     pub controller_hash: String,
     /// Hash of the DaemonSet spec.
     pub node_hash: String,
@@ -90,7 +92,7 @@ pub fn render(obj: &CSIDriverDeployment, cfg: &RenderConfig) -> Result<Rendered,
         cfg,
     };
 
-    let (statefulset, controller_hash) = controller::statefulset(&ctx)?;
+    let (controller, controller_hash) = controller::controller(&ctx)?;
     let (daemonset, node_hash) = node::daemonset(&ctx)?;
     let (leader_election_role, leader_election_role_binding) = match rbac::leader_election(&ctx) {
         Some((role, binding)) => (Some(role), Some(binding)),
@@ -106,7 +108,7 @@ pub fn render(obj: &CSIDriverDeployment, cfg: &RenderConfig) -> Result<Rendered,
         cluster_roles,
         cluster_role_bindings,
         csi_driver: csidriver::csi_driver(&ctx),
-        statefulset,
+        controller,
         daemonset,
         storage_classes: storageclass::storage_classes(&ctx),
         controller_hash,
@@ -217,6 +219,45 @@ pub(crate) fn pod_annotations(ctx: &Ctx<'_>, default_container: &str) -> BTreeMa
         (VERSION.to_string(), ctx.spec().version.clone()),
         (DEFAULT_CONTAINER.to_string(), default_container.to_string()),
     ])
+}
+
+/// Adds the user's pod-level settings to a rendered pod: volumes after the
+/// operator's, host namespaces, DNS policy, labels and annotations (whose
+/// keys validation made sure never replace the operator's).
+pub(crate) fn apply_pod_settings(
+    pod: &mut PodSpec,
+    template: &mut ObjectMeta,
+    managed_volumes: Vec<Volume>,
+    settings: &PodSettings,
+) {
+    let mut volumes = managed_volumes;
+    volumes.extend(settings.volumes.iter().cloned());
+    pod.volumes = none_if_empty(volumes);
+    if settings.host_network {
+        pod.host_network = Some(true);
+    }
+    if settings.host_pid {
+        pod.host_pid = Some(true);
+    }
+    // On the host network, ClusterFirst falls back to the node's resolver;
+    // ClusterFirstWithHostNet keeps cluster names resolvable, which is what
+    // drivers that talk to in-cluster services (ceph-csi…) need.
+    let dns = settings.dns_policy.or(settings
+        .host_network
+        .then_some(DnsPolicy::ClusterFirstWithHostNet));
+    pod.dns_policy = dns.map(|p| p.as_str().to_string());
+    if !settings.pod_labels.is_empty() {
+        let labels = template.labels.get_or_insert_with(BTreeMap::new);
+        for (k, v) in &settings.pod_labels {
+            labels.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+    }
+    if !settings.pod_annotations.is_empty() {
+        let annotations = template.annotations.get_or_insert_with(BTreeMap::new);
+        for (k, v) in &settings.pod_annotations {
+            annotations.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+    }
 }
 
 pub(crate) fn image_pull_secrets(

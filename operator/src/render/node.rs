@@ -24,7 +24,8 @@ use super::names::{
     node_name, CONTAINER_DRIVER, VOLUME_KUBELET_DIR, VOLUME_REGISTRATION_DIR, VOLUME_SOCKET_DIR,
 };
 use super::{
-    image_pull_secrets, none_if_empty, none_if_map_empty, pod_annotations, workload_meta, Ctx,
+    apply_pod_settings, image_pull_secrets, none_if_empty, none_if_map_empty, pod_annotations,
+    workload_meta, Ctx,
 };
 
 fn host_path(name: &str, path: String, type_: &str) -> Volume {
@@ -87,16 +88,21 @@ pub(crate) fn daemonset(ctx: &Ctx<'_>) -> Result<(DaemonSet, String), RenderErro
         host_path(VOLUME_KUBELET_DIR, kubelet_dir, "Directory"),
     ];
 
-    let pod = PodSpec {
+    let mut pod = PodSpec {
         service_account_name: Some(name.clone()),
         containers,
-        volumes: Some(volumes),
         node_selector: none_if_map_empty(&spec.node.node_selector),
         tolerations: none_if_empty(spec.node.tolerations.clone()),
         priority_class_name: spec.node.priority_class_name.clone(),
         image_pull_secrets: image_pull_secrets(spec),
         ..Default::default()
     };
+    let mut template_meta = ObjectMeta {
+        labels: Some(common_labels(obj, Component::Node)),
+        annotations: Some(pod_annotations(ctx, CONTAINER_DRIVER)),
+        ..Default::default()
+    };
+    apply_pod_settings(&mut pod, &mut template_meta, volumes, &spec.node.pod);
 
     let ds_spec = DaemonSetSpec {
         selector: LabelSelector {
@@ -104,11 +110,7 @@ pub(crate) fn daemonset(ctx: &Ctx<'_>) -> Result<(DaemonSet, String), RenderErro
             ..Default::default()
         },
         template: PodTemplateSpec {
-            metadata: Some(ObjectMeta {
-                labels: Some(common_labels(obj, Component::Node)),
-                annotations: Some(pod_annotations(ctx, CONTAINER_DRIVER)),
-                ..Default::default()
-            }),
+            metadata: Some(template_meta),
             spec: Some(pod),
         },
         update_strategy: Some(DaemonSetUpdateStrategy {

@@ -2,10 +2,19 @@
 //! that must hold even if the schema was bypassed), done before anything is
 //! rendered so a bad object changes nothing in the cluster.
 
-use csiops_crds::{CSIDriverDeployment, SidecarSpec};
+use std::collections::BTreeMap;
+
+use csiops_crds::{CSIDriverDeployment, DriverOverride, PodSettings, SidecarSpec};
+use k8s_openapi::api::core::v1::VolumeMount;
 
 use super::error::RenderError;
-use super::names::{MAX_CR_NAME_LEN, MAX_STATEFULSET_NAME_LEN};
+use super::labels::{
+    COMPONENT, DEFAULT_CONTAINER, INSTANCE, MANAGED_BY, NAME, VERSION, VERSION_LABEL,
+};
+use super::names::{
+    MAX_CR_NAME_LEN, MAX_STATEFULSET_NAME_LEN, REGISTRATION_DIR_MOUNT, SOCKET_DIR_MOUNT,
+    VOLUME_KUBELET_DIR, VOLUME_REGISTRATION_DIR, VOLUME_SOCKET_DIR,
+};
 
 /// Flags of the provisioner and attacher that the operator sets itself.
 pub const CONTROLLER_SIDECAR_MANAGED_FLAGS: &[&str] = &[
@@ -81,7 +90,6 @@ pub(crate) fn validate(obj: &CSIDriverDeployment) -> Result<Meta<'_>, RenderErro
     if sock.is_empty() || sock.contains('/') || sock == "." || sock == ".." {
         return Err(RenderError::InvalidSocketName { name: sock.clone() });
     }
-    normalize_kubelet_dir(&spec.node.kubelet_dir)?;
 
     let sidecars = &spec.sidecars;
     check_extra_args(
@@ -101,7 +109,264 @@ pub(crate) fn validate(obj: &CSIDriverDeployment) -> Result<Meta<'_>, RenderErro
         LIVENESS_PROBE_MANAGED_FLAGS,
     )?;
 
+    let kubelet_dir = normalize_kubelet_dir(&spec.node.kubelet_dir)?;
+    for pod in managed_pods(obj, &kubelet_dir) {
+        check_pod(&pod)?;
+    }
+
     Ok(Meta { namespace })
+}
+
+/// Pod labels the operator sets (and selects pods by).
+const MANAGED_POD_LABELS: &[&str] = &[MANAGED_BY, INSTANCE, COMPONENT, NAME, VERSION_LABEL];
+/// Pod annotations the operator sets.
+const MANAGED_POD_ANNOTATIONS: &[&str] = &[VERSION, DEFAULT_CONTAINER];
+
+/// One container's mounts: those the operator makes and the user's.
+struct ContainerMounts<'a> {
+    /// Where the user's mounts are, e.g. `spec.sidecars.registrar.volumeMounts`.
+    field: String,
+    /// (mount path, what it is for).
+    managed: Vec<(String, &'static str)>,
+    user: &'a [VolumeMount],
+}
+
+/// What the operator and the user put into one workload's pods.
+struct ManagedPod<'a> {
+    /// `controller` or `node`, as in `spec.<workload>`.
+    workload: &'static str,
+    settings: &'a PodSettings,
+    driver: &'a DriverOverride,
+    /// Whether the driver's default securityContext is privileged.
+    driver_privileged_by_default: bool,
+    /// Mounts of the driver container the operator makes: (mount path, propagation).
+    driver_managed_mounts: Vec<(String, Option<&'static str>)>,
+    /// (volume name, what it is for).
+    volumes: Vec<(&'static str, &'static str)>,
+    containers: Vec<ContainerMounts<'a>>,
+}
+
+fn sidecar_mounts<'a>(
+    key: &str,
+    sidecar: &'a SidecarSpec,
+    managed: Vec<(String, &'static str)>,
+) -> ContainerMounts<'a> {
+    ContainerMounts {
+        field: format!("spec.sidecars.{key}.volumeMounts"),
+        managed,
+        user: &sidecar.volume_mounts,
+    }
+}
+
+fn socket_mount() -> (String, &'static str) {
+    (SOCKET_DIR_MOUNT.to_string(), "the CSI socket directory")
+}
+
+/// The controller and node pods as far as collisions are concerned. Every
+/// sidecar is listed, enabled or not, so enabling one later never turns an
+/// accepted object into an error.
+fn managed_pods<'a>(obj: &'a CSIDriverDeployment, kubelet_dir: &str) -> Vec<ManagedPod<'a>> {
+    let spec = &obj.spec;
+    let sidecars = &spec.sidecars;
+    let controller = ManagedPod {
+        workload: "controller",
+        settings: &spec.controller.pod,
+        driver: &spec.controller.driver,
+        driver_privileged_by_default: false,
+        driver_managed_mounts: vec![(SOCKET_DIR_MOUNT.to_string(), None)],
+        volumes: vec![(VOLUME_SOCKET_DIR, "the CSI socket directory")],
+        containers: vec![
+            ContainerMounts {
+                field: "spec.controller.volumeMounts".into(),
+                managed: vec![socket_mount()],
+                user: &spec.controller.driver.volume_mounts,
+            },
+            sidecar_mounts("provisioner", &sidecars.provisioner, vec![socket_mount()]),
+            sidecar_mounts("attacher", &sidecars.attacher, vec![socket_mount()]),
+            sidecar_mounts(
+                "livenessProbe",
+                &sidecars.liveness_probe,
+                vec![socket_mount()],
+            ),
+        ],
+    };
+    let node = ManagedPod {
+        workload: "node",
+        settings: &spec.node.pod,
+        driver: &spec.node.driver,
+        driver_privileged_by_default: true,
+        driver_managed_mounts: vec![
+            (SOCKET_DIR_MOUNT.to_string(), None),
+            (kubelet_dir.to_string(), Some("Bidirectional")),
+        ],
+        volumes: vec![
+            (VOLUME_SOCKET_DIR, "the CSI socket directory"),
+            (
+                VOLUME_REGISTRATION_DIR,
+                "kubelet's plugin registration directory",
+            ),
+            (VOLUME_KUBELET_DIR, "the kubelet directory"),
+        ],
+        containers: vec![
+            ContainerMounts {
+                field: "spec.node.volumeMounts".into(),
+                managed: vec![
+                    socket_mount(),
+                    (
+                        kubelet_dir.to_string(),
+                        "the kubelet directory (spec.node.kubeletDir)",
+                    ),
+                ],
+                user: &spec.node.driver.volume_mounts,
+            },
+            sidecar_mounts(
+                "registrar",
+                &sidecars.registrar,
+                vec![
+                    socket_mount(),
+                    (
+                        REGISTRATION_DIR_MOUNT.to_string(),
+                        "kubelet's plugin registration directory",
+                    ),
+                ],
+            ),
+            sidecar_mounts(
+                "livenessProbe",
+                &sidecars.liveness_probe,
+                vec![socket_mount()],
+            ),
+        ],
+    };
+    vec![controller, node]
+}
+
+/// Refuses names, paths and keys that collide with the operator's, mounts of
+/// volumes the pod lacks, and Bidirectional mounts in an unprivileged driver.
+/// Each of these would otherwise be refused by the API server on apply (or,
+/// worse, silently replace the operator's wiring).
+fn check_pod(pod: &ManagedPod<'_>) -> Result<(), RenderError> {
+    let w = pod.workload;
+    let collision = |field: String, value: &str, what: String, noun| RenderError::Collision {
+        field,
+        value: value.to_string(),
+        what,
+        noun,
+    };
+
+    let mut user_volumes: BTreeMap<&str, usize> = BTreeMap::new();
+    for (i, v) in pod.settings.volumes.iter().enumerate() {
+        let field = format!("spec.{w}.volumes[{i}].name");
+        if let Some((_, what)) = pod.volumes.iter().find(|(name, _)| *name == v.name) {
+            return Err(collision(
+                field,
+                &v.name,
+                format!("the volume the operator manages for {what}"),
+                "name",
+            ));
+        }
+        if let Some(j) = user_volumes.insert(&v.name, i) {
+            return Err(collision(
+                field,
+                &v.name,
+                format!("spec.{w}.volumes[{j}]"),
+                "name",
+            ));
+        }
+    }
+
+    for c in &pod.containers {
+        let mut paths: BTreeMap<&str, usize> = BTreeMap::new();
+        for (i, m) in c.user.iter().enumerate() {
+            let known = user_volumes.contains_key(m.name.as_str())
+                || pod.volumes.iter().any(|(name, _)| *name == m.name);
+            if !known {
+                return Err(RenderError::UnknownVolume {
+                    field: format!("{}[{i}]", c.field),
+                    volume: m.name.clone(),
+                    volumes_field: if w == "node" {
+                        "spec.node.volumes"
+                    } else {
+                        "spec.controller.volumes"
+                    },
+                    managed: pod
+                        .volumes
+                        .iter()
+                        .map(|(n, _)| *n)
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                });
+            }
+            let path = m.mount_path.trim_end_matches('/');
+            let field = format!("{}[{i}].mountPath", c.field);
+            if let Some((_, what)) = c
+                .managed
+                .iter()
+                .find(|(p, _)| p.trim_end_matches('/') == path)
+            {
+                return Err(collision(
+                    field,
+                    &m.mount_path,
+                    format!("the operator's mount of {what}"),
+                    "path",
+                ));
+            }
+            if let Some(j) = paths.insert(path, i) {
+                return Err(collision(
+                    field,
+                    &m.mount_path,
+                    format!("{}[{j}]", c.field),
+                    "path",
+                ));
+            }
+        }
+    }
+
+    for key in pod.settings.pod_labels.keys() {
+        if MANAGED_POD_LABELS.contains(&key.as_str()) {
+            return Err(collision(
+                format!("spec.{w}.podLabels"),
+                key,
+                "a label the operator sets on every pod and selects its pods by".into(),
+                "key",
+            ));
+        }
+    }
+    for key in pod.settings.pod_annotations.keys() {
+        if MANAGED_POD_ANNOTATIONS.contains(&key.as_str()) {
+            return Err(collision(
+                format!("spec.{w}.podAnnotations"),
+                key,
+                "an annotation the operator sets on every pod".into(),
+                "key",
+            ));
+        }
+    }
+
+    let privileged = match &pod.driver.security_context {
+        Some(sc) => sc.privileged == Some(true),
+        None => pod.driver_privileged_by_default,
+    };
+    if !privileged {
+        let managed = pod
+            .driver_managed_mounts
+            .iter()
+            .filter(|(_, prop)| *prop == Some("Bidirectional"))
+            .map(|(path, _)| path.clone());
+        let user = pod
+            .driver
+            .volume_mounts
+            .iter()
+            .filter(|m| m.mount_propagation.as_deref() == Some("Bidirectional"))
+            .map(|m| m.mount_path.clone());
+        if let Some(mount) = managed.chain(user).next() {
+            return Err(RenderError::BidirectionalNotPrivileged {
+                field: format!("spec.{w}.securityContext"),
+                workload: w,
+                mount,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// `kubeletDir` without a trailing slash, refused unless a clean absolute path
@@ -159,6 +424,11 @@ fn flag_name(arg: &str) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_crd_refuses_exactly_the_names_rendering_cannot_use() {
+        assert_eq!(MAX_CR_NAME_LEN, csiops_crds::MAX_NAME_LEN);
+    }
 
     #[test]
     fn flag_names() {

@@ -66,6 +66,17 @@ impl Sim {
                 }
             }
             Action::ApplyController => {
+                // Switching kinds: the new controller never starts while the
+                // old one or any of its pods is still there.
+                assert!(
+                    !self.obs.stale_controller,
+                    "controller applied while the old kind exists"
+                );
+                assert!(
+                    self.obs.controller.is_some() || self.obs.controller_pods == 0,
+                    "new controller applied while {} old pod(s) run",
+                    self.obs.controller_pods
+                );
                 let c = self
                     .obs
                     .controller
@@ -86,6 +97,7 @@ impl Sim {
                 }
             }
             Action::DeleteController => self.obs.controller = None,
+            Action::DeleteStaleController => self.obs.stale_controller = false,
             Action::DeleteNode => self.obs.node = None,
             Action::CleanupClusterScoped => self.obs.cluster_scoped_remaining = 0,
             Action::RemoveFinalizer => {}
@@ -111,7 +123,9 @@ impl Sim {
             c.ready = c.spec_replicas;
             c.updated = c.spec_replicas;
             self.obs.controller_pods = c.spec_replicas as usize;
-        } else {
+        } else if !self.obs.stale_controller {
+            // Pods of a deleted workload are gone once the cluster settles;
+            // those of a stale one keep running.
             self.obs.controller_pods = 0;
         }
         self.check_invariant();
@@ -548,4 +562,112 @@ fn delete_mid_upgrade_restarts_at_the_controller() {
 fn delete_of_an_object_that_deployed_nothing_finishes_at_once() {
     let p = plan_delete(&Observed::default(), None, Duration::seconds(600), t0());
     assert_eq!(p.actions, vec![Action::RemoveFinalizer]);
+}
+
+/// `spec.controller.kind` changed: the workload of the desired kind does not
+/// exist yet, the old one (and its pod) still runs.
+fn switch_kind(sim: &mut Sim) {
+    sim.obs.controller = None;
+    sim.obs.stale_controller = true;
+    sim.obs.controller_pods = 1;
+}
+
+#[test]
+fn switching_the_controller_kind_removes_the_old_one_before_the_new_starts() {
+    let mut sim = Sim::installed(&desired("n1", "c1"));
+    switch_kind(&mut sim);
+    let d = desired("n1", "c2-deployment");
+
+    let p = sim.run(&d, t0());
+    let r = p.rollout.as_ref().expect("a rollout");
+    // Controller-only: the node side is not touched beyond the usual re-apply.
+    assert_eq!(
+        (r.kind, r.step),
+        (RolloutKind::Install, RolloutStep::ControllerRoll)
+    );
+    assert!(p.actions.contains(&Action::DeleteStaleController));
+    assert!(!p.actions.contains(&Action::ApplyController));
+
+    // The old workload is gone but its pod still terminates: keep waiting.
+    let p = sim.run(&d, t0());
+    assert!(
+        !p.actions.contains(&Action::ApplyController),
+        "{:?}",
+        p.actions
+    );
+    let waiting = p.waiting_for.clone().unwrap_or_default();
+    assert!(waiting.contains("1 pod(s) left"), "{waiting}");
+
+    sim.settle();
+    let p = sim.run(&d, t0());
+    assert!(p.actions.contains(&Action::ApplyController));
+    sim.settle();
+    let p = sim.run(&d, t0());
+    assert!(p.completed);
+    assert!(
+        first(&sim.log, Action::DeleteStaleController) < first(&sim.log, Action::ApplyController)
+    );
+    assert!(!sim.log.contains(&Action::ScaleControllerToZero));
+}
+
+#[test]
+fn switching_kinds_after_a_completed_rollout_is_a_controller_update() {
+    let mut d = desired("n1", "c1");
+    d.ever_completed = true;
+    let mut sim = Sim::installed(&d);
+    switch_kind(&mut sim);
+    d.controller_hash = "c2-deployment".into();
+    let p = sim.run(&d, t0());
+    let r = p.rollout.as_ref().expect("a rollout");
+    assert_eq!(
+        (r.kind, r.step),
+        (RolloutKind::ControllerUpdate, RolloutStep::ControllerRoll)
+    );
+    sim.drive(&d, t0());
+    assert_eq!(sim.completed, 2);
+}
+
+#[test]
+fn node_upgrade_while_switching_kinds_removes_the_old_kind_in_scale_down() {
+    let mut d = desired("n1", "c1");
+    d.ever_completed = true;
+    let mut sim = Sim::installed(&d);
+    switch_kind(&mut sim);
+    let d2 = Desired {
+        node_hash: "n2".into(),
+        controller_hash: "c2-deployment".into(),
+        ..d
+    };
+    let p = sim.run(&d2, t0());
+    assert_eq!(
+        p.rollout.as_ref().map(|r| r.step),
+        Some(RolloutStep::ControllerScaleDown)
+    );
+    assert!(p.actions.contains(&Action::DeleteStaleController));
+    // The node side is not rolled until the old controller's pods are gone.
+    assert!(!p.actions.contains(&Action::ApplyNode));
+    sim.drive(&d2, t0());
+    assert!(first(&sim.log, Action::DeleteStaleController) < first(&sim.log, Action::ApplyNode));
+}
+
+#[test]
+fn delete_removes_controllers_of_both_kinds() {
+    let observed = Observed {
+        controller: Some(ControllerObs::default()),
+        stale_controller: true,
+        controller_pods: 2,
+        ..Observed::default()
+    };
+    let p = plan_delete(&observed, None, Duration::seconds(600), t0());
+    assert_eq!(
+        p.actions,
+        vec![Action::DeleteController, Action::DeleteStaleController]
+    );
+    let only_stale = Observed {
+        stale_controller: true,
+        ..Observed::default()
+    };
+    let p = plan_delete(&only_stale, None, Duration::seconds(600), t0());
+    assert_eq!(p.actions, vec![Action::DeleteStaleController]);
+    assert!(p.waiting_for.is_some(), "waits until the old kind is gone");
 }
