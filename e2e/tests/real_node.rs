@@ -130,10 +130,7 @@ async fn install_yaml_and_a_driver_run_for_real() {
         .reference(images::TEST_DRIVER)
         .expect("driver image")
         .to_string();
-    // A second tag of the same image for the upgrade.
     let next_image = format!("{image}-next");
-    node.ctr(&["images", "tag", &image, &next_image])
-        .expect("ctr images tag");
 
     // --- install.yaml, unmodified --------------------------------------------
     let install = testkit::workspace_root().join("manifests/install.yaml");
@@ -223,26 +220,28 @@ async fn install_yaml_and_a_driver_run_for_real() {
     let csinodes: Api<CSINode> = Api::all(client.clone());
     let nodes: Api<Node> = Api::all(client.clone());
     let rv = |o: Option<String>| o.unwrap_or_default();
-    let before = (
-        rv(csinodes
-            .get(NODE_NAME)
-            .await
-            .expect("CSINode")
-            .resource_version()),
-        rv(nodes.get(NODE_NAME).await.expect("Node").resource_version()),
-    );
+    let csinode_before = rv(csinodes
+        .get(NODE_NAME)
+        .await
+        .expect("CSINode")
+        .resource_version());
+    let node_before = nodes.get(NODE_NAME).await.expect("Node");
     tokio::time::sleep(Duration::from_secs(60)).await;
-    let after = (
-        rv(csinodes
-            .get(NODE_NAME)
-            .await
-            .expect("CSINode")
-            .resource_version()),
-        rv(nodes.get(NODE_NAME).await.expect("Node").resource_version()),
+    let csinode_after = rv(csinodes
+        .get(NODE_NAME)
+        .await
+        .expect("CSINode")
+        .resource_version());
+    let node_after = nodes.get(NODE_NAME).await.expect("Node");
+    assert_eq!(
+        csinode_before, csinode_after,
+        "CSINode written during a quiet minute"
     );
     assert_eq!(
-        before, after,
-        "CSINode or Node written during a quiet minute"
+        node_before.resource_version(),
+        node_after.resource_version(),
+        "Node written during a quiet minute: {}",
+        changed_fields(&node_before, &node_after)
     );
 
     // --- a wrong kubeletDir shows in status ----------------------------------
@@ -265,7 +264,7 @@ async fn install_yaml_and_a_driver_run_for_real() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let unhealthy = wait_for(Duration::from_secs(90), Duration::from_secs(1), || async {
+    let unhealthy = wait_for(Duration::from_secs(150), Duration::from_secs(1), || async {
         let v = testkit::jsonpath(
             &cluster,
             &["-n", NS, "get", "csidd", "wrongdir"],
@@ -277,10 +276,25 @@ async fn install_yaml_and_a_driver_run_for_real() {
     })
     .await
     .unwrap_or_else(|_| {
-        panic!(
-            "wrong kubeletDir never reported\n{}",
-            operator_logs_and_tails(&cluster)
-        )
+        let seen = std::process::Command::new("kubectl")
+            .arg(format!(
+                "--kubeconfig={}",
+                cluster.kubeconfig_path().display()
+            ))
+            .args([
+                "-n",
+                NS,
+                "get",
+                "csidd/wrongdir",
+                "pods",
+                "events",
+                "-o",
+                "wide",
+            ])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        panic!("wrong kubeletDir never reported\n{seen}")
     });
     println!("wrong kubeletDir: {unhealthy}");
     cluster
@@ -289,6 +303,10 @@ async fn install_yaml_and_a_driver_run_for_real() {
         .expect("wrongdir deleted");
 
     // --- upgrade: real container restarts, in order ---------------------------
+    // A second tag of the same image (made only now: a new image changes
+    // the Node's status, which the quiet minute above must not see).
+    node.ctr(&["images", "tag", &image, &next_image])
+        .expect("ctr images tag");
     let old_uid = node_pod.uid().expect("uid");
     let patch = format!(r#"{{"spec":{{"version":"v0.1.1","driver":{{"image":"{next_image}"}}}}}}"#);
     cluster
@@ -373,6 +391,30 @@ fn driver_yaml(name: &str, driver: &str, image: &str, version: &str, kubelet_dir
         on_simulated_nodes: false,
     }
     .yaml()
+}
+
+/// The top-level JSON paths (two levels deep) whose values differ.
+fn changed_fields(a: &Node, b: &Node) -> String {
+    let (a, b) = (
+        serde_json::to_value(a).unwrap_or_default(),
+        serde_json::to_value(b).unwrap_or_default(),
+    );
+    let mut out = Vec::new();
+    for top in ["metadata", "spec", "status"] {
+        let (x, y) = (&a[top], &b[top]);
+        if let (Some(xo), Some(yo)) = (x.as_object(), y.as_object()) {
+            for (k, v) in yo {
+                if xo.get(k) != Some(v) {
+                    out.push(format!(
+                        "{top}.{k}: {} -> {}",
+                        xo.get(k).map(|v| v.to_string()).unwrap_or_default(),
+                        v
+                    ));
+                }
+            }
+        }
+    }
+    out.join("\n")
 }
 
 /// The one pod matching `selector` in [`NS`].

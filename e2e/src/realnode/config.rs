@@ -214,8 +214,6 @@ evictionHard:
   memory.available: "1Mi"
   nodefs.available: "1%"
   imagefs.available: "1%"
-nodeStatusReportFrequency: 10s
-nodeStatusUpdateFrequency: 5s
 syncFrequency: 10s
 fileCheckFrequency: 5s
 "#,
