@@ -51,11 +51,17 @@ pub fn bin_dir() -> Result<PathBuf> {
 }
 
 fn resolve_bin_dir() -> Result<PathBuf> {
-    if let Some(d) = std::env::var_os("CSIOPS_BIN_DIR").filter(|d| !d.is_empty()) {
+    dir_from_env_or_script("CSIOPS_BIN_DIR", "cluster-bins/build.sh")
+}
+
+/// `$env_var` when set; otherwise the one directory the cached build script
+/// `e2e/<script>` prints on stdout (it builds only on a cache miss; its
+/// stderr is inherited so a cold build reports progress to the test log).
+pub(crate) fn dir_from_env_or_script(env_var: &str, script: &str) -> Result<PathBuf> {
+    if let Some(d) = std::env::var_os(env_var).filter(|d| !d.is_empty()) {
         return Ok(PathBuf::from(d));
     }
-    let script = e2e_dir().join("cluster-bins/build.sh");
-    // stderr is inherited: a cold build reports its progress to the test log.
+    let script = e2e_dir().join(script);
     let out = Command::new("bash")
         .arg(&script)
         .stdin(Stdio::null())
@@ -73,7 +79,7 @@ fn resolve_bin_dir() -> Result<PathBuf> {
     let dir = stdout.trim();
     if dir.is_empty() || dir.contains('\n') {
         return Err(Error::Bins(format!(
-            "{} printed {stdout:?}, expected one bin dir",
+            "{} printed {stdout:?}, expected one directory",
             script.display()
         )));
     }
@@ -94,7 +100,7 @@ pub fn k8s_version() -> Result<String> {
         .ok_or_else(|| Error::Bins("versions.env has no K8S_VERSION".into()))
 }
 
-fn parse_env(text: &str) -> BTreeMap<String, String> {
+pub(crate) fn parse_env(text: &str) -> BTreeMap<String, String> {
     text.lines()
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))

@@ -78,23 +78,7 @@ spec:
   - {{name: csi, emptyDir: {{}}}}
 "#
     );
-    let out = testkit::apply_yaml(&cluster, "smoke", &pod)
-        .await
-        .expect("kubectl");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-
-    let pods: Api<Pod> = Api::default_namespaced(cluster.client().expect("client"));
-    let running = wait_for(DEADLINE, Duration::from_millis(500), || async {
-        let p = pods.get_opt("smoke").await.ok()??;
-        let st = p.status.clone()?;
-        (st.phase.as_deref() == Some("Running")).then_some(p)
-    })
-    .await
-    .unwrap_or_else(|_| panic!("pod never Running\n{}", cluster.log_tails(30)));
+    let running = run_pod(&cluster, "smoke", &pod).await;
 
     // A pod IP from the node's bridge, and a container containerd runs.
     let ip = running
@@ -167,18 +151,12 @@ async fn install_yaml_and_a_driver_run_for_real() {
 
     // --- a driver on the real node -------------------------------------------
     let timeline = Timeline::start(&client, NS);
-    let out = testkit::apply_yaml(
+    apply(
         &cluster,
         "testdriver",
         &driver_yaml(NAME, DRIVER, &image, "v0.1.0", &kubelet_dir),
     )
-    .await
-    .expect("kubectl");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    .await;
     let row = testkit::wait_running(&cluster, NS, NAME, "v0.1.0", 1, DEADLINE)
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", operator_logs_and_tails(&cluster)));
@@ -246,7 +224,7 @@ async fn install_yaml_and_a_driver_run_for_real() {
 
     // --- a wrong kubeletDir shows in status ----------------------------------
     let wrong_dir = root.join("wrong-kubelet");
-    let out = testkit::apply_yaml(
+    apply(
         &cluster,
         "wrongdir",
         &driver_yaml(
@@ -257,13 +235,7 @@ async fn install_yaml_and_a_driver_run_for_real() {
             &wrong_dir,
         ),
     )
-    .await
-    .expect("kubectl");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    .await;
     let unhealthy = wait_for(Duration::from_secs(150), Duration::from_secs(1), || async {
         let v = testkit::jsonpath(
             &cluster,
@@ -276,24 +248,24 @@ async fn install_yaml_and_a_driver_run_for_real() {
     })
     .await
     .unwrap_or_else(|_| {
-        let seen = std::process::Command::new("kubectl")
-            .arg(format!(
-                "--kubeconfig={}",
-                cluster.kubeconfig_path().display()
-            ))
-            .args([
-                "-n",
-                NS,
-                "get",
-                "csidd/wrongdir",
-                "pods",
-                "events",
-                "-o",
-                "wide",
-            ])
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default();
+        let kubectl = |args: &[&str]| {
+            std::process::Command::new("kubectl")
+                .arg(format!(
+                    "--kubeconfig={}",
+                    cluster.kubeconfig_path().display()
+                ))
+                .args(["-n", NS])
+                .args(args)
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default()
+        };
+        let seen = [
+            kubectl(&["get", "csidd", "wrongdir", "-o", "jsonpath={.status}"]),
+            kubectl(&["get", "pods", "-o", "wide"]),
+            kubectl(&["get", "events"]),
+        ]
+        .join("\n");
         panic!("wrong kubeletDir never reported\n{seen}")
     });
     println!("wrong kubeletDir: {unhealthy}");
@@ -415,6 +387,30 @@ fn changed_fields(a: &Node, b: &Node) -> String {
         }
     }
     out.join("\n")
+}
+
+/// `kubectl apply` of `yaml`, which must succeed.
+async fn apply(cluster: &Cluster, name: &str, yaml: &str) {
+    let out = testkit::apply_yaml(cluster, name, yaml)
+        .await
+        .expect("kubectl");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Applies the Pod `yaml` (named `name`, in `default`) and waits until it runs.
+async fn run_pod(cluster: &Cluster, name: &str, yaml: &str) -> Pod {
+    apply(cluster, name, yaml).await;
+    let pods: Api<Pod> = Api::default_namespaced(cluster.client().expect("client"));
+    wait_for(DEADLINE, Duration::from_millis(500), || async {
+        let p = pods.get_opt(name).await.ok()??;
+        (p.status.as_ref()?.phase.as_deref() == Some("Running")).then_some(p)
+    })
+    .await
+    .unwrap_or_else(|_| panic!("pod {name} never Running\n{}", cluster.log_tails(30)))
 }
 
 /// The one pod matching `selector` in [`NS`].
@@ -577,21 +573,7 @@ async fn helper_real_node_with_a_pod_and_block() {
     let pod = format!(
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\nspec:\n  nodeName: {NODE_NAME}\n  containers:\n  - name: p\n    image: {pause}\n"
     );
-    let out = testkit::apply_yaml(&cluster, "p", &pod)
-        .await
-        .expect("kubectl");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let pods: Api<Pod> = Api::default_namespaced(cluster.client().expect("client"));
-    wait_for(DEADLINE, Duration::from_millis(500), || async {
-        let p = pods.get_opt("p").await.ok()??;
-        (p.status?.phase.as_deref() == Some("Running")).then_some(())
-    })
-    .await
-    .expect("pod Running");
+    run_pod(&cluster, "p", &pod).await;
     println!("HELPER_READY");
     futures::future::pending::<()>().await;
 }

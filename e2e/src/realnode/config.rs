@@ -182,7 +182,7 @@ pub fn cni_conflist(l: &Layout) -> String {
 /// oomScoreAdj 0) and every listener on the bridge address or loopback.
 /// The apiserver reaches kubelet (logs, exec) anonymously: a throwaway node
 /// on a private bridge.
-pub fn kubelet_yaml(l: &Layout, socket: &Path, healthz_port: u16, kubelet_port: u16) -> String {
+pub fn kubelet_yaml(l: &Layout, healthz_port: u16, kubelet_port: u16) -> String {
     format!(
         r#"apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -218,7 +218,7 @@ syncFrequency: 10s
 fileCheckFrequency: 5s
 "#,
         host = HOST_IP,
-        socket = d(socket),
+        socket = d(&l.containerd_socket()),
         pod_logs = d(&l.pod_logs()),
     )
 }
@@ -299,7 +299,7 @@ mod tests {
     #[test]
     fn kubelet_has_the_settings_this_vm_needs() {
         let l = layout();
-        let y = kubelet_yaml(&l, &l.containerd_socket(), 1, 2);
+        let y = kubelet_yaml(&l, 1, 2);
         for want in [
             "cgroupDriver: cgroupfs",
             "failSwapOn: false",

@@ -4,10 +4,9 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
-use crate::bins::e2e_dir;
+use crate::bins::{dir_from_env_or_script, parse_env};
 use crate::error::{io, Error, Result};
 
 /// The images of `make images`: (key in `refs.env`, archive name).
@@ -46,7 +45,7 @@ impl ImageSet {
     pub fn load(dir: &Path) -> Result<ImageSet> {
         let path = dir.join("refs.env");
         let text = std::fs::read_to_string(&path).map_err(io("reading", &path))?;
-        let refs = parse_refs(&text);
+        let refs = parse_env(&text);
         for (key, name) in ALL {
             if !refs.contains_key(key) {
                 return Err(Error::Other(format!("{} has no {key}", path.display())));
@@ -97,36 +96,8 @@ impl ImageSet {
     }
 }
 
-fn parse_refs(text: &str) -> BTreeMap<String, String> {
-    text.lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-        .collect()
-}
-
 fn resolve_dir() -> Result<PathBuf> {
-    if let Some(d) = std::env::var_os("CSIOPS_IMAGES_DIR").filter(|d| !d.is_empty()) {
-        return Ok(PathBuf::from(d));
-    }
-    let script = e2e_dir().join("images/build.sh");
-    let out = Command::new("bash")
-        .arg(&script)
-        .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
-        .map_err(io("running", &script))?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let dir = stdout.trim();
-    if !out.status.success() || dir.is_empty() || dir.contains('\n') {
-        return Err(Error::Other(format!(
-            "{} failed ({}); it printed {stdout:?}",
-            script.display(),
-            out.status
-        )));
-    }
-    Ok(PathBuf::from(dir))
+    dir_from_env_or_script("CSIOPS_IMAGES_DIR", "images/build.sh")
 }
 
 #[cfg(test)]
@@ -134,11 +105,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn refs_env_is_parsed_and_checked() {
-        let refs = parse_refs("# c\nPAUSE_IMAGE=localhost/csiops/pause:1\n\n a = b \n");
-        assert_eq!(refs["PAUSE_IMAGE"], "localhost/csiops/pause:1");
-        assert_eq!(refs["a"], "b");
-
+    fn refs_env_must_name_every_image() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("refs.env"), "PAUSE_IMAGE=p\n").unwrap();
         let err = ImageSet::load(dir.path()).unwrap_err().to_string();

@@ -111,7 +111,7 @@ impl RealNode {
         let p = crate::ports::free_ports(4)?;
         write(
             &layout.kubelet_config(),
-            &config::kubelet_yaml(&layout, &layout.containerd_socket(), p[0], p[1]),
+            &config::kubelet_yaml(&layout, p[0], p[1]),
         )?;
 
         let mut node = RealNode {
@@ -254,14 +254,6 @@ impl RealNode {
             .collect()
     }
 
-    /// (name, pid) of the node's processes.
-    pub fn pids(&self) -> Vec<(String, u32)> {
-        self.procs
-            .iter()
-            .map(|p| (p.name().to_string(), p.pid()))
-            .collect()
-    }
-
     /// IDs of the containers (sandboxes included) containerd knows about.
     pub fn container_ids(&self) -> Result<Vec<String>> {
         Ok(self
@@ -269,20 +261,6 @@ impl RealNode {
             .lines()
             .map(str::to_string)
             .collect())
-    }
-
-    /// Restarts kubelet (same arguments), as a node agent upgrade or crash would.
-    pub fn restart_kubelet(&mut self) -> Result<()> {
-        let i = self
-            .procs
-            .iter()
-            .position(|p| p.name() == "kubelet")
-            .ok_or_else(|| Error::Other("kubelet is not running".into()))?;
-        let mut old = self.procs.remove(i);
-        old.terminate(process::DEFAULT_GRACE);
-        let args = config::kubelet_args(&self.layout, &self.kubeconfig);
-        let program = self.bin_dir.join("kubelet");
-        self.spawn("kubelet", &program, &args)
     }
 
     /// Tears the node down (see the module docs) and returns what it left
