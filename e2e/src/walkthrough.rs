@@ -54,6 +54,10 @@ pub struct VolumeDriver<'a> {
     pub data_dir: &'a Path,
     /// Tolerate kwok's taint too (the demo's simulated nodes).
     pub on_simulated_nodes: bool,
+    /// Driver flags added in controller pods only (fault injection).
+    pub controller_args: &'a [&'a str],
+    /// Driver flags added in node pods only (fault injection).
+    pub node_args: &'a [&'a str],
 }
 
 impl VolumeDriver<'_> {
@@ -80,6 +84,29 @@ impl VolumeDriver<'_> {
             String::new()
         };
         let data = self.data_dir.display();
+        let base = [
+            format!("--drivername={DRIVER}"),
+            "--endpoint=$(CSI_ENDPOINT)".to_string(),
+            "--nodeid=$(KUBE_NODE_NAME)".to_string(),
+            "--enable-attach".to_string(),
+            format!("--state-dir={DATA_MOUNT}/state"),
+            format!("--data-dir={DATA_MOUNT}/volumes"),
+        ];
+        // `args` of a workload replaces the driver's: the base flags plus extras.
+        let list = |extra: &[&str], indent: &str| -> String {
+            base.iter()
+                .map(String::as_str)
+                .chain(extra.iter().copied())
+                .map(|a| format!("\n{indent}- {a}"))
+                .collect()
+        };
+        let overrides = |extra: &[&str]| -> String {
+            if extra.is_empty() {
+                String::new()
+            } else {
+                format!("\n    args:{}", list(extra, "    "))
+            }
+        };
         // Controller and node pods share one state file (flock'ed), as a
         // real backend is shared; the node pod mounts into kubelet's
         // directory, which the operator mounts Bidirectional.
@@ -99,20 +126,14 @@ spec:
   version: {version}
   driver:
     image: {image}
-    args:
-    - --drivername={DRIVER}
-    - --endpoint=$(CSI_ENDPOINT)
-    - --nodeid=$(KUBE_NODE_NAME)
-    - --enable-attach
-    - --state-dir={DATA_MOUNT}/state
-    - --data-dir={DATA_MOUNT}/volumes
-  controller:
+    args:{args}
+  controller:{controller_args}
     volumes:
     - {{name: csi-data, hostPath: {{path: {data}, type: DirectoryOrCreate}}}}
     volumeMounts:
     - {{name: csi-data, mountPath: {DATA_MOUNT}}}
   node:
-    kubeletDir: {kubelet_dir}{tolerations}
+    kubeletDir: {kubelet_dir}{tolerations}{node_args}
     volumes:
     - {{name: csi-data, hostPath: {{path: {data}, type: DirectoryOrCreate}}}}
     volumeMounts:
@@ -127,6 +148,9 @@ spec:
             version = self.version,
             image = self.image,
             kubelet_dir = self.kubelet_dir.display(),
+            args = list(&[], "    "),
+            controller_args = overrides(self.controller_args),
+            node_args = overrides(self.node_args),
         )
     }
 }

@@ -14,7 +14,7 @@
 
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use csiops_e2e::realnode::{images, NODE_NAME};
 use csiops_e2e::testdriver::{load_state, mounts};
@@ -50,6 +50,8 @@ async fn a_pod_writes_to_a_volume_csiops_provisioned_attached_and_mounted() {
         kubelet_dir: &kubelet_dir,
         data_dir: &data_dir,
         on_simulated_nodes: false,
+        controller_args: &[],
+        node_args: &[],
     };
 
     walkthrough::install_operator(&cluster)
@@ -236,9 +238,235 @@ async fn a_pod_writes_to_a_volume_csiops_provisioned_attached_and_mounted() {
     run_app(&cluster, &after).await;
 
     // --- the way back: unpublish, unstage, detach, delete ---------------------------
+    give_back(
+        &cluster,
+        &driver,
+        &["app", "fsgroup", "block", "rwop", "after-upgrade"],
+    )
+    .await;
+
+    let left = cluster.stop_and_report().await.expect("cluster stops");
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}
+
+/// Faults on the real node: the controller pod killed while CreateVolume's
+/// answer is on its way, the node's driver container killed while
+/// NodePublishVolume's answer is on its way (the work is done and persisted
+/// both times: `--delay-after`), and kubelet restarted under a running pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_driver_pods_and_a_kubelet_restart_lose_and_double_nothing() {
+    let mut cluster = Cluster::start(ClusterOptions {
+        nodes: 0,
+        real_node: true,
+    })
+    .await
+    .unwrap_or_else(|e| panic!("cluster with a real node starts: {e}"));
+    let client = cluster.client().expect("client");
+    let (image, kubelet_dir, data_dir) = {
+        let node = cluster.real_node().expect("a real node");
+        let image = node
+            .images()
+            .reference(images::TEST_DRIVER)
+            .expect("driver image")
+            .to_string();
+        let root = node.layout().root.clone();
+        (image, node.layout().kubelet_dir(), root.join("csi-data"))
+    };
+    let driver = VolumeDriver {
+        image: &image,
+        version: "v0.1.0",
+        kubelet_dir: &kubelet_dir,
+        data_dir: &data_dir,
+        on_simulated_nodes: false,
+        controller_args: &["--delay-after=CreateVolume=5s"],
+        node_args: &["--delay-after=NodePublishVolume=5s"],
+    };
+    walkthrough::install_operator(&cluster)
+        .await
+        .unwrap_or_else(|e| panic!("operator installs: {e}\n{}", cluster.log_tails(30)));
+    apply(&cluster, "driver", &driver.yaml()).await;
+    testkit::wait_running(&cluster, NS, NAME, "v0.1.0", 1, DEADLINE)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", operator_log(&cluster)));
+
+    let app = App {
+        name: "survivor",
+        image: &image,
+        text: "still-here",
+        access_mode: "ReadWriteOnce",
+        usage: Use::Filesystem,
+        fs_group: None,
+    };
+    apply(&cluster, app.name, &app.yaml()).await;
+
+    // The controller pod dies once the volume exists but before the
+    // provisioner hears so.
+    let created = wait_for(DEADLINE, Duration::from_millis(200), || async {
+        let s = load_state(&driver.state_dir()).ok()?;
+        (!s.volumes.is_empty()).then_some(())
+    })
+    .await;
+    assert!(
+        created.is_ok(),
+        "CreateVolume never ran\n{}",
+        describe(&cluster, app.name)
+    );
+    cluster
+        .kubectl_ok([
+            "-n",
+            NS,
+            "delete",
+            "pod",
+            &format!("{NAME}-controller-0"),
+            "--grace-period=0",
+            "--force",
+        ])
+        .await
+        .expect("controller pod deleted");
+
+    // The node's driver dies once the target is mounted but before kubelet
+    // hears so.
+    let mounted = wait_for(DEADLINE, Duration::from_millis(200), || async {
+        publish_targets(&kubelet_dir).into_iter().next()
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "NodePublishVolume never mounted\n{}",
+            describe(&cluster, app.name)
+        )
+    });
+    let node_pod = Api::<Pod>::namespaced(client.clone(), NS)
+        .list(&kube::api::ListParams::default().labels(&testkit::node_pod_selector(NAME)))
+        .await
+        .expect("node pods")
+        .items
+        .into_iter()
+        .next()
+        .expect("a node pod");
+    let driver_container = container_id(&node_pod, "csi-driver").expect("driver container ID");
+    cluster
+        .real_node()
+        .expect("a real node")
+        .ctr(&["tasks", "kill", "--signal", "SIGKILL", &driver_container])
+        .expect("ctr tasks kill");
+
+    walkthrough::wait_pod_running(&cluster, app.name, Duration::from_secs(300))
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", describe(&cluster, app.name)));
+    let state = load_state(&driver.state_dir()).expect("driver state");
+    let pv = pv_of(&client, app.name).await;
+    let handle = pv.spec.and_then(|s| s.csi).map(|c| c.volume_handle);
+    let ids: Vec<&String> = state.volumes.keys().collect();
+    assert_eq!(
+        ids,
+        handle.iter().collect::<Vec<_>>(),
+        "the driver's volumes and the PV disagree: a leak or a duplicate"
+    );
+    let mounts = host_mount_points();
+    let times = |p: &PathBuf| mounts.iter().filter(|m| *m == p).count();
+    assert_eq!(
+        times(&mounted),
+        1,
+        "{} mounted {} times",
+        mounted.display(),
+        times(&mounted)
+    );
+    let staged: Vec<&PathBuf> = mounts
+        .iter()
+        .filter(|m| m.starts_with(&kubelet_dir) && m.ends_with("globalmount"))
+        .collect();
+    assert_eq!(staged.len(), 1, "staging mounts: {staged:?}");
+
+    // kubelet restarts: our registrar is registered again, the mount stays.
+    let registered = format!("Register new plugin with name: {DRIVER}");
+    let kubelet_log_path = cluster.log_dir().join("kubelet.log");
+    let kubelet_log = || std::fs::read_to_string(&kubelet_log_path).unwrap_or_default();
+    let before = kubelet_log().matches(&registered).count();
+    let restart_at = now_ms();
+    let restarted = Instant::now();
+    cluster
+        .real_node_mut()
+        .expect("a real node")
+        .restart_kubelet()
+        .expect("kubelet restarts");
+    let again = wait_for(
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        || async { (kubelet_log().matches(&registered).count() > before).then_some(()) },
+    )
+    .await;
+    assert!(
+        again.is_ok(),
+        "the registrar was not registered again within 10 s of kubelet's restart"
+    );
+    println!(
+        "registered again {} ms after kubelet's restart",
+        restarted.elapsed().as_millis()
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let shown = cluster
+        .kubectl_ok([
+            "-n",
+            NS,
+            "exec",
+            app.name,
+            "--",
+            "/csi-test-driver",
+            "cat",
+            &format!("/data/{APP_FILE}"),
+        ])
+        .await
+        .expect("kubectl exec after kubelet's restart");
+    assert_eq!(shown, app.text);
+    let vol = ids.first().map(|s| s.to_string()).unwrap_or_default();
+    let counter = std::fs::read_to_string(driver.volumes_dir().join(&vol).join("counter"))
+        .expect("counter file");
+    let gap = longest_gap(&counter, restart_at, now_ms() - 500)
+        .unwrap_or_else(|e| panic!("{e}\n{counter}"));
+    assert!(
+        gap <= 2000,
+        "the volume stalled for {gap} ms across kubelet's restart"
+    );
+
+    give_back(&cluster, &driver, &[app.name]).await;
+    let left = cluster.stop_and_report().await.expect("cluster stops");
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}
+
+/// Publish targets of CSI volumes mounted on the host under `kubelet_dir`.
+fn publish_targets(kubelet_dir: &std::path::Path) -> Vec<PathBuf> {
+    host_mount_points()
+        .into_iter()
+        .filter(|m| {
+            m.starts_with(kubelet_dir)
+                && m.to_string_lossy().contains("/volumes/kubernetes.io~csi/")
+                && m.ends_with("mount")
+        })
+        .collect()
+}
+
+/// The containerd ID of container `name` of `pod`.
+fn container_id(pod: &Pod, name: &str) -> Option<String> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == name)?
+        .container_id
+        .as_ref()
+        .map(|id| id.trim_start_matches("containerd://").to_string())
+}
+
+/// Deletes the pods, then their claims, and checks that unpublish, unstage,
+/// detach and DeleteVolume left no volume, PV, VolumeAttachment or mount.
+async fn give_back(cluster: &Cluster, driver: &VolumeDriver<'_>, pods: &[&str]) {
+    let client = cluster.client().expect("client");
+    let kubelet_dir = driver.kubelet_dir;
     let pvs: Vec<String> = pv_names(&client).await;
-    for name in ["app", "fsgroup", "block", "rwop", "after-upgrade"] {
-        delete_pod(&cluster, name).await;
+    for name in pods {
+        delete_pod(cluster, name).await;
     }
     let detached = wait_for(DEADLINE, Duration::from_secs(1), || async {
         let vas = Api::<VolumeAttachment>::all(client.clone())
@@ -263,15 +491,12 @@ async fn a_pod_writes_to_a_volume_csiops_provisioned_attached_and_mounted() {
     let left: Vec<PathBuf> = host_mount_points()
         .into_iter()
         .filter(|m| {
-            m.starts_with(&kubelet_dir) && m.to_string_lossy().contains("kubernetes.io~csi")
+            m.starts_with(kubelet_dir)
+                && (m.to_string_lossy().contains("kubernetes.io~csi")
+                    || m.to_string_lossy().contains("globalmount"))
         })
         .collect();
     assert!(left.is_empty(), "CSI mounts left on the host: {left:?}");
-    let left: Vec<PathBuf> = host_mount_points()
-        .into_iter()
-        .filter(|m| m.to_string_lossy().contains("globalmount"))
-        .collect();
-    assert!(left.is_empty(), "staging mounts left on the host: {left:?}");
 
     cluster
         .kubectl_ok(["-n", NS, "delete", "pvc", "--all", "--timeout=120s"])
@@ -295,9 +520,6 @@ async fn a_pod_writes_to_a_volume_csiops_provisioned_attached_and_mounted() {
         .filter_map(|e| e.ok().map(|e| e.file_name()))
         .collect();
     assert!(files.is_empty(), "volume data left: {files:?}");
-
-    let left = cluster.stop_and_report().await.expect("cluster stops");
-    assert!(left.is_empty(), "left behind: {left:#?}");
 }
 
 /// Another app with `app`'s image, mode and usage (fields are overridden).

@@ -69,6 +69,8 @@ async fn demo() -> Result<(), Box<dyn std::error::Error>> {
         kubelet_dir: &node.layout().kubelet_dir(),
         data_dir: &data_dir,
         on_simulated_nodes: true,
+        controller_args: &[],
+        node_args: &[],
     };
     eprintln!(
         "\n==> kubectl apply -f - (a CSIDriverDeployment of csi-test-driver)\n{}",
