@@ -754,7 +754,11 @@ async fn run_csi_sanity(env: &Env, extra: &[&str]) {
             "CSIOPS_CSI_SANITY is not set: run `make test`, or set it to the binary \
              e2e/cluster-bins/csi-sanity.sh prints",
         );
-    let mut args = vec!["--nodeid=node-a", "--enable-attach", "--max-volumes-per-node=3"];
+    let mut args = vec![
+        "--nodeid=node-a",
+        "--enable-attach",
+        "--max-volumes-per-node=3",
+    ];
     args.extend_from_slice(extra);
     let driver = env.start(&args).await;
     let params = env.dir.path().join("params.yaml");

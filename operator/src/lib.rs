@@ -2,6 +2,7 @@
 pub mod admin;
 pub mod cli;
 pub mod health;
+pub mod helm;
 pub mod install;
 pub mod metrics;
 pub mod reconcile;
