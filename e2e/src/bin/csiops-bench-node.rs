@@ -6,6 +6,11 @@
 //! probes, idles, and prints VmRSS / VmHWM of each sidecar as a Markdown
 //! table. Build the sidecar with `--release` first for representative numbers
 //! (`CSIOPS_SIDECAR_BIN` picks a specific binary).
+//!
+//! `--upstream-registrar PATH` and `--upstream-livenessprobe PATH` run
+//! upstream's node-driver-registrar and livenessprobe (binaries you built
+//! from their repositories) beside ours in the same run, against the same
+//! driver, and add their rows to the table.
 
 use std::time::Duration;
 
@@ -30,8 +35,41 @@ fn probe(port: u16) -> bool {
     s.read_to_string(&mut out).is_ok() && out.starts_with("HTTP/1.1 200")
 }
 
+/// `--upstream-registrar PATH` / `--upstream-livenessprobe PATH` (also `=PATH`).
+#[derive(Debug, Default)]
+struct Upstream {
+    registrar: Option<std::path::PathBuf>,
+    livenessprobe: Option<std::path::PathBuf>,
+}
+
+fn parse_args(args: impl Iterator<Item = String>) -> Result<Upstream, String> {
+    let mut up = Upstream::default();
+    let mut args = args;
+    while let Some(a) = args.next() {
+        let (flag, inline) = match a.split_once('=') {
+            Some((f, v)) => (f.to_string(), Some(v.to_string())),
+            None => (a.clone(), None),
+        };
+        let slot = match flag.as_str() {
+            "--upstream-registrar" => &mut up.registrar,
+            "--upstream-livenessprobe" => &mut up.livenessprobe,
+            _ => return Err(format!("unknown argument {a:?}; see the module docs")),
+        };
+        let value = inline
+            .or_else(|| args.next())
+            .ok_or_else(|| format!("{flag} needs a path"))?;
+        let path = std::path::PathBuf::from(value);
+        if !path.is_file() {
+            return Err(format!("{flag}: {} is not a file", path.display()));
+        }
+        *slot = Some(path);
+    }
+    Ok(up)
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let upstream = parse_args(std::env::args().skip(1))?;
     let sidecar = sidecar_bin()?;
     let cluster = Cluster::start(ClusterOptions::kwok(1)).await?;
     let dir = cluster.work_dir().join("bench");
@@ -75,6 +113,57 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         &dir.join("liveness.log"),
     )?;
 
+    // Upstream's, with the same flags (its own registration dir: both
+    // register the same driver name).
+    let up_registry = dir.join("reg-upstream");
+    std::fs::create_dir_all(&up_registry)?;
+    let up_registrar = match &upstream.registrar {
+        Some(bin) => Some(ManagedProcess::spawn(
+            "upstream-registrar",
+            bin,
+            &[
+                format!("--csi-address={}", socket.display()),
+                "--kubelet-registration-path=/var/lib/kubelet/plugins/bench/csi.sock".into(),
+                format!("--plugin-registration-path={}", up_registry.display()),
+                format!("--http-endpoint=127.0.0.1:{}", free_port()?),
+            ],
+            &dir.join("upstream-registrar.log"),
+        )?),
+        None => None,
+    };
+    let up_live_port = free_port()?;
+    let up_liveness = match &upstream.livenessprobe {
+        Some(bin) => Some(ManagedProcess::spawn(
+            "upstream-livenessprobe",
+            bin,
+            &[
+                format!("--csi-address={}", socket.display()),
+                format!("--http-endpoint=127.0.0.1:{up_live_port}"),
+            ],
+            &dir.join("upstream-livenessprobe.log"),
+        )?),
+        None => None,
+    };
+    if up_registrar.is_some() {
+        let s = registration_socket(&up_registry, driver);
+        wait_for(
+            Duration::from_secs(30),
+            Duration::from_millis(100),
+            || async {
+                if !s.exists() {
+                    return None;
+                }
+                kubelet_register(&s, Ok(())).await.ok()
+            },
+        )
+        .await?;
+    }
+    let up_probes = if up_liveness.is_some() {
+        tokio::task::spawn_blocking(move || (0..20).filter(|_| probe(up_live_port)).count()).await?
+    } else {
+        0
+    };
+
     let reg_socket = registration_socket(&registry, driver);
     wait_for(
         Duration::from_secs(30),
@@ -93,13 +182,23 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tokio::time::sleep(Duration::from_secs(15)).await;
 
     println!("sidecar binary: {}", sidecar.display());
-    println!("liveness probes answered 200: {probes}/20\n");
-    println!("| process | VmRSS idle (MiB) | VmHWM peak (MiB) |");
+    println!("liveness probes answered 200: {probes}/20");
+    if up_liveness.is_some() {
+        println!("upstream livenessprobe answered 200: {up_probes}/20");
+    }
+    println!("\n| process | VmRSS idle (MiB) | VmHWM peak (MiB) |");
     println!("|---|---|---|");
-    for (name, pid) in [
+    let mut rows = vec![
         ("csiops-sidecar registrar", registrar.pid()),
         ("csiops-sidecar liveness-probe", liveness.pid()),
-    ] {
+    ];
+    if let Some(p) = &up_registrar {
+        rows.push(("upstream node-driver-registrar", p.pid()));
+    }
+    if let Some(p) = &up_liveness {
+        rows.push(("upstream livenessprobe", p.pid()));
+    }
+    for (name, pid) in rows {
         let (rss, hwm) = memory_kib(pid).ok_or("process gone")?;
         println!(
             "| {name} | {:.1} | {:.1} |",
@@ -109,6 +208,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     drop(registrar);
     drop(liveness);
+    drop(up_registrar);
+    drop(up_liveness);
     cluster.stop().await?;
     Ok(())
 }
