@@ -127,7 +127,8 @@ pub struct CSIDriverDeploymentSpec {
     #[serde(default)]
     pub node: NodeSpec,
 
-    /// The bundled sidecars.
+    /// The bundled sidecars, the upstream helpers (resizer, snapshotter,
+    /// health monitor) and extra containers.
     #[serde(default)]
     pub sidecars: SidecarsSpec,
 
@@ -408,7 +409,7 @@ impl Default for NodeSpec {
     }
 }
 
-/// The bundled sidecars.
+/// The bundled sidecars, the upstream helpers and extra containers.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SidecarsSpec {
@@ -426,6 +427,100 @@ pub struct SidecarsSpec {
     pub registrar: SidecarSpec,
     #[serde(default)]
     pub liveness_probe: SidecarSpec,
+    /// Upstream `csi-resizer` in controller pods: expands volumes
+    /// (ControllerExpandVolume) when a PVC asks for more.
+    #[serde(default)]
+    pub resizer: HelperSpec,
+    /// Upstream `csi-snapshotter` in controller pods: CreateSnapshot and
+    /// DeleteSnapshot for VolumeSnapshotContents. Needs the VolumeSnapshot
+    /// CRDs and the snapshot-controller installed in the cluster.
+    #[serde(default)]
+    pub snapshotter: HelperSpec,
+    /// Upstream `csi-external-health-monitor-controller` in controller pods:
+    /// reports abnormal volumes as Events on their PVCs.
+    #[serde(default)]
+    pub health_monitor: HelperSpec,
+    /// More containers for controller or node pods, such as a vendor's own
+    /// sidecars. Each gets the CSI socket directory at `/csi`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub extra: Vec<ExtraContainer>,
+}
+
+/// One of the upstream kubernetes-csi helper sidecars (resizer, snapshotter,
+/// health monitor). Off unless enabled: each needs cluster features (the
+/// snapshot CRDs, expandable StorageClasses…) and driver capabilities that
+/// not every driver has.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HelperSpec {
+    #[serde(default)]
+    pub enabled: bool,
+    /// Image of the helper. Default: the upstream
+    /// `registry.k8s.io/sig-storage` image at the tag this operator version
+    /// pins (see the README); left unset, an operator upgrade moves to its
+    /// newer pin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub image: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<PullPolicy>,
+    /// Extra flags, appended after the operator's. Flags the operator manages
+    /// (`--csi-address`, `--leader-election`, `--leader-election-namespace`,
+    /// `--http-endpoint`, `--metrics-address`, `--v`) are refused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra_args: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Mounts after `socket-dir`; each names a volume of the controller pods.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volume_mounts: Vec<VolumeMount>,
+}
+
+/// Which pods an extra container runs in.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum ExtraContainerPod {
+    /// The controller pods (default); a change rolls only the controller.
+    #[default]
+    Controller,
+    /// The node pods; a change is a node-side change (ordered rollout).
+    Node,
+}
+
+/// An arbitrary container added to controller or node pods, for a vendor's
+/// sidecars. It shares the CSI socket directory, mounted at `/csi`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExtraContainer {
+    /// Container name, a DNS-1123 label; must not be one the operator uses.
+    #[schemars(length(min = 1, max = 63), pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    pub name: String,
+    /// `Controller` (default) or `Node`.
+    #[serde(default)]
+    pub pod: ExtraContainerPod,
+    #[schemars(length(min = 1))]
+    pub image: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<PullPolicy>,
+    /// Replaces the image's entrypoint.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Mounts after `socket-dir` at `/csi`; each names a volume of the pods
+    /// the container runs in (`spec.controller.volumes` or `spec.node.volumes`,
+    /// or one the operator manages).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volume_mounts: Vec<VolumeMount>,
+    /// The container's securityContext; none by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security_context: Option<SecurityContext>,
 }
 
 /// One sidecar.

@@ -3,8 +3,9 @@
 //! (a test compares the checked-in file).
 //!
 //! Kubernetes refuses to let anyone grant permissions they do not hold, so the
-//! operator's ClusterRole includes every rule it renders for the sidecars
-//! (`render::rbac::*_GRANTS`); a test checks that it covers them.
+//! operator's ClusterRole includes every rule it renders for the sidecars and
+//! the upstream helpers (`render::rbac::*_GRANTS`); a test checks that it
+//! covers them.
 
 use std::collections::BTreeMap;
 
@@ -143,6 +144,9 @@ pub fn operator_rules() -> Vec<PolicyRule> {
         rbac::ATTACHER_GRANTS,
         rbac::REGISTRAR_GRANTS,
         rbac::LEADER_ELECTION_GRANTS,
+        rbac::RESIZER_GRANTS,
+        rbac::SNAPSHOTTER_GRANTS,
+        rbac::HEALTH_MONITOR_GRANTS,
     ])
 }
 

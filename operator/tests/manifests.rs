@@ -124,8 +124,11 @@ fn triples(rules: &[k8s_openapi::api::rbac::v1::PolicyRule]) -> BTreeSet<(String
 fn operator_holds_every_permission_it_grants() {
     let held = triples(&install::operator_rules());
     let mut obj = example();
-    // Every sidecar on, so every grant is rendered.
+    // Every sidecar and helper on, so every grant is rendered.
     obj.spec.csi_driver.attach_required = true;
+    obj.spec.sidecars.resizer.enabled = true;
+    obj.spec.sidecars.snapshotter.enabled = true;
+    obj.spec.sidecars.health_monitor.enabled = true;
     let cfg = RenderConfig {
         sidecar_image: "ghcr.io/csiops/csiops-sidecar:v0.1.0".into(),
         operator_version: "0.1.0".into(),

@@ -1255,3 +1255,443 @@ fn controller_kind_deployment_renders_the_same_pod_as_a_deployment() {
     assert_ne!(r.controller_hash, sts_render.controller_hash);
     assert_eq!(r.node_hash, sts_render.node_hash);
 }
+
+// ---------------------------------------------------------------- helpers and extra containers
+
+/// The hostpath example with the three upstream helpers on (as upstream's
+/// csi-driver-host-path deploys them), one customised, and a vendor sidecar
+/// in each pod.
+fn with_helpers() -> CSIDriverDeployment {
+    let mut v = serde_json::to_value(hostpath()).expect("serializes");
+    json_merge(
+        &mut v["spec"]["sidecars"],
+        serde_json::json!({
+            "resizer": {"enabled": true},
+            "snapshotter": {
+                "enabled": true,
+                "image": "registry.example.com/csi-snapshotter:v8.6.0",
+                "imagePullPolicy": "IfNotPresent",
+                "extraArgs": ["--worker-threads=4"],
+                "env": [{"name": "GOMAXPROCS", "value": "2"}],
+                "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
+                "volumeMounts": [{"name": "csi-data-dir", "mountPath": "/data", "readOnly": true}]
+            },
+            "healthMonitor": {"enabled": true},
+            "extra": [
+                {
+                    "name": "csi-addons",
+                    "image": "quay.io/csiaddons/k8s-sidecar:v0.12.0",
+                    "args": ["--csi-addons-address=/csi/csi-addons.sock"],
+                    "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+                },
+                {
+                    "name": "csi-addons",
+                    "pod": "Node",
+                    "image": "quay.io/csiaddons/k8s-sidecar:v0.12.0",
+                    "command": ["/usr/bin/csi-addons"],
+                    "volumeMounts": [{"name": "dev-dir", "mountPath": "/dev"}],
+                    "securityContext": {"privileged": true}
+                }
+            ]
+        }),
+    );
+    serde_json::from_value(v).expect("patched object parses")
+}
+
+#[test]
+fn golden_helpers() {
+    check_golden("helpers", &with_helpers());
+}
+
+/// (apiGroup, resource, verb) triples of the controller ClusterRole.
+fn controller_rule_triples(r: &Rendered) -> std::collections::BTreeSet<(String, String, String)> {
+    let role = r
+        .cluster_roles
+        .iter()
+        .find(|c| {
+            c.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.ends_with(":controller"))
+        })
+        .expect("a controller ClusterRole");
+    let mut out = std::collections::BTreeSet::new();
+    for rule in role.rules.iter().flatten() {
+        for g in rule.api_groups.iter().flatten() {
+            for res in rule.resources.iter().flatten() {
+                for verb in &rule.verbs {
+                    out.insert((g.clone(), res.clone(), verb.clone()));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// (apiGroup, resource, verbs), as an upstream rbac.yaml writes a rule.
+type UpstreamRule = (&'static str, &'static str, &'static [&'static str]);
+
+fn triples(rules: &[UpstreamRule]) -> std::collections::BTreeSet<(String, String, String)> {
+    rules
+        .iter()
+        .flat_map(|(g, r, verbs)| {
+            verbs
+                .iter()
+                .map(move |v| (g.to_string(), r.to_string(), v.to_string()))
+        })
+        .collect()
+}
+
+/// Each helper adds exactly the ClusterRole rules of its upstream
+/// repository's RBAC at the pinned tag (written out here, independently of
+/// `render::rbac`, so a change there must agree with upstream's files).
+#[test]
+fn helper_rbac_is_upstreams_cluster_role() {
+    const R: &[&str] = &["get", "list", "watch"];
+    let upstream: [(&str, Vec<UpstreamRule>); 3] = [
+        // external-resizer v2.2.1 deploy/kubernetes/rbac.yaml
+        (
+            "resizer",
+            vec![
+                ("", "persistentvolumes", &["get", "list", "watch", "patch"]),
+                ("", "persistentvolumeclaims", R),
+                ("", "pods", R),
+                ("", "persistentvolumeclaims/status", &["patch"]),
+                (
+                    "",
+                    "events",
+                    &["list", "watch", "create", "update", "patch"],
+                ),
+                ("storage.k8s.io", "volumeattributesclasses", R),
+            ],
+        ),
+        // external-snapshotter v8.6.0 deploy/kubernetes/csi-snapshotter/rbac-csi-snapshotter.yaml
+        (
+            "snapshotter",
+            vec![
+                (
+                    "",
+                    "events",
+                    &["list", "watch", "create", "update", "patch"],
+                ),
+                ("snapshot.storage.k8s.io", "volumesnapshotclasses", R),
+                (
+                    "snapshot.storage.k8s.io",
+                    "volumesnapshotcontents",
+                    &["get", "list", "watch", "update", "patch"],
+                ),
+                (
+                    "snapshot.storage.k8s.io",
+                    "volumesnapshotcontents/status",
+                    &["update", "patch"],
+                ),
+                (
+                    "groupsnapshot.storage.k8s.io",
+                    "volumegroupsnapshotclasses",
+                    R,
+                ),
+                (
+                    "groupsnapshot.storage.k8s.io",
+                    "volumegroupsnapshotcontents",
+                    &["get", "list", "watch", "update", "patch"],
+                ),
+                (
+                    "groupsnapshot.storage.k8s.io",
+                    "volumegroupsnapshotcontents/status",
+                    &["update", "patch"],
+                ),
+            ],
+        ),
+        // external-health-monitor v0.18.0 deploy/kubernetes/external-health-monitor-controller/rbac.yaml
+        (
+            "healthMonitor",
+            vec![
+                ("", "persistentvolumes", R),
+                ("", "persistentvolumeclaims", R),
+                ("", "nodes", R),
+                ("", "pods", R),
+                ("", "events", &["get", "list", "watch", "create", "patch"]),
+            ],
+        ),
+    ];
+    // Only the controller sidecars we bundle can be turned off: each helper
+    // alone then renders exactly its upstream rules.
+    let mut base = hostpath();
+    base.spec.sidecars.provisioner.enabled = false;
+    base.spec.sidecars.attacher.enabled = false;
+    for (key, rules) in &upstream {
+        let mut v = serde_json::to_value(&base).expect("serializes");
+        v["spec"]["sidecars"][key] = serde_json::json!({"enabled": true});
+        let obj: CSIDriverDeployment = serde_json::from_value(v).expect("parses");
+        let r = must_render(&obj);
+        assert_eq!(controller_rule_triples(&r), triples(rules), "{key}");
+        // Helpers elect a leader too: the Role exists with only a helper on.
+        assert!(r.leader_election_role.is_some(), "{key}");
+    }
+    // With the bundled sidecars, the role is the union.
+    let r = must_render(&with_helpers());
+    let all = controller_rule_triples(&r);
+    for (key, rules) in &upstream {
+        let missing: Vec<_> = triples(rules).difference(&all).cloned().collect();
+        assert!(missing.is_empty(), "{key}: {missing:?}");
+    }
+    // Nothing of the helpers reaches the node's role.
+    let node_role = serde_json::to_string(&r.cluster_roles[1]).expect("json");
+    assert!(!node_role.contains("snapshot"), "{node_role}");
+}
+
+#[test]
+fn helpers_run_in_the_controller_pod_with_the_standard_flags() {
+    let r = must_render(&with_helpers());
+    let p = pod(&r, Component::Controller);
+    assert_eq!(
+        container_names(p),
+        [
+            "csi-driver",
+            "csi-provisioner",
+            "csi-resizer",
+            "csi-snapshotter",
+            "csi-external-health-monitor-controller",
+            "liveness-probe",
+            "csi-addons",
+        ]
+    );
+    let resizer = container(p, names::CONTAINER_RESIZER);
+    assert_eq!(
+        resizer.image.as_deref(),
+        Some("registry.k8s.io/sig-storage/csi-resizer:v2.2.1")
+    );
+    assert_eq!(
+        resizer.args.clone().unwrap_or_default(),
+        [
+            "--csi-address=/csi/csi.sock",
+            "--v=2",
+            "--timeout=60s",
+            "--leader-election",
+            "--leader-election-namespace=$(NAMESPACE)",
+            "--http-endpoint=:9811",
+        ]
+    );
+    let ns = resizer
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "NAMESPACE")
+        .and_then(|e| e.value_from.as_ref())
+        .and_then(|v| v.field_ref.as_ref())
+        .map(|f| f.field_path.as_str());
+    assert_eq!(ns, Some("metadata.namespace"));
+    assert_eq!(
+        container(p, names::CONTAINER_HEALTH_MONITOR)
+            .image
+            .as_deref(),
+        Some("registry.k8s.io/sig-storage/csi-external-health-monitor-controller:v0.18.0")
+    );
+
+    // The user's settings, after the operator's.
+    let snap = container(p, names::CONTAINER_SNAPSHOTTER);
+    assert_eq!(
+        snap.image.as_deref(),
+        Some("registry.example.com/csi-snapshotter:v8.6.0")
+    );
+    assert_eq!(snap.image_pull_policy.as_deref(), Some("IfNotPresent"));
+    let args = snap.args.clone().unwrap_or_default();
+    assert_eq!(args.last().map(String::as_str), Some("--worker-threads=4"));
+    assert!(args.contains(&"--http-endpoint=:9812".to_string()));
+    assert_eq!(env_value(snap, "GOMAXPROCS"), Some("2"));
+    assert_eq!(
+        mounts_of(p, "csi-data-dir"),
+        [
+            (names::CONTAINER_DRIVER, "/csi-data-dir", None),
+            (names::CONTAINER_SNAPSHOTTER, "/data", None)
+        ]
+    );
+
+    // Every HTTP endpoint in the pod has its own port.
+    let mut ports: Vec<String> = p
+        .containers
+        .iter()
+        .flat_map(|c| c.args.iter().flatten())
+        .filter_map(|a| a.strip_prefix("--http-endpoint=:").map(str::to_string))
+        .collect();
+    // Provisioner, three helpers, liveness probe (hostpath needs no attacher).
+    assert_eq!(ports.len(), 5, "{ports:?}");
+    ports.sort();
+    ports.dedup();
+    assert_eq!(ports.len(), 5, "HTTP ports collide: {ports:?}");
+    // Nor with the attacher's, which the hostpath case leaves out.
+    let attacher = csiops_operator::render::ATTACHER_HTTP_PORT.to_string();
+    assert!(!ports.contains(&attacher), "{ports:?}");
+
+    // All of them, and the extra container, share the socket directory.
+    let socket_users: Vec<_> = mounts_of(p, names::VOLUME_SOCKET_DIR)
+        .into_iter()
+        .map(|(c, path, _)| {
+            assert_eq!(path, "/csi");
+            c
+        })
+        .collect();
+    assert_eq!(socket_users, container_names(p));
+
+    // The extra containers: as written, plus the socket directory first.
+    let addons = container(p, "csi-addons");
+    assert_eq!(
+        addons.args.as_deref(),
+        Some(&["--csi-addons-address=/csi/csi-addons.sock".to_string()][..])
+    );
+    assert!(addons.security_context.is_none());
+    let node = pod(&r, Component::Node);
+    assert_eq!(
+        container_names(node),
+        [
+            "csi-driver",
+            "node-driver-registrar",
+            "liveness-probe",
+            "csi-addons"
+        ]
+    );
+    let node_addons = container(node, "csi-addons");
+    assert_eq!(
+        node_addons.command.as_deref(),
+        Some(&["/usr/bin/csi-addons".to_string()][..])
+    );
+    assert_eq!(
+        node_addons
+            .security_context
+            .as_ref()
+            .and_then(|s| s.privileged),
+        Some(true)
+    );
+    assert!(mounts_of(node, names::VOLUME_SOCKET_DIR).contains(&("csi-addons", "/csi", None)));
+    assert!(mounts_of(node, "dev-dir").contains(&("csi-addons", "/dev", None)));
+}
+
+/// Helpers are part of the controller template: enabling one is a
+/// controller-only change, which the ordered rollout applies in its
+/// controller step without touching the DaemonSet.
+#[test]
+fn helpers_change_only_the_controller_hash() {
+    let base = must_render(&hostpath());
+    for key in ["resizer", "snapshotter", "healthMonitor"] {
+        let mut v = serde_json::to_value(hostpath()).expect("serializes");
+        v["spec"]["sidecars"][key] = serde_json::json!({"enabled": true});
+        let obj: CSIDriverDeployment = serde_json::from_value(v).expect("parses");
+        let r = must_render(&obj);
+        assert_ne!(r.controller_hash, base.controller_hash, "{key}");
+        assert_eq!(r.node_hash, base.node_hash, "{key}");
+
+        // So is a new image of a helper.
+        let mut v = serde_json::to_value(&obj).expect("serializes");
+        v["spec"]["sidecars"][key]["image"] = "registry.example.com/helper:v2".into();
+        let obj: CSIDriverDeployment = serde_json::from_value(v).expect("parses");
+        let r2 = must_render(&obj);
+        assert_ne!(r2.controller_hash, r.controller_hash, "{key}");
+        assert_eq!(r2.node_hash, base.node_hash, "{key}");
+    }
+    // A disabled helper's settings render nothing and change nothing.
+    let mut obj = hostpath();
+    obj.spec.sidecars.resizer.extra_args = vec!["--workers=3".into()];
+    let r = must_render(&obj);
+    assert_eq!(r.controller_hash, base.controller_hash);
+
+    // An extra container rolls the pods it runs in, and only those.
+    let r = must_render(&with_helpers());
+    let mut obj = with_helpers();
+    obj.spec.sidecars.extra[1].image = "quay.io/csiaddons/k8s-sidecar:v0.13.0".into();
+    let r2 = must_render(&obj);
+    assert_eq!(r2.controller_hash, r.controller_hash);
+    assert_ne!(r2.node_hash, r.node_hash);
+}
+
+#[test]
+fn helper_and_extra_container_mistakes_are_refused_naming_them() {
+    let cases = [
+        (
+            serde_json::json!({"sidecars": {"extra": [{"name": "csi-provisioner", "image": "x"}]}}),
+            vec![
+                "spec.sidecars.extra[0].name",
+                "\"csi-provisioner\"",
+                "provisioner sidecar",
+            ],
+        ),
+        (
+            // A disabled helper's name is still the operator's.
+            serde_json::json!({"sidecars": {"extra": [{"name": "csi-resizer", "image": "x"}]}}),
+            vec!["spec.sidecars.extra[0].name", "resizer helper"],
+        ),
+        (
+            serde_json::json!({"sidecars": {"extra": [
+                {"name": "node-driver-registrar", "image": "x", "pod": "Controller"}]}}),
+            vec!["spec.sidecars.extra[0].name", "registrar sidecar"],
+        ),
+        (
+            serde_json::json!({"sidecars": {"extra": [
+                {"name": "vendor", "image": "x"}, {"name": "vendor", "image": "y"}]}}),
+            vec!["spec.sidecars.extra[1].name", "spec.sidecars.extra[0]"],
+        ),
+        (
+            serde_json::json!({"sidecars": {"extra": [{"name": "Vendor_1", "image": "x"}]}}),
+            vec!["spec.sidecars.extra[0].name", "not a valid container name"],
+        ),
+        (
+            serde_json::json!({"sidecars": {"extra": [{"name": "vendor", "image": " "}]}}),
+            vec!["spec.sidecars.extra[0].image"],
+        ),
+        (
+            serde_json::json!({"sidecars": {"extra": [
+                {"name": "vendor", "image": "x", "volumeMounts": [{"name": "socket-dir", "mountPath": "/csi/"}]}]}}),
+            vec![
+                "spec.sidecars.extra[0].volumeMounts[0].mountPath",
+                "CSI socket directory",
+            ],
+        ),
+        (
+            // A node extra container mounts node volumes, not controller ones.
+            serde_json::json!({
+                "controller": {"volumes": [{"name": "cfg", "emptyDir": {}}]},
+                "sidecars": {"extra": [{"name": "vendor", "image": "x", "pod": "Node",
+                    "volumeMounts": [{"name": "cfg", "mountPath": "/cfg"}]}]}}),
+            vec![
+                "spec.sidecars.extra[0].volumeMounts[0]",
+                "spec.node.volumes",
+            ],
+        ),
+        (
+            serde_json::json!({"sidecars": {"resizer": {"volumeMounts": [{"name": "nope", "mountPath": "/x"}]}}}),
+            vec![
+                "spec.sidecars.resizer.volumeMounts[0]",
+                "spec.controller.volumes",
+            ],
+        ),
+        (
+            serde_json::json!({"sidecars": {"healthMonitor": {"volumeMounts": [{"name": "socket-dir", "mountPath": "/csi"}]}}}),
+            vec!["spec.sidecars.healthMonitor.volumeMounts[0].mountPath"],
+        ),
+        (
+            serde_json::json!({"sidecars": {"snapshotter": {"extraArgs": ["--http-endpoint=:8080"]}}}),
+            vec!["spec.sidecars.snapshotter.extraArgs", "--http-endpoint"],
+        ),
+        (
+            serde_json::json!({"sidecars": {"resizer": {"extraArgs": ["-metrics-address", ":8080"]}}}),
+            vec!["spec.sidecars.resizer.extraArgs", "--metrics-address"],
+        ),
+        (
+            serde_json::json!({"sidecars": {"healthMonitor": {"image": ""}}}),
+            vec!["spec.sidecars.healthMonitor.image"],
+        ),
+    ];
+    for (patch, expect) in cases {
+        let obj = with_spec(patch.clone());
+        let msg = render(&obj, &cfg())
+            .expect_err(&patch.to_string())
+            .to_string();
+        for e in expect {
+            assert!(msg.contains(e), "{patch}: {msg:?} should contain {e:?}");
+        }
+    }
+    // The same name in controller and node pods is fine: they are
+    // different pods (csi-addons runs in both).
+    let obj = with_spec(serde_json::json!({"sidecars": {"extra": [
+        {"name": "vendor", "image": "x"}, {"name": "vendor", "image": "x", "pod": "Node"}]}}));
+    must_render(&obj);
+}

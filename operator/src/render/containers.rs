@@ -5,7 +5,7 @@
 //! HTTP endpoints, registration paths) are set here and refused in
 //! `extraArgs`, so a user cannot silently break the wiring.
 
-use csiops_crds::{DriverOverride, SidecarSpec};
+use csiops_crds::{DriverOverride, ExtraContainer, HelperSpec, SidecarSpec};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
     ObjectFieldSelector, Probe, SecurityContext, VolumeMount,
@@ -14,9 +14,9 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::error::RenderError;
 use super::names::{
-    CONTAINER_ATTACHER, CONTAINER_DRIVER, CONTAINER_LIVENESS_PROBE, CONTAINER_PROVISIONER,
-    CONTAINER_REGISTRAR, REGISTRATION_DIR_MOUNT, SOCKET_DIR_MOUNT, VOLUME_REGISTRATION_DIR,
-    VOLUME_SOCKET_DIR,
+    CONTAINER_ATTACHER, CONTAINER_DRIVER, CONTAINER_HEALTH_MONITOR, CONTAINER_LIVENESS_PROBE,
+    CONTAINER_PROVISIONER, CONTAINER_REGISTRAR, CONTAINER_RESIZER, CONTAINER_SNAPSHOTTER,
+    REGISTRATION_DIR_MOUNT, SOCKET_DIR_MOUNT, VOLUME_REGISTRATION_DIR, VOLUME_SOCKET_DIR,
 };
 use super::{none_if_empty, Ctx};
 
@@ -30,6 +30,23 @@ pub const HEALTHZ_PORT_NAME: &str = "healthz";
 pub const PROVISIONER_HTTP_PORT: i32 = 9809;
 /// HTTP endpoint (metrics, healthz) of the attacher in controller pods.
 pub const ATTACHER_HTTP_PORT: i32 = 9810;
+/// HTTP endpoint (metrics, leader-election health) of the resizer helper.
+pub const RESIZER_HTTP_PORT: i32 = 9811;
+/// HTTP endpoint of the snapshotter helper.
+pub const SNAPSHOTTER_HTTP_PORT: i32 = 9812;
+/// HTTP endpoint of the health-monitor helper.
+pub const HEALTH_MONITOR_HTTP_PORT: i32 = 9813;
+
+/// Default image of the resizer helper. The tags are those upstream
+/// csi-driver-host-path deploys for Kubernetes 1.34 and 1.35
+/// (`deploy/kubernetes-1.34`, which `kubernetes-1.35` links to).
+pub const DEFAULT_RESIZER_IMAGE: &str = "registry.k8s.io/sig-storage/csi-resizer:v2.2.1";
+/// Default image of the snapshotter helper.
+pub const DEFAULT_SNAPSHOTTER_IMAGE: &str = "registry.k8s.io/sig-storage/csi-snapshotter:v8.6.0";
+/// Default image of the health-monitor helper.
+pub const DEFAULT_HEALTH_MONITOR_IMAGE: &str =
+    "registry.k8s.io/sig-storage/csi-external-health-monitor-controller:v0.18.0";
+
 /// HTTP endpoint of the registrar in node pods; kubelet probes its `/healthz`.
 pub const REGISTRAR_HTTP_PORT: i32 = 9809;
 /// Name of [`REGISTRAR_HTTP_PORT`] on the registrar container.
@@ -267,6 +284,118 @@ pub(crate) fn attacher_container(ctx: &Ctx<'_>) -> Result<Container, RenderError
         ATTACHER_HTTP_PORT,
         &[],
     )
+}
+
+/// Which upstream helper: its container name, `spec.sidecars` key, default
+/// image and HTTP port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Helper {
+    Resizer,
+    Snapshotter,
+    HealthMonitor,
+}
+
+impl Helper {
+    pub const ALL: [Helper; 3] = [Helper::Resizer, Helper::Snapshotter, Helper::HealthMonitor];
+
+    pub fn container_name(self) -> &'static str {
+        match self {
+            Helper::Resizer => CONTAINER_RESIZER,
+            Helper::Snapshotter => CONTAINER_SNAPSHOTTER,
+            Helper::HealthMonitor => CONTAINER_HEALTH_MONITOR,
+        }
+    }
+
+    /// The field under `spec.sidecars`.
+    pub fn key(self) -> &'static str {
+        match self {
+            Helper::Resizer => "resizer",
+            Helper::Snapshotter => "snapshotter",
+            Helper::HealthMonitor => "healthMonitor",
+        }
+    }
+
+    pub fn default_image(self) -> &'static str {
+        match self {
+            Helper::Resizer => DEFAULT_RESIZER_IMAGE,
+            Helper::Snapshotter => DEFAULT_SNAPSHOTTER_IMAGE,
+            Helper::HealthMonitor => DEFAULT_HEALTH_MONITOR_IMAGE,
+        }
+    }
+
+    pub fn http_port(self) -> i32 {
+        match self {
+            Helper::Resizer => RESIZER_HTTP_PORT,
+            Helper::Snapshotter => SNAPSHOTTER_HTTP_PORT,
+            Helper::HealthMonitor => HEALTH_MONITOR_HTTP_PORT,
+        }
+    }
+
+    pub fn spec(self, sidecars: &csiops_crds::SidecarsSpec) -> &HelperSpec {
+        match self {
+            Helper::Resizer => &sidecars.resizer,
+            Helper::Snapshotter => &sidecars.snapshotter,
+            Helper::HealthMonitor => &sidecars.health_monitor,
+        }
+    }
+}
+
+/// An upstream kubernetes-csi helper (csi-resizer, csi-snapshotter,
+/// csi-external-health-monitor-controller) with the flags every one of them
+/// takes from csi-lib-utils' standard set. Runs like our sidecars (uid 0, no
+/// capabilities) because it connects to the same root-owned socket.
+pub(crate) fn helper_container(ctx: &Ctx<'_>, helper: Helper) -> Container {
+    let spec = helper.spec(&ctx.spec().sidecars);
+    let mut args = vec![
+        format!("--csi-address={}", ctx.csi_address()),
+        format!("--v={}", ctx.spec().log_level),
+        "--timeout=60s".to_string(),
+        // Always on, as for our controller sidecars: replicas > 1 (or a
+        // Deployment's rolling update) must not run two active helpers.
+        "--leader-election".to_string(),
+        "--leader-election-namespace=$(NAMESPACE)".to_string(),
+        format!("--http-endpoint=:{}", helper.http_port()),
+    ];
+    args.extend(spec.extra_args.iter().cloned());
+    let mut mounts = vec![socket_dir_mount()];
+    mounts.extend(spec.volume_mounts.iter().cloned());
+    let operator_env = [field_env("NAMESPACE", "metadata.namespace")];
+    let image = spec
+        .image
+        .as_deref()
+        .map(str::trim)
+        .filter(|i| !i.is_empty())
+        .unwrap_or(helper.default_image());
+    Container {
+        name: helper.container_name().to_string(),
+        image: Some(image.to_string()),
+        image_pull_policy: spec.image_pull_policy.map(|p| p.as_str().to_string()),
+        args: Some(args),
+        env: none_if_empty(merge_env(&[&operator_env, &spec.env])),
+        resources: spec.resources.clone(),
+        volume_mounts: Some(mounts),
+        security_context: Some(sidecar_security_context()),
+        ..Default::default()
+    }
+}
+
+/// A user's extra container: exactly what they wrote, plus the socket
+/// directory at `/csi` first so it can reach the driver like every sidecar.
+pub(crate) fn extra_container(extra: &ExtraContainer) -> Container {
+    let mut mounts = vec![socket_dir_mount()];
+    mounts.extend(extra.volume_mounts.iter().cloned());
+    Container {
+        name: extra.name.clone(),
+        image: Some(extra.image.clone()),
+        image_pull_policy: extra.image_pull_policy.map(|p| p.as_str().to_string()),
+        command: none_if_empty(extra.command.clone()),
+        args: none_if_empty(extra.args.clone()),
+        env: none_if_empty(extra.env.clone()),
+        resources: extra.resources.clone(),
+        volume_mounts: Some(mounts),
+        security_context: extra.security_context.clone(),
+        ..Default::default()
+    }
 }
 
 /// `node-driver-registrar`: registers the driver socket with kubelet through

@@ -1,11 +1,13 @@
 //! The controller workload: the driver's controller service plus the
-//! provisioner, attacher and liveness-probe sidecars, sharing an `emptyDir`
+//! provisioner, attacher and liveness-probe sidecars, the enabled upstream
+//! helpers (resizer, snapshotter, health monitor) and the user's extra
+//! containers, sharing an `emptyDir`
 //! socket directory (the CSI design's "cluster-level deployment"), as a
 //! StatefulSet (default) or a Deployment.
 
 use std::collections::BTreeMap;
 
-use csiops_crds::ControllerKind;
+use csiops_crds::{ControllerKind, ExtraContainerPod};
 use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, StatefulSet, StatefulSetSpec,
 };
@@ -13,8 +15,8 @@ use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, PodSpec, PodTemplateSpec,
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 
 use super::containers::{
-    attacher_container, driver_container, liveness_probe_container, provisioner_container,
-    DriverPlacement,
+    attacher_container, driver_container, extra_container, helper_container,
+    liveness_probe_container, provisioner_container, DriverPlacement, Helper,
 };
 use super::error::RenderError;
 use super::hash::spec_hash;
@@ -87,9 +89,18 @@ pub(crate) fn controller(ctx: &Ctx<'_>) -> Result<(ControllerWorkload, String), 
     if ctx.attacher_enabled() {
         containers.push(attacher_container(ctx)?);
     }
+    for helper in Helper::ALL {
+        if ctx.helper_enabled(helper) {
+            containers.push(helper_container(ctx, helper));
+        }
+    }
     if ctx.liveness_probe_enabled() {
         containers.push(liveness_probe_container(ctx)?);
     }
+    containers.extend(
+        ctx.extra_containers(ExtraContainerPod::Controller)
+            .map(extra_container),
+    );
 
     let mut pod = PodSpec {
         service_account_name: Some(name.clone()),

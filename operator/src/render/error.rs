@@ -44,6 +44,17 @@ pub enum RenderError {
     #[error("{field} is set but empty; set an image reference or remove the field")]
     EmptyImage { field: &'static str },
 
+    /// An extra container's image is empty.
+    #[error("{field} is empty; set an image reference")]
+    EmptyContainerImage { field: String },
+
+    /// An extra container's name is not a DNS-1123 label.
+    #[error(
+        "{field} {name:?} is not a valid container name: use at most 63 lowercase letters, \
+         digits and '-', starting and ending with a letter or digit"
+    )]
+    InvalidContainerName { field: String, name: String },
+
     /// A sidecar is enabled but there is no image to run it from.
     #[error(
         "the {sidecar} sidecar is enabled but no sidecar image is configured: set \

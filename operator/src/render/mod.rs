@@ -22,7 +22,9 @@ pub mod validate;
 
 use std::collections::BTreeMap;
 
-use csiops_crds::{CSIDriverDeployment, CSIDriverDeploymentSpec, DnsPolicy, PodSettings};
+use csiops_crds::{
+    CSIDriverDeployment, CSIDriverDeploymentSpec, DnsPolicy, ExtraContainerPod, PodSettings,
+};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{LocalObjectReference, PodSpec, ServiceAccount, Volume};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
@@ -30,8 +32,10 @@ use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 pub use containers::{
-    ATTACHER_HTTP_PORT, ENV_CSI_ENDPOINT, ENV_KUBE_NODE_NAME, HEALTHZ_PORT, HEALTHZ_PORT_NAME,
-    PROVISIONER_HTTP_PORT, REGISTRAR_HTTP_PORT, REGISTRAR_PORT_NAME,
+    Helper, ATTACHER_HTTP_PORT, DEFAULT_HEALTH_MONITOR_IMAGE, DEFAULT_RESIZER_IMAGE,
+    DEFAULT_SNAPSHOTTER_IMAGE, ENV_CSI_ENDPOINT, ENV_KUBE_NODE_NAME, HEALTHZ_PORT,
+    HEALTHZ_PORT_NAME, HEALTH_MONITOR_HTTP_PORT, PROVISIONER_HTTP_PORT, REGISTRAR_HTTP_PORT,
+    REGISTRAR_PORT_NAME, RESIZER_HTTP_PORT, SNAPSHOTTER_HTTP_PORT,
 };
 pub use controller::ControllerWorkload;
 pub use error::RenderError;
@@ -58,13 +62,13 @@ pub struct Rendered {
     pub controller_service_account: ServiceAccount,
     pub node_service_account: ServiceAccount,
     /// Leases and events in the CR's namespace for the controller sidecars'
-    /// leader election; `None` when neither provisioner nor attacher runs
-    /// (delete a leftover one then).
+    /// and helpers' leader election; `None` when none of them runs (delete a
+    /// leftover one then).
     pub leader_election_role: Option<Role>,
     /// Binds [`Rendered::leader_election_role`] to the controller SA; `None` with it.
     pub leader_election_role_binding: Option<RoleBinding>,
-    /// Controller role (union of the enabled controller sidecars), then node
-    /// role (registrar); a role with no rules is omitted.
+    /// Controller role (union of the enabled controller sidecars and
+    /// helpers), then node role (registrar); a role with no rules is omitted.
     pub cluster_roles: Vec<ClusterRole>,
     /// One binding per entry of `cluster_roles`, same names, same order.
     pub cluster_role_bindings: Vec<ClusterRoleBinding>,
@@ -169,6 +173,22 @@ impl Ctx<'_> {
 
     pub fn liveness_probe_enabled(&self) -> bool {
         self.spec().sidecars.liveness_probe.enabled
+    }
+
+    pub fn helper_enabled(&self, helper: containers::Helper) -> bool {
+        helper.spec(&self.spec().sidecars).enabled
+    }
+
+    /// `spec.sidecars.extra` entries for one workload's pods, in spec order.
+    pub fn extra_containers(
+        &self,
+        pod: ExtraContainerPod,
+    ) -> impl Iterator<Item = &csiops_crds::ExtraContainer> {
+        self.spec()
+            .sidecars
+            .extra
+            .iter()
+            .filter(move |c| c.pod == pod)
     }
 
     /// `spec.sidecars.image`, else the operator's bundled image.

@@ -26,6 +26,26 @@ pub const CONTAINER_ATTACHER: &str = "csi-attacher";
 pub const CONTAINER_REGISTRAR: &str = "node-driver-registrar";
 /// Liveness-probe sidecar container (controller and node pods).
 pub const CONTAINER_LIVENESS_PROBE: &str = "liveness-probe";
+/// Upstream external-resizer helper container (controller pods).
+pub const CONTAINER_RESIZER: &str = "csi-resizer";
+/// Upstream external-snapshotter helper container (controller pods).
+pub const CONTAINER_SNAPSHOTTER: &str = "csi-snapshotter";
+/// Upstream external-health-monitor controller container (controller pods).
+pub const CONTAINER_HEALTH_MONITOR: &str = "csi-external-health-monitor-controller";
+
+/// Every container name the operator renders, with what it is; names of
+/// `spec.sidecars.extra` containers must avoid all of them (in either pod,
+/// so moving a container between pods never creates a clash).
+pub const MANAGED_CONTAINERS: &[(&str, &str)] = &[
+    (CONTAINER_DRIVER, "the CSI driver"),
+    (CONTAINER_PROVISIONER, "the provisioner sidecar"),
+    (CONTAINER_ATTACHER, "the attacher sidecar"),
+    (CONTAINER_REGISTRAR, "the registrar sidecar"),
+    (CONTAINER_LIVENESS_PROBE, "the liveness-probe sidecar"),
+    (CONTAINER_RESIZER, "the resizer helper"),
+    (CONTAINER_SNAPSHOTTER, "the snapshotter helper"),
+    (CONTAINER_HEALTH_MONITOR, "the health-monitor helper"),
+];
 
 /// Volume holding the CSI socket, mounted at [`SOCKET_DIR_MOUNT`].
 pub const VOLUME_SOCKET_DIR: &str = "socket-dir";

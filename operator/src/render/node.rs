@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use csiops_crds::ExtraContainerPod;
 use k8s_openapi::api::apps::v1::{
     DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, RollingUpdateDaemonSet,
 };
@@ -15,7 +16,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::containers::{
-    driver_container, liveness_probe_container, registrar_container, DriverPlacement,
+    driver_container, extra_container, liveness_probe_container, registrar_container,
+    DriverPlacement,
 };
 use super::error::RenderError;
 use super::hash::spec_hash;
@@ -71,6 +73,10 @@ pub(crate) fn daemonset(ctx: &Ctx<'_>) -> Result<(DaemonSet, String), RenderErro
     if ctx.liveness_probe_enabled() {
         containers.push(liveness_probe_container(ctx)?);
     }
+    containers.extend(
+        ctx.extra_containers(ExtraContainerPod::Node)
+            .map(extra_container),
+    );
 
     let volumes = vec![
         // Where the driver creates its socket; kubelet dials it here.

@@ -12,6 +12,7 @@ use k8s_openapi::api::rbac::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use super::containers::Helper;
 use super::labels::{cluster_owner_labels, Component};
 use super::names::{
     controller_cluster_role_binding_name, controller_cluster_role_name, controller_name,
@@ -81,6 +82,86 @@ pub const ATTACHER_GRANTS: &[Grant] = &[
     grant("events.k8s.io", "events", &["create", "patch"]),
 ];
 
+// The three helper grant sets are the ClusterRole rules of each upstream
+// repository's deploy/kubernetes RBAC at the pinned tag (external-resizer
+// v2.2.1 `deploy/kubernetes/rbac.yaml`, external-snapshotter v8.6.0
+// `deploy/kubernetes/csi-snapshotter/rbac-csi-snapshotter.yaml`,
+// external-health-monitor v0.18.0
+// `deploy/kubernetes/external-health-monitor-controller/rbac.yaml`), without
+// the rules upstream leaves commented out (secrets). Leases come from the
+// shared leader-election Role.
+
+/// external-resizer: patches PV sizes and PVC status (resize conditions),
+/// reads pods (to know whether an in-use volume may be expanded) and
+/// VolumeAttributesClasses (ModifyVolume), records Events.
+pub const RESIZER_GRANTS: &[Grant] = &[
+    grant("", "persistentvolumes", &["get", "list", "watch", "patch"]),
+    grant("", "persistentvolumeclaims", READ),
+    grant("", "pods", READ),
+    grant("", "persistentvolumeclaims/status", &["patch"]),
+    grant(
+        "",
+        "events",
+        &["list", "watch", "create", "update", "patch"],
+    ),
+    grant(STORAGE, "volumeattributesclasses", READ),
+];
+
+const SNAPSHOT: &str = "snapshot.storage.k8s.io";
+const GROUP_SNAPSHOT: &str = "groupsnapshot.storage.k8s.io";
+
+/// external-snapshotter (the csi-snapshotter sidecar, not the
+/// cluster-wide snapshot-controller): VolumeSnapshotContents and their
+/// status, their classes, the group-snapshot equivalents, Events.
+pub const SNAPSHOTTER_GRANTS: &[Grant] = &[
+    grant(
+        "",
+        "events",
+        &["list", "watch", "create", "update", "patch"],
+    ),
+    grant(SNAPSHOT, "volumesnapshotclasses", READ),
+    grant(
+        SNAPSHOT,
+        "volumesnapshotcontents",
+        &["get", "list", "watch", "update", "patch"],
+    ),
+    grant(
+        SNAPSHOT,
+        "volumesnapshotcontents/status",
+        &["update", "patch"],
+    ),
+    grant(GROUP_SNAPSHOT, "volumegroupsnapshotclasses", READ),
+    grant(
+        GROUP_SNAPSHOT,
+        "volumegroupsnapshotcontents",
+        &["get", "list", "watch", "update", "patch"],
+    ),
+    grant(
+        GROUP_SNAPSHOT,
+        "volumegroupsnapshotcontents/status",
+        &["update", "patch"],
+    ),
+];
+
+/// external-health-monitor controller: reads PVs, PVCs, nodes and pods and
+/// reports abnormal volumes as Events.
+pub const HEALTH_MONITOR_GRANTS: &[Grant] = &[
+    grant("", "persistentvolumes", READ),
+    grant("", "persistentvolumeclaims", READ),
+    grant("", "nodes", READ),
+    grant("", "pods", READ),
+    grant("", "events", &["get", "list", "watch", "create", "patch"]),
+];
+
+/// The grants of one upstream helper.
+pub fn helper_grants(helper: Helper) -> &'static [Grant] {
+    match helper {
+        Helper::Resizer => RESIZER_GRANTS,
+        Helper::Snapshotter => SNAPSHOTTER_GRANTS,
+        Helper::HealthMonitor => HEALTH_MONITOR_GRANTS,
+    }
+}
+
 /// Registrar: maintains its node's CSINode entry, topology labels and the
 /// node-id annotation on the Node.
 pub const REGISTRAR_GRANTS: &[Grant] = &[
@@ -124,7 +205,9 @@ pub fn merge_rules(sets: &[&[Grant]]) -> Vec<PolicyRule> {
         .collect()
 }
 
-/// Grants of the enabled controller sidecars.
+/// Grants of the enabled controller sidecars and helpers. (Extra containers
+/// get none: the operator cannot know what a vendor's container calls; a
+/// vendor binds its own role to the controller ServiceAccount.)
 fn controller_grants(ctx: &Ctx<'_>) -> Vec<&'static [Grant]> {
     let mut sets = Vec::new();
     if ctx.provisioner_enabled() {
@@ -132,6 +215,11 @@ fn controller_grants(ctx: &Ctx<'_>) -> Vec<&'static [Grant]> {
     }
     if ctx.attacher_enabled() {
         sets.push(ATTACHER_GRANTS);
+    }
+    for helper in Helper::ALL {
+        if ctx.helper_enabled(helper) {
+            sets.push(helper_grants(helper));
+        }
     }
     sets
 }
@@ -157,7 +245,8 @@ fn service_account_subject(ctx: &Ctx<'_>, name: String) -> Subject {
 }
 
 /// The namespaced leader-election Role and its binding to the controller
-/// ServiceAccount; `None` when no controller sidecar runs.
+/// ServiceAccount; `None` when no controller sidecar or helper runs (all of
+/// them elect a leader).
 pub(crate) fn leader_election(ctx: &Ctx<'_>) -> Option<(Role, RoleBinding)> {
     if controller_grants(ctx).is_empty() {
         return None;

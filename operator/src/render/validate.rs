@@ -4,16 +4,17 @@
 
 use std::collections::BTreeMap;
 
-use csiops_crds::{CSIDriverDeployment, DriverOverride, PodSettings, SidecarSpec};
+use csiops_crds::{CSIDriverDeployment, DriverOverride, ExtraContainerPod, PodSettings};
 use k8s_openapi::api::core::v1::VolumeMount;
 
+use super::containers::Helper;
 use super::error::RenderError;
 use super::labels::{
     COMPONENT, DEFAULT_CONTAINER, INSTANCE, MANAGED_BY, NAME, VERSION, VERSION_LABEL,
 };
 use super::names::{
-    MAX_CR_NAME_LEN, MAX_STATEFULSET_NAME_LEN, REGISTRATION_DIR_MOUNT, SOCKET_DIR_MOUNT,
-    VOLUME_KUBELET_DIR, VOLUME_REGISTRATION_DIR, VOLUME_SOCKET_DIR,
+    MANAGED_CONTAINERS, MAX_CR_NAME_LEN, MAX_STATEFULSET_NAME_LEN, REGISTRATION_DIR_MOUNT,
+    SOCKET_DIR_MOUNT, VOLUME_KUBELET_DIR, VOLUME_REGISTRATION_DIR, VOLUME_SOCKET_DIR,
 };
 
 /// Flags of the provisioner and attacher that the operator sets itself.
@@ -33,6 +34,17 @@ pub const REGISTRAR_MANAGED_FLAGS: &[&str] = &[
 ];
 /// Flags of the liveness probe that the operator sets itself.
 pub const LIVENESS_PROBE_MANAGED_FLAGS: &[&str] = &["csi-address", "http-endpoint"];
+/// Flags of the upstream helpers that the operator sets itself.
+/// `--metrics-address` too: upstream refuses to start when it is set next to
+/// `--http-endpoint`.
+pub const HELPER_MANAGED_FLAGS: &[&str] = &[
+    "csi-address",
+    "leader-election",
+    "leader-election-namespace",
+    "http-endpoint",
+    "metrics-address",
+    "v",
+];
 
 /// Metadata the renderer needs, checked present.
 pub(crate) struct Meta<'a> {
@@ -94,20 +106,38 @@ pub(crate) fn validate(obj: &CSIDriverDeployment) -> Result<Meta<'_>, RenderErro
     let sidecars = &spec.sidecars;
     check_extra_args(
         "provisioner",
-        &sidecars.provisioner,
+        &sidecars.provisioner.extra_args,
         CONTROLLER_SIDECAR_MANAGED_FLAGS,
     )?;
     check_extra_args(
         "attacher",
-        &sidecars.attacher,
+        &sidecars.attacher.extra_args,
         CONTROLLER_SIDECAR_MANAGED_FLAGS,
     )?;
-    check_extra_args("registrar", &sidecars.registrar, REGISTRAR_MANAGED_FLAGS)?;
+    check_extra_args(
+        "registrar",
+        &sidecars.registrar.extra_args,
+        REGISTRAR_MANAGED_FLAGS,
+    )?;
     check_extra_args(
         "livenessProbe",
-        &sidecars.liveness_probe,
+        &sidecars.liveness_probe.extra_args,
         LIVENESS_PROBE_MANAGED_FLAGS,
     )?;
+    for helper in Helper::ALL {
+        let spec = helper.spec(sidecars);
+        check_extra_args(helper.key(), &spec.extra_args, HELPER_MANAGED_FLAGS)?;
+        if matches!(spec.image.as_deref(), Some(i) if i.trim().is_empty()) {
+            return Err(RenderError::EmptyImage {
+                field: match helper {
+                    Helper::Resizer => "spec.sidecars.resizer.image",
+                    Helper::Snapshotter => "spec.sidecars.snapshotter.image",
+                    Helper::HealthMonitor => "spec.sidecars.healthMonitor.image",
+                },
+            });
+        }
+    }
+    check_extra_containers(obj)?;
 
     let kubelet_dir = normalize_kubelet_dir(&spec.node.kubelet_dir)?;
     for pod in managed_pods(obj, &kubelet_dir) {
@@ -148,14 +178,83 @@ struct ManagedPod<'a> {
 
 fn sidecar_mounts<'a>(
     key: &str,
-    sidecar: &'a SidecarSpec,
+    user: &'a [VolumeMount],
     managed: Vec<(String, &'static str)>,
 ) -> ContainerMounts<'a> {
     ContainerMounts {
         field: format!("spec.sidecars.{key}.volumeMounts"),
         managed,
-        user: &sidecar.volume_mounts,
+        user,
     }
+}
+
+/// Mounts of the `spec.sidecars.extra` containers of one workload's pods.
+fn extra_mounts(obj: &CSIDriverDeployment, pod: ExtraContainerPod) -> Vec<ContainerMounts<'_>> {
+    obj.spec
+        .sidecars
+        .extra
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.pod == pod)
+        .map(|(i, c)| ContainerMounts {
+            field: format!("spec.sidecars.extra[{i}].volumeMounts"),
+            managed: vec![socket_mount()],
+            user: &c.volume_mounts,
+        })
+        .collect()
+}
+
+/// Extra containers: a name must be a usable container name, must not be one
+/// the operator renders (in either pod: the API server would refuse the
+/// duplicate, or the user's container would silently stand in for ours), and
+/// must be unique within its pod.
+fn check_extra_containers(obj: &CSIDriverDeployment) -> Result<(), RenderError> {
+    let mut seen: BTreeMap<(&str, bool), usize> = BTreeMap::new();
+    for (i, c) in obj.spec.sidecars.extra.iter().enumerate() {
+        let field = format!("spec.sidecars.extra[{i}].name");
+        if !is_dns_label(&c.name) {
+            return Err(RenderError::InvalidContainerName {
+                field,
+                name: c.name.clone(),
+            });
+        }
+        if c.image.trim().is_empty() {
+            return Err(RenderError::EmptyContainerImage {
+                field: format!("spec.sidecars.extra[{i}].image"),
+            });
+        }
+        if let Some((_, what)) = MANAGED_CONTAINERS.iter().find(|(n, _)| *n == c.name) {
+            return Err(RenderError::Collision {
+                field,
+                value: c.name.clone(),
+                what: format!("the container the operator manages for {what}"),
+                noun: "name",
+            });
+        }
+        let in_node = c.pod == ExtraContainerPod::Node;
+        if let Some(j) = seen.insert((c.name.as_str(), in_node), i) {
+            return Err(RenderError::Collision {
+                field,
+                value: c.name.clone(),
+                what: format!("spec.sidecars.extra[{j}] in the same pods"),
+                noun: "name",
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A DNS-1123 label, what Kubernetes requires of a container name (the
+/// schema says so too; checked here in case it was bypassed).
+fn is_dns_label(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        && bytes.first() != Some(&b'-')
+        && bytes.last() != Some(&b'-')
 }
 
 fn socket_mount() -> (String, &'static str) {
@@ -168,7 +267,7 @@ fn socket_mount() -> (String, &'static str) {
 fn managed_pods<'a>(obj: &'a CSIDriverDeployment, kubelet_dir: &str) -> Vec<ManagedPod<'a>> {
     let spec = &obj.spec;
     let sidecars = &spec.sidecars;
-    let controller = ManagedPod {
+    let mut controller = ManagedPod {
         workload: "controller",
         settings: &spec.controller.pod,
         driver: &spec.controller.driver,
@@ -181,16 +280,36 @@ fn managed_pods<'a>(obj: &'a CSIDriverDeployment, kubelet_dir: &str) -> Vec<Mana
                 managed: vec![socket_mount()],
                 user: &spec.controller.driver.volume_mounts,
             },
-            sidecar_mounts("provisioner", &sidecars.provisioner, vec![socket_mount()]),
-            sidecar_mounts("attacher", &sidecars.attacher, vec![socket_mount()]),
+            sidecar_mounts(
+                "provisioner",
+                &sidecars.provisioner.volume_mounts,
+                vec![socket_mount()],
+            ),
+            sidecar_mounts(
+                "attacher",
+                &sidecars.attacher.volume_mounts,
+                vec![socket_mount()],
+            ),
             sidecar_mounts(
                 "livenessProbe",
-                &sidecars.liveness_probe,
+                &sidecars.liveness_probe.volume_mounts,
                 vec![socket_mount()],
             ),
         ],
     };
-    let node = ManagedPod {
+    controller
+        .containers
+        .extend(Helper::ALL.into_iter().map(|helper| {
+            sidecar_mounts(
+                helper.key(),
+                &helper.spec(sidecars).volume_mounts,
+                vec![socket_mount()],
+            )
+        }));
+    controller
+        .containers
+        .extend(extra_mounts(obj, ExtraContainerPod::Controller));
+    let mut node = ManagedPod {
         workload: "node",
         settings: &spec.node.pod,
         driver: &spec.node.driver,
@@ -221,7 +340,7 @@ fn managed_pods<'a>(obj: &'a CSIDriverDeployment, kubelet_dir: &str) -> Vec<Mana
             },
             sidecar_mounts(
                 "registrar",
-                &sidecars.registrar,
+                &sidecars.registrar.volume_mounts,
                 vec![
                     socket_mount(),
                     (
@@ -232,11 +351,13 @@ fn managed_pods<'a>(obj: &'a CSIDriverDeployment, kubelet_dir: &str) -> Vec<Mana
             ),
             sidecar_mounts(
                 "livenessProbe",
-                &sidecars.liveness_probe,
+                &sidecars.liveness_probe.volume_mounts,
                 vec![socket_mount()],
             ),
         ],
     };
+    node.containers
+        .extend(extra_mounts(obj, ExtraContainerPod::Node));
     vec![controller, node]
 }
 
@@ -397,10 +518,10 @@ pub(crate) fn normalize_kubelet_dir(dir: &str) -> Result<String, RenderError> {
 /// a preceding flag and are left alone.
 fn check_extra_args(
     sidecar: &'static str,
-    spec: &SidecarSpec,
+    extra_args: &[String],
     managed: &[&str],
 ) -> Result<(), RenderError> {
-    for arg in &spec.extra_args {
+    for arg in extra_args {
         let Some(flag) = flag_name(arg) else { continue };
         if managed.contains(&flag) {
             return Err(RenderError::ManagedFlag {
