@@ -250,6 +250,149 @@ async fn install_upgrade_and_delete_in_order() {
     }
     assert!(events.contains("ControllerScaleDown"), "{events}");
 
+    // --- helper containers: a controller-only rollout ---------------------------
+    let template_hash = |annotations: Option<std::collections::BTreeMap<String, String>>| {
+        annotations.and_then(|a| a.get("csiops.dev/template-hash").cloned())
+    };
+    let sts_hash = template_hash(
+        sts_api
+            .get("hostpath-controller")
+            .await
+            .expect("sts")
+            .metadata
+            .annotations,
+    );
+    let ds_hash = template_hash(
+        ds_api
+            .get("hostpath-node")
+            .await
+            .expect("ds")
+            .metadata
+            .annotations,
+    );
+    // An extra container named like one of the operator's: Degraded, naming
+    // the collision, and nothing applied.
+    cluster
+        .kubectl_ok([
+            "-n", NS, "patch", "csidd", NAME, "--type=merge", "-p",
+            r#"{"spec":{"sidecars":{"extra":[{"name":"csi-provisioner","image":"registry.example.com/vendor-sidecar:v1"}]}}}"#,
+        ])
+        .await
+        .expect("edit applies");
+    let message = wait_for(DEADLINE, Duration::from_millis(300), || async {
+        let args = ["-n", NS, "get", "csidd", NAME];
+        let reason = testkit::jsonpath(
+            &cluster,
+            &args,
+            "{.status.conditions[?(@.type==\"Degraded\")].reason}",
+        )
+        .await
+        .ok()?;
+        let message = testkit::jsonpath(
+            &cluster,
+            &args,
+            "{.status.conditions[?(@.type==\"Degraded\")].message}",
+        )
+        .await
+        .ok()?;
+        (reason == "RenderFailed").then_some(message)
+    })
+    .await
+    .unwrap_or_else(|_| panic!("collision not reported\n{}", operator.log_tail(40)));
+    assert!(
+        message.contains("spec.sidecars.extra[0].name \"csi-provisioner\"")
+            && message.contains("provisioner sidecar"),
+        "{message}"
+    );
+    let unchanged = template_hash(
+        sts_api
+            .get("hostpath-controller")
+            .await
+            .expect("sts")
+            .metadata
+            .annotations,
+    );
+    assert_eq!(unchanged, sts_hash, "nothing is applied while Degraded");
+
+    // The three upstream helpers and a vendor container (renamed): they join
+    // the controller pod; the DaemonSet is not touched and the controller is
+    // not scaled down first, as for any controller-only change.
+    let helpers = Timeline::start(&client, NS);
+    cluster
+        .kubectl_ok([
+            "-n", NS, "patch", "csidd", NAME, "--type=merge", "-p",
+            r#"{"spec":{"sidecars":{"resizer":{"enabled":true},"snapshotter":{"enabled":true},"healthMonitor":{"enabled":true},"extra":[{"name":"vendor-sidecar","image":"registry.example.com/vendor-sidecar:v1"}]}}}"#,
+        ])
+        .await
+        .expect("edit applies");
+    let sts = wait_for(DEADLINE, Duration::from_millis(300), || async {
+        let sts = sts_api.get("hostpath-controller").await.ok()?;
+        (template_hash(sts.metadata.annotations.clone()) != sts_hash).then_some(sts)
+    })
+    .await
+    .unwrap_or_else(|_| panic!("controller never updated\n{}", operator.log_tail(40)));
+    let containers: Vec<String> = sts
+        .spec
+        .and_then(|s| s.template.spec)
+        .map(|p| p.containers.into_iter().map(|c| c.name).collect())
+        .unwrap_or_default();
+    for name in [
+        "csi-resizer",
+        "csi-snapshotter",
+        "csi-external-health-monitor-controller",
+        "vendor-sidecar",
+    ] {
+        assert!(
+            containers.iter().any(|c| c == name),
+            "{name} not in {containers:?}"
+        );
+    }
+    wait_for(DEADLINE, Duration::from_millis(300), || async {
+        let row = testkit::csidd_row(&cluster, NS, NAME).await.ok()?;
+        let sts = sts_api.get("hostpath-controller").await.ok()?;
+        let status = sts.status?;
+        let done = row["PHASE"] == "Running"
+            && status.ready_replicas == Some(1)
+            && status.updated_replicas == Some(1);
+        done.then_some(())
+    })
+    .await
+    .unwrap_or_else(|_| panic!("helpers never rolled out\n{}", operator.log_tail(40)));
+    let entries = helpers.entries();
+    let dump = Timeline::render(&entries);
+    assert!(
+        entries
+            .iter()
+            .filter(|e| is_ds(e))
+            .all(|e| e.hash == ds_hash),
+        "a controller-only change rolled the DaemonSet:\n{dump}"
+    );
+    assert!(
+        entries.iter().filter(|e| is_sts(e)).all(|e| e.desired == 1),
+        "a controller-only change scaled the controller down:\n{dump}"
+    );
+    drop(helpers);
+    // Their upstream RBAC is in the controller's ClusterRole, as applied by
+    // the API server.
+    let role = cluster_roles
+        .get("csiops:hostpath.csi.k8s.io:controller")
+        .await
+        .expect("controller ClusterRole");
+    let has = |resource: &str, verb: &str| {
+        role.rules.iter().flatten().any(|r| {
+            r.resources.iter().flatten().any(|x| x == resource) && r.verbs.iter().any(|v| v == verb)
+        })
+    };
+    for (resource, verb) in [
+        ("persistentvolumeclaims/status", "patch"),
+        ("volumeattributesclasses", "watch"),
+        ("volumesnapshotcontents/status", "update"),
+        ("volumegroupsnapshotcontents", "patch"),
+        ("pods", "list"),
+    ] {
+        assert!(has(resource, verb), "no {verb} on {resource} in {role:?}");
+    }
+
     // --- ordered teardown ----------------------------------------------------
     let teardown = Timeline::start(&client, NS);
     cluster
