@@ -347,6 +347,18 @@ fn start(desired: &Desired, observed: &Observed, now: DateTime<Utc>) -> Option<R
         } else {
             (upgrade_kind(desired), RolloutStep::NodeRoll)
         }
+    } else if (!controller_current || observed.stale_controller)
+        && !controller_running
+        && node_rolled(desired, observed).is_some()
+    {
+        // The DaemonSet carries the desired content but its pods are not all
+        // up (a status write lost, or a read older than our own write): no
+        // controller comes up before the node side is rolled out.
+        if desired.ever_completed {
+            (RolloutKind::Upgrade, RolloutStep::NodeRoll)
+        } else {
+            (RolloutKind::Install, RolloutStep::NodeInstall)
+        }
     } else if !controller_current || observed.stale_controller {
         let kind = if desired.ever_completed {
             RolloutKind::ControllerUpdate

@@ -210,6 +210,17 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
     };
     let api: Api<CSIDriverDeployment> = Api::namespaced(ctx.client.clone(), &ns);
 
+    // Plan from the API server's copy, not the watch cache: a reconcile woken
+    // by our own DaemonSet apply can otherwise see the object as it was before
+    // our last status write, and a rollout step would be decided twice. One
+    // GET per reconcile is cheap next to the applies it guards.
+    let obj = match api.get_opt(&name).await? {
+        Some(fresh) if fresh.uid().as_deref() == Some(uid.as_str()) => Arc::new(fresh),
+        // Gone, or deleted and recreated under the same name: the new object
+        // gets its own reconcile from the watch.
+        _ => return Ok(Requeue::await_change()),
+    };
+
     if obj.metadata.deletion_timestamp.is_some() {
         ctx.failures.clear(&format!("{ns}/{name}"));
         if !obj.finalizers().iter().any(|f| f == FINALIZER) {

@@ -360,12 +360,39 @@ fn status_lost_entirely_never_brings_a_controller_over_an_unrolled_node() {
     sim.run(&d2, t0());
     let p = plan(&d2, &sim.obs, None, t0());
     let r = p.rollout.as_ref().expect("rollout restarted");
-    assert_eq!(r.step, RolloutStep::ControllerRoll);
-    // The DaemonSet carries the desired hash, so the controller may be applied,
-    // but the live pairing of hashes stays consistent (checked by the Sim).
-    for a in &p.actions {
-        sim.apply(*a, &d2);
+    // The DaemonSet carries the desired hash but its pods are not all updated:
+    // the node side is rolled out first, and the controller waits.
+    assert_eq!(r.step, RolloutStep::NodeRoll);
+    assert_eq!(r.kind, RolloutKind::Upgrade);
+    assert_eq!(p.actions, vec![Action::ApplyNode]);
+    sim.rollout = None;
+    sim.drive(&d2, t0());
+    assert!(first(&sim.log, Action::ApplyController) > first(&sim.log, Action::ApplyNode));
+}
+
+#[test]
+fn install_read_without_its_own_status_keeps_waiting_for_the_node() {
+    // The first pass applied the DaemonSet and persisted NodeInstall; a second
+    // pass runs on an older copy of the object (no rollout in status) while
+    // the DaemonSet controller has not yet counted the new DaemonSet's nodes.
+    let d = desired("n1", "c1");
+    let mut sim = Sim::default();
+    let p = sim.run(&d, t0());
+    assert_eq!(p.rollout.map(|r| r.step), Some(RolloutStep::NodeInstall));
+    if let Some(n) = &mut sim.obs.node {
+        n.desired = 0;
     }
+    let p = plan(&d, &sim.obs, None, t0());
+    assert_eq!(p.actions, vec![Action::ApplyNode]);
+    let r = p.rollout.expect("the install goes on");
+    assert_eq!((r.kind, r.step), (RolloutKind::Install, RolloutStep::NodeInstall));
+    assert!(
+        p.transitions
+            .iter()
+            .all(|t| *t != Transition::StepStarted(RolloutStep::ControllerRoll)),
+        "{:?}",
+        p.transitions
+    );
 }
 
 #[test]
