@@ -385,7 +385,10 @@ fn install_read_without_its_own_status_keeps_waiting_for_the_node() {
     let p = plan(&d, &sim.obs, None, t0());
     assert_eq!(p.actions, vec![Action::ApplyNode]);
     let r = p.rollout.expect("the install goes on");
-    assert_eq!((r.kind, r.step), (RolloutKind::Install, RolloutStep::NodeInstall));
+    assert_eq!(
+        (r.kind, r.step),
+        (RolloutKind::Install, RolloutStep::NodeInstall)
+    );
     assert!(
         p.transitions
             .iter()

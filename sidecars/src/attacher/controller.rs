@@ -46,8 +46,8 @@ use super::node::{self, NodeIdError};
 use super::request::{self, PublishCaps, RequestError, SecretRef};
 use super::{csi, status};
 use crate::common::driver::{code_name, Driver};
-use crate::common::shutdown::Shutdown;
 use crate::common::workqueue::{Backoff, QueueMetrics, WorkQueue};
+use csiops_runtime::shutdown::CancellationToken;
 
 /// Event reasons (close to the kubelet/attach-detach controller's wording).
 pub const REASON_ATTACH_FAILED: &str = "AttachFailed";
@@ -294,7 +294,7 @@ impl Controller {
     pub async fn run(
         self: Arc<Self>,
         watches: Watches,
-        shutdown: Shutdown,
+        shutdown: CancellationToken,
     ) -> Result<(), ControllerError> {
         let cfg = watcher::Config::default();
         // VolumeAttachments go into their store here rather than through
@@ -374,7 +374,7 @@ impl Controller {
                 synced = ready => if !synced {
                     return Err(ControllerError::NotSynced);
                 },
-                () = shutdown.wait() => return Ok(()),
+                () = shutdown.cancelled() => return Ok(()),
             }
             tracing::info!(
                 volume_attachments = self.vas.store().len(),
@@ -406,16 +406,16 @@ impl Controller {
 
     /// Every `--resync`, queue every attachment of ours again (a safety net
     /// for anything missed; processing an attached one costs no API call).
-    async fn resync(self: Arc<Self>, shutdown: Shutdown) {
+    async fn resync(self: Arc<Self>, shutdown: CancellationToken) {
         if self.cfg.resync.is_zero() {
-            return shutdown.wait().await;
+            return shutdown.cancelled().await;
         }
         let mut tick = tokio::time::interval(self.cfg.resync);
         tick.tick().await;
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
-                () = shutdown.wait() => return,
+                () = shutdown.cancelled() => return,
             }
             for va in self.vas.store().state() {
                 self.enqueue_va(&va);
@@ -853,12 +853,12 @@ pub enum ControllerError {
 async fn supervise(
     watches: impl Future<Output = &'static str>,
     workers: impl Future<Output = Result<(), ControllerError>>,
-    shutdown: &Shutdown,
+    shutdown: &CancellationToken,
 ) -> Result<(), ControllerError> {
     tokio::select! {
         kind = watches => Err(ControllerError::WatchEnded(kind)),
         res = workers => res,
-        () = shutdown.wait() => Ok(()),
+        () = shutdown.cancelled() => Ok(()),
     }
 }
 
@@ -887,7 +887,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_watch_that_ends_is_an_error() {
-        let (shutdown, _trigger) = Shutdown::new();
+        let shutdown = CancellationToken::new();
         let res = supervise(
             async { "VolumeAttachment" },
             std::future::pending(),
@@ -902,8 +902,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn shutdown_is_a_clean_stop() {
-        let (shutdown, trigger) = Shutdown::new();
-        trigger.fire();
+        let shutdown = CancellationToken::new();
+        shutdown.cancel();
         let res = supervise(std::future::pending(), std::future::pending(), &shutdown).await;
         assert!(res.is_ok(), "{res:?}");
     }

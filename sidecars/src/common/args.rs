@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::logging::LogFormat;
+use csiops_runtime::logging::LogFormat;
 
 /// Flags of every role.
 #[derive(Debug, Clone, Args)]

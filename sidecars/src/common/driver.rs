@@ -17,7 +17,7 @@ use csiops_proto::csi::v1::{
 use tonic::{Code, Status};
 
 use super::metrics::Metrics;
-use super::shutdown::Shutdown;
+use csiops_runtime::shutdown::CancellationToken;
 
 /// A connected driver.
 #[derive(Clone)]
@@ -66,7 +66,7 @@ impl Driver {
         address: &str,
         timeout: Duration,
         metrics: Arc<Metrics>,
-        shutdown: &Shutdown,
+        shutdown: &CancellationToken,
     ) -> Option<Self> {
         retrying(Duration::from_secs(1), shutdown, || async {
             match Self::connect(address, timeout, metrics.clone()).await {
@@ -86,7 +86,7 @@ impl Driver {
         address: &str,
         timeout: Duration,
         metrics: Arc<Metrics>,
-        shutdown: &Shutdown,
+        shutdown: &CancellationToken,
     ) -> Option<Self> {
         let driver = Self::connect_waiting(address, timeout, metrics, shutdown).await?;
         driver
@@ -187,7 +187,7 @@ impl Driver {
 
     /// Probe until the driver says it is ready, retrying with backoff
     /// (`false` when `shutdown` fires first).
-    pub async fn probe_until_ready(&self, timeout: Duration, shutdown: &Shutdown) -> bool {
+    pub async fn probe_until_ready(&self, timeout: Duration, shutdown: &CancellationToken) -> bool {
         retrying(Duration::from_millis(500), shutdown, || async {
             match self.probe(timeout).await {
                 Ok(true) => Some(()),
@@ -207,7 +207,7 @@ impl Driver {
 
     /// GetPluginInfo, retried with backoff until it answers with a name or
     /// `shutdown` fires. A driver still starting refuses or times out first.
-    pub async fn driver_name_waiting(&self, shutdown: &Shutdown) -> Option<String> {
+    pub async fn driver_name_waiting(&self, shutdown: &CancellationToken) -> Option<String> {
         retrying(Duration::from_millis(500), shutdown, || async {
             match self.plugin_info().await {
                 Ok(info) if !info.name.is_empty() => Some(info.name),
@@ -228,7 +228,11 @@ impl Driver {
 /// Runs `attempt` until it gives `Some`, waiting `first` between tries,
 /// doubling up to 10s; `None` once `shutdown` fires. Each attempt logs its
 /// own failure.
-async fn retrying<T, F, Fut>(first: Duration, shutdown: &Shutdown, mut attempt: F) -> Option<T>
+async fn retrying<T, F, Fut>(
+    first: Duration,
+    shutdown: &CancellationToken,
+    mut attempt: F,
+) -> Option<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
@@ -240,7 +244,7 @@ where
         }
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
-            _ = shutdown.wait() => return None,
+            _ = shutdown.cancelled() => return None,
         }
         delay = (delay * 2).min(Duration::from_secs(10));
     }

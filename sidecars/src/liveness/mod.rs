@@ -15,10 +15,10 @@ use tokio::sync::Mutex;
 
 use crate::common::args::{parse_duration, CommonArgs};
 use crate::common::driver::{code_name, Driver};
-use crate::common::http::{self, HealthCheck};
 use crate::common::metrics::Metrics;
-use crate::common::shutdown::Shutdown;
+use crate::common::role::Role;
 use crate::SidecarError;
+use csiops_runtime::admin::HealthCheck;
 
 /// Flags of `liveness-probe` (upstream livenessprobe's names).
 #[derive(Debug, Clone, Args)]
@@ -92,32 +92,25 @@ impl Prober {
 
 /// Runs until SIGTERM.
 pub async fn run(args: LivenessArgs) -> Result<(), SidecarError> {
-    let (shutdown, _trigger) = Shutdown::on_signals();
-    let metrics = Arc::new(Metrics::new());
     let addr = match args.common.http_addr().map_err(SidecarError::Flag)? {
         Some(a) => a,
         None => std::net::SocketAddr::from(([0, 0, 0, 0], args.health_port)),
     };
+    let mut role = Role::start();
+    let metrics = Arc::new(Metrics::new());
     let prober = Arc::new(Prober::new(
         &args.common.csi_address,
         args.common.timeout,
         args.probe_timeout,
         metrics.clone(),
     ));
-    let check_prober = prober.clone();
     let check: HealthCheck = Arc::new(move || {
-        let p = check_prober.clone();
+        let p = prober.clone();
         Box::pin(async move { p.check().await })
     });
-    let router = http::router(metrics, &args.common.metrics_path, check);
-    let stop = shutdown.clone();
-    let server = http::serve(addr, router, async move { stop.wait().await })
-        .await
-        .map_err(|source| SidecarError::Bind { addr, source })?;
+    role.serve_admin(Some(addr), &args.common, &metrics, check)
+        .await?;
     tracing::info!(csi_address = %args.common.csi_address, "liveness probe ready");
-    match server.await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(SidecarError::Http(e)),
-        Err(e) => Err(SidecarError::Task(e.to_string())),
-    }
+    role.shutdown.cancelled().await;
+    role.finish(Ok(())).await
 }

@@ -27,8 +27,8 @@ use super::decide::{claim_is_for, pv_is_ours};
 use super::metrics::OperationMetrics;
 use super::plan::{DriverCapabilities, ProvisionerConfig};
 use crate::common::driver::Driver;
-use crate::common::shutdown::Shutdown;
 use crate::common::workqueue::{Backoff, WorkQueue};
+use csiops_runtime::shutdown::{CancellationToken, TaskTracker};
 
 pub type ClaimKey = ObjectRef<PersistentVolumeClaim>;
 
@@ -253,7 +253,12 @@ impl Provisioner {
 
     /// Starts the watches, waits for every cache, then runs `workers`
     /// workers per queue until `shutdown`.
-    pub async fn run(self: Arc<Self>, watches: Vec<Task>, workers: usize, shutdown: Shutdown) {
+    pub async fn run(
+        self: Arc<Self>,
+        watches: Vec<Task>,
+        workers: usize,
+        shutdown: CancellationToken,
+    ) {
         let mut background = JoinSet::new();
         for w in watches {
             background.spawn(w);
@@ -270,7 +275,7 @@ impl Provisioner {
         };
         tokio::select! {
             () = synced => {}
-            () = shutdown.wait() => {
+            () = shutdown.cancelled() => {
                 background.abort_all();
                 return;
             }
@@ -280,17 +285,18 @@ impl Provisioner {
             volumes = caches.volumes.state().len(),
             "caches synced; provisioning"
         );
-        let mut workers_set = JoinSet::new();
+        let worker_tasks = TaskTracker::new();
         for _ in 0..workers {
-            workers_set.spawn(self.clone().claim_worker());
-            workers_set.spawn(self.clone().volume_worker());
+            worker_tasks.spawn(self.clone().claim_worker());
+            worker_tasks.spawn(self.clone().volume_worker());
         }
-        shutdown.wait().await;
+        worker_tasks.close();
+        shutdown.cancelled().await;
         // Workers finish the object in hand (a CSI call ends within
         // --timeout), then see the closed queues.
         self.claims.shut_down();
         self.volumes.shut_down();
-        while workers_set.join_next().await.is_some() {}
+        worker_tasks.wait().await;
         background.abort_all();
     }
 

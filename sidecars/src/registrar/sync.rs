@@ -24,7 +24,7 @@ use tokio::sync::watch;
 use super::nodeinfo::{self, DriverNodeInfo};
 use super::server::Verdict;
 use crate::common::driver::Driver;
-use crate::common::shutdown::Shutdown;
+use csiops_runtime::shutdown::CancellationToken;
 
 /// Why one pass failed.
 #[derive(Debug, thiserror::Error)]
@@ -190,7 +190,7 @@ impl NodeInfoSync {
 
     /// Runs until `shutdown`: a pass at start, on each change of this Node or
     /// CSINode, and every `interval`; failed passes retry with backoff (1s → 30s).
-    pub async fn run(&self, shutdown: &Shutdown) {
+    pub async fn run(&self, shutdown: &CancellationToken) {
         let by_name =
             watcher::Config::default().fields(&format!("metadata.name={}", self.node_name));
         let node_events = watcher::watcher(self.nodes.clone(), by_name.clone()).map(|_| ());
@@ -201,7 +201,7 @@ impl NodeInfoSync {
         let mut next = tokio::time::Instant::now();
         loop {
             tokio::select! {
-                _ = shutdown.wait() => return,
+                _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep_until(next) => {}
                 Ok(()) = kubelet.changed() => {}
                 Some(()) = changes.next() => {
