@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod node;
 pub mod request;
 pub mod status;
+pub mod sync;
 
 use std::sync::Arc;
 use std::time::Duration;
