@@ -37,10 +37,10 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Resource, ResourceExt};
 
-use super::cache::Cached;
 use super::decide::{self, Mode};
 use super::metrics::Writes;
 use super::request::PublishCaps;
+use crate::common::cache::Cached;
 use crate::common::driver::Driver;
 use crate::common::workqueue::{Backoff, QueueMetrics, WorkQueue};
 use csiops_runtime::shutdown::CancellationToken;
@@ -206,6 +206,7 @@ impl Controller {
 
     /// `old` is the cached copy from before the event, if there was one.
     fn on_va_event(&self, ev: watcher::Event<VolumeAttachment>, old: Option<&VolumeAttachment>) {
+        self.vas.observe(&ev);
         match ev {
             watcher::Event::Apply(va) | watcher::Event::InitApply(va) => {
                 if old.is_none_or(|old| decide::is_relevant_change(old, &va)) {
@@ -215,7 +216,6 @@ impl Controller {
                 }
             }
             watcher::Event::Delete(va) => {
-                self.vas.forget(&va.name_any());
                 if let Some(pv) = va.spec.source.persistent_volume_name.as_ref() {
                     // The PV may be waiting for its last attachment to go.
                     self.pv_q.add(pv.clone());
@@ -226,6 +226,7 @@ impl Controller {
     }
 
     fn on_pv_event(&self, ev: watcher::Event<PersistentVolume>) {
+        self.pvs.observe(&ev);
         match ev {
             watcher::Event::Apply(pv) | watcher::Event::InitApply(pv) => {
                 if pv.metadata.deletion_timestamp.is_some()
@@ -234,8 +235,7 @@ impl Controller {
                     self.pv_q.add(pv.name_any());
                 }
             }
-            watcher::Event::Delete(pv) => self.pvs.forget(&pv.name_any()),
-            watcher::Event::Init | watcher::Event::InitDone => {}
+            watcher::Event::Delete(_) | watcher::Event::Init | watcher::Event::InitDone => {}
         }
     }
 

@@ -8,7 +8,6 @@
 //! - [`decide`]: what a VolumeAttachment or PV needs;
 //! - [`status`]: the patch bodies.
 
-pub mod cache;
 pub mod controller;
 pub mod csi;
 pub mod decide;

@@ -70,7 +70,7 @@ impl SyncError {
 impl Controller {
     /// One VolumeAttachment, from the queue `kind`.
     pub(super) async fn sync_va(&self, name: &str, kind: Kind) -> Result<(), SyncError> {
-        let Some(va) = self.vas.get(name) else {
+        let Some(va) = self.vas.get_named(name) else {
             return Ok(());
         };
         // The object may have moved on since it was queued: hand it over.
@@ -80,7 +80,7 @@ impl Controller {
             return Ok(());
         }
         let pv_name = va.spec.source.persistent_volume_name.clone();
-        let pv = pv_name.as_deref().and_then(|n| self.pvs.get(n));
+        let pv = pv_name.as_deref().and_then(|n| self.pvs.get_named(n));
         let volume = Volume::of(&va, |_| pv.as_deref());
         let action = decide::va_action(
             &va,
@@ -399,7 +399,7 @@ impl Controller {
     /// One PersistentVolume: drop our finalizer once it is being deleted and
     /// no VolumeAttachment refers to it.
     pub(super) async fn sync_pv(&self, name: &str) -> Result<(), SyncError> {
-        let Some(pv) = self.pvs.get(name) else {
+        let Some(pv) = self.pvs.get_named(name) else {
             return Ok(());
         };
         if pv.metadata.deletion_timestamp.is_none() {

@@ -3,6 +3,7 @@
 //! queue, and the start-up of a role.
 
 pub mod args;
+pub mod cache;
 pub mod controller;
 pub mod driver;
 pub mod kube;

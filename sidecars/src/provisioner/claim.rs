@@ -121,10 +121,6 @@ impl Provisioner {
             }
             ClaimAction::ClassMissing(name) => Err(ClaimError::ClassMissing(name)),
             ClaimAction::ReleaseClaim => self.set_claim_finalizer(&claim, false).await.map(drop),
-            ClaimAction::Provision if self.provisioned.contains(claim.uid().as_deref()) => {
-                tracing::debug!(claim = %display(key), "provisioned a moment ago; waiting for the PV to show");
-                Ok(())
-            }
             ClaimAction::Provision => match class {
                 Some(class) => self.provision(key, &claim, &class).await,
                 // claim_action decides Provision only with the class cached.
@@ -245,18 +241,10 @@ impl Provisioner {
             }
             Err(e) => return Err(ClaimError::Pv(e)),
         };
-        // 3. The PV. Remembered first: its watch event, which ends the
-        //    memory, may come before this task goes on.
-        self.provisioned.insert(claim.uid());
-        let done = async {
-            self.create_pv(&pv, &claim).await?;
-            // 4. The PV holds the volume now.
-            self.set_claim_finalizer(&claim, false).await
-        };
-        if let Err(e) = done.await {
-            self.provisioned.remove(claim.uid().as_deref());
-            return Err(e);
-        }
+        // 3. The PV.
+        self.create_pv(&pv, &claim).await?;
+        // 4. The PV holds the volume now.
+        self.set_claim_finalizer(&claim, false).await?;
         self.metrics
             .succeeded(Operation::Provision, &class_name, started.elapsed());
         tracing::info!(claim = %display(key), pv = %prepared.name, volume = %volume.volume_id, "provisioned");
@@ -307,7 +295,10 @@ impl Provisioner {
     ) -> Result<(), ClaimError> {
         let api: Api<PersistentVolume> = Api::all(self.client.clone());
         match api.create(&PostParams::default(), pv).await {
-            Ok(_) => Ok(()),
+            Ok(created) => {
+                self.caches.volumes.wrote(created);
+                Ok(())
+            }
             Err(kube::Error::Api(s)) if s.is_already_exists() => {
                 let name = pv.name_any();
                 let existing = api.get(&name).await?;
@@ -317,6 +308,7 @@ impl Provisioner {
                     .and_then(|s| s.claim_ref.as_ref())
                     .and_then(|r| r.uid.clone());
                 if claim_uid.is_some() && claim_uid == claim.uid() {
+                    self.caches.volumes.wrote(existing);
                     Ok(())
                 } else {
                     Err(ClaimError::PvTaken(name))
@@ -441,7 +433,10 @@ impl Provisioner {
                     .await
             };
             match written {
-                Ok(written) => return Ok(written),
+                Ok(written) => {
+                    self.caches.claims.wrote(written.clone());
+                    return Ok(written);
+                }
                 // 409 for a stale version, 422 for a failed JSON-patch test.
                 Err(kube::Error::Api(s)) if (s.is_conflict() || s.code == 422) && attempt <= 3 => {
                     match api.get_opt(&name).await? {

@@ -26,47 +26,23 @@ use tokio::task::JoinSet;
 use super::decide::{claim_is_for, pv_is_ours};
 use super::metrics::OperationMetrics;
 use super::plan::{DriverCapabilities, ProvisionerConfig};
+use crate::common::cache::Cached;
 use crate::common::driver::Driver;
 use crate::common::workqueue::{Backoff, WorkQueue};
 use csiops_runtime::shutdown::{CancellationToken, TaskTracker};
 
 pub type ClaimKey = ObjectRef<PersistentVolumeClaim>;
 
-/// UIDs of objects this process just finished with, until the watch shows
-/// the result. The caches lag behind our own writes by a watch event; a sync
-/// in that gap would redo finished work (a second CreateVolume and claim
-/// finalizer round, or a second DeleteVolume and PV DELETE). Harmless, as
-/// every step is idempotent, but it costs API writes and CSI calls.
-#[derive(Debug, Default)]
-pub struct Recent(std::sync::Mutex<std::collections::HashSet<String>>);
-
-impl Recent {
-    fn set(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-    pub fn insert(&self, uid: Option<String>) {
-        if let Some(uid) = uid {
-            self.set().insert(uid);
-        }
-    }
-    pub fn contains(&self, uid: Option<&str>) -> bool {
-        uid.is_some_and(|u| self.set().contains(u))
-    }
-    pub fn remove(&self, uid: Option<&str>) {
-        if let Some(uid) = uid {
-            self.set().remove(uid);
-        }
-    }
-}
 type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// The informer caches.
+/// Claims and PVs are read through [`Cached`]: what this process wrote or
+/// deleted wins until the watch shows it, so a sync right after our own
+/// write neither provisions nor deletes a second time.
 pub struct Caches {
-    pub claims: Store<PersistentVolumeClaim>,
+    pub claims: Arc<Cached<PersistentVolumeClaim>>,
     pub classes: Store<StorageClass>,
-    pub volumes: Store<PersistentVolume>,
+    pub volumes: Arc<Cached<PersistentVolume>>,
     pub csi_nodes: Store<CSINode>,
     pub nodes: Store<Node>,
     pub attachments: Store<VolumeAttachment>,
@@ -102,10 +78,6 @@ pub struct Provisioner {
     pub calls: Semaphore,
     pub recorder: Recorder,
     pub metrics: Arc<OperationMetrics>,
-    /// Claims provisioned until their PV is seen (by claim UID).
-    pub provisioned: Arc<Recent>,
-    /// PVs deleted until the watch reports them gone (by PV UID).
-    pub deleted: Arc<Recent>,
 }
 
 /// What [`Provisioner::new`] needs besides the client.
@@ -144,6 +116,29 @@ where
     (reader, Box::pin(task))
 }
 
+/// [`reflect`] into a [`Cached`], which sees every event first (see
+/// [`Cached::observe`]).
+fn reflect_cached<K>(
+    api: Api<K>,
+    route: impl Fn(&watcher::Event<K>) + Send + 'static,
+) -> (Arc<Cached<K>>, Task)
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+{
+    let slot: Arc<std::sync::OnceLock<Arc<Cached<K>>>> = Arc::default();
+    let cached = slot.clone();
+    let (store, task) = reflect(api, move |event| {
+        if let Some(cached) = cached.get() {
+            cached.observe(event);
+        }
+        route(event);
+    });
+    let cached = Arc::new(Cached::new(store));
+    let _ = slot.set(cached.clone());
+    (cached, task)
+}
+
 fn applied<K>(event: &watcher::Event<K>) -> Option<&K> {
     match event {
         watcher::Event::Apply(o) | watcher::Event::InitApply(o) => Some(o),
@@ -157,13 +152,10 @@ impl Provisioner {
         let driver_name = setup.config.driver_name.clone();
         let Queues { claims, volumes } = setup.queues;
         let mut tasks = Vec::new();
-        let provisioned = Arc::new(Recent::default());
-        let deleted = Arc::new(Recent::default());
 
         let (claims_store, task) = {
-            let (queue, driver, recent) =
-                (claims.clone(), driver_name.clone(), provisioned.clone());
-            reflect(
+            let (queue, driver) = (claims.clone(), driver_name.clone());
+            reflect_cached(
                 Api::<PersistentVolumeClaim>::all(client.clone()),
                 move |e| match e {
                     watcher::Event::Apply(c) | watcher::Event::InitApply(c)
@@ -171,7 +163,6 @@ impl Provisioner {
                     {
                         queue.add(ObjectRef::from_obj(c));
                     }
-                    watcher::Event::Delete(c) => recent.remove(c.metadata.uid.as_deref()),
                     _ => {}
                 },
             )
@@ -179,18 +170,13 @@ impl Provisioner {
         tasks.push(task);
         let (volumes_store, task) = {
             let (vq, cq, driver) = (volumes.clone(), claims.clone(), driver_name.clone());
-            let (provisioned, deleted) = (provisioned.clone(), deleted.clone());
-            reflect(Api::<PersistentVolume>::all(client.clone()), move |e| {
-                if let watcher::Event::Delete(pv) = e {
-                    deleted.remove(pv.metadata.uid.as_deref());
-                }
+            reflect_cached(Api::<PersistentVolume>::all(client.clone()), move |e| {
                 if let Some(pv) = applied(e) {
                     if pv_is_ours(pv, &driver) {
                         vq.add(pv.name_any());
                         // A claim still holding our finalizer lets go once
                         // its PV is seen.
                         if let Some(r) = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()) {
-                            provisioned.remove(r.uid.as_deref());
                             if let (Some(ns), Some(name)) = (&r.namespace, &r.name) {
                                 cq.add(ObjectRef::new(name).within(ns));
                             }
@@ -245,8 +231,6 @@ impl Provisioner {
             calls: Semaphore::new(setup.workers),
             recorder,
             metrics: setup.metrics,
-            provisioned,
-            deleted,
         };
         (Arc::new(provisioner), tasks)
     }
@@ -266,8 +250,8 @@ impl Provisioner {
         // One waiter per store: a store's readiness wakes a single waiter.
         let caches = &self.caches;
         let synced = async {
-            let _ = caches.claims.wait_until_ready().await;
-            let _ = caches.volumes.wait_until_ready().await;
+            let _ = caches.claims.store().wait_until_ready().await;
+            let _ = caches.volumes.store().wait_until_ready().await;
             let _ = caches.classes.wait_until_ready().await;
             let _ = caches.csi_nodes.wait_until_ready().await;
             let _ = caches.nodes.wait_until_ready().await;
@@ -281,8 +265,8 @@ impl Provisioner {
             }
         }
         tracing::info!(
-            claims = caches.claims.state().len(),
-            volumes = caches.volumes.state().len(),
+            claims = caches.claims.store().len(),
+            volumes = caches.volumes.store().len(),
             "caches synced; provisioning"
         );
         let worker_tasks = TaskTracker::new();
