@@ -7,7 +7,10 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("csiops-manifests: cannot render the install manifest: {e}");
+            eprintln!(
+                "csiops-manifests: cannot render the install manifest: {}",
+                csiops_runtime::chain(&e)
+            );
             std::process::ExitCode::FAILURE
         }
     }

@@ -52,6 +52,7 @@ use crate::render::labels::{self, INSTANCE, MANAGED_BY, MANAGED_BY_VALUE};
 use crate::render::{self, names, ControllerWorkload, RenderConfig, Rendered};
 use crate::report::{self, Problem};
 use crate::rollout::{self, Action, Desired, Observed, Plan};
+use csiops_runtime::chain;
 
 /// Finalizer that holds a deleted object until its ordered teardown is done.
 pub const FINALIZER: &str = "csiops.dev/teardown";
@@ -182,7 +183,7 @@ pub async fn run(
         .run(reconcile, error_policy, ctx)
         .for_each(|res| async move {
             if let Err(e) = res {
-                warn!(error = %e, "reconcile loop");
+                warn!(error = %chain(&e), "reconcile loop");
             }
         })
         .await;
@@ -198,7 +199,7 @@ fn pod_owner(pod: Pod) -> Option<ObjectRef<CSIDriverDeployment>> {
 /// Transient failures are retried; the error is counted and logged.
 pub fn error_policy(obj: Arc<CSIDriverDeployment>, err: &Error, ctx: Arc<Context>) -> Requeue {
     ctx.metrics.reconcile_failed(err.metric_kind());
-    warn!(object = %obj.name_any(), namespace = ?obj.namespace(), error = %err, "reconcile failed; retrying");
+    warn!(object = %obj.name_any(), namespace = ?obj.namespace(), error = %chain(err), "reconcile failed; retrying");
     Requeue::requeue(StdDuration::from_secs(15))
 }
 
@@ -254,7 +255,7 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
         Err(e) => {
             let problem = Problem {
                 reason: "RenderFailed",
-                message: format!("cannot render the driver's objects: {e}"),
+                message: format!("cannot render the driver's objects: {}", chain(&e)),
             };
             ctx.metrics.reconcile_failed("render");
             write_problem(&obj, &ctx, &api, &problem).await?;
@@ -273,7 +274,7 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
                 ctx.metrics.reconcile_failed(e.metric_kind());
                 let problem = Problem {
                     reason,
-                    message: e.to_string(),
+                    message: chain(&e).to_string(),
                 };
                 write_problem(&obj, &ctx, &api, &problem).await?;
                 return Ok(Requeue::requeue(USER_ERROR_REQUEUE));
@@ -284,13 +285,13 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
             ctx.metrics.reconcile_failed(e.metric_kind());
             let failures = ctx.failures.record(&key);
             let wait = retry::backoff(failures);
-            warn!(object = %name, namespace = %ns, failures, retry_in = ?wait, error = %e, "write failed");
+            warn!(object = %name, namespace = %ns, failures, retry_in = ?wait, error = %chain(&e), "write failed");
             if failures >= retry::REPORT_AFTER {
                 // The message stays the same while the failure does, so the
                 // condition and the Event are written once, not per retry.
                 let problem = Problem {
                     reason,
-                    message: format!("{e}; retrying with backoff"),
+                    message: format!("{}; retrying with backoff", chain(&e)),
                 };
                 write_problem(&obj, &ctx, &api, &problem).await?;
             }

@@ -12,10 +12,17 @@ pub struct ErrorChain<'a>(pub &'a (dyn std::error::Error + 'static));
 
 impl fmt::Display for ErrorChain<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)?;
+        let mut shown = self.0.to_string();
+        f.write_str(&shown)?;
         let mut source = self.0.source();
         while let Some(s) = source {
-            write!(f, ": {s}")?;
+            let message = s.to_string();
+            // Errors of other crates (kube's, for one) often print their
+            // source in their own message too: say it once.
+            if !shown.contains(&message) {
+                write!(f, ": {message}")?;
+            }
+            shown = message;
             source = s.source();
         }
         Ok(())
@@ -74,6 +81,18 @@ mod tests {
         let e = Outer(Inner(std::io::Error::other("disk")));
         assert_eq!(chain(&e).to_string(), "outer: inner: disk");
         assert_eq!(chain(&std::io::Error::other("alone")).to_string(), "alone");
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("wrapper: {0}")]
+    struct Repeats(#[source] std::io::Error);
+
+    #[test]
+    fn a_source_already_in_the_message_is_not_repeated() {
+        let e = Outer(Inner(std::io::Error::other("x")));
+        let r = Repeats(std::io::Error::other("disk"));
+        assert_eq!(chain(&r).to_string(), "wrapper: disk");
+        assert_eq!(chain(&e).to_string(), "outer: inner: x");
     }
 
     #[test]

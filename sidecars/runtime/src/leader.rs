@@ -35,7 +35,7 @@ use kube::Client;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::error::ErrorChain;
+use crate::error::chain;
 
 /// How long a lease stays valid after its last renewal (client-go default).
 pub const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(15);
@@ -452,11 +452,11 @@ impl LeaderElector {
                 Ok(Ok(Attempt::Held)) => return Ok(()),
                 Ok(Ok(Attempt::Wait { .. })) | Ok(Err(LeaderError::Conflict)) => {}
                 Ok(Err(error)) if error.is_permanent() => {
-                    tracing::error!(lease = %self.lease_ref(), error = %ErrorChain(&error), "cannot acquire leader lease");
+                    tracing::error!(lease = %self.lease_ref(), error = %chain(&error), "cannot acquire leader lease");
                     return Err(error);
                 }
                 Ok(Err(error)) => {
-                    tracing::warn!(lease = %self.lease_ref(), error = %ErrorChain(&error), "failed to acquire leader lease, retrying");
+                    tracing::warn!(lease = %self.lease_ref(), error = %chain(&error), "failed to acquire leader lease, retrying");
                 }
                 Err(_) => {
                     tracing::warn!(lease = %self.lease_ref(), "leader lease request timed out, retrying");
@@ -493,7 +493,7 @@ impl LeaderElector {
                     return Err(LeaderError::Lost { holder });
                 }
                 Ok(Err(error)) => {
-                    tracing::warn!(lease = %self.lease_ref(), error = %ErrorChain(&error), "failed to renew leader lease");
+                    tracing::warn!(lease = %self.lease_ref(), error = %chain(&error), "failed to renew leader lease");
                     last_error = Some(error);
                 }
                 Err(_) => return Err(self.lost_deadline(Some(LeaderError::Timeout))),
@@ -515,7 +515,7 @@ impl LeaderElector {
                 tracing::debug!(lease = %self.lease_ref(), "leader lease not held, nothing to release");
             }
             Ok(Err(error)) => {
-                tracing::warn!(lease = %self.lease_ref(), error = %ErrorChain(&error), "failed to release leader lease; it will expire");
+                tracing::warn!(lease = %self.lease_ref(), error = %chain(&error), "failed to release leader lease; it will expire");
             }
             Err(_) => {
                 tracing::warn!(lease = %self.lease_ref(), "releasing leader lease timed out; it will expire");

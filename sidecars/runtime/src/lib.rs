@@ -13,5 +13,7 @@ pub mod kube;
 pub mod leader;
 pub mod logging;
 pub mod shutdown;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 pub use error::{chain, truncate, ErrorChain};

@@ -43,7 +43,9 @@ use super::request::PublishCaps;
 use crate::common::cache::Cached;
 use crate::common::driver::Driver;
 use crate::common::workqueue::{Backoff, QueueMetrics, WorkQueue};
+use csiops_runtime::chain;
 use csiops_runtime::shutdown::CancellationToken;
+use tracing::Instrument;
 
 /// How soon a key busy in the other queue is looked at again.
 const BUSY_RETRY: Duration = Duration::from_millis(50);
@@ -118,10 +120,10 @@ pub struct Controller {
 
 /// The reflector streams, to be driven by [`Controller::run`].
 pub struct Watches {
-    va_writer: reflector::store::Writer<VolumeAttachment>,
-    pv_writer: reflector::store::Writer<PersistentVolume>,
-    csinode_writer: reflector::store::Writer<CSINode>,
-    node_writer: reflector::store::Writer<PartialObjectMeta<Node>>,
+    pub(super) va_writer: reflector::store::Writer<VolumeAttachment>,
+    pub(super) pv_writer: reflector::store::Writer<PersistentVolume>,
+    pub(super) csinode_writer: reflector::store::Writer<CSINode>,
+    pub(super) node_writer: reflector::store::Writer<PartialObjectMeta<Node>>,
 }
 
 /// Managed fields are most of an object's size and never read here.
@@ -205,7 +207,11 @@ impl Controller {
     }
 
     /// `old` is the cached copy from before the event, if there was one.
-    fn on_va_event(&self, ev: watcher::Event<VolumeAttachment>, old: Option<&VolumeAttachment>) {
+    pub(super) fn on_va_event(
+        &self,
+        ev: watcher::Event<VolumeAttachment>,
+        old: Option<&VolumeAttachment>,
+    ) {
         self.vas.observe(&ev);
         match ev {
             watcher::Event::Apply(va) | watcher::Event::InitApply(va) => {
@@ -380,7 +386,7 @@ impl Controller {
         }
     }
 
-    async fn va_worker(self: Arc<Self>, kind: Kind) {
+    pub(super) async fn va_worker(self: Arc<Self>, kind: Kind) {
         let q = self.queue(kind);
         while let Some(key) = q.next().await {
             let claimed = self
@@ -393,31 +399,41 @@ impl Controller {
                 q.done(&key);
                 continue;
             }
-            let res = self.sync_va(&key, kind).await;
-            self.busy
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .remove(&key);
-            match res {
-                Ok(()) => q.forget(&key),
-                Err(e) => {
-                    tracing::warn!(va = %key, error = %e, "sync failed; retrying with backoff");
-                    q.add_rate_limited(key.clone());
+            // Every line logged for this key carries its name.
+            let span = tracing::info_span!("sync", va = %key, queue = ?kind);
+            async {
+                let res = self.sync_va(&key, kind).await;
+                self.busy
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(&key);
+                match res {
+                    Ok(()) => q.forget(&key),
+                    Err(e) => {
+                        tracing::warn!(error = %chain(&e), "sync failed; retrying with backoff");
+                        q.add_rate_limited(key.clone());
+                    }
                 }
             }
+            .instrument(span)
+            .await;
             q.done(&key);
         }
     }
 
     async fn pv_worker(self: Arc<Self>) {
         while let Some(key) = self.pv_q.next().await {
-            match self.sync_pv(&key).await {
-                Ok(()) => self.pv_q.forget(&key),
-                Err(e) => {
-                    tracing::warn!(pv = %key, error = %e, "PV sync failed; retrying with backoff");
-                    self.pv_q.add_rate_limited(key.clone());
+            async {
+                match self.sync_pv(&key).await {
+                    Ok(()) => self.pv_q.forget(&key),
+                    Err(e) => {
+                        tracing::warn!(error = %chain(&e), "PV sync failed; retrying with backoff");
+                        self.pv_q.add_rate_limited(key.clone());
+                    }
                 }
             }
+            .instrument(tracing::info_span!("sync_pv", pv = %key))
+            .await;
             self.pv_q.done(&key);
         }
     }
@@ -456,7 +472,7 @@ where
     while let Some(ev) = stream.next().await {
         match ev {
             Ok(ev) => on_event(ev),
-            Err(e) => tracing::warn!(kind = what, error = %e, "watch failed; retrying"),
+            Err(e) => tracing::warn!(kind = what, error = %chain(&e), "watch failed; retrying"),
         }
     }
 }

@@ -20,6 +20,7 @@ use super::node::{self, NodeIdError};
 use super::request::{self, RequestError, SecretRef};
 use super::{csi, status};
 use crate::common::driver::code_name;
+use csiops_runtime::chain;
 
 /// Event reasons (close to the kubelet/attach-detach controller's wording).
 pub const REASON_ATTACH_FAILED: &str = "AttachFailed";
@@ -35,24 +36,25 @@ pub enum SyncError {
     Request(#[from] RequestError),
     #[error(transparent)]
     NodeId(#[from] NodeIdError),
-    #[error("failed to load secret \"{namespace}/{name}\": {source}")]
+    #[error("failed to load secret \"{namespace}/{name}\"")]
     Secret {
         namespace: String,
         name: String,
+        #[source]
         source: kube::Error,
     },
-    #[error("could not add PersistentVolume finalizer: {0}")]
-    PvFinalizer(kube::Error),
-    #[error("could not save VolumeAttachment: {0}")]
-    SaveVa(kube::Error),
+    #[error("could not add PersistentVolume finalizer")]
+    PvFinalizer(#[source] kube::Error),
+    #[error("could not save VolumeAttachment")]
+    SaveVa(#[source] kube::Error),
     #[error("rpc error: code = {} desc = {}", code_name(.0.code()), .0.message())]
     Csi(Status),
-    #[error("could not mark as attached: {0}")]
-    MarkAttached(kube::Error),
-    #[error("could not mark as detached: {0}")]
-    MarkDetached(kube::Error),
-    #[error("could not remove PersistentVolume finalizer: {0}")]
-    PvFinalizerRemove(kube::Error),
+    #[error("could not mark as attached")]
+    MarkAttached(#[source] kube::Error),
+    #[error("could not mark as detached")]
+    MarkDetached(#[source] kube::Error),
+    #[error("could not remove PersistentVolume finalizer")]
+    PvFinalizerRemove(#[source] kube::Error),
 }
 
 impl SyncError {
@@ -89,7 +91,7 @@ impl Controller {
             &self.finalizer,
             self.cfg.mode,
         );
-        tracing::debug!(va = %name, ?action, "sync");
+        tracing::debug!(?action, "sync");
         match action {
             VaAction::NotOurs | VaAction::Done => Ok(()),
             VaAction::MarkAttached => self.mark_attached(&va, &Default::default()).await,
@@ -215,14 +217,14 @@ impl Controller {
             self.vas.wrote(current.clone());
         }
 
-        tracing::info!(va = %name, volume = %req.volume_id, node = %node_id, "attaching");
+        tracing::info!(volume = %req.volume_id, node = %node_id, "attaching");
         let publish_context = {
             let _permit = self.calls.acquire().await;
             csi::publish(&self.driver, req, self.cfg.timeout).await
         }
         .map_err(SyncError::Csi)?;
         self.mark_attached(&current, &publish_context).await?;
-        tracing::info!(va = %name, "attached");
+        tracing::info!("attached");
         Ok(())
     }
 
@@ -264,7 +266,7 @@ impl Controller {
         let node_id = self.node_id(va, true)?;
         let mut req = request::unpublish_request(spec, &node_id)?;
         req.secrets = self.secrets(request::publish_secret_ref(spec)?).await?;
-        tracing::info!(va = %name, volume = %req.volume_id, node = %node_id, "detaching");
+        tracing::info!(volume = %req.volume_id, node = %node_id, "detaching");
         {
             let _permit = self.calls.acquire().await;
             csi::unpublish(&self.driver, req, self.cfg.timeout).await
@@ -284,7 +286,7 @@ impl Controller {
             self.vas.wrote(patched);
         }
         self.remove_va_finalizer(va).await?;
-        tracing::info!(va = %name, "detached");
+        tracing::info!("detached");
         Ok(())
     }
 
@@ -321,7 +323,7 @@ impl Controller {
     /// is already on record: another identical write and Event on every
     /// retry would only load the API server.
     async fn record_error(&self, va: &VolumeAttachment, err: &SyncError, detach: bool) {
-        let message = err.to_string();
+        let message = chain(err).to_string();
         let recorded = va
             .status
             .as_ref()
@@ -373,7 +375,7 @@ impl Controller {
                 self.vas.wrote(patched);
             }
             Err(e) => {
-                tracing::warn!(va = %name, error = %e, "could not save the error to the status")
+                tracing::warn!(error = %chain(&e), "could not save the error to the status")
             }
         }
         let reference = ObjectReference {
@@ -392,7 +394,7 @@ impl Controller {
         };
         match self.recorder.publish(&event, &reference).await {
             Ok(()) => self.metrics.wrote(Write::Event),
-            Err(e) => tracing::warn!(va = %name, error = %e, "could not record an Event"),
+            Err(e) => tracing::warn!(error = %chain(&e), "could not record an Event"),
         }
     }
 
@@ -424,7 +426,7 @@ impl Controller {
         {
             Ok(patched) => {
                 self.metrics.wrote(Write::PvFinalizer);
-                tracing::info!(pv = %name, "removed the finalizer from the PersistentVolume");
+                tracing::info!("removed the finalizer from the PersistentVolume");
                 self.pvs.wrote(patched);
                 Ok(())
             }
@@ -437,3 +439,6 @@ impl Controller {
 fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::now())
 }
+
+#[cfg(test)]
+mod tests;

@@ -17,6 +17,7 @@ use csiops_proto::csi::v1::{
 use tonic::{Code, Status};
 
 use super::metrics::Metrics;
+use csiops_runtime::chain;
 use csiops_runtime::shutdown::CancellationToken;
 
 /// A connected driver.
@@ -72,7 +73,7 @@ impl Driver {
             match Self::connect(address, timeout, metrics.clone()).await {
                 Ok(d) => Some(d),
                 Err(e) => {
-                    tracing::warn!(error = %e, "waiting for the CSI driver");
+                    tracing::warn!(error = %chain(&e), "waiting for the CSI driver");
                     None
                 }
             }

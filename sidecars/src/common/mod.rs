@@ -6,6 +6,8 @@ pub mod args;
 pub mod cache;
 pub mod controller;
 pub mod driver;
+#[cfg(test)]
+pub mod fake_csi;
 pub mod kube;
 pub mod metrics;
 pub mod role;

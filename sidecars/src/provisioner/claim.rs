@@ -33,6 +33,7 @@ use super::plan::{self, Cluster, FinishError, PrepareError, Prepared};
 use super::secrets::{self, SecretError};
 use super::topology::TopologyError;
 use super::{csi, finalizer, topology};
+use csiops_runtime::chain;
 
 /// Why a claim is not provisioned yet (each becomes a Warning Event on the
 /// claim and a retry with backoff).
@@ -52,8 +53,8 @@ pub enum ClaimError {
     Unusable { error: FinishError },
     #[error("the created volume is unusable ({error}) and deleting it failed: {}", rpc(.status))]
     UnusableNotDeleted { error: FinishError, status: Status },
-    #[error("cannot build the PV: {0}")]
-    Pv(FinishError),
+    #[error("cannot build the PV")]
+    Pv(#[source] FinishError),
     #[error("PV {0:?} exists and belongs to another claim")]
     PvTaken(String),
     #[error("the claim was deleted and re-created while being provisioned")]
@@ -62,7 +63,7 @@ pub enum ClaimError {
     CleanUpFailed { volume: String, status: Status },
     #[error("the claim no longer needs volume {volume:?} (deleted, or bound to another PV), and whether that volume exists cannot be told: {why}. Delete it on the storage backend if it exists, then remove finalizer {CLAIM_FINALIZER} from the claim")]
     CleanUpBlocked { volume: String, why: String },
-    #[error("Kubernetes API: {0}")]
+    #[error("Kubernetes API")]
     Kube(#[from] kube::Error),
 }
 
@@ -116,13 +117,13 @@ impl Provisioner {
             pv_cached,
         ) {
             ClaimAction::Nothing(why) => {
-                tracing::debug!(claim = %display(key), why, "nothing to do");
+                tracing::debug!(why, "nothing to do");
                 Ok(())
             }
             ClaimAction::ClassMissing(name) => Err(ClaimError::ClassMissing(name)),
             ClaimAction::ReleaseClaim => self.set_claim_finalizer(&claim, false).await.map(drop),
             ClaimAction::Provision => match class {
-                Some(class) => self.provision(key, &claim, &class).await,
+                Some(class) => self.provision(&claim, &class).await,
                 // claim_action decides Provision only with the class cached.
                 None => Err(ClaimError::ClassMissing(
                     decide::class_name(&claim).unwrap_or_default().to_string(),
@@ -165,7 +166,6 @@ impl Provisioner {
 
     async fn provision(
         &self,
-        key: &ClaimKey,
         cached: &PersistentVolumeClaim,
         class: &StorageClass,
     ) -> Result<(), ClaimError> {
@@ -247,7 +247,7 @@ impl Provisioner {
         self.set_claim_finalizer(&claim, false).await?;
         self.metrics
             .succeeded(Operation::Provision, &class_name, started.elapsed());
-        tracing::info!(claim = %display(key), pv = %prepared.name, volume = %volume.volume_id, "provisioned");
+        tracing::info!(pv = %prepared.name, volume = %volume.volume_id, "provisioned");
         self.event(
             &claim,
             EventType::Normal,
@@ -361,13 +361,13 @@ impl Provisioner {
         })?;
         let prepared = self
             .prepare(claim, class)
-            .map_err(|e| blocked(e.to_string()))?;
+            .map_err(|e| blocked(chain(&e).to_string()))?;
         // A Secret deleted with its namespace blocks the clean-up: say so,
         // with what to do, rather than retry in silence.
         let request = self
             .request_with_secrets(&prepared)
             .await
-            .map_err(|e| blocked(e.to_string()))?;
+            .map_err(|e| blocked(chain(&e).to_string()))?;
         let secrets = request.secrets.clone();
         let permit = self.calls.acquire().await;
         match csi::create_volume(&self.driver, request, self.timeout).await {

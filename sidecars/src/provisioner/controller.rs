@@ -29,7 +29,9 @@ use super::plan::{DriverCapabilities, ProvisionerConfig};
 use crate::common::cache::Cached;
 use crate::common::driver::Driver;
 use crate::common::workqueue::{Backoff, WorkQueue};
+use csiops_runtime::chain;
 use csiops_runtime::shutdown::{CancellationToken, TaskTracker};
+use tracing::Instrument;
 
 pub type ClaimKey = ObjectRef<PersistentVolumeClaim>;
 
@@ -109,7 +111,7 @@ where
         while let Some(event) = stream.next().await {
             match event {
                 Ok(event) => route(&event),
-                Err(e) => tracing::warn!(%kind, error = %e, "watch failed; retrying"),
+                Err(e) => tracing::warn!(%kind, error = %chain(&e), "watch failed; retrying"),
             }
         }
     };
@@ -286,40 +288,57 @@ impl Provisioner {
 
     async fn claim_worker(self: Arc<Self>) {
         while let Some(key) = self.claims.next().await {
-            match self.sync_claim(&key).await {
-                Ok(()) => self.claims.forget(&key),
+            let span = tracing::info_span!("sync", claim = %super::claim::display(&key));
+            self.claim_pass(&key).instrument(span).await;
+            self.claims.done(&key);
+        }
+    }
+
+    /// One sync of a claim, its failure logged, reported and retried.
+    async fn claim_pass(&self, key: &ClaimKey) {
+        {
+            match self.sync_claim(key).await {
+                Ok(()) => self.claims.forget(key),
                 Err(e) => {
-                    let claim = self.caches.claims.get(&key);
-                    tracing::warn!(claim = %super::claim::display(&key), error = %e, "provisioning failed; will retry");
+                    let claim = self.caches.claims.get(key);
+                    tracing::warn!(error = %chain(&e), "provisioning failed; will retry");
                     if let Some(claim) = claim {
                         let class = super::decide::class_name(&claim).unwrap_or_default();
                         self.metrics
                             .failed(super::metrics::Operation::Provision, class);
-                        self.warn(claim.as_ref(), e.reason(), e.to_string()).await;
+                        let note = chain(&e).to_string();
+                        self.warn(claim.as_ref(), e.reason(), note).await;
                     }
                     self.claims.add_rate_limited(key.clone());
                 }
             }
-            self.claims.done(&key);
         }
     }
 
     async fn volume_worker(self: Arc<Self>) {
         while let Some(name) = self.volumes.next().await {
-            match self.sync_volume(&name).await {
-                Ok(()) => self.volumes.forget(&name),
+            let span = tracing::info_span!("sync", pv = %name);
+            self.volume_pass(&name).instrument(span).await;
+            self.volumes.done(&name);
+        }
+    }
+
+    /// One sync of a PV, its failure logged, reported and retried.
+    async fn volume_pass(&self, name: &str) {
+        {
+            match self.sync_volume(name).await {
+                Ok(()) => self.volumes.forget(&name.to_string()),
                 Err(e) => {
-                    tracing::warn!(pv = %name, error = %e, "volume deletion failed; will retry");
-                    if let Some(pv) = self.caches.volumes.get(&ObjectRef::new(&name)) {
+                    tracing::warn!(error = %chain(&e), "volume deletion failed; will retry");
+                    if let Some(pv) = self.caches.volumes.get(&ObjectRef::new(name)) {
                         self.metrics
                             .failed(super::metrics::Operation::Delete, super::pv::class_of(&pv));
-                        self.warn(pv.as_ref(), "VolumeFailedDelete", e.to_string())
-                            .await;
+                        let note = chain(&e).to_string();
+                        self.warn(pv.as_ref(), "VolumeFailedDelete", note).await;
                     }
-                    self.volumes.add_rate_limited(name.clone());
+                    self.volumes.add_rate_limited(name.to_string());
                 }
             }
-            self.volumes.done(&name);
         }
     }
 
@@ -339,7 +358,7 @@ impl Provisioner {
             secondary: None,
         };
         if let Err(e) = self.recorder.publish(&event, &obj.object_ref(&())).await {
-            tracing::warn!(%reason, error = %e, "cannot publish event");
+            tracing::warn!(%reason, error = %chain(&e), "cannot publish event");
         }
     }
 

@@ -38,7 +38,7 @@ pub enum VolumeError {
     Delete(Status),
     #[error("persistentvolume {0} kept changing while its finalizer was being removed")]
     Busy(String),
-    #[error("Kubernetes API: {0}")]
+    #[error("Kubernetes API")]
     Kube(#[from] kube::Error),
 }
 
@@ -65,7 +65,7 @@ impl Provisioner {
         };
         match decide::volume_action(&pv, &self.config.driver_name) {
             VolumeAction::Nothing(why) => {
-                tracing::debug!(pv = %name, why, "nothing to do");
+                tracing::debug!(why, "nothing to do");
                 Ok(())
             }
             VolumeAction::RemoveFinalizer => self.remove_pv_finalizer(&pv).await,
@@ -110,7 +110,7 @@ impl Provisioner {
         self.caches.volumes.deleted(pv);
         self.metrics
             .succeeded(Operation::Delete, class_of(pv), started.elapsed());
-        tracing::info!(pv = %name, volume = %handle, "deleted");
+        tracing::info!(volume = %handle, "deleted");
         Ok(())
     }
 

@@ -24,12 +24,13 @@ use tokio::sync::watch;
 use super::nodeinfo::{self, DriverNodeInfo};
 use super::server::Verdict;
 use crate::common::driver::Driver;
+use csiops_runtime::chain;
 use csiops_runtime::shutdown::CancellationToken;
 
 /// Why one pass failed.
 #[derive(Debug, thiserror::Error)]
 pub enum SyncError {
-    #[error("Kubernetes API: {0}")]
+    #[error("Kubernetes API")]
     Kube(#[from] kube::Error),
     #[error("Node {0} does not exist")]
     NoNode(String),
@@ -215,7 +216,7 @@ impl NodeInfoSync {
                     next = tokio::time::Instant::now() + self.interval;
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, retry_in = ?backoff, "CSINode update failed");
+                    tracing::warn!(error = %chain(&e), retry_in = ?backoff, "CSINode update failed");
                     next = tokio::time::Instant::now() + backoff;
                     backoff = (backoff * 2).min(Duration::from_secs(30));
                 }
