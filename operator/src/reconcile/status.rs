@@ -62,13 +62,29 @@ pub(super) fn status_after(
     })
 }
 
-/// A Warning Event for `problem`, unless the object already reports it.
+/// A Warning Event for `problem`, unless the object already reports it
+/// (its reason: the message of a standing problem may vary).
 pub(super) async fn warn_once(obj: &CSIDriverDeployment, ctx: &Context, problem: &Problem) {
+    warn_unless_reported(obj, ctx, problem, false).await;
+}
+
+/// A log line and a Warning Event for `problem`, unless the object's
+/// Degraded condition has its reason (and, when `exact`, its message).
+async fn warn_unless_reported(
+    obj: &CSIDriverDeployment,
+    ctx: &Context,
+    problem: &Problem,
+    exact: bool,
+) {
     let already = obj
         .status
         .as_ref()
         .and_then(|s| s.condition(report::DEGRADED))
-        .is_some_and(|c| c.status == "True" && c.reason == problem.reason);
+        .is_some_and(|c| {
+            c.status == "True"
+                && c.reason == problem.reason
+                && (!exact || c.message == problem.message)
+        });
     if !already {
         warn!(object = %obj.name_any(), reason = problem.reason, "{}", problem.message);
         publish(
@@ -87,21 +103,8 @@ pub(super) async fn write_problem(
     api: &Api<CSIDriverDeployment>,
     problem: &Problem,
 ) -> Result<(), Error> {
+    warn_unless_reported(obj, ctx, problem, true).await;
     let previous = obj.status.as_ref();
-    let already = previous
-        .and_then(|s| s.condition(report::DEGRADED))
-        .is_some_and(|c| {
-            c.status == "True" && c.reason == problem.reason && c.message == problem.message
-        });
-    if !already {
-        warn!(object = %obj.name_any(), reason = problem.reason, "{}", problem.message);
-        publish(
-            &ctx.recorder,
-            obj,
-            &Note::warning(problem.reason, problem.message.clone()),
-        )
-        .await;
-    }
     // Keep the last known counts and rollout: nothing was observed or changed.
     let health = previous.map(health_of_status).unwrap_or_default();
     let progress = Progress {

@@ -20,7 +20,7 @@ use super::node::{self, NodeIdError};
 use super::request::{self, RequestError, SecretRef};
 use super::{csi, status};
 use crate::common::driver::code_name;
-use csiops_runtime::chain;
+use csiops_runtime::{chain, truncate};
 
 /// Event reasons (close to the kubelet/attach-detach controller's wording).
 pub const REASON_ATTACH_FAILED: &str = "AttachFailed";
@@ -335,7 +335,7 @@ impl Controller {
                 }
             })
             .and_then(|e| e.message.as_deref());
-        if recorded == Some(status::truncate(&message, status::MAX_ERROR_MESSAGE)) {
+        if recorded == Some(truncate(&message, status::MAX_ERROR_MESSAGE)) {
             return;
         }
         let (patch, reason, action) = if detach {
@@ -388,7 +388,7 @@ impl Controller {
         let event = Event {
             type_: EventType::Warning,
             reason: reason.into(),
-            note: Some(status::truncate(message, status::MAX_ERROR_MESSAGE).to_string()),
+            note: Some(truncate(message, status::MAX_ERROR_MESSAGE).to_string()),
             action: action.into(),
             secondary: None,
         };

@@ -186,6 +186,20 @@ impl Driver {
             .collect())
     }
 
+    /// A health check's verdict of one Probe: `Err` with the reason a
+    /// `/healthz` answers with.
+    pub async fn health(&self, timeout: Duration) -> Result<(), String> {
+        match self.probe(timeout).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err("driver responded but is not ready".to_string()),
+            Err(s) => Err(format!(
+                "probe failed: {}: {}",
+                code_name(s.code()),
+                s.message()
+            )),
+        }
+    }
+
     /// Probe until the driver says it is ready, retrying with backoff
     /// (`false` when `shutdown` fires first).
     pub async fn probe_until_ready(&self, timeout: Duration, shutdown: &CancellationToken) -> bool {

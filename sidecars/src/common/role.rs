@@ -11,7 +11,7 @@ use csiops_runtime::shutdown::{on_signals, CancellationToken};
 
 use super::args::CommonArgs;
 use super::controller::ControllerArgs;
-use super::driver::{code_name, Driver};
+use super::driver::Driver;
 use super::kube::{self as kube_client, KubeArgs};
 use super::metrics::Metrics;
 use crate::SidecarError;
@@ -115,17 +115,7 @@ pub fn probe_check(driver: &Driver, timeout: Duration) -> HealthCheck {
     let driver = driver.clone();
     Arc::new(move || {
         let driver = driver.clone();
-        Box::pin(async move {
-            match driver.probe(timeout).await {
-                Ok(true) => Ok(()),
-                Ok(false) => Err("driver not ready".to_string()),
-                Err(s) => Err(format!(
-                    "driver unreachable: {}: {}",
-                    code_name(s.code()),
-                    s.message()
-                )),
-            }
-        })
+        Box::pin(async move { driver.health(timeout).await })
     })
 }
 

@@ -14,11 +14,12 @@ use clap::Args;
 use tokio::sync::Mutex;
 
 use crate::common::args::{parse_duration, CommonArgs};
-use crate::common::driver::{code_name, Driver};
+use crate::common::driver::Driver;
 use crate::common::metrics::Metrics;
 use crate::common::role::Role;
 use crate::SidecarError;
 use csiops_runtime::admin::HealthCheck;
+use csiops_runtime::chain;
 
 /// Flags of `liveness-probe` (upstream livenessprobe's names).
 #[derive(Debug, Clone, Args)]
@@ -67,7 +68,7 @@ impl Prober {
         }
         let d = Driver::connect(&self.address, self.connect_timeout, self.metrics.clone())
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| chain(&e).to_string())?;
         if let Ok(info) = d.plugin_info().await {
             self.metrics.set_driver_name(&info.name);
         }
@@ -77,16 +78,7 @@ impl Prober {
 
     /// One health check.
     pub async fn check(&self) -> Result<(), String> {
-        let driver = self.driver().await?;
-        match driver.probe(self.probe_timeout).await {
-            Ok(true) => Ok(()),
-            Ok(false) => Err("driver responded but is not ready".to_string()),
-            Err(s) => Err(format!(
-                "probe failed: {}: {}",
-                code_name(s.code()),
-                s.message()
-            )),
-        }
+        self.driver().await?.health(self.probe_timeout).await
     }
 }
 

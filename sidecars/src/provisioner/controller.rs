@@ -30,6 +30,7 @@ use crate::common::cache::Cached;
 use crate::common::driver::Driver;
 use crate::common::workqueue::{Backoff, WorkQueue};
 use csiops_runtime::chain;
+use csiops_runtime::error::ellipsize;
 use csiops_runtime::shutdown::{CancellationToken, TaskTracker};
 use tracing::Instrument;
 
@@ -353,7 +354,7 @@ impl Provisioner {
         let event = Event {
             type_,
             reason: reason.to_string(),
-            note: Some(truncate(note, 1000)),
+            note: Some(ellipsize(&note, 1000)),
             action: reason.to_string(),
             secondary: None,
         };
@@ -365,16 +366,4 @@ impl Provisioner {
     pub async fn warn<K: Resource<DynamicType = ()>>(&self, obj: &K, reason: &str, note: String) {
         self.event(obj, EventType::Warning, reason, note).await;
     }
-}
-
-fn truncate(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut end = max;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-        s.push('…');
-    }
-    s
 }
