@@ -19,6 +19,8 @@ pub mod retry;
 mod status;
 mod supporting;
 mod teardown;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 use std::time::Duration as StdDuration;
