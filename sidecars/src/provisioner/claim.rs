@@ -452,3 +452,6 @@ impl Provisioner {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
