@@ -12,8 +12,8 @@ pub mod registrar;
 /// `main`.
 #[derive(Debug, thiserror::Error)]
 pub enum SidecarError {
-    #[error("invalid flag: {0}")]
-    Flag(String),
+    #[error(transparent)]
+    Flag(#[from] common::args::FlagError),
     #[error(transparent)]
     Admin(#[from] csiops_runtime::admin::AdminError),
     #[error(transparent)]

@@ -24,7 +24,7 @@ use std::time::Duration;
 use clap::Args;
 use csiops_proto::csi::v1::controller_service_capability::rpc::Type as Cap;
 
-use crate::common::args::{parse_duration, CommonArgs};
+use crate::common::args::{parse_duration, CommonArgs, FlagError};
 use crate::common::controller::{lease_name, ControllerArgs};
 use crate::common::kube::KubeArgs;
 use crate::common::metrics::Metrics;
@@ -92,17 +92,15 @@ pub enum AttacherError {
 pub async fn run(args: AttacherArgs) -> Result<(), SidecarError> {
     // Flags first: nothing below may wait (for the driver, the API server)
     // before a wrong flag is reported.
-    let backoff = args.controller.check().map_err(SidecarError::Flag)?;
-    args.kube
-        .check()
-        .map_err(|e| SidecarError::Flag(e.to_string()))?;
+    let backoff = args.controller.check()?;
+    args.kube.check()?;
     let http_endpoint = if args.common.http_endpoint.is_empty() {
         args.metrics_address.clone()
     } else {
         args.common.http_endpoint.clone()
     };
     let http_addr = crate::common::args::parse_endpoint(&http_endpoint)
-        .map_err(|e| SidecarError::Flag(format!("--http-endpoint: {e}")))?;
+        .map_err(|e| FlagError::new("--http-endpoint", e))?;
     let mut role = Role::start();
     let requests = crate::common::kube::ApiRequests::default();
     let client = crate::common::kube::client(&args.kube, &requests).await?;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use clap::Args;
 use csiops_runtime::leader::LeaderConfig;
 
-use super::args::parse_duration;
+use super::args::{parse_duration, FlagError};
 use super::workqueue::Backoff;
 
 /// Retry and leader-election flags.
@@ -43,13 +43,16 @@ pub struct ControllerArgs {
 }
 
 impl ControllerArgs {
-    pub fn backoff(&self) -> Result<Backoff, String> {
+    pub fn backoff(&self) -> Result<Backoff, FlagError> {
         if self.retry_interval_start.is_zero()
             || self.retry_interval_max < self.retry_interval_start
         {
-            return Err(format!(
-                "--retry-interval-start ({:?}) must be positive and at most --retry-interval-max ({:?})",
-                self.retry_interval_start, self.retry_interval_max
+            return Err(FlagError::new(
+                "--retry-interval-start",
+                format!(
+                    "--retry-interval-start ({:?}) must be positive and at most --retry-interval-max ({:?})",
+                    self.retry_interval_start, self.retry_interval_max
+                ),
             ));
         }
         Ok(Backoff {
@@ -62,7 +65,7 @@ impl ControllerArgs {
     /// bounds and, with `--leader-election`, the election timings (which
     /// would otherwise be refused only once the driver answered). Returns
     /// the backoff.
-    pub fn check(&self) -> Result<Backoff, String> {
+    pub fn check(&self) -> Result<Backoff, FlagError> {
         let backoff = self.backoff()?;
         if self.leader_election {
             let timings = LeaderConfig {
@@ -73,9 +76,10 @@ impl ControllerArgs {
                 ..LeaderConfig::new("lease", "namespace", "identity")
             };
             timings.validate().map_err(|e| {
-                format!(
+                FlagError::new(
                     "--leader-election-lease-duration, --leader-election-renew-deadline, \
-                     --leader-election-retry-period: {e}"
+                     --leader-election-retry-period",
+                    e,
                 )
             })?;
         }
@@ -135,6 +139,7 @@ pub fn lease_name(prefix: &str, driver: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use csiops_runtime::chain;
 
     #[test]
     fn lease_names_are_sanitized_like_upstream() {
@@ -155,8 +160,8 @@ mod tests {
         }
         let t = T::parse_from(["t"]);
         assert_eq!(
-            t.c.backoff(),
-            Ok(Backoff {
+            t.c.backoff().expect("the defaults are valid"),
+            (Backoff {
                 start: Duration::from_secs(1),
                 max: Duration::from_secs(300)
             })
@@ -164,7 +169,9 @@ mod tests {
         assert!(!t.c.leader_election);
         let t = T::parse_from(["t", "--leader-election", "--retry-interval-start=10m"]);
         assert!(t.c.leader_election);
-        assert!(t.c.backoff().unwrap_err().contains("at most"));
+        assert!(chain(&t.c.backoff().unwrap_err())
+            .to_string()
+            .contains("at most"));
         let t = T::parse_from(["t", "--leader-election=false"]);
         assert!(!t.c.leader_election);
         let cfg = t.c.leader_config("lease");
@@ -191,6 +198,7 @@ mod tests {
             .c
             .check()
             .expect_err("lease shorter than the renew deadline");
+        let err = chain(&err).to_string();
         assert!(err.contains("--leader-election-lease-duration"), "{err}");
         // Without election the timings are unused, and not judged.
         let off = T::parse_from(["t", "--leader-election-lease-duration=5s"]);
@@ -199,6 +207,7 @@ mod tests {
             .c
             .check()
             .expect_err("zero retry start");
+        let err = chain(&err).to_string();
         assert!(err.contains("--retry-interval-start"), "{err}");
     }
 }

@@ -13,6 +13,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use clap::Args;
+
+use super::args::FlagError;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -38,12 +40,15 @@ pub struct KubeArgs {
 impl KubeArgs {
     /// Checks the rate limits, so a bad value is reported before the sidecar
     /// does anything else.
-    pub fn check(&self) -> Result<(), KubeError> {
+    pub fn check(&self) -> Result<(), FlagError> {
         if !(self.kube_api_qps > 0.0 && self.kube_api_qps.is_finite()) || self.kube_api_burst == 0 {
-            return Err(KubeError::Limits {
-                qps: self.kube_api_qps,
-                burst: self.kube_api_burst,
-            });
+            return Err(FlagError::new(
+                "--kube-api-qps, --kube-api-burst",
+                KubeError::Limits {
+                    qps: self.kube_api_qps,
+                    burst: self.kube_api_burst,
+                },
+            ));
         }
         Ok(())
     }
@@ -103,7 +108,6 @@ impl ApiRequests {
 /// A client whose every request waits for a token of the QPS/burst bucket
 /// and is counted in `requests`.
 pub async fn client(args: &KubeArgs, requests: &ApiRequests) -> Result<kube::Client, KubeError> {
-    args.check()?;
     let config = csiops_runtime::kube::config(args.kubeconfig.as_deref()).await?;
     let layer = ThrottleLayer {
         qps: args.kube_api_qps,

@@ -84,7 +84,7 @@ impl Prober {
 
 /// Runs until SIGTERM.
 pub async fn run(args: LivenessArgs) -> Result<(), SidecarError> {
-    let addr = match args.common.http_addr().map_err(SidecarError::Flag)? {
+    let addr = match args.common.http_addr()? {
         Some(a) => a,
         None => std::net::SocketAddr::from(([0, 0, 0, 0], args.health_port)),
     };

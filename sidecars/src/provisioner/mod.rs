@@ -87,7 +87,7 @@ fn info_error(call: &'static str) -> impl Fn(tonic::Status) -> ProvisionerError 
 pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
     // Flags first: nothing below may wait (for the driver, the API server)
     // before a wrong flag is reported.
-    let checked = args.check().map_err(SidecarError::Flag)?;
+    let checked = args.check()?;
     let mut role = Role::start();
 
     let queues = Queues::new(checked.backoff);

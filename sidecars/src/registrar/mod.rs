@@ -126,7 +126,7 @@ fn serve_registration(
 
 /// Runs until SIGTERM or a refused registration.
 pub async fn run(args: RegistrarArgs) -> Result<(), SidecarError> {
-    let http_addr = args.common.http_addr().map_err(SidecarError::Flag)?;
+    let http_addr = args.common.http_addr()?;
     let node_name = args
         .node_name
         .clone()
