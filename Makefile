@@ -22,9 +22,12 @@ build: toolchain
 crds:
 	$(CARGO) run -q -p csiops-crds --bin crdgen > crds/csidriverdeployments.csiops.dev.yaml
 
-## Regenerate manifests/install.yaml from operator/src/install.rs.
+## Regenerate manifests/install.yaml and the Helm chart (manifests/helm/csiops)
+## from operator/src/install.rs and operator/src/helm.rs.
 manifests:
 	$(CARGO) run -q -p csiops-operator --bin csiops-manifests > manifests/install.yaml
+	rm -rf manifests/helm/csiops
+	$(CARGO) run -q -p csiops-operator --bin csiops-manifests -- --helm-chart manifests/helm/csiops
 
 ## Build (or reuse from the cache) etcd, kube-*, kubelet, kube-proxy, kwok and csi-mock-driver.
 cluster-bins:
@@ -55,6 +58,7 @@ test: toolchain lint cluster-bins node-prereqs images build
 	CSIOPS_IMAGES_DIR="$$(e2e/images/build.sh)" \
 	CSIOPS_CSI_SANITY="$$(e2e/cluster-bins/csi-sanity.sh)" \
 	CSIOPS_UPSTREAM_PROTOS="$$(e2e/cluster-bins/upstream-protos.sh)" \
+	CSIOPS_HELM="$$(e2e/cluster-bins/helm.sh)" \
 	$(CARGO) test --workspace
 
 ## Unit tests only (no control plane; Go fetches the published protos once).

@@ -302,6 +302,11 @@ impl Cluster {
         self.real.as_ref()
     }
 
+    /// The real node, to restart its kubelet.
+    pub fn real_node_mut(&mut self) -> Option<&mut RealNode> {
+        self.real.as_mut()
+    }
+
     fn spawn(&mut self, name: &str, args: Vec<String>) -> Result<()> {
         let program = self.bin_dir.join(name);
         let log = self.logs.join(format!("{name}.log"));

@@ -34,7 +34,9 @@ pub mod testdriver;
 pub mod testkit;
 pub mod timeline;
 pub mod wait;
+pub mod walkthrough;
 mod workdir;
+pub mod workload;
 
 pub use bins::{bin_dir, k8s_version, operator_bin, sidecar_bin, versions};
 pub use cluster::{Cluster, ClusterOptions, START_TIMEOUT};

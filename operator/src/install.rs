@@ -288,57 +288,78 @@ fn doc<T: Serialize>(obj: &T) -> Result<String, serde_yaml::Error> {
     serde_yaml::to_string(obj)
 }
 
+/// The objects of an installation, in apply order. The install manifest
+/// and the Helm chart ([`crate::helm`]) are both made from these.
+pub struct Objects {
+    pub namespace: Namespace,
+    pub service_account: ServiceAccount,
+    pub cluster_role: ClusterRole,
+    pub cluster_role_binding: ClusterRoleBinding,
+    pub lease_role: Role,
+    pub lease_role_binding: RoleBinding,
+    pub deployment: Deployment,
+}
+
+/// The installation's objects (the CRD comes from `csiops_crds::crd`).
+pub fn objects() -> Objects {
+    let lease_name = format!("{NAME}-leader-election");
+    Objects {
+        namespace: Namespace {
+            metadata: meta(NAMESPACE, false),
+            ..Namespace::default()
+        },
+        service_account: ServiceAccount {
+            metadata: meta(NAME, true),
+            ..ServiceAccount::default()
+        },
+        cluster_role: ClusterRole {
+            metadata: meta(NAME, false),
+            rules: Some(operator_rules()),
+            ..ClusterRole::default()
+        },
+        cluster_role_binding: ClusterRoleBinding {
+            metadata: meta(NAME, false),
+            role_ref: RoleRef {
+                api_group: "rbac.authorization.k8s.io".into(),
+                kind: "ClusterRole".into(),
+                name: NAME.into(),
+            },
+            subjects: Some(vec![subject()]),
+        },
+        lease_role: Role {
+            metadata: meta(&lease_name, true),
+            rules: Some(rbac::merge_rules(&[&[Grant {
+                api_group: "coordination.k8s.io",
+                resource: "leases",
+                verbs: &["get", "list", "watch", "create", "update", "patch"],
+            }]])),
+        },
+        lease_role_binding: RoleBinding {
+            metadata: meta(&lease_name, true),
+            role_ref: RoleRef {
+                api_group: "rbac.authorization.k8s.io".into(),
+                kind: "Role".into(),
+                name: lease_name.clone(),
+            },
+            subjects: Some(vec![subject()]),
+        },
+        deployment: deployment(),
+    }
+}
+
 /// The whole install manifest.
 pub fn manifest() -> Result<String, serde_yaml::Error> {
-    let namespace = Namespace {
-        metadata: meta(NAMESPACE, false),
-        ..Namespace::default()
-    };
-    let sa = ServiceAccount {
-        metadata: meta(NAME, true),
-        ..ServiceAccount::default()
-    };
-    let cluster_role = ClusterRole {
-        metadata: meta(NAME, false),
-        rules: Some(operator_rules()),
-        ..ClusterRole::default()
-    };
-    let cluster_binding = ClusterRoleBinding {
-        metadata: meta(NAME, false),
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "ClusterRole".into(),
-            name: NAME.into(),
-        },
-        subjects: Some(vec![subject()]),
-    };
-    let lease_role = Role {
-        metadata: meta(&format!("{NAME}-leader-election"), true),
-        rules: Some(rbac::merge_rules(&[&[Grant {
-            api_group: "coordination.k8s.io",
-            resource: "leases",
-            verbs: &["get", "list", "watch", "create", "update", "patch"],
-        }]])),
-    };
-    let lease_binding = RoleBinding {
-        metadata: meta(&format!("{NAME}-leader-election"), true),
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".into(),
-            kind: "Role".into(),
-            name: format!("{NAME}-leader-election"),
-        },
-        subjects: Some(vec![subject()]),
-    };
+    let o = objects();
     let crd = serde_yaml::to_string(&csiops_crds::crd())?;
     let parts = [
-        doc(&namespace)?,
+        doc(&o.namespace)?,
         crd,
-        doc(&sa)?,
-        doc(&cluster_role)?,
-        doc(&cluster_binding)?,
-        doc(&lease_role)?,
-        doc(&lease_binding)?,
-        doc(&deployment())?,
+        doc(&o.service_account)?,
+        doc(&o.cluster_role)?,
+        doc(&o.cluster_role_binding)?,
+        doc(&o.lease_role)?,
+        doc(&o.lease_role_binding)?,
+        doc(&o.deployment)?,
     ];
     let mut out = String::from(
         "# csiops: the CSIDriverDeployment CRD and the operator.\n\

@@ -1,6 +1,7 @@
 //! csiops operator: reconciles `CSIDriverDeployment` objects into running CSI drivers.
 pub mod cli;
 pub mod health;
+pub mod helm;
 pub mod install;
 pub mod metrics;
 pub mod reconcile;

@@ -27,6 +27,47 @@ fn install_yaml_is_up_to_date() {
 }
 
 #[test]
+fn helm_chart_is_up_to_date() {
+    let dir = workspace_file(csiops_operator::helm::CHART_DIR);
+    let files = csiops_operator::helm::chart().expect("chart renders");
+    for f in &files {
+        let path = dir.join(f.path);
+        let on_disk = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!("cannot read {}: {e}; run `make manifests`", path.display())
+        });
+        assert!(
+            on_disk == f.content,
+            "{} is out of date; run `make manifests` and commit the result",
+            path.display()
+        );
+    }
+    // No stale file a removed template left behind.
+    let mut listed: Vec<String> = Vec::new();
+    let mut stack = vec![dir.clone()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("chart dir") {
+            let p = e.expect("entry").path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let rel = p
+                    .strip_prefix(&dir)
+                    .expect("inside")
+                    .to_string_lossy()
+                    .into_owned();
+                listed.push(rel);
+            }
+        }
+    }
+    for rel in listed {
+        assert!(
+            files.iter().any(|f| f.path == rel),
+            "{rel} in the chart is not generated; run `make manifests`"
+        );
+    }
+}
+
+#[test]
 fn install_yaml_has_every_part_of_an_installation() {
     let yaml = install::manifest().expect("manifest renders");
     let kinds: Vec<String> = serde_yaml::Deserializer::from_str(&yaml)

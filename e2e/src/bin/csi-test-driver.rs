@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use csiops_e2e::testdriver::{self, serve, Config};
+use csiops_e2e::workload;
 use tracing_subscriber::EnvFilter;
 
 /// A hostpath-style CSI test driver whose volumes survive restarts.
@@ -36,6 +37,12 @@ enum Command {
         #[arg(long)]
         state_dir: PathBuf,
     },
+    /// A workload for e2e pods: write `--text` to `<dir>/<file>` (or at the
+    /// start of `--device`), read it back, then append `<n> <unix ms>` to
+    /// `<dir>/counter` every `--interval-ms` until SIGTERM.
+    App(workload::AppArgs),
+    /// Print a file (for `kubectl exec`; the image has no shell).
+    Cat { path: PathBuf },
 }
 
 fn main() -> ExitCode {
@@ -47,6 +54,22 @@ fn main() -> ExitCode {
         Some(Command::State { state_dir }) => {
             print_json(&state_dir, |s| serde_json::to_string_pretty(&s))
         }
+        Some(Command::App(args)) => workload::run(&args),
+        Some(Command::Cat { path }) => match std::fs::read(&path) {
+            Ok(bytes) => {
+                use std::io::Write;
+                let mut out = std::io::stdout();
+                if out.write_all(&bytes).and_then(|()| out.flush()).is_ok() {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                }
+            }
+            Err(e) => {
+                eprintln!("csi-test-driver cat: {}: {e}", path.display());
+                ExitCode::FAILURE
+            }
+        },
         None => serve_main(cli.serve),
     }
 }

@@ -4,6 +4,9 @@
 //! csi-test-driver puts its node pods on every node (real containers on the
 //! real node, simulated ones on kwok's); then `kubectl get
 //! csidriverdeployments -o wide` and the pods with their container IDs.
+//! Last, the CSI design's walkthrough: a pod on the real node writes to a
+//! volume that csiops provisioned, attached and mounted; `kubectl exec`
+//! shows the file, then `kubectl get pvc,pv,volumeattachments`.
 //!
 //! In a terminal the cluster stays up until Ctrl-C so you can look around
 //! (the KUBECONFIG is printed); without one (CI, pipes) it tears down at once.
@@ -14,11 +17,9 @@ use std::time::{Duration, Instant};
 
 use csiops_e2e::realnode::images;
 use csiops_e2e::testkit;
+use csiops_e2e::walkthrough::{self, App, Use, VolumeDriver, APP_FILE, DRIVER, NAME, NS};
 use csiops_e2e::{Cluster, ClusterOptions};
 
-const NS: &str = "csi-test";
-const NAME: &str = "testdriver";
-const DRIVER: &str = "csi-test.csiops.dev";
 const KWOK_NODES: usize = 3;
 
 #[tokio::main]
@@ -47,21 +48,8 @@ async fn demo() -> Result<(), Box<dyn std::error::Error>> {
         cluster.kubectl_ok(["get", "nodes", "-o", "wide"]).await?
     );
 
-    let install = testkit::workspace_root().join("manifests/install.yaml");
-    eprintln!("\n==> kubectl apply --server-side -f {}", install.display());
-    cluster
-        .kubectl_ok(["apply", "--server-side", "-f", &install.to_string_lossy()])
-        .await?;
-    cluster
-        .kubectl_ok([
-            "-n",
-            "csiops-system",
-            "rollout",
-            "status",
-            "deployment/csiops-operator",
-            "--timeout=180s",
-        ])
-        .await?;
+    eprintln!("\n==> kubectl apply --server-side -f manifests/install.yaml");
+    walkthrough::install_operator(&cluster).await?;
     print!(
         "{}",
         cluster
@@ -73,14 +61,16 @@ async fn demo() -> Result<(), Box<dyn std::error::Error>> {
     // real CSI driver process and the csiops registrar, registered like
     // kubelet would. The real node's pod is registered by the real kubelet.
     let _kwok_nodes = testkit::node_side(&cluster, NS, NAME, DRIVER)?;
-    let cr = testkit::TestDriverDeployment {
-        namespace: NS,
-        name: NAME,
-        driver: DRIVER,
-        image: node.images().reference(images::TEST_DRIVER)?,
+    let image = node.images().reference(images::TEST_DRIVER)?;
+    let data_dir = node.layout().root.join("csi-data");
+    let cr = VolumeDriver {
+        image,
         version: "v0.1.0",
         kubelet_dir: &node.layout().kubelet_dir(),
+        data_dir: &data_dir,
         on_simulated_nodes: true,
+        controller_args: &[],
+        node_args: &[],
     };
     eprintln!(
         "\n==> kubectl apply -f - (a CSIDriverDeployment of csi-test-driver)\n{}",
@@ -138,6 +128,54 @@ async fn demo() -> Result<(), Box<dyn std::error::Error>> {
             ])
             .await?
     );
+
+    let app = App {
+        name: "app",
+        image,
+        text: "hello from a volume csiops provisioned, attached and mounted",
+        access_mode: "ReadWriteOnce",
+        usage: Use::Filesystem,
+        fs_group: None,
+    };
+    eprintln!(
+        "\n==> kubectl apply -f - (a claim of StorageClass {} and a pod on the real node)\n{}",
+        walkthrough::STORAGE_CLASS,
+        app.yaml()
+    );
+    let out = testkit::apply_yaml(&cluster, "demo-app", &app.yaml()).await?;
+    print!("{}", String::from_utf8_lossy(&out.stdout));
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned().into());
+    }
+    walkthrough::wait_pod_running(&cluster, app.name, Duration::from_secs(180)).await?;
+    let file = format!("/data/{APP_FILE}");
+    eprintln!("==> kubectl -n {NS} exec app -- /csi-test-driver cat {file}");
+    println!(
+        "{}",
+        cluster
+            .kubectl_ok([
+                "-n",
+                NS,
+                "exec",
+                "app",
+                "--",
+                "/csi-test-driver",
+                "cat",
+                &file
+            ])
+            .await?
+    );
+    eprintln!("\n==> kubectl get pvc,pv,volumeattachments");
+    print!(
+        "{}",
+        cluster
+            .kubectl_ok(["-n", NS, "get", "pvc,pv,volumeattachments", "-o", "wide"])
+            .await?
+    );
+    eprintln!(
+        "(on the host, the file is in the driver's data dir: {})",
+        cr.volumes_dir().display()
+    );
     eprintln!("\n(done in {:.1}s)", started.elapsed().as_secs_f64());
 
     if std::io::stdin().is_terminal() && std::env::var_os("CI").is_none() {
@@ -152,6 +190,12 @@ async fn demo() -> Result<(), Box<dyn std::error::Error>> {
         tokio::signal::ctrl_c().await?;
         eprintln!("\n==> stopping");
     }
+    // Give the volume back through the driver (unpublish, unstage, detach,
+    // DeleteVolume) while it still runs, rather than leave it to teardown.
+    eprintln!("==> kubectl -n {NS} delete pod,pvc app");
+    cluster
+        .kubectl_ok(["-n", NS, "delete", "pod,pvc", "app", "--timeout=120s"])
+        .await?;
     cluster.stop().await?;
     Ok(())
 }

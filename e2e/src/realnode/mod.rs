@@ -239,6 +239,22 @@ impl RealNode {
         &self.images
     }
 
+    /// Stops kubelet (SIGTERM, as systemd would) and starts it again with
+    /// the same flags, appending to the same log. Containers and mounts
+    /// stay; plugins must register again.
+    pub fn restart_kubelet(&mut self) -> Result<()> {
+        let i = self
+            .procs
+            .iter()
+            .position(|p| p.name() == "kubelet")
+            .ok_or_else(|| Error::Other("the node runs no kubelet".into()))?;
+        let mut old = self.procs.remove(i);
+        old.terminate(process::DEFAULT_GRACE);
+        let args = config::kubelet_args(&self.layout, &self.kubeconfig);
+        let program = self.bin_dir.join("kubelet");
+        self.spawn("kubelet", &program, &args)
+    }
+
     /// `Err(ProcessExited)` with its log tail if a node process died.
     pub fn check_running(&mut self) -> Result<()> {
         self.procs

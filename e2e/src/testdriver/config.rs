@@ -67,6 +67,13 @@ pub struct Config {
     #[arg(long)]
     pub state_dir: Option<PathBuf>,
 
+    /// Real volumes: a directory `<data-dir>/<volume-id>` (or, for block,
+    /// a sparse file `<volume-id>.img` behind a loop device) per volume;
+    /// the node service stages and publishes with real bind mounts and
+    /// advertises STAGE_UNSTAGE_VOLUME. Needs root (a privileged pod).
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+
     /// `max_volumes_per_node` in NodeGetInfo, enforced by
     /// ControllerPublishVolume (0: no limit).
     #[arg(long, default_value_t = 0)]
@@ -118,6 +125,7 @@ impl Config {
             drivername: DEFAULT_DRIVER_NAME.to_owned(),
             nodeid: Some(nodeid.to_owned()),
             state_dir: Some(state_dir.to_path_buf()),
+            data_dir: None,
             max_volumes_per_node: 0,
             topology_key: DEFAULT_TOPOLOGY_KEY.to_owned(),
             enable_attach: false,

@@ -6,28 +6,34 @@
 //! (temp file, fsync, rename, fsync of the dir) on every mutation *before*
 //! the call is answered, so tests can `kill -9` the driver at any point and
 //! compare [`load_state`] (or `csi-test-driver list --state-dir D`) with the
-//! PersistentVolumes: no volume leaked, none duplicated. Nothing is mounted;
-//! a target path inside the state dir is created and removed, any other is
-//! only recorded.
+//! PersistentVolumes: no volume leaked, none duplicated. Without
+//! `--data-dir` nothing is mounted: a target path inside the state dir is
+//! created and removed, any other is only recorded. With `--data-dir` the
+//! volumes are real and the node service stages and publishes them with
+//! bind mounts ([`mounts`]), so kubelet can hand them to a pod.
 //!
 //! ```text
 //! csi-test-driver --endpoint unix:///tmp/x/csi.sock --nodeid node-0 --state-dir /tmp/x/state \
 //!   [--drivername test.csi.csiops.dev] [--enable-attach] [--max-volumes-per-node N] \
-//!   [--topology-key K] [--capacity 100Gi] \
+//!   [--topology-key K] [--capacity 100Gi] [--data-dir /var/lib/csi-test/volumes] \
 //!   [--fail CreateVolume=Unavailable:2] [--fail-after CreateVolume=DeadlineExceeded:1] \
 //!   [--delay CreateVolume=5s] [--delay-after CreateVolume=5s]
 //! csi-test-driver list --state-dir /tmp/x/state     # the volumes, as a JSON array
 //! csi-test-driver state --state-dir /tmp/x/state    # the whole state file
+//! csi-test-driver app --dir /data --text hi          # a workload for e2e pods
+//! csi-test-driver cat /data/hello.txt                # for `kubectl exec`
 //! ```
 //!
 //! - [`state`]: the persisted types, [`load_state`], [`StateStore`].
 //! - [`config`]: flags and fault specs.
 //! - [`service`]: the Identity, Controller and Node services.
+//! - [`mounts`]: the bind mounts and loop devices of `--data-dir`.
 //! - [`serve`]: the unix socket, signals.
 //! - [`harness`]: [`TestDriverProcess`], the driver as a child of a test.
 
 pub mod config;
 pub mod harness;
+pub mod mounts;
 pub mod serve;
 pub mod service;
 pub mod state;

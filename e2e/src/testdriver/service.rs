@@ -38,6 +38,7 @@ use csiops_proto::redact::redacted_debug;
 use tonic::{Code, Request, Response, Status};
 
 use super::config::{Config, DelaySpec, FaultSpec, DEFAULT_VOLUME_SIZE};
+use super::mounts;
 use super::state::{
     Capability, ControllerPublication, DeletedVolume, NodePublication, State, StateStore, Volume,
 };
@@ -58,6 +59,8 @@ pub struct Driver {
     store: StateStore,
     /// Canonical state dir: target paths inside it are really created.
     state_dir: PathBuf,
+    /// `--data-dir`: real volumes and real mounts (see [`super::mounts`]).
+    data_dir: Option<PathBuf>,
     fail: Vec<FaultSpec>,
     fail_after: Vec<FaultSpec>,
     delay: Vec<DelaySpec>,
@@ -94,6 +97,9 @@ impl Driver {
             })
             .map_err(|e| format!("state dir {}: {e}", state_dir.display()))?
             .ok();
+        if let Some(d) = &cfg.data_dir {
+            std::fs::create_dir_all(d).map_err(|e| format!("data dir {}: {e}", d.display()))?;
+        }
         Ok(Driver {
             name: cfg.drivername.clone(),
             version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -104,6 +110,7 @@ impl Driver {
             enable_attach: cfg.enable_attach,
             store,
             state_dir,
+            data_dir: cfg.data_dir.clone(),
             fail: cfg.fail.clone(),
             fail_after: cfg.fail_after.clone(),
             delay: cfg.delay.clone(),
@@ -345,6 +352,9 @@ impl Driver {
                 published_nodes: BTreeMap::new(),
                 node_publications: BTreeMap::new(),
             };
+            if let Some(dir) = &self.data_dir {
+                create_data(dir, &v)?;
+            }
             let out = Self::csi_volume(&v);
             s.volumes.insert(id, v);
             Ok(out)
@@ -370,6 +380,9 @@ impl Driver {
                     v.published_node_ids(),
                     v.node_publications.keys().collect::<Vec<_>>()
                 )));
+            }
+            if let Some(dir) = &self.data_dir {
+                remove_data(dir, &v.id)?;
             }
             let v = s.volumes.remove(&req.volume_id).expect("checked above");
             s.push_tombstone(DeletedVolume {
@@ -652,7 +665,9 @@ impl Driver {
                     v.id
                 )));
             }
-            if create_dir {
+            if let Some(dir) = &self.data_dir {
+                publish_data(dir, v, &req, &cap)?;
+            } else if create_dir {
                 std::fs::create_dir_all(&req.target_path)
                     .map_err(|e| Status::internal(format!("creating {}: {e}", req.target_path)))?;
             }
@@ -672,6 +687,73 @@ impl Driver {
         Ok(NodePublishVolumeResponse {})
     }
 
+    /// NodeStageVolume: with `--data-dir`, bind-mounts a filesystem
+    /// volume's directory on the staging path (a block volume needs no
+    /// staging: its loop device is set up at publish).
+    fn node_stage(&self, req: NodeStageVolumeRequest) -> Result<NodeStageVolumeResponse, Status> {
+        if req.volume_id.is_empty() {
+            return Err(Status::invalid_argument("volume_id is required"));
+        }
+        if req.staging_target_path.is_empty() {
+            return Err(Status::invalid_argument("staging_target_path is required"));
+        }
+        let cap = req
+            .volume_capability
+            .as_ref()
+            .ok_or_else(|| Status::invalid_argument("volume_capability is required"))
+            .and_then(capability)?;
+        let Some(dir) = &self.data_dir else {
+            return unimplemented("NodeStageVolume");
+        };
+        let node_id = &self.node_id;
+        let v = self.tx(|s| {
+            s.volumes
+                .get(&req.volume_id)
+                .cloned()
+                .ok_or_else(|| Status::not_found(format!("volume {} not found", req.volume_id)))
+        })?;
+        if self.enable_attach && !v.published_nodes.contains_key(node_id) {
+            return Err(Status::failed_precondition(format!(
+                "volume {} is not controller-published to node {node_id}",
+                v.id
+            )));
+        }
+        if cap.access_type == "mount" {
+            let staging = Path::new(&req.staging_target_path);
+            std::fs::create_dir_all(staging)
+                .and_then(|()| mounts::bind(&dir.join(&v.id), staging, false))
+                .map_err(|e| {
+                    Status::internal(format!("staging at {}: {e}", req.staging_target_path))
+                })?;
+        }
+        Ok(NodeStageVolumeResponse {})
+    }
+
+    /// NodeUnstageVolume: unmounts the staging path (idempotent).
+    fn node_unstage(
+        &self,
+        req: NodeUnstageVolumeRequest,
+    ) -> Result<NodeUnstageVolumeResponse, Status> {
+        if req.volume_id.is_empty() {
+            return Err(Status::invalid_argument("volume_id is required"));
+        }
+        if req.staging_target_path.is_empty() {
+            return Err(Status::invalid_argument("staging_target_path is required"));
+        }
+        let Some(dir) = &self.data_dir else {
+            return unimplemented("NodeUnstageVolume");
+        };
+        mounts::unmount(Path::new(&req.staging_target_path))
+            .map_err(|e| Status::internal(format!("unstaging {}: {e}", req.staging_target_path)))?;
+        // The block volume's loop device goes once nothing uses the volume here.
+        let image = dir.join(format!("{}.img", req.volume_id));
+        if image.exists() {
+            mounts::detach_loop(&image)
+                .map_err(|e| Status::internal(format!("detaching {}: {e}", image.display())))?;
+        }
+        Ok(NodeUnstageVolumeResponse {})
+    }
+
     fn node_unpublish(
         &self,
         req: NodeUnpublishVolumeRequest,
@@ -688,7 +770,16 @@ impl Driver {
                 .volumes
                 .get_mut(&req.volume_id)
                 .ok_or_else(|| Status::not_found(format!("volume {} not found", req.volume_id)))?;
-            if v.node_publications.contains_key(&req.target_path) && remove_dir {
+            if self.data_dir.is_some() {
+                // Unmount even without a record: a publish may have mounted
+                // and died before persisting it.
+                let target = Path::new(&req.target_path);
+                mounts::unmount(target)
+                    .and_then(|()| mounts::remove_target(target))
+                    .map_err(|e| {
+                        Status::internal(format!("unpublishing {}: {e}", req.target_path))
+                    })?;
+            } else if v.node_publications.contains_key(&req.target_path) && remove_dir {
                 // Remove before the record goes, so a crash in between is
                 // repaired by the retried call.
                 match std::fs::remove_dir_all(&req.target_path) {
@@ -707,6 +798,61 @@ impl Driver {
         })?;
         Ok(NodeUnpublishVolumeResponse {})
     }
+}
+
+/// The data of a new volume under `--data-dir`: a directory, or for a
+/// block-only volume a sparse file of its capacity.
+fn create_data(dir: &Path, v: &Volume) -> Result<(), Status> {
+    let block = v
+        .volume_capabilities
+        .iter()
+        .all(|c| c.access_type == "block");
+    let result = if block {
+        std::fs::File::create(dir.join(format!("{}.img", v.id)))
+            .and_then(|f| f.set_len(u64::try_from(v.capacity_bytes).unwrap_or(0)))
+    } else {
+        std::fs::create_dir_all(dir.join(&v.id))
+    };
+    result.map_err(|e| Status::internal(format!("creating the data of {}: {e}", v.id)))
+}
+
+/// Removes a deleted volume's data (either form; absent is fine).
+fn remove_data(dir: &Path, id: &str) -> Result<(), Status> {
+    let gone = |r: std::io::Result<()>| match r {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(Status::internal(format!("removing the data of {id}: {e}")))
+        }
+        _ => Ok(()),
+    };
+    let image = dir.join(format!("{id}.img"));
+    if image.exists() {
+        gone(mounts::detach_loop(&image))?;
+    }
+    gone(std::fs::remove_file(image))?;
+    gone(std::fs::remove_dir_all(dir.join(id)))
+}
+
+/// The real mount of NodePublishVolume under `--data-dir`: the staging path
+/// (or the volume's directory) on a target directory, or the loop device of
+/// a block volume on a target file.
+fn publish_data(
+    dir: &Path,
+    v: &Volume,
+    req: &NodePublishVolumeRequest,
+    cap: &Capability,
+) -> Result<(), Status> {
+    let target = Path::new(&req.target_path);
+    let result = if cap.access_type == "block" {
+        mounts::publish_block(&dir.join(format!("{}.img", v.id)), target, req.readonly)
+    } else {
+        let source = if req.staging_target_path.is_empty() {
+            dir.join(&v.id)
+        } else {
+            PathBuf::from(&req.staging_target_path)
+        };
+        std::fs::create_dir_all(target).and_then(|()| mounts::bind(&source, target, req.readonly))
+    };
+    result.map_err(|e| Status::internal(format!("publishing at {}: {e}", req.target_path)))
 }
 
 /// The flattened form of a request's `VolumeCapability`; `INVALID_ARGUMENT`
@@ -957,11 +1103,7 @@ impl Node for DriverHandle {
         &self,
         r: Request<NodeStageVolumeRequest>,
     ) -> Reply<NodeStageVolumeResponse> {
-        self.0
-            .call("NodeStageVolume", r, |_, _| {
-                unimplemented("NodeStageVolume")
-            })
-            .await
+        self.0.call("NodeStageVolume", r, Driver::node_stage).await
     }
 
     async fn node_unstage_volume(
@@ -969,9 +1111,7 @@ impl Node for DriverHandle {
         r: Request<NodeUnstageVolumeRequest>,
     ) -> Reply<NodeUnstageVolumeResponse> {
         self.0
-            .call("NodeUnstageVolume", r, |_, _| {
-                unimplemented("NodeUnstageVolume")
-            })
+            .call("NodeUnstageVolume", r, Driver::node_unstage)
             .await
     }
 
@@ -1020,10 +1160,18 @@ impl Node for DriverHandle {
         r: Request<NodeGetCapabilitiesRequest>,
     ) -> Reply<NodeGetCapabilitiesResponse> {
         self.0
-            .call("NodeGetCapabilities", r, |_, _| {
-                Ok(NodeGetCapabilitiesResponse {
-                    capabilities: Vec::new(),
-                })
+            .call("NodeGetCapabilities", r, |d, _| {
+                use csiops_proto::csi::v1::node_service_capability::{rpc::Type, Rpc, Type as T};
+                let capabilities = d
+                    .data_dir
+                    .iter()
+                    .map(|_| csiops_proto::csi::v1::NodeServiceCapability {
+                        r#type: Some(T::Rpc(Rpc {
+                            r#type: Type::StageUnstageVolume as i32,
+                        })),
+                    })
+                    .collect();
+                Ok(NodeGetCapabilitiesResponse { capabilities })
             })
             .await
     }

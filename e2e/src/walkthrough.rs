@@ -1,0 +1,267 @@
+//! The Kubernetes CSI design's example walkthrough on the real node, as
+//! pieces the e2e test and `make demo` share: install the operator from
+//! `manifests/install.yaml`, deploy csi-test-driver with real volumes
+//! (`--data-dir` on a host directory, attach required, a
+//! WaitForFirstConsumer StorageClass), and claims and pods that use them.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+
+use crate::error::{Error, Result};
+use crate::realnode::NODE_NAME;
+use crate::{testkit, wait_for, Cluster};
+
+/// Namespace of the walkthrough's driver, claims and pods.
+pub const NS: &str = "csi-walkthrough";
+/// The CSIDriverDeployment's name.
+pub const NAME: &str = "hostpath";
+/// The CSI driver name.
+pub const DRIVER: &str = "hostpath.csiops.dev";
+/// The StorageClass the CSIDriverDeployment creates.
+pub const STORAGE_CLASS: &str = "csiops-hostpath";
+/// Where the host's data dir appears in the driver containers.
+const DATA_MOUNT: &str = "/csi-data";
+
+/// Applies `manifests/install.yaml` unmodified and waits until the
+/// operator's Deployment is ready.
+pub async fn install_operator(cluster: &Cluster) -> Result<()> {
+    let install = testkit::workspace_root().join("manifests/install.yaml");
+    cluster
+        .kubectl_ok(["apply", "--server-side", "-f", &install.to_string_lossy()])
+        .await?;
+    cluster
+        .kubectl_ok([
+            "-n",
+            "csiops-system",
+            "rollout",
+            "status",
+            "deployment/csiops-operator",
+            "--timeout=180s",
+        ])
+        .await?;
+    Ok(())
+}
+
+/// csi-test-driver deployed with real volumes.
+pub struct VolumeDriver<'a> {
+    pub image: &'a str,
+    pub version: &'a str,
+    pub kubelet_dir: &'a Path,
+    /// Host directory of the volumes and the driver's shared state.
+    pub data_dir: &'a Path,
+    /// Tolerate kwok's taint too (the demo's simulated nodes).
+    pub on_simulated_nodes: bool,
+    /// Driver flags added in controller pods only (fault injection).
+    pub controller_args: &'a [&'a str],
+    /// Driver flags added in node pods only (fault injection).
+    pub node_args: &'a [&'a str],
+}
+
+impl VolumeDriver<'_> {
+    /// Where the volumes live on the host: `<data_dir>/volumes/<id>` (a
+    /// directory) or `<data_dir>/volumes/<id>.img` (a block volume).
+    pub fn volumes_dir(&self) -> PathBuf {
+        self.data_dir.join("volumes")
+    }
+
+    /// The driver's state dir on the host (see `testdriver::load_state`).
+    pub fn state_dir(&self) -> PathBuf {
+        self.data_dir.join("state")
+    }
+
+    /// The Namespace and the CSIDriverDeployment as YAML.
+    pub fn yaml(&self) -> String {
+        let tolerations = if self.on_simulated_nodes {
+            format!(
+                "\n    tolerations:\n    - {{key: {}, operator: Exists, effect: {}}}",
+                crate::kwok::SIMULATED_TAINT.0,
+                crate::kwok::SIMULATED_TAINT.1
+            )
+        } else {
+            String::new()
+        };
+        let data = self.data_dir.display();
+        let base = [
+            format!("--drivername={DRIVER}"),
+            "--endpoint=$(CSI_ENDPOINT)".to_string(),
+            "--nodeid=$(KUBE_NODE_NAME)".to_string(),
+            "--enable-attach".to_string(),
+            format!("--state-dir={DATA_MOUNT}/state"),
+            format!("--data-dir={DATA_MOUNT}/volumes"),
+        ];
+        // `args` of a workload replaces the driver's: the base flags plus extras.
+        let list = |extra: &[&str], indent: &str| -> String {
+            base.iter()
+                .map(String::as_str)
+                .chain(extra.iter().copied())
+                .map(|a| format!("\n{indent}- {a}"))
+                .collect()
+        };
+        let overrides = |extra: &[&str]| -> String {
+            if extra.is_empty() {
+                String::new()
+            } else {
+                format!("\n    args:{}", list(extra, "    "))
+            }
+        };
+        // Controller and node pods share one state file (flock'ed), as a
+        // real backend is shared; the node pod mounts into kubelet's
+        // directory, which the operator mounts Bidirectional.
+        format!(
+            r#"apiVersion: v1
+kind: Namespace
+metadata:
+  name: {NS}
+---
+apiVersion: csiops.dev/v1alpha1
+kind: CSIDriverDeployment
+metadata:
+  name: {NAME}
+  namespace: {NS}
+spec:
+  driverName: {DRIVER}
+  version: {version}
+  driver:
+    image: {image}
+    args:{args}
+  controller:{controller_args}
+    volumes:
+    - {{name: csi-data, hostPath: {{path: {data}, type: DirectoryOrCreate}}}}
+    volumeMounts:
+    - {{name: csi-data, mountPath: {DATA_MOUNT}}}
+  node:
+    kubeletDir: {kubelet_dir}{tolerations}{node_args}
+    volumes:
+    - {{name: csi-data, hostPath: {{path: {data}, type: DirectoryOrCreate}}}}
+    volumeMounts:
+    - {{name: csi-data, mountPath: {DATA_MOUNT}}}
+  csiDriver:
+    attachRequired: true
+    fsGroupPolicy: File
+  storageClasses:
+  - name: {STORAGE_CLASS}
+    volumeBindingMode: WaitForFirstConsumer
+"#,
+            version = self.version,
+            image = self.image,
+            kubelet_dir = self.kubelet_dir.display(),
+            args = list(&[], "    "),
+            controller_args = overrides(self.controller_args),
+            node_args = overrides(self.node_args),
+        )
+    }
+}
+
+/// How a claim's volume reaches the pod.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Use {
+    /// A filesystem volume at `/data`: the app writes `/data/<file>` and a
+    /// counter line every 100 ms to `/data/counter`.
+    Filesystem,
+    /// A raw block device at `/dev/xvda`: the app writes its text at offset 0.
+    Block,
+}
+
+/// A PersistentVolumeClaim and a Pod on the real node that uses it.
+pub struct App<'a> {
+    pub name: &'a str,
+    pub image: &'a str,
+    pub text: &'a str,
+    pub access_mode: &'a str,
+    pub usage: Use,
+    /// `securityContext.fsGroup` of the pod.
+    pub fs_group: Option<i64>,
+}
+
+/// The file the app writes in a filesystem volume.
+pub const APP_FILE: &str = "hello.txt";
+
+impl App<'_> {
+    /// The claim and the pod as YAML.
+    pub fn yaml(&self) -> String {
+        format!(
+            r#"apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: {name}
+  namespace: {NS}
+spec:
+  accessModes: [{access}]
+  volumeMode: {mode}
+  storageClassName: {STORAGE_CLASS}
+  resources:
+    requests:
+      storage: 8Mi
+---
+{pod}"#,
+            name = self.name,
+            access = self.access_mode,
+            mode = match self.usage {
+                Use::Filesystem => "Filesystem",
+                Use::Block => "Block",
+            },
+            pod = self.pod_yaml(self.name),
+        )
+    }
+
+    /// A pod named `pod` that uses the app's claim, as YAML.
+    pub fn pod_yaml(&self, pod: &str) -> String {
+        let (attach, app_args) = match self.usage {
+            Use::Filesystem => (
+                "volumeMounts:\n    - {name: data, mountPath: /data}",
+                format!(
+                    "[\"app\", \"--dir=/data\", \"--file={APP_FILE}\", \"--text={}\"]",
+                    self.text
+                ),
+            ),
+            Use::Block => (
+                "volumeDevices:\n    - {name: data, devicePath: /dev/xvda}",
+                format!(
+                    "[\"app\", \"--device=/dev/xvda\", \"--text={}\"]",
+                    self.text
+                ),
+            ),
+        };
+        let security = self
+            .fs_group
+            .map(|g| format!("\n  securityContext: {{fsGroup: {g}}}"))
+            .unwrap_or_default();
+        format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {pod}
+  namespace: {NS}
+spec:
+  nodeSelector:
+    kubernetes.io/hostname: {NODE_NAME}
+  terminationGracePeriodSeconds: 5{security}
+  containers:
+  - name: app
+    image: {image}
+    args: {app_args}
+    {attach}
+  volumes:
+  - name: data
+    persistentVolumeClaim:
+      claimName: {claim}
+"#,
+            claim = self.name,
+            image = self.image,
+        )
+    }
+}
+
+/// Waits until the pod `name` of [`NS`] is Running.
+pub async fn wait_pod_running(cluster: &Cluster, name: &str, timeout: Duration) -> Result<Pod> {
+    let pods: Api<Pod> = Api::namespaced(cluster.client()?, NS);
+    wait_for(timeout, Duration::from_millis(500), || async {
+        let p = pods.get_opt(name).await.ok()??;
+        (p.status.as_ref()?.phase.as_deref() == Some("Running")).then_some(p)
+    })
+    .await
+    .map_err(|_| Error::Other(format!("pod {NS}/{name} never Running")))
+}

@@ -1,0 +1,728 @@
+//! The Kubernetes CSI design's example walkthrough, every step done by real
+//! components on the real node: our sidecars in their containers,
+//! kube-controller-manager's attach/detach controller, kubelet, containerd.
+//!
+//! One cluster, in order: the happy path (provision with the node's
+//! topology, attach, stage, publish, a pod writes and reads a file that
+//! lands in the driver's data dir on the host); the variants (fsGroup, a
+//! raw block volume, ReadWriteOncePod); an upgrade of the driver while a pod
+//! writes a counter every 100 ms to its mounted volume; and the way back
+//! (unpublish, unstage, detach, DeleteVolume), leaving no volume, PV,
+//! VolumeAttachment or mount.
+//!
+//! Needs root and `make node-prereqs`, like `real_node.rs`.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use csiops_e2e::realnode::{images, NODE_NAME};
+use csiops_e2e::testdriver::{load_state, mounts};
+use csiops_e2e::walkthrough::{self, App, Use, VolumeDriver, APP_FILE, DRIVER, NAME, NS};
+use csiops_e2e::{testkit, wait_for, Cluster, ClusterOptions};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::api::{Api, DeleteParams};
+use kube::ResourceExt;
+
+const DEADLINE: Duration = Duration::from_secs(180);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_writes_to_a_volume_csiops_provisioned_attached_and_mounted() {
+    let cluster = Cluster::start(ClusterOptions {
+        nodes: 0,
+        real_node: true,
+    })
+    .await
+    .unwrap_or_else(|e| panic!("cluster with a real node starts: {e}"));
+    let node = cluster.real_node().expect("a real node");
+    let client = cluster.client().expect("client");
+    let image = node
+        .images()
+        .reference(images::TEST_DRIVER)
+        .expect("driver image")
+        .to_string();
+    let kubelet_dir = node.layout().kubelet_dir();
+    let data_dir = node.layout().root.join("csi-data");
+    let driver = VolumeDriver {
+        image: &image,
+        version: "v0.1.0",
+        kubelet_dir: &kubelet_dir,
+        data_dir: &data_dir,
+        on_simulated_nodes: false,
+        controller_args: &[],
+        node_args: &[],
+    };
+
+    walkthrough::install_operator(&cluster)
+        .await
+        .unwrap_or_else(|e| panic!("operator installs: {e}\n{}", cluster.log_tails(30)));
+    apply(&cluster, "driver", &driver.yaml()).await;
+    testkit::wait_running(&cluster, NS, NAME, "v0.1.0", 1, DEADLINE)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", operator_log(&cluster)));
+
+    // --- 1. the happy path ------------------------------------------------------
+    let app = App {
+        name: "app",
+        image: &image,
+        text: "hello-from-csiops",
+        access_mode: "ReadWriteOnce",
+        usage: Use::Filesystem,
+        fs_group: None,
+    };
+    let vol = run_app(&cluster, &app).await;
+    // Provisioned with the selected node's topology.
+    let pv = pv_of(&client, "app").await;
+    let csi = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.csi.clone())
+        .expect("CSI PV");
+    assert_eq!(csi.driver, DRIVER);
+    assert_eq!(csi.volume_handle, vol);
+    let affinity = serde_json::to_string(&pv.spec.as_ref().and_then(|s| s.node_affinity.clone()))
+        .expect("json");
+    assert!(affinity.contains(NODE_NAME), "PV node affinity {affinity}");
+    // kube-controller-manager asked for the attachment; our attacher made it.
+    let va = attachment_of(&client, &pv.name_any())
+        .await
+        .expect("a VolumeAttachment for the PV");
+    assert_eq!(va.spec.attacher, DRIVER);
+    assert_eq!(va.spec.node_name, NODE_NAME);
+    assert_eq!(va.status.as_ref().map(|s| s.attached), Some(true));
+    // The pod read back what it wrote; the bytes are in the driver's data dir.
+    let shown = cluster
+        .kubectl_ok([
+            "-n",
+            NS,
+            "exec",
+            "app",
+            "--",
+            "/csi-test-driver",
+            "cat",
+            &format!("/data/{APP_FILE}"),
+        ])
+        .await
+        .expect("kubectl exec");
+    assert_eq!(shown, app.text);
+    let on_host = driver.volumes_dir().join(&vol).join(APP_FILE);
+    assert_eq!(
+        std::fs::read_to_string(&on_host).expect("the file is on the host"),
+        app.text
+    );
+    // Staged and published for real: both paths are mount points on the host.
+    let state = load_state(&driver.state_dir()).expect("driver state");
+    let v = &state.volumes[&vol];
+    assert!(v.published_nodes.contains_key(NODE_NAME), "{v:?}");
+    let targets: Vec<&String> = v.node_publications.keys().collect();
+    assert_eq!(targets.len(), 1, "{v:?}");
+    let host_mounts = host_mount_points();
+    assert!(
+        host_mounts.contains(&PathBuf::from(targets[0])),
+        "the publish target {} is not a mount point on the host",
+        targets[0]
+    );
+    assert!(
+        host_mounts
+            .iter()
+            .any(|m| m.starts_with(&kubelet_dir) && m.ends_with("globalmount")),
+        "no staging mount under {}",
+        kubelet_dir.display()
+    );
+
+    // --- 2. variants ---------------------------------------------------------------
+    // fsGroup: kubelet gives the volume to the pod's group (policy File).
+    let fs = App {
+        name: "fsgroup",
+        fs_group: Some(2345),
+        text: "group-owned",
+        ..app_like(&app)
+    };
+    let fs_vol = run_app(&cluster, &fs).await;
+    let meta = std::fs::metadata(driver.volumes_dir().join(&fs_vol)).expect("volume dir");
+    assert_eq!(meta.gid(), 2345, "fsGroup not applied to the volume");
+    let file_meta =
+        std::fs::metadata(driver.volumes_dir().join(&fs_vol).join(APP_FILE)).expect("fsgroup file");
+    assert_eq!(file_meta.gid(), 2345, "new files do not inherit the group");
+
+    // A raw block volume: the pod writes the device, the image file has it.
+    let block = App {
+        name: "block",
+        usage: Use::Block,
+        text: "raw-block-bytes",
+        ..app_like(&app)
+    };
+    let block_vol = run_app(&cluster, &block).await;
+    let img = driver.volumes_dir().join(format!("{block_vol}.img"));
+    let head = std::fs::read(&img).expect("block image");
+    assert!(
+        head.starts_with(block.text.as_bytes()),
+        "the image does not start with what the pod wrote: {:?}",
+        String::from_utf8_lossy(&head[..block.text.len().min(head.len())])
+    );
+
+    // ReadWriteOncePod: a second pod of the same claim is not scheduled.
+    let rwop = App {
+        name: "rwop",
+        access_mode: "ReadWriteOncePod",
+        text: "only-me",
+        ..app_like(&app)
+    };
+    run_app(&cluster, &rwop).await;
+    apply(&cluster, "rwop-2", &rwop.pod_yaml("rwop-2")).await;
+    let refused = wait_for(Duration::from_secs(60), Duration::from_secs(1), || async {
+        let p = Api::<Pod>::namespaced(client.clone(), NS)
+            .get_opt("rwop-2")
+            .await
+            .ok()??;
+        let cond = p
+            .status?
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == "PodScheduled" && c.status == "False")?;
+        cond.message.filter(|m| m.contains("ReadWriteOncePod"))
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the second pod of a ReadWriteOncePod claim was not refused"));
+    println!("second ReadWriteOncePod pod: {refused}");
+    delete_pod(&cluster, "rwop-2").await;
+
+    // --- 3. upgrade with a mounted volume --------------------------------------------
+    let next_image = format!("{image}-next");
+    node.ctr(&["images", "tag", &image, &next_image])
+        .expect("ctr images tag");
+    let node_pod_before = node_pod_uid(&client).await;
+    let upgrade_started = now_ms();
+    let patch = format!(r#"{{"spec":{{"version":"v0.1.1","driver":{{"image":"{next_image}"}}}}}}"#);
+    cluster
+        .kubectl_ok([
+            "-n",
+            NS,
+            "patch",
+            "csidd",
+            NAME,
+            "--type=merge",
+            "-p",
+            &patch,
+        ])
+        .await
+        .expect("patch");
+    testkit::wait_running(&cluster, NS, NAME, "v0.1.1", 1, DEADLINE)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", operator_log(&cluster)));
+    let upgrade_done = now_ms();
+    assert_ne!(
+        node_pod_uid(&client).await,
+        node_pod_before,
+        "the node pod was not replaced"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let counter = std::fs::read_to_string(driver.volumes_dir().join(&vol).join("counter"))
+        .expect("counter file");
+    let gap = longest_gap(&counter, upgrade_started, upgrade_done)
+        .unwrap_or_else(|e| panic!("{e}\n{counter}"));
+    println!(
+        "upgrade took {} ms; longest gap in the counter {gap} ms",
+        upgrade_done - upgrade_started
+    );
+    assert!(
+        gap <= 2000,
+        "the counter stopped for {gap} ms during the upgrade"
+    );
+    let after = App {
+        name: "after-upgrade",
+        text: "new-volume-after-upgrade",
+        ..app_like(&app)
+    };
+    run_app(&cluster, &after).await;
+
+    // --- the way back: unpublish, unstage, detach, delete ---------------------------
+    give_back(
+        &cluster,
+        &driver,
+        &["app", "fsgroup", "block", "rwop", "after-upgrade"],
+    )
+    .await;
+
+    let left = cluster.stop_and_report().await.expect("cluster stops");
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}
+
+/// Faults on the real node: the controller pod killed while CreateVolume's
+/// answer is on its way, the node's driver container killed while
+/// NodePublishVolume's answer is on its way (the work is done and persisted
+/// both times: `--delay-after`), and kubelet restarted under a running pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_driver_pods_and_a_kubelet_restart_lose_and_double_nothing() {
+    let mut cluster = Cluster::start(ClusterOptions {
+        nodes: 0,
+        real_node: true,
+    })
+    .await
+    .unwrap_or_else(|e| panic!("cluster with a real node starts: {e}"));
+    let client = cluster.client().expect("client");
+    let (image, kubelet_dir, data_dir) = {
+        let node = cluster.real_node().expect("a real node");
+        let image = node
+            .images()
+            .reference(images::TEST_DRIVER)
+            .expect("driver image")
+            .to_string();
+        let root = node.layout().root.clone();
+        (image, node.layout().kubelet_dir(), root.join("csi-data"))
+    };
+    let driver = VolumeDriver {
+        image: &image,
+        version: "v0.1.0",
+        kubelet_dir: &kubelet_dir,
+        data_dir: &data_dir,
+        on_simulated_nodes: false,
+        controller_args: &["--delay-after=CreateVolume=5s"],
+        node_args: &["--delay-after=NodePublishVolume=5s"],
+    };
+    walkthrough::install_operator(&cluster)
+        .await
+        .unwrap_or_else(|e| panic!("operator installs: {e}\n{}", cluster.log_tails(30)));
+    apply(&cluster, "driver", &driver.yaml()).await;
+    testkit::wait_running(&cluster, NS, NAME, "v0.1.0", 1, DEADLINE)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", operator_log(&cluster)));
+
+    let app = App {
+        name: "survivor",
+        image: &image,
+        text: "still-here",
+        access_mode: "ReadWriteOnce",
+        usage: Use::Filesystem,
+        fs_group: None,
+    };
+    apply(&cluster, app.name, &app.yaml()).await;
+
+    // The controller pod dies once the volume exists but before the
+    // provisioner hears so.
+    let created = wait_for(DEADLINE, Duration::from_millis(200), || async {
+        let s = load_state(&driver.state_dir()).ok()?;
+        (!s.volumes.is_empty()).then_some(())
+    })
+    .await;
+    assert!(
+        created.is_ok(),
+        "CreateVolume never ran\n{}",
+        describe(&cluster, app.name)
+    );
+    cluster
+        .kubectl_ok([
+            "-n",
+            NS,
+            "delete",
+            "pod",
+            &format!("{NAME}-controller-0"),
+            "--grace-period=0",
+            "--force",
+        ])
+        .await
+        .expect("controller pod deleted");
+
+    // The node's driver dies once the target is mounted but before kubelet
+    // hears so.
+    let mounted = wait_for(DEADLINE, Duration::from_millis(200), || async {
+        publish_targets(&kubelet_dir).into_iter().next()
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "NodePublishVolume never mounted\n{}",
+            describe(&cluster, app.name)
+        )
+    });
+    let node_pod = Api::<Pod>::namespaced(client.clone(), NS)
+        .list(&kube::api::ListParams::default().labels(&testkit::node_pod_selector(NAME)))
+        .await
+        .expect("node pods")
+        .items
+        .into_iter()
+        .next()
+        .expect("a node pod");
+    let driver_container = container_id(&node_pod, "csi-driver").expect("driver container ID");
+    cluster
+        .real_node()
+        .expect("a real node")
+        .ctr(&["tasks", "kill", "--signal", "SIGKILL", &driver_container])
+        .expect("ctr tasks kill");
+
+    walkthrough::wait_pod_running(&cluster, app.name, Duration::from_secs(300))
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", describe(&cluster, app.name)));
+    let state = load_state(&driver.state_dir()).expect("driver state");
+    let pv = pv_of(&client, app.name).await;
+    let handle = pv.spec.and_then(|s| s.csi).map(|c| c.volume_handle);
+    let ids: Vec<&String> = state.volumes.keys().collect();
+    assert_eq!(
+        ids,
+        handle.iter().collect::<Vec<_>>(),
+        "the driver's volumes and the PV disagree: a leak or a duplicate"
+    );
+    let mounts = host_mount_points();
+    let times = |p: &PathBuf| mounts.iter().filter(|m| *m == p).count();
+    assert_eq!(
+        times(&mounted),
+        1,
+        "{} mounted {} times",
+        mounted.display(),
+        times(&mounted)
+    );
+    let staged: Vec<&PathBuf> = mounts
+        .iter()
+        .filter(|m| m.starts_with(&kubelet_dir) && m.ends_with("globalmount"))
+        .collect();
+    assert_eq!(staged.len(), 1, "staging mounts: {staged:?}");
+
+    // kubelet restarts: our registrar is registered again, the mount stays.
+    let registered = format!("Register new plugin with name: {DRIVER}");
+    let kubelet_log_path = cluster.log_dir().join("kubelet.log");
+    let kubelet_log = || std::fs::read_to_string(&kubelet_log_path).unwrap_or_default();
+    let before = kubelet_log().matches(&registered).count();
+    let restart_at = now_ms();
+    let restarted = Instant::now();
+    cluster
+        .real_node_mut()
+        .expect("a real node")
+        .restart_kubelet()
+        .expect("kubelet restarts");
+    let again = wait_for(
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        || async { (kubelet_log().matches(&registered).count() > before).then_some(()) },
+    )
+    .await;
+    assert!(
+        again.is_ok(),
+        "the registrar was not registered again within 10 s of kubelet's restart"
+    );
+    println!(
+        "registered again {} ms after kubelet's restart",
+        restarted.elapsed().as_millis()
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let shown = cluster
+        .kubectl_ok([
+            "-n",
+            NS,
+            "exec",
+            app.name,
+            "--",
+            "/csi-test-driver",
+            "cat",
+            &format!("/data/{APP_FILE}"),
+        ])
+        .await
+        .expect("kubectl exec after kubelet's restart");
+    assert_eq!(shown, app.text);
+    let vol = ids.first().map(|s| s.to_string()).unwrap_or_default();
+    let counter = std::fs::read_to_string(driver.volumes_dir().join(&vol).join("counter"))
+        .expect("counter file");
+    let gap = longest_gap(&counter, restart_at, now_ms() - 500)
+        .unwrap_or_else(|e| panic!("{e}\n{counter}"));
+    assert!(
+        gap <= 2000,
+        "the volume stalled for {gap} ms across kubelet's restart"
+    );
+
+    give_back(&cluster, &driver, &[app.name]).await;
+    let left = cluster.stop_and_report().await.expect("cluster stops");
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}
+
+/// Publish targets of CSI volumes mounted on the host under `kubelet_dir`.
+fn publish_targets(kubelet_dir: &std::path::Path) -> Vec<PathBuf> {
+    host_mount_points()
+        .into_iter()
+        .filter(|m| {
+            m.starts_with(kubelet_dir)
+                && m.to_string_lossy().contains("/volumes/kubernetes.io~csi/")
+                && m.ends_with("mount")
+        })
+        .collect()
+}
+
+/// The containerd ID of container `name` of `pod`.
+fn container_id(pod: &Pod, name: &str) -> Option<String> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == name)?
+        .container_id
+        .as_ref()
+        .map(|id| id.trim_start_matches("containerd://").to_string())
+}
+
+/// Deletes the pods, then their claims, and checks that unpublish, unstage,
+/// detach and DeleteVolume left no volume, PV, VolumeAttachment or mount.
+async fn give_back(cluster: &Cluster, driver: &VolumeDriver<'_>, pods: &[&str]) {
+    let client = cluster.client().expect("client");
+    let kubelet_dir = driver.kubelet_dir;
+    let pvs: Vec<String> = pv_names(&client).await;
+    for name in pods {
+        delete_pod(cluster, name).await;
+    }
+    let detached = wait_for(DEADLINE, Duration::from_secs(1), || async {
+        let vas = Api::<VolumeAttachment>::all(client.clone())
+            .list(&Default::default())
+            .await
+            .ok()?;
+        vas.items.is_empty().then_some(())
+    })
+    .await;
+    assert!(
+        detached.is_ok(),
+        "VolumeAttachments left after the pods went"
+    );
+    let state = load_state(&driver.state_dir()).expect("driver state");
+    for v in state.volumes.values() {
+        assert!(
+            v.node_publications.is_empty() && v.published_nodes.is_empty(),
+            "volume {} still published: {v:?}",
+            v.id
+        );
+    }
+    let left: Vec<PathBuf> = host_mount_points()
+        .into_iter()
+        .filter(|m| {
+            m.starts_with(kubelet_dir)
+                && (m.to_string_lossy().contains("kubernetes.io~csi")
+                    || m.to_string_lossy().contains("globalmount"))
+        })
+        .collect();
+    assert!(left.is_empty(), "CSI mounts left on the host: {left:?}");
+
+    cluster
+        .kubectl_ok(["-n", NS, "delete", "pvc", "--all", "--timeout=120s"])
+        .await
+        .expect("delete claims");
+    let pv_api = Api::<PersistentVolume>::all(client.clone());
+    let gone = wait_for(DEADLINE, Duration::from_secs(1), || async {
+        let list = pv_api.list(&Default::default()).await.ok()?;
+        list.items.is_empty().then_some(())
+    })
+    .await;
+    assert!(gone.is_ok(), "PVs left: {pvs:?}");
+    let state = load_state(&driver.state_dir()).expect("driver state");
+    assert!(
+        state.volumes.is_empty(),
+        "volumes left: {:?}",
+        state.volumes
+    );
+    let files: Vec<_> = std::fs::read_dir(driver.volumes_dir())
+        .expect("volumes dir")
+        .filter_map(|e| e.ok().map(|e| e.file_name()))
+        .collect();
+    assert!(files.is_empty(), "volume data left: {files:?}");
+}
+
+/// Another app with `app`'s image, mode and usage (fields are overridden).
+fn app_like<'a>(app: &App<'a>) -> App<'a> {
+    App {
+        name: app.name,
+        image: app.image,
+        text: app.text,
+        access_mode: app.access_mode,
+        usage: app.usage,
+        fs_group: app.fs_group,
+    }
+}
+
+/// Creates the app's claim and pod, waits until it runs; its volume ID.
+async fn run_app(cluster: &Cluster, app: &App<'_>) -> String {
+    apply(cluster, app.name, &app.yaml()).await;
+    walkthrough::wait_pod_running(cluster, app.name, DEADLINE)
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "{e}\n{}\n{}",
+                describe(cluster, app.name),
+                operator_log(cluster)
+            )
+        });
+    let client = cluster.client().expect("client");
+    let pv = pv_of(&client, app.name).await;
+    pv.spec
+        .and_then(|s| s.csi)
+        .map(|c| c.volume_handle)
+        .expect("CSI volume handle")
+}
+
+async fn pv_of(client: &kube::Client, claim: &str) -> PersistentVolume {
+    let pvc = Api::<PersistentVolumeClaim>::namespaced(client.clone(), NS)
+        .get(claim)
+        .await
+        .expect("claim");
+    let pv = pvc
+        .spec
+        .and_then(|s| s.volume_name)
+        .unwrap_or_else(|| panic!("claim {claim} not bound"));
+    Api::<PersistentVolume>::all(client.clone())
+        .get(&pv)
+        .await
+        .expect("PV")
+}
+
+async fn pv_names(client: &kube::Client) -> Vec<String> {
+    Api::<PersistentVolume>::all(client.clone())
+        .list(&Default::default())
+        .await
+        .map(|l| l.items.iter().map(|p| p.name_any()).collect())
+        .unwrap_or_default()
+}
+
+async fn attachment_of(client: &kube::Client, pv: &str) -> Option<VolumeAttachment> {
+    Api::<VolumeAttachment>::all(client.clone())
+        .list(&Default::default())
+        .await
+        .ok()?
+        .items
+        .into_iter()
+        .find(|va| va.spec.source.persistent_volume_name.as_deref() == Some(pv))
+}
+
+async fn node_pod_uid(client: &kube::Client) -> Option<String> {
+    let pods = Api::<Pod>::namespaced(client.clone(), NS)
+        .list(&kube::api::ListParams::default().labels(&testkit::node_pod_selector(NAME)))
+        .await
+        .ok()?;
+    pods.items.first().and_then(|p| p.uid())
+}
+
+async fn delete_pod(cluster: &Cluster, name: &str) {
+    let pods: Api<Pod> = Api::namespaced(cluster.client().expect("client"), NS);
+    let _ = pods.delete(name, &DeleteParams::default()).await;
+    let gone = wait_for(DEADLINE, Duration::from_millis(500), || async {
+        matches!(pods.get_opt(name).await, Ok(None)).then_some(())
+    })
+    .await;
+    assert!(
+        gone.is_ok(),
+        "pod {name} never went\n{}",
+        describe(cluster, name)
+    );
+}
+
+/// The longest pause, in ms, between counter lines (`<n> <unix ms>`) written
+/// from `from` to `to`; an error if the counter did not run through it.
+fn longest_gap(counter: &str, from: u128, to: u128) -> Result<u128, String> {
+    let stamps: Vec<u128> = counter
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .collect();
+    let first = stamps
+        .iter()
+        .position(|&t| t >= from)
+        .ok_or("no counter line after the upgrade began")?;
+    let last = stamps
+        .iter()
+        .position(|&t| t >= to)
+        .ok_or("the counter stopped before the upgrade ended")?;
+    let window = &stamps[first.saturating_sub(1)..=last];
+    Ok(window
+        .windows(2)
+        .map(|w| w[1].saturating_sub(w[0]))
+        .max()
+        .unwrap_or(0))
+}
+
+fn now_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0)
+}
+
+/// Mount points of the test process's (the host's) mount namespace.
+fn host_mount_points() -> Vec<PathBuf> {
+    mounts::mount_points(&std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default())
+}
+
+async fn apply(cluster: &Cluster, name: &str, yaml: &str) {
+    let out = testkit::apply_yaml(cluster, name, yaml)
+        .await
+        .expect("kubectl");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn kubectl(cluster: &Cluster, args: &[&str]) -> String {
+    std::process::Command::new("kubectl")
+        .arg(format!(
+            "--kubeconfig={}",
+            cluster.kubeconfig_path().display()
+        ))
+        .args(args)
+        .output()
+        .map(|o| {
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            )
+        })
+        .unwrap_or_default()
+}
+
+/// What a failing step prints: the pod, the claims and the events.
+fn describe(cluster: &Cluster, pod: &str) -> String {
+    [
+        kubectl(cluster, &["-n", NS, "describe", "pod", pod]),
+        kubectl(cluster, &["-n", NS, "get", "pvc,pods", "-o", "wide"]),
+        kubectl(cluster, &["get", "pv,volumeattachments"]),
+        kubectl(
+            cluster,
+            &[
+                "-n",
+                NS,
+                "logs",
+                &format!("{NAME}-controller-0"),
+                "--all-containers",
+                "--tail=30",
+            ],
+        ),
+        kubectl(
+            cluster,
+            &[
+                "-n",
+                NS,
+                "logs",
+                "-l",
+                &testkit::node_pod_selector(NAME),
+                "--all-containers",
+                "--tail=30",
+            ],
+        ),
+    ]
+    .join("\n")
+}
+
+fn operator_log(cluster: &Cluster) -> String {
+    kubectl(
+        cluster,
+        &[
+            "-n",
+            "csiops-system",
+            "logs",
+            "deployment/csiops-operator",
+            "--tail=40",
+        ],
+    )
+}
+
+#[test]
+fn the_longest_gap_is_measured_over_the_upgrade_window() {
+    let counter = "1 1000\n2 1100\n3 3500\n4 3600\n5 9000\n";
+    assert_eq!(longest_gap(counter, 1050, 3550), Ok(2400));
+    assert!(longest_gap(counter, 1050, 9500).is_err());
+    assert!(longest_gap(counter, 9500, 9600).is_err());
+}
