@@ -28,7 +28,6 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume};
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
 use kube::api::{Api, PartialObjectMeta};
@@ -42,6 +41,7 @@ use super::metrics::Writes;
 use super::request::PublishCaps;
 use crate::common::cache::Cached;
 use crate::common::driver::Driver;
+use crate::common::watch::drive;
 use crate::common::workqueue::{Backoff, QueueMetrics, WorkQueue};
 use csiops_runtime::chain;
 use csiops_runtime::shutdown::CancellationToken;
@@ -460,20 +460,6 @@ async fn supervise(
         kind = watches => Err(ControllerError::WatchEnded(kind)),
         res = workers => res,
         () = shutdown.cancelled() => Ok(()),
-    }
-}
-
-/// are logged (the stream backs off and re-lists by itself).
-async fn drive<K, S>(stream: S, what: &'static str, mut on_event: impl FnMut(watcher::Event<K>))
-where
-    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
-{
-    futures::pin_mut!(stream);
-    while let Some(ev) = stream.next().await {
-        match ev {
-            Ok(ev) => on_event(ev),
-            Err(e) => tracing::warn!(kind = what, error = %chain(&e), "watch failed; retrying"),
-        }
     }
 }
 

@@ -11,4 +11,5 @@ pub mod fake_csi;
 pub mod kube;
 pub mod metrics;
 pub mod role;
+pub mod watch;
 pub mod workqueue;

@@ -11,7 +11,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 use kube::api::Api;
@@ -28,6 +27,7 @@ use super::metrics::OperationMetrics;
 use super::plan::{DriverCapabilities, ProvisionerConfig};
 use crate::common::cache::Cached;
 use crate::common::driver::Driver;
+use crate::common::watch::drive;
 use crate::common::workqueue::{Backoff, WorkQueue};
 use csiops_runtime::chain;
 use csiops_runtime::error::ellipsize;
@@ -107,15 +107,7 @@ where
         .default_backoff()
         .modify(|o| o.managed_fields_mut().clear())
         .reflect(writer);
-    let task = async move {
-        let mut stream = std::pin::pin!(stream);
-        while let Some(event) = stream.next().await {
-            match event {
-                Ok(event) => route(&event),
-                Err(e) => tracing::warn!(%kind, error = %chain(&e), "watch failed; retrying"),
-            }
-        }
-    };
+    let task = drive(stream, kind, move |event| route(&event));
     (reader, Box::pin(task))
 }
 
