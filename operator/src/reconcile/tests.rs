@@ -1,10 +1,9 @@
 //! [`reconcile`] against a mocked API server (csiops-runtime's `testing`):
 //! the exact sequence of writes of one pass.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use csiops_runtime::testing::{self, Call, Log, Reply};
+use csiops_runtime::testing::{self, Log};
 use kube::runtime::reflector;
 use kube::runtime::watcher::Event;
 use serde_json::{json, Value};
@@ -13,22 +12,6 @@ use super::*;
 
 const NS: &str = "storage";
 const OBJ: &str = "/apis/csiops.dev/v1alpha1/namespaces/storage/csidriverdeployments/hp";
-
-/// Collections the reconciler lists (by their last path segment).
-const COLLECTIONS: [&str; 12] = [
-    "serviceaccounts",
-    "roles",
-    "rolebindings",
-    "clusterroles",
-    "clusterrolebindings",
-    "csidrivers",
-    "storageclasses",
-    "statefulsets",
-    "deployments",
-    "daemonsets",
-    "events",
-    "pods",
-];
 
 fn cdd(extra_meta: Value, spec: Value) -> Value {
     let mut obj = json!({
@@ -42,65 +25,18 @@ fn cdd(extra_meta: Value, spec: Value) -> Value {
     obj
 }
 
-/// An API server that keeps what is written: a PATCH (merge or apply, of an
-/// object or its status) merges into the stored object under a new
-/// resourceVersion; a GET of a collection lists what is stored under it;
-/// Events are accepted; anything else is not found.
-fn api_server(objects: Arc<Mutex<BTreeMap<String, Value>>>) -> impl Fn(&Call) -> Reply {
-    let version = Mutex::new(100u64);
-    move |call| {
-        let path = call.path.trim_end_matches("/status");
-        let mut objects = objects.lock().unwrap();
-        let last = path.rsplit('/').next().unwrap_or_default();
-        match call.method.as_str() {
-            "GET" if COLLECTIONS.contains(&last) => {
-                let items: Vec<Value> = objects
-                    .iter()
-                    .filter(|(p, _)| p.starts_with(&format!("{path}/")))
-                    .map(|(_, o)| o.clone())
-                    .collect();
-                (
-                    200,
-                    json!({"kind": "List", "apiVersion": "v1", "metadata": {}, "items": items}),
-                )
-            }
-            "GET" => match objects.get(path) {
-                Some(o) => (200, o.clone()),
-                None => testing::not_found(),
-            },
-            "PATCH" => {
-                let base = objects.get(path).cloned().unwrap_or_else(|| json!({}));
-                let mut new = testing::merge(&base, &call.body);
-                let mut v = version.lock().unwrap();
-                *v += 1;
-                new["metadata"]["resourceVersion"] = json!(v.to_string());
-                if new["metadata"]["uid"].is_null() {
-                    new["metadata"]["uid"] = json!(format!("uid-{v}"));
-                }
-                objects.insert(path.to_string(), new.clone());
-                (200, new)
-            }
-            "POST" if last == "events" => (201, call.body.clone()),
-            "DELETE" => match objects.remove(path) {
-                Some(o) => (200, o),
-                None => testing::not_found(),
-            },
-            _ => testing::not_found(),
-        }
-    }
-}
-
 struct Fixture {
     ctx: Arc<Context>,
     log: Log,
-    objects: Arc<Mutex<BTreeMap<String, Value>>>,
+    objects: testing::Objects,
 }
 
 impl Fixture {
     fn new(obj: Value) -> Self {
         let log = Log::default();
-        let objects = Arc::new(Mutex::new(BTreeMap::from([(OBJ.to_string(), obj.clone())])));
-        let client = testing::client(&log, api_server(objects.clone()));
+        let objects = testing::Objects::new([(OBJ, obj.clone())]);
+        let server = objects.clone();
+        let client = testing::client(&log, move |call| server.answer(call));
         let (deployments, mut writer) = reflector::store();
         writer.apply_watcher_event(&Event::Apply(
             serde_json::from_value::<CSIDriverDeployment>(obj).expect("a valid object"),
@@ -130,7 +66,7 @@ impl Fixture {
     /// One pass over the object as the API server has it now (the watch
     /// cache's copy is refreshed by the reconciler's own GET).
     async fn reconcile(&self) -> Result<Requeue, Error> {
-        let obj = self.objects.lock().unwrap()[OBJ].clone();
+        let obj = self.objects.get(OBJ).expect("the object");
         let obj: CSIDriverDeployment = serde_json::from_value(obj).expect("a valid object");
         reconcile(Arc::new(obj), self.ctx.clone()).await
     }
@@ -194,7 +130,7 @@ async fn a_problem_already_reported_is_not_written_again() {
         vec![format!("PATCH {OBJ}"), format!("PATCH {OBJ}/status")]
     );
     assert_eq!(fx.events(), 1);
-    let status = fx.objects.lock().unwrap()[OBJ]["status"].to_string();
+    let status = fx.objects.get(OBJ).expect("the object")["status"].to_string();
     assert!(status.contains("RenderFailed"), "{status}");
     fx.log.clear();
     fx.reconcile().await.expect("reported, not failed");

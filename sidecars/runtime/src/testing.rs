@@ -139,6 +139,148 @@ pub fn client(log: &Log, answer: impl Fn(&Call) -> Reply + Send + Sync + 'static
     kube::Client::new(service, "default")
 }
 
+/// An API server that keeps what is written, for [`client`]:
+/// - `GET` of an object answers it (or 404), of a collection lists what is
+///   stored under it;
+/// - `PATCH` (of an object or its `/status`) applies a JSON patch (an array
+///   body) or merges the body (merge, strategic and apply patches alike)
+///   into the stored object; an apply of a whole object (with `kind`)
+///   creates it; anything else is 404;
+/// - `POST` stores a new object (409 if it exists), an Event is accepted
+///   and not stored; `DELETE` removes.
+///
+/// Every write gets a new resourceVersion (and a uid when it has none) and
+/// is handed to the [`on_write`](Objects::on_write) hook, as a watch would.
+#[derive(Clone, Default)]
+pub struct Objects(Arc<Mutex<ObjectsState>>);
+
+type WriteHook = Arc<dyn Fn(&Value) + Send + Sync>;
+
+#[derive(Default)]
+struct ObjectsState {
+    objects: std::collections::BTreeMap<String, Value>,
+    version: u64,
+    on_write: Option<WriteHook>,
+}
+
+impl Objects {
+    /// A server holding `objects` by path.
+    pub fn new<'a>(objects: impl IntoIterator<Item = (&'a str, Value)>) -> Self {
+        let this = Objects::default();
+        {
+            let mut state = this.state();
+            state.version = 100;
+            state
+                .objects
+                .extend(objects.into_iter().map(|(p, v)| (p.to_string(), v)));
+        }
+        this
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, ObjectsState> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Calls `hook` with every object written.
+    pub fn on_write(&self, hook: impl Fn(&Value) + Send + Sync + 'static) {
+        self.state().on_write = Some(Arc::new(hook));
+    }
+
+    /// The object stored at `path`.
+    pub fn get(&self, path: &str) -> Option<Value> {
+        self.state().objects.get(path).cloned()
+    }
+
+    /// The answer to `call` (pass `move |c| objects.answer(c)` to [`client`]).
+    pub fn answer(&self, call: &Call) -> Reply {
+        let path = call.path.trim_end_matches("/status");
+        let mut state = self.state();
+        let written = match call.method.as_str() {
+            "GET" if is_collection(path) => {
+                let prefix = format!("{path}/");
+                let items: Vec<Value> = state
+                    .objects
+                    .iter()
+                    .filter(|(p, _)| p.starts_with(&prefix))
+                    .map(|(_, o)| o.clone())
+                    .collect();
+                return (
+                    200,
+                    json!({"kind": "List", "apiVersion": "v1", "metadata": {}, "items": items}),
+                );
+            }
+            "GET" => {
+                return match state.objects.get(path) {
+                    Some(o) => (200, o.clone()),
+                    None => not_found(),
+                }
+            }
+            "DELETE" => {
+                return match state.objects.remove(path) {
+                    Some(o) => (200, o),
+                    None => not_found(),
+                }
+            }
+            "POST" if path.ends_with("/events") => return (201, call.body.clone()),
+            "POST" => {
+                let name = call.body["metadata"]["name"].as_str().unwrap_or_default();
+                let path = format!("{path}/{name}");
+                if state.objects.contains_key(&path) {
+                    return status(409, "AlreadyExists", "already exists");
+                }
+                (path, 201, call.body.clone())
+            }
+            "PATCH" => {
+                let current = match state.objects.get(path) {
+                    Some(o) => o.clone(),
+                    None if call.body.get("kind").is_some() => json!({}),
+                    None => return not_found(),
+                };
+                let new = match &call.body {
+                    Value::Array(_) => {
+                        let mut doc = current;
+                        let applied =
+                            serde_json::from_value::<json_patch::Patch>(call.body.clone())
+                                .ok()
+                                .is_some_and(|p| json_patch::patch(&mut doc, &p).is_ok());
+                        if !applied {
+                            return status(422, "Invalid", "the JSON patch does not apply");
+                        }
+                        doc
+                    }
+                    body => merge(&current, body),
+                };
+                (path.to_string(), 200, new)
+            }
+            _ => return not_found(),
+        };
+        let (path, code, mut new) = written;
+        state.version += 1;
+        new["metadata"]["resourceVersion"] = json!(state.version.to_string());
+        if new["metadata"]["uid"].is_null() {
+            new["metadata"]["uid"] = json!(format!("uid-{}", state.version));
+        }
+        state.objects.insert(path, new.clone());
+        let hook = state.on_write.clone();
+        drop(state);
+        if let Some(hook) = hook {
+            hook(&new);
+        }
+        (code, new)
+    }
+}
+
+/// Whether `path` names a collection: `/api/v1[/namespaces/<ns>]/<plural>`
+/// or `/apis/<group>/<version>[/namespaces/<ns>]/<plural>`.
+fn is_collection(path: &str) -> bool {
+    let segments = path.trim_matches('/').split('/').count();
+    if path.starts_with("/apis/") {
+        segments.is_multiple_of(2)
+    } else {
+        !segments.is_multiple_of(2)
+    }
+}
+
 /// `body` merged over `base` (RFC 7386 merge patch), for fake servers that
 /// answer a PATCH with the patched object.
 pub fn merge(base: &Value, patch: &Value) -> Value {
@@ -193,6 +335,10 @@ mod tests {
             ]
         );
         assert_eq!(log.writes().len(), 1);
+        assert!(is_collection("/api/v1/persistentvolumes"));
+        assert!(!is_collection("/api/v1/namespaces/ns/pods/p"));
+        assert!(is_collection("/apis/apps/v1/namespaces/ns/daemonsets"));
+        assert!(!is_collection("/apis/storage.k8s.io/v1/csidrivers/d"));
         assert_eq!(
             merge(
                 &json!({"a": 1, "b": {"c": 2}}),

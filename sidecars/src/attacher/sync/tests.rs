@@ -1,11 +1,10 @@
 //! The syncs against a mocked API server and a fake CSI driver in the test
 //! process: the exact sequence of requests and CSI calls.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use csiops_runtime::testing::{self, Log, Reply};
+use csiops_runtime::testing::{self, Log};
 use k8s_openapi::api::storage::v1::{CSINode, VolumeAttachment};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher::Event;
@@ -70,47 +69,6 @@ fn object<K: serde::de::DeserializeOwned>(v: &Value) -> K {
     serde_json::from_value(v.clone()).expect("a valid object")
 }
 
-/// An API server holding `objects` by path: a PATCH (of the object or its
-/// status) answers the object merged with the patch under a new
-/// resourceVersion, and sends it to `written`, as the watch would; Events
-/// are accepted; anything else is not found.
-fn api_server(
-    objects: Vec<(&str, Value)>,
-    written: mpsc::UnboundedSender<Value>,
-) -> impl Fn(&testing::Call) -> Reply {
-    let objects: Mutex<HashMap<String, Value>> = Mutex::new(
-        objects
-            .into_iter()
-            .map(|(p, v)| (p.to_string(), v))
-            .collect(),
-    );
-    let version = Mutex::new(100u64);
-    move |call| {
-        let path = call.path.trim_end_matches("/status");
-        match call.method.as_str() {
-            "PATCH" => {
-                let mut objects = objects.lock().unwrap();
-                let Some(current) = objects.get(path) else {
-                    return testing::not_found();
-                };
-                let mut new = testing::merge(current, &call.body);
-                let mut v = version.lock().unwrap();
-                *v += 1;
-                new["metadata"]["resourceVersion"] = json!(v.to_string());
-                objects.insert(path.to_string(), new.clone());
-                let _ = written.send(new.clone());
-                (200, new)
-            }
-            "POST" if call.path.contains("/events") => (201, call.body.clone()),
-            "GET" => match objects.lock().unwrap().get(path) {
-                Some(o) => (200, o.clone()),
-                None => testing::not_found(),
-            },
-            _ => testing::not_found(),
-        }
-    }
-}
-
 struct Fixture {
     ctrl: Arc<Controller>,
     watches: Watches,
@@ -127,10 +85,12 @@ async fn fixture(
 ) -> Fixture {
     let log = Log::default();
     let (tx, written) = mpsc::unbounded_channel();
-    let client = testing::client(
-        &log,
-        api_server(vec![(PV, pv.clone()), (VA, va.clone())], tx),
-    );
+    let objects = testing::Objects::new([(PV, pv.clone()), (VA, va.clone())]);
+    // What the watch would bring back.
+    objects.on_write(move |written| {
+        let _ = tx.send(written.clone());
+    });
+    let client = testing::client(&log, move |call| objects.answer(call));
     let dir = tempfile::tempdir().expect("tempdir");
     let driver = csi(log.clone()).serve(dir.path()).await;
     let cfg = Config {

@@ -1,11 +1,10 @@
 //! [`Provisioner::sync_claim`] against a mocked API server and a fake CSI
 //! driver in the test process: the exact sequence of requests and calls.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use csiops_runtime::testing::{self, Call, Log, Reply};
+use csiops_runtime::testing::{self, Log};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::runtime::events::{Recorder, Reporter};
@@ -52,67 +51,9 @@ fn object<K: serde::de::DeserializeOwned>(v: &Value) -> K {
     serde_json::from_value(v.clone()).expect("a valid object")
 }
 
-/// An API server keeping what is written: PATCH (merge or JSON patch) and
-/// POST store the object under a new resourceVersion; Events are accepted.
-fn api_server(objects: Vec<(&str, Value)>) -> impl Fn(&Call) -> Reply {
-    let objects: Mutex<HashMap<String, Value>> = Mutex::new(
-        objects
-            .into_iter()
-            .map(|(p, v)| (p.to_string(), v))
-            .collect(),
-    );
-    let version = Mutex::new(100u64);
-    move |call| {
-        let mut objects = objects.lock().unwrap();
-        let stamp = |mut obj: Value| {
-            let mut v = version.lock().unwrap();
-            *v += 1;
-            obj["metadata"]["resourceVersion"] = json!(v.to_string());
-            obj
-        };
-        match call.method.as_str() {
-            "PATCH" => {
-                let Some(current) = objects.get(&call.path).cloned() else {
-                    return testing::not_found();
-                };
-                let new = match &call.body {
-                    Value::Array(_) => {
-                        let mut doc = current;
-                        let patch: json_patch::Patch =
-                            serde_json::from_value(call.body.clone()).expect("a JSON patch");
-                        if json_patch::patch(&mut doc, &patch).is_err() {
-                            return testing::status(422, "Invalid", "the test failed");
-                        }
-                        doc
-                    }
-                    body => testing::merge(&current, body),
-                };
-                let new = stamp(new);
-                objects.insert(call.path.clone(), new.clone());
-                (200, new)
-            }
-            "POST" if call.path.contains("/events") => (201, call.body.clone()),
-            "POST" => {
-                let name = call.body["metadata"]["name"].as_str().unwrap_or_default();
-                let path = format!("{}/{name}", call.path);
-                if objects.contains_key(&path) {
-                    return testing::status(409, "AlreadyExists", "already exists");
-                }
-                let new = stamp(call.body.clone());
-                objects.insert(path, new.clone());
-                (201, new)
-            }
-            "GET" => match objects.get(&call.path) {
-                Some(o) => (200, o.clone()),
-                None => testing::not_found(),
-            },
-            _ => testing::not_found(),
-        }
-    }
-}
-
 async fn provisioner(log: &Log, dir: &std::path::Path) -> Provisioner {
-    let client = testing::client(log, api_server(vec![(CLAIM, claim())]));
+    let objects = testing::Objects::new([(CLAIM, claim())]);
+    let client = testing::client(log, move |call| objects.answer(call));
     let driver = FakeController::new(log.clone()).serve(dir).await;
     let (claims, mut claims_writer) = reflector::store();
     claims_writer.apply_watcher_event(&Event::Apply(object::<PersistentVolumeClaim>(&claim())));
