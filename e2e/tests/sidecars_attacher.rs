@@ -128,6 +128,40 @@ fn count(w: &BTreeSet<(String, u64)>, kind: &str) -> u64 {
     w.iter().find(|(k, _)| k == kind).map_or(0, |(_, n)| *n)
 }
 
+/// PVs `pv-<i>` of the volumes `ids`; `pv-6` carries a controller-publish
+/// secret, `default/publish-secret`, created here.
+async fn create_pvs(client: &kube::Client, driver_name: &str, ids: &[String]) {
+    let pp = PostParams::default();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
+    secrets
+        .create(
+            &pp,
+            &Secret {
+                metadata: ObjectMeta {
+                    name: Some("publish-secret".into()),
+                    ..Default::default()
+                },
+                string_data: Some([("password".to_string(), SECRET_VALUE.to_string())].into()),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("Secret");
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    for (i, id) in ids.iter().enumerate() {
+        let mut pv = attach::pv(&format!("pv-{i}"), driver_name, id);
+        if i == 6 {
+            if let Some(csi) = pv.spec.as_mut().and_then(|s| s.csi.as_mut()) {
+                csi.controller_publish_secret_ref = Some(SecretReference {
+                    name: Some("publish-secret".into()),
+                    namespace: Some("default".into()),
+                });
+            }
+        }
+        pvs.create(&pp, &pv).await.expect("PV");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
     let cluster = Cluster::start(ClusterOptions::kwok(1))
@@ -166,34 +200,7 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
     let ids = attach::create_volumes(&csi, "vol", 8)
         .await
         .expect("volumes");
-    // pv-6 carries a controller-publish secret.
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
-    secrets
-        .create(
-            &pp,
-            &Secret {
-                metadata: ObjectMeta {
-                    name: Some("publish-secret".into()),
-                    ..Default::default()
-                },
-                string_data: Some([("password".to_string(), SECRET_VALUE.to_string())].into()),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("Secret");
-    for (i, id) in ids.iter().enumerate() {
-        let mut pv = attach::pv(&format!("pv-{i}"), &s.driver_name, id);
-        if i == 6 {
-            if let Some(csi) = pv.spec.as_mut().and_then(|s| s.csi.as_mut()) {
-                csi.controller_publish_secret_ref = Some(SecretReference {
-                    name: Some("publish-secret".into()),
-                    namespace: Some("default".into()),
-                });
-            }
-        }
-        pvs.create(&pp, &pv).await.expect("PV");
-    }
+    create_pvs(&client, &s.driver_name, &ids).await;
 
     // 1. A failing publish: attachError and an Event, then recovery.
     vas.create(&pp, &attach::va("va-0", &s.driver_name, "pv-0", NODE))
@@ -701,7 +708,6 @@ async fn kill9_during_100_attach_detach_cycles_ends_consistent() {
     let client = cluster.client().expect("client");
     let vas: Api<VolumeAttachment> = Api::all(client.clone());
     let pvs: Api<PersistentVolume> = Api::all(client.clone());
-    let pp = PostParams::default();
     let s = start_driver(
         &cluster,
         "crash.test.csi.csiops.dev",
@@ -717,34 +723,7 @@ async fn kill9_during_100_attach_detach_cycles_ends_consistent() {
     let ids = attach::create_volumes(&csi, "vol", LANES)
         .await
         .expect("volumes");
-    // pv-6 carries a controller-publish secret.
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
-    secrets
-        .create(
-            &pp,
-            &Secret {
-                metadata: ObjectMeta {
-                    name: Some("publish-secret".into()),
-                    ..Default::default()
-                },
-                string_data: Some([("password".to_string(), SECRET_VALUE.to_string())].into()),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect("Secret");
-    for (i, id) in ids.iter().enumerate() {
-        let mut pv = attach::pv(&format!("pv-{i}"), &s.driver_name, id);
-        if i == 6 {
-            if let Some(csi) = pv.spec.as_mut().and_then(|s| s.csi.as_mut()) {
-                csi.controller_publish_secret_ref = Some(SecretReference {
-                    name: Some("publish-secret".into()),
-                    namespace: Some("default".into()),
-                });
-            }
-        }
-        pvs.create(&pp, &pv).await.expect("PV");
-    }
+    create_pvs(&client, &s.driver_name, &ids).await;
 
     let port = free_port().expect("port");
     let extra = [

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 
-use crate::telemetry::LogFormat;
+use csiops_runtime::logging::LogFormat;
 
 /// The bundled sidecar image of this operator version.
 pub fn default_sidecar_image() -> String {
@@ -61,14 +61,10 @@ pub struct Args {
 }
 
 impl Args {
-    /// The identity, falling back to host name and process id.
+    /// The identity, falling back to host name and process id (the
+    /// sidecars' format: `<host>_<pid>`).
     pub fn identity(&self) -> String {
-        self.identity.clone().unwrap_or_else(|| {
-            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .map(|h| h.trim().to_string())
-                .unwrap_or_else(|_| "csiops-operator".into());
-            format!("{host}-{}", std::process::id())
-        })
+        csiops_runtime::kube::identity(self.identity.as_deref())
     }
 }
 

@@ -1,5 +1,4 @@
 //! csiops operator: reconciles `CSIDriverDeployment` objects into running CSI drivers.
-pub mod admin;
 pub mod cli;
 pub mod health;
 pub mod helm;
@@ -9,4 +8,3 @@ pub mod reconcile;
 pub mod render;
 pub mod report;
 pub mod rollout;
-pub mod telemetry;

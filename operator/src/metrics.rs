@@ -170,6 +170,12 @@ impl Drop for ReconcileTimer {
     }
 }
 
+impl csiops_runtime::admin::Exposition for Metrics {
+    fn encode(&self) -> Result<String, std::fmt::Error> {
+        Metrics::encode(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -77,7 +77,7 @@ pub struct Observed {
     pub cluster_scoped_remaining: usize,
 }
 
-/// One thing the reconciler must do now, in order.
+/// One thing the reconciler must do now, in order, for a live object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Action {
     /// Server-side apply the rendered node DaemonSet.
@@ -88,7 +88,16 @@ pub enum Action {
     ScaleControllerToZero,
     /// Delete the controller workload of the kind the spec no longer asks for.
     DeleteStaleController,
+}
+
+/// One step of the ordered teardown of a deleted object, in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TeardownAction {
+    /// Delete the controller workload of the spec's kind.
     DeleteController,
+    /// Delete the controller workload of the other kind.
+    DeleteStaleController,
+    /// Delete the node DaemonSet.
     DeleteNode,
     /// Delete the CSIDriver, cluster RBAC and StorageClasses this object owns.
     CleanupClusterScoped,
@@ -110,10 +119,11 @@ pub enum Transition {
     RolloutCompleted(RolloutKind),
 }
 
-/// The outcome of one planning pass.
+/// The outcome of one planning pass: [`Action`]s for a live object,
+/// [`TeardownAction`]s for a deleted one.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Plan {
-    pub actions: Vec<Action>,
+pub struct Plan<A = Action> {
+    pub actions: Vec<A>,
     /// The rollout to persist in status; `None` when none is under way.
     pub rollout: Option<RolloutStatus>,
     pub transitions: Vec<Transition>,
@@ -125,7 +135,7 @@ pub struct Plan {
     pub completed: bool,
 }
 
-impl Plan {
+impl<A> Plan<A> {
     fn new(rollout: Option<RolloutStatus>) -> Self {
         Self {
             actions: Vec::new(),
@@ -183,7 +193,7 @@ pub fn plan_delete(
     persisted: Option<&RolloutStatus>,
     step_timeout: Duration,
     now: DateTime<Utc>,
-) -> Plan {
+) -> Plan<TeardownAction> {
     let mut plan = Plan::new(None);
     let mut rollout = match persisted.filter(|r| r.kind == RolloutKind::Delete) {
         Some(r) => r.clone(),
@@ -214,7 +224,7 @@ pub fn plan_delete(
         run_delete_step(step, observed)
     });
     if plan.completed {
-        plan.actions.push(Action::RemoveFinalizer);
+        plan.actions.push(TeardownAction::RemoveFinalizer);
     }
     plan
 }
@@ -222,12 +232,12 @@ pub fn plan_delete(
 /// Runs steps from `rollout.step` on: each step's actions are added to the
 /// plan; a finished step starts the next one in the same pass; the first step
 /// still waiting is persisted (with its deadline judged), or the rollout ends.
-fn drive_steps(
-    plan: &mut Plan,
+fn drive_steps<A: PartialEq>(
+    plan: &mut Plan<A>,
     mut rollout: RolloutStatus,
     step_timeout: Duration,
     now: DateTime<Utc>,
-    run: impl Fn(RolloutStep) -> (Vec<Action>, Option<String>),
+    run: impl Fn(RolloutStep) -> (Vec<A>, Option<String>),
 ) {
     loop {
         let (actions, wait) = run(rollout.step);
@@ -262,21 +272,28 @@ fn drive_steps(
 }
 
 /// Actions and wait of a teardown step.
-fn run_delete_step(step: RolloutStep, observed: &Observed) -> (Vec<Action>, Option<String>) {
+fn run_delete_step(
+    step: RolloutStep,
+    observed: &Observed,
+) -> (Vec<TeardownAction>, Option<String>) {
     match step {
         RolloutStep::ControllerDelete => {
-            let mut actions: Vec<Action> = observed
+            let mut actions: Vec<TeardownAction> = observed
                 .controller
                 .iter()
-                .map(|_| Action::DeleteController)
+                .map(|_| TeardownAction::DeleteController)
                 .collect();
             if observed.stale_controller {
-                actions.push(Action::DeleteStaleController);
+                actions.push(TeardownAction::DeleteStaleController);
             }
             (actions, controller_gone(observed))
         }
         RolloutStep::NodeDelete => (
-            observed.node.iter().map(|_| Action::DeleteNode).collect(),
+            observed
+                .node
+                .iter()
+                .map(|_| TeardownAction::DeleteNode)
+                .collect(),
             node_gone(observed),
         ),
         RolloutStep::ClusterCleanup => {
@@ -285,7 +302,7 @@ fn run_delete_step(step: RolloutStep, observed: &Observed) -> (Vec<Action>, Opti
                 (Vec::new(), None)
             } else {
                 (
-                    vec![Action::CleanupClusterScoped],
+                    vec![TeardownAction::CleanupClusterScoped],
                     Some(format!("{left} cluster-scoped object(s) still present")),
                 )
             }

@@ -8,26 +8,28 @@ pub mod liveness;
 pub mod provisioner;
 pub mod registrar;
 
-use std::net::SocketAddr;
-
-/// Why a sidecar stopped with an error.
+/// Why a sidecar stopped with an error. Logged once, with its chain, by
+/// `main`.
 #[derive(Debug, thiserror::Error)]
 pub enum SidecarError {
-    #[error("invalid flag: {0}")]
-    Flag(String),
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
-    #[error("HTTP server: {0}")]
-    Http(std::io::Error),
-    #[error("task failed: {0}")]
-    Task(String),
+    #[error(transparent)]
+    Flag(#[from] common::args::FlagError),
+    #[error(transparent)]
+    Admin(#[from] csiops_runtime::admin::AdminError),
+    #[error(transparent)]
+    Kube(#[from] common::kube::KubeError),
+    #[error(transparent)]
+    Leader(#[from] csiops_runtime::leader::LeaderError),
     #[error(transparent)]
     Registrar(#[from] registrar::RegistrarError),
     #[error(transparent)]
     Attacher(#[from] attacher::AttacherError),
     #[error(transparent)]
     Provisioner(#[from] provisioner::ProvisionerError),
+}
+
+impl From<std::convert::Infallible> for SidecarError {
+    fn from(never: std::convert::Infallible) -> Self {
+        match never {}
+    }
 }

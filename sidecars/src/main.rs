@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use csiops_sidecars::common::logging;
+use csiops_runtime::{chain, logging};
 use csiops_sidecars::{attacher, liveness, provisioner, registrar};
 
 /// Rust replacements of the kubernetes-csi sidecars.
@@ -39,8 +39,8 @@ async fn main() -> ExitCode {
         Role::Provisioner(a) => &a.common,
         Role::Attacher(a) => &a.common,
     };
-    if let Err(e) = logging::init(common.log_format, common.verbosity) {
-        eprintln!("csiops-sidecar: {e}");
+    if let Err(e) = logging::init(common.log_format, &logging::klog_filter(common.verbosity)) {
+        eprintln!("csiops-sidecar: {}", chain(&e));
         return ExitCode::FAILURE;
     }
     let res = match cli.role {
@@ -55,7 +55,7 @@ async fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            tracing::error!(error = %e, "stopped with an error");
+            tracing::error!(error = %chain(&e), "stopped with an error");
             ExitCode::FAILURE
         }
     }

@@ -13,14 +13,20 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
             Err(e) => {
-                eprintln!("csiops-manifests: cannot render the install manifest: {e}");
+                eprintln!(
+                    "csiops-manifests: cannot render the install manifest: {}",
+                    csiops_runtime::chain(&e)
+                );
                 ExitCode::FAILURE
             }
         },
         [flag, dir] if flag == "--helm-chart" => match write_chart(Path::new(dir)) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("csiops-manifests: cannot write the Helm chart to {dir}: {e}");
+                eprintln!(
+                    "csiops-manifests: cannot write the Helm chart to {dir}: {}",
+                    csiops_runtime::chain(e.as_ref())
+                );
                 ExitCode::FAILURE
             }
         },

@@ -6,7 +6,7 @@ use kube::core::Status;
 /// Why a reconciliation stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("Kubernetes API: {0}")]
+    #[error("Kubernetes API")]
     Kube(#[from] kube::Error),
 
     #[error("{kind} {name} already exists and is not owned by this CSIDriverDeployment{detail}")]
@@ -36,7 +36,7 @@ pub enum Error {
         source: Box<kube::Error>,
     },
 
-    #[error("cannot serialize {kind} {name}: {source}")]
+    #[error("cannot serialize {kind} {name}")]
     Serialize {
         kind: &'static str,
         name: String,

@@ -3,6 +3,8 @@
 //! fails a reconciliation.
 
 use csiops_crds::{CSIDriverDeployment, RolloutKind, RolloutStep};
+use csiops_runtime::chain;
+use csiops_runtime::error::ellipsize;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::Resource;
 
@@ -117,26 +119,17 @@ pub async fn publish(recorder: &Recorder, obj: &CSIDriverDeployment, note: &Note
             EventType::Normal
         },
         reason: note.reason.clone(),
-        note: Some(truncate(&note.note, 1000)),
+        note: Some(ellipsize(&note.note, NOTE_MAX)),
         action: note.action.clone(),
         secondary: None,
     };
     if let Err(e) = recorder.publish(&event, &obj.object_ref(&())).await {
-        tracing::warn!(reason = %note.reason, error = %e, "cannot publish event");
+        tracing::warn!(reason = %note.reason, error = %chain(&e), "cannot publish event");
     }
 }
 
 /// Events carry at most 1 KiB of note.
-fn truncate(s: &str, max: usize) -> String {
-    if s.len() <= max {
-        return s.to_string();
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &s[..end])
-}
+const NOTE_MAX: usize = 1000;
 
 #[cfg(test)]
 mod tests {
@@ -170,8 +163,8 @@ mod tests {
     #[test]
     fn long_notes_are_cut_on_a_char_boundary() {
         let s = "é".repeat(600);
-        let t = truncate(&s, 1000);
-        assert!(t.len() <= 1000 + '…'.len_utf8());
+        let t = ellipsize(&s, NOTE_MAX);
+        assert!(t.len() <= NOTE_MAX + '…'.len_utf8());
         assert!(t.ends_with('…'));
     }
 }

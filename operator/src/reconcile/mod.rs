@@ -2,12 +2,12 @@
 //! children, drives the ordered rollout one step further and writes status.
 //!
 //! Flow of [`reconcile`]:
-//! 1. deleted object → ordered teardown ([`teardown`]);
+//! 1. deleted object → ordered teardown ([`teardown`](teardown::teardown));
 //! 2. another object owns the driver name → Degraded (Conflict), nothing touched;
 //! 3. render (pure) → a render error is Degraded (RenderFailed) + Event;
-//! 4. supporting objects applied (ownership-checked), stale cluster-scoped ones pruned;
+//! 4. supporting objects applied (ownership-checked, [`supporting`]), stale cluster-scoped ones pruned;
 //! 5. workloads observed, the state machine planned, its actions executed;
-//! 6. Events for every transition, status by server-side apply.
+//! 6. Events for every transition, status by server-side apply ([`status`]).
 
 pub mod apply;
 pub mod cluster;
@@ -16,18 +16,22 @@ pub mod error;
 pub mod events;
 pub mod pod_events;
 pub mod retry;
+mod status;
+mod supporting;
+mod teardown;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 use std::time::Duration as StdDuration;
 
 use chrono::{Duration, Utc};
+use csiops_crds::CSIDriverDeployment;
 use csiops_crds::ControllerKind;
-use csiops_crds::{CSIDriverDeployment, CSIDriverDeploymentStatus};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
-use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, StorageClass};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::storage::v1::CSINode;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action as Requeue, Controller};
 use kube::runtime::events::{Recorder, Reporter};
@@ -37,16 +41,20 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use tracing::{info, warn};
 
-use self::apply::{apply, delete_owned, get_owned, Applied, Mode, Owner, FIELD_MANAGER};
+use self::apply::{apply, delete_owned, get_owned, Mode, Owner};
 use self::cluster::ClusterScoped;
 use self::error::Error;
 use self::events::{publish, Note};
+use self::status::{status_after, warn_once, write_problem, write_status, Progress};
+use self::supporting::apply_supporting;
+use self::teardown::teardown;
 use crate::health::{self, Health, HealthInput};
 use crate::metrics::Metrics;
 use crate::render::labels::{self, INSTANCE, MANAGED_BY, MANAGED_BY_VALUE};
 use crate::render::{self, names, ControllerWorkload, RenderConfig, Rendered};
-use crate::report::{self, Problem, ReportInput};
+use crate::report::{self, Problem};
 use crate::rollout::{self, Action, Desired, Observed, Plan};
+use csiops_runtime::chain;
 
 /// Finalizer that holds a deleted object until its ordered teardown is done.
 pub const FINALIZER: &str = "csiops.dev/teardown";
@@ -177,7 +185,7 @@ pub async fn run(
         .run(reconcile, error_policy, ctx)
         .for_each(|res| async move {
             if let Err(e) = res {
-                warn!(error = %e, "reconcile loop");
+                warn!(error = %chain(&e), "reconcile loop");
             }
         })
         .await;
@@ -193,7 +201,7 @@ fn pod_owner(pod: Pod) -> Option<ObjectRef<CSIDriverDeployment>> {
 /// Transient failures are retried; the error is counted and logged.
 pub fn error_policy(obj: Arc<CSIDriverDeployment>, err: &Error, ctx: Arc<Context>) -> Requeue {
     ctx.metrics.reconcile_failed(err.metric_kind());
-    warn!(object = %obj.name_any(), namespace = ?obj.namespace(), error = %err, "reconcile failed; retrying");
+    warn!(object = %obj.name_any(), namespace = ?obj.namespace(), error = %chain(err), "reconcile failed; retrying");
     Requeue::requeue(StdDuration::from_secs(15))
 }
 
@@ -249,7 +257,7 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
         Err(e) => {
             let problem = Problem {
                 reason: "RenderFailed",
-                message: format!("cannot render the driver's objects: {e}"),
+                message: format!("cannot render the driver's objects: {}", chain(&e)),
             };
             ctx.metrics.reconcile_failed("render");
             write_problem(&obj, &ctx, &api, &problem).await?;
@@ -268,7 +276,7 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
                 ctx.metrics.reconcile_failed(e.metric_kind());
                 let problem = Problem {
                     reason,
-                    message: e.to_string(),
+                    message: chain(&e).to_string(),
                 };
                 write_problem(&obj, &ctx, &api, &problem).await?;
                 return Ok(Requeue::requeue(USER_ERROR_REQUEUE));
@@ -279,13 +287,13 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
             ctx.metrics.reconcile_failed(e.metric_kind());
             let failures = ctx.failures.record(&key);
             let wait = retry::backoff(failures);
-            warn!(object = %name, namespace = %ns, failures, retry_in = ?wait, error = %e, "write failed");
+            warn!(object = %name, namespace = %ns, failures, retry_in = ?wait, error = %chain(&e), "write failed");
             if failures >= retry::REPORT_AFTER {
                 // The message stays the same while the failure does, so the
                 // condition and the Event are written once, not per retry.
                 let problem = Problem {
                     reason,
-                    message: format!("{e}; retrying with backoff"),
+                    message: format!("{}; retrying with backoff", chain(&e)),
                 };
                 write_problem(&obj, &ctx, &api, &problem).await?;
             }
@@ -373,129 +381,13 @@ async fn drive(
             message: why.clone(),
         })
     });
-    let new_status = report::build(&ReportInput {
-        previous: status,
-        generation: obj.metadata.generation.unwrap_or(0),
-        spec_version: &spec.version,
-        rollout: plan.rollout.as_ref(),
-        waiting_for: plan.waiting_for.as_deref(),
-        completed: plan.completed,
-        health: &health,
-        problem: problem.as_ref(),
-        paused: spec.paused,
-        deleting: false,
-        now,
-    });
+    let new_status = status_after(obj, Progress::of(&plan), &health, problem.as_ref(), now);
     write_status(obj, api, new_status).await?;
     Ok(if plan.rollout.is_some() {
         Requeue::requeue(ROLLOUT_REQUEUE)
     } else {
         Requeue::requeue(IDLE_REQUEUE)
     })
-}
-
-/// The ordered teardown of a deleted object.
-async fn teardown(
-    obj: &CSIDriverDeployment,
-    ctx: &Context,
-    api: &Api<CSIDriverDeployment>,
-    owner: Owner<'_>,
-) -> Result<Requeue, Error> {
-    let now = Utc::now();
-    let (sts_api, ds_api) = workload_apis(ctx, owner.namespace);
-    let deploy_api: Api<Deployment> = Api::namespaced(ctx.client.clone(), owner.namespace);
-    // What is not ours is not torn down: treat a foreign same-named workload as absent.
-    let controller = LiveController {
-        statefulset: get_owned(&sts_api, "StatefulSet", &names::controller_name(obj), owner)
-            .await
-            .or_else(ignore_not_owned)?,
-        deployment: get_owned(
-            &deploy_api,
-            "Deployment",
-            &names::controller_name(obj),
-            owner,
-        )
-        .await
-        .or_else(ignore_not_owned)?,
-    };
-    let ds = get_owned(&ds_api, "DaemonSet", &names::node_name(obj), owner)
-        .await
-        .or_else(ignore_not_owned)?;
-    let kind = obj.spec.controller.kind;
-    let (statefulset, deployment) = controller.current(kind);
-    let cluster = ClusterScoped::new(&ctx.client, labels::cluster_owner_selector(obj));
-    let remaining = cluster.count().await?;
-    let pods = pods_of(ctx, owner);
-    let health = health::assess(&HealthInput {
-        driver_name: &obj.spec.driver_name,
-        kubelet_dir: &obj.spec.node.kubelet_dir,
-        registration_required: false,
-        statefulset,
-        deployment,
-        daemonset: ds.as_ref(),
-        pods: &pods,
-        csinodes: &[],
-        mount_failures: &Default::default(),
-        now,
-    });
-    let observed = observe(&controller, kind, ds.as_ref(), &health, remaining);
-    let status = obj.status.as_ref();
-    let plan = rollout::plan_delete(
-        &observed,
-        status.and_then(|s| s.rollout.as_ref()),
-        Duration::seconds(obj.spec.rollout.step_timeout_seconds),
-        now,
-    );
-    for action in &plan.actions {
-        match action {
-            Action::DeleteController => {
-                delete_controller(ctx, obj, owner, kind).await?;
-            }
-            Action::DeleteStaleController => {
-                delete_controller(ctx, obj, owner, other_kind(kind)).await?;
-            }
-            Action::DeleteNode => {
-                delete_owned(&ds_api, "DaemonSet", &names::node_name(obj), owner).await?;
-            }
-            Action::CleanupClusterScoped => {
-                cluster.delete_all().await?;
-            }
-            Action::RemoveFinalizer => {
-                announce(obj, ctx, &plan).await;
-                remove_finalizer(obj, api).await?;
-                info!(object = %owner.name, namespace = %owner.namespace, "teardown complete");
-                return Ok(Requeue::await_change());
-            }
-            other => warn!(?other, "action not expected during teardown; ignored"),
-        }
-    }
-    announce(obj, ctx, &plan).await;
-    let problem = plan.overdue.as_ref().map(|why| Problem {
-        reason: "RolloutStepTimeout",
-        message: why.clone(),
-    });
-    let new_status = report::build(&ReportInput {
-        previous: status,
-        generation: obj.metadata.generation.unwrap_or(0),
-        spec_version: &obj.spec.version,
-        rollout: plan.rollout.as_ref(),
-        waiting_for: plan.waiting_for.as_deref(),
-        completed: false,
-        health: &health,
-        problem: problem.as_ref(),
-        paused: false,
-        deleting: true,
-        now,
-    });
-    write_status(obj, api, new_status).await?;
-    Ok(Requeue::requeue(StdDuration::from_secs(5)))
-}
-
-fn ignore_not_owned<K>(e: Error) -> Result<Option<K>, Error> {
-    match e {
-        Error::NotOwned { .. } => Ok(None),
-        other => Err(other),
-    }
 }
 
 fn workload_apis(ctx: &Context, ns: &str) -> (Api<StatefulSet>, Api<DaemonSet>) {
@@ -614,128 +506,6 @@ fn observe(
     }
 }
 
-/// ServiceAccounts, RBAC, the CSIDriver and StorageClasses: applied before any
-/// workload so pods never start without their permissions.
-async fn apply_supporting(
-    obj: &CSIDriverDeployment,
-    ctx: &Context,
-    owner: Owner<'_>,
-    r: &Rendered,
-) -> Result<(), Error> {
-    let c = &ctx.client;
-    let sa: Api<ServiceAccount> = Api::namespaced(c.clone(), owner.namespace);
-    apply(
-        &sa,
-        "ServiceAccount",
-        r.controller_service_account.clone(),
-        owner,
-        Mode::IfChanged,
-    )
-    .await?;
-    apply(
-        &sa,
-        "ServiceAccount",
-        r.node_service_account.clone(),
-        owner,
-        Mode::IfChanged,
-    )
-    .await?;
-    if let Some(role) = &r.leader_election_role {
-        let api: Api<Role> = Api::namespaced(c.clone(), owner.namespace);
-        apply(&api, "Role", role.clone(), owner, Mode::IfChanged).await?;
-    }
-    if let Some(binding) = &r.leader_election_role_binding {
-        let api: Api<RoleBinding> = Api::namespaced(c.clone(), owner.namespace);
-        apply(&api, "RoleBinding", binding.clone(), owner, Mode::IfChanged).await?;
-    }
-    let roles: Api<ClusterRole> = Api::all(c.clone());
-    for role in &r.cluster_roles {
-        apply(&roles, "ClusterRole", role.clone(), owner, Mode::IfChanged).await?;
-    }
-    let bindings: Api<ClusterRoleBinding> = Api::all(c.clone());
-    for binding in &r.cluster_role_bindings {
-        apply(
-            &bindings,
-            "ClusterRoleBinding",
-            binding.clone(),
-            owner,
-            Mode::IfChanged,
-        )
-        .await?;
-    }
-
-    // Some CSIDriver fields are immutable: when the API refuses the change,
-    // the object is re-created (running volumes keep working meanwhile).
-    let drivers: Api<CSIDriver> = Api::all(c.clone());
-    match apply(
-        &drivers,
-        "CSIDriver",
-        r.csi_driver.clone(),
-        owner,
-        Mode::IfChanged,
-    )
-    .await
-    {
-        Err(Error::Rejected { message, .. }) => {
-            let name = r.csi_driver.name_any();
-            delete_owned(&drivers, "CSIDriver", &name, owner).await?;
-            apply(
-                &drivers,
-                "CSIDriver",
-                r.csi_driver.clone(),
-                owner,
-                Mode::IfChanged,
-            )
-            .await?;
-            let note =
-                format!("CSIDriver {name} re-created: an immutable field changed ({message})");
-            publish(
-                &ctx.recorder,
-                obj,
-                &Note::warning("CSIDriverRecreated", note),
-            )
-            .await;
-        }
-        other => {
-            other?;
-        }
-    }
-
-    // StorageClass parameters, provisioner, reclaimPolicy and binding mode are
-    // immutable: a changed class is re-created. Existing PVs are not affected.
-    let classes: Api<StorageClass> = Api::all(c.clone());
-    for class in &r.storage_classes {
-        let name = class.name_any();
-        match apply(
-            &classes,
-            "StorageClass",
-            class.clone(),
-            owner,
-            Mode::RecreateIfChanged,
-        )
-        .await?
-        {
-            Applied::Created => info!(storage_class = %name, "StorageClass created"),
-            Applied::Recreated => {
-                let note = format!("StorageClass {name} re-created with the new spec");
-                publish(
-                    &ctx.recorder,
-                    obj,
-                    &Note {
-                        warning: false,
-                        reason: "StorageClassRecreated".into(),
-                        action: "Apply".into(),
-                        note,
-                    },
-                )
-                .await;
-            }
-            Applied::Updated | Applied::Unchanged => {}
-        }
-    }
-    Ok(())
-}
-
 /// Runs one action of the state machine.
 async fn execute(
     action: Action,
@@ -790,21 +560,12 @@ async fn execute(
                 info!(object = %owner.name, kind = stale.as_str(), "removed the controller of the previous kind");
             }
         }
-        Action::DeleteController
-        | Action::DeleteNode
-        | Action::CleanupClusterScoped
-        | Action::RemoveFinalizer => {
-            warn!(
-                ?action,
-                "teardown action planned for a live object; ignored"
-            );
-        }
     }
     Ok(())
 }
 
 /// Events (and metrics) for the plan's transitions.
-async fn announce(obj: &CSIDriverDeployment, ctx: &Context, plan: &Plan) {
+async fn announce<A>(obj: &CSIDriverDeployment, ctx: &Context, plan: &Plan<A>) {
     for t in &plan.transitions {
         if let rollout::Transition::StepStarted(step) = t {
             ctx.metrics.rollout_step(step.as_str());
@@ -830,100 +591,6 @@ async fn announce(obj: &CSIDriverDeployment, ctx: &Context, plan: &Plan) {
     }
 }
 
-/// A Warning Event for `problem`, unless the object already reports it.
-async fn warn_once(obj: &CSIDriverDeployment, ctx: &Context, problem: &Problem) {
-    let already = obj
-        .status
-        .as_ref()
-        .and_then(|s| s.condition(report::DEGRADED))
-        .is_some_and(|c| c.status == "True" && c.reason == problem.reason);
-    if !already {
-        warn!(object = %obj.name_any(), reason = problem.reason, "{}", problem.message);
-        publish(
-            &ctx.recorder,
-            obj,
-            &Note::warning(problem.reason, problem.message.clone()),
-        )
-        .await;
-    }
-}
-
-/// Status and a Warning Event for a problem the user must fix.
-async fn write_problem(
-    obj: &CSIDriverDeployment,
-    ctx: &Context,
-    api: &Api<CSIDriverDeployment>,
-    problem: &Problem,
-) -> Result<(), Error> {
-    let previous = obj.status.as_ref();
-    let already = previous
-        .and_then(|s| s.condition(report::DEGRADED))
-        .is_some_and(|c| {
-            c.status == "True" && c.reason == problem.reason && c.message == problem.message
-        });
-    if !already {
-        warn!(object = %obj.name_any(), reason = problem.reason, "{}", problem.message);
-        publish(
-            &ctx.recorder,
-            obj,
-            &Note::warning(problem.reason, problem.message.clone()),
-        )
-        .await;
-    }
-    // Keep the last known counts and rollout: nothing was observed or changed.
-    let health = previous.map(health_of_status).unwrap_or_default();
-    let new_status = report::build(&ReportInput {
-        previous,
-        generation: obj.metadata.generation.unwrap_or(0),
-        spec_version: &obj.spec.version,
-        rollout: previous.and_then(|s| s.rollout.as_ref()),
-        waiting_for: None,
-        completed: false,
-        health: &health,
-        problem: Some(problem),
-        paused: obj.spec.paused,
-        deleting: false,
-        now: Utc::now(),
-    });
-    write_status(obj, api, new_status).await
-}
-
-fn health_of_status(s: &CSIDriverDeploymentStatus) -> Health {
-    Health {
-        controller: s.controller.clone(),
-        node: s.node.clone(),
-        registered_nodes: s.registered_nodes,
-        unhealthy: s.unhealthy_pods.clone(),
-        ..Health::default()
-    }
-}
-
-/// Writes status by server-side apply, only when it changed.
-async fn write_status(
-    obj: &CSIDriverDeployment,
-    api: &Api<CSIDriverDeployment>,
-    status: CSIDriverDeploymentStatus,
-) -> Result<(), Error> {
-    if obj.status.as_ref() == Some(&status) {
-        return Ok(());
-    }
-    let patch = json!({
-        "apiVersion": "csiops.dev/v1alpha1",
-        "kind": "CSIDriverDeployment",
-        "status": status,
-    });
-    let params = PatchParams::apply(FIELD_MANAGER).force();
-    match api
-        .patch_status(&obj.name_any(), &params, &Patch::Apply(&patch))
-        .await
-    {
-        Ok(_) => Ok(()),
-        // Deleted meanwhile: nothing to report on.
-        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
-        Err(e) => Err(Error::Kube(e)),
-    }
-}
-
 async fn ensure_finalizer(
     obj: &CSIDriverDeployment,
     api: &Api<CSIDriverDeployment>,
@@ -933,19 +600,6 @@ async fn ensure_finalizer(
     }
     let mut finalizers = obj.finalizers().to_vec();
     finalizers.push(FINALIZER.to_string());
-    patch_finalizers(obj, api, finalizers).await
-}
-
-async fn remove_finalizer(
-    obj: &CSIDriverDeployment,
-    api: &Api<CSIDriverDeployment>,
-) -> Result<(), Error> {
-    let finalizers: Vec<String> = obj
-        .finalizers()
-        .iter()
-        .filter(|f| *f != FINALIZER)
-        .cloned()
-        .collect();
     patch_finalizers(obj, api, finalizers).await
 }
 

@@ -12,6 +12,7 @@ use kube::ResourceExt;
 use tracing::warn;
 
 use crate::health;
+use csiops_runtime::chain;
 
 /// kubelet's latest `FailedMount` message for each of `pods` stuck creating
 /// (see [`health::stuck_creating`]); one list call per such pod. A failed
@@ -34,7 +35,7 @@ pub async fn mount_failures(
                     failures.insert(pod.name_any(), msg);
                 }
             }
-            Err(e) => warn!(pod = %pod.name_any(), error = %e, "reading the pod's Events"),
+            Err(e) => warn!(pod = %pod.name_any(), error = %chain(&e), "reading the pod's Events"),
         }
     }
     failures

@@ -111,7 +111,7 @@ pub enum RenderError {
     },
 
     /// Serializing a rendered spec for its hash failed (not expected to happen).
-    #[error("cannot serialize the rendered {what} spec for hashing: {source}")]
+    #[error("cannot serialize the rendered {what} spec for hashing")]
     Hash {
         what: &'static str,
         #[source]

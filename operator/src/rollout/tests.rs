@@ -96,11 +96,18 @@ impl Sim {
                     c.generation += 1;
                 }
             }
-            Action::DeleteController => self.obs.controller = None,
             Action::DeleteStaleController => self.obs.stale_controller = false,
-            Action::DeleteNode => self.obs.node = None,
-            Action::CleanupClusterScoped => self.obs.cluster_scoped_remaining = 0,
-            Action::RemoveFinalizer => {}
+        }
+        self.check_invariant();
+    }
+
+    fn tear(&mut self, a: TeardownAction) {
+        match a {
+            TeardownAction::DeleteController => self.obs.controller = None,
+            TeardownAction::DeleteStaleController => self.obs.stale_controller = false,
+            TeardownAction::DeleteNode => self.obs.node = None,
+            TeardownAction::CleanupClusterScoped => self.obs.cluster_scoped_remaining = 0,
+            TeardownAction::RemoveFinalizer => {}
         }
         self.check_invariant();
     }
@@ -542,13 +549,13 @@ fn delete_tears_down_controller_then_node_then_cluster_objects() {
     let timeout = Duration::seconds(600);
 
     let p = plan_delete(&sim.obs, None, timeout, t0());
-    assert_eq!(p.actions, vec![Action::DeleteController]);
+    assert_eq!(p.actions, vec![TeardownAction::DeleteController]);
     let r = p.rollout.clone().expect("delete rollout");
     assert_eq!(
         (r.kind, r.step),
         (RolloutKind::Delete, RolloutStep::ControllerDelete)
     );
-    sim.apply(Action::DeleteController, &desired("n1", "c1"));
+    sim.tear(TeardownAction::DeleteController);
 
     // StatefulSet gone but its pods still terminating: the DaemonSet waits.
     let p = plan_delete(&sim.obs, Some(&r), timeout, t0());
@@ -561,18 +568,18 @@ fn delete_tears_down_controller_then_node_then_cluster_objects() {
 
     sim.settle();
     let p = plan_delete(&sim.obs, Some(&r), timeout, t0());
-    assert_eq!(p.actions, vec![Action::DeleteNode]);
+    assert_eq!(p.actions, vec![TeardownAction::DeleteNode]);
     let r = p.rollout.clone().expect("node step");
     assert_eq!(r.step, RolloutStep::NodeDelete);
-    sim.apply(Action::DeleteNode, &desired("n1", "c1"));
+    sim.tear(TeardownAction::DeleteNode);
     sim.settle();
 
     let p = plan_delete(&sim.obs, Some(&r), timeout, t0());
-    assert_eq!(p.actions, vec![Action::CleanupClusterScoped]);
-    sim.apply(Action::CleanupClusterScoped, &desired("n1", "c1"));
+    assert_eq!(p.actions, vec![TeardownAction::CleanupClusterScoped]);
+    sim.tear(TeardownAction::CleanupClusterScoped);
     let r = p.rollout.clone().expect("cleanup step");
     let p = plan_delete(&sim.obs, Some(&r), timeout, t0());
-    assert_eq!(p.actions, vec![Action::RemoveFinalizer]);
+    assert_eq!(p.actions, vec![TeardownAction::RemoveFinalizer]);
     assert!(p.completed && p.rollout.is_none());
 }
 
@@ -584,14 +591,14 @@ fn delete_mid_upgrade_restarts_at_the_controller() {
     sim.run(&d2, t0());
     let upgrading = sim.rollout.clone().expect("upgrade");
     let p = plan_delete(&sim.obs, Some(&upgrading), Duration::seconds(600), t0());
-    assert_eq!(p.actions, vec![Action::DeleteController]);
+    assert_eq!(p.actions, vec![TeardownAction::DeleteController]);
     assert_eq!(p.rollout.map(|r| r.kind), Some(RolloutKind::Delete));
 }
 
 #[test]
 fn delete_of_an_object_that_deployed_nothing_finishes_at_once() {
     let p = plan_delete(&Observed::default(), None, Duration::seconds(600), t0());
-    assert_eq!(p.actions, vec![Action::RemoveFinalizer]);
+    assert_eq!(p.actions, vec![TeardownAction::RemoveFinalizer]);
 }
 
 /// `spec.controller.kind` changed: the workload of the desired kind does not
@@ -691,13 +698,16 @@ fn delete_removes_controllers_of_both_kinds() {
     let p = plan_delete(&observed, None, Duration::seconds(600), t0());
     assert_eq!(
         p.actions,
-        vec![Action::DeleteController, Action::DeleteStaleController]
+        vec![
+            TeardownAction::DeleteController,
+            TeardownAction::DeleteStaleController
+        ]
     );
     let only_stale = Observed {
         stale_controller: true,
         ..Observed::default()
     };
     let p = plan_delete(&only_stale, None, Duration::seconds(600), t0());
-    assert_eq!(p.actions, vec![Action::DeleteStaleController]);
+    assert_eq!(p.actions, vec![TeardownAction::DeleteStaleController]);
     assert!(p.waiting_for.is_some(), "waits until the old kind is gone");
 }

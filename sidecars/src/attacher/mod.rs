@@ -8,7 +8,6 @@
 //! - [`decide`]: what a VolumeAttachment or PV needs;
 //! - [`status`]: the patch bodies.
 
-pub mod cache;
 pub mod controller;
 pub mod csi;
 pub mod decide;
@@ -17,6 +16,7 @@ pub mod metrics;
 pub mod node;
 pub mod request;
 pub mod status;
+pub mod sync;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,13 +24,11 @@ use std::time::Duration;
 use clap::Args;
 use csiops_proto::csi::v1::controller_service_capability::rpc::Type as Cap;
 
-use crate::common::args::{parse_duration, CommonArgs};
-use crate::common::controller::{lease_name, run_as_leader, ControllerArgs, LeadError};
-use crate::common::driver::Driver;
-use crate::common::http::{self, HealthCheck};
-use crate::common::kube::{KubeArgs, KubeError};
+use crate::common::args::{parse_duration, CommonArgs, FlagError};
+use crate::common::controller::{lease_name, ControllerArgs};
+use crate::common::kube::KubeArgs;
 use crate::common::metrics::Metrics;
-use crate::common::shutdown::Shutdown;
+use crate::common::role::{lead, probe_check, Role, Wait};
 use crate::SidecarError;
 
 /// Flags of `attacher`: upstream external-attacher's names and defaults.
@@ -84,34 +82,28 @@ pub struct AttacherArgs {
 /// Why the attacher stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum AttacherError {
+    #[error("ControllerGetCapabilities failed")]
+    Capabilities(#[source] tonic::Status),
     #[error(transparent)]
-    Kube(#[from] KubeError),
-    #[error("ControllerGetCapabilities: {0}")]
-    Capabilities(tonic::Status),
-    #[error(transparent)]
-    Lead(#[from] LeadError<controller::ControllerError>),
+    Controller(#[from] controller::ControllerError),
 }
 
 /// Runs until SIGTERM (or lost leadership, an error).
 pub async fn run(args: AttacherArgs) -> Result<(), SidecarError> {
     // Flags first: nothing below may wait (for the driver, the API server)
     // before a wrong flag is reported.
-    let backoff = args.controller.check().map_err(SidecarError::Flag)?;
-    args.kube
-        .check()
-        .map_err(|e| SidecarError::Flag(e.to_string()))?;
+    let backoff = args.controller.check()?;
+    args.kube.check()?;
     let http_endpoint = if args.common.http_endpoint.is_empty() {
         args.metrics_address.clone()
     } else {
         args.common.http_endpoint.clone()
     };
     let http_addr = crate::common::args::parse_endpoint(&http_endpoint)
-        .map_err(|e| SidecarError::Flag(format!("--http-endpoint: {e}")))?;
-    let (shutdown, _trigger) = Shutdown::on_signals();
+        .map_err(|e| FlagError::new("--http-endpoint", e))?;
+    let mut role = Role::start();
     let requests = crate::common::kube::ApiRequests::default();
-    let client = crate::common::kube::client(&args.kube, &requests)
-        .await
-        .map_err(AttacherError::from)?;
+    let client = crate::common::kube::client(&args.kube, &requests).await?;
     let queues = controller::Queues::new(backoff);
     let writes = metrics::Writes::default();
     let mut registry = Metrics::new();
@@ -122,20 +114,9 @@ pub async fn run(args: AttacherArgs) -> Result<(), SidecarError> {
     writes.register(registry.registry_mut());
     let metrics = Arc::new(registry);
 
-    let Some(driver) = Driver::connect_ready(
-        &args.common.csi_address,
-        args.common.timeout,
-        metrics.clone(),
-        &shutdown,
-    )
-    .await
-    else {
-        return Ok(());
+    let Some((driver, driver_name)) = role.driver(&args.common, &metrics, Wait::Ready).await else {
+        return role.finish(Ok(())).await;
     };
-    let Some(driver_name) = driver.driver_name_waiting(&shutdown).await else {
-        return Ok(());
-    };
-    metrics.set_driver_name(&driver_name);
     let caps = driver
         .controller_capabilities()
         .await
@@ -150,34 +131,9 @@ pub async fn run(args: AttacherArgs) -> Result<(), SidecarError> {
         single_node_multi_writer: caps.contains(&Cap::SingleNodeMultiWriter),
     };
     tracing::info!(driver = %driver_name, ?mode, ?publish_caps, "driver found");
-
-    let health_driver = driver.clone();
-    let probe_timeout = args.common.timeout;
-    let check: HealthCheck = Arc::new(move || {
-        let driver = health_driver.clone();
-        Box::pin(async move {
-            match driver.probe(probe_timeout).await {
-                Ok(true) => Ok(()),
-                Ok(false) => Err("driver not ready".to_string()),
-                Err(s) => Err(format!("driver unreachable: {}", s.message())),
-            }
-        })
-    });
-    let http_task = match http_addr {
-        Some(addr) => {
-            let stop = shutdown.clone();
-            Some(
-                http::serve(
-                    addr,
-                    http::router(metrics.clone(), &args.common.metrics_path, check),
-                    async move { stop.wait().await },
-                )
-                .await
-                .map_err(|source| SidecarError::Bind { addr, source })?,
-            )
-        }
-        None => None,
-    };
+    let check = probe_check(&driver, args.common.timeout);
+    role.serve_admin(http_addr, &args.common, &metrics, check)
+        .await?;
 
     let cfg = controller::Config {
         driver_name: driver_name.clone(),
@@ -189,20 +145,15 @@ pub async fn run(args: AttacherArgs) -> Result<(), SidecarError> {
         resync: args.resync,
     };
     let (ctrl, watches) = controller::Controller::new(cfg, client.clone(), driver, queues, writes);
-    let election = args.controller.leader_election.then(|| {
-        args.controller
-            .leader_config(&lease_name("external-attacher-leader-", &driver_name))
-    });
-    let stop = shutdown.clone();
-    let lead_client = crate::common::kube::election_client(&args.kube)
-        .await
-        .map_err(AttacherError::from)?;
-    let outcome = run_as_leader(lead_client, election, &shutdown, move || {
-        ctrl.run(watches, stop)
-    })
+    let stop = role.shutdown.clone();
+    let lease = lease_name("external-attacher-leader-", &driver_name);
+    let outcome = lead(
+        &args.kube,
+        &args.controller,
+        &lease,
+        &role.shutdown,
+        move || async move { ctrl.run(watches, stop).await.map_err(AttacherError::from) },
+    )
     .await;
-    if let Some(task) = http_task {
-        let _ = tokio::time::timeout(Duration::from_secs(2), task).await;
-    }
-    outcome.map_err(|e| SidecarError::from(AttacherError::from(e)))
+    role.finish(outcome).await
 }

@@ -10,6 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde_json::{json, Map, Value};
 
 use super::node::VA_NODE_ID_ANNOTATION;
+use csiops_runtime::truncate;
 
 /// Longest error message stored in `attachError`/`detachError` (a driver's
 /// message can be arbitrarily long; the object should stay small).
@@ -72,18 +73,6 @@ pub fn detach_error(message: &str, time: Time) -> Value {
 
 fn volume_error(message: &str, time: Time) -> Value {
     json!({ "message": truncate(message, MAX_ERROR_MESSAGE), "time": time })
-}
-
-/// `s` cut to at most `max` bytes on a character boundary.
-pub fn truncate(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
 }
 
 #[cfg(test)]

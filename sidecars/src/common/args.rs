@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::logging::LogFormat;
+use csiops_runtime::logging::LogFormat;
 
 /// Flags of every role.
 #[derive(Debug, Clone, Args)]
@@ -39,8 +39,47 @@ pub struct CommonArgs {
 
 impl CommonArgs {
     /// The HTTP endpoint, if one is configured.
-    pub fn http_addr(&self) -> Result<Option<SocketAddr>, String> {
-        parse_endpoint(&self.http_endpoint)
+    pub fn http_addr(&self) -> Result<Option<SocketAddr>, FlagError> {
+        parse_endpoint(&self.http_endpoint).map_err(|e| FlagError::new("--http-endpoint", e))
+    }
+}
+
+/// A flag whose value cannot be used: the role stops before it does
+/// anything else, naming the flag.
+#[derive(Debug)]
+pub struct FlagError {
+    /// The flag, or the flags whose combination is wrong.
+    pub flag: &'static str,
+    reason: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl FlagError {
+    /// `flag` is wrong for `reason` (a parser's message or a typed error).
+    pub fn new(
+        flag: &'static str,
+        reason: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        FlagError {
+            flag,
+            reason: reason.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for FlagError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The reason is the source; the flag is named once in the chain.
+        if self.reason.to_string().contains(self.flag) {
+            write!(f, "invalid flag")
+        } else {
+            write!(f, "invalid flag {}", self.flag)
+        }
+    }
+}
+
+impl std::error::Error for FlagError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(self.reason.as_ref())
     }
 }
 

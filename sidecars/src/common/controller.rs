@@ -1,15 +1,12 @@
 //! What the controller sidecars (provisioner, attacher) share besides the
-//! work queue: retry and leader-election flags with the upstream names, and
-//! running the controller only while holding the Lease.
+//! work queue: retry and leader-election flags with the upstream names.
 
-use std::future::Future;
 use std::time::Duration;
 
 use clap::Args;
+use csiops_runtime::leader::LeaderConfig;
 
-use super::args::parse_duration;
-use super::leader::{LeaderConfig, LeaderElector, LeaderError};
-use super::shutdown::Shutdown;
+use super::args::{parse_duration, FlagError};
 use super::workqueue::Backoff;
 
 /// Retry and leader-election flags.
@@ -46,13 +43,16 @@ pub struct ControllerArgs {
 }
 
 impl ControllerArgs {
-    pub fn backoff(&self) -> Result<Backoff, String> {
+    pub fn backoff(&self) -> Result<Backoff, FlagError> {
         if self.retry_interval_start.is_zero()
             || self.retry_interval_max < self.retry_interval_start
         {
-            return Err(format!(
-                "--retry-interval-start ({:?}) must be positive and at most --retry-interval-max ({:?})",
-                self.retry_interval_start, self.retry_interval_max
+            return Err(FlagError::new(
+                "--retry-interval-start",
+                format!(
+                    "--retry-interval-start ({:?}) must be positive and at most --retry-interval-max ({:?})",
+                    self.retry_interval_start, self.retry_interval_max
+                ),
             ));
         }
         Ok(Backoff {
@@ -65,7 +65,7 @@ impl ControllerArgs {
     /// bounds and, with `--leader-election`, the election timings (which
     /// would otherwise be refused only once the driver answered). Returns
     /// the backoff.
-    pub fn check(&self) -> Result<Backoff, String> {
+    pub fn check(&self) -> Result<Backoff, FlagError> {
         let backoff = self.backoff()?;
         if self.leader_election {
             let timings = LeaderConfig {
@@ -76,9 +76,10 @@ impl ControllerArgs {
                 ..LeaderConfig::new("lease", "namespace", "identity")
             };
             timings.validate().map_err(|e| {
-                format!(
+                FlagError::new(
                     "--leader-election-lease-duration, --leader-election-renew-deadline, \
-                     --leader-election-retry-period: {e}"
+                     --leader-election-retry-period",
+                    e,
                 )
             })?;
         }
@@ -101,27 +102,12 @@ impl ControllerArgs {
             lease_duration: self.leader_election_lease_duration,
             renew_deadline: self.leader_election_renew_deadline,
             retry_period: self.leader_election_retry_period,
-            ..LeaderConfig::new(lease_name, namespace, identity())
+            ..LeaderConfig::new(lease_name, namespace, csiops_runtime::kube::identity(None))
         }
     }
 }
 
 const SERVICE_ACCOUNT_NAMESPACE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
-
-/// This replica's identity: `POD_NAME`, else the host name, plus the pid so
-/// two processes on one host (tests) differ.
-fn identity() -> String {
-    let host = std::env::var("POD_NAME")
-        .ok()
-        .filter(|s| !s.is_empty())
-        .or_else(|| {
-            std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .ok()
-                .map(|s| s.trim().to_string())
-        })
-        .unwrap_or_else(|| "csiops-sidecar".to_string());
-    format!("{host}_{}", std::process::id())
-}
 
 /// csi-lib-utils' sanitising of a driver name into a name part (used for
 /// Lease names and the attacher's finalizer, so ours and upstream's agree):
@@ -150,58 +136,10 @@ pub fn lease_name(prefix: &str, driver: &str) -> String {
     sanitize_name(&format!("{prefix}{driver}"))
 }
 
-/// How a controller run under [`run_as_leader`] failed: leadership, or the
-/// controller's own error `E`.
-#[derive(Debug, thiserror::Error)]
-pub enum LeadError<E> {
-    #[error(transparent)]
-    Leader(#[from] LeaderError),
-    #[error(transparent)]
-    Controller(E),
-}
-
-/// Runs `controller` — at once without election, else once this replica
-/// holds the Lease, and only as long as it does. Losing the Lease ends the
-/// run with an error (the process should exit and be restarted: another
-/// replica may already act), and so does the controller's own error. The
-/// Lease is released on the way out.
-pub async fn run_as_leader<F, Fut, E>(
-    client: kube::Client,
-    election: Option<LeaderConfig>,
-    shutdown: &Shutdown,
-    controller: F,
-) -> Result<(), LeadError<E>>
-where
-    F: FnOnce() -> Fut,
-    Fut: Future<Output = Result<(), E>>,
-{
-    let Some(cfg) = election else {
-        return controller().await.map_err(LeadError::Controller);
-    };
-    let elector = LeaderElector::new(client, cfg)?;
-    tracing::info!(lease = %elector.config().lease_name, identity = %elector.config().identity, "waiting for leadership");
-    tokio::select! {
-        res = elector.acquire() => res?,
-        () = shutdown.wait() => {
-            elector.release().await;
-            return Ok(());
-        }
-    }
-    tracing::info!(lease = %elector.config().lease_name, "leading");
-    let result = tokio::select! {
-        res = controller() => res.map_err(LeadError::Controller),
-        lost = elector.renew_loop() => match lost {
-            Err(e) => Err(LeadError::Leader(e)),
-            Ok(never) => match never {},
-        },
-    };
-    elector.release().await;
-    result
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use csiops_runtime::chain;
 
     #[test]
     fn lease_names_are_sanitized_like_upstream() {
@@ -222,8 +160,8 @@ mod tests {
         }
         let t = T::parse_from(["t"]);
         assert_eq!(
-            t.c.backoff(),
-            Ok(Backoff {
+            t.c.backoff().expect("the defaults are valid"),
+            (Backoff {
                 start: Duration::from_secs(1),
                 max: Duration::from_secs(300)
             })
@@ -231,7 +169,9 @@ mod tests {
         assert!(!t.c.leader_election);
         let t = T::parse_from(["t", "--leader-election", "--retry-interval-start=10m"]);
         assert!(t.c.leader_election);
-        assert!(t.c.backoff().unwrap_err().contains("at most"));
+        assert!(chain(&t.c.backoff().unwrap_err())
+            .to_string()
+            .contains("at most"));
         let t = T::parse_from(["t", "--leader-election=false"]);
         assert!(!t.c.leader_election);
         let cfg = t.c.leader_config("lease");
@@ -258,6 +198,7 @@ mod tests {
             .c
             .check()
             .expect_err("lease shorter than the renew deadline");
+        let err = chain(&err).to_string();
         assert!(err.contains("--leader-election-lease-duration"), "{err}");
         // Without election the timings are unused, and not judged.
         let off = T::parse_from(["t", "--leader-election-lease-duration=5s"]);
@@ -266,6 +207,7 @@ mod tests {
             .c
             .check()
             .expect_err("zero retry start");
+        let err = chain(&err).to_string();
         assert!(err.contains("--retry-interval-start"), "{err}");
     }
 }

@@ -17,7 +17,8 @@ use csiops_proto::csi::v1::{
 use tonic::{Code, Status};
 
 use super::metrics::Metrics;
-use super::shutdown::Shutdown;
+use csiops_runtime::chain;
+use csiops_runtime::shutdown::CancellationToken;
 
 /// A connected driver.
 #[derive(Clone)]
@@ -66,13 +67,13 @@ impl Driver {
         address: &str,
         timeout: Duration,
         metrics: Arc<Metrics>,
-        shutdown: &Shutdown,
+        shutdown: &CancellationToken,
     ) -> Option<Self> {
         retrying(Duration::from_secs(1), shutdown, || async {
             match Self::connect(address, timeout, metrics.clone()).await {
                 Ok(d) => Some(d),
                 Err(e) => {
-                    tracing::warn!(error = %e, "waiting for the CSI driver");
+                    tracing::warn!(error = %chain(&e), "waiting for the CSI driver");
                     None
                 }
             }
@@ -86,7 +87,7 @@ impl Driver {
         address: &str,
         timeout: Duration,
         metrics: Arc<Metrics>,
-        shutdown: &Shutdown,
+        shutdown: &CancellationToken,
     ) -> Option<Self> {
         let driver = Self::connect_waiting(address, timeout, metrics, shutdown).await?;
         driver
@@ -185,9 +186,23 @@ impl Driver {
             .collect())
     }
 
+    /// A health check's verdict of one Probe: `Err` with the reason a
+    /// `/healthz` answers with.
+    pub async fn health(&self, timeout: Duration) -> Result<(), String> {
+        match self.probe(timeout).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err("driver responded but is not ready".to_string()),
+            Err(s) => Err(format!(
+                "probe failed: {}: {}",
+                code_name(s.code()),
+                s.message()
+            )),
+        }
+    }
+
     /// Probe until the driver says it is ready, retrying with backoff
     /// (`false` when `shutdown` fires first).
-    pub async fn probe_until_ready(&self, timeout: Duration, shutdown: &Shutdown) -> bool {
+    pub async fn probe_until_ready(&self, timeout: Duration, shutdown: &CancellationToken) -> bool {
         retrying(Duration::from_millis(500), shutdown, || async {
             match self.probe(timeout).await {
                 Ok(true) => Some(()),
@@ -207,7 +222,7 @@ impl Driver {
 
     /// GetPluginInfo, retried with backoff until it answers with a name or
     /// `shutdown` fires. A driver still starting refuses or times out first.
-    pub async fn driver_name_waiting(&self, shutdown: &Shutdown) -> Option<String> {
+    pub async fn driver_name_waiting(&self, shutdown: &CancellationToken) -> Option<String> {
         retrying(Duration::from_millis(500), shutdown, || async {
             match self.plugin_info().await {
                 Ok(info) if !info.name.is_empty() => Some(info.name),
@@ -228,7 +243,11 @@ impl Driver {
 /// Runs `attempt` until it gives `Some`, waiting `first` between tries,
 /// doubling up to 10s; `None` once `shutdown` fires. Each attempt logs its
 /// own failure.
-async fn retrying<T, F, Fut>(first: Duration, shutdown: &Shutdown, mut attempt: F) -> Option<T>
+async fn retrying<T, F, Fut>(
+    first: Duration,
+    shutdown: &CancellationToken,
+    mut attempt: F,
+) -> Option<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
@@ -240,7 +259,7 @@ where
         }
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
-            _ = shutdown.wait() => return None,
+            _ = shutdown.cancelled() => return None,
         }
         delay = (delay * 2).min(Duration::from_secs(10));
     }

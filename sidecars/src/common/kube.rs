@@ -7,12 +7,14 @@
 //! flood the API server. Long-lived watches take one token when they start.
 
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use clap::Args;
+
+use super::args::FlagError;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -38,12 +40,15 @@ pub struct KubeArgs {
 impl KubeArgs {
     /// Checks the rate limits, so a bad value is reported before the sidecar
     /// does anything else.
-    pub fn check(&self) -> Result<(), KubeError> {
+    pub fn check(&self) -> Result<(), FlagError> {
         if !(self.kube_api_qps > 0.0 && self.kube_api_qps.is_finite()) || self.kube_api_burst == 0 {
-            return Err(KubeError::Limits {
-                qps: self.kube_api_qps,
-                burst: self.kube_api_burst,
-            });
+            return Err(FlagError::new(
+                "--kube-api-qps, --kube-api-burst",
+                KubeError::Limits {
+                    qps: self.kube_api_qps,
+                    burst: self.kube_api_burst,
+                },
+            ));
         }
         Ok(())
     }
@@ -52,36 +57,14 @@ impl KubeArgs {
 /// Why no client could be made.
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
-    #[error("cannot read kubeconfig {path}: {source}")]
-    Kubeconfig {
-        path: PathBuf,
-        source: kube::config::KubeconfigError,
-    },
-    #[error("no Kubernetes configuration (in-cluster or KUBECONFIG): {0}")]
-    Infer(#[from] kube::config::InferConfigError),
-    #[error("Kubernetes client: {0}")]
-    Client(#[from] kube::Error),
+    #[error(transparent)]
+    Config(#[from] csiops_runtime::kube::ConfigError),
+    #[error("cannot build a Kubernetes client")]
+    Client(#[source] kube::Error),
     #[error(
         "--kube-api-qps must be positive and --kube-api-burst at least 1 (got {qps}, {burst})"
     )]
     Limits { qps: f64, burst: u32 },
-}
-
-/// The client configuration: the kubeconfig at `path`, else inferred.
-pub async fn config(path: Option<&Path>) -> Result<kube::Config, KubeError> {
-    match path {
-        Some(path) => {
-            let kubeconfig_error = |source| KubeError::Kubeconfig {
-                path: path.to_path_buf(),
-                source,
-            };
-            let kc = kube::config::Kubeconfig::read_from(path).map_err(kubeconfig_error)?;
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-                .await
-                .map_err(kubeconfig_error)
-        }
-        None => Ok(kube::Config::infer().await?),
-    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -125,14 +108,14 @@ impl ApiRequests {
 /// A client whose every request waits for a token of the QPS/burst bucket
 /// and is counted in `requests`.
 pub async fn client(args: &KubeArgs, requests: &ApiRequests) -> Result<kube::Client, KubeError> {
-    args.check()?;
-    let config = config(args.kubeconfig.as_deref()).await?;
+    let config = csiops_runtime::kube::config(args.kubeconfig.as_deref()).await?;
     let layer = ThrottleLayer {
         qps: args.kube_api_qps,
         burst: args.kube_api_burst,
         requests: requests.clone(),
     };
-    Ok(kube::client::ClientBuilder::try_from(config)?
+    Ok(kube::client::ClientBuilder::try_from(config)
+        .map_err(KubeError::Client)?
         .with_layer(&layer)
         .build())
 }
@@ -143,8 +126,7 @@ pub async fn client(args: &KubeArgs, requests: &ApiRequests) -> Result<kube::Cli
 /// leader would give up while healthy). It makes one request per retry
 /// period. Upstream builds a separate client for the same reason.
 pub async fn election_client(args: &KubeArgs) -> Result<kube::Client, KubeError> {
-    let config = config(args.kubeconfig.as_deref()).await?;
-    Ok(kube::Client::try_from(config)?)
+    Ok(csiops_runtime::kube::client(args.kubeconfig.as_deref()).await?)
 }
 
 /// A token bucket: `burst` tokens, refilled at `qps` per second.

@@ -10,12 +10,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-/// Content type of the metrics endpoints (the sidecars' and the operator's):
-/// `prometheus_client` writes OpenMetrics text (`# UNIT`, `# EOF`), which
-/// Prometheus parses only when told so by this header.
-pub const OPENMETRICS_CONTENT_TYPE: &str =
-    "application/openmetrics-text; version=1.0.0; charset=utf-8";
-
 /// Upstream's buckets (csi-lib-utils), in seconds.
 pub const BUCKETS: [f64; 13] = [
     0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 25.0, 50.0, 120.0, 300.0, 600.0,
@@ -99,11 +93,17 @@ impl Metrics {
             .observe(elapsed.as_secs_f64());
     }
 
-    /// OpenMetrics text exposition ([`OPENMETRICS_CONTENT_TYPE`]).
+    /// OpenMetrics text exposition.
     pub fn encode(&self) -> Result<String, std::fmt::Error> {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)
+    }
+}
+
+impl csiops_runtime::admin::Exposition for Metrics {
+    fn encode(&self) -> Result<String, std::fmt::Error> {
+        Metrics::encode(self)
     }
 }
 

@@ -1,13 +1,15 @@
-//! What every role shares: flags, logging, metrics, the HTTP server, the
-//! shutdown signal and the instrumented CSI driver connection.
+//! What every role shares besides [`csiops_runtime`]: flags, metrics, the
+//! instrumented CSI driver connection, the API client's rate limit, the work
+//! queue, and the start-up of a role.
 
 pub mod args;
+pub mod cache;
 pub mod controller;
 pub mod driver;
-pub mod http;
+#[cfg(test)]
+pub mod fake_csi;
 pub mod kube;
-pub mod leader;
-pub mod logging;
 pub mod metrics;
-pub mod shutdown;
+pub mod role;
+pub mod watch;
 pub mod workqueue;

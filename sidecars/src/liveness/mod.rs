@@ -14,11 +14,12 @@ use clap::Args;
 use tokio::sync::Mutex;
 
 use crate::common::args::{parse_duration, CommonArgs};
-use crate::common::driver::{code_name, Driver};
-use crate::common::http::{self, HealthCheck};
+use crate::common::driver::Driver;
 use crate::common::metrics::Metrics;
-use crate::common::shutdown::Shutdown;
+use crate::common::role::Role;
 use crate::SidecarError;
+use csiops_runtime::admin::HealthCheck;
+use csiops_runtime::chain;
 
 /// Flags of `liveness-probe` (upstream livenessprobe's names).
 #[derive(Debug, Clone, Args)]
@@ -67,7 +68,7 @@ impl Prober {
         }
         let d = Driver::connect(&self.address, self.connect_timeout, self.metrics.clone())
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| chain(&e).to_string())?;
         if let Ok(info) = d.plugin_info().await {
             self.metrics.set_driver_name(&info.name);
         }
@@ -77,47 +78,31 @@ impl Prober {
 
     /// One health check.
     pub async fn check(&self) -> Result<(), String> {
-        let driver = self.driver().await?;
-        match driver.probe(self.probe_timeout).await {
-            Ok(true) => Ok(()),
-            Ok(false) => Err("driver responded but is not ready".to_string()),
-            Err(s) => Err(format!(
-                "probe failed: {}: {}",
-                code_name(s.code()),
-                s.message()
-            )),
-        }
+        self.driver().await?.health(self.probe_timeout).await
     }
 }
 
 /// Runs until SIGTERM.
 pub async fn run(args: LivenessArgs) -> Result<(), SidecarError> {
-    let (shutdown, _trigger) = Shutdown::on_signals();
-    let metrics = Arc::new(Metrics::new());
-    let addr = match args.common.http_addr().map_err(SidecarError::Flag)? {
+    let addr = match args.common.http_addr()? {
         Some(a) => a,
         None => std::net::SocketAddr::from(([0, 0, 0, 0], args.health_port)),
     };
+    let mut role = Role::start();
+    let metrics = Arc::new(Metrics::new());
     let prober = Arc::new(Prober::new(
         &args.common.csi_address,
         args.common.timeout,
         args.probe_timeout,
         metrics.clone(),
     ));
-    let check_prober = prober.clone();
     let check: HealthCheck = Arc::new(move || {
-        let p = check_prober.clone();
+        let p = prober.clone();
         Box::pin(async move { p.check().await })
     });
-    let router = http::router(metrics, &args.common.metrics_path, check);
-    let stop = shutdown.clone();
-    let server = http::serve(addr, router, async move { stop.wait().await })
-        .await
-        .map_err(|source| SidecarError::Bind { addr, source })?;
+    role.serve_admin(Some(addr), &args.common, &metrics, check)
+        .await?;
     tracing::info!(csi_address = %args.common.csi_address, "liveness probe ready");
-    match server.await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(SidecarError::Http(e)),
-        Err(e) => Err(SidecarError::Task(e.to_string())),
-    }
+    role.shutdown.cancelled().await;
+    role.finish(Ok(())).await
 }

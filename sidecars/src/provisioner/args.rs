@@ -5,12 +5,12 @@ use std::net::SocketAddr;
 
 use clap::Args;
 
-use crate::common::args::CommonArgs;
+use crate::common::args::{CommonArgs, FlagError};
 use crate::common::controller::ControllerArgs;
 use crate::common::kube::KubeArgs;
 use crate::common::workqueue::Backoff;
 
-use super::naming::VolumeNamer;
+use super::naming::{NamingError, VolumeNamer};
 use super::plan::ProvisionerConfig;
 
 /// Flags of `provisioner`.
@@ -81,15 +81,15 @@ pub fn feature_gates(s: &str) -> Result<FeatureGates, String> {
     for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
         let (key, value) = item
             .split_once('=')
-            .ok_or_else(|| format!("--feature-gates: {item:?} is not Key=true|false"))?;
+            .ok_or_else(|| format!("{item:?} is not Key=true|false"))?;
         let value: bool = value
             .trim()
             .parse()
-            .map_err(|_| format!("--feature-gates: {item:?}: value must be true or false"))?;
+            .map_err(|_| format!("{item:?}: value must be true or false"))?;
         match key.trim() {
             "Topology" => gates.topology = value,
             "HonorPVReclaimPolicy" => gates.honor_pv_reclaim_policy = value,
-            other => return Err(format!("--feature-gates: unknown gate {other:?}")),
+            other => return Err(format!("unknown gate {other:?}")),
         }
     }
     Ok(gates)
@@ -110,19 +110,23 @@ impl ProvisionerArgs {
     /// the driver is dialled or a client made, so a wrong flag ends the
     /// process at once with its name instead of behind "waiting for the CSI
     /// driver".
-    pub fn check(&self) -> Result<Checked, String> {
-        let gates = feature_gates(&self.feature_gates)?;
+    pub fn check(&self) -> Result<Checked, FlagError> {
+        let gates =
+            feature_gates(&self.feature_gates).map_err(|e| FlagError::new("--feature-gates", e))?;
         let namer = VolumeNamer::new(&self.volume_name_prefix, self.volume_name_uuid_length)
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| {
+                let flag = match e {
+                    NamingError::UuidLength(_) => "--volume-name-uuid-length",
+                    _ => "--volume-name-prefix",
+                };
+                FlagError::new(flag, e)
+            })?;
         if self.worker_threads == 0 {
-            return Err("--worker-threads must be at least 1".into());
+            return Err(FlagError::new("--worker-threads", "must be at least 1"));
         }
         let backoff = self.controller.check()?;
-        self.kube.check().map_err(|e| e.to_string())?;
-        let http_addr = self
-            .common
-            .http_addr()
-            .map_err(|e| format!("--http-endpoint: {e}"))?;
+        self.kube.check()?;
+        let http_addr = self.common.http_addr()?;
         Ok(Checked {
             gates,
             namer,
@@ -188,6 +192,7 @@ mod tests {
             ),
         ] {
             let err = parse(argv).expect_err(flag);
+            let err = csiops_runtime::chain(&err).to_string();
             assert!(err.contains(flag), "{flag}: {err}");
         }
     }

@@ -42,7 +42,7 @@ pub enum CapabilityError {
     UnknownVolumeMode(String),
     #[error("the claim requests no storage (spec.resources.requests.storage)")]
     NoStorageRequest,
-    #[error("spec.resources.{field}.storage: {source}")]
+    #[error("spec.resources.{field}.storage")]
     Quantity {
         field: &'static str,
         source: QuantityError,

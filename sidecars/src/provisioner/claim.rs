@@ -33,6 +33,7 @@ use super::plan::{self, Cluster, FinishError, PrepareError, Prepared};
 use super::secrets::{self, SecretError};
 use super::topology::TopologyError;
 use super::{csi, finalizer, topology};
+use csiops_runtime::chain;
 
 /// Why a claim is not provisioned yet (each becomes a Warning Event on the
 /// claim and a retry with backoff).
@@ -52,8 +53,8 @@ pub enum ClaimError {
     Unusable { error: FinishError },
     #[error("the created volume is unusable ({error}) and deleting it failed: {}", rpc(.status))]
     UnusableNotDeleted { error: FinishError, status: Status },
-    #[error("cannot build the PV: {0}")]
-    Pv(FinishError),
+    #[error("cannot build the PV")]
+    Pv(#[source] FinishError),
     #[error("PV {0:?} exists and belongs to another claim")]
     PvTaken(String),
     #[error("the claim was deleted and re-created while being provisioned")]
@@ -62,7 +63,7 @@ pub enum ClaimError {
     CleanUpFailed { volume: String, status: Status },
     #[error("the claim no longer needs volume {volume:?} (deleted, or bound to another PV), and whether that volume exists cannot be told: {why}. Delete it on the storage backend if it exists, then remove finalizer {CLAIM_FINALIZER} from the claim")]
     CleanUpBlocked { volume: String, why: String },
-    #[error("Kubernetes API: {0}")]
+    #[error("Kubernetes API")]
     Kube(#[from] kube::Error),
 }
 
@@ -116,17 +117,13 @@ impl Provisioner {
             pv_cached,
         ) {
             ClaimAction::Nothing(why) => {
-                tracing::debug!(claim = %display(key), why, "nothing to do");
+                tracing::debug!(why, "nothing to do");
                 Ok(())
             }
             ClaimAction::ClassMissing(name) => Err(ClaimError::ClassMissing(name)),
             ClaimAction::ReleaseClaim => self.set_claim_finalizer(&claim, false).await.map(drop),
-            ClaimAction::Provision if self.provisioned.contains(claim.uid().as_deref()) => {
-                tracing::debug!(claim = %display(key), "provisioned a moment ago; waiting for the PV to show");
-                Ok(())
-            }
             ClaimAction::Provision => match class {
-                Some(class) => self.provision(key, &claim, &class).await,
+                Some(class) => self.provision(&claim, &class).await,
                 // claim_action decides Provision only with the class cached.
                 None => Err(ClaimError::ClassMissing(
                     decide::class_name(&claim).unwrap_or_default().to_string(),
@@ -169,7 +166,6 @@ impl Provisioner {
 
     async fn provision(
         &self,
-        key: &ClaimKey,
         cached: &PersistentVolumeClaim,
         class: &StorageClass,
     ) -> Result<(), ClaimError> {
@@ -245,21 +241,13 @@ impl Provisioner {
             }
             Err(e) => return Err(ClaimError::Pv(e)),
         };
-        // 3. The PV. Remembered first: its watch event, which ends the
-        //    memory, may come before this task goes on.
-        self.provisioned.insert(claim.uid());
-        let done = async {
-            self.create_pv(&pv, &claim).await?;
-            // 4. The PV holds the volume now.
-            self.set_claim_finalizer(&claim, false).await
-        };
-        if let Err(e) = done.await {
-            self.provisioned.remove(claim.uid().as_deref());
-            return Err(e);
-        }
+        // 3. The PV.
+        self.create_pv(&pv, &claim).await?;
+        // 4. The PV holds the volume now.
+        self.set_claim_finalizer(&claim, false).await?;
         self.metrics
             .succeeded(Operation::Provision, &class_name, started.elapsed());
-        tracing::info!(claim = %display(key), pv = %prepared.name, volume = %volume.volume_id, "provisioned");
+        tracing::info!(pv = %prepared.name, volume = %volume.volume_id, "provisioned");
         self.event(
             &claim,
             EventType::Normal,
@@ -307,7 +295,10 @@ impl Provisioner {
     ) -> Result<(), ClaimError> {
         let api: Api<PersistentVolume> = Api::all(self.client.clone());
         match api.create(&PostParams::default(), pv).await {
-            Ok(_) => Ok(()),
+            Ok(created) => {
+                self.caches.volumes.wrote(created);
+                Ok(())
+            }
             Err(kube::Error::Api(s)) if s.is_already_exists() => {
                 let name = pv.name_any();
                 let existing = api.get(&name).await?;
@@ -317,6 +308,7 @@ impl Provisioner {
                     .and_then(|s| s.claim_ref.as_ref())
                     .and_then(|r| r.uid.clone());
                 if claim_uid.is_some() && claim_uid == claim.uid() {
+                    self.caches.volumes.wrote(existing);
                     Ok(())
                 } else {
                     Err(ClaimError::PvTaken(name))
@@ -369,13 +361,13 @@ impl Provisioner {
         })?;
         let prepared = self
             .prepare(claim, class)
-            .map_err(|e| blocked(e.to_string()))?;
+            .map_err(|e| blocked(chain(&e).to_string()))?;
         // A Secret deleted with its namespace blocks the clean-up: say so,
         // with what to do, rather than retry in silence.
         let request = self
             .request_with_secrets(&prepared)
             .await
-            .map_err(|e| blocked(e.to_string()))?;
+            .map_err(|e| blocked(chain(&e).to_string()))?;
         let secrets = request.secrets.clone();
         let permit = self.calls.acquire().await;
         match csi::create_volume(&self.driver, request, self.timeout).await {
@@ -441,7 +433,10 @@ impl Provisioner {
                     .await
             };
             match written {
-                Ok(written) => return Ok(written),
+                Ok(written) => {
+                    self.caches.claims.wrote(written.clone());
+                    return Ok(written);
+                }
                 // 409 for a stale version, 422 for a failed JSON-patch test.
                 Err(kube::Error::Api(s)) if (s.is_conflict() || s.code == 422) && attempt <= 3 => {
                     match api.get_opt(&name).await? {
@@ -457,3 +452,6 @@ impl Provisioner {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -11,7 +11,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 use kube::api::Api;
@@ -26,47 +25,27 @@ use tokio::task::JoinSet;
 use super::decide::{claim_is_for, pv_is_ours};
 use super::metrics::OperationMetrics;
 use super::plan::{DriverCapabilities, ProvisionerConfig};
+use crate::common::cache::Cached;
 use crate::common::driver::Driver;
-use crate::common::shutdown::Shutdown;
+use crate::common::watch::drive;
 use crate::common::workqueue::{Backoff, WorkQueue};
+use csiops_runtime::chain;
+use csiops_runtime::error::ellipsize;
+use csiops_runtime::shutdown::{CancellationToken, TaskTracker};
+use tracing::Instrument;
 
 pub type ClaimKey = ObjectRef<PersistentVolumeClaim>;
 
-/// UIDs of objects this process just finished with, until the watch shows
-/// the result. The caches lag behind our own writes by a watch event; a sync
-/// in that gap would redo finished work (a second CreateVolume and claim
-/// finalizer round, or a second DeleteVolume and PV DELETE). Harmless, as
-/// every step is idempotent, but it costs API writes and CSI calls.
-#[derive(Debug, Default)]
-pub struct Recent(std::sync::Mutex<std::collections::HashSet<String>>);
-
-impl Recent {
-    fn set(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-    pub fn insert(&self, uid: Option<String>) {
-        if let Some(uid) = uid {
-            self.set().insert(uid);
-        }
-    }
-    pub fn contains(&self, uid: Option<&str>) -> bool {
-        uid.is_some_and(|u| self.set().contains(u))
-    }
-    pub fn remove(&self, uid: Option<&str>) {
-        if let Some(uid) = uid {
-            self.set().remove(uid);
-        }
-    }
-}
 type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// The informer caches.
+/// Claims and PVs are read through [`Cached`]: what this process wrote or
+/// deleted wins until the watch shows it, so a sync right after our own
+/// write neither provisions nor deletes a second time.
 pub struct Caches {
-    pub claims: Store<PersistentVolumeClaim>,
+    pub claims: Arc<Cached<PersistentVolumeClaim>>,
     pub classes: Store<StorageClass>,
-    pub volumes: Store<PersistentVolume>,
+    pub volumes: Arc<Cached<PersistentVolume>>,
     pub csi_nodes: Store<CSINode>,
     pub nodes: Store<Node>,
     pub attachments: Store<VolumeAttachment>,
@@ -102,10 +81,6 @@ pub struct Provisioner {
     pub calls: Semaphore,
     pub recorder: Recorder,
     pub metrics: Arc<OperationMetrics>,
-    /// Claims provisioned until their PV is seen (by claim UID).
-    pub provisioned: Arc<Recent>,
-    /// PVs deleted until the watch reports them gone (by PV UID).
-    pub deleted: Arc<Recent>,
 }
 
 /// What [`Provisioner::new`] needs besides the client.
@@ -132,16 +107,31 @@ where
         .default_backoff()
         .modify(|o| o.managed_fields_mut().clear())
         .reflect(writer);
-    let task = async move {
-        let mut stream = std::pin::pin!(stream);
-        while let Some(event) = stream.next().await {
-            match event {
-                Ok(event) => route(&event),
-                Err(e) => tracing::warn!(%kind, error = %e, "watch failed; retrying"),
-            }
-        }
-    };
+    let task = drive(stream, kind, move |event| route(&event));
     (reader, Box::pin(task))
+}
+
+/// [`reflect`] into a [`Cached`], which sees every event first (see
+/// [`Cached::observe`]).
+fn reflect_cached<K>(
+    api: Api<K>,
+    route: impl Fn(&watcher::Event<K>) + Send + 'static,
+) -> (Arc<Cached<K>>, Task)
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+{
+    let slot: Arc<std::sync::OnceLock<Arc<Cached<K>>>> = Arc::default();
+    let cached = slot.clone();
+    let (store, task) = reflect(api, move |event| {
+        if let Some(cached) = cached.get() {
+            cached.observe(event);
+        }
+        route(event);
+    });
+    let cached = Arc::new(Cached::new(store));
+    let _ = slot.set(cached.clone());
+    (cached, task)
 }
 
 fn applied<K>(event: &watcher::Event<K>) -> Option<&K> {
@@ -157,13 +147,10 @@ impl Provisioner {
         let driver_name = setup.config.driver_name.clone();
         let Queues { claims, volumes } = setup.queues;
         let mut tasks = Vec::new();
-        let provisioned = Arc::new(Recent::default());
-        let deleted = Arc::new(Recent::default());
 
         let (claims_store, task) = {
-            let (queue, driver, recent) =
-                (claims.clone(), driver_name.clone(), provisioned.clone());
-            reflect(
+            let (queue, driver) = (claims.clone(), driver_name.clone());
+            reflect_cached(
                 Api::<PersistentVolumeClaim>::all(client.clone()),
                 move |e| match e {
                     watcher::Event::Apply(c) | watcher::Event::InitApply(c)
@@ -171,7 +158,6 @@ impl Provisioner {
                     {
                         queue.add(ObjectRef::from_obj(c));
                     }
-                    watcher::Event::Delete(c) => recent.remove(c.metadata.uid.as_deref()),
                     _ => {}
                 },
             )
@@ -179,18 +165,13 @@ impl Provisioner {
         tasks.push(task);
         let (volumes_store, task) = {
             let (vq, cq, driver) = (volumes.clone(), claims.clone(), driver_name.clone());
-            let (provisioned, deleted) = (provisioned.clone(), deleted.clone());
-            reflect(Api::<PersistentVolume>::all(client.clone()), move |e| {
-                if let watcher::Event::Delete(pv) = e {
-                    deleted.remove(pv.metadata.uid.as_deref());
-                }
+            reflect_cached(Api::<PersistentVolume>::all(client.clone()), move |e| {
                 if let Some(pv) = applied(e) {
                     if pv_is_ours(pv, &driver) {
                         vq.add(pv.name_any());
                         // A claim still holding our finalizer lets go once
                         // its PV is seen.
                         if let Some(r) = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref()) {
-                            provisioned.remove(r.uid.as_deref());
                             if let (Some(ns), Some(name)) = (&r.namespace, &r.name) {
                                 cq.add(ObjectRef::new(name).within(ns));
                             }
@@ -245,15 +226,18 @@ impl Provisioner {
             calls: Semaphore::new(setup.workers),
             recorder,
             metrics: setup.metrics,
-            provisioned,
-            deleted,
         };
         (Arc::new(provisioner), tasks)
     }
 
     /// Starts the watches, waits for every cache, then runs `workers`
     /// workers per queue until `shutdown`.
-    pub async fn run(self: Arc<Self>, watches: Vec<Task>, workers: usize, shutdown: Shutdown) {
+    pub async fn run(
+        self: Arc<Self>,
+        watches: Vec<Task>,
+        workers: usize,
+        shutdown: CancellationToken,
+    ) {
         let mut background = JoinSet::new();
         for w in watches {
             background.spawn(w);
@@ -261,8 +245,8 @@ impl Provisioner {
         // One waiter per store: a store's readiness wakes a single waiter.
         let caches = &self.caches;
         let synced = async {
-            let _ = caches.claims.wait_until_ready().await;
-            let _ = caches.volumes.wait_until_ready().await;
+            let _ = caches.claims.store().wait_until_ready().await;
+            let _ = caches.volumes.store().wait_until_ready().await;
             let _ = caches.classes.wait_until_ready().await;
             let _ = caches.csi_nodes.wait_until_ready().await;
             let _ = caches.nodes.wait_until_ready().await;
@@ -270,66 +254,84 @@ impl Provisioner {
         };
         tokio::select! {
             () = synced => {}
-            () = shutdown.wait() => {
+            () = shutdown.cancelled() => {
                 background.abort_all();
                 return;
             }
         }
         tracing::info!(
-            claims = caches.claims.state().len(),
-            volumes = caches.volumes.state().len(),
+            claims = caches.claims.store().len(),
+            volumes = caches.volumes.store().len(),
             "caches synced; provisioning"
         );
-        let mut workers_set = JoinSet::new();
+        let worker_tasks = TaskTracker::new();
         for _ in 0..workers {
-            workers_set.spawn(self.clone().claim_worker());
-            workers_set.spawn(self.clone().volume_worker());
+            worker_tasks.spawn(self.clone().claim_worker());
+            worker_tasks.spawn(self.clone().volume_worker());
         }
-        shutdown.wait().await;
+        worker_tasks.close();
+        shutdown.cancelled().await;
         // Workers finish the object in hand (a CSI call ends within
         // --timeout), then see the closed queues.
         self.claims.shut_down();
         self.volumes.shut_down();
-        while workers_set.join_next().await.is_some() {}
+        worker_tasks.wait().await;
         background.abort_all();
     }
 
     async fn claim_worker(self: Arc<Self>) {
         while let Some(key) = self.claims.next().await {
-            match self.sync_claim(&key).await {
-                Ok(()) => self.claims.forget(&key),
+            let span = tracing::info_span!("sync", claim = %super::claim::display(&key));
+            self.claim_pass(&key).instrument(span).await;
+            self.claims.done(&key);
+        }
+    }
+
+    /// One sync of a claim, its failure logged, reported and retried.
+    async fn claim_pass(&self, key: &ClaimKey) {
+        {
+            match self.sync_claim(key).await {
+                Ok(()) => self.claims.forget(key),
                 Err(e) => {
-                    let claim = self.caches.claims.get(&key);
-                    tracing::warn!(claim = %super::claim::display(&key), error = %e, "provisioning failed; will retry");
+                    let claim = self.caches.claims.get(key);
+                    tracing::warn!(error = %chain(&e), "provisioning failed; will retry");
                     if let Some(claim) = claim {
                         let class = super::decide::class_name(&claim).unwrap_or_default();
                         self.metrics
                             .failed(super::metrics::Operation::Provision, class);
-                        self.warn(claim.as_ref(), e.reason(), e.to_string()).await;
+                        let note = chain(&e).to_string();
+                        self.warn(claim.as_ref(), e.reason(), note).await;
                     }
                     self.claims.add_rate_limited(key.clone());
                 }
             }
-            self.claims.done(&key);
         }
     }
 
     async fn volume_worker(self: Arc<Self>) {
         while let Some(name) = self.volumes.next().await {
-            match self.sync_volume(&name).await {
-                Ok(()) => self.volumes.forget(&name),
+            let span = tracing::info_span!("sync", pv = %name);
+            self.volume_pass(&name).instrument(span).await;
+            self.volumes.done(&name);
+        }
+    }
+
+    /// One sync of a PV, its failure logged, reported and retried.
+    async fn volume_pass(&self, name: &str) {
+        {
+            match self.sync_volume(name).await {
+                Ok(()) => self.volumes.forget(&name.to_string()),
                 Err(e) => {
-                    tracing::warn!(pv = %name, error = %e, "volume deletion failed; will retry");
-                    if let Some(pv) = self.caches.volumes.get(&ObjectRef::new(&name)) {
+                    tracing::warn!(error = %chain(&e), "volume deletion failed; will retry");
+                    if let Some(pv) = self.caches.volumes.get(&ObjectRef::new(name)) {
                         self.metrics
                             .failed(super::metrics::Operation::Delete, super::pv::class_of(&pv));
-                        self.warn(pv.as_ref(), "VolumeFailedDelete", e.to_string())
-                            .await;
+                        let note = chain(&e).to_string();
+                        self.warn(pv.as_ref(), "VolumeFailedDelete", note).await;
                     }
-                    self.volumes.add_rate_limited(name.clone());
+                    self.volumes.add_rate_limited(name.to_string());
                 }
             }
-            self.volumes.done(&name);
         }
     }
 
@@ -344,28 +346,16 @@ impl Provisioner {
         let event = Event {
             type_,
             reason: reason.to_string(),
-            note: Some(truncate(note, 1000)),
+            note: Some(ellipsize(&note, 1000)),
             action: reason.to_string(),
             secondary: None,
         };
         if let Err(e) = self.recorder.publish(&event, &obj.object_ref(&())).await {
-            tracing::warn!(%reason, error = %e, "cannot publish event");
+            tracing::warn!(%reason, error = %chain(&e), "cannot publish event");
         }
     }
 
     pub async fn warn<K: Resource<DynamicType = ()>>(&self, obj: &K, reason: &str, note: String) {
         self.event(obj, EventType::Warning, reason, note).await;
     }
-}
-
-fn truncate(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut end = max;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-        s.push('…');
-    }
-    s
 }

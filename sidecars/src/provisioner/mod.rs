@@ -50,15 +50,15 @@ pub use plan::{
     ProvisionerConfig,
 };
 
-use crate::common::controller::{lease_name, run_as_leader, LeadError};
+use crate::common::controller::lease_name;
 use crate::common::driver::{code_name, Driver};
-use crate::common::http::{self, HealthCheck};
-use crate::common::kube::{self as kube_client, KubeError};
+use crate::common::kube as kube_client;
 use crate::common::metrics::Metrics;
-use crate::common::shutdown::Shutdown;
+use crate::common::role::{lead, Role, Wait};
 use crate::common::workqueue::QueueMetrics;
 use crate::SidecarError;
 use controller::{Provisioner, Queues, Setup};
+use csiops_runtime::admin::HealthCheck;
 
 /// Why the provisioner could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -73,10 +73,6 @@ pub enum ProvisionerError {
     NoName,
     #[error("driver {driver:?} does not provide the controller service with CREATE_DELETE_VOLUME; the provisioner cannot work with it")]
     CannotProvision { driver: String },
-    #[error(transparent)]
-    Kube(#[from] KubeError),
-    #[error(transparent)]
-    Lead(#[from] LeadError<std::convert::Infallible>),
 }
 
 fn info_error(call: &'static str) -> impl Fn(tonic::Status) -> ProvisionerError {
@@ -91,8 +87,8 @@ fn info_error(call: &'static str) -> impl Fn(tonic::Status) -> ProvisionerError 
 pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
     // Flags first: nothing below may wait (for the driver, the API server)
     // before a wrong flag is reported.
-    let checked = args.check().map_err(SidecarError::Flag)?;
-    let (shutdown, _trigger) = Shutdown::on_signals();
+    let checked = args.check()?;
+    let mut role = Role::start();
 
     let queues = Queues::new(checked.backoff);
     let operations = Arc::new(metrics::OperationMetrics::default());
@@ -108,31 +104,19 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
         .register_collector(Box::new(queue_metrics));
     let metrics = Arc::new(registry);
 
-    let server = match checked.http_addr {
-        Some(addr) => {
-            let ok: HealthCheck = Arc::new(|| Box::pin(async { Ok(()) }));
-            let router = http::router(metrics.clone(), &args.common.metrics_path, ok);
-            let stop = shutdown.clone();
-            Some(
-                http::serve(addr, router, async move { stop.wait().await })
-                    .await
-                    .map_err(|source| SidecarError::Bind { addr, source })?,
-            )
-        }
-        None => None,
-    };
+    // Served before the driver answers: the provisioner is alive while it
+    // waits (upstream serves no driver check here either).
+    let ok: HealthCheck = Arc::new(|| Box::pin(async { Ok(()) }));
+    role.serve_admin(checked.http_addr, &args.common, &metrics, ok)
+        .await?;
 
-    let Some(driver) = Driver::connect_ready(
-        &args.common.csi_address,
-        args.common.timeout,
-        metrics.clone(),
-        &shutdown,
-    )
-    .await
-    else {
-        return Ok(());
+    let Some(driver) = role.connect(&args.common, &metrics, Wait::Ready).await else {
+        return role.finish(Ok(())).await;
     };
-    let (driver_name, caps) = driver_facts(&driver).await?;
+    let (driver_name, caps) = match driver_facts(&driver).await {
+        Ok(facts) => facts,
+        Err(e) => return role.finish(Err(e.into())).await,
+    };
     metrics.set_driver_name(&driver_name);
     let config = args.config(&driver_name, &checked);
     let caps = DriverCapabilities {
@@ -141,13 +125,10 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
     };
     tracing::info!(driver = %driver_name, topology = caps.topology, "driver ready");
 
-    let client = kube_client::client(&args.kube, &requests)
-        .await
-        .map_err(ProvisionerError::from)?;
-    let election = args
-        .controller
-        .leader_election
-        .then(|| args.controller.leader_config(&lease_name("", &driver_name)));
+    let client = match kube_client::client(&args.kube, &requests).await {
+        Ok(client) => client,
+        Err(e) => return role.finish(Err(e.into())).await,
+    };
     let workers = args.worker_threads;
     let setup = Setup {
         driver,
@@ -158,26 +139,21 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
         queues,
         metrics: operations,
     };
-    let lead_client = kube_client::election_client(&args.kube)
-        .await
-        .map_err(ProvisionerError::from)?;
-    let stop = shutdown.clone();
-    run_as_leader(lead_client, election, &shutdown, move || async move {
-        let (provisioner, watches) = Provisioner::new(client, setup);
-        provisioner.run(watches, workers, stop).await;
-        Ok::<(), std::convert::Infallible>(())
-    })
-    .await
-    .map_err(ProvisionerError::from)?;
-
-    if let Some(server) = server {
-        match server.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(SidecarError::Http(e)),
-            Err(e) => return Err(SidecarError::Task(e.to_string())),
-        }
-    }
-    Ok(())
+    let stop = role.shutdown.clone();
+    let lease = lease_name("", &driver_name);
+    let outcome = lead(
+        &args.kube,
+        &args.controller,
+        &lease,
+        &role.shutdown,
+        move || async move {
+            let (provisioner, watches) = Provisioner::new(client, setup);
+            provisioner.run(watches, workers, stop).await;
+            Ok::<(), std::convert::Infallible>(())
+        },
+    )
+    .await;
+    role.finish(outcome).await
 }
 
 /// GetPluginInfo, GetPluginCapabilities and ControllerGetCapabilities: the

@@ -15,7 +15,7 @@ use super::params::SecretRef;
 pub enum SecretError {
     #[error("secret {namespace}/{name} not found")]
     NotFound { namespace: String, name: String },
-    #[error("cannot read secret {namespace}/{name}: {source}")]
+    #[error("cannot read secret {namespace}/{name}")]
     Read {
         namespace: String,
         name: String,

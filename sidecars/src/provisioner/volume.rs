@@ -38,7 +38,7 @@ pub enum VolumeError {
     Delete(Status),
     #[error("persistentvolume {0} kept changing while its finalizer was being removed")]
     Busy(String),
-    #[error("Kubernetes API: {0}")]
+    #[error("Kubernetes API")]
     Kube(#[from] kube::Error),
 }
 
@@ -63,13 +63,9 @@ impl Provisioner {
         let Some(pv) = self.caches.volumes.get(&ObjectRef::new(name)) else {
             return Ok(());
         };
-        if self.deleted.contains(pv.metadata.uid.as_deref()) {
-            tracing::debug!(pv = %name, "deleted a moment ago; waiting for the watch to show it");
-            return Ok(());
-        }
         match decide::volume_action(&pv, &self.config.driver_name) {
             VolumeAction::Nothing(why) => {
-                tracing::debug!(pv = %name, why, "nothing to do");
+                tracing::debug!(why, "nothing to do");
                 Ok(())
             }
             VolumeAction::RemoveFinalizer => self.remove_pv_finalizer(&pv).await,
@@ -109,16 +105,12 @@ impl Provisioner {
                 .await
                 .map_err(VolumeError::Delete)?;
         }
-        // Remembered first: the watch event that ends the memory may come
-        // before this task goes on.
-        self.deleted.insert(pv.uid());
-        if let Err(e) = self.remove_pv_and_finalizer(pv).await {
-            self.deleted.remove(pv.uid().as_deref());
-            return Err(e);
-        }
+        self.remove_pv_and_finalizer(pv).await?;
+        // Until the watch shows it gone, a sync finds nothing to delete.
+        self.caches.volumes.deleted(pv);
         self.metrics
             .succeeded(Operation::Delete, class_of(pv), started.elapsed());
-        tracing::info!(pv = %name, volume = %handle, "deleted");
+        tracing::info!(volume = %handle, "deleted");
         Ok(())
     }
 
@@ -160,7 +152,10 @@ impl Provisioner {
                 .patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch))
                 .await
             {
-                Ok(_) => return Ok(()),
+                Ok(patched) => {
+                    self.caches.volumes.wrote(patched);
+                    return Ok(());
+                }
                 Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(()),
                 // The finalizer list changed under us (a failed test): re-read.
                 Err(kube::Error::Api(s)) if s.is_conflict() || s.code == 422 => {

@@ -29,11 +29,11 @@ use csiops_proto::pluginregistration::registration_server::RegistrationServer;
 use tokio::sync::watch;
 
 use crate::common::args::CommonArgs;
-use crate::common::driver::Driver;
-use crate::common::http::{self, HealthCheck};
 use crate::common::metrics::Metrics;
-use crate::common::shutdown::Shutdown;
+use crate::common::role::{Role, Wait};
 use crate::SidecarError;
+use csiops_runtime::admin::HealthCheck;
+use csiops_runtime::chain;
 
 /// How often the registration socket is checked for removal.
 const SOCKET_CHECK: Duration = Duration::from_secs(2);
@@ -75,26 +75,18 @@ pub struct RegistrarArgs {
 /// Why the registrar stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum RegistrarError {
-    #[error("kubelet refused the registration: {0}")]
-    Refused(String),
-    #[error("cannot create the registration socket {path}: {source}")]
+    #[error("kubelet refused the registration: {error}")]
+    Refused { error: String },
+    #[error("cannot create the registration socket {path}")]
     Socket {
         path: PathBuf,
+        #[source]
         source: std::io::Error,
     },
     #[error("--node-name (or NODE_NAME) is required to maintain CSINode")]
     NoNodeName,
-    #[error("Kubernetes client: {0}")]
-    Kube(String),
-    #[error("registration server: {0}")]
-    Serve(String),
-}
-
-async fn kube_client(args: &RegistrarArgs) -> Result<kube::Client, RegistrarError> {
-    let config = crate::common::kube::config(args.kubeconfig.as_deref())
-        .await
-        .map_err(|e| RegistrarError::Kube(e.to_string()))?;
-    kube::Client::try_from(config).map_err(|e| RegistrarError::Kube(e.to_string()))
+    #[error(transparent)]
+    Kube(#[from] csiops_runtime::kube::ConfigError),
 }
 
 /// One generation of the registration server on one socket.
@@ -125,7 +117,7 @@ fn serve_registration(
             .serve_with_incoming(csiops_proto::authority::incoming(listener))
             .await;
         if let Err(e) = res {
-            tracing::error!(error = %e, "registration server stopped");
+            tracing::error!(error = %chain(&e), "registration server stopped");
         }
     });
     tracing::info!(path = %path.display(), "serving plugin registration");
@@ -134,29 +126,22 @@ fn serve_registration(
 
 /// Runs until SIGTERM or a refused registration.
 pub async fn run(args: RegistrarArgs) -> Result<(), SidecarError> {
-    let (shutdown, _trigger) = Shutdown::on_signals();
-    let metrics = Arc::new(Metrics::new());
+    let http_addr = args.common.http_addr()?;
     let node_name = args
         .node_name
         .clone()
         .filter(|n| !n.is_empty())
         .ok_or(RegistrarError::NoNodeName)?;
-    let client = kube_client(&args).await?;
+    let mut role = Role::start();
+    let metrics = Arc::new(Metrics::new());
+    let client = csiops_runtime::kube::client(args.kubeconfig.as_deref())
+        .await
+        .map_err(RegistrarError::from)?;
 
-    let Some(driver) = Driver::connect_waiting(
-        &args.common.csi_address,
-        args.common.timeout,
-        metrics.clone(),
-        &shutdown,
-    )
-    .await
+    let Some((driver, driver_name)) = role.driver(&args.common, &metrics, Wait::Connected).await
     else {
-        return Ok(());
+        return role.finish(Ok(())).await;
     };
-    let Some(driver_name) = driver.driver_name_waiting(&shutdown).await else {
-        return Ok(());
-    };
-    metrics.set_driver_name(&driver_name);
     tracing::info!(driver = %driver_name, node = %node_name, "driver found");
 
     let path = socket::socket_path(&args.plugin_registration_path, &driver_name);
@@ -188,21 +173,9 @@ pub async fn run(args: RegistrarArgs) -> Result<(), SidecarError> {
                 .map_err(|s| format!("driver unreachable: {}", s.message()))
         })
     });
-    let http_task = match args.common.http_addr().map_err(SidecarError::Flag)? {
-        Some(addr) => {
-            let stop = shutdown.clone();
-            Some(
-                http::serve(
-                    addr,
-                    http::router(metrics.clone(), &args.common.metrics_path, check),
-                    async move { stop.wait().await },
-                )
-                .await
-                .map_err(|source| SidecarError::Bind { addr, source })?,
-            )
-        }
-        None => None,
-    };
+    role.serve_admin(http_addr, &args.common, &metrics, check)
+        .await?;
+    let shutdown = role.shutdown.clone();
 
     let sync = sync::NodeInfoSync::new(
         client,
@@ -221,10 +194,10 @@ pub async fn run(args: RegistrarArgs) -> Result<(), SidecarError> {
     let mut check_socket = tokio::time::interval(SOCKET_CHECK);
     let outcome = loop {
         tokio::select! {
-            _ = shutdown.wait() => break Ok(()),
+            _ = shutdown.cancelled() => break Ok(()),
             Ok(()) = verdict.changed() => {
                 if let server::Verdict::Refused(error) = &*verdict.borrow_and_update() {
-                    break Err(RegistrarError::Refused(error.clone()));
+                    break Err(RegistrarError::Refused { error: error.clone() });
                 }
             }
             _ = check_socket.tick() => {
@@ -253,12 +226,11 @@ pub async fn run(args: RegistrarArgs) -> Result<(), SidecarError> {
     if outcome.is_ok() && !args.keep_registration_on_exit {
         match tokio::time::timeout(CLEANUP_DEADLINE, sync.uninstall()).await {
             Ok(Ok(_)) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, "could not remove the CSINode entry on exit"),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %chain(&e), "could not remove the CSINode entry on exit")
+            }
             Err(_) => tracing::warn!("removing the CSINode entry on exit timed out"),
         }
     }
-    if let Some(task) = http_task {
-        let _ = tokio::time::timeout(Duration::from_secs(2), task).await;
-    }
-    outcome.map_err(SidecarError::from)
+    role.finish(outcome.map_err(SidecarError::from)).await
 }

@@ -24,12 +24,13 @@ use tokio::sync::watch;
 use super::nodeinfo::{self, DriverNodeInfo};
 use super::server::Verdict;
 use crate::common::driver::Driver;
-use crate::common::shutdown::Shutdown;
+use csiops_runtime::chain;
+use csiops_runtime::shutdown::CancellationToken;
 
 /// Why one pass failed.
 #[derive(Debug, thiserror::Error)]
 pub enum SyncError {
-    #[error("Kubernetes API: {0}")]
+    #[error("Kubernetes API")]
     Kube(#[from] kube::Error),
     #[error("Node {0} does not exist")]
     NoNode(String),
@@ -190,7 +191,7 @@ impl NodeInfoSync {
 
     /// Runs until `shutdown`: a pass at start, on each change of this Node or
     /// CSINode, and every `interval`; failed passes retry with backoff (1s → 30s).
-    pub async fn run(&self, shutdown: &Shutdown) {
+    pub async fn run(&self, shutdown: &CancellationToken) {
         let by_name =
             watcher::Config::default().fields(&format!("metadata.name={}", self.node_name));
         let node_events = watcher::watcher(self.nodes.clone(), by_name.clone()).map(|_| ());
@@ -201,7 +202,7 @@ impl NodeInfoSync {
         let mut next = tokio::time::Instant::now();
         loop {
             tokio::select! {
-                _ = shutdown.wait() => return,
+                _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep_until(next) => {}
                 Ok(()) = kubelet.changed() => {}
                 Some(()) = changes.next() => {
@@ -215,7 +216,7 @@ impl NodeInfoSync {
                     next = tokio::time::Instant::now() + self.interval;
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, retry_in = ?backoff, "CSINode update failed");
+                    tracing::warn!(error = %chain(&e), retry_in = ?backoff, "CSINode update failed");
                     next = tokio::time::Instant::now() + backoff;
                     backoff = (backoff * 2).min(Duration::from_secs(30));
                 }

@@ -33,6 +33,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Api, PostParams};
 use kube::Client;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::chain;
 
 /// How long a lease stays valid after its last renewal (client-go default).
 pub const DEFAULT_LEASE_DURATION: Duration = Duration::from_secs(15);
@@ -89,37 +92,33 @@ impl LeaderConfig {
 
     /// Rejects configs under which two replicas could both believe they lead,
     /// or that cannot be written to a Lease.
-    pub fn validate(&self) -> Result<(), LeaderError> {
-        let invalid = |msg: String| Err(LeaderError::InvalidConfig(msg));
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.lease_name.is_empty() {
-            return invalid("lease name is empty".into());
+            return Err(ConfigError::Empty("lease name"));
         }
         if self.namespace.is_empty() {
-            return invalid("lease namespace is empty".into());
+            return Err(ConfigError::Empty("lease namespace"));
         }
         if self.identity.is_empty() {
-            return invalid("identity is empty".into());
+            return Err(ConfigError::Empty("identity"));
         }
         if self.retry_period.is_zero() {
-            return invalid("retry period must be positive".into());
+            return Err(ConfigError::ZeroRetryPeriod);
         }
         if self.lease_duration <= self.renew_deadline {
-            return invalid(format!(
-                "lease duration {:?} must be greater than renew deadline {:?}",
-                self.lease_duration, self.renew_deadline
-            ));
+            return Err(ConfigError::LeaseNotAboveDeadline {
+                lease_duration: self.lease_duration,
+                renew_deadline: self.renew_deadline,
+            });
         }
         if self.renew_deadline.as_secs_f64() <= self.retry_period.as_secs_f64() * JITTER_FACTOR {
-            return invalid(format!(
-                "renew deadline {:?} must be greater than retry period {:?} * {JITTER_FACTOR}",
-                self.renew_deadline, self.retry_period
-            ));
+            return Err(ConfigError::DeadlineNotAboveRetry {
+                renew_deadline: self.renew_deadline,
+                retry_period: self.retry_period,
+            });
         }
         if i32::try_from(self.lease_duration.as_secs()).is_err() {
-            return invalid(format!(
-                "lease duration {:?} is too long",
-                self.lease_duration
-            ));
+            return Err(ConfigError::LeaseTooLong(self.lease_duration));
         }
         Ok(())
     }
@@ -303,12 +302,35 @@ fn micro_time(t: DateTime<Utc>) -> Result<MicroTime, LeaderError> {
         .map_err(LeaderError::Time)
 }
 
+/// What makes a [`LeaderConfig`] unusable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{0} is empty")]
+    Empty(&'static str),
+    #[error("retry period must be positive")]
+    ZeroRetryPeriod,
+    #[error(
+        "lease duration {lease_duration:?} must be greater than renew deadline {renew_deadline:?}"
+    )]
+    LeaseNotAboveDeadline {
+        lease_duration: Duration,
+        renew_deadline: Duration,
+    },
+    #[error("renew deadline {renew_deadline:?} must be greater than retry period {retry_period:?} * {JITTER_FACTOR}")]
+    DeadlineNotAboveRetry {
+        renew_deadline: Duration,
+        retry_period: Duration,
+    },
+    #[error("lease duration {0:?} is too long")]
+    LeaseTooLong(Duration),
+}
+
 /// Why leader election failed or leadership ended.
 #[derive(Debug, thiserror::Error)]
 pub enum LeaderError {
     /// The [`LeaderConfig`] is unusable; fix the flags.
-    #[error("invalid leader election config: {0}")]
-    InvalidConfig(String),
+    #[error("invalid leader election config")]
+    InvalidConfig(#[from] ConfigError),
     /// A call to the API server failed.
     #[error("lease {op} failed")]
     Kube {
@@ -430,11 +452,11 @@ impl LeaderElector {
                 Ok(Ok(Attempt::Held)) => return Ok(()),
                 Ok(Ok(Attempt::Wait { .. })) | Ok(Err(LeaderError::Conflict)) => {}
                 Ok(Err(error)) if error.is_permanent() => {
-                    tracing::error!(lease = %self.lease_ref(), error = %ErrorChain(&error), "cannot acquire leader lease");
+                    tracing::error!(lease = %self.lease_ref(), error = %chain(&error), "cannot acquire leader lease");
                     return Err(error);
                 }
                 Ok(Err(error)) => {
-                    tracing::warn!(lease = %self.lease_ref(), error = %ErrorChain(&error), "failed to acquire leader lease, retrying");
+                    tracing::warn!(lease = %self.lease_ref(), error = %chain(&error), "failed to acquire leader lease, retrying");
                 }
                 Err(_) => {
                     tracing::warn!(lease = %self.lease_ref(), "leader lease request timed out, retrying");
@@ -471,7 +493,7 @@ impl LeaderElector {
                     return Err(LeaderError::Lost { holder });
                 }
                 Ok(Err(error)) => {
-                    tracing::warn!(lease = %self.lease_ref(), error = %ErrorChain(&error), "failed to renew leader lease");
+                    tracing::warn!(lease = %self.lease_ref(), error = %chain(&error), "failed to renew leader lease");
                     last_error = Some(error);
                 }
                 Err(_) => return Err(self.lost_deadline(Some(LeaderError::Timeout))),
@@ -493,7 +515,7 @@ impl LeaderElector {
                 tracing::debug!(lease = %self.lease_ref(), "leader lease not held, nothing to release");
             }
             Ok(Err(error)) => {
-                tracing::warn!(lease = %self.lease_ref(), error = %ErrorChain(&error), "failed to release leader lease; it will expire");
+                tracing::warn!(lease = %self.lease_ref(), error = %chain(&error), "failed to release leader lease; it will expire");
             }
             Err(_) => {
                 tracing::warn!(lease = %self.lease_ref(), "releasing leader lease timed out; it will expire");
@@ -707,19 +729,78 @@ fn jittered(period: Duration) -> Duration {
     period + period.mul_f64(JITTER_FACTOR * unit)
 }
 
-/// Displays an error with its sources, for log lines.
-struct ErrorChain<'a>(&'a dyn std::error::Error);
+/// What [`run_as_leader`] tells the caller about this replica's role, for
+/// readiness and metrics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Waiting for the Lease: a healthy standby.
+    Standby,
+    /// Holding the Lease (or running without election): acting.
+    Leading,
+    /// The Lease was lost: no longer acting.
+    Lost,
+}
 
-impl std::fmt::Display for ErrorChain<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)?;
-        let mut source = self.0.source();
-        while let Some(s) = source {
-            write!(f, ": {s}")?;
-            source = s.source();
+/// How a controller run under [`run_as_leader`] failed: leadership, or the
+/// controller's own error `E`.
+#[derive(Debug, thiserror::Error)]
+pub enum LeadError<E: std::error::Error + 'static> {
+    #[error("leader election failed")]
+    Leader(
+        #[from]
+        #[source]
+        LeaderError,
+    ),
+    #[error("controller failed")]
+    Controller(#[source] E),
+}
+
+/// Runs `controller` — at once without election, else once this replica
+/// holds the Lease, and only as long as it does. Losing the Lease ends the
+/// run with an error (the process should exit and be restarted: another
+/// replica may already act), and so does the controller's own error. A
+/// shutdown while standing by returns `Ok` without running it. The Lease is
+/// released on the way out. `role` hears every change of this replica's role.
+pub async fn run_as_leader<F, Fut, E>(
+    client: Client,
+    election: Option<LeaderConfig>,
+    shutdown: &CancellationToken,
+    role: impl Fn(Role),
+    controller: F,
+) -> Result<(), LeadError<E>>
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = Result<(), E>>,
+    E: std::error::Error + 'static,
+{
+    let Some(cfg) = election else {
+        role(Role::Leading);
+        return controller().await.map_err(LeadError::Controller);
+    };
+    let elector = LeaderElector::new(client, cfg)?;
+    role(Role::Standby);
+    tracing::info!(lease = %elector.lease_ref(), identity = %elector.config().identity, "waiting for leadership");
+    tokio::select! {
+        res = elector.acquire() => res?,
+        () = shutdown.cancelled() => {
+            elector.release().await;
+            return Ok(());
         }
-        Ok(())
     }
+    tracing::info!(lease = %elector.lease_ref(), identity = %elector.config().identity, "leading");
+    role(Role::Leading);
+    let result = tokio::select! {
+        res = controller() => res.map_err(LeadError::Controller),
+        lost = elector.renew_loop() => {
+            role(Role::Lost);
+            match lost {
+                Err(e) => Err(LeadError::Leader(e)),
+                Ok(never) => match never {},
+            }
+        }
+    };
+    elector.release().await;
+    result
 }
 
 #[cfg(test)]

@@ -1,0 +1,153 @@
+//! The object's status: built in one place from what a pass saw and
+//! decided, written by server-side apply only when it changed, and the
+//! problems a user must fix reported once, with an Event.
+
+use chrono::{DateTime, Utc};
+use csiops_crds::{CSIDriverDeployment, CSIDriverDeploymentStatus, RolloutStatus};
+use kube::api::{Api, Patch, PatchParams};
+use kube::ResourceExt;
+use serde_json::json;
+use tracing::warn;
+
+use super::apply::FIELD_MANAGER;
+use super::error::Error;
+use super::events::{publish, Note};
+use super::Context;
+use crate::health::Health;
+use crate::report::{self, Problem, ReportInput};
+use crate::rollout::Plan;
+
+/// Where the rollout stands after a pass.
+pub(super) struct Progress<'a> {
+    pub rollout: Option<&'a RolloutStatus>,
+    pub waiting_for: Option<&'a str>,
+    /// A rollout completed in this pass.
+    pub completed: bool,
+}
+
+impl<'a> Progress<'a> {
+    /// As `plan` leaves it.
+    pub fn of<A>(plan: &'a Plan<A>) -> Self {
+        Progress {
+            rollout: plan.rollout.as_ref(),
+            waiting_for: plan.waiting_for.as_deref(),
+            completed: plan.completed,
+        }
+    }
+}
+
+/// The status of `obj` after a pass: `progress`, the `health` observed and
+/// the `problem` found, over the status it had. Paused and deleting are read
+/// from the object (a deleted object is torn down even when paused).
+pub(super) fn status_after(
+    obj: &CSIDriverDeployment,
+    progress: Progress<'_>,
+    health: &Health,
+    problem: Option<&Problem>,
+    now: DateTime<Utc>,
+) -> CSIDriverDeploymentStatus {
+    let deleting = obj.metadata.deletion_timestamp.is_some();
+    report::build(&ReportInput {
+        previous: obj.status.as_ref(),
+        generation: obj.metadata.generation.unwrap_or(0),
+        spec_version: &obj.spec.version,
+        rollout: progress.rollout,
+        waiting_for: progress.waiting_for,
+        completed: progress.completed,
+        health,
+        problem,
+        paused: obj.spec.paused && !deleting,
+        deleting,
+        now,
+    })
+}
+
+/// A Warning Event for `problem`, unless the object already reports it
+/// (its reason: the message of a standing problem may vary).
+pub(super) async fn warn_once(obj: &CSIDriverDeployment, ctx: &Context, problem: &Problem) {
+    warn_unless_reported(obj, ctx, problem, false).await;
+}
+
+/// A log line and a Warning Event for `problem`, unless the object's
+/// Degraded condition has its reason (and, when `exact`, its message).
+async fn warn_unless_reported(
+    obj: &CSIDriverDeployment,
+    ctx: &Context,
+    problem: &Problem,
+    exact: bool,
+) {
+    let already = obj
+        .status
+        .as_ref()
+        .and_then(|s| s.condition(report::DEGRADED))
+        .is_some_and(|c| {
+            c.status == "True"
+                && c.reason == problem.reason
+                && (!exact || c.message == problem.message)
+        });
+    if !already {
+        warn!(object = %obj.name_any(), reason = problem.reason, "{}", problem.message);
+        publish(
+            &ctx.recorder,
+            obj,
+            &Note::warning(problem.reason, problem.message.clone()),
+        )
+        .await;
+    }
+}
+
+/// Status and a Warning Event for a problem the user must fix.
+pub(super) async fn write_problem(
+    obj: &CSIDriverDeployment,
+    ctx: &Context,
+    api: &Api<CSIDriverDeployment>,
+    problem: &Problem,
+) -> Result<(), Error> {
+    warn_unless_reported(obj, ctx, problem, true).await;
+    let previous = obj.status.as_ref();
+    // Keep the last known counts and rollout: nothing was observed or changed.
+    let health = previous.map(health_of_status).unwrap_or_default();
+    let progress = Progress {
+        rollout: previous.and_then(|s| s.rollout.as_ref()),
+        waiting_for: None,
+        completed: false,
+    };
+    let new_status = status_after(obj, progress, &health, Some(problem), Utc::now());
+    write_status(obj, api, new_status).await
+}
+
+fn health_of_status(s: &CSIDriverDeploymentStatus) -> Health {
+    Health {
+        controller: s.controller.clone(),
+        node: s.node.clone(),
+        registered_nodes: s.registered_nodes,
+        unhealthy: s.unhealthy_pods.clone(),
+        ..Health::default()
+    }
+}
+
+/// Writes status by server-side apply, only when it changed.
+pub(super) async fn write_status(
+    obj: &CSIDriverDeployment,
+    api: &Api<CSIDriverDeployment>,
+    status: CSIDriverDeploymentStatus,
+) -> Result<(), Error> {
+    if obj.status.as_ref() == Some(&status) {
+        return Ok(());
+    }
+    let patch = json!({
+        "apiVersion": "csiops.dev/v1alpha1",
+        "kind": "CSIDriverDeployment",
+        "status": status,
+    });
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    match api
+        .patch_status(&obj.name_any(), &params, &Patch::Apply(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        // Deleted meanwhile: nothing to report on.
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+        Err(e) => Err(Error::Kube(e)),
+    }
+}

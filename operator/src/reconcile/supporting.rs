@@ -1,0 +1,139 @@
+//! The objects a driver's pods need before they start: ServiceAccounts,
+//! RBAC, the CSIDriver and StorageClasses, applied ownership-checked; the
+//! immutable CSIDriver and StorageClasses re-created when they change.
+
+use csiops_crds::CSIDriverDeployment;
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
+use kube::api::Api;
+use kube::ResourceExt;
+use tracing::info;
+
+use super::apply::{apply, delete_owned, Applied, Mode, Owner};
+use super::error::Error;
+use super::events::{publish, Note};
+use super::Context;
+use crate::render::Rendered;
+
+/// ServiceAccounts, RBAC, the CSIDriver and StorageClasses: applied before any
+/// workload so pods never start without their permissions.
+pub(super) async fn apply_supporting(
+    obj: &CSIDriverDeployment,
+    ctx: &Context,
+    owner: Owner<'_>,
+    r: &Rendered,
+) -> Result<(), Error> {
+    let c = &ctx.client;
+    let sa: Api<ServiceAccount> = Api::namespaced(c.clone(), owner.namespace);
+    apply(
+        &sa,
+        "ServiceAccount",
+        r.controller_service_account.clone(),
+        owner,
+        Mode::IfChanged,
+    )
+    .await?;
+    apply(
+        &sa,
+        "ServiceAccount",
+        r.node_service_account.clone(),
+        owner,
+        Mode::IfChanged,
+    )
+    .await?;
+    if let Some(role) = &r.leader_election_role {
+        let api: Api<Role> = Api::namespaced(c.clone(), owner.namespace);
+        apply(&api, "Role", role.clone(), owner, Mode::IfChanged).await?;
+    }
+    if let Some(binding) = &r.leader_election_role_binding {
+        let api: Api<RoleBinding> = Api::namespaced(c.clone(), owner.namespace);
+        apply(&api, "RoleBinding", binding.clone(), owner, Mode::IfChanged).await?;
+    }
+    let roles: Api<ClusterRole> = Api::all(c.clone());
+    for role in &r.cluster_roles {
+        apply(&roles, "ClusterRole", role.clone(), owner, Mode::IfChanged).await?;
+    }
+    let bindings: Api<ClusterRoleBinding> = Api::all(c.clone());
+    for binding in &r.cluster_role_bindings {
+        apply(
+            &bindings,
+            "ClusterRoleBinding",
+            binding.clone(),
+            owner,
+            Mode::IfChanged,
+        )
+        .await?;
+    }
+
+    // Some CSIDriver fields are immutable: when the API refuses the change,
+    // the object is re-created (running volumes keep working meanwhile).
+    let drivers: Api<CSIDriver> = Api::all(c.clone());
+    match apply(
+        &drivers,
+        "CSIDriver",
+        r.csi_driver.clone(),
+        owner,
+        Mode::IfChanged,
+    )
+    .await
+    {
+        Err(Error::Rejected { message, .. }) => {
+            let name = r.csi_driver.name_any();
+            delete_owned(&drivers, "CSIDriver", &name, owner).await?;
+            apply(
+                &drivers,
+                "CSIDriver",
+                r.csi_driver.clone(),
+                owner,
+                Mode::IfChanged,
+            )
+            .await?;
+            let note =
+                format!("CSIDriver {name} re-created: an immutable field changed ({message})");
+            publish(
+                &ctx.recorder,
+                obj,
+                &Note::warning("CSIDriverRecreated", note),
+            )
+            .await;
+        }
+        other => {
+            other?;
+        }
+    }
+
+    // StorageClass parameters, provisioner, reclaimPolicy and binding mode are
+    // immutable: a changed class is re-created. Existing PVs are not affected.
+    let classes: Api<StorageClass> = Api::all(c.clone());
+    for class in &r.storage_classes {
+        let name = class.name_any();
+        match apply(
+            &classes,
+            "StorageClass",
+            class.clone(),
+            owner,
+            Mode::RecreateIfChanged,
+        )
+        .await?
+        {
+            Applied::Created => info!(storage_class = %name, "StorageClass created"),
+            Applied::Recreated => {
+                let note = format!("StorageClass {name} re-created with the new spec");
+                publish(
+                    &ctx.recorder,
+                    obj,
+                    &Note {
+                        warning: false,
+                        reason: "StorageClassRecreated".into(),
+                        action: "Apply".into(),
+                        note,
+                    },
+                )
+                .await;
+            }
+            Applied::Updated | Applied::Unchanged => {}
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,157 @@
+//! [`reconcile`] against a mocked API server (csiops-runtime's `testing`):
+//! the exact sequence of writes of one pass.
+
+use std::sync::Arc;
+
+use csiops_runtime::testing::{self, Log};
+use kube::runtime::reflector;
+use kube::runtime::watcher::Event;
+use serde_json::{json, Value};
+
+use super::*;
+
+const NS: &str = "storage";
+const OBJ: &str = "/apis/csiops.dev/v1alpha1/namespaces/storage/csidriverdeployments/hp";
+
+fn cdd(extra_meta: Value, spec: Value) -> Value {
+    let mut obj = json!({
+        "apiVersion": "csiops.dev/v1alpha1", "kind": "CSIDriverDeployment",
+        "metadata": {"name": "hp", "namespace": NS, "uid": "cdd-uid", "generation": 1,
+                     "resourceVersion": "1", "creationTimestamp": "2026-11-21T10:00:00Z"},
+        "spec": {"driverName": "hp.csi.example.com", "version": "v1", "driver": {"image": "x"}},
+    });
+    obj["metadata"] = testing::merge(&obj["metadata"], &extra_meta);
+    obj["spec"] = testing::merge(&obj["spec"], &spec);
+    obj
+}
+
+struct Fixture {
+    ctx: Arc<Context>,
+    log: Log,
+    objects: testing::Objects,
+}
+
+impl Fixture {
+    fn new(obj: Value) -> Self {
+        let log = Log::default();
+        let objects = testing::Objects::new([(OBJ, obj.clone())]);
+        let server = objects.clone();
+        let client = testing::client(&log, move |call| server.answer(call));
+        let (deployments, mut writer) = reflector::store();
+        writer.apply_watcher_event(&Event::Apply(
+            serde_json::from_value::<CSIDriverDeployment>(obj).expect("a valid object"),
+        ));
+        let ctx = Arc::new(Context {
+            client: client.clone(),
+            recorder: Recorder::new(
+                client,
+                Reporter {
+                    controller: "csiops-operator".into(),
+                    instance: None,
+                },
+            ),
+            metrics: Arc::new(Metrics::new()),
+            render_cfg: RenderConfig {
+                sidecar_image: "example.com/sidecar:v1".into(),
+                operator_version: "0.1.0".into(),
+            },
+            pods: reflector::store().0,
+            csinodes: reflector::store().0,
+            deployments,
+            failures: retry::Failures::default(),
+        });
+        Fixture { ctx, log, objects }
+    }
+
+    /// One pass over the object as the API server has it now (the watch
+    /// cache's copy is refreshed by the reconciler's own GET).
+    async fn reconcile(&self) -> Result<Requeue, Error> {
+        let obj = self.objects.get(OBJ).expect("the object");
+        let obj: CSIDriverDeployment = serde_json::from_value(obj).expect("a valid object");
+        reconcile(Arc::new(obj), self.ctx.clone()).await
+    }
+
+    /// Writes so far, without Events.
+    fn writes(&self) -> Vec<String> {
+        self.log
+            .writes()
+            .into_iter()
+            .filter(|w| !w.contains("/events"))
+            .collect()
+    }
+
+    fn events(&self) -> usize {
+        self.log
+            .writes()
+            .iter()
+            .filter(|w| w.contains("/events"))
+            .count()
+    }
+}
+
+#[tokio::test]
+async fn a_new_object_gets_its_finalizer_before_any_child_and_the_node_side_first() {
+    let fx = Fixture::new(cdd(json!({}), json!({})));
+    fx.reconcile().await.expect("reconciled");
+    let writes = fx.writes();
+    assert_eq!(writes[0], format!("PATCH {OBJ}"), "{writes:#?}");
+    // Supporting objects, then the DaemonSet, then one status write; the
+    // controller waits for the node side (an install starts with it).
+    assert_eq!(
+        writes[1..],
+        [
+            "PATCH /api/v1/namespaces/storage/serviceaccounts/hp-controller",
+            "PATCH /api/v1/namespaces/storage/serviceaccounts/hp-node",
+            "PATCH /apis/rbac.authorization.k8s.io/v1/namespaces/storage/roles/hp-leader-election",
+            "PATCH /apis/rbac.authorization.k8s.io/v1/namespaces/storage/rolebindings/hp-leader-election",
+            "PATCH /apis/rbac.authorization.k8s.io/v1/clusterroles/csiops:hp.csi.example.com:controller",
+            "PATCH /apis/rbac.authorization.k8s.io/v1/clusterroles/csiops:hp.csi.example.com:node",
+            "PATCH /apis/rbac.authorization.k8s.io/v1/clusterrolebindings/csiops:hp.csi.example.com:controller",
+            "PATCH /apis/rbac.authorization.k8s.io/v1/clusterrolebindings/csiops:hp.csi.example.com:node",
+            "PATCH /apis/storage.k8s.io/v1/csidrivers/hp.csi.example.com",
+            "PATCH /apis/apps/v1/namespaces/storage/daemonsets/hp-node",
+            &format!("PATCH {OBJ}/status"),
+        ],
+        "{writes:#?}"
+    );
+    assert!(fx.events() >= 2, "rollout and step started");
+}
+
+#[tokio::test]
+async fn a_problem_already_reported_is_not_written_again() {
+    // A relative kubeletDir: the render fails, which the user must fix.
+    let fx = Fixture::new(cdd(
+        json!({}),
+        json!({"driver": {"image": "x", "args": []}, "node": {"kubeletDir": "relative/path"}}),
+    ));
+    fx.reconcile().await.expect("reported, not failed");
+    assert_eq!(
+        fx.writes(),
+        vec![format!("PATCH {OBJ}"), format!("PATCH {OBJ}/status")]
+    );
+    assert_eq!(fx.events(), 1);
+    let status = fx.objects.get(OBJ).expect("the object")["status"].to_string();
+    assert!(status.contains("RenderFailed"), "{status}");
+    fx.log.clear();
+    fx.reconcile().await.expect("reported, not failed");
+    assert_eq!(fx.writes(), Vec::<String>::new());
+    assert_eq!(fx.events(), 0);
+}
+
+#[tokio::test]
+async fn a_deleted_object_with_nothing_left_only_loses_its_finalizer() {
+    let fx = Fixture::new(cdd(
+        json!({"finalizers": [FINALIZER], "deletionTimestamp": "2026-11-21T11:00:00Z"}),
+        json!({}),
+    ));
+    fx.reconcile().await.expect("torn down");
+    assert_eq!(fx.writes(), vec![format!("PATCH {OBJ}")]);
+    let calls = fx.log.calls();
+    let patch = &calls
+        .iter()
+        .rev()
+        .find(|c| c.method == "PATCH")
+        .unwrap()
+        .body;
+    assert_eq!(patch["metadata"]["finalizers"], json!([]));
+}

@@ -1,0 +1,146 @@
+//! The start-up every role shares: the shutdown signal, the admin server,
+//! the driver connection and, for the controllers, running under the Lease.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use csiops_runtime::admin::{self, AdminState, HealthCheck};
+use csiops_runtime::leader::{run_as_leader, LeadError};
+use csiops_runtime::shutdown::{on_signals, CancellationToken};
+
+use super::args::CommonArgs;
+use super::controller::ControllerArgs;
+use super::driver::Driver;
+use super::kube::{self as kube_client, KubeArgs};
+use super::metrics::Metrics;
+use crate::SidecarError;
+
+/// How long the admin server may take to stop once the role is done.
+const ADMIN_STOP: Duration = Duration::from_secs(2);
+
+/// A role being run: its shutdown token (SIGTERM, SIGINT) and its admin
+/// server once started.
+#[derive(Debug)]
+pub struct Role {
+    pub shutdown: CancellationToken,
+    admin: Option<admin::Server>,
+}
+
+/// How far [`Role::driver`] waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// Until the driver's socket answers.
+    Connected,
+    /// Until it also answers Probe with ready (the controller sidecars).
+    Ready,
+}
+
+impl Role {
+    /// Starts a role: the shutdown token follows SIGTERM and SIGINT.
+    pub fn start() -> Self {
+        Role {
+            shutdown: on_signals(),
+            admin: None,
+        }
+    }
+
+    /// Serves `/healthz` (answered by `health`) and the metrics at
+    /// `--metrics-path` on `addr`, if there is one, until shutdown. A taken
+    /// port is an error at once.
+    pub async fn serve_admin(
+        &mut self,
+        addr: Option<SocketAddr>,
+        common: &CommonArgs,
+        metrics: &Arc<Metrics>,
+        health: HealthCheck,
+    ) -> Result<(), SidecarError> {
+        let Some(addr) = addr else { return Ok(()) };
+        let state = AdminState::new(metrics.clone())
+            .metrics_path(&common.metrics_path)
+            .health(health);
+        self.admin = Some(admin::serve(addr, state, self.shutdown.clone()).await?);
+        Ok(())
+    }
+
+    /// The driver at `--csi-address`, waited for as `wait` says, and its
+    /// name (GetPluginInfo, retried until it answers one), which from then
+    /// on labels the metrics. `None` when shutdown came first.
+    pub async fn driver(
+        &self,
+        common: &CommonArgs,
+        metrics: &Arc<Metrics>,
+        wait: Wait,
+    ) -> Option<(Driver, String)> {
+        let driver = self.connect(common, metrics, wait).await?;
+        let name = driver.driver_name_waiting(&self.shutdown).await?;
+        metrics.set_driver_name(&name);
+        Some((driver, name))
+    }
+
+    /// The driver at `--csi-address`, waited for as `wait` says. `None`
+    /// when shutdown came first.
+    pub async fn connect(
+        &self,
+        common: &CommonArgs,
+        metrics: &Arc<Metrics>,
+        wait: Wait,
+    ) -> Option<Driver> {
+        let (address, timeout, metrics) = (&common.csi_address, common.timeout, metrics.clone());
+        match wait {
+            Wait::Connected => {
+                Driver::connect_waiting(address, timeout, metrics, &self.shutdown).await
+            }
+            Wait::Ready => Driver::connect_ready(address, timeout, metrics, &self.shutdown).await,
+        }
+    }
+
+    /// Ends the role with `outcome`: stops the admin server and waits a
+    /// little for it. The server's own failure is the error when the role
+    /// had none.
+    pub async fn finish(self, outcome: Result<(), SidecarError>) -> Result<(), SidecarError> {
+        self.shutdown.cancel();
+        let Some(server) = self.admin else {
+            return outcome;
+        };
+        match tokio::time::timeout(ADMIN_STOP, server.wait()).await {
+            Ok(Err(e)) if outcome.is_ok() => Err(e.into()),
+            _ => outcome,
+        }
+    }
+}
+
+/// `/healthz` of a controller sidecar: the driver answers Probe with ready.
+pub fn probe_check(driver: &Driver, timeout: Duration) -> HealthCheck {
+    let driver = driver.clone();
+    Arc::new(move || {
+        let driver = driver.clone();
+        Box::pin(async move { driver.health(timeout).await })
+    })
+}
+
+/// Runs `controller` under the Lease `lease` when `--leader-election` is
+/// on (else at once), electing with a client of its own that the QPS limit
+/// does not slow down (see [`kube_client::election_client`]).
+pub async fn lead<F, Fut, E>(
+    kube: &KubeArgs,
+    controller_args: &ControllerArgs,
+    lease: &str,
+    shutdown: &CancellationToken,
+    controller: F,
+) -> Result<(), SidecarError>
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = Result<(), E>>,
+    E: std::error::Error + Into<SidecarError> + 'static,
+{
+    let election = controller_args
+        .leader_election
+        .then(|| controller_args.leader_config(lease));
+    let client = kube_client::election_client(kube).await?;
+    match run_as_leader(client, election, shutdown, |_| {}, controller).await {
+        Ok(()) => Ok(()),
+        Err(LeadError::Leader(e)) => Err(e.into()),
+        Err(LeadError::Controller(e)) => Err(e.into()),
+    }
+}
