@@ -924,270 +924,132 @@ fn unimplemented<T>(method: &str) -> Result<T, Status> {
     ))
 }
 
-#[tonic::async_trait]
-impl Identity for DriverHandle {
-    async fn get_plugin_info(
-        &self,
-        r: Request<GetPluginInfoRequest>,
-    ) -> Reply<GetPluginInfoResponse> {
-        self.0
-            .call("GetPluginInfo", r, |d, _| {
-                Ok(GetPluginInfoResponse {
-                    name: d.name.clone(),
-                    vendor_version: d.version.clone(),
-                    manifest: HashMap::new(),
-                })
-            })
-            .await
+/// The Identity and Node answers that need no state.
+impl Driver {
+    fn plugin_info(&self, _: GetPluginInfoRequest) -> Result<GetPluginInfoResponse, Status> {
+        Ok(GetPluginInfoResponse {
+            name: self.name.clone(),
+            vendor_version: self.version.clone(),
+            manifest: HashMap::new(),
+        })
     }
 
-    async fn get_plugin_capabilities(
+    fn plugin_capabilities(
         &self,
-        r: Request<GetPluginCapabilitiesRequest>,
-    ) -> Reply<GetPluginCapabilitiesResponse> {
+        _: GetPluginCapabilitiesRequest,
+    ) -> Result<GetPluginCapabilitiesResponse, Status> {
         use plugin_capability::{service::Type, Service, Type as T};
-        self.0
-            .call("GetPluginCapabilities", r, |_, _| {
-                Ok(GetPluginCapabilitiesResponse {
-                    capabilities: [
-                        Type::ControllerService,
-                        Type::VolumeAccessibilityConstraints,
-                    ]
-                    .into_iter()
-                    .map(|t| PluginCapability {
-                        r#type: Some(T::Service(Service { r#type: t as i32 })),
-                    })
-                    .collect(),
-                })
+        Ok(GetPluginCapabilitiesResponse {
+            capabilities: [
+                Type::ControllerService,
+                Type::VolumeAccessibilityConstraints,
+            ]
+            .into_iter()
+            .map(|t| PluginCapability {
+                r#type: Some(T::Service(Service { r#type: t as i32 })),
             })
-            .await
+            .collect(),
+        })
     }
 
-    async fn probe(&self, r: Request<ProbeRequest>) -> Reply<ProbeResponse> {
-        self.0
-            .call("Probe", r, |_, _| Ok(ProbeResponse { ready: Some(true) }))
-            .await
+    fn probe(&self, _: ProbeRequest) -> Result<ProbeResponse, Status> {
+        Ok(ProbeResponse { ready: Some(true) })
+    }
+
+    fn controller_get_capabilities(
+        &self,
+        _: ControllerGetCapabilitiesRequest,
+    ) -> Result<ControllerGetCapabilitiesResponse, Status> {
+        Ok(self.controller_capabilities())
+    }
+
+    /// STAGE_UNSTAGE_VOLUME only with `--data-dir` (real mounts).
+    fn node_capabilities(
+        &self,
+        _: NodeGetCapabilitiesRequest,
+    ) -> Result<NodeGetCapabilitiesResponse, Status> {
+        use csiops_proto::csi::v1::node_service_capability::{rpc::Type, Rpc, Type as T};
+        let capabilities = self
+            .data_dir
+            .iter()
+            .map(|_| csiops_proto::csi::v1::NodeServiceCapability {
+                r#type: Some(T::Rpc(Rpc {
+                    r#type: Type::StageUnstageVolume as i32,
+                })),
+            })
+            .collect();
+        Ok(NodeGetCapabilitiesResponse { capabilities })
+    }
+
+    fn node_info(&self, _: NodeGetInfoRequest) -> Result<NodeGetInfoResponse, Status> {
+        Ok(NodeGetInfoResponse {
+            node_id: self.node_id.clone(),
+            max_volumes_per_node: self.max_volumes_per_node,
+            accessible_topology: Some(self.this_node_topology()),
+        })
     }
 }
 
-#[tonic::async_trait]
-impl Controller for DriverHandle {
-    async fn create_volume(&self, r: Request<CreateVolumeRequest>) -> Reply<CreateVolumeResponse> {
-        self.0.call("CreateVolume", r, Driver::create_volume).await
-    }
-
-    async fn delete_volume(&self, r: Request<DeleteVolumeRequest>) -> Reply<DeleteVolumeResponse> {
-        self.0.call("DeleteVolume", r, Driver::delete_volume).await
-    }
-
-    async fn controller_publish_volume(
-        &self,
-        r: Request<ControllerPublishVolumeRequest>,
-    ) -> Reply<ControllerPublishVolumeResponse> {
-        self.0
-            .call("ControllerPublishVolume", r, Driver::controller_publish)
-            .await
-    }
-
-    async fn controller_unpublish_volume(
-        &self,
-        r: Request<ControllerUnpublishVolumeRequest>,
-    ) -> Reply<ControllerUnpublishVolumeResponse> {
-        self.0
-            .call("ControllerUnpublishVolume", r, Driver::controller_unpublish)
-            .await
-    }
-
-    async fn validate_volume_capabilities(
-        &self,
-        r: Request<ValidateVolumeCapabilitiesRequest>,
-    ) -> Reply<ValidateVolumeCapabilitiesResponse> {
-        self.0
-            .call(
-                "ValidateVolumeCapabilities",
-                r,
-                Driver::validate_capabilities,
-            )
-            .await
-    }
-
-    async fn list_volumes(&self, r: Request<ListVolumesRequest>) -> Reply<ListVolumesResponse> {
-        self.0.call("ListVolumes", r, Driver::list_volumes).await
-    }
-
-    async fn get_capacity(&self, r: Request<GetCapacityRequest>) -> Reply<GetCapacityResponse> {
-        self.0.call("GetCapacity", r, Driver::get_capacity).await
-    }
-
-    async fn controller_get_capabilities(
-        &self,
-        r: Request<ControllerGetCapabilitiesRequest>,
-    ) -> Reply<ControllerGetCapabilitiesResponse> {
-        self.0
-            .call("ControllerGetCapabilities", r, |d, _| {
-                Ok(d.controller_capabilities())
-            })
-            .await
-    }
-
-    async fn create_snapshot(
-        &self,
-        r: Request<CreateSnapshotRequest>,
-    ) -> Reply<CreateSnapshotResponse> {
-        self.0
-            .call("CreateSnapshot", r, |_, _| unimplemented("CreateSnapshot"))
-            .await
-    }
-
-    async fn delete_snapshot(
-        &self,
-        r: Request<DeleteSnapshotRequest>,
-    ) -> Reply<DeleteSnapshotResponse> {
-        self.0
-            .call("DeleteSnapshot", r, |_, _| unimplemented("DeleteSnapshot"))
-            .await
-    }
-
-    async fn list_snapshots(
-        &self,
-        r: Request<ListSnapshotsRequest>,
-    ) -> Reply<ListSnapshotsResponse> {
-        self.0
-            .call("ListSnapshots", r, |_, _| unimplemented("ListSnapshots"))
-            .await
-    }
-
-    async fn get_snapshot(&self, r: Request<GetSnapshotRequest>) -> Reply<GetSnapshotResponse> {
-        self.0
-            .call("GetSnapshot", r, |_, _| unimplemented("GetSnapshot"))
-            .await
-    }
-
-    async fn controller_expand_volume(
-        &self,
-        r: Request<ControllerExpandVolumeRequest>,
-    ) -> Reply<ControllerExpandVolumeResponse> {
-        self.0
-            .call("ControllerExpandVolume", r, |_, _| {
-                unimplemented("ControllerExpandVolume")
-            })
-            .await
-    }
-
-    async fn controller_get_volume(
-        &self,
-        r: Request<ControllerGetVolumeRequest>,
-    ) -> Reply<ControllerGetVolumeResponse> {
-        self.0
-            .call("ControllerGetVolume", r, |_, _| {
-                unimplemented("ControllerGetVolume")
-            })
-            .await
-    }
-
-    async fn controller_modify_volume(
-        &self,
-        r: Request<ControllerModifyVolumeRequest>,
-    ) -> Reply<ControllerModifyVolumeResponse> {
-        self.0
-            .call("ControllerModifyVolume", r, |_, _| {
-                unimplemented("ControllerModifyVolume")
-            })
-            .await
-    }
+/// One tonic service impl for [`DriverHandle`]: each RPC runs its handler
+/// through [`Driver::call`] under its CSI method name, or answers
+/// UNIMPLEMENTED. (The impl is generated whole so `async_trait` sees the
+/// methods.)
+macro_rules! csi_service {
+    ($service:ident {
+        $($rpc:ident($req:ident -> $resp:ident) = $method:literal => $handler:expr;)*
+    }) => {
+        #[tonic::async_trait]
+        impl $service for DriverHandle {
+            $(
+                async fn $rpc(&self, r: Request<$req>) -> Reply<$resp> {
+                    self.0.call($method, r, $handler).await
+                }
+            )*
+        }
+    };
 }
 
-#[tonic::async_trait]
-impl Node for DriverHandle {
-    async fn node_stage_volume(
-        &self,
-        r: Request<NodeStageVolumeRequest>,
-    ) -> Reply<NodeStageVolumeResponse> {
-        self.0.call("NodeStageVolume", r, Driver::node_stage).await
-    }
-
-    async fn node_unstage_volume(
-        &self,
-        r: Request<NodeUnstageVolumeRequest>,
-    ) -> Reply<NodeUnstageVolumeResponse> {
-        self.0
-            .call("NodeUnstageVolume", r, Driver::node_unstage)
-            .await
-    }
-
-    async fn node_publish_volume(
-        &self,
-        r: Request<NodePublishVolumeRequest>,
-    ) -> Reply<NodePublishVolumeResponse> {
-        self.0
-            .call("NodePublishVolume", r, Driver::node_publish)
-            .await
-    }
-
-    async fn node_unpublish_volume(
-        &self,
-        r: Request<NodeUnpublishVolumeRequest>,
-    ) -> Reply<NodeUnpublishVolumeResponse> {
-        self.0
-            .call("NodeUnpublishVolume", r, Driver::node_unpublish)
-            .await
-    }
-
-    async fn node_get_volume_stats(
-        &self,
-        r: Request<NodeGetVolumeStatsRequest>,
-    ) -> Reply<NodeGetVolumeStatsResponse> {
-        self.0
-            .call("NodeGetVolumeStats", r, |_, _| {
-                unimplemented("NodeGetVolumeStats")
-            })
-            .await
-    }
-
-    async fn node_expand_volume(
-        &self,
-        r: Request<NodeExpandVolumeRequest>,
-    ) -> Reply<NodeExpandVolumeResponse> {
-        self.0
-            .call("NodeExpandVolume", r, |_, _| {
-                unimplemented("NodeExpandVolume")
-            })
-            .await
-    }
-
-    async fn node_get_capabilities(
-        &self,
-        r: Request<NodeGetCapabilitiesRequest>,
-    ) -> Reply<NodeGetCapabilitiesResponse> {
-        self.0
-            .call("NodeGetCapabilities", r, |d, _| {
-                use csiops_proto::csi::v1::node_service_capability::{rpc::Type, Rpc, Type as T};
-                let capabilities = d
-                    .data_dir
-                    .iter()
-                    .map(|_| csiops_proto::csi::v1::NodeServiceCapability {
-                        r#type: Some(T::Rpc(Rpc {
-                            r#type: Type::StageUnstageVolume as i32,
-                        })),
-                    })
-                    .collect();
-                Ok(NodeGetCapabilitiesResponse { capabilities })
-            })
-            .await
-    }
-
-    async fn node_get_info(&self, r: Request<NodeGetInfoRequest>) -> Reply<NodeGetInfoResponse> {
-        self.0
-            .call("NodeGetInfo", r, |d, _| {
-                Ok(NodeGetInfoResponse {
-                    node_id: d.node_id.clone(),
-                    max_volumes_per_node: d.max_volumes_per_node,
-                    accessible_topology: Some(d.this_node_topology()),
-                })
-            })
-            .await
-    }
+/// A handler for an RPC csi-test-driver does not implement.
+fn none<Req, Resp>(
+    method: &'static str,
+) -> impl Fn(&Driver, Req) -> Result<Resp, Status> + Send + 'static {
+    move |_, _| unimplemented(method)
 }
+
+csi_service!(Identity {
+    get_plugin_info(GetPluginInfoRequest -> GetPluginInfoResponse) = "GetPluginInfo" => Driver::plugin_info;
+    get_plugin_capabilities(GetPluginCapabilitiesRequest -> GetPluginCapabilitiesResponse) = "GetPluginCapabilities" => Driver::plugin_capabilities;
+    probe(ProbeRequest -> ProbeResponse) = "Probe" => Driver::probe;
+});
+
+csi_service!(Controller {
+    create_volume(CreateVolumeRequest -> CreateVolumeResponse) = "CreateVolume" => Driver::create_volume;
+    delete_volume(DeleteVolumeRequest -> DeleteVolumeResponse) = "DeleteVolume" => Driver::delete_volume;
+    controller_publish_volume(ControllerPublishVolumeRequest -> ControllerPublishVolumeResponse) = "ControllerPublishVolume" => Driver::controller_publish;
+    controller_unpublish_volume(ControllerUnpublishVolumeRequest -> ControllerUnpublishVolumeResponse) = "ControllerUnpublishVolume" => Driver::controller_unpublish;
+    validate_volume_capabilities(ValidateVolumeCapabilitiesRequest -> ValidateVolumeCapabilitiesResponse) = "ValidateVolumeCapabilities" => Driver::validate_capabilities;
+    list_volumes(ListVolumesRequest -> ListVolumesResponse) = "ListVolumes" => Driver::list_volumes;
+    get_capacity(GetCapacityRequest -> GetCapacityResponse) = "GetCapacity" => Driver::get_capacity;
+    controller_get_capabilities(ControllerGetCapabilitiesRequest -> ControllerGetCapabilitiesResponse) = "ControllerGetCapabilities" => Driver::controller_get_capabilities;
+    create_snapshot(CreateSnapshotRequest -> CreateSnapshotResponse) = "CreateSnapshot" => none("CreateSnapshot");
+    delete_snapshot(DeleteSnapshotRequest -> DeleteSnapshotResponse) = "DeleteSnapshot" => none("DeleteSnapshot");
+    list_snapshots(ListSnapshotsRequest -> ListSnapshotsResponse) = "ListSnapshots" => none("ListSnapshots");
+    get_snapshot(GetSnapshotRequest -> GetSnapshotResponse) = "GetSnapshot" => none("GetSnapshot");
+    controller_expand_volume(ControllerExpandVolumeRequest -> ControllerExpandVolumeResponse) = "ControllerExpandVolume" => none("ControllerExpandVolume");
+    controller_get_volume(ControllerGetVolumeRequest -> ControllerGetVolumeResponse) = "ControllerGetVolume" => none("ControllerGetVolume");
+    controller_modify_volume(ControllerModifyVolumeRequest -> ControllerModifyVolumeResponse) = "ControllerModifyVolume" => none("ControllerModifyVolume");
+});
+
+csi_service!(Node {
+    node_stage_volume(NodeStageVolumeRequest -> NodeStageVolumeResponse) = "NodeStageVolume" => Driver::node_stage;
+    node_unstage_volume(NodeUnstageVolumeRequest -> NodeUnstageVolumeResponse) = "NodeUnstageVolume" => Driver::node_unstage;
+    node_publish_volume(NodePublishVolumeRequest -> NodePublishVolumeResponse) = "NodePublishVolume" => Driver::node_publish;
+    node_unpublish_volume(NodeUnpublishVolumeRequest -> NodeUnpublishVolumeResponse) = "NodeUnpublishVolume" => Driver::node_unpublish;
+    node_get_volume_stats(NodeGetVolumeStatsRequest -> NodeGetVolumeStatsResponse) = "NodeGetVolumeStats" => none("NodeGetVolumeStats");
+    node_expand_volume(NodeExpandVolumeRequest -> NodeExpandVolumeResponse) = "NodeExpandVolume" => none("NodeExpandVolume");
+    node_get_capabilities(NodeGetCapabilitiesRequest -> NodeGetCapabilitiesResponse) = "NodeGetCapabilities" => Driver::node_capabilities;
+    node_get_info(NodeGetInfoRequest -> NodeGetInfoResponse) = "NodeGetInfo" => Driver::node_info;
+});
 
 #[cfg(test)]
 mod tests {
