@@ -66,6 +66,64 @@ pub async fn apply_yaml(cluster: &Cluster, name: &str, yaml: &str) -> Result<std
         .await
 }
 
+/// [`apply_yaml`] that must succeed (a test's step; panics with kubectl's stderr).
+pub async fn apply_ok(cluster: &Cluster, name: &str, yaml: &str) {
+    let out = apply_yaml(cluster, name, yaml).await.expect("kubectl runs");
+    assert!(
+        out.status.success(),
+        "kubectl apply {name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `kubectl <args>` against the cluster, its stdout and stderr as one text,
+/// blocking: for the diagnostics of a failing step (inside a panic closure).
+pub fn kubectl_text(cluster: &Cluster, args: &[&str]) -> String {
+    std::process::Command::new("kubectl")
+        .arg(format!(
+            "--kubeconfig={}",
+            cluster.kubeconfig_path().display()
+        ))
+        .args(args)
+        .output()
+        .map(|o| {
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            )
+        })
+        .unwrap_or_else(|e| format!("kubectl {args:?}: {e}"))
+}
+
+/// The last 40 lines of the in-cluster operator's log (install.yaml's Deployment).
+pub fn operator_log(cluster: &Cluster) -> String {
+    kubectl_text(
+        cluster,
+        &[
+            "-n",
+            "csiops-system",
+            "logs",
+            "deployment/csiops-operator",
+            "--tail=40",
+        ],
+    )
+}
+
+/// The containerd ID of container `name` of `pod`.
+pub fn container_id(pod: &k8s_openapi::api::core::v1::Pod, name: &str) -> Option<String> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == name)?
+        .container_id
+        .as_deref()?
+        .strip_prefix("containerd://")
+        .map(String::from)
+}
+
 /// Label selector of a CSIDriverDeployment's node pods.
 pub fn node_pod_selector(instance: &str) -> String {
     format!(

@@ -166,6 +166,7 @@ pub enum Use {
 }
 
 /// A PersistentVolumeClaim and a Pod on the real node that uses it.
+#[derive(Clone, Copy, Debug)]
 pub struct App<'a> {
     pub name: &'a str,
     pub image: &'a str,

@@ -87,7 +87,7 @@ spec:
         .and_then(|s| s.pod_ip.clone())
         .expect("pod IP");
     assert!(ip.starts_with("10.213.0."), "pod IP {ip}");
-    let id = container_id(&running, "driver").expect("container ID");
+    let id = testkit::container_id(&running, "driver").expect("container ID");
     let containers = node.container_ids().expect("ctr containers ls");
     assert!(containers.contains(&id), "{id} not in {containers:?}");
 
@@ -151,7 +151,7 @@ async fn install_yaml_and_a_driver_run_for_real() {
 
     // --- a driver on the real node -------------------------------------------
     let timeline = Timeline::start(&client, NS);
-    apply(
+    testkit::apply_ok(
         &cluster,
         "testdriver",
         &driver_yaml(NAME, DRIVER, &image, "v0.1.0", &kubelet_dir),
@@ -166,7 +166,7 @@ async fn install_yaml_and_a_driver_run_for_real() {
     // The containers run with exactly the arguments the operator rendered.
     let node_pod = one_pod(&client, &testkit::node_pod_selector(NAME)).await;
     for c in &node_pod.spec.as_ref().expect("spec").containers {
-        let id = container_id(&node_pod, &c.name).expect("container ID");
+        let id = testkit::container_id(&node_pod, &c.name).expect("container ID");
         let info: serde_json::Value =
             serde_json::from_str(&node.ctr(&["containers", "info", &id]).expect("ctr info"))
                 .expect("ctr info is JSON");
@@ -224,7 +224,7 @@ async fn install_yaml_and_a_driver_run_for_real() {
 
     // --- a wrong kubeletDir shows in status ----------------------------------
     let wrong_dir = root.join("wrong-kubelet");
-    apply(
+    testkit::apply_ok(
         &cluster,
         "wrongdir",
         &driver_yaml(
@@ -249,16 +249,9 @@ async fn install_yaml_and_a_driver_run_for_real() {
     .await
     .unwrap_or_else(|_| {
         let kubectl = |args: &[&str]| {
-            std::process::Command::new("kubectl")
-                .arg(format!(
-                    "--kubeconfig={}",
-                    cluster.kubeconfig_path().display()
-                ))
-                .args(["-n", NS])
-                .args(args)
-                .output()
-                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-                .unwrap_or_default()
+            let mut all = vec!["-n", NS];
+            all.extend_from_slice(args);
+            testkit::kubectl_text(&cluster, &all)
         };
         let seen = [
             kubectl(&["get", "csidd", "wrongdir", "-o", "jsonpath={.status}"]),
@@ -389,21 +382,9 @@ fn changed_fields(a: &Node, b: &Node) -> String {
     out.join("\n")
 }
 
-/// `kubectl apply` of `yaml`, which must succeed.
-async fn apply(cluster: &Cluster, name: &str, yaml: &str) {
-    let out = testkit::apply_yaml(cluster, name, yaml)
-        .await
-        .expect("kubectl");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// Applies the Pod `yaml` (named `name`, in `default`) and waits until it runs.
 async fn run_pod(cluster: &Cluster, name: &str, yaml: &str) -> Pod {
-    apply(cluster, name, yaml).await;
+    testkit::apply_ok(cluster, name, yaml).await;
     let pods: Api<Pod> = Api::default_namespaced(cluster.client().expect("client"));
     wait_for(DEADLINE, Duration::from_millis(500), || async {
         let p = pods.get_opt(name).await.ok()??;
@@ -422,20 +403,6 @@ async fn one_pod(client: &kube::Client, selector: &str) -> Pod {
         .expect("list pods");
     assert_eq!(list.items.len(), 1, "pods matching {selector}");
     list.items.into_iter().next().expect("one pod")
-}
-
-/// The containerd ID of container `name` (`containerd://<id>` in status).
-fn container_id(pod: &Pod, name: &str) -> Option<String> {
-    pod.status
-        .as_ref()?
-        .container_statuses
-        .as_ref()?
-        .iter()
-        .find(|c| c.name == name)?
-        .container_id
-        .as_deref()?
-        .strip_prefix("containerd://")
-        .map(String::from)
 }
 
 /// A container's args with kubelet's `$(VAR)` expansion of its literal
@@ -464,22 +431,11 @@ fn expand_args(c: &Container) -> Vec<String> {
 }
 
 fn operator_logs_and_tails(cluster: &Cluster) -> String {
-    let logs = std::process::Command::new("kubectl")
-        .arg(format!(
-            "--kubeconfig={}",
-            cluster.kubeconfig_path().display()
-        ))
-        .args([
-            "-n",
-            "csiops-system",
-            "logs",
-            "deployment/csiops-operator",
-            "--tail=40",
-        ])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default();
-    format!("operator log:\n{logs}\n{}", cluster.log_tails(30))
+    format!(
+        "operator log:\n{}\n{}",
+        testkit::operator_log(cluster),
+        cluster.log_tails(30)
+    )
 }
 
 /// The test process is SIGKILLed with a pod running on its real node: no

@@ -29,43 +29,16 @@ const DEADLINE: Duration = Duration::from_secs(180);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_writes_to_a_volume_csiops_provisioned_attached_and_mounted() {
-    let cluster = Cluster::start(ClusterOptions {
-        nodes: 0,
-        real_node: true,
-    })
-    .await
-    .unwrap_or_else(|e| panic!("cluster with a real node starts: {e}"));
+    let (cluster, bed) = deploy(&[], &[]).await;
     let node = cluster.real_node().expect("a real node");
     let client = cluster.client().expect("client");
-    let image = node
-        .images()
-        .reference(images::TEST_DRIVER)
-        .expect("driver image")
-        .to_string();
-    let kubelet_dir = node.layout().kubelet_dir();
-    let data_dir = node.layout().root.join("csi-data");
-    let driver = VolumeDriver {
-        image: &image,
-        version: "v0.1.0",
-        kubelet_dir: &kubelet_dir,
-        data_dir: &data_dir,
-        on_simulated_nodes: false,
-        controller_args: &[],
-        node_args: &[],
-    };
-
-    walkthrough::install_operator(&cluster)
-        .await
-        .unwrap_or_else(|e| panic!("operator installs: {e}\n{}", cluster.log_tails(30)));
-    apply(&cluster, "driver", &driver.yaml()).await;
-    testkit::wait_running(&cluster, NS, NAME, "v0.1.0", 1, DEADLINE)
-        .await
-        .unwrap_or_else(|e| panic!("{e}\n{}", operator_log(&cluster)));
+    let (image, kubelet_dir) = (&bed.image, &bed.kubelet_dir);
+    let driver = bed.driver();
 
     // --- 1. the happy path ------------------------------------------------------
     let app = App {
         name: "app",
-        image: &image,
+        image,
         text: "hello-from-csiops",
         access_mode: "ReadWriteOnce",
         usage: Use::Filesystem,
@@ -126,7 +99,7 @@ async fn a_pod_writes_to_a_volume_csiops_provisioned_attached_and_mounted() {
     assert!(
         host_mounts
             .iter()
-            .any(|m| m.starts_with(&kubelet_dir) && m.ends_with("globalmount")),
+            .any(|m| m.starts_with(kubelet_dir) && m.ends_with("globalmount")),
         "no staging mount under {}",
         kubelet_dir.display()
     );
@@ -137,7 +110,7 @@ async fn a_pod_writes_to_a_volume_csiops_provisioned_attached_and_mounted() {
         name: "fsgroup",
         fs_group: Some(2345),
         text: "group-owned",
-        ..app_like(&app)
+        ..app
     };
     let fs_vol = run_app(&cluster, &fs).await;
     let meta = std::fs::metadata(driver.volumes_dir().join(&fs_vol)).expect("volume dir");
@@ -151,7 +124,7 @@ async fn a_pod_writes_to_a_volume_csiops_provisioned_attached_and_mounted() {
         name: "block",
         usage: Use::Block,
         text: "raw-block-bytes",
-        ..app_like(&app)
+        ..app
     };
     let block_vol = run_app(&cluster, &block).await;
     let img = driver.volumes_dir().join(format!("{block_vol}.img"));
@@ -167,10 +140,10 @@ async fn a_pod_writes_to_a_volume_csiops_provisioned_attached_and_mounted() {
         name: "rwop",
         access_mode: "ReadWriteOncePod",
         text: "only-me",
-        ..app_like(&app)
+        ..app
     };
     run_app(&cluster, &rwop).await;
-    apply(&cluster, "rwop-2", &rwop.pod_yaml("rwop-2")).await;
+    testkit::apply_ok(&cluster, "rwop-2", &rwop.pod_yaml("rwop-2")).await;
     let refused = wait_for(Duration::from_secs(60), Duration::from_secs(1), || async {
         let p = Api::<Pod>::namespaced(client.clone(), NS)
             .get_opt("rwop-2")
@@ -190,7 +163,7 @@ async fn a_pod_writes_to_a_volume_csiops_provisioned_attached_and_mounted() {
 
     // --- 3. upgrade with a mounted volume --------------------------------------------
     let next_image = format!("{image}-next");
-    node.ctr(&["images", "tag", &image, &next_image])
+    node.ctr(&["images", "tag", image, &next_image])
         .expect("ctr images tag");
     let node_pod_before = node_pod_uid(&client).await;
     let upgrade_started = now_ms();
@@ -210,7 +183,7 @@ async fn a_pod_writes_to_a_volume_csiops_provisioned_attached_and_mounted() {
         .expect("patch");
     testkit::wait_running(&cluster, NS, NAME, "v0.1.1", 1, DEADLINE)
         .await
-        .unwrap_or_else(|e| panic!("{e}\n{}", operator_log(&cluster)));
+        .unwrap_or_else(|e| panic!("{e}\n{}", testkit::operator_log(&cluster)));
     let upgrade_done = now_ms();
     assert_ne!(
         node_pod_uid(&client).await,
@@ -233,7 +206,7 @@ async fn a_pod_writes_to_a_volume_csiops_provisioned_attached_and_mounted() {
     let after = App {
         name: "after-upgrade",
         text: "new-volume-after-upgrade",
-        ..app_like(&app)
+        ..app
     };
     run_app(&cluster, &after).await;
 
@@ -255,49 +228,24 @@ async fn a_pod_writes_to_a_volume_csiops_provisioned_attached_and_mounted() {
 /// both times: `--delay-after`), and kubelet restarted under a running pod.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_driver_pods_and_a_kubelet_restart_lose_and_double_nothing() {
-    let mut cluster = Cluster::start(ClusterOptions {
-        nodes: 0,
-        real_node: true,
-    })
-    .await
-    .unwrap_or_else(|e| panic!("cluster with a real node starts: {e}"));
+    let (mut cluster, bed) = deploy(
+        &["--delay-after=CreateVolume=5s"],
+        &["--delay-after=NodePublishVolume=5s"],
+    )
+    .await;
     let client = cluster.client().expect("client");
-    let (image, kubelet_dir, data_dir) = {
-        let node = cluster.real_node().expect("a real node");
-        let image = node
-            .images()
-            .reference(images::TEST_DRIVER)
-            .expect("driver image")
-            .to_string();
-        let root = node.layout().root.clone();
-        (image, node.layout().kubelet_dir(), root.join("csi-data"))
-    };
-    let driver = VolumeDriver {
-        image: &image,
-        version: "v0.1.0",
-        kubelet_dir: &kubelet_dir,
-        data_dir: &data_dir,
-        on_simulated_nodes: false,
-        controller_args: &["--delay-after=CreateVolume=5s"],
-        node_args: &["--delay-after=NodePublishVolume=5s"],
-    };
-    walkthrough::install_operator(&cluster)
-        .await
-        .unwrap_or_else(|e| panic!("operator installs: {e}\n{}", cluster.log_tails(30)));
-    apply(&cluster, "driver", &driver.yaml()).await;
-    testkit::wait_running(&cluster, NS, NAME, "v0.1.0", 1, DEADLINE)
-        .await
-        .unwrap_or_else(|e| panic!("{e}\n{}", operator_log(&cluster)));
+    let (image, kubelet_dir) = (&bed.image, &bed.kubelet_dir);
+    let driver = bed.driver();
 
     let app = App {
         name: "survivor",
-        image: &image,
+        image,
         text: "still-here",
         access_mode: "ReadWriteOnce",
         usage: Use::Filesystem,
         fs_group: None,
     };
-    apply(&cluster, app.name, &app.yaml()).await;
+    testkit::apply_ok(&cluster, app.name, &app.yaml()).await;
 
     // The controller pod dies once the volume exists but before the
     // provisioner hears so.
@@ -327,7 +275,7 @@ async fn killed_driver_pods_and_a_kubelet_restart_lose_and_double_nothing() {
     // The node's driver dies once the target is mounted but before kubelet
     // hears so.
     let mounted = wait_for(DEADLINE, Duration::from_millis(200), || async {
-        publish_targets(&kubelet_dir).into_iter().next()
+        publish_targets(kubelet_dir).into_iter().next()
     })
     .await
     .unwrap_or_else(|_| {
@@ -344,7 +292,8 @@ async fn killed_driver_pods_and_a_kubelet_restart_lose_and_double_nothing() {
         .into_iter()
         .next()
         .expect("a node pod");
-    let driver_container = container_id(&node_pod, "csi-driver").expect("driver container ID");
+    let driver_container =
+        testkit::container_id(&node_pod, "csi-driver").expect("driver container ID");
     cluster
         .real_node()
         .expect("a real node")
@@ -374,7 +323,7 @@ async fn killed_driver_pods_and_a_kubelet_restart_lose_and_double_nothing() {
     );
     let staged: Vec<&PathBuf> = mounts
         .iter()
-        .filter(|m| m.starts_with(&kubelet_dir) && m.ends_with("globalmount"))
+        .filter(|m| m.starts_with(kubelet_dir) && m.ends_with("globalmount"))
         .collect();
     assert_eq!(staged.len(), 1, "staging mounts: {staged:?}");
 
@@ -434,6 +383,64 @@ async fn killed_driver_pods_and_a_kubelet_restart_lose_and_double_nothing() {
     assert!(left.is_empty(), "left behind: {left:#?}");
 }
 
+/// What [`deploy`] set up: the driver's image and host paths.
+struct Bed {
+    image: String,
+    kubelet_dir: PathBuf,
+    data_dir: PathBuf,
+    controller_args: &'static [&'static str],
+    node_args: &'static [&'static str],
+}
+
+impl Bed {
+    fn driver(&self) -> VolumeDriver<'_> {
+        VolumeDriver {
+            image: &self.image,
+            version: "v0.1.0",
+            kubelet_dir: &self.kubelet_dir,
+            data_dir: &self.data_dir,
+            on_simulated_nodes: false,
+            controller_args: self.controller_args,
+            node_args: self.node_args,
+        }
+    }
+}
+
+/// A cluster with a real node, the operator from install.yaml, and
+/// csi-test-driver with real volumes Running (driver flags added in the
+/// controller and node pods).
+async fn deploy(
+    controller_args: &'static [&'static str],
+    node_args: &'static [&'static str],
+) -> (Cluster, Bed) {
+    let cluster = Cluster::start(ClusterOptions {
+        nodes: 0,
+        real_node: true,
+    })
+    .await
+    .unwrap_or_else(|e| panic!("cluster with a real node starts: {e}"));
+    let node = cluster.real_node().expect("a real node");
+    let bed = Bed {
+        image: node
+            .images()
+            .reference(images::TEST_DRIVER)
+            .expect("driver image")
+            .to_string(),
+        kubelet_dir: node.layout().kubelet_dir(),
+        data_dir: node.layout().root.join("csi-data"),
+        controller_args,
+        node_args,
+    };
+    walkthrough::install_operator(&cluster)
+        .await
+        .unwrap_or_else(|e| panic!("operator installs: {e}\n{}", cluster.log_tails(30)));
+    testkit::apply_ok(&cluster, "driver", &bed.driver().yaml()).await;
+    testkit::wait_running(&cluster, NS, NAME, "v0.1.0", 1, DEADLINE)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", testkit::operator_log(&cluster)));
+    (cluster, bed)
+}
+
 /// Publish targets of CSI volumes mounted on the host under `kubelet_dir`.
 fn publish_targets(kubelet_dir: &std::path::Path) -> Vec<PathBuf> {
     host_mount_points()
@@ -444,19 +451,6 @@ fn publish_targets(kubelet_dir: &std::path::Path) -> Vec<PathBuf> {
                 && m.ends_with("mount")
         })
         .collect()
-}
-
-/// The containerd ID of container `name` of `pod`.
-fn container_id(pod: &Pod, name: &str) -> Option<String> {
-    pod.status
-        .as_ref()?
-        .container_statuses
-        .as_ref()?
-        .iter()
-        .find(|c| c.name == name)?
-        .container_id
-        .as_ref()
-        .map(|id| id.trim_start_matches("containerd://").to_string())
 }
 
 /// Deletes the pods, then their claims, and checks that unpublish, unstage,
@@ -522,28 +516,16 @@ async fn give_back(cluster: &Cluster, driver: &VolumeDriver<'_>, pods: &[&str]) 
     assert!(files.is_empty(), "volume data left: {files:?}");
 }
 
-/// Another app with `app`'s image, mode and usage (fields are overridden).
-fn app_like<'a>(app: &App<'a>) -> App<'a> {
-    App {
-        name: app.name,
-        image: app.image,
-        text: app.text,
-        access_mode: app.access_mode,
-        usage: app.usage,
-        fs_group: app.fs_group,
-    }
-}
-
 /// Creates the app's claim and pod, waits until it runs; its volume ID.
 async fn run_app(cluster: &Cluster, app: &App<'_>) -> String {
-    apply(cluster, app.name, &app.yaml()).await;
+    testkit::apply_ok(cluster, app.name, &app.yaml()).await;
     walkthrough::wait_pod_running(cluster, app.name, DEADLINE)
         .await
         .unwrap_or_else(|e| {
             panic!(
                 "{e}\n{}\n{}",
                 describe(cluster, app.name),
-                operator_log(cluster)
+                testkit::operator_log(cluster)
             )
         });
     let client = cluster.client().expect("client");
@@ -644,42 +626,13 @@ fn host_mount_points() -> Vec<PathBuf> {
     mounts::mount_points(&std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default())
 }
 
-async fn apply(cluster: &Cluster, name: &str, yaml: &str) {
-    let out = testkit::apply_yaml(cluster, name, yaml)
-        .await
-        .expect("kubectl");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn kubectl(cluster: &Cluster, args: &[&str]) -> String {
-    std::process::Command::new("kubectl")
-        .arg(format!(
-            "--kubeconfig={}",
-            cluster.kubeconfig_path().display()
-        ))
-        .args(args)
-        .output()
-        .map(|o| {
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr)
-            )
-        })
-        .unwrap_or_default()
-}
-
 /// What a failing step prints: the pod, the claims and the events.
 fn describe(cluster: &Cluster, pod: &str) -> String {
     [
-        kubectl(cluster, &["-n", NS, "describe", "pod", pod]),
-        kubectl(cluster, &["-n", NS, "get", "pvc,pods", "-o", "wide"]),
-        kubectl(cluster, &["get", "pv,volumeattachments"]),
-        kubectl(
+        testkit::kubectl_text(cluster, &["-n", NS, "describe", "pod", pod]),
+        testkit::kubectl_text(cluster, &["-n", NS, "get", "pvc,pods", "-o", "wide"]),
+        testkit::kubectl_text(cluster, &["get", "pv,volumeattachments"]),
+        testkit::kubectl_text(
             cluster,
             &[
                 "-n",
@@ -690,7 +643,7 @@ fn describe(cluster: &Cluster, pod: &str) -> String {
                 "--tail=30",
             ],
         ),
-        kubectl(
+        testkit::kubectl_text(
             cluster,
             &[
                 "-n",
@@ -704,19 +657,6 @@ fn describe(cluster: &Cluster, pod: &str) -> String {
         ),
     ]
     .join("\n")
-}
-
-fn operator_log(cluster: &Cluster) -> String {
-    kubectl(
-        cluster,
-        &[
-            "-n",
-            "csiops-system",
-            "logs",
-            "deployment/csiops-operator",
-            "--tail=40",
-        ],
-    )
 }
 
 #[test]

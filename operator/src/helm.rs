@@ -75,14 +75,11 @@ pub fn chart() -> Result<Vec<ChartFile>, HelmError> {
         ChartFile {
             path: "templates/rbac.yaml",
             content: [
-                serde_yaml::to_string(&o.cluster_role)?,
-                serde_yaml::to_string(&o.cluster_role_binding)?,
-                serde_yaml::to_string(&o.lease_role)?,
-                serde_yaml::to_string(&o.lease_role_binding)?,
+                namespaced(&o.cluster_role)?,
+                namespaced(&o.cluster_role_binding)?,
+                namespaced(&o.lease_role)?,
+                namespaced(&o.lease_role_binding)?,
             ]
-            .iter()
-            .map(|y| expand(&y.replace(install::NAMESPACE, NS)))
-            .collect::<Vec<_>>()
             .join("---\n"),
         },
         ChartFile {
@@ -234,10 +231,12 @@ fn deployment_template(mut d: k8s_openapi::api::apps::v1::Deployment) -> Result<
              {ind}{{{{- end }}}}\n"
         )
     })?;
+    // The container's securityContext is the first: containers precede the
+    // pod's own securityContext in the serialized spec.
     let yaml = before_line(
         &yaml,
         "securityContext (container)",
-        "  securityContext:",
+        "securityContext:",
         |ind| {
             format!(
                 "{ind}{{{{- with .Values.resources }}}}\n\
@@ -269,21 +268,15 @@ fn deployment_template(mut d: k8s_openapi::api::apps::v1::Deployment) -> Result<
     Ok(expand(&yaml))
 }
 
-/// The first line whose trimmed text is `line` (or, for a `"  key:"`
-/// pattern, the first line ending with it past column 0), with its indentation.
+/// The first line whose text, without its indentation, is `line`; its
+/// offset, the line and the indentation.
 fn find_line<'a>(yaml: &'a str, line: &str) -> Option<(usize, &'a str, &'a str)> {
     let mut offset = 0;
     for l in yaml.split_inclusive('\n') {
         let text = l.trim_end_matches('\n');
         let trimmed = text.trim_start();
-        let indent = &text[..text.len() - trimmed.len()];
-        let matches = if line.starts_with("  ") {
-            !indent.is_empty() && trimmed == line.trim_start()
-        } else {
-            trimmed == line
-        };
-        if matches {
-            return Some((offset, l, indent));
+        if trimmed == line {
+            return Some((offset, l, &text[..text.len() - trimmed.len()]));
         }
         offset += l.len();
     }

@@ -35,6 +35,28 @@ fn probe(port: u16) -> bool {
     s.read_to_string(&mut out).is_ok() && out.starts_with("HTTP/1.1 200")
 }
 
+/// Registers a registrar's socket the way kubelet's plugin watcher does,
+/// once it appears.
+async fn register(socket: &std::path::Path) -> Result<(), csiops_e2e::WaitTimeout> {
+    wait_for(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async {
+            if !socket.exists() {
+                return None;
+            }
+            kubelet_register(socket, Ok(())).await.ok()
+        },
+    )
+    .await
+    .map(|_| ())
+}
+
+/// How many of 20 liveness probes on `port` answer 200.
+async fn probe_20(port: u16) -> Result<usize, tokio::task::JoinError> {
+    tokio::task::spawn_blocking(move || (0..20).filter(|_| probe(port)).count()).await
+}
+
 /// `--upstream-registrar PATH` / `--upstream-livenessprobe PATH` (also `=PATH`).
 #[derive(Debug, Default)]
 struct Upstream {
@@ -146,38 +168,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     if up_registrar.is_some() {
         let s = registration_socket(&up_registry, driver);
-        wait_for(
-            Duration::from_secs(30),
-            Duration::from_millis(100),
-            || async {
-                if !s.exists() {
-                    return None;
-                }
-                kubelet_register(&s, Ok(())).await.ok()
-            },
-        )
-        .await?;
+        register(&s).await?;
     }
     let up_probes = if up_liveness.is_some() {
-        tokio::task::spawn_blocking(move || (0..20).filter(|_| probe(up_live_port)).count()).await?
+        probe_20(up_live_port).await?
     } else {
         0
     };
 
     let reg_socket = registration_socket(&registry, driver);
-    wait_for(
-        Duration::from_secs(30),
-        Duration::from_millis(100),
-        || async {
-            if !reg_socket.exists() {
-                return None;
-            }
-            kubelet_register(&reg_socket, Ok(())).await.ok()
-        },
-    )
-    .await?;
-    let probes =
-        tokio::task::spawn_blocking(move || (0..20).filter(|_| probe(live_port)).count()).await?;
+    register(&reg_socket).await?;
+    let probes = probe_20(live_port).await?;
     // Idle: the registrar re-checks NodeGetInfo every 10s and holds two watches.
     tokio::time::sleep(Duration::from_secs(15)).await;
 
