@@ -644,7 +644,6 @@ impl Driver {
             .and_then(capability)?;
         let create_dir = self.inside_state_dir(&req.target_path);
         let node_id = self.node_id.clone();
-        let enable_attach = self.enable_attach;
         self.tx(|s| {
             let v = s
                 .volumes
@@ -659,12 +658,7 @@ impl Driver {
                     v.id, req.target_path
                 )));
             }
-            if enable_attach && !v.published_nodes.contains_key(&node_id) {
-                return Err(Status::failed_precondition(format!(
-                    "volume {} is not controller-published to node {node_id}",
-                    v.id
-                )));
-            }
+            self.require_published_here(v)?;
             if let Some(dir) = &self.data_dir {
                 publish_data(dir, v, &req, &cap)?;
             } else if create_dir {
@@ -687,6 +681,18 @@ impl Driver {
         Ok(NodePublishVolumeResponse {})
     }
 
+    /// With `--enable-attach`, node operations need the volume
+    /// controller-published to this node first (FAILED_PRECONDITION).
+    fn require_published_here(&self, v: &Volume) -> Result<(), Status> {
+        if self.enable_attach && !v.published_nodes.contains_key(&self.node_id) {
+            return Err(Status::failed_precondition(format!(
+                "volume {} is not controller-published to node {}",
+                v.id, self.node_id
+            )));
+        }
+        Ok(())
+    }
+
     /// NodeStageVolume: with `--data-dir`, bind-mounts a filesystem
     /// volume's directory on the staging path (a block volume needs no
     /// staging: its loop device is set up at publish).
@@ -705,19 +711,13 @@ impl Driver {
         let Some(dir) = &self.data_dir else {
             return unimplemented("NodeStageVolume");
         };
-        let node_id = &self.node_id;
         let v = self.tx(|s| {
             s.volumes
                 .get(&req.volume_id)
                 .cloned()
                 .ok_or_else(|| Status::not_found(format!("volume {} not found", req.volume_id)))
         })?;
-        if self.enable_attach && !v.published_nodes.contains_key(node_id) {
-            return Err(Status::failed_precondition(format!(
-                "volume {} is not controller-published to node {node_id}",
-                v.id
-            )));
-        }
+        self.require_published_here(&v)?;
         if cap.access_type == "mount" {
             let staging = Path::new(&req.staging_target_path);
             std::fs::create_dir_all(staging)
