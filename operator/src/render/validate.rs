@@ -31,6 +31,8 @@ pub const REGISTRAR_MANAGED_FLAGS: &[&str] = &[
     "kubelet-registration-path",
     "plugin-registration-path",
     "http-endpoint",
+    // Set from `spec.node.readinessTaint`.
+    "readiness-taint-key",
 ];
 /// Flags of the liveness probe that the operator sets itself.
 pub const LIVENESS_PROBE_MANAGED_FLAGS: &[&str] = &["csi-address", "http-endpoint"];
