@@ -135,6 +135,7 @@ impl Controller {
     pub fn new(
         cfg: Config,
         client: kube::Client,
+        events: kube::Client,
         driver: Driver,
         queues: Queues,
         metrics: Writes,
@@ -149,7 +150,7 @@ impl Controller {
             pv: pv_q,
         } = queues;
         let recorder = Recorder::new(
-            client.clone(),
+            events,
             Reporter {
                 controller: "csiops-attacher".into(),
                 instance: std::env::var("POD_NAME").ok().filter(|s| !s.is_empty()),

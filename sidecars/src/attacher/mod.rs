@@ -103,7 +103,7 @@ pub async fn run(args: AttacherArgs) -> Result<(), SidecarError> {
         .map_err(|e| FlagError::new("--http-endpoint", e))?;
     let mut role = Role::start();
     let requests = crate::common::kube::ApiRequests::default();
-    let client = crate::common::kube::client(&args.kube, &requests).await?;
+    let clients = crate::common::kube::clients(&args.kube, &requests).await?;
     let queues = controller::Queues::new(backoff);
     let writes = metrics::Writes::default();
     let mut registry = Metrics::new();
@@ -144,7 +144,14 @@ pub async fn run(args: AttacherArgs) -> Result<(), SidecarError> {
         workers: args.worker_threads,
         resync: args.resync,
     };
-    let (ctrl, watches) = controller::Controller::new(cfg, client.clone(), driver, queues, writes);
+    let (ctrl, watches) = controller::Controller::new(
+        cfg,
+        clients.normal.clone(),
+        clients.events.clone(),
+        driver,
+        queues,
+        writes,
+    );
     let stop = role.shutdown.clone();
     let lease = lease_name("external-attacher-leader-", &driver_name);
     let outcome = lead(

@@ -102,8 +102,14 @@ async fn fixture(
         workers: 1,
         resync: Duration::ZERO,
     };
-    let (ctrl, mut watches) =
-        Controller::new(cfg, client, driver, Queues::new(backoff), Writes::default());
+    let (ctrl, mut watches) = Controller::new(
+        cfg,
+        client.clone(),
+        client,
+        driver,
+        Queues::new(backoff),
+        Writes::default(),
+    );
     watches
         .va_writer
         .apply_watcher_event(&Event::Apply(object(&va)));
