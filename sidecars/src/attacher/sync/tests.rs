@@ -101,6 +101,9 @@ async fn fixture(
         timeout: Duration::from_secs(10),
         workers: 1,
         resync: Duration::ZERO,
+        reconcile_sync: Duration::ZERO,
+        list_published: false,
+        max_entries: 0,
     };
     let (ctrl, mut watches) = Controller::new(
         cfg,
