@@ -262,7 +262,23 @@ async fn install_operator_tolerating(cluster: &Cluster, key: &str) {
             "--timeout=180s",
         ])
         .await
-        .unwrap_or_else(|e| panic!("operator ready: {e}\n{}", cluster.log_tails(30)));
+        .unwrap_or_else(|e| {
+            panic!(
+                "operator ready: {e}\n--- pods\n{}\n--- operator (previous)\n{}",
+                testkit::kubectl_text(cluster, &["get", "pods", "-A", "-o", "wide"]),
+                testkit::kubectl_text(
+                    cluster,
+                    &[
+                        "-n",
+                        "csiops-system",
+                        "logs",
+                        "deployment/csiops-operator",
+                        "--previous",
+                        "--tail=30"
+                    ]
+                ),
+            )
+        });
 }
 
 /// A pod on the real node that tolerates nothing and uses no volume.

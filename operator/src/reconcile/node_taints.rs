@@ -33,6 +33,19 @@ pub fn readiness_keys(node: &Node) -> BTreeSet<String> {
         .collect()
 }
 
+/// The Node yielded after a relist changed the map: the mapper ignores
+/// which node it is, but the controller makes an `ObjectRef` of it, which
+/// needs a name (kube panics on a nameless object).
+fn relist_trigger() -> Node {
+    Node {
+        metadata: kube::api::ObjectMeta {
+            name: Some("csiops-readiness-taints-relisted".to_string()),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
 impl NodeTaints {
     /// How many nodes carry `key`.
     pub fn count(&self, key: &str) -> i32 {
@@ -103,8 +116,7 @@ impl NodeTaints {
                     }
                     Ok(Event::InitDone) => {
                         let fresh = relist.take().unwrap_or_default();
-                        // Any Node wakes the mapper, which wakes every object.
-                        this.replace(fresh).then_some(Ok(Node::default()))
+                        this.replace(fresh).then(|| Ok(relist_trigger()))
                     }
                 };
                 futures::future::ready(out)
@@ -138,6 +150,14 @@ mod tests {
             }),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn the_relist_trigger_can_be_referenced() {
+        // kube's controller makes an ObjectRef of every trigger; a nameless
+        // Node made the operator panic on a cluster with a tainted node.
+        let r = kube::runtime::reflector::ObjectRef::from_obj(&relist_trigger());
+        assert!(!r.name.is_empty());
     }
 
     #[test]
