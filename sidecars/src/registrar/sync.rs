@@ -215,6 +215,13 @@ impl NodeInfoSync {
                     backoff = Duration::from_secs(1);
                     next = tokio::time::Instant::now() + self.interval;
                 }
+                // Permission revoked while running (it was there at start,
+                // see `access`): say so once and stop; the registration
+                // with kubelet goes on, and kubelet keeps CSINode itself.
+                Err(SyncError::Kube(e)) if super::access::is_forbidden(&e) => {
+                    tracing::warn!(error = %chain(&e), "CSINode maintenance is off: the API server now forbids it; registering with kubelet is unaffected");
+                    return;
+                }
                 Err(e) => {
                     tracing::warn!(error = %chain(&e), retry_in = ?backoff, "CSINode update failed");
                     next = tokio::time::Instant::now() + backoff;
