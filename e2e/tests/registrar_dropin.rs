@@ -121,7 +121,7 @@ async fn upstream_style_registrar_without_rbac_registers_and_stays_up() {
     let reference = |image| {
         node.images()
             .reference(image)
-            .unwrap_or_else(|| panic!("image {image:?} in the image set"))
+            .unwrap_or_else(|e| panic!("image {image:?}: {e}"))
             .to_string()
     };
     let (driver_image, sidecar_image) =
