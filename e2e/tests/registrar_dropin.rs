@@ -236,6 +236,7 @@ async fn upstream_style_registrar_without_rbac_registers_and_stays_up() {
         .filter(|l| l.contains("CSINode maintenance is off"))
         .collect();
     assert_eq!(off.len(), 1, "said once:\n{log}");
+    println!("registrar: {}", off[0]);
     assert!(
         off[0].contains("may not") && off[0].contains("csinodes"),
         "names the missing permission: {}",
