@@ -240,10 +240,11 @@ mod tests {
     use super::*;
     use crate::common::metrics::Metrics;
 
-    /// A sync whose API server answers every request with 500 and counts
+    /// A sync whose API server answers every request with `code` and counts
     /// them, and whose driver accepts connections but never answers.
     async fn sync_counting_requests(
         dir: &std::path::Path,
+        code: u16,
     ) -> (
         NodeInfoSync,
         watch::Sender<Verdict>,
@@ -264,10 +265,14 @@ mod tests {
         let counted = requests.clone();
         let api = tower::service_fn(move |_: http::Request<kube::client::Body>| {
             counted.fetch_add(1, Ordering::SeqCst);
-            async {
+            let status = serde_json::json!({"kind": "Status", "apiVersion": "v1",
+                "status": "Failure", "code": code, "message": "refused"});
+            async move {
                 http::Response::builder()
-                    .status(500)
-                    .body(kube::client::Body::empty())
+                    .status(code)
+                    .body(kube::client::Body::from(
+                        serde_json::to_vec(&status).unwrap_or_default(),
+                    ))
             }
         });
         let (verdict, kubelet) = watch::channel(Verdict::Pending);
@@ -285,7 +290,7 @@ mod tests {
     #[tokio::test]
     async fn nothing_is_written_before_kubelet_accepts_nor_after_it_refuses() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (sync, verdict, requests, _driver) = sync_counting_requests(dir.path()).await;
+        let (sync, verdict, requests, _driver) = sync_counting_requests(dir.path(), 500).await;
 
         assert_eq!(sync.reconcile().await.ok(), Some(Outcome::AwaitingKubelet));
         verdict.send_replace(Verdict::Refused("incompatible version".into()));
@@ -296,6 +301,19 @@ mod tests {
         // the API server (which fails), so the gate was what held it back.
         verdict.send_replace(Verdict::Registered);
         assert!(matches!(sync.reconcile().await, Err(SyncError::Kube(_))));
+        assert!(requests.load(Ordering::SeqCst) > 0);
+    }
+
+    #[tokio::test]
+    async fn a_forbidden_answer_stops_the_maintenance_instead_of_retrying() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (sync, verdict, requests, _driver) = sync_counting_requests(dir.path(), 403).await;
+        verdict.send_replace(Verdict::Registered);
+        let stop = CancellationToken::new();
+        // A 500 would be retried with backoff until shutdown; a 403 ends it.
+        tokio::time::timeout(Duration::from_secs(10), sync.run(&stop))
+            .await
+            .expect("run returns on 403 without a shutdown");
         assert!(requests.load(Ordering::SeqCst) > 0);
     }
 }
