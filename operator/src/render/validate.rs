@@ -18,14 +18,18 @@ use super::names::{
 };
 
 /// Flags of the provisioner and attacher that the operator sets itself.
+/// `--metrics-address` too: like upstream, the sidecar refuses to start
+/// when it is set next to `--http-endpoint`.
 pub const CONTROLLER_SIDECAR_MANAGED_FLAGS: &[&str] = &[
     "csi-address",
     "leader-election",
     "leader-election-namespace",
     "http-endpoint",
+    "metrics-address",
     "v",
 ];
-/// Flags of the registrar that the operator sets itself.
+/// Flags of the registrar that the operator sets itself (`--health-port`:
+/// refused next to `--http-endpoint`, as upstream).
 pub const REGISTRAR_MANAGED_FLAGS: &[&str] = &[
     "csi-address",
     "kubelet-registration-path",
@@ -33,9 +37,17 @@ pub const REGISTRAR_MANAGED_FLAGS: &[&str] = &[
     "http-endpoint",
     // Set from `spec.node.readinessTaint`.
     "readiness-taint-key",
+    "health-port",
 ];
-/// Flags of the liveness probe that the operator sets itself.
-pub const LIVENESS_PROBE_MANAGED_FLAGS: &[&str] = &["csi-address", "http-endpoint"];
+/// Flags of the liveness probe that the operator sets itself
+/// (`--health-port`, `--metrics-address`: refused next to
+/// `--http-endpoint`, as upstream).
+pub const LIVENESS_PROBE_MANAGED_FLAGS: &[&str] = &[
+    "csi-address",
+    "http-endpoint",
+    "health-port",
+    "metrics-address",
+];
 /// Flags of the upstream helpers that the operator sets itself.
 /// `--metrics-address` too: upstream refuses to start when it is set next to
 /// `--http-endpoint`.
