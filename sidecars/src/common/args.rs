@@ -35,6 +35,11 @@ pub struct CommonArgs {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+
+    /// `--metrics-auth` and its certificate (HTTPS, TokenReview and
+    /// SubjectAccessReview on the metrics path).
+    #[command(flatten)]
+    pub metrics_auth: csiops_runtime::admin::MetricsAuthArgs,
 }
 
 impl CommonArgs {

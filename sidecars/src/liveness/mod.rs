@@ -100,7 +100,9 @@ pub async fn run(args: LivenessArgs) -> Result<(), SidecarError> {
         let p = prober.clone();
         Box::pin(async move { p.check().await })
     });
-    role.serve_admin(Some(addr), &args.common, &metrics, check)
+    // No --kubeconfig here (upstream has none): with --metrics-auth the
+    // client is in-cluster, or KUBECONFIG's.
+    role.serve_admin(Some(addr), &args.common, &metrics, check, None)
         .await?;
     tracing::info!(csi_address = %args.common.csi_address, "liveness probe ready");
     role.shutdown.cancelled().await;

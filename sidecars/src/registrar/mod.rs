@@ -173,8 +173,14 @@ pub async fn run(args: RegistrarArgs) -> Result<(), SidecarError> {
                 .map_err(|s| format!("driver unreachable: {}", s.message()))
         })
     });
-    role.serve_admin(http_addr, &args.common, &metrics, check)
-        .await?;
+    role.serve_admin(
+        http_addr,
+        &args.common,
+        &metrics,
+        check,
+        args.kubeconfig.as_deref(),
+    )
+    .await?;
     let shutdown = role.shutdown.clone();
 
     let sync = sync::NodeInfoSync::new(
