@@ -24,6 +24,9 @@ pub const CONTROLLER_SIDECAR_MANAGED_FLAGS: &[&str] = &[
     "leader-election-namespace",
     "http-endpoint",
     "v",
+    "metrics-auth",
+    "metrics-tls-cert-file",
+    "metrics-tls-key-file",
 ];
 /// Flags of the registrar that the operator sets itself.
 pub const REGISTRAR_MANAGED_FLAGS: &[&str] = &[
@@ -31,9 +34,18 @@ pub const REGISTRAR_MANAGED_FLAGS: &[&str] = &[
     "kubelet-registration-path",
     "plugin-registration-path",
     "http-endpoint",
+    "metrics-auth",
+    "metrics-tls-cert-file",
+    "metrics-tls-key-file",
 ];
 /// Flags of the liveness probe that the operator sets itself.
-pub const LIVENESS_PROBE_MANAGED_FLAGS: &[&str] = &["csi-address", "http-endpoint"];
+pub const LIVENESS_PROBE_MANAGED_FLAGS: &[&str] = &[
+    "csi-address",
+    "http-endpoint",
+    "metrics-auth",
+    "metrics-tls-cert-file",
+    "metrics-tls-key-file",
+];
 /// Flags of the upstream helpers that the operator sets itself.
 /// `--metrics-address` too: upstream refuses to start when it is set next to
 /// `--http-endpoint`.
