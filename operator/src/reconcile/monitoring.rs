@@ -24,7 +24,9 @@ pub async fn pod_monitors_served(client: &Client) -> bool {
     let resource = pod_monitor_resource();
     match client.list_api_group_resources(&resource.api_version).await {
         Ok(list) => list.resources.iter().any(|r| r.name == resource.plural),
-        Err(kube::Error::Api(s)) if s.is_not_found() => false,
+        // The API server answers an unknown group version with a plain
+        // "404 page not found", not a Status: the code is what counts.
+        Err(kube::Error::Api(s)) if s.code == 404 => false,
         Err(e) => {
             warn!(error = %chain(&e), "cannot discover the PodMonitor API; no PodMonitor this time");
             false
