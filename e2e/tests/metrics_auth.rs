@@ -382,6 +382,60 @@ async fn the_operator_and_a_sidecar_let_in_only_callers_rbac_allows() {
         )
     });
 
+    // A certificate Secret without metricsAuth means nothing: refused at
+    // admission, naming the fix.
+    let refused = testkit::apply_yaml(
+        &cluster,
+        "refused",
+        &driver_yaml(
+            "example.invalid/csi-test-driver:v0",
+            std::path::Path::new("/var/lib/kubelet"),
+            "    tlsSecretName: metrics-tls\n",
+        ),
+    )
+    .await
+    .expect("kubectl runs");
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("set metricsAuth: true"), "{stderr}");
+
+    // Turned on again, then the object deleted: teardown leaves neither.
+    testkit::apply_ok(
+        &cluster,
+        "driver-again",
+        &driver_yaml(
+            "example.invalid/csi-test-driver:v0",
+            std::path::Path::new("/var/lib/kubelet"),
+            monitoring,
+        ),
+    )
+    .await;
+    wait_for(DEADLINE, POLL, || async {
+        (exists(&cluster, &service).await && exists(&cluster, &pod_monitor).await).then_some(())
+    })
+    .await
+    .unwrap_or_else(|_| panic!("monitoring not back\n{}", operator.log_tail(60)));
+    cluster
+        .kubectl_ok([
+            "-n",
+            NS,
+            "delete",
+            "csidd",
+            NAME,
+            "--wait=true",
+            "--timeout=120s",
+        ])
+        .await
+        .unwrap_or_else(|e| panic!("teardown: {e}\n{}", operator.log_tail(60)));
+    assert!(
+        !exists(&cluster, &service).await,
+        "metrics Service left by teardown"
+    );
+    assert!(
+        !exists(&cluster, &pod_monitor).await,
+        "PodMonitor left by teardown"
+    );
+
     sidecar.terminate(Duration::from_secs(5));
     operator.stop().await;
     cluster.stop().await.expect("cluster stops");
