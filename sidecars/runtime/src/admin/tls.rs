@@ -294,3 +294,47 @@ impl axum::serve::Listener for TlsListener {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write_pair(dir: &Path) -> (PathBuf, PathBuf, Vec<u8>) {
+        let made = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+        let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+        std::fs::write(&cert, made.cert.pem()).unwrap();
+        std::fs::write(&key, made.signing_key.serialize_pem()).unwrap();
+        (cert, key, made.cert.der().to_vec())
+    }
+
+    #[test]
+    fn a_renewed_certificate_is_served_and_a_broken_renewal_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key, first) = write_pair(dir.path());
+        let provider = provider();
+        let reloading = Reloading {
+            cert: cert.clone(),
+            key: key.clone(),
+            provider: provider.clone(),
+            state: Mutex::new(Loaded {
+                checked: Instant::now(),
+                stamps: stamps(&cert, &key),
+                key: Arc::new(load_files(&cert, &key, &provider).unwrap()),
+            }),
+        };
+        let served = |r: &Reloading| r.state.lock().unwrap().key.cert[0].to_vec();
+        assert_eq!(served(&reloading), first);
+
+        // cert-manager renews: new files, new modification times.
+        std::thread::sleep(Duration::from_millis(20));
+        let (_, _, second) = write_pair(dir.path());
+        reloading.refresh(&mut reloading.state.lock().unwrap());
+        assert_eq!(served(&reloading), second);
+
+        // A half-written renewal keeps the last good certificate.
+        std::thread::sleep(Duration::from_millis(20));
+        std::fs::write(&key, "garbage").unwrap();
+        reloading.refresh(&mut reloading.state.lock().unwrap());
+        assert_eq!(served(&reloading), second);
+    }
+}
