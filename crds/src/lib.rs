@@ -19,6 +19,15 @@ use serde_json::Value;
 /// API group of every csiops resource.
 pub const GROUP: &str = "csiops.dev";
 /// Path of the checked-in CRD, relative to the workspace root.
+/// The prefix of every driver-readiness taint key (`spec.node.readinessTaint`);
+/// the driver's name follows it.
+pub const READINESS_TAINT_PREFIX: &str = "csiops.dev/driver-not-ready.";
+
+/// The driver-readiness taint key of `driver_name`.
+pub fn readiness_taint_key(driver_name: &str) -> String {
+    format!("{READINESS_TAINT_PREFIX}{driver_name}")
+}
+
 pub const CRD_FILE: &str = "crds/csidriverdeployments.csiops.dev.yaml";
 
 /// The Kubernetes quantity syntax (`resource.Quantity`), as the API server's

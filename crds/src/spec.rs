@@ -94,6 +94,12 @@ pub const MAX_NAME_LEN: usize = 41;
     "size(self.metadata.name) <= 41"
 ).message("metadata.name must be at most 41 characters: the operator names the controller workload <name>-controller, and a StatefulSet name longer than 52 characters cannot carry its pods' revision label"))]
 #[x_kube(validation = kube::core::Rule::new(
+    "!has(self.node) || !has(self.node.readinessTaint) || !self.node.readinessTaint || size(self.driverName) <= 46"
+).message("node.readinessTaint needs a driverName of at most 46 characters: the taint key csiops.dev/driver-not-ready.<driverName> has a name part of at most 63"))]
+#[x_kube(validation = kube::core::Rule::new(
+    "!has(self.node) || !has(self.node.readinessTaint) || !self.node.readinessTaint || !has(self.sidecars) || !has(self.sidecars.registrar) || !has(self.sidecars.registrar.enabled) || self.sidecars.registrar.enabled"
+).message("node.readinessTaint needs the registrar (sidecars.registrar.enabled): the registrar is what removes the taint"))]
+#[x_kube(validation = kube::core::Rule::new(
     "!has(self.storageClasses) || self.storageClasses.all(a, self.storageClasses.exists_one(b, b.name == a.name))"
 ).message("storageClasses names must be unique"))]
 #[x_kube(validation = kube::core::Rule::new(
@@ -390,6 +396,16 @@ pub struct NodeSpec {
     pub max_unavailable: Option<IntOrString>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_class_name: Option<String>,
+    /// Driver-readiness taint. When true, nodes may carry the taint
+    /// `csiops.dev/driver-not-ready.<driverName>:NoSchedule` (placed by
+    /// kubelet's `--register-with-taints` or by an admin) and the registrar
+    /// removes it from its node once kubelet accepted the driver and the
+    /// CSINode entry exists, so no pod lands on a node before its driver
+    /// can serve it. Node pods tolerate the taint; status counts the nodes
+    /// still carrying it. A taint key's name part is at most 63 characters,
+    /// so the driver name is then at most 46.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub readiness_taint: bool,
     /// Overrides of the driver container in node pods.
     #[serde(default, flatten)]
     pub driver: DriverOverride,
@@ -410,6 +426,7 @@ impl Default for NodeSpec {
             kubelet_dir: default_kubelet_dir(),
             max_unavailable: None,
             priority_class_name: None,
+            readiness_taint: false,
             driver: DriverOverride::default(),
             pod: PodSettings::default(),
         }

@@ -190,6 +190,11 @@ pub struct CSIDriverDeploymentStatus {
     /// Nodes whose CSINode lists this driver.
     #[serde(default)]
     pub registered_nodes: i32,
+    /// Nodes still carrying this driver's readiness taint
+    /// (`csiops.dev/driver-not-ready.<driverName>`, see
+    /// `spec.node.readinessTaint`); absent when none does.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub tainted_nodes: i32,
     #[serde(default)]
     pub summary: Summary,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -201,4 +206,8 @@ impl CSIDriverDeploymentStatus {
     pub fn condition(&self, type_: &str) -> Option<&Condition> {
         self.conditions.iter().find(|c| c.type_ == type_)
     }
+}
+
+fn is_zero(n: &i32) -> bool {
+    *n == 0
 }

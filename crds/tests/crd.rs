@@ -135,6 +135,32 @@ fn kubelet_dir_must_be_clean() {
     );
 }
 
+#[test]
+fn readiness_taint_needs_a_short_driver_name_and_the_registrar() {
+    let mut spec = base_spec();
+    spec.node.readiness_taint = true;
+    assert!(validate_cel(&object(spec.clone())).is_ok());
+
+    // 46 characters fit the taint key's 63-character name part; 47 do not.
+    spec.driver_name = format!("{}.io", "a".repeat(43));
+    assert!(validate_cel(&object(spec.clone())).is_ok());
+    spec.driver_name = format!("{}.io", "a".repeat(44));
+    let err = validate_cel(&object(spec.clone())).expect_err("47 characters refused");
+    assert!(format!("{err:?}").contains("at most 46"), "{err:?}");
+    // The same name is fine without the taint.
+    spec.node.readiness_taint = false;
+    assert!(validate_cel(&object(spec)).is_ok());
+
+    let mut spec = base_spec();
+    spec.node.readiness_taint = true;
+    spec.sidecars.registrar.enabled = false;
+    let err = validate_cel(&object(spec)).expect_err("no registrar refused");
+    assert!(
+        format!("{err:?}").contains("needs the registrar"),
+        "{err:?}"
+    );
+}
+
 fn class(name: &str, is_default: bool) -> StorageClassSpec {
     serde_json::from_value(serde_json::json!({"name": name, "isDefault": is_default}))
         .expect("class parses")

@@ -43,6 +43,9 @@ pub struct ClusterOptions {
     /// without them `start` fails saying what is missing. One real node runs
     /// on a machine at a time: a second cluster asking for one waits.
     pub real_node: bool,
+    /// Taints the real node registers with (kubelet's
+    /// `--register-with-taints`, `key[=value]:Effect`).
+    pub real_node_taints: Vec<String>,
 }
 
 impl Default for ClusterOptions {
@@ -50,6 +53,7 @@ impl Default for ClusterOptions {
         ClusterOptions {
             nodes: 3,
             real_node: false,
+            real_node_taints: Vec::new(),
         }
     }
 }
@@ -59,7 +63,7 @@ impl ClusterOptions {
     pub fn kwok(nodes: usize) -> ClusterOptions {
         ClusterOptions {
             nodes,
-            real_node: false,
+            ..ClusterOptions::default()
         }
     }
 }
@@ -255,7 +259,9 @@ impl Cluster {
             .await?;
 
         if let (Some(net), Some(images)) = (net, images) {
-            cluster.start_real_node(net, images, deadline).await?;
+            cluster
+                .start_real_node(net, images, opts.real_node_taints.clone(), deadline)
+                .await?;
         }
 
         cluster.started_in = t0.elapsed();
@@ -272,6 +278,7 @@ impl Cluster {
         &mut self,
         net: HostNetwork,
         images: ImageSet,
+        taints: Vec<String>,
         deadline: Instant,
     ) -> Result<()> {
         let (root, bin_dir, kubeconfig, logs) = (
@@ -281,7 +288,7 @@ impl Cluster {
             self.logs.clone(),
         );
         let node = blocking("starting the real node", move || {
-            RealNode::start(net, &root, &bin_dir, &kubeconfig, &logs, images)
+            RealNode::start(net, &root, &bin_dir, &kubeconfig, &logs, images, taints)
         })
         .await?;
         self.real = Some(node);

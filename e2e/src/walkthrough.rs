@@ -58,6 +58,9 @@ pub struct VolumeDriver<'a> {
     pub controller_args: &'a [&'a str],
     /// Driver flags added in node pods only (fault injection).
     pub node_args: &'a [&'a str],
+    /// More fields of `spec.node`, as YAML lines indented by four spaces
+    /// (e.g. `"\n    readinessTaint: true"`).
+    pub node_fields: &'a str,
 }
 
 impl VolumeDriver<'_> {
@@ -133,7 +136,7 @@ spec:
     volumeMounts:
     - {{name: csi-data, mountPath: {DATA_MOUNT}}}
   node:
-    kubeletDir: {kubelet_dir}{tolerations}{node_args}
+    kubeletDir: {kubelet_dir}{tolerations}{node_args}{node_fields}
     volumes:
     - {{name: csi-data, hostPath: {{path: {data}, type: DirectoryOrCreate}}}}
     volumeMounts:
@@ -151,6 +154,7 @@ spec:
             args = list(&[], "    "),
             controller_args = overrides(self.controller_args),
             node_args = overrides(self.node_args),
+            node_fields = self.node_fields,
         )
     }
 }

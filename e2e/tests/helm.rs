@@ -194,6 +194,7 @@ async fn helm_installs_upgrades_and_uninstalls_on_the_real_node() {
     let cluster = Cluster::start(ClusterOptions {
         nodes: 0,
         real_node: true,
+        ..Default::default()
     })
     .await
     .unwrap_or_else(|e| panic!("cluster with a real node starts: {e}"));

@@ -118,6 +118,8 @@ async fn bad_input_is_refused_or_degraded_and_the_good_driver_is_untouched() {
         ("ok.csi.example.com", "  node:\n    resources:\n      limits:\n        memory: lots\n", "spec.node.resources.limits.memory"),
         ("ok.csi.example.com", "  sidecars:\n    provisioner:\n      resources:\n        requests:\n          cpu: 1 core\n", "spec.sidecars.provisioner.resources.requests.cpu"),
         ("ok.csi.example.com", "  storageClasses:\n  - name: a\n    isDefault: true\n  - name: b\n    isDefault: true\n", "at most one storageClass may set isDefault"),
+        ("a-driver-name-too-long-for-a-readiness-taint.io", "  node:\n    readinessTaint: true\n", "needs a driverName of at most 46 characters"),
+        ("ok.csi.example.com", "  node:\n    readinessTaint: true\n  sidecars:\n    registrar:\n      enabled: false\n", "needs the registrar"),
     ] {
         let out = testkit::apply_yaml(&cluster, "bad", &object("csi-bad", "bad", driver, extra)).await.expect("kubectl runs");
         let stderr = String::from_utf8_lossy(&out.stderr);

@@ -35,6 +35,7 @@ fn with_real_node(kwok_nodes: usize) -> ClusterOptions {
     ClusterOptions {
         nodes: kwok_nodes,
         real_node: true,
+        ..Default::default()
     }
 }
 

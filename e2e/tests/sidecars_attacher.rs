@@ -965,3 +965,96 @@ async fn changing_error_messages_do_not_bypass_the_backoff() {
         .unwrap_or_default();
     assert!(message.contains("(#"), "numbered message: {message:?}");
 }
+
+/// `--reconcile-sync`: the driver loses an attachment behind the attacher's
+/// back (ControllerUnpublishVolume called directly, as an array failover or
+/// an admin would); ListVolumes no longer reports it, and the attacher
+/// attaches it again. The other attachment is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publication_the_driver_lost_is_attached_again() {
+    let cluster = Cluster::start(ClusterOptions::kwok(1))
+        .await
+        .expect("cluster starts");
+    let client = cluster.client().expect("client");
+    let vas: Api<VolumeAttachment> = Api::all(client.clone());
+    let s = start_driver(
+        &cluster,
+        "reconcile.test.csi.csiops.dev",
+        &["--enable-attach"],
+    )
+    .await;
+    let port = free_port().expect("port");
+    let attacher = start_attacher(
+        &cluster,
+        &s,
+        port,
+        &[
+            "--reconcile-sync=1s",
+            "--kube-api-qps=50",
+            "--kube-api-burst=100",
+        ],
+        0,
+    );
+    let csi = s.driver.client().await.expect("driver client");
+    let ids = attach::create_volumes(&csi, "vol", 2)
+        .await
+        .expect("volumes");
+    create_pvs(&client, &s.driver_name, &ids).await;
+    let pp = PostParams::default();
+    for i in 0..2 {
+        vas.create(
+            &pp,
+            &attach::va(&format!("va-{i}"), &s.driver_name, &format!("pv-{i}"), NODE),
+        )
+        .await
+        .expect("VA");
+        wait_va(&vas, &format!("va-{i}"), "attached", &attacher, |va| {
+            va.is_some_and(|v| attached(v, &s.finalizer))
+        })
+        .await;
+        assert_eq!(published(&s, &ids[i]), [NODE_ID]);
+    }
+    let before = writes(port).await;
+
+    // The driver loses va-0's publication.
+    csi.controller()
+        .controller_unpublish_volume(csiops_proto::csi::v1::ControllerUnpublishVolumeRequest {
+            volume_id: ids[0].clone(),
+            node_id: NODE_ID.to_string(),
+            ..Default::default()
+        })
+        .await
+        .expect("ControllerUnpublishVolume");
+    assert!(published(&s, &ids[0]).is_empty(), "the driver lost it");
+
+    // Published again, and the VolumeAttachment attached.
+    wait_for(DEADLINE, POLL, || async {
+        (published(&s, &ids[0]) == [NODE_ID]).then_some(())
+    })
+    .await
+    .unwrap_or_else(|_| panic!("never attached again\n{}", attacher.log_tail(40)));
+    wait_va(&vas, "va-0", "attached again", &attacher, |va| {
+        va.is_some_and(|v| attached(v, &s.finalizer))
+    })
+    .await;
+    let log = attacher.log_tail(200);
+    assert!(
+        log.contains("marking the attachment detached to attach it again") && log.contains("va-0"),
+        "{log}"
+    );
+    assert!(
+        !log.lines()
+            .any(|l| l.contains("marking the attachment detached") && l.contains("va-1")),
+        "va-1 was never touched:\n{log}"
+    );
+    assert_eq!(published(&s, &ids[1]), [NODE_ID]);
+    // Two status writes for va-0: attached false, then true again.
+    let after = writes(port).await;
+    assert_eq!(
+        count(&after, "va_status") - count(&before, "va_status"),
+        2,
+        "{before:?} -> {after:?}"
+    );
+    drop(attacher);
+    cluster.stop().await.expect("cluster stops");
+}

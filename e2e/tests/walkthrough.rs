@@ -402,6 +402,7 @@ impl Bed {
             on_simulated_nodes: false,
             controller_args: self.controller_args,
             node_args: self.node_args,
+            node_fields: "",
         }
     }
 }
@@ -416,6 +417,7 @@ async fn deploy(
     let cluster = Cluster::start(ClusterOptions {
         nodes: 0,
         real_node: true,
+        ..Default::default()
     })
     .await
     .unwrap_or_else(|e| panic!("cluster with a real node starts: {e}"));

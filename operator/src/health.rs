@@ -80,6 +80,9 @@ pub struct HealthInput<'a> {
     pub pods: &'a [Pod],
     /// The cluster's CSINodes, as the shared cache holds them (not copied).
     pub csinodes: &'a [std::sync::Arc<CSINode>],
+    /// Nodes carrying this driver's readiness taint (see
+    /// `reconcile::node_taints`), passed through to status.
+    pub tainted_nodes: i32,
     /// kubelet's latest `FailedMount` message per pod name, for the pods
     /// [`stuck_creating`] named (see `reconcile::pod_events`).
     pub mount_failures: &'a std::collections::BTreeMap<String, String>,
@@ -120,6 +123,8 @@ pub struct Health {
     pub node: NodeCounts,
     /// Nodes whose CSINode lists the driver.
     pub registered_nodes: i32,
+    /// Nodes still carrying the driver's readiness taint.
+    pub tainted_nodes: i32,
     /// Nodes running one of our node pods whose CSINode lists the driver.
     pub registered_on_pod_nodes: i32,
     pub controller_pods: usize,
@@ -143,6 +148,7 @@ pub fn assess(input: &HealthInput<'_>) -> Health {
 
     let mut health = Health {
         registered_nodes: registered.len() as i32,
+        tainted_nodes: input.tainted_nodes,
         ..Health::default()
     };
 

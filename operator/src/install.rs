@@ -123,6 +123,12 @@ const OPERATOR_GRANTS: &[Grant] = &[
         resource: "csinodes",
         verbs: &["get", "list", "watch"],
     },
+    // Nodes' readiness taints, counted in status.taintedNodes.
+    Grant {
+        api_group: "",
+        resource: "nodes",
+        verbs: &["get", "list", "watch"],
+    },
     Grant {
         api_group: "events.k8s.io",
         resource: "events",

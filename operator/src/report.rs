@@ -177,6 +177,7 @@ pub fn build(input: &ReportInput<'_>) -> CSIDriverDeploymentStatus {
         controller: h.controller.clone(),
         node: h.node.clone(),
         registered_nodes: h.registered_nodes,
+        tainted_nodes: h.tainted_nodes,
         summary: Summary {
             controller: format!("{}/{}", h.controller.ready, h.controller.desired),
             nodes: format!("{}/{}", h.node.ready, h.node.desired),

@@ -93,6 +93,7 @@ spec:
     maxUnavailable: 10%
     tolerations:
       - {operator: Exists}
+    readinessTaint: true
     priorityClassName: system-node-critical
     image: registry.example.com/block-csi-node:2.4.1
     args: ["--endpoint=$(CSI_ENDPOINT)", "--nodeid=$(KUBE_NODE_NAME)", "--mode=node"]
@@ -1025,6 +1026,44 @@ fn with_spec(patch: serde_json::Value) -> CSIDriverDeployment {
     let mut v = serde_json::to_value(base).expect("serializes");
     json_merge(&mut v["spec"], patch);
     serde_json::from_value(v).expect("patched object parses")
+}
+
+#[test]
+fn readiness_taint_is_tolerated_by_node_pods_and_removed_by_the_registrar() {
+    let key = "csiops.dev/driver-not-ready.hostpath.csi.k8s.io";
+    let tolerates = |p: &PodSpec| {
+        p.tolerations.iter().flatten().any(|t| {
+            t.key.as_deref() == Some(key)
+                && t.operator.as_deref() == Some("Exists")
+                && t.effect.as_deref() == Some("NoSchedule")
+        })
+    };
+    let flag = format!("--readiness-taint-key={key}");
+
+    let on = must_render(&with_spec(serde_json::json!({
+        "node": {"readinessTaint": true, "tolerations": [{"key": "example.com/gpu", "operator": "Exists"}]}
+    })));
+    let node = pod(&on, Component::Node);
+    assert!(tolerates(node), "{:?}", node.tolerations);
+    // The user's tolerations stay, first.
+    assert_eq!(
+        node.tolerations.as_ref().map(|t| t[0].key.as_deref()),
+        Some(Some("example.com/gpu"))
+    );
+    let registrar = container(node, names::CONTAINER_REGISTRAR);
+    assert!(registrar.args.iter().flatten().any(|a| *a == flag));
+    // The controller does not need it: it starts after the node side registered.
+    assert!(!tolerates(pod(&on, Component::Controller)));
+
+    let off = must_render(&with_spec(serde_json::json!({})));
+    let node = pod(&off, Component::Node);
+    assert!(!tolerates(node));
+    let registrar = container(node, names::CONTAINER_REGISTRAR);
+    assert!(!registrar
+        .args
+        .iter()
+        .flatten()
+        .any(|a| a.starts_with("--readiness-taint-key")));
 }
 
 fn json_merge(into: &mut Value, patch: Value) {

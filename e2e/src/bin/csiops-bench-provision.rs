@@ -1,67 +1,127 @@
-//! Benchmark (not a test): time to Bound for N claims and to deletion of
-//! their volumes, the provisioner's API requests per claim (its own
-//! `csiops_kube_api_requests_total{verb}`: writes, and GETs outside the
-//! watches), and its memory, on the local control plane with
-//! `csi-test-driver`. Prints a Markdown table.
+//! Benchmark (not a test): `csiops-sidecar provisioner` side by side with
+//! upstream's csi-provisioner, on one local control plane, with the same
+//! driver binary and the same flags.
 //!
-//! `csiops-bench-provision [claims] [qps] [burst]` (defaults 500, 50, 100).
-//! The provisioner binary is `CSIOPS_SIDECAR_BIN` (use a release build).
+//! For each provisioner in turn: a fresh driver process (its own driver
+//! name and state), the nodes' CSINode entries and topology labels as the
+//! registrar leaves them, an Immediate StorageClass, the provisioner started
+//! and given a moment to sync. Then N claims of 1Mi are created back to back
+//! and the clock runs until all are Bound; then all are deleted at once and
+//! the clock runs until no PV of that driver is left. Reported: both times,
+//! their sum, API writes per claim lifecycle, CPU seconds and memory of the
+//! provisioner process, and the volumes the driver still holds.
+//!
+//! API writes come from kube-apiserver's own `apiserver_request_total`
+//! (POST/PUT/PATCH/DELETE of persistentvolumes, persistentvolumeclaims and
+//! events), minus the bench's own N creates and one delete-collection. They
+//! include kube-controller-manager's binding writes, which are the same for
+//! both provisioners; the difference between two rows is the provisioners'.
+//!
+//! ```text
+//! csiops-bench-provision [--claims N] [--qps Q] [--burst B] [--workers W] [--timeout 15s]
+//!                        [--upstream-bin PATH] [--driver-bin PATH [--driver-arg ARG]...]
+//! ```
+//! `--upstream-bin` (or `CSIOPS_UPSTREAM_PROVISIONER`): a csi-provisioner
+//! binary the user built from upstream's repository; without it only ours
+//! runs. `--driver-bin`: any CSI driver binary instead of csi-test-driver;
+//! each `--driver-arg` may use `{endpoint}` (`unix:///…/csi.sock`), `{name}`
+//! (the driver name the bench gives it), `{nodeid}` and `{dir}` (a scratch
+//! directory of its own), and `--topology-key` names the topology key its
+//! NodeGetInfo reports. Our provisioner is `CSIOPS_SIDECAR_BIN` (use a
+//! release build).
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use csiops_e2e::process::memory_kib;
-use csiops_e2e::provisioning::{ProvisionerBed, DRIVER};
-use csiops_e2e::{testkit, wait_for, Cluster, ClusterOptions};
+use clap::Parser;
+use csiops_e2e::process::{memory_kib, ManagedProcess};
+use csiops_e2e::testdriver::config::DEFAULT_TOPOLOGY_KEY;
+use csiops_e2e::testdriver::{test_driver_bin, TestDriverProcess};
+use csiops_e2e::{apimetrics, attach, free_port, sidecar_bin, Cluster, ClusterOptions};
 use k8s_openapi::api::core::v1::{
-    PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec, VolumeResourceRequirements,
+    Node, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    VolumeResourceRequirements,
 };
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 
-const NS: &str = "default";
+#[derive(Parser)]
+struct Args {
+    /// Claims per run.
+    #[arg(long, default_value_t = 100)]
+    claims: usize,
+    #[arg(long, default_value_t = 5.0)]
+    qps: f64,
+    #[arg(long, default_value_t = 10)]
+    burst: u32,
+    #[arg(long, default_value_t = 100)]
+    workers: usize,
+    /// `--timeout` of both provisioners (a Go duration).
+    #[arg(long, default_value = "15s")]
+    timeout: String,
+    /// Upstream csi-provisioner binary.
+    #[arg(long, env = "CSIOPS_UPSTREAM_PROVISIONER")]
+    upstream_bin: Option<PathBuf>,
+    /// A CSI driver binary to use instead of csi-test-driver.
+    #[arg(long)]
+    driver_bin: Option<PathBuf>,
+    /// Arguments of `--driver-bin` (placeholders: {endpoint} {name} {nodeid} {dir}).
+    #[arg(long = "driver-arg", allow_hyphen_values = true)]
+    driver_args: Vec<String>,
+    /// The topology key `--driver-bin` reports in NodeGetInfo.
+    #[arg(long, default_value = DEFAULT_TOPOLOGY_KEY)]
+    topology_key: String,
+    /// Give up on a phase after this many seconds.
+    #[arg(long, default_value_t = 1800)]
+    phase_timeout: u64,
+}
 
-/// (writes, reads) the provisioner has sent so far, from its metrics.
-async fn requests(port: u16) -> Result<(f64, f64), Box<dyn std::error::Error>> {
-    let (_, text) = testkit::http_get_async(([127, 0, 0, 1], port).into(), "/metrics")
-        .await
-        .ok_or("no metrics")?;
-    let (mut writes, mut reads) = (0.0, 0.0);
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix("csiops_kube_api_requests_total{verb=\"") else {
-            continue;
-        };
-        let Some((verb, value)) = rest.split_once("\"} ") else {
-            continue;
-        };
-        let n: f64 = value.trim().parse().unwrap_or(0.0);
-        match verb {
-            "GET" => reads += n,
-            _ => writes += n,
+struct Outcome {
+    name: String,
+    bound: Duration,
+    deleted: Duration,
+    writes_per_claim: f64,
+    cpu_seconds: f64,
+    hwm_kib: u64,
+    left: usize,
+}
+
+/// Writes to the kinds a provisioning touches, by anyone.
+async fn writes(client: &kube::Client) -> Result<f64, Box<dyn std::error::Error>> {
+    let mut kinds = Vec::new();
+    for resource in ["persistentvolumes", "persistentvolumeclaims", "events"] {
+        for verb in ["POST", "PUT", "PATCH", "DELETE", "DELETECOLLECTION"] {
+            kinds.push((resource, verb));
         }
     }
-    Ok((writes, reads))
+    Ok(apimetrics::requests(client, &kinds).await?)
 }
 
-fn arg<T: std::str::FromStr>(i: usize, default: T) -> T {
-    std::env::args()
-        .nth(i)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(default)
+/// User + system CPU seconds of a process so far, from `/proc/<pid>/stat`.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command (which may contain spaces) start at state.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (hz > 0.0).then(|| ticks / hz)
 }
 
-fn claim(i: usize) -> PersistentVolumeClaim {
+fn claim(class: &str, i: usize) -> PersistentVolumeClaim {
     PersistentVolumeClaim {
         metadata: ObjectMeta {
-            name: Some(format!("bench-{i:04}")),
-            namespace: Some(NS.into()),
+            name: Some(format!("{class}-{i:04}")),
+            namespace: Some("default".into()),
             ..Default::default()
         },
         spec: Some(PersistentVolumeClaimSpec {
             access_modes: Some(vec!["ReadWriteOnce".into()]),
-            storage_class_name: Some("bench".into()),
+            storage_class_name: Some(class.into()),
             resources: Some(VolumeResourceRequirements {
                 requests: Some(BTreeMap::from([("storage".into(), Quantity("1Mi".into()))])),
                 ..Default::default()
@@ -72,90 +132,258 @@ fn claim(i: usize) -> PersistentVolumeClaim {
     }
 }
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let claims: usize = arg(1, 500);
-    let qps: u32 = arg(2, 50);
-    let burst: u32 = arg(3, 100);
-    let cluster = Cluster::start(ClusterOptions::kwok(3)).await?;
-    let qps_flag = format!("--kube-api-qps={qps}");
-    let burst_flag = format!("--kube-api-burst={burst}");
-    let mut bed = ProvisionerBed::start(&cluster, &[], &[&qps_flag, &burst_flag, "--v=2"]).await?;
+/// A driver process: csi-test-driver, or `--driver-bin` with its arguments
+/// (held to be stopped when dropped).
+enum Driver {
+    Test(TestDriverProcess),
+    Other(#[allow(dead_code)] ManagedProcess),
+}
+
+impl Driver {
+    async fn start(
+        args: &Args,
+        name: &str,
+        dir: &Path,
+        socket: &Path,
+    ) -> Result<Driver, Box<dyn std::error::Error>> {
+        let Some(bin) = &args.driver_bin else {
+            let d = TestDriverProcess::start(
+                &test_driver_bin()?,
+                socket,
+                &dir.join("state"),
+                &[
+                    &format!("--drivername={name}"),
+                    "--nodeid=controller",
+                    "--capacity=100Ti",
+                ],
+                &dir.join("driver.log"),
+            )
+            .await?;
+            return Ok(Driver::Test(d));
+        };
+        let scratch = dir.join("driver");
+        std::fs::create_dir_all(&scratch)?;
+        let argv: Vec<String> = args
+            .driver_args
+            .iter()
+            .map(|a| {
+                a.replace("{endpoint}", &format!("unix://{}", socket.display()))
+                    .replace("{name}", name)
+                    .replace("{nodeid}", "controller")
+                    .replace("{dir}", &scratch.to_string_lossy())
+            })
+            .collect();
+        let p = ManagedProcess::spawn("driver", bin, &argv, &dir.join("driver.log"))?;
+        let t0 = Instant::now();
+        while !socket.exists() {
+            if t0.elapsed() > Duration::from_secs(30) {
+                return Err(format!("{} made no socket in 30s", bin.display()).into());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(Driver::Other(p))
+    }
+
+    /// Volumes the driver still holds, when it can be told (csi-test-driver).
+    fn volumes_left(&self) -> Option<usize> {
+        match self {
+            Driver::Test(d) => d.state().ok().map(|s| s.volumes.len()),
+            Driver::Other(_) => None,
+        }
+    }
+}
+
+async fn run_one(
+    cluster: &Cluster,
+    args: &Args,
+    who: &str,
+    bin: &Path,
+    upstream: bool,
+) -> Result<Outcome, Box<dyn std::error::Error>> {
     let client = cluster.client()?;
-    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NS);
-    let pvs: Api<PersistentVolume> = Api::all(client.clone());
-    let classes: Api<StorageClass> = Api::all(client);
+    let driver_name = format!("{who}.bench.csiops.dev");
+    let class = format!("bench-{who}");
+    let dir = cluster.work_dir().join(who);
+    std::fs::create_dir_all(&dir)?;
+    let socket = dir.join("csi.sock");
+    let driver = Driver::start(args, &driver_name, &dir, &socket).await?;
+
+    // The nodes as the registrar leaves them, for this driver.
+    let nodes: Api<Node> = Api::all(client.clone());
+    for node in cluster.node_names() {
+        let labels =
+            serde_json::json!({"metadata": {"labels": {args.topology_key.as_str(): node}}});
+        nodes
+            .patch(node, &PatchParams::default(), &Patch::Merge(&labels))
+            .await?;
+        attach::register_driver(&client, node, &driver_name, node, &[&args.topology_key]).await?;
+    }
+    let classes: Api<StorageClass> = Api::all(client.clone());
     classes
         .create(
             &PostParams::default(),
             &StorageClass {
                 metadata: ObjectMeta {
-                    name: Some("bench".into()),
+                    name: Some(class.clone()),
                     ..Default::default()
                 },
-                provisioner: DRIVER.into(),
+                provisioner: driver_name.clone(),
                 reclaim_policy: Some("Delete".into()),
                 volume_binding_mode: Some("Immediate".into()),
                 ..Default::default()
             },
         )
         .await?;
-    // Let the provisioner sync its caches before the clock starts.
-    tokio::time::sleep(Duration::from_secs(2)).await;
 
-    let (writes0, reads0) = requests(bed.http_port).await?;
-    let start = Instant::now();
-    for i in 0..claims {
-        pvcs.create(&PostParams::default(), &claim(i)).await?;
+    let port = free_port()?;
+    let mut argv: Vec<String> = if upstream {
+        vec![]
+    } else {
+        vec!["provisioner".to_string()]
+    };
+    argv.extend([
+        format!("--csi-address=unix://{}", socket.display()),
+        format!("--kubeconfig={}", cluster.kubeconfig_path().display()),
+        format!("--kube-api-qps={}", args.qps),
+        format!("--kube-api-burst={}", args.burst),
+        format!("--worker-threads={}", args.workers),
+        format!("--timeout={}", args.timeout),
+        format!("--http-endpoint=127.0.0.1:{port}"),
+        "--v=1".to_string(),
+    ]);
+    let proc = ManagedProcess::spawn(who, bin, &argv, &dir.join("provisioner.log"))?;
+    // Caches synced and idle.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    let deadline = Duration::from_secs(args.phase_timeout);
+    let prefix = format!("{class}-");
+    let writes0 = writes(&client).await?;
+    let cpu0 = cpu_seconds(proc.pid()).unwrap_or(0.0);
+    let t0 = Instant::now();
+    for i in 0..args.claims {
+        pvcs.create(&PostParams::default(), &claim(&class, i))
+            .await?;
     }
-    let created = start.elapsed();
-    let limit = Duration::from_secs(1800);
-    wait_for(limit, Duration::from_millis(250), || async {
-        let list = pvcs.list(&ListParams::default()).await.ok()?;
+    loop {
+        let list = pvcs.list(&ListParams::default()).await?;
         let bound = list
             .items
             .iter()
+            .filter(|c| {
+                c.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with(&prefix))
+            })
             .filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
             .count();
-        (bound == claims).then_some(())
-    })
-    .await?;
-    let to_bound = start.elapsed();
-    let pid = bed.sidecar_pid().ok_or("provisioner not running")?;
-    let (_, hwm_provision) = memory_kib(pid).ok_or("provisioner gone")?;
-    let (writes1, reads1) = requests(bed.http_port).await?;
+        if bound == args.claims {
+            break;
+        }
+        if t0.elapsed() > deadline {
+            return Err(format!(
+                "{who}: {bound}/{} Bound after {deadline:?}\n{}",
+                args.claims,
+                proc.log_tail(20)
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let bound = t0.elapsed();
 
-    let start = Instant::now();
-    pvcs.delete_collection(&DeleteParams::default(), &ListParams::default())
-        .await?;
-    wait_for(limit, Duration::from_millis(250), || async {
-        let list = pvs.list(&ListParams::default()).await.ok()?;
-        list.items.is_empty().then_some(())
+    let t1 = Instant::now();
+    for i in 0..args.claims {
+        pvcs.delete(&format!("{class}-{i:04}"), &DeleteParams::default())
+            .await?;
+    }
+    loop {
+        let list = pvs.list(&ListParams::default()).await?;
+        let left = list
+            .items
+            .iter()
+            .filter(|pv| {
+                pv.spec
+                    .as_ref()
+                    .and_then(|s| s.csi.as_ref())
+                    .is_some_and(|c| c.driver == driver_name)
+            })
+            .count();
+        if left == 0 {
+            break;
+        }
+        if t1.elapsed() > deadline {
+            return Err(format!(
+                "{who}: {left} PVs left after {deadline:?}\n{}",
+                proc.log_tail(20)
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let deleted = t1.elapsed();
+    // Late bookkeeping (finalizers, Events) is part of the lifecycle's cost.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let writes1 = writes(&client).await?;
+    let cpu_seconds = cpu_seconds(proc.pid()).unwrap_or(0.0) - cpu0;
+    let (_, hwm_kib) = memory_kib(proc.pid()).ok_or("provisioner gone")?;
+    let left = driver.volumes_left().unwrap_or(usize::MAX);
+    drop(proc);
+    drop(driver);
+    // The bench's own writes: N creates and N deletes.
+    let n = args.claims as f64;
+    Ok(Outcome {
+        name: who.to_string(),
+        bound,
+        deleted,
+        writes_per_claim: (writes1 - writes0 - 2.0 * n) / n,
+        cpu_seconds,
+        hwm_kib,
+        left,
     })
-    .await?;
-    let to_deleted = start.elapsed();
-    let (writes2, reads2) = requests(bed.http_port).await?;
-    let (rss, hwm) = memory_kib(pid).ok_or("provisioner gone")?;
-    let left = bed.driver_volumes()?.len();
-    bed.stop_sidecar();
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    let cluster = Cluster::start(ClusterOptions::kwok(3)).await?;
+    let mut runs = vec![run_one(&cluster, &args, "csiops", &sidecar_bin()?, false).await?];
+    if let Some(upstream) = &args.upstream_bin {
+        runs.push(run_one(&cluster, &args, "upstream", upstream, true).await?);
+    }
     cluster.stop().await?;
 
-    let mib = |kib: u64| kib as f64 / 1024.0;
-    let n = claims as f64;
-    println!("| provisioner | claims | QPS/burst | claims created in | all Bound | all deleted | writes (GETs) per provision | per deletion | VmHWM after provisioning (MiB) | VmRSS / VmHWM at the end (MiB) | volumes left |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    let driver = args
+        .driver_bin
+        .as_deref()
+        .and_then(Path::file_name)
+        .map_or("csi-test-driver".into(), |n| {
+            n.to_string_lossy().into_owned()
+        });
     println!(
-        "| csiops | {claims} | {qps}/{burst} | {:.1}s | {:.1}s | {:.1}s | {:.2} ({:.2}) | {:.2} ({:.2}) | {:.1} | {:.1} / {:.1} | {left} |",
-        created.as_secs_f64(),
-        to_bound.as_secs_f64(),
-        to_deleted.as_secs_f64(),
-        (writes1 - writes0) / n,
-        (reads1 - reads0) / n,
-        (writes2 - writes1) / n,
-        (reads2 - reads1) / n,
-        mib(hwm_provision),
-        mib(rss),
-        mib(hwm),
+        "{} claims, QPS {}/burst {}, --worker-threads={} --timeout={}, driver {driver}\n",
+        args.claims, args.qps, args.burst, args.workers, args.timeout
     );
+    println!("| provisioner | all Bound | all PVs deleted | lifecycle | API writes per claim (incl. kube-controller-manager's) | CPU seconds | VmHWM (MiB) | volumes left |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for r in &runs {
+        let left = if r.left == usize::MAX {
+            "?".to_string()
+        } else {
+            r.left.to_string()
+        };
+        println!(
+            "| {} | {:.1} s | {:.1} s | {:.1} s | {:.2} | {:.2} | {:.1} | {left} |",
+            r.name,
+            r.bound.as_secs_f64(),
+            r.deleted.as_secs_f64(),
+            (r.bound + r.deleted).as_secs_f64(),
+            r.writes_per_claim,
+            r.cpu_seconds,
+            r.hwm_kib as f64 / 1024.0,
+        );
+    }
     Ok(())
 }

@@ -39,6 +39,7 @@ async fn demo() -> Result<(), Box<dyn std::error::Error>> {
     let cluster = Cluster::start(ClusterOptions {
         nodes: KWOK_NODES,
         real_node: true,
+        ..Default::default()
     })
     .await?;
     eprintln!("    up in {:.1}s", cluster.startup_time().as_secs_f64());
@@ -71,6 +72,7 @@ async fn demo() -> Result<(), Box<dyn std::error::Error>> {
         on_simulated_nodes: true,
         controller_args: &[],
         node_args: &[],
+        node_fields: "",
     };
     eprintln!(
         "\n==> kubectl apply -f - (a CSIDriverDeployment of csi-test-driver)\n{}",

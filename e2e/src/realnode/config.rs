@@ -224,8 +224,8 @@ fileCheckFrequency: 5s
 }
 
 /// kubelet's command line.
-pub fn kubelet_args(l: &Layout, kubeconfig: &Path) -> Vec<String> {
-    vec![
+pub fn kubelet_args(l: &Layout, kubeconfig: &Path, taints: &[String]) -> Vec<String> {
+    let mut args = vec![
         format!("--config={}", d(&l.kubelet_config())),
         format!("--kubeconfig={}", d(kubeconfig)),
         format!("--root-dir={}", d(&l.kubelet_dir())),
@@ -235,7 +235,12 @@ pub fn kubelet_args(l: &Layout, kubeconfig: &Path) -> Vec<String> {
         format!("--hostname-override={NODE_NAME}"),
         format!("--node-ip={HOST_IP}"),
         "--v=2".into(),
-    ]
+    ];
+    // Applied when kubelet creates its Node, as on a real cluster's new node.
+    if !taints.is_empty() {
+        args.push(format!("--register-with-taints={}", taints.join(",")));
+    }
+    args
 }
 
 /// kube-proxy's command line (iptables mode). Its listeners stay on
@@ -313,7 +318,7 @@ mod tests {
         ] {
             assert!(y.contains(want), "missing {want:?} in\n{y}");
         }
-        let args = kubelet_args(&l, Path::new("/k"));
+        let args = kubelet_args(&l, Path::new("/k"), &[]);
         assert!(args.contains(&"--root-dir=/tmp/csiops-e2e-x/node/kubelet".to_string()));
         assert!(args.contains(&format!("--node-ip={HOST_IP}")));
     }

@@ -73,6 +73,8 @@ pub struct RealNode {
     procs: Vec<ManagedProcess>,
     before: HostBefore,
     images: ImageSet,
+    /// kubelet's `--register-with-taints`.
+    taints: Vec<String>,
     /// Cleans up if the test process dies without tearing the node down.
     reaper: Option<std::process::Child>,
     /// Dropped last, after everything else is gone.
@@ -89,6 +91,7 @@ impl RealNode {
         kubeconfig: &Path,
         logs: &Path,
         images: ImageSet,
+        taints: Vec<String>,
     ) -> Result<RealNode> {
         let layout = Layout::new(root);
         for d in layout.dirs() {
@@ -122,6 +125,7 @@ impl RealNode {
             procs: Vec::new(),
             before,
             images,
+            taints,
             reaper: None,
             net: Some(net),
         };
@@ -137,7 +141,7 @@ impl RealNode {
         node.wait_for_containerd()?;
         node.images.import(&node.layout.containerd_socket())?;
 
-        let kubelet_args = config::kubelet_args(&node.layout, kubeconfig);
+        let kubelet_args = config::kubelet_args(&node.layout, kubeconfig, &node.taints);
         node.spawn("kubelet", &bin_dir.join("kubelet"), &kubelet_args)?;
         let proxy_args = config::kube_proxy_args(kubeconfig, p[2], p[3]);
         node.spawn("kube-proxy", &bin_dir.join("kube-proxy"), &proxy_args)?;
@@ -250,7 +254,7 @@ impl RealNode {
             .ok_or_else(|| Error::Other("the node runs no kubelet".into()))?;
         let mut old = self.procs.remove(i);
         old.terminate(process::DEFAULT_GRACE);
-        let args = config::kubelet_args(&self.layout, &self.kubeconfig);
+        let args = config::kubelet_args(&self.layout, &self.kubeconfig, &self.taints);
         let program = self.bin_dir.join("kubelet");
         self.spawn("kubelet", &program, &args)
     }

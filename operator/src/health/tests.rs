@@ -46,6 +46,7 @@ fn input<'a>(pods: &'a [Pod], csinodes: &'a [std::sync::Arc<CSINode>]) -> Health
         daemonset: None,
         pods,
         csinodes,
+        tainted_nodes: 0,
         mount_failures: &NO_MOUNT_FAILURES,
         now: now(),
     }

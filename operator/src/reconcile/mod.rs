@@ -15,6 +15,7 @@ pub mod conflict;
 pub mod error;
 pub mod events;
 mod monitoring;
+pub mod node_taints;
 pub mod pod_events;
 pub mod retry;
 mod status;
@@ -31,7 +32,7 @@ use csiops_crds::CSIDriverDeployment;
 use csiops_crds::ControllerKind;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::storage::v1::CSINode;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action as Requeue, Controller};
@@ -77,6 +78,8 @@ pub struct Context {
     /// Pods of every csiops-managed workload.
     pub pods: Store<Pod>,
     pub csinodes: Store<CSINode>,
+    /// Readiness taints per node, for `status.taintedNodes`.
+    pub node_taints: node_taints::NodeTaints,
     pub deployments: Store<CSIDriverDeployment>,
     /// Consecutive failed writes per object, for backoff and reporting.
     pub failures: retry::Failures,
@@ -122,6 +125,9 @@ pub async fn run(
     .default_backoff()
     .touched_objects();
 
+    let node_taints = node_taints::NodeTaints::default();
+    let taint_changes = node_taints.watch(client.clone());
+
     let controller = Controller::new(
         Api::<CSIDriverDeployment>::all(client.clone()),
         watcher::Config::default(),
@@ -140,6 +146,7 @@ pub async fn run(
         render_cfg: cfg.render,
         pods: pods.clone(),
         csinodes: csinodes.clone(),
+        node_taints: node_taints.clone(),
         deployments: deployments.clone(),
         failures: retry::Failures::default(),
     });
@@ -158,6 +165,7 @@ pub async fn run(
     });
 
     let csinode_targets = deployments.clone();
+    let taint_targets = deployments.clone();
     controller
         .owns(
             Api::<StatefulSet>::all(client.clone()),
@@ -178,6 +186,16 @@ pub async fn run(
             csinode_targets
                 .state()
                 .iter()
+                .map(|d| ObjectRef::from_obj(d.as_ref()))
+                .collect::<Vec<_>>()
+        })
+        // Only changes of a node's readiness taints come through (see
+        // `node_taints`); they concern the objects that use the taint.
+        .watches_stream(taint_changes, move |_node: Node| {
+            taint_targets
+                .state()
+                .iter()
+                .filter(|d| d.spec.node.readiness_taint)
                 .map(|d| ObjectRef::from_obj(d.as_ref()))
                 .collect::<Vec<_>>()
         })
@@ -345,6 +363,9 @@ async fn drive(
         daemonset: ds.as_ref(),
         pods: &pods,
         csinodes: &csinodes,
+        tainted_nodes: ctx
+            .node_taints
+            .count(&csiops_crds::readiness_taint_key(&spec.driver_name)),
         mount_failures: &mount_failures,
         now,
     });

@@ -121,6 +121,7 @@ fn health_of_status(s: &CSIDriverDeploymentStatus) -> Health {
         controller: s.controller.clone(),
         node: s.node.clone(),
         registered_nodes: s.registered_nodes,
+        tainted_nodes: s.tainted_nodes,
         unhealthy: s.unhealthy_pods.clone(),
         ..Health::default()
     }

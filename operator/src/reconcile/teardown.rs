@@ -65,6 +65,7 @@ pub(super) async fn teardown(
         daemonset: ds.as_ref(),
         pods: &pods,
         csinodes: &[],
+        tainted_nodes: 0,
         mount_failures: &Default::default(),
         now,
     });

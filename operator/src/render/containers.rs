@@ -417,7 +417,7 @@ pub(crate) fn extra_container(extra: &ExtraContainer) -> Container {
 /// `/registration` (the only container that mounts it) and maintains CSINode.
 pub(crate) fn registrar_container(ctx: &Ctx<'_>) -> Result<Container, RenderError> {
     let spec = &ctx.spec().sidecars.registrar;
-    let args = vec![
+    let mut args = vec![
         "registrar".to_string(),
         format!("--csi-address={}", ctx.csi_address()),
         // The path kubelet dials, i.e. the socket as seen on the host.
@@ -426,6 +426,12 @@ pub(crate) fn registrar_container(ctx: &Ctx<'_>) -> Result<Container, RenderErro
         format!("--http-endpoint=:{REGISTRAR_HTTP_PORT}"),
         format!("--v={}", ctx.spec().log_level),
     ];
+    if ctx.spec().node.readiness_taint {
+        args.push(format!(
+            "--readiness-taint-key={}",
+            csiops_crds::readiness_taint_key(&ctx.spec().driver_name)
+        ));
+    }
     let env = [field_env("NODE_NAME", "spec.nodeName")];
     let mounts = vec![
         socket_dir_mount(),

@@ -10,7 +10,7 @@ use k8s_openapi::api::apps::v1::{
     DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, RollingUpdateDaemonSet,
 };
 use k8s_openapi::api::core::v1::{
-    HostPathVolumeSource, PodSpec, PodTemplateSpec, Volume, VolumeMount,
+    HostPathVolumeSource, PodSpec, PodTemplateSpec, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -43,6 +43,23 @@ fn host_path(name: &str, path: String, type_: &str) -> Volume {
 
 /// Renders the DaemonSet and returns it with its hash (also set as the
 /// [`TEMPLATE_HASH`] annotation).
+/// The user's tolerations, plus the driver-readiness taint when it is on:
+/// the node pod is what removes that taint, so it must land on a node that
+/// still carries it.
+fn node_tolerations(ctx: &Ctx<'_>) -> Vec<Toleration> {
+    let spec = ctx.spec();
+    let mut tolerations = spec.node.tolerations.clone();
+    if spec.node.readiness_taint {
+        tolerations.push(Toleration {
+            key: Some(csiops_crds::readiness_taint_key(&spec.driver_name)),
+            operator: Some("Exists".to_string()),
+            effect: Some("NoSchedule".to_string()),
+            ..Default::default()
+        });
+    }
+    tolerations
+}
+
 pub(crate) fn daemonset(ctx: &Ctx<'_>) -> Result<(DaemonSet, String), RenderError> {
     let obj = ctx.obj;
     let spec = ctx.spec();
@@ -99,7 +116,7 @@ pub(crate) fn daemonset(ctx: &Ctx<'_>) -> Result<(DaemonSet, String), RenderErro
         service_account_name: Some(name.clone()),
         containers,
         node_selector: none_if_map_empty(&spec.node.node_selector),
-        tolerations: none_if_empty(spec.node.tolerations.clone()),
+        tolerations: none_if_empty(node_tolerations(ctx)),
         priority_class_name: spec.node.priority_class_name.clone(),
         image_pull_secrets: image_pull_secrets(spec),
         ..Default::default()

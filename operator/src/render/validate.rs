@@ -37,6 +37,8 @@ pub const REGISTRAR_MANAGED_FLAGS: &[&str] = &[
     "metrics-auth",
     "metrics-tls-cert-file",
     "metrics-tls-key-file",
+    // Set from `spec.node.readinessTaint`.
+    "readiness-taint-key",
 ];
 /// Flags of the liveness probe that the operator sets itself.
 pub const LIVENESS_PROBE_MANAGED_FLAGS: &[&str] = &[

@@ -22,6 +22,7 @@ fn healthy() -> Health {
             available: 3,
         },
         registered_nodes: 3,
+        tainted_nodes: 0,
         registered_on_pod_nodes: 3,
         controller_pods: 1,
         node_pods: 3,
@@ -180,4 +181,22 @@ fn deleting_and_paused_phases() {
     let s = build(&i);
     assert_eq!(s.phase, Phase::Pending);
     assert_eq!(cond(&s, PROGRESSING).reason, "Paused");
+}
+
+#[test]
+fn tainted_nodes_are_counted_in_status_and_absent_when_none() {
+    let mut h = healthy();
+    h.tainted_nodes = 2;
+    let mut i = input(&h, None);
+    i.completed = true;
+    let s = build(&i);
+    assert_eq!(s.tainted_nodes, 2);
+    let json = serde_json::to_value(&s).expect("serializes");
+    assert_eq!(json["taintedNodes"], 2);
+
+    let h = healthy();
+    let mut i = input(&h, None);
+    i.completed = true;
+    let json = serde_json::to_value(build(&i)).expect("serializes");
+    assert!(json.get("taintedNodes").is_none(), "{json}");
 }

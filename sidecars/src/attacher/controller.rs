@@ -60,6 +60,14 @@ pub struct Config {
     pub workers: usize,
     /// Re-queue every attachment this often (0: never), like upstream's `--resync`.
     pub resync: Duration,
+    /// `--reconcile-sync`: how often ListVolumes is compared with the
+    /// attachments (0: never; see `reconcile`).
+    pub reconcile_sync: Duration,
+    /// The driver has LIST_VOLUMES and LIST_VOLUMES_PUBLISHED_NODES (and
+    /// PUBLISH_UNPUBLISH_VOLUME): the reconciler can run.
+    pub list_published: bool,
+    /// `--max-entries`: ListVolumes page size (0: the driver's).
+    pub max_entries: i32,
 }
 
 /// Which queue a key came from.
@@ -135,6 +143,7 @@ impl Controller {
     pub fn new(
         cfg: Config,
         client: kube::Client,
+        events: kube::Client,
         driver: Driver,
         queues: Queues,
         metrics: Writes,
@@ -149,7 +158,7 @@ impl Controller {
             pv: pv_q,
         } = queues;
         let recorder = Recorder::new(
-            client.clone(),
+            events,
             Reporter {
                 controller: "csiops-attacher".into(),
                 instance: std::env::var("POD_NAME").ok().filter(|s| !s.is_empty()),
@@ -348,7 +357,8 @@ impl Controller {
             tokio::join!(
                 futures::future::join_all(tasks),
                 pv_workers,
-                self.clone().resync(shutdown.clone())
+                self.clone().resync(shutdown.clone()),
+                self.clone().reconcile_loop(shutdown.clone())
             );
             Ok(())
         };

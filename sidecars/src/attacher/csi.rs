@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use csiops_proto::client::with_timeout;
-use csiops_proto::csi::v1::{ControllerPublishVolumeRequest, ControllerUnpublishVolumeRequest};
+use csiops_proto::csi::v1::{
+    ControllerPublishVolumeRequest, ControllerUnpublishVolumeRequest, ListVolumesRequest,
+};
 use csiops_proto::redact;
 use tonic::Status;
 
@@ -48,4 +50,40 @@ pub async fn unpublish(
         )
         .await
         .map(drop)
+}
+
+pub const LIST_VOLUMES: &str = "/csi.v1.Controller/ListVolumes";
+
+/// Every volume's published node IDs, from ListVolumes, page by page
+/// (`max_entries` per page; 0 lets the driver choose).
+pub async fn list_published(
+    driver: &Driver,
+    timeout: Duration,
+    max_entries: i32,
+) -> Result<super::reconcile::Published, Status> {
+    let mut published = super::reconcile::Published::new();
+    let mut token = String::new();
+    loop {
+        let mut c = driver.client().controller();
+        let req = ListVolumesRequest {
+            max_entries,
+            starting_token: token.clone(),
+        };
+        let resp = driver
+            .timed(LIST_VOLUMES, c.list_volumes(with_timeout(req, timeout)))
+            .await?;
+        for entry in resp.entries {
+            let Some(volume) = entry.volume else { continue };
+            let nodes = entry
+                .status
+                .map(|s| s.published_node_ids)
+                .unwrap_or_default();
+            published.entry(volume.volume_id).or_default().extend(nodes);
+        }
+        // A driver that hands back the token it was given would loop forever.
+        if resp.next_token.is_empty() || resp.next_token == token {
+            return Ok(published);
+        }
+        token = resp.next_token;
+    }
 }

@@ -14,6 +14,7 @@ pub mod decide;
 pub mod finalizer;
 pub mod metrics;
 pub mod node;
+pub mod reconcile;
 pub mod request;
 pub mod status;
 pub mod sync;
@@ -57,8 +58,9 @@ pub struct AttacherArgs {
     #[arg(long, default_value = "10m", value_parser = parse_duration)]
     pub resync: Duration,
 
-    /// Accepted for compatibility: upstream's interval of re-checking attached
-    /// volumes with LIST_VOLUMES_PUBLISHED_NODES, which this attacher does not do.
+    /// How often attached volumes are checked against the driver's
+    /// ListVolumes (drivers with LIST_VOLUMES_PUBLISHED_NODES); an attachment
+    /// the driver lost is attached again. 0 disables.
     #[arg(long, default_value = "1m", value_parser = parse_duration)]
     pub reconcile_sync: Duration,
 
@@ -66,9 +68,9 @@ pub struct AttacherArgs {
     #[arg(long, default_value = "")]
     pub metrics_address: String,
 
-    /// Accepted and ignored (upstream: page size of ListVolumes for the reconciler).
-    #[arg(long, default_value_t = 0, hide = true)]
-    pub max_entries: i64,
+    /// Page size of the reconciler's ListVolumes (0: the driver decides).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i32).range(0..))]
+    pub max_entries: i32,
 
     /// Accepted and ignored (upstream: truncation of logged gRPC responses).
     #[arg(long, default_value_t = -1, allow_negative_numbers = true, hide = true)]
@@ -103,7 +105,7 @@ pub async fn run(args: AttacherArgs) -> Result<(), SidecarError> {
         .map_err(|e| FlagError::new("--http-endpoint", e))?;
     let mut role = Role::start();
     let requests = crate::common::kube::ApiRequests::default();
-    let client = crate::common::kube::client(&args.kube, &requests).await?;
+    let clients = crate::common::kube::clients(&args.kube, &requests).await?;
     let queues = controller::Queues::new(backoff);
     let writes = metrics::Writes::default();
     let mut registry = Metrics::new();
@@ -149,8 +151,20 @@ pub async fn run(args: AttacherArgs) -> Result<(), SidecarError> {
         timeout: args.common.timeout,
         workers: args.worker_threads,
         resync: args.resync,
+        reconcile_sync: args.reconcile_sync,
+        list_published: mode == decide::Mode::Real
+            && caps.contains(&Cap::ListVolumes)
+            && caps.contains(&Cap::ListVolumesPublishedNodes),
+        max_entries: args.max_entries,
     };
-    let (ctrl, watches) = controller::Controller::new(cfg, client.clone(), driver, queues, writes);
+    let (ctrl, watches) = controller::Controller::new(
+        cfg,
+        clients.normal.clone(),
+        clients.events.clone(),
+        driver,
+        queues,
+        writes,
+    );
     let stop = role.shutdown.clone();
     let lease = lease_name("external-attacher-leader-", &driver_name);
     let outcome = lead(

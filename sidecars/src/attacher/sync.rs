@@ -127,7 +127,11 @@ impl Controller {
         }
     }
 
-    fn node_id(&self, va: &VolumeAttachment, for_detach: bool) -> Result<String, NodeIdError> {
+    pub(super) fn node_id(
+        &self,
+        va: &VolumeAttachment,
+        for_detach: bool,
+    ) -> Result<String, NodeIdError> {
         let node = &va.spec.node_name;
         let csinode = self.csinodes.get(&ObjectRef::new(node));
         let meta = self.nodes.get(&ObjectRef::new(node));

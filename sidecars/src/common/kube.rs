@@ -1,15 +1,13 @@
-//! The Kubernetes client of the controller sidecars: `--kubeconfig`, and
+//! The Kubernetes clients of the controller sidecars: `--kubeconfig`, and
 //! client-go's client-side rate limit (`--kube-api-qps`, `--kube-api-burst`)
-//! as a token bucket in front of every request.
+//! as a token bucket in front of every request, served by priority (see
+//! `ratelimit`).
 //!
 //! The limit matters for the same reason it does upstream: a provisioner or
 //! attacher that catches up on thousands of objects after a restart must not
 //! flood the API server. Long-lived watches take one token when they start.
 
-use std::future::Future;
 use std::path::PathBuf;
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use clap::Args;
@@ -19,7 +17,9 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
-use tokio::time::{Instant, Sleep};
+use tokio::time::Instant;
+
+use super::ratelimit::{Limiter, LimiterMetrics, Priority, PriorityLayer};
 
 /// Flags of the sidecars that talk to the API server.
 #[derive(Debug, Clone, Args)]
@@ -74,21 +74,26 @@ struct VerbLabel {
 
 /// `csiops_kube_api_requests_total{verb}`: every request the sidecar sent to
 /// the API server, by HTTP method (watches and lists are GETs). What the
-/// QPS limit is spent on, and the write counts the benchmarks report.
+/// QPS limit is spent on, and the write counts the benchmarks report. With
+/// it, the rate limiter's own counts (see `ratelimit::LimiterMetrics`).
 #[derive(Clone, Debug, Default)]
-pub struct ApiRequests(Family<VerbLabel, Counter>);
+pub struct ApiRequests {
+    by_verb: Family<VerbLabel, Counter>,
+    pub limiter: LimiterMetrics,
+}
 
 impl ApiRequests {
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
             "csiops_kube_api_requests",
             "Requests sent to the Kubernetes API server, by HTTP method",
-            self.0.clone(),
+            self.by_verb.clone(),
         );
+        self.limiter.register(registry);
     }
 
-    fn count(&self, method: &http::Method) {
-        self.0
+    pub(crate) fn count(&self, method: &http::Method) {
+        self.by_verb
             .get_or_create(&VerbLabel {
                 verb: method.as_str().to_string(),
             })
@@ -97,7 +102,7 @@ impl ApiRequests {
 
     /// Requests so far with `method` (`GET`, `PATCH`, …).
     pub fn get(&self, method: &str) -> u64 {
-        self.0
+        self.by_verb
             .get_or_create(&VerbLabel {
                 verb: method.to_string(),
             })
@@ -105,19 +110,46 @@ impl ApiRequests {
     }
 }
 
-/// A client whose every request waits for a token of the QPS/burst bucket
-/// and is counted in `requests`.
-pub async fn client(args: &KubeArgs, requests: &ApiRequests) -> Result<kube::Client, KubeError> {
+/// The sidecar's clients, one per [`Priority`], sharing one token bucket
+/// of `--kube-api-qps`/`--kube-api-burst` (see `ratelimit`). Every request
+/// is counted in `requests`.
+#[derive(Clone)]
+pub struct Clients {
+    /// Reads, watches and writes on the way to a volume.
+    pub normal: kube::Client,
+    /// Writes a user waits on: PV create and delete.
+    pub critical: kube::Client,
+    /// Writes after the fact (finalizers off).
+    pub bookkeeping: kube::Client,
+    /// Events; shed under pressure.
+    pub events: kube::Client,
+}
+
+/// [`Clients`] for `args`.
+pub async fn clients(args: &KubeArgs, requests: &ApiRequests) -> Result<Clients, KubeError> {
     let config = csiops_runtime::kube::config(args.kubeconfig.as_deref()).await?;
-    let layer = ThrottleLayer {
-        qps: args.kube_api_qps,
-        burst: args.kube_api_burst,
-        requests: requests.clone(),
+    let limiter = Limiter::new(
+        args.kube_api_qps,
+        args.kube_api_burst,
+        requests.limiter.clone(),
+    );
+    let client = |priority| -> Result<kube::Client, KubeError> {
+        let layer = PriorityLayer {
+            limiter: limiter.clone(),
+            priority,
+            requests: requests.clone(),
+        };
+        Ok(kube::client::ClientBuilder::try_from(config.clone())
+            .map_err(KubeError::Client)?
+            .with_layer(&layer)
+            .build())
     };
-    Ok(kube::client::ClientBuilder::try_from(config)
-        .map_err(KubeError::Client)?
-        .with_layer(&layer)
-        .build())
+    Ok(Clients {
+        normal: client(Priority::Normal)?,
+        critical: client(Priority::Critical)?,
+        bookkeeping: client(Priority::Bookkeeping)?,
+        events: client(Priority::Events)?,
+    })
 }
 
 /// A client without the rate limit, for leader election only: a Lease
@@ -150,6 +182,11 @@ impl TokenBucket {
         }
     }
 
+    /// Puts back a token taken for a request that was then not sent.
+    pub fn refund(&mut self) {
+        self.tokens = (self.tokens + 1.0).min(self.burst);
+    }
+
     /// Takes a token now, or says how long until one is available.
     pub fn try_take(&mut self, now: Instant) -> Result<(), Duration> {
         let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
@@ -161,71 +198,6 @@ impl TokenBucket {
         } else {
             Err(Duration::from_secs_f64((1.0 - self.tokens) / self.qps))
         }
-    }
-}
-
-/// Puts a [`Throttle`] in front of a service.
-#[derive(Debug, Clone)]
-pub struct ThrottleLayer {
-    pub qps: f64,
-    pub burst: u32,
-    pub requests: ApiRequests,
-}
-
-impl<S> tower::Layer<S> for ThrottleLayer {
-    type Service = Throttle<S>;
-
-    fn layer(&self, inner: S) -> Throttle<S> {
-        Throttle {
-            inner,
-            bucket: TokenBucket::new(self.qps, self.burst),
-            holding: false,
-            sleep: None,
-            requests: self.requests.clone(),
-        }
-    }
-}
-
-/// Readiness waits for a token; the call spends it. kube's client puts a
-/// `Buffer` in front, which polls readiness before every call, so requests
-/// from all tasks share one bucket.
-pub struct Throttle<S> {
-    inner: S,
-    bucket: TokenBucket,
-    /// A token was taken for the next call.
-    holding: bool,
-    sleep: Option<Pin<Box<Sleep>>>,
-    requests: ApiRequests,
-}
-
-impl<S, B> tower::Service<http::Request<B>> for Throttle<S>
-where
-    S: tower::Service<http::Request<B>>,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = S::Future;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        while !self.holding {
-            if let Some(sleep) = self.sleep.as_mut() {
-                if sleep.as_mut().poll(cx).is_pending() {
-                    return Poll::Pending;
-                }
-                self.sleep = None;
-            }
-            match self.bucket.try_take(Instant::now()) {
-                Ok(()) => self.holding = true,
-                Err(wait) => self.sleep = Some(Box::pin(tokio::time::sleep(wait))),
-            }
-        }
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, req: http::Request<B>) -> Self::Future {
-        self.holding = false;
-        self.requests.count(req.method());
-        self.inner.call(req)
     }
 }
 
@@ -252,32 +224,5 @@ mod tests {
             assert_eq!(b.try_take(t2), Ok(()));
         }
         assert!(b.try_take(t2).is_err());
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn throttle_spaces_calls_at_the_rate() {
-        use tower::{Service, ServiceExt};
-        let svc = tower::service_fn(|_: http::Request<()>| async {
-            Ok::<_, std::convert::Infallible>(Instant::now())
-        });
-        let requests = ApiRequests::default();
-        let layer = ThrottleLayer {
-            qps: 4.0,
-            burst: 2,
-            requests: requests.clone(),
-        };
-        let mut svc = tower::Layer::layer(&layer, svc);
-        let start = Instant::now();
-        let mut times = Vec::new();
-        for _ in 0..6 {
-            let ready = svc.ready().await.expect("ready");
-            let req = http::Request::patch("/x").body(()).expect("request");
-            times.push(ready.call(req).await.expect("call") - start);
-        }
-        // Two at once (the burst), then one every 250ms.
-        let ms: Vec<u128> = times.iter().map(|d| d.as_millis()).collect();
-        assert_eq!(ms, vec![0, 0, 250, 500, 750, 1000]);
-        assert_eq!(requests.get("PATCH"), 6);
-        assert_eq!(requests.get("GET"), 0);
     }
 }

@@ -10,6 +10,7 @@ pub mod driver;
 pub mod fake_csi;
 pub mod kube;
 pub mod metrics;
+pub mod ratelimit;
 pub mod role;
 pub mod watch;
 pub mod workqueue;

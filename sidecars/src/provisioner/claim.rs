@@ -293,7 +293,7 @@ impl Provisioner {
         pv: &PersistentVolume,
         claim: &PersistentVolumeClaim,
     ) -> Result<(), ClaimError> {
-        let api: Api<PersistentVolume> = Api::all(self.client.clone());
+        let api: Api<PersistentVolume> = Api::all(self.critical.clone());
         match api.create(&PostParams::default(), pv).await {
             Ok(created) => {
                 self.caches.volumes.wrote(created);
@@ -413,7 +413,14 @@ impl Provisioner {
     ) -> Result<PersistentVolumeClaim, ClaimError> {
         let namespace = claim.namespace().unwrap_or_default();
         let name = claim.name_any();
-        let api: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &namespace);
+        // On: the volume waits for it. Off: the claim is bound (or gone)
+        // already, so it waits behind the writes users wait on.
+        let client = if present {
+            &self.client
+        } else {
+            &self.bookkeeping
+        };
+        let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &namespace);
         let mut current = claim.clone();
         let mut attempt = 0;
         loop {

@@ -15,6 +15,9 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
 use kube::api::Api;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+
+use crate::common::kube::Clients;
+use crate::common::ratelimit;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Resource, ResourceExt};
@@ -68,7 +71,13 @@ impl Queues {
 
 /// Everything a sync needs.
 pub struct Provisioner {
+    /// Reads, watches, and writes on the way to a volume.
     pub client: kube::Client,
+    /// PV create and delete (and the PV finalizer that holds a delete):
+    /// served first by the rate limiter (see `common::ratelimit`).
+    pub critical: kube::Client,
+    /// The claim finalizer taken off after the fact: served last but Events.
+    pub bookkeeping: kube::Client,
     pub driver: Driver,
     pub config: ProvisionerConfig,
     pub caps: DriverCapabilities,
@@ -143,7 +152,8 @@ fn applied<K>(event: &watcher::Event<K>) -> Option<&K> {
 
 impl Provisioner {
     /// The caches, queues and watch tasks (not started).
-    pub fn new(client: kube::Client, setup: Setup) -> (Arc<Provisioner>, Vec<Task>) {
+    pub fn new(clients: Clients, setup: Setup) -> (Arc<Provisioner>, Vec<Task>) {
+        let client = clients.normal;
         let driver_name = setup.config.driver_name.clone();
         let Queues { claims, volumes } = setup.queues;
         let mut tasks = Vec::new();
@@ -201,7 +211,7 @@ impl Provisioner {
         tasks.push(task);
 
         let recorder = Recorder::new(
-            client.clone(),
+            clients.events,
             Reporter {
                 controller: "external-provisioner".into(),
                 instance: setup.config.identity.clone(),
@@ -209,6 +219,8 @@ impl Provisioner {
         );
         let provisioner = Provisioner {
             client,
+            critical: clients.critical,
+            bookkeeping: clients.bookkeeping,
             driver: setup.driver,
             config: setup.config,
             caps: setup.caps,
@@ -350,9 +362,22 @@ impl Provisioner {
             action: reason.to_string(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&event, &obj.object_ref(&())).await {
-            tracing::warn!(%reason, error = %chain(&e), "cannot publish event");
-        }
+        // Sent on its own: nobody waits on an Event, and under pressure it
+        // waits for a token behind every other write, or is dropped.
+        let (recorder, reference, reason) = (
+            self.recorder.clone(),
+            obj.object_ref(&()),
+            reason.to_string(),
+        );
+        tokio::spawn(async move {
+            if let Err(e) = recorder.publish(&event, &reference).await {
+                if ratelimit::was_shed(&e) {
+                    tracing::debug!(%reason, "Event dropped by the API rate limit");
+                } else {
+                    tracing::warn!(%reason, error = %chain(&e), "cannot publish event");
+                }
+            }
+        });
     }
 
     pub async fn warn<K: Resource<DynamicType = ()>>(&self, obj: &K, reason: &str, note: String) {

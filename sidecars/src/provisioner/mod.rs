@@ -131,8 +131,8 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
     };
     tracing::info!(driver = %driver_name, topology = caps.topology, "driver ready");
 
-    let client = match kube_client::client(&args.kube, &requests).await {
-        Ok(client) => client,
+    let clients = match kube_client::clients(&args.kube, &requests).await {
+        Ok(clients) => clients,
         Err(e) => return role.finish(Err(e.into())).await,
     };
     let workers = args.worker_threads;
@@ -153,7 +153,7 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
         &lease,
         &role.shutdown,
         move || async move {
-            let (provisioner, watches) = Provisioner::new(client, setup);
+            let (provisioner, watches) = Provisioner::new(clients, setup);
             provisioner.run(watches, workers, stop).await;
             Ok::<(), std::convert::Infallible>(())
         },

@@ -119,7 +119,7 @@ impl Provisioner {
         let name = pv.name_any();
         self.remove_pv_finalizer(pv).await?;
         if pv.metadata.deletion_timestamp.is_none() {
-            let api: Api<PersistentVolume> = Api::all(self.client.clone());
+            let api: Api<PersistentVolume> = Api::all(self.critical.clone());
             let params = DeleteParams {
                 // Never the PV of someone else that took the name since.
                 preconditions: Some(Preconditions {
@@ -139,7 +139,8 @@ impl Provisioner {
 
     /// Takes [`PV_PROTECTION_FINALIZER`] off, re-reading when the list moved.
     async fn remove_pv_finalizer(&self, pv: &PersistentVolume) -> Result<(), VolumeError> {
-        let api: Api<PersistentVolume> = Api::all(self.client.clone());
+        // On the way to the PV being gone: as critical as the delete.
+        let api: Api<PersistentVolume> = Api::all(self.critical.clone());
         let name = pv.name_any();
         let mut current = pv.clone();
         for _ in 0..4 {

@@ -11,6 +11,8 @@
 //! 3. Once kubelet reports the registration accepted (NotifyRegistrationStatus
 //!    with `plugin_registered`), keep the CSINode (see `sync`); nothing is
 //!    written before, so a CSINode entry means kubelet can use the driver.
+//!    With `--readiness-taint-key`, the node's driver-readiness taint is
+//!    removed once that entry is written (see `taint`).
 //! 4. kubelet refusing the registration ends the process non-zero; SIGTERM
 //!    removes the socket and, unless `--keep-registration-on-exit`, this
 //!    driver's CSINode entry and annotation key.
@@ -19,6 +21,7 @@ pub mod nodeinfo;
 pub mod server;
 pub mod socket;
 pub mod sync;
+pub mod taint;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -70,6 +73,13 @@ pub struct RegistrarArgs {
     /// Kubeconfig (out of cluster); default: in-cluster or KUBECONFIG.
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
+
+    /// Taint key to remove from this node once kubelet has accepted the
+    /// registration and the CSINode entry is written (the operator passes
+    /// `csiops.dev/driver-not-ready.<driver>`). Other taints are never
+    /// touched. Empty: taints are left alone.
+    #[arg(long, default_value = "")]
+    pub readiness_taint_key: String,
 }
 
 /// Why the registrar stopped with an error.
@@ -190,7 +200,8 @@ pub async fn run(args: RegistrarArgs) -> Result<(), SidecarError> {
         driver.clone(),
         args.node_info_interval,
         verdict.clone(),
-    );
+    )
+    .with_readiness_taint(Some(args.readiness_taint_key.clone()));
     let sync_task = {
         let sync = sync.clone();
         let stop = shutdown.clone();

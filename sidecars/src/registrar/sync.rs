@@ -23,6 +23,7 @@ use tokio::sync::watch;
 
 use super::nodeinfo::{self, DriverNodeInfo};
 use super::server::Verdict;
+use super::taint;
 use crate::common::driver::Driver;
 use csiops_runtime::chain;
 use csiops_runtime::shutdown::CancellationToken;
@@ -62,6 +63,9 @@ pub struct NodeInfoSync {
     pub interval: Duration,
     /// kubelet's verdict on the registration.
     pub kubelet: watch::Receiver<Verdict>,
+    /// The readiness taint key to remove from this node once registered
+    /// (see `taint`); `None`: taints are not touched.
+    pub readiness_taint: Option<String>,
 }
 
 impl NodeInfoSync {
@@ -81,7 +85,14 @@ impl NodeInfoSync {
             driver,
             interval,
             kubelet,
+            readiness_taint: None,
         }
+    }
+
+    /// Removes `key` from this node's taints once the driver is registered.
+    pub fn with_readiness_taint(mut self, key: Option<String>) -> Self {
+        self.readiness_taint = key.filter(|k| !k.is_empty());
+        self
     }
 
     /// One pass: once kubelet accepted the registration, NodeGetInfo, then
@@ -100,7 +111,10 @@ impl NodeInfoSync {
                         .map(|t| t.segments.into_iter().collect::<BTreeMap<_, _>>())
                         .unwrap_or_default(),
                 };
-                let wrote = self.install(&info).await?;
+                let mut wrote = self.install(&info).await?;
+                // Only now: kubelet accepted the driver and its CSINode
+                // entry is written, so a pod scheduled here can mount.
+                wrote |= self.remove_readiness_taint().await?;
                 Ok(Outcome::Installed { wrote })
             }
             Err(status) => {
@@ -166,6 +180,32 @@ impl NodeInfoSync {
             tracing::info!(node = %self.node_name, node_id = %info.node_id, "driver registered in CSINode");
         }
         Ok(wrote)
+    }
+
+    /// Removes the readiness taint from this node, if configured and
+    /// present; `true` if the Node was written.
+    async fn remove_readiness_taint(&self) -> Result<bool, SyncError> {
+        let Some(key) = &self.readiness_taint else {
+            return Ok(false);
+        };
+        let node = self
+            .nodes
+            .get_opt(&self.node_name)
+            .await?
+            .ok_or_else(|| SyncError::NoNode(self.node_name.clone()))?;
+        let Some(left) = taint::without_taint(&node, key) else {
+            return Ok(false);
+        };
+        let patch = taint::taints_patch(&left, node.metadata.resource_version.as_deref());
+        self.nodes
+            .patch(
+                &self.node_name,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        tracing::info!(node = %self.node_name, taint = %key, "driver ready: removed the readiness taint");
+        Ok(true)
     }
 
     /// Removes the driver's entry and annotation key; `true` if anything was written.

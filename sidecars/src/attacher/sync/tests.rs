@@ -101,9 +101,18 @@ async fn fixture(
         timeout: Duration::from_secs(10),
         workers: 1,
         resync: Duration::ZERO,
+        reconcile_sync: Duration::ZERO,
+        list_published: false,
+        max_entries: 0,
     };
-    let (ctrl, mut watches) =
-        Controller::new(cfg, client, driver, Queues::new(backoff), Writes::default());
+    let (ctrl, mut watches) = Controller::new(
+        cfg,
+        client.clone(),
+        client,
+        driver,
+        Queues::new(backoff),
+        Writes::default(),
+    );
     watches
         .va_writer
         .apply_watcher_event(&Event::Apply(object(&va)));

@@ -65,6 +65,8 @@ async fn provisioner(log: &Log, dir: &std::path::Path) -> Provisioner {
     });
     Provisioner {
         client: client.clone(),
+        critical: client.clone(),
+        bookkeeping: client.clone(),
         driver,
         config: ProvisionerConfig {
             driver_name: DRIVER.into(),
