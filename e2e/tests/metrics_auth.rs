@@ -461,6 +461,7 @@ async fn the_driver_pods_on_the_real_node_let_in_only_callers_rbac_allows() {
     let cluster = Cluster::start(ClusterOptions {
         nodes: 0,
         real_node: true,
+        ..ClusterOptions::default()
     })
     .await
     .unwrap_or_else(|e| panic!("cluster with a real node starts: {e}"));
