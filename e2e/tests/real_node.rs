@@ -193,6 +193,25 @@ async fn install_yaml_and_a_driver_run_for_real() {
         kubelet_log.contains(&registered),
         "kubelet never registered {DRIVER}"
     );
+    // The operator gives it a node name and RBAC: its SelfSubjectAccessReviews
+    // pass and it maintains CSINode (upstream-style manifests without RBAC
+    // are e2e/tests/registrar_dropin.rs).
+    let registrar_log = cluster
+        .kubectl_ok([
+            "-n",
+            NS,
+            "logs",
+            &node_pod.name_any(),
+            "-c",
+            "node-driver-registrar",
+        ])
+        .await
+        .expect("registrar log");
+    assert!(
+        registrar_log.contains("CSINode maintenance is on")
+            && !registrar_log.contains("CSINode maintenance is off"),
+        "the operator's registrar does not maintain CSINode:\n{registrar_log}"
+    );
 
     // kubelet and the registrar agree on CSINode and the Node: a quiet
     // minute writes neither.

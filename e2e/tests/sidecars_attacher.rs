@@ -1001,7 +1001,7 @@ async fn a_publication_the_driver_lost_is_attached_again() {
         .expect("volumes");
     create_pvs(&client, &s.driver_name, &ids).await;
     let pp = PostParams::default();
-    for i in 0..2 {
+    for (i, id) in ids.iter().enumerate() {
         vas.create(
             &pp,
             &attach::va(&format!("va-{i}"), &s.driver_name, &format!("pv-{i}"), NODE),
@@ -1012,7 +1012,7 @@ async fn a_publication_the_driver_lost_is_attached_again() {
             va.is_some_and(|v| attached(v, &s.finalizer))
         })
         .await;
-        assert_eq!(published(&s, &ids[i]), [NODE_ID]);
+        assert_eq!(published(&s, id), [NODE_ID]);
     }
     let before = writes(port).await;
 

@@ -927,7 +927,7 @@ fn ownership_of_namespaced_and_cluster_objects() {
 #[test]
 fn managed_flags_in_extra_args_are_refused() {
     type Setter = fn(&mut CSIDriverDeployment) -> &mut Vec<String>;
-    let cases: [(Setter, &str, &str); 5] = [
+    let cases: [(Setter, &str, &str); 7] = [
         (
             |o| &mut o.spec.sidecars.provisioner.extra_args,
             "--csi-address=/tmp/x.sock",
@@ -948,6 +948,16 @@ fn managed_flags_in_extra_args_are_refused() {
             |o| &mut o.spec.sidecars.liveness_probe.extra_args,
             "--http-endpoint=:1234",
             "http-endpoint",
+        ),
+        (
+            |o| &mut o.spec.sidecars.registrar.extra_args,
+            "-health-port=9809",
+            "health-port",
+        ),
+        (
+            |o| &mut o.spec.sidecars.attacher.extra_args,
+            "--metrics-address=:8080",
+            "metrics-address",
         ),
     ];
     for (field, arg, flag) in cases {

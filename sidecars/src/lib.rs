@@ -3,6 +3,7 @@
 //! existing driver manifest can swap the image.
 
 pub mod attacher;
+pub mod cli;
 pub mod common;
 pub mod liveness;
 pub mod provisioner;

@@ -2,48 +2,44 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
 use csiops_runtime::{chain, logging};
+use csiops_sidecars::cli::{self, Role};
 use csiops_sidecars::{attacher, liveness, provisioner, registrar};
-
-/// Rust replacements of the kubernetes-csi sidecars.
-#[derive(Debug, Parser)]
-#[command(name = "csiops-sidecar", version, args_override_self = true)]
-struct Cli {
-    #[command(subcommand)]
-    role: Role,
-}
-
-#[derive(Debug, Subcommand)]
-enum Role {
-    /// Registers the driver with kubelet and keeps this node's CSINode entry.
-    Registrar(registrar::RegistrarArgs),
-    /// Serves /healthz by calling the driver's Probe.
-    LivenessProbe(liveness::LivenessArgs),
-    /// Creates and deletes volumes for PersistentVolumeClaims.
-    // Upstream's --timeout default for the provisioner is 10s.
-    #[command(mut_arg("timeout", |a| a.default_value("10s")))]
-    Provisioner(provisioner::ProvisionerArgs),
-    /// Attaches and detaches volumes for VolumeAttachments (ControllerPublish/Unpublish).
-    Attacher(attacher::AttacherArgs),
-}
 
 // One thread: a node sidecar has little to do at once, and every thread
 // costs memory on every node of the cluster.
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let common = match &cli.role {
-        Role::Registrar(a) => &a.common,
-        Role::LivenessProbe(a) => &a.common,
-        Role::Provisioner(a) => &a.common,
-        Role::Attacher(a) => &a.common,
+    let parsed = match cli::parse_from(std::env::args_os().collect()) {
+        Ok(p) => p,
+        Err(e) => e.exit(),
     };
-    if let Err(e) = logging::init(common.log_format, &logging::klog_filter(common.verbosity)) {
-        eprintln!("csiops-sidecar: {}", chain(&e));
+    let common = parsed.cli.role.common();
+    let started = common
+        .log_filter()
+        .map_err(|e| chain(&e).to_string())
+        .and_then(|filter| {
+            logging::init(common.log_format, &filter).map_err(|e| chain(&e).to_string())
+        });
+    if let Err(e) = started {
+        eprintln!("csiops-sidecar: {e}");
         return ExitCode::FAILURE;
     }
-    let res = match cli.role {
+    if let Some(i) = &parsed.inferred {
+        tracing::info!(
+            role = i.role,
+            "no role named; {} makes this the {}",
+            i.because,
+            i.role
+        );
+    }
+    if !parsed.ignored.is_empty() {
+        tracing::warn!(
+            "accepted for compatibility with upstream and ignored (see README, \"Upstream flags\"): {}",
+            parsed.ignored.join(" ")
+        );
+    }
+    let res = match parsed.cli.role {
         Role::Registrar(a) => registrar::run(a).await,
         Role::LivenessProbe(a) => liveness::run(a).await,
         Role::Provisioner(a) => provisioner::run(a).await,

@@ -18,17 +18,21 @@ use super::names::{
 };
 
 /// Flags of the provisioner and attacher that the operator sets itself.
+/// `--metrics-address` too: like upstream, the sidecar refuses to start
+/// when it is set next to `--http-endpoint`.
 pub const CONTROLLER_SIDECAR_MANAGED_FLAGS: &[&str] = &[
     "csi-address",
     "leader-election",
     "leader-election-namespace",
     "http-endpoint",
+    "metrics-address",
     "v",
     "metrics-auth",
     "metrics-tls-cert-file",
     "metrics-tls-key-file",
 ];
-/// Flags of the registrar that the operator sets itself.
+/// Flags of the registrar that the operator sets itself (`--health-port`:
+/// refused next to `--http-endpoint`, as upstream).
 pub const REGISTRAR_MANAGED_FLAGS: &[&str] = &[
     "csi-address",
     "kubelet-registration-path",
@@ -39,11 +43,16 @@ pub const REGISTRAR_MANAGED_FLAGS: &[&str] = &[
     "metrics-tls-key-file",
     // Set from `spec.node.readinessTaint`.
     "readiness-taint-key",
+    "health-port",
 ];
-/// Flags of the liveness probe that the operator sets itself.
+/// Flags of the liveness probe that the operator sets itself
+/// (`--health-port`, `--metrics-address`: refused next to
+/// `--http-endpoint`, as upstream).
 pub const LIVENESS_PROBE_MANAGED_FLAGS: &[&str] = &[
     "csi-address",
     "http-endpoint",
+    "health-port",
+    "metrics-address",
     "metrics-auth",
     "metrics-tls-cert-file",
     "metrics-tls-key-file",

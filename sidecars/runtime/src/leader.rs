@@ -71,6 +71,10 @@ pub struct LeaderConfig {
     pub renew_deadline: Duration,
     /// Interval between attempts to acquire or renew.
     pub retry_period: Duration,
+    /// Labels the leader puts on the Lease with every write, as client-go's
+    /// `LeaseLock.Labels` (`--leader-election-labels`): tools can find the
+    /// Leases of one component by label.
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 impl LeaderConfig {
@@ -87,6 +91,7 @@ impl LeaderConfig {
             lease_duration: DEFAULT_LEASE_DURATION,
             renew_deadline: DEFAULT_RENEW_DEADLINE,
             retry_period: DEFAULT_RETRY_PERIOD,
+            labels: Default::default(),
         }
     }
 
@@ -281,7 +286,16 @@ fn build_lease(
             lease
         }
     };
-    Ok(Some(lease))
+    Ok(Some(with_labels(lease, cfg)))
+}
+
+/// `lease` with [`LeaderConfig::labels`] set (others' labels kept).
+fn with_labels(mut lease: Lease, cfg: &LeaderConfig) -> Lease {
+    if !cfg.labels.is_empty() {
+        let labels = lease.metadata.labels.get_or_insert_with(Default::default);
+        labels.extend(cfg.labels.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
+    lease
 }
 
 /// `current` with the holder cleared and a 1s duration, so a standby can take
@@ -1048,6 +1062,34 @@ mod tests {
         assert_eq!(spec.lease_transitions, old_spec.lease_transitions);
         assert_eq!(spec.acquire_time, old_spec.acquire_time);
         assert_eq!(spec.renew_time, Some(micro_time(t(2)).unwrap()));
+    }
+
+    #[test]
+    fn every_write_carries_the_configured_labels() {
+        let labelled = LeaderConfig {
+            labels: [("app".to_string(), "csi".to_string())].into(),
+            ..cfg()
+        };
+        let created = build_lease(None, &Decision::Create, t(0), &labelled)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            created.metadata.labels,
+            Some([("app".to_string(), "csi".to_string())].into())
+        );
+        let mut old = lease(Some(ME), Some(t(0)), Some(15));
+        old.metadata.labels = Some([("other".to_string(), "kept".to_string())].into());
+        let renewed = build_lease(Some(&old), &Decision::Renew, t(2), &labelled)
+            .unwrap()
+            .unwrap();
+        let labels = renewed.metadata.labels.unwrap_or_default();
+        assert_eq!(labels.get("app").map(String::as_str), Some("csi"));
+        assert_eq!(labels.get("other").map(String::as_str), Some("kept"));
+        // Without labels configured, none are added.
+        let plain = build_lease(None, &Decision::Create, t(0), &cfg())
+            .unwrap()
+            .unwrap();
+        assert_eq!(plain.metadata.labels, None);
     }
 
     #[test]

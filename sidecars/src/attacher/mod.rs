@@ -25,11 +25,15 @@ use std::time::Duration;
 use clap::Args;
 use csiops_proto::csi::v1::controller_service_capability::rpc::Type as Cap;
 
+use std::net::SocketAddr;
+
 use crate::common::args::{parse_duration, CommonArgs, FlagError};
 use crate::common::controller::{lease_name, ControllerArgs};
+use crate::common::goflags::IGNORED_HEADING;
 use crate::common::kube::KubeArgs;
 use crate::common::metrics::Metrics;
 use crate::common::role::{lead, probe_check, Role, Wait};
+use crate::common::workqueue::Backoff;
 use crate::SidecarError;
 
 /// Flags of `attacher`: upstream external-attacher's names and defaults.
@@ -64,21 +68,43 @@ pub struct AttacherArgs {
     #[arg(long, default_value = "1m", value_parser = parse_duration)]
     pub reconcile_sync: Duration,
 
-    /// Deprecated upstream alias of `--http-endpoint` (used only when that is empty).
-    #[arg(long, default_value = "")]
-    pub metrics_address: String,
-
     /// Page size of the reconciler's ListVolumes (0: the driver decides).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i32).range(0..))]
     pub max_entries: i32,
 
-    /// Accepted and ignored (upstream: truncation of logged gRPC responses).
-    #[arg(long, default_value_t = -1, allow_negative_numbers = true, hide = true)]
-    pub max_grpc_log_length: i64,
+    /// Deprecated upstream alias of `--http-endpoint` (only one may be set).
+    #[arg(long, default_value = "")]
+    pub metrics_address: String,
 
-    /// Accepted and ignored (older upstream flag; the driver is waited for without limit).
-    #[arg(long, value_parser = parse_duration, hide = true)]
-    pub connection_timeout: Option<Duration>,
+    /// Upstream feature gates (`Key=bool,...`): `ReleaseLeaderElectionOnExit`
+    /// (the Lease is always released on exit here) and
+    /// `MutableCSINodeAllocatableCount` (kubelet's business; the attacher
+    /// only reports errors) are accepted and change nothing; others are refused.
+    #[arg(long, default_value = "", value_parser = attacher_gates)]
+    pub feature_gates: String,
+
+    /// Ignored: gRPC responses are not logged, so there is nothing to truncate.
+    #[arg(long, allow_negative_numbers = true, help_heading = IGNORED_HEADING)]
+    pub max_grpc_log_length: Option<i64>,
+}
+
+/// Parses external-attacher's `--feature-gates`.
+fn attacher_gates(s: &str) -> Result<String, String> {
+    for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let (key, value) = item
+            .split_once('=')
+            .ok_or_else(|| format!("{item:?} is not Key=true|false"))?;
+        if crate::common::goflags::go_bool(value.trim()).is_none() {
+            return Err(format!("{item:?}: value must be true or false"));
+        }
+        if !matches!(
+            key.trim(),
+            "ReleaseLeaderElectionOnExit" | "MutableCSINodeAllocatableCount"
+        ) {
+            return Err(format!("unknown gate {:?}", key.trim()));
+        }
+    }
+    Ok(s.to_string())
 }
 
 /// Why the attacher stopped with an error.
@@ -90,19 +116,22 @@ pub enum AttacherError {
     Controller(#[from] controller::ControllerError),
 }
 
+impl AttacherArgs {
+    /// Checks every flag clap cannot check alone; returns the backoff and
+    /// the admin endpoint.
+    pub fn check(&self) -> Result<(Backoff, Option<SocketAddr>), FlagError> {
+        let backoff = self.controller.check()?;
+        self.kube.check()?;
+        let http_addr = self.common.http_or_metrics_addr(&self.metrics_address)?;
+        Ok((backoff, http_addr))
+    }
+}
+
 /// Runs until SIGTERM (or lost leadership, an error).
 pub async fn run(args: AttacherArgs) -> Result<(), SidecarError> {
     // Flags first: nothing below may wait (for the driver, the API server)
     // before a wrong flag is reported.
-    let backoff = args.controller.check()?;
-    args.kube.check()?;
-    let http_endpoint = if args.common.http_endpoint.is_empty() {
-        args.metrics_address.clone()
-    } else {
-        args.common.http_endpoint.clone()
-    };
-    let http_addr = crate::common::args::parse_endpoint(&http_endpoint)
-        .map_err(|e| FlagError::new("--http-endpoint", e))?;
+    let (backoff, http_addr) = args.check()?;
     let mut role = Role::start();
     let requests = crate::common::kube::ApiRequests::default();
     let clients = crate::common::kube::clients(&args.kube, &requests).await?;

@@ -32,20 +32,54 @@ pub struct CommonArgs {
     #[arg(short = 'v', long = "v", default_value_t = 2)]
     pub verbosity: u8,
 
-    /// Log format.
-    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    /// Log format (`--logging-format`, component-base's name, too).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, alias = "logging-format")]
     pub log_format: LogFormat,
 
     /// `--metrics-auth` and its certificate (HTTPS, TokenReview and
     /// SubjectAccessReview on the metrics path).
     #[command(flatten)]
     pub metrics_auth: csiops_runtime::admin::MetricsAuthArgs,
+
+    #[command(flatten)]
+    pub compat: super::compat::CompatArgs,
 }
 
 impl CommonArgs {
     /// The HTTP endpoint, if one is configured.
     pub fn http_addr(&self) -> Result<Option<SocketAddr>, FlagError> {
         parse_endpoint(&self.http_endpoint).map_err(|e| FlagError::new("--http-endpoint", e))
+    }
+
+    /// The log filter of `-v` and `--vmodule`.
+    pub fn log_filter(&self) -> Result<String, FlagError> {
+        let mut filter = csiops_runtime::logging::klog_filter(self.verbosity);
+        let modules = super::vmodule::directives(&self.compat.vmodule)
+            .map_err(|e| FlagError::new("--vmodule", e))?;
+        for d in modules {
+            filter.push(',');
+            filter.push_str(&d);
+        }
+        Ok(filter)
+    }
+
+    /// The admin endpoint of a controller sidecar: `--http-endpoint`, or
+    /// the deprecated `--metrics-address` (`metrics_address`); both set is
+    /// an error, as upstream.
+    pub fn http_or_metrics_addr(
+        &self,
+        metrics_address: &str,
+    ) -> Result<Option<SocketAddr>, FlagError> {
+        match (self.http_endpoint.is_empty(), metrics_address.is_empty()) {
+            (false, false) => Err(FlagError::new(
+                "--metrics-address, --http-endpoint",
+                "only one of --metrics-address and --http-endpoint can be set",
+            )),
+            (true, false) => {
+                parse_endpoint(metrics_address).map_err(|e| FlagError::new("--metrics-address", e))
+            }
+            _ => self.http_addr(),
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! What the controller sidecars (provisioner, attacher) share besides the
 //! work queue: retry and leader-election flags with the upstream names.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use clap::Args;
@@ -40,6 +41,27 @@ pub struct ControllerArgs {
     /// Interval between attempts to acquire or renew the Lease.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub leader_election_retry_period: Duration,
+
+    /// Labels the leader puts on the Lease: `key:value,key:value`.
+    #[arg(long, default_value = "", value_parser = parse_lease_labels)]
+    pub leader_election_labels: LeaseLabels,
+}
+
+/// The labels of `--leader-election-labels`.
+pub type LeaseLabels = BTreeMap<String, String>;
+
+/// csi-lib-utils' format of `--leader-election-labels`: comma-separated
+/// `key:value` items, each with exactly one colon; empty is none.
+pub fn parse_lease_labels(s: &str) -> Result<LeaseLabels, String> {
+    if s.is_empty() {
+        return Ok(LeaseLabels::new());
+    }
+    s.split(',')
+        .map(|item| match item.split(':').collect::<Vec<_>>()[..] {
+            [k, v] => Ok((k.to_string(), v.to_string())),
+            _ => Err(format!("malformed item in list of labels: {item}")),
+        })
+        .collect()
 }
 
 impl ControllerArgs {
@@ -102,6 +124,7 @@ impl ControllerArgs {
             lease_duration: self.leader_election_lease_duration,
             renew_deadline: self.leader_election_renew_deadline,
             retry_period: self.leader_election_retry_period,
+            labels: self.leader_election_labels.clone(),
             ..LeaderConfig::new(lease_name, namespace, csiops_runtime::kube::identity(None))
         }
     }
@@ -138,6 +161,18 @@ pub fn lease_name(prefix: &str, driver: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn lease_labels_as_csi_lib_utils_parses_them() {
+        use super::parse_lease_labels;
+        assert!(parse_lease_labels("").expect("empty").is_empty());
+        let l = parse_lease_labels("a:b,c.io/d:e").expect("labels");
+        assert_eq!(l.get("a").map(String::as_str), Some("b"));
+        assert_eq!(l.get("c.io/d").map(String::as_str), Some("e"));
+        for bad in ["a", "a:b:c", "a:b,", ","] {
+            assert!(parse_lease_labels(bad).is_err(), "{bad}");
+        }
+    }
+
     use super::*;
     use csiops_runtime::chain;
 

@@ -4,13 +4,16 @@
 
 pub mod args;
 pub mod cache;
+pub mod compat;
 pub mod controller;
 pub mod driver;
 #[cfg(test)]
 pub mod fake_csi;
+pub mod goflags;
 pub mod kube;
 pub mod metrics;
 pub mod ratelimit;
 pub mod role;
+pub mod vmodule;
 pub mod watch;
 pub mod workqueue;

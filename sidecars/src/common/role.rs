@@ -21,11 +21,12 @@ use crate::SidecarError;
 const ADMIN_STOP: Duration = Duration::from_secs(2);
 
 /// A role being run: its shutdown token (SIGTERM, SIGINT) and its admin
-/// server once started.
+/// servers once started (the liveness probe's deprecated
+/// `--metrics-address` is a second one).
 #[derive(Debug)]
 pub struct Role {
     pub shutdown: CancellationToken,
-    admin: Option<admin::Server>,
+    admin: Vec<admin::Server>,
 }
 
 /// How far [`Role::driver`] waits.
@@ -42,7 +43,7 @@ impl Role {
     pub fn start() -> Self {
         Role {
             shutdown: on_signals(),
-            admin: None,
+            admin: Vec::new(),
         }
     }
 
@@ -66,7 +67,8 @@ impl Role {
             .metrics_path(&common.metrics_path)
             .health(health);
         let state = common.metrics_auth.secure(state, kubeconfig).await?;
-        self.admin = Some(admin::serve_on(listener, state, self.shutdown.clone()));
+        self.admin
+            .push(admin::serve_on(listener, state, self.shutdown.clone()));
         Ok(())
     }
 
@@ -102,18 +104,20 @@ impl Role {
         }
     }
 
-    /// Ends the role with `outcome`: stops the admin server and waits a
-    /// little for it. The server's own failure is the error when the role
+    /// Ends the role with `outcome`: stops the admin servers and waits a
+    /// little for each. A server's own failure is the error when the role
     /// had none.
     pub async fn finish(self, outcome: Result<(), SidecarError>) -> Result<(), SidecarError> {
         self.shutdown.cancel();
-        let Some(server) = self.admin else {
-            return outcome;
-        };
-        match tokio::time::timeout(ADMIN_STOP, server.wait()).await {
-            Ok(Err(e)) if outcome.is_ok() => Err(e.into()),
-            _ => outcome,
+        let mut outcome = outcome;
+        for server in self.admin {
+            if let Ok(Err(e)) = tokio::time::timeout(ADMIN_STOP, server.wait()).await {
+                if outcome.is_ok() {
+                    outcome = Err(e.into());
+                }
+            }
         }
+        outcome
     }
 }
 

@@ -13,7 +13,9 @@ use std::time::Duration;
 use clap::Args;
 use tokio::sync::Mutex;
 
-use crate::common::args::{parse_duration, CommonArgs};
+use std::net::SocketAddr;
+
+use crate::common::args::{parse_duration, parse_endpoint, CommonArgs, FlagError};
 use crate::common::driver::Driver;
 use crate::common::metrics::Metrics;
 use crate::common::role::Role;
@@ -27,13 +29,56 @@ pub struct LivenessArgs {
     #[command(flatten)]
     pub common: CommonArgs,
 
-    /// Deadline of each Probe call.
-    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    /// Deadline of each Probe call (upstream's default, 3s).
+    #[arg(long, default_value = "3s", value_parser = parse_duration)]
     pub probe_timeout: Duration,
 
-    /// Port of /healthz when --http-endpoint is not set (upstream's default 9808).
-    #[arg(long, default_value_t = 9808)]
+    /// Port of /healthz on every address when --http-endpoint is not set
+    /// (upstream's default 9808; another value next to --http-endpoint is
+    /// an error, as upstream).
+    #[arg(long, default_value_t = DEFAULT_HEALTH_PORT)]
     pub health_port: u16,
+
+    /// Deprecated upstream: a second server with the metrics on this
+    /// `host:port` (and --metrics-path); not together with --http-endpoint.
+    #[arg(long, default_value = "")]
+    pub metrics_address: String,
+}
+
+/// livenessprobe's default `--health-port`.
+pub const DEFAULT_HEALTH_PORT: u16 = 9808;
+
+/// Where /healthz and the metrics are served, from the flags as
+/// livenessprobe combines them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Endpoints {
+    pub health: SocketAddr,
+    pub metrics: Option<SocketAddr>,
+}
+
+impl LivenessArgs {
+    /// The endpoints, or the flag combination upstream refuses.
+    pub fn endpoints(&self) -> Result<Endpoints, FlagError> {
+        let http = self.common.http_addr()?;
+        let metrics = parse_endpoint(&self.metrics_address)
+            .map_err(|e| FlagError::new("--metrics-address", e))?;
+        if http.is_some() && self.health_port != DEFAULT_HEALTH_PORT {
+            return Err(FlagError::new(
+                "--health-port, --http-endpoint",
+                "only one of --health-port and --http-endpoint can be explicitly set",
+            ));
+        }
+        if http.is_some() && metrics.is_some() {
+            return Err(FlagError::new(
+                "--metrics-address, --http-endpoint",
+                "only one of --metrics-address and --http-endpoint can be explicitly set",
+            ));
+        }
+        Ok(Endpoints {
+            health: http.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], self.health_port))),
+            metrics,
+        })
+    }
 }
 
 /// The probe: a lazily made, kept driver connection.
@@ -84,10 +129,7 @@ impl Prober {
 
 /// Runs until SIGTERM.
 pub async fn run(args: LivenessArgs) -> Result<(), SidecarError> {
-    let addr = match args.common.http_addr()? {
-        Some(a) => a,
-        None => std::net::SocketAddr::from(([0, 0, 0, 0], args.health_port)),
-    };
+    let endpoints = args.endpoints()?;
     let mut role = Role::start();
     let metrics = Arc::new(Metrics::new());
     let prober = Arc::new(Prober::new(
@@ -100,10 +142,22 @@ pub async fn run(args: LivenessArgs) -> Result<(), SidecarError> {
         let p = prober.clone();
         Box::pin(async move { p.check().await })
     });
-    // No --kubeconfig here (upstream has none): with --metrics-auth the
+    // The separate metrics server of --metrics-address also answers
+    // /healthz (with the same check): one kind of server, two ports. No
+    // --kubeconfig here (upstream has none): with --metrics-auth the
     // client is in-cluster, or KUBECONFIG's.
-    role.serve_admin(Some(addr), &args.common, &metrics, check, None)
-        .await?;
+    role.serve_admin(
+        Some(endpoints.health),
+        &args.common,
+        &metrics,
+        check.clone(),
+        None,
+    )
+    .await?;
+    if let Some(addr) = endpoints.metrics {
+        role.serve_admin(Some(addr), &args.common, &metrics, check, None)
+            .await?;
+    }
     tracing::info!(csi_address = %args.common.csi_address, "liveness probe ready");
     role.shutdown.cancelled().await;
     role.finish(Ok(())).await

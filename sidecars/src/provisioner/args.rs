@@ -5,8 +5,11 @@ use std::net::SocketAddr;
 
 use clap::Args;
 
-use crate::common::args::{CommonArgs, FlagError};
+use std::time::Duration;
+
+use crate::common::args::{parse_duration, CommonArgs, FlagError};
 use crate::common::controller::ControllerArgs;
+use crate::common::goflags::IGNORED_HEADING;
 use crate::common::kube::KubeArgs;
 use crate::common::workqueue::Backoff;
 
@@ -60,10 +63,84 @@ pub struct ProvisionerArgs {
 
     /// Upstream feature gates; `Topology=true|false` is honoured (default
     /// true), `HonorPVReclaimPolicy=true|false` switches the PV finalizer
-    /// (default true); other gates are refused.
+    /// (default true); `VolumeAttributesClass`, `CrossNamespaceVolumeDataSource`
+    /// and `ReleaseLeaderElectionOnExit` are accepted and change nothing
+    /// (see [`IGNORED_GATES`]); other gates are refused.
     #[arg(long, default_value = "")]
     pub feature_gates: String,
+
+    /// Deprecated upstream alias of `--http-endpoint` (only one may be set).
+    #[arg(long, default_value = "")]
+    pub metrics_address: String,
+
+    /// Node deployment (a provisioner per node for node-local volumes) is
+    /// not implemented: `false` is accepted, `true` refused, since ignoring
+    /// it would have every node's provisioner act on every claim.
+    #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub node_deployment: bool,
+
+    #[command(flatten)]
+    pub ignored: IgnoredProvisionerArgs,
 }
+
+/// external-provisioner flags of features this provisioner does not have
+/// (yet): accepted so a manifest keeps working, and named in one line at
+/// start (see `common::goflags`).
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = IGNORED_HEADING)]
+pub struct IgnoredProvisionerArgs {
+    /// Ignored: cloning is not implemented (workers removing the source
+    /// claim's cloning finalizer).
+    #[arg(long, help_heading = IGNORED_HEADING)]
+    pub cloning_protection_threads: Option<u64>,
+    /// Ignored: snapshots are not implemented.
+    #[arg(long, value_parser = parse_duration, help_heading = IGNORED_HEADING)]
+    pub snapshot_orphan_sweep_interval: Option<Duration>,
+    /// Ignored: restore from snapshot is not implemented.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set, help_heading = IGNORED_HEADING)]
+    pub prevent_volume_mode_conversion: Option<bool>,
+    /// Ignored: CSIStorageCapacity is not implemented; with
+    /// `CSIDriver.storageCapacity: true` the scheduler then finds no capacity.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set, help_heading = IGNORED_HEADING)]
+    pub enable_capacity: Option<bool>,
+    /// Ignored: CSIStorageCapacity is not implemented.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set, help_heading = IGNORED_HEADING)]
+    pub capacity_for_immediate_binding: Option<bool>,
+    /// Ignored: CSIStorageCapacity is not implemented.
+    #[arg(long, value_parser = parse_duration, help_heading = IGNORED_HEADING)]
+    pub capacity_poll_interval: Option<Duration>,
+    /// Ignored: CSIStorageCapacity is not implemented.
+    #[arg(long, allow_negative_numbers = true, help_heading = IGNORED_HEADING)]
+    pub capacity_ownerref_level: Option<i64>,
+    /// Ignored: CSIStorageCapacity is not implemented.
+    #[arg(long, help_heading = IGNORED_HEADING)]
+    pub capacity_threads: Option<u64>,
+    /// Ignored: CSIStorageCapacity is not implemented (its own client's QPS).
+    #[arg(long, help_heading = IGNORED_HEADING)]
+    pub kube_api_capacity_qps: Option<f64>,
+    /// Ignored: CSIStorageCapacity is not implemented (its own client's burst).
+    #[arg(long, help_heading = IGNORED_HEADING)]
+    pub kube_api_capacity_burst: Option<i64>,
+    /// Ignored: node deployment is not implemented (see --node-deployment).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set, help_heading = IGNORED_HEADING)]
+    pub node_deployment_immediate_binding: Option<bool>,
+    /// Ignored: node deployment is not implemented.
+    #[arg(long, value_parser = parse_duration, help_heading = IGNORED_HEADING)]
+    pub node_deployment_base_delay: Option<Duration>,
+    /// Ignored: node deployment is not implemented.
+    #[arg(long, value_parser = parse_duration, help_heading = IGNORED_HEADING)]
+    pub node_deployment_max_delay: Option<Duration>,
+}
+
+/// Upstream gates accepted with no effect here: `VolumeAttributesClass`
+/// (no ModifyVolume; CreateVolume gets no mutable parameters),
+/// `CrossNamespaceVolumeDataSource` (data sources are not implemented),
+/// `ReleaseLeaderElectionOnExit` (the Lease is always released on exit).
+pub const IGNORED_GATES: &[&str] = &[
+    "VolumeAttributesClass",
+    "CrossNamespaceVolumeDataSource",
+    "ReleaseLeaderElectionOnExit",
+];
 
 /// Upstream gates this provisioner understands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +166,7 @@ pub fn feature_gates(s: &str) -> Result<FeatureGates, String> {
         match key.trim() {
             "Topology" => gates.topology = value,
             "HonorPVReclaimPolicy" => gates.honor_pv_reclaim_policy = value,
+            k if IGNORED_GATES.contains(&k) => {}
             other => return Err(format!("unknown gate {other:?}")),
         }
     }
@@ -124,9 +202,15 @@ impl ProvisionerArgs {
         if self.worker_threads == 0 {
             return Err(FlagError::new("--worker-threads", "must be at least 1"));
         }
+        if self.node_deployment {
+            return Err(FlagError::new(
+                "--node-deployment",
+                "node deployment is not implemented; run one provisioner with --leader-election",
+            ));
+        }
         let backoff = self.controller.check()?;
         self.kube.check()?;
-        let http_addr = self.common.http_addr()?;
+        let http_addr = self.common.http_or_metrics_addr(&self.metrics_address)?;
         Ok(Checked {
             gates,
             namer,
@@ -187,6 +271,12 @@ mod tests {
             ("--kube-api-qps", &["--kube-api-qps=0"]),
             ("--http-endpoint", &["--http-endpoint=nohost"]),
             (
+                "--metrics-address",
+                &["--http-endpoint=:1", "--metrics-address=:2"],
+            ),
+            ("--node-deployment", &["--node-deployment"]),
+            ("--master", &["--master=nohost"]),
+            (
                 "--leader-election-lease-duration",
                 &["--leader-election", "--leader-election-lease-duration=1s"],
             ),
@@ -217,6 +307,9 @@ mod tests {
         assert!(feature_gates("Topology=yes")
             .unwrap_err()
             .contains("true or false"));
+        assert!(
+            feature_gates("VolumeAttributesClass=true,ReleaseLeaderElectionOnExit=false").is_ok()
+        );
         assert!(feature_gates("CSIStorageCapacity=true")
             .unwrap_err()
             .contains("unknown gate"));

@@ -13,10 +13,15 @@
 //!    written before, so a CSINode entry means kubelet can use the driver.
 //!    With `--readiness-taint-key`, the node's driver-readiness taint is
 //!    removed once that entry is written (see `taint`).
+//!    This maintenance needs a node name and API permission (see `access`);
+//!    without them it is off, said once, and steps 1, 2 and 4 work as
+//!    upstream's node-driver-registrar, which has no Kubernetes access.
 //! 4. kubelet refusing the registration ends the process non-zero; SIGTERM
 //!    removes the socket and, unless `--keep-registration-on-exit`, this
 //!    driver's CSINode entry and annotation key.
 
+pub mod access;
+pub mod health;
 pub mod nodeinfo;
 pub mod server;
 pub mod socket;
@@ -31,11 +36,10 @@ use clap::Args;
 use csiops_proto::pluginregistration::registration_server::RegistrationServer;
 use tokio::sync::watch;
 
-use crate::common::args::CommonArgs;
+use crate::common::args::{CommonArgs, FlagError};
 use crate::common::metrics::Metrics;
 use crate::common::role::{Role, Wait};
 use crate::SidecarError;
-use csiops_runtime::admin::HealthCheck;
 use csiops_runtime::chain;
 
 /// How often the registration socket is checked for removal.
@@ -57,8 +61,20 @@ pub struct RegistrarArgs {
     #[arg(long, default_value = "/registration")]
     pub plugin_registration_path: PathBuf,
 
-    /// This node's name (for CSINode and the Node).
-    #[arg(long, env = "NODE_NAME")]
+    /// Upstream's deprecated port of /healthz on every address (0: none);
+    /// not together with --http-endpoint.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    pub health_port: i64,
+
+    /// Upstream's deprecated mode: `kubelet-registration-probe` exits 0 at
+    /// once (as upstream, which no longer needs that probe); any other value
+    /// registers.
+    #[arg(long, default_value = "")]
+    pub mode: String,
+
+    /// This node's name, for CSINode maintenance; else `KUBE_NODE_NAME`,
+    /// else `NODE_NAME`. Without one, maintenance is off (registration works).
+    #[arg(long)]
     pub node_name: Option<String>,
 
     /// Keep this driver's CSINode entry and node ID on SIGTERM (upgrades).
@@ -82,6 +98,28 @@ pub struct RegistrarArgs {
     pub readiness_taint_key: String,
 }
 
+/// upstream's `--mode` that only probed the registration.
+pub const MODE_REGISTRATION_PROBE: &str = "kubelet-registration-probe";
+
+impl RegistrarArgs {
+    /// The admin endpoint: `:<--health-port>` when positive, else
+    /// `--http-endpoint`; both is an error, as upstream.
+    pub fn admin_addr(&self) -> Result<Option<std::net::SocketAddr>, FlagError> {
+        if self.health_port > 0 && !self.common.http_endpoint.is_empty() {
+            return Err(FlagError::new(
+                "--health-port, --http-endpoint",
+                "only one of --health-port and --http-endpoint can be set",
+            ));
+        }
+        if self.health_port > 0 {
+            let port = u16::try_from(self.health_port)
+                .map_err(|_| FlagError::new("--health-port", "not a TCP port"))?;
+            return Ok(Some(std::net::SocketAddr::from(([0, 0, 0, 0], port))));
+        }
+        self.common.http_addr()
+    }
+}
+
 /// Why the registrar stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum RegistrarError {
@@ -93,10 +131,6 @@ pub enum RegistrarError {
         #[source]
         source: std::io::Error,
     },
-    #[error("--node-name (or NODE_NAME) is required to maintain CSINode")]
-    NoNodeName,
-    #[error(transparent)]
-    Kube(#[from] csiops_runtime::kube::ConfigError),
 }
 
 /// One generation of the registration server on one socket.
@@ -136,23 +170,20 @@ fn serve_registration(
 
 /// Runs until SIGTERM or a refused registration.
 pub async fn run(args: RegistrarArgs) -> Result<(), SidecarError> {
-    let http_addr = args.common.http_addr()?;
-    let node_name = args
-        .node_name
-        .clone()
-        .filter(|n| !n.is_empty())
-        .ok_or(RegistrarError::NoNodeName)?;
+    let http_addr = args.admin_addr()?;
+    if args.mode == MODE_REGISTRATION_PROBE {
+        tracing::info!(mode = %args.mode, "--mode={MODE_REGISTRATION_PROBE} is no longer needed; exiting successfully, as upstream");
+        return Ok(());
+    }
+    let node_name = access::node_name(args.node_name.as_deref(), |k| std::env::var(k).ok());
     let mut role = Role::start();
     let metrics = Arc::new(Metrics::new());
-    let client = csiops_runtime::kube::client(args.kubeconfig.as_deref())
-        .await
-        .map_err(RegistrarError::from)?;
 
     let Some((driver, driver_name)) = role.driver(&args.common, &metrics, Wait::Connected).await
     else {
         return role.finish(Ok(())).await;
     };
-    tracing::info!(driver = %driver_name, node = %node_name, "driver found");
+    tracing::info!(driver = %driver_name, node = ?node_name, "driver found");
 
     let path = socket::socket_path(&args.plugin_registration_path, &driver_name);
     let (verdict_tx, mut verdict) = watch::channel(server::Verdict::Pending);
@@ -163,26 +194,7 @@ pub async fn run(args: RegistrarArgs) -> Result<(), SidecarError> {
         &verdict_tx,
     )?;
 
-    // /healthz: the socket is ours and in place, and the driver answers.
-    let health_path = path.clone();
-    let health_driver = driver.clone();
-    let current_identity = Arc::new(std::sync::Mutex::new(served.identity));
-    let health_identity = current_identity.clone();
-    let check: HealthCheck = Arc::new(move || {
-        let path = health_path.clone();
-        let driver = health_driver.clone();
-        let expected = health_identity.lock().map(|i| *i).ok();
-        Box::pin(async move {
-            if socket::identity(&path).is_none() || socket::identity(&path) != expected {
-                return Err(format!("registration socket {} is gone", path.display()));
-            }
-            driver
-                .plugin_info()
-                .await
-                .map(|_| ())
-                .map_err(|s| format!("driver unreachable: {}", s.message()))
-        })
-    });
+    let check = health::check(path.clone(), driver_name.clone(), args.common.timeout);
     role.serve_admin(
         http_addr,
         &args.common,
@@ -193,19 +205,46 @@ pub async fn run(args: RegistrarArgs) -> Result<(), SidecarError> {
     .await?;
     let shutdown = role.shutdown.clone();
 
-    let sync = sync::NodeInfoSync::new(
-        client,
-        node_name,
-        driver_name.clone(),
-        driver.clone(),
-        args.node_info_interval,
-        verdict.clone(),
-    )
-    .with_readiness_taint(Some(args.readiness_taint_key.clone()));
+    // CSINode maintenance, if it can run (see `access`); decided beside the
+    // registration, which never waits for the API server.
+    let maintained: Arc<std::sync::Mutex<Option<sync::NodeInfoSync>>> = Arc::default();
     let sync_task = {
-        let sync = sync.clone();
+        let maintained = maintained.clone();
+        let (driver, driver_name) = (driver.clone(), driver_name.clone());
+        let (kubeconfig, interval) = (args.kubeconfig.clone(), args.node_info_interval);
+        let kubelet = verdict.clone();
+        let taint_key = Some(args.readiness_taint_key.clone()).filter(|k| !k.is_empty());
         let stop = shutdown.clone();
-        tokio::spawn(async move { sync.run(&stop).await })
+        tokio::spawn(async move {
+            match access::decide(node_name, kubeconfig.as_deref(), &stop).await {
+                None => {}
+                Some(Err(off)) => {
+                    tracing::info!(
+                        "CSINode maintenance is off: {}; registering with kubelet is unaffected, and kubelet writes this node's CSINode entry itself",
+                        chain(&off)
+                    );
+                    if let Some(key) = &taint_key {
+                        tracing::warn!(taint = %key, "the readiness taint cannot be removed from this node without CSINode maintenance");
+                    }
+                }
+                Some(Ok((client, node))) => {
+                    tracing::info!(node = %node, "CSINode maintenance is on");
+                    let sync = sync::NodeInfoSync::new(
+                        client,
+                        node,
+                        driver_name,
+                        driver,
+                        interval,
+                        kubelet,
+                    )
+                    .with_readiness_taint(taint_key);
+                    if let Ok(mut slot) = maintained.lock() {
+                        *slot = Some(sync.clone());
+                    }
+                    sync.run(&stop).await;
+                }
+            }
+        })
     };
 
     let mut check_socket = tokio::time::interval(SOCKET_CHECK);
@@ -225,9 +264,6 @@ pub async fn run(args: RegistrarArgs) -> Result<(), SidecarError> {
                     // new one afresh: its earlier verdict no longer holds.
                     verdict_tx.send_replace(server::Verdict::Pending);
                     served = serve_registration(&path, &driver_name, &args.kubelet_registration_path, &verdict_tx)?;
-                    if let Ok(mut id) = current_identity.lock() {
-                        *id = served.identity;
-                    }
                 }
             }
         }
@@ -240,7 +276,8 @@ pub async fn run(args: RegistrarArgs) -> Result<(), SidecarError> {
     if socket::identity(&path) == Some(served.identity) {
         let _ = std::fs::remove_file(&path);
     }
-    if outcome.is_ok() && !args.keep_registration_on_exit {
+    let sync = maintained.lock().ok().and_then(|mut s| s.take());
+    if let (Some(sync), true) = (sync, outcome.is_ok() && !args.keep_registration_on_exit) {
         match tokio::time::timeout(CLEANUP_DEADLINE, sync.uninstall()).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => {

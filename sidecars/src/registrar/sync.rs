@@ -255,6 +255,13 @@ impl NodeInfoSync {
                     backoff = Duration::from_secs(1);
                     next = tokio::time::Instant::now() + self.interval;
                 }
+                // Permission revoked while running (it was there at start,
+                // see `access`): say so once and stop; the registration
+                // with kubelet goes on, and kubelet keeps CSINode itself.
+                Err(SyncError::Kube(e)) if super::access::is_forbidden(&e) => {
+                    tracing::warn!(error = %chain(&e), "CSINode maintenance is off: the API server now forbids it; registering with kubelet is unaffected");
+                    return;
+                }
                 Err(e) => {
                     tracing::warn!(error = %chain(&e), retry_in = ?backoff, "CSINode update failed");
                     next = tokio::time::Instant::now() + backoff;
@@ -273,10 +280,11 @@ mod tests {
     use super::*;
     use crate::common::metrics::Metrics;
 
-    /// A sync whose API server answers every request with 500 and counts
+    /// A sync whose API server answers every request with `code` and counts
     /// them, and whose driver accepts connections but never answers.
     async fn sync_counting_requests(
         dir: &std::path::Path,
+        code: u16,
     ) -> (
         NodeInfoSync,
         watch::Sender<Verdict>,
@@ -297,10 +305,14 @@ mod tests {
         let counted = requests.clone();
         let api = tower::service_fn(move |_: http::Request<kube::client::Body>| {
             counted.fetch_add(1, Ordering::SeqCst);
-            async {
+            let status = serde_json::json!({"kind": "Status", "apiVersion": "v1",
+                "status": "Failure", "code": code, "message": "refused"});
+            async move {
                 http::Response::builder()
-                    .status(500)
-                    .body(kube::client::Body::empty())
+                    .status(code)
+                    .body(kube::client::Body::from(
+                        serde_json::to_vec(&status).unwrap_or_default(),
+                    ))
             }
         });
         let (verdict, kubelet) = watch::channel(Verdict::Pending);
@@ -318,7 +330,7 @@ mod tests {
     #[tokio::test]
     async fn nothing_is_written_before_kubelet_accepts_nor_after_it_refuses() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (sync, verdict, requests, _driver) = sync_counting_requests(dir.path()).await;
+        let (sync, verdict, requests, _driver) = sync_counting_requests(dir.path(), 500).await;
 
         assert_eq!(sync.reconcile().await.ok(), Some(Outcome::AwaitingKubelet));
         verdict.send_replace(Verdict::Refused("incompatible version".into()));
@@ -329,6 +341,19 @@ mod tests {
         // the API server (which fails), so the gate was what held it back.
         verdict.send_replace(Verdict::Registered);
         assert!(matches!(sync.reconcile().await, Err(SyncError::Kube(_))));
+        assert!(requests.load(Ordering::SeqCst) > 0);
+    }
+
+    #[tokio::test]
+    async fn a_forbidden_answer_stops_the_maintenance_instead_of_retrying() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (sync, verdict, requests, _driver) = sync_counting_requests(dir.path(), 403).await;
+        verdict.send_replace(Verdict::Registered);
+        let stop = CancellationToken::new();
+        // A 500 would be retried with backoff until shutdown; a 403 ends it.
+        tokio::time::timeout(Duration::from_secs(10), sync.run(&stop))
+            .await
+            .expect("run returns on 403 without a shutdown");
         assert!(requests.load(Ordering::SeqCst) > 0);
     }
 }
