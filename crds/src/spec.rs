@@ -164,6 +164,13 @@ pub struct CSIDriverDeploymentSpec {
     /// Rollout tuning.
     #[serde(default)]
     pub rollout: RolloutSpec,
+
+    /// Metrics of the bundled sidecars: a Service for their metrics ports,
+    /// optionally authenticated access and a Prometheus Operator PodMonitor.
+    /// Unset: the sidecars serve plain-HTTP metrics and nothing more is
+    /// created.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub monitoring: Option<MonitoringSpec>,
 }
 
 fn default_log_level() -> i32 {
@@ -726,4 +733,80 @@ impl Default for RolloutSpec {
             step_timeout_seconds: default_step_timeout(),
         }
     }
+}
+
+/// Metrics of the bundled sidecars (provisioner, attacher, registrar,
+/// liveness-probe). The upstream helpers (resizer, snapshotter, health
+/// monitor) serve their own plain-HTTP metrics and are not covered.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new(
+    "!has(self.tlsSecretName) || self.metricsAuth"
+).message("tlsSecretName is the certificate of authenticated metrics: set metricsAuth: true"))]
+pub struct MonitoringSpec {
+    /// Serve every bundled sidecar's metrics over HTTPS, only to callers
+    /// whose bearer token the API server authenticates (TokenReview) and who
+    /// may `get` the non-resource URL `/metrics` (SubjectAccessReview), as
+    /// kube-rbac-proxy does, without a proxy container. The sidecars'
+    /// ServiceAccounts get `create` on tokenreviews and
+    /// subjectaccessreviews. Probes keep working unauthenticated (scheme
+    /// HTTPS). Off: plain HTTP, readable by anyone who reaches the pod.
+    #[serde(default)]
+    pub metrics_auth: bool,
+
+    /// A `kubernetes.io/tls` Secret in this namespace (`tls.crt`,
+    /// `tls.key`, e.g. issued by cert-manager) with the sidecars' serving
+    /// certificate; renewals are picked up without a restart. Unset: each
+    /// sidecar makes a self-signed certificate when it starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub tls_secret_name: Option<String>,
+
+    /// A PodMonitor (`monitoring.coreos.com/v1`) for the sidecars' metrics.
+    #[serde(default)]
+    pub pod_monitor: PodMonitorSpec,
+}
+
+/// The Prometheus Operator PodMonitor of a driver's sidecars.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodMonitorSpec {
+    /// Create the PodMonitor. Only when the PodMonitor CRD is installed: on a
+    /// cluster without the Prometheus Operator nothing is created and
+    /// nothing fails, and the PodMonitor follows once the CRD appears.
+    #[serde(default)]
+    pub enabled: bool,
+
+    /// Scrape interval (Prometheus duration, e.g. `30s`); unset: the
+    /// Prometheus' default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"))]
+    pub interval: Option<String>,
+
+    /// Labels of the PodMonitor, e.g. the one your Prometheus'
+    /// `podMonitorSelector` selects (`release: prometheus`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+
+    /// With `metricsAuth`: the key of a Secret in this namespace holding a
+    /// token of a ServiceAccount allowed to `get` `/metrics`, which
+    /// Prometheus sends as bearer token (a PodMonitor cannot use
+    /// Prometheus' own ServiceAccount token file).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bearer_token_secret: Option<SecretKeyRef>,
+}
+
+/// One key of a Secret in the object's namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct SecretKeyRef {
+    #[schemars(
+        length(min = 1, max = 253),
+        pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub name: String,
+    #[schemars(length(min = 1, max = 253), pattern(r"^[-._a-zA-Z0-9]+$"))]
+    pub key: String,
 }

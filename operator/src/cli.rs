@@ -58,6 +58,11 @@ pub struct Args {
     /// Log filter (tracing EnvFilter syntax); RUST_LOG overrides it.
     #[arg(long, default_value = "info")]
     pub log_level: String,
+
+    /// `--metrics-auth` (HTTPS, callers checked by TokenReview and
+    /// SubjectAccessReview) and its certificate, as in every sidecar.
+    #[command(flatten)]
+    pub metrics_auth: csiops_runtime::admin::MetricsAuthArgs,
 }
 
 impl Args {

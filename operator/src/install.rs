@@ -140,6 +140,17 @@ const OPERATOR_GRANTS: &[Grant] = &[
         resource: "events",
         verbs: &["create", "patch", "list"],
     },
+    // spec.monitoring: the metrics Service and the PodMonitor.
+    Grant {
+        api_group: "",
+        resource: "services",
+        verbs: WRITE,
+    },
+    Grant {
+        api_group: "monitoring.coreos.com",
+        resource: "podmonitors",
+        verbs: WRITE,
+    },
 ];
 
 /// The operator's ClusterRole rules: its own needs plus everything it grants.
@@ -153,6 +164,9 @@ pub fn operator_rules() -> Vec<PolicyRule> {
         rbac::RESIZER_GRANTS,
         rbac::SNAPSHOTTER_GRANTS,
         rbac::HEALTH_MONITOR_GRANTS,
+        // Granted to drivers with spec.monitoring.metricsAuth, and what the
+        // operator's own --metrics-auth calls.
+        crate::render::monitoring::METRICS_AUTH_GRANTS,
     ])
 }
 
@@ -189,11 +203,17 @@ fn field_env(name: &str, path: &str) -> EnvVar {
     }
 }
 
+/// Scheme of the operator's probes: HTTP, or HTTPS with `--metrics-auth`
+/// (the whole admin port speaks TLS then; `/healthz` and `/readyz` stay
+/// unauthenticated). The Helm chart switches both with `metricsAuth`.
+pub const PROBE_SCHEME: &str = "HTTP";
+
 fn probe(path: &str) -> Probe {
     Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.to_string()),
             port: IntOrString::String("http".into()),
+            scheme: Some(PROBE_SCHEME.into()),
             ..HTTPGetAction::default()
         }),
         period_seconds: Some(10),
@@ -210,6 +230,10 @@ fn deployment() -> Deployment {
             "--leader-election=true".into(),
             "--http-endpoint=0.0.0.0:8080".into(),
             "--log-format=json".into(),
+            // true: HTTPS, and /metrics only for callers RBAC allows to
+            // `get` the nonResourceURL /metrics (set the probes' scheme to
+            // HTTPS too; the chart's `metricsAuth` value does both).
+            "--metrics-auth=false".into(),
         ]),
         env: Some(vec![
             field_env("POD_NAME", "metadata.name"),

@@ -62,6 +62,7 @@ async fn run(args: Args) -> Result<(), MainError> {
     // Bind first so a taken port fails the start, not the shutdown.
     let listener = admin::bind(args.http_endpoint).await?;
     let admin_state = AdminState::new(metrics.clone()).ready(ready.clone());
+    let admin_state = args.metrics_auth.secure_with(admin_state, client.clone())?;
     let admin = admin::serve_on(listener, admin_state, stop.clone());
 
     let identity = args.identity();

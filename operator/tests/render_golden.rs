@@ -164,6 +164,8 @@ fn objects(r: &Rendered) -> Vec<Value> {
         ControllerWorkload::StatefulSet(s) => out.push(v(s)),
         ControllerWorkload::Deployment(d) => out.push(v(d)),
     }
+    out.extend(r.metrics_service.iter().map(v));
+    out.extend(r.pod_monitor.iter().map(v));
     out
 }
 
@@ -266,6 +268,150 @@ fn golden_hostpath() {
 #[test]
 fn golden_custom() {
     check_golden("custom", &custom());
+}
+
+/// The hostpath example with authenticated metrics, a certificate Secret and
+/// a PodMonitor.
+fn monitored() -> CSIDriverDeployment {
+    let mut obj = hostpath();
+    obj.spec.monitoring = Some(
+        serde_json::from_value(serde_json::json!({
+            "metricsAuth": true,
+            "tlsSecretName": "hostpath-metrics-tls",
+            "podMonitor": {
+                "enabled": true,
+                "interval": "30s",
+                "labels": {"release": "prometheus"},
+                "bearerTokenSecret": {"name": "prometheus-scraper", "key": "token"},
+            },
+        }))
+        .expect("monitoring parses"),
+    );
+    obj
+}
+
+#[test]
+fn golden_monitoring() {
+    check_golden("monitoring", &monitored());
+}
+
+// ---------------------------------------------------------------- monitoring
+
+#[test]
+fn without_monitoring_nothing_of_it_is_rendered() {
+    let r = must_render(&hostpath());
+    assert!(r.metrics_service.is_none());
+    assert!(r.pod_monitor.is_none());
+    for component in [Component::Controller, Component::Node] {
+        for c in &pod(&r, component).containers {
+            let args = c.args.clone().unwrap_or_default();
+            assert!(
+                !args.iter().any(|a| a.starts_with("--metrics-")),
+                "{args:?}"
+            );
+        }
+    }
+    let rules = serde_json::to_string(&r.cluster_roles).expect("json");
+    assert!(!rules.contains("tokenreviews"), "{rules}");
+}
+
+#[test]
+fn metrics_auth_reaches_every_bundled_sidecar_its_probes_and_its_rbac() {
+    let r = must_render(&monitored());
+    let ours = [
+        names::CONTAINER_PROVISIONER,
+        names::CONTAINER_REGISTRAR,
+        names::CONTAINER_LIVENESS_PROBE,
+    ];
+    for component in [Component::Controller, Component::Node] {
+        let p = pod(&r, component);
+        for c in p
+            .containers
+            .iter()
+            .filter(|c| ours.contains(&c.name.as_str()))
+        {
+            let args = c.args.clone().unwrap_or_default();
+            assert!(
+                args.contains(&"--metrics-auth".to_string()),
+                "{}: {args:?}",
+                c.name
+            );
+            assert!(
+                args.iter()
+                    .any(|a| a.starts_with("--metrics-tls-cert-file=/etc/csiops/metrics-tls/")),
+                "{}: {args:?}",
+                c.name
+            );
+        }
+        // Every HTTP probe of a pod with our sidecars speaks HTTPS now.
+        for c in &p.containers {
+            if let Some(get) = c.liveness_probe.as_ref().and_then(|p| p.http_get.as_ref()) {
+                assert_eq!(get.scheme.as_deref(), Some("HTTPS"), "{}", c.name);
+            }
+        }
+        let volumes = p.volumes.clone().unwrap_or_default();
+        let tls = volumes
+            .iter()
+            .find(|v| v.name == "metrics-tls")
+            .and_then(|v| v.secret.as_ref())
+            .and_then(|s| s.secret_name.as_deref());
+        assert_eq!(tls, Some("hostpath-metrics-tls"));
+    }
+    // Both ServiceAccounts may review callers.
+    assert_eq!(r.cluster_roles.len(), 2);
+    for role in &r.cluster_roles {
+        let rules = serde_json::to_string(&role.rules).expect("json");
+        assert!(rules.contains("tokenreviews"), "{rules}");
+        assert!(rules.contains("subjectaccessreviews"), "{rules}");
+    }
+    let svc = r.metrics_service.as_ref().expect("a metrics Service");
+    let spec = svc.spec.as_ref().expect("spec");
+    assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
+    let ports: Vec<_> = spec
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| p.name.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(ports, ["provisioner", "registrar-http", "healthz"]);
+    let pm = r.pod_monitor.as_ref().expect("a PodMonitor");
+    let endpoints = &pm.data["spec"]["podMetricsEndpoints"];
+    assert_eq!(endpoints.as_array().map(Vec::len), Some(3));
+    assert_eq!(endpoints[0]["scheme"], "https");
+    assert_eq!(
+        endpoints[0]["authorization"]["credentials"]["name"],
+        "prometheus-scraper"
+    );
+    assert_eq!(
+        pm.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("release"))
+            .map(String::as_str),
+        Some("prometheus")
+    );
+}
+
+#[test]
+fn a_service_without_metrics_auth_is_plain_http_and_no_pod_monitor_unless_enabled() {
+    let mut obj = hostpath();
+    obj.spec.monitoring = Some(Default::default());
+    let r = must_render(&obj);
+    assert!(r.metrics_service.is_some());
+    assert!(r.pod_monitor.is_none());
+    let provisioner = container(pod(&r, Component::Controller), names::CONTAINER_PROVISIONER);
+    let port = provisioner
+        .ports
+        .iter()
+        .flatten()
+        .next()
+        .expect("a named metrics port");
+    assert_eq!(port.name.as_deref(), Some("provisioner"));
+    assert!(!provisioner
+        .args
+        .iter()
+        .flatten()
+        .any(|a| a == "--metrics-auth"));
 }
 
 // ---------------------------------------------------------------- helpers

@@ -14,6 +14,7 @@ pub mod cluster;
 pub mod conflict;
 pub mod error;
 pub mod events;
+mod monitoring;
 pub mod node_taints;
 pub mod pod_events;
 pub mod retry;
@@ -334,7 +335,9 @@ async fn drive(
 
     if !spec.paused {
         apply_supporting(obj, ctx, owner, rendered).await?;
-        if status.map(|s| s.observed_generation) != obj.metadata.generation {
+        let spec_changed = status.map(|s| s.observed_generation) != obj.metadata.generation;
+        monitoring::apply_monitoring(&ctx.client, owner, rendered, spec_changed).await?;
+        if spec_changed {
             let cluster = ClusterScoped::new(&ctx.client, labels::cluster_owner_selector(obj));
             let pruned = cluster.prune(rendered).await?;
             if pruned > 0 {

@@ -89,6 +89,7 @@ pub(super) async fn teardown(
                 delete_owned(&ds_api, "DaemonSet", &names::node_name(obj), owner).await?;
             }
             TeardownAction::CleanupClusterScoped => {
+                super::monitoring::delete_monitoring(&ctx.client, owner).await?;
                 cluster.delete_all().await?;
             }
             TeardownAction::RemoveFinalizer => {

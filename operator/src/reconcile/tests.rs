@@ -33,8 +33,13 @@ struct Fixture {
 
 impl Fixture {
     fn new(obj: Value) -> Self {
+        Self::with(obj, [])
+    }
+
+    /// With more objects on the fake API server (by path).
+    fn with<'a>(obj: Value, more: impl IntoIterator<Item = (&'a str, Value)>) -> Self {
         let log = Log::default();
-        let objects = testing::Objects::new([(OBJ, obj.clone())]);
+        let objects = testing::Objects::new(std::iter::once((OBJ, obj.clone())).chain(more));
         let server = objects.clone();
         let client = testing::client(&log, move |call| server.answer(call));
         let (deployments, mut writer) = reflector::store();
@@ -155,4 +160,80 @@ async fn a_deleted_object_with_nothing_left_only_loses_its_finalizer() {
         .unwrap()
         .body;
     assert_eq!(patch["metadata"]["finalizers"], json!([]));
+}
+
+/// `spec.monitoring` with a PodMonitor wanted.
+fn monitored() -> Value {
+    cdd(
+        json!({}),
+        json!({"monitoring": {"metricsAuth": true, "podMonitor": {"enabled": true}}}),
+    )
+}
+
+const SERVICE: &str = "PATCH /api/v1/namespaces/storage/services/hp-metrics";
+const POD_MONITOR: &str =
+    "PATCH /apis/monitoring.coreos.com/v1/namespaces/storage/podmonitors/hp-metrics";
+
+#[tokio::test]
+async fn without_the_pod_monitor_crd_the_service_is_applied_and_nothing_fails() {
+    let fx = Fixture::new(monitored());
+    fx.reconcile().await.expect("reconciled");
+    let writes = fx.writes();
+    let service = writes.iter().position(|w| w == SERVICE);
+    let daemonset = writes
+        .iter()
+        .position(|w| w.ends_with("/daemonsets/hp-node"));
+    assert!(service.is_some() && service < daemonset, "{writes:#?}");
+    assert!(
+        !writes.iter().any(|w| w.contains("podmonitors")),
+        "{writes:#?}"
+    );
+    // The reviewing sidecars may review.
+    let role = fx
+        .objects
+        .get("/apis/rbac.authorization.k8s.io/v1/clusterroles/csiops:hp.csi.example.com:node")
+        .expect("node role");
+    assert!(role.to_string().contains("tokenreviews"), "{role}");
+}
+
+#[tokio::test]
+async fn with_the_pod_monitor_crd_the_pod_monitor_is_applied_and_removed_with_the_spec() {
+    let discovery = json!({
+        "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "monitoring.coreos.com/v1",
+        "resources": [{"name": "podmonitors", "singularName": "podmonitor", "namespaced": true,
+                       "kind": "PodMonitor", "verbs": ["get", "list", "create", "patch", "delete"]}],
+    });
+    let fx = Fixture::with(monitored(), [("/apis/monitoring.coreos.com/v1", discovery)]);
+    fx.reconcile().await.expect("reconciled");
+    let writes = fx.writes();
+    assert!(writes.iter().any(|w| w == SERVICE), "{writes:#?}");
+    assert!(writes.iter().any(|w| w == POD_MONITOR), "{writes:#?}");
+
+    // Monitoring turned off (a new generation): both are deleted.
+    let mut obj = fx.objects.get(OBJ).expect("the object");
+    obj["metadata"]["generation"] = json!(2);
+    obj["spec"]
+        .as_object_mut()
+        .expect("spec")
+        .remove("monitoring");
+    fx.objects.put(OBJ, obj);
+    fx.log.clear();
+    fx.reconcile().await.expect("reconciled");
+    let deletes: Vec<_> = fx
+        .log
+        .calls()
+        .into_iter()
+        .filter(|c| c.method == "DELETE")
+        .map(|c| c.path)
+        .collect();
+    assert!(
+        deletes.iter().any(|p| p.ends_with("/services/hp-metrics")),
+        "{deletes:#?}"
+    );
+    assert!(
+        deletes
+            .iter()
+            .any(|p| p.ends_with("/podmonitors/hp-metrics")),
+        "{deletes:#?}"
+    );
 }

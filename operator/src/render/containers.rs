@@ -13,6 +13,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::error::RenderError;
+use super::monitoring;
 use super::names::{
     CONTAINER_ATTACHER, CONTAINER_DRIVER, CONTAINER_HEALTH_MONITOR, CONTAINER_LIVENESS_PROBE,
     CONTAINER_PROVISIONER, CONTAINER_REGISTRAR, CONTAINER_RESIZER, CONTAINER_SNAPSHOTTER,
@@ -95,10 +96,12 @@ pub(crate) fn socket_dir_mount() -> VolumeMount {
     }
 }
 
-fn http_get(path: &str, port: IntOrString) -> Option<HTTPGetAction> {
+/// `scheme`: HTTPS when the sidecar behind `port` serves `--metrics-auth`.
+fn http_get(path: &str, port: IntOrString, scheme: Option<String>) -> Option<HTTPGetAction> {
     Some(HTTPGetAction {
         path: Some(path.to_string()),
         port,
+        scheme,
         ..Default::default()
     })
 }
@@ -158,6 +161,7 @@ pub(crate) fn driver_container(ctx: &Ctx<'_>, placement: DriverPlacement<'_>) ->
             http_get: http_get(
                 "/healthz",
                 IntOrString::String(HEALTHZ_PORT_NAME.to_string()),
+                monitoring::probe_scheme(ctx),
             ),
             failure_threshold: Some(5),
             initial_delay_seconds: Some(10),
@@ -213,7 +217,9 @@ fn sidecar_container(
     operator_env: &[EnvVar],
     mut mounts: Vec<VolumeMount>,
 ) -> Result<Container, RenderError> {
+    args.extend(monitoring::sidecar_args(ctx));
     args.extend(spec.extra_args.iter().cloned());
+    mounts.extend(monitoring::sidecar_mounts(ctx));
     mounts.extend(spec.volume_mounts.iter().cloned());
     Ok(Container {
         name: name.to_string(),
@@ -262,7 +268,7 @@ fn controller_sidecar(
 /// names to CreateVolume parameters (`--extra-create-metadata`), as most
 /// drivers expect.
 pub(crate) fn provisioner_container(ctx: &Ctx<'_>) -> Result<Container, RenderError> {
-    controller_sidecar(
+    let mut container = controller_sidecar(
         ctx,
         CONTAINER_PROVISIONER,
         "provisioner",
@@ -270,12 +276,18 @@ pub(crate) fn provisioner_container(ctx: &Ctx<'_>) -> Result<Container, RenderEr
         &ctx.spec().sidecars.provisioner,
         PROVISIONER_HTTP_PORT,
         &["--extra-create-metadata"],
-    )
+    )?;
+    container.ports = monitoring::metrics_port(
+        ctx,
+        monitoring::PROVISIONER_PORT_NAME,
+        PROVISIONER_HTTP_PORT,
+    );
+    Ok(container)
 }
 
 /// `csi-attacher`: handles VolumeAttachments (ControllerPublish/Unpublish).
 pub(crate) fn attacher_container(ctx: &Ctx<'_>) -> Result<Container, RenderError> {
-    controller_sidecar(
+    let mut container = controller_sidecar(
         ctx,
         CONTAINER_ATTACHER,
         "attacher",
@@ -283,7 +295,10 @@ pub(crate) fn attacher_container(ctx: &Ctx<'_>) -> Result<Container, RenderError
         &ctx.spec().sidecars.attacher,
         ATTACHER_HTTP_PORT,
         &[],
-    )
+    )?;
+    container.ports =
+        monitoring::metrics_port(ctx, monitoring::ATTACHER_PORT_NAME, ATTACHER_HTTP_PORT);
+    Ok(container)
 }
 
 /// Which upstream helper: its container name, `spec.sidecars` key, default
@@ -452,6 +467,7 @@ pub(crate) fn registrar_container(ctx: &Ctx<'_>) -> Result<Container, RenderErro
         http_get: http_get(
             "/healthz",
             IntOrString::String(REGISTRAR_PORT_NAME.to_string()),
+            monitoring::probe_scheme(ctx),
         ),
         initial_delay_seconds: Some(5),
         timeout_seconds: Some(5),

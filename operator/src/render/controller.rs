@@ -122,12 +122,9 @@ pub(crate) fn controller(ctx: &Ctx<'_>) -> Result<(ControllerWorkload, String), 
         empty_dir: Some(EmptyDirVolumeSource::default()),
         ..Default::default()
     };
-    apply_pod_settings(
-        &mut pod,
-        &mut template_meta,
-        vec![socket_dir],
-        &spec.controller.pod,
-    );
+    let mut volumes = vec![socket_dir];
+    volumes.extend(super::monitoring::pod_volumes(ctx));
+    apply_pod_settings(&mut pod, &mut template_meta, volumes, &spec.controller.pod);
 
     let selector = LabelSelector {
         match_labels: Some(selector_labels(obj, Component::Controller)),

@@ -14,6 +14,7 @@ mod csidriver;
 mod error;
 pub mod hash;
 pub mod labels;
+pub mod monitoring;
 pub mod names;
 mod node;
 pub mod rbac;
@@ -26,7 +27,7 @@ use csiops_crds::{
     CSIDriverDeployment, CSIDriverDeploymentSpec, DnsPolicy, ExtraContainerPod, PodSettings,
 };
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{LocalObjectReference, PodSpec, ServiceAccount, Volume};
+use k8s_openapi::api::core::v1::{LocalObjectReference, PodSpec, Service, ServiceAccount, Volume};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -77,6 +78,12 @@ pub struct Rendered {
     pub controller: ControllerWorkload,
     pub daemonset: DaemonSet,
     pub storage_classes: Vec<StorageClass>,
+    /// The headless metrics Service (`spec.monitoring` set); `None`: delete
+    /// a leftover one.
+    pub metrics_service: Option<Service>,
+    /// The PodMonitor (`spec.monitoring.podMonitor.enabled`), applied only
+    /// where its CRD exists; `None`: delete a leftover one.
+    pub pod_monitor: Option<kube::api::DynamicObject>,
     /// Hash of the controller workload's spec (including replicas and kind).
     pub controller_hash: String,
     /// Hash of the DaemonSet spec.
@@ -115,6 +122,8 @@ pub fn render(obj: &CSIDriverDeployment, cfg: &RenderConfig) -> Result<Rendered,
         controller,
         daemonset,
         storage_classes: storageclass::storage_classes(&ctx),
+        metrics_service: monitoring::service(&ctx),
+        pod_monitor: monitoring::pod_monitor(&ctx),
         controller_hash,
         node_hash,
     })

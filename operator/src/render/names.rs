@@ -72,6 +72,17 @@ pub fn node_name(obj: &CSIDriverDeployment) -> String {
     format!("{}{NODE_SUFFIX}", cr_name(obj))
 }
 
+/// `<cr-name>-metrics`: the metrics Service and PodMonitor
+/// (`spec.monitoring`).
+pub fn metrics_name(obj: &CSIDriverDeployment) -> String {
+    metrics_name_of(cr_name(obj))
+}
+
+/// [`metrics_name`] of the object named `cr_name`.
+pub fn metrics_name_of(cr_name: &str) -> String {
+    format!("{cr_name}-metrics")
+}
+
 /// `<cr-name>-leader-election`: the namespaced Role and RoleBinding that let
 /// the controller sidecars elect a leader.
 pub fn leader_election_role_name(obj: &CSIDriverDeployment) -> String {

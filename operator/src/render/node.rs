@@ -95,7 +95,7 @@ pub(crate) fn daemonset(ctx: &Ctx<'_>) -> Result<(DaemonSet, String), RenderErro
             .map(extra_container),
     );
 
-    let volumes = vec![
+    let mut volumes = vec![
         // Where the driver creates its socket; kubelet dials it here.
         host_path(
             VOLUME_SOCKET_DIR,
@@ -110,6 +110,7 @@ pub(crate) fn daemonset(ctx: &Ctx<'_>) -> Result<(DaemonSet, String), RenderErro
         ),
         host_path(VOLUME_KUBELET_DIR, kubelet_dir, "Directory"),
     ];
+    volumes.extend(super::monitoring::pod_volumes(ctx));
 
     let mut pod = PodSpec {
         service_account_name: Some(name.clone()),

@@ -14,6 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::containers::Helper;
 use super::labels::{cluster_owner_labels, Component};
+use super::monitoring;
 use super::names::{
     controller_cluster_role_binding_name, controller_cluster_role_name, controller_name,
     leader_election_role_name, node_cluster_role_binding_name, node_cluster_role_name, node_name,
@@ -301,11 +302,13 @@ fn cluster_role_and_binding(
 }
 
 /// Controller role (if a controller sidecar runs), then node role (if the
-/// registrar runs), each with its binding at the same index.
+/// registrar runs, or a sidecar that reviews metrics callers), each with
+/// its binding at the same index.
 pub(crate) fn cluster_roles(ctx: &Ctx<'_>) -> (Vec<ClusterRole>, Vec<ClusterRoleBinding>) {
     let mut roles = Vec::new();
     let mut bindings = Vec::new();
-    let controller_sets = controller_grants(ctx);
+    let mut controller_sets = controller_grants(ctx);
+    controller_sets.extend(monitoring::auth_grants(ctx, Component::Controller));
     if !controller_sets.is_empty() {
         let (role, binding) = cluster_role_and_binding(
             ctx,
@@ -317,13 +320,18 @@ pub(crate) fn cluster_roles(ctx: &Ctx<'_>) -> (Vec<ClusterRole>, Vec<ClusterRole
         roles.push(role);
         bindings.push(binding);
     }
+    let mut node_sets: Vec<&[Grant]> = Vec::new();
     if ctx.registrar_enabled() {
+        node_sets.push(REGISTRAR_GRANTS);
+    }
+    node_sets.extend(monitoring::auth_grants(ctx, Component::Node));
+    if !node_sets.is_empty() {
         let (role, binding) = cluster_role_and_binding(
             ctx,
             node_cluster_role_name(ctx.obj),
             node_cluster_role_binding_name(ctx.obj),
             node_name(ctx.obj),
-            merge_rules(&[REGISTRAR_GRANTS]),
+            merge_rules(&node_sets),
         );
         roles.push(role);
         bindings.push(binding);

@@ -27,6 +27,9 @@ pub const CONTROLLER_SIDECAR_MANAGED_FLAGS: &[&str] = &[
     "http-endpoint",
     "metrics-address",
     "v",
+    "metrics-auth",
+    "metrics-tls-cert-file",
+    "metrics-tls-key-file",
 ];
 /// Flags of the registrar that the operator sets itself (`--health-port`:
 /// refused next to `--http-endpoint`, as upstream).
@@ -35,6 +38,9 @@ pub const REGISTRAR_MANAGED_FLAGS: &[&str] = &[
     "kubelet-registration-path",
     "plugin-registration-path",
     "http-endpoint",
+    "metrics-auth",
+    "metrics-tls-cert-file",
+    "metrics-tls-key-file",
     // Set from `spec.node.readinessTaint`.
     "readiness-taint-key",
     "health-port",
@@ -47,6 +53,9 @@ pub const LIVENESS_PROBE_MANAGED_FLAGS: &[&str] = &[
     "http-endpoint",
     "health-port",
     "metrics-address",
+    "metrics-auth",
+    "metrics-tls-cert-file",
+    "metrics-tls-key-file",
 ];
 /// Flags of the upstream helpers that the operator sets itself.
 /// `--metrics-address` too: upstream refuses to start when it is set next to

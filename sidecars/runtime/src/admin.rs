@@ -11,6 +11,24 @@
 //! The listener is bound once, by [`bind`], before anything else starts: a
 //! taken port fails the start, and nothing can take the port between a bind
 //! and a serve.
+//!
+//! With `--metrics-auth` ([`MetricsAuthArgs`]) the same port speaks HTTPS
+//! only ([`tls`]) and the metrics answer only callers whose bearer token the
+//! API server authenticates and authorizes ([`access`]): 401 without a
+//! valid token, 403 without the permission. `/healthz` and `/readyz` stay
+//! open on that HTTPS port, on purpose: kubelet's probes carry no
+//! credentials (and skip certificate verification for `scheme: HTTPS`, so a
+//! self-signed certificate is fine), the answers say only what the pod's
+//! status already shows, and a second, plain port just for probes would be
+//! one more port on every node to open, document and keep unauthenticated
+//! anyway.
+
+pub mod access;
+mod secure;
+pub mod tls;
+pub mod verdicts;
+
+pub use secure::MetricsAuthArgs;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -19,7 +37,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
@@ -52,6 +70,10 @@ pub struct AdminState {
     metrics_path: String,
     health: Option<HealthCheck>,
     ready: Option<Arc<AtomicBool>>,
+    /// `--metrics-auth`: who may read the metrics.
+    gate: Option<Arc<access::MetricsGate>>,
+    /// `--metrics-auth`: the HTTPS configuration of the whole server.
+    tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl std::fmt::Debug for AdminState {
@@ -59,6 +81,7 @@ impl std::fmt::Debug for AdminState {
         f.debug_struct("AdminState")
             .field("metrics_path", &self.metrics_path)
             .field("ready", &self.ready)
+            .field("metrics_auth", &self.gate.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -71,6 +94,8 @@ impl AdminState {
             metrics_path: "/metrics".to_string(),
             health: None,
             ready: None,
+            gate: None,
+            tls: None,
         }
     }
 
@@ -91,6 +116,23 @@ impl AdminState {
     pub fn ready(mut self, ready: Arc<AtomicBool>) -> Self {
         self.ready = Some(ready);
         self
+    }
+
+    /// Serves HTTPS with `config` and lets only callers `gate` allows read
+    /// the metrics (see [`MetricsAuthArgs::secure`]).
+    pub fn metrics_auth(
+        mut self,
+        gate: Arc<access::MetricsGate>,
+        config: Arc<rustls::ServerConfig>,
+    ) -> Self {
+        self.gate = Some(gate);
+        self.tls = Some(config);
+        self
+    }
+
+    /// Whether the server speaks HTTPS and checks metrics callers.
+    pub fn is_metrics_auth(&self) -> bool {
+        self.gate.is_some()
     }
 }
 
@@ -114,6 +156,12 @@ pub enum AdminError {
     /// The server's task panicked or was aborted.
     #[error("admin server task failed")]
     Task(#[source] tokio::task::JoinError),
+    /// `--metrics-auth`: no usable certificate.
+    #[error("cannot serve metrics over HTTPS")]
+    Tls(#[from] tls::TlsError),
+    /// `--metrics-auth`: no client to review callers with.
+    #[error("cannot check metrics callers")]
+    Client(#[source] crate::kube::ConfigError),
 }
 
 /// Builds the admin routes. Public so that tests can drive it without a
@@ -149,17 +197,27 @@ impl Server {
 /// Serves the admin routes on `listener` until `shutdown` is cancelled, then
 /// lets in-flight requests finish.
 pub fn serve_on(listener: TcpListener, state: AdminState, shutdown: CancellationToken) -> Server {
+    let https = state.tls.is_some();
     match listener.local_addr() {
-        Ok(local) => tracing::info!(addr = %local, "admin server listening"),
+        Ok(local) => tracing::info!(addr = %local, https, "admin server listening"),
         Err(error) => {
             tracing::warn!(error = %chain(&error), "admin server listening on unknown address")
         }
     }
     Server(tokio::spawn(async move {
-        axum::serve(listener, router(state))
-            .with_graceful_shutdown(shutdown.cancelled_owned())
-            .await
-            .map_err(AdminError::Serve)?;
+        match state.tls.clone() {
+            Some(config) => {
+                axum::serve(tls::TlsListener::new(listener, config), router(state))
+                    .with_graceful_shutdown(shutdown.cancelled_owned())
+                    .await
+            }
+            None => {
+                axum::serve(listener, router(state))
+                    .with_graceful_shutdown(shutdown.cancelled_owned())
+                    .await
+            }
+        }
+        .map_err(AdminError::Serve)?;
         tracing::info!("admin server stopped");
         Ok(())
     }))
@@ -174,7 +232,13 @@ pub async fn serve(
     Ok(serve_on(bind(addr).await?, state, shutdown))
 }
 
-async fn metrics(State(state): State<AdminState>) -> Response {
+async fn metrics(State(state): State<AdminState>, headers: HeaderMap) -> Response {
+    if let Some(gate) = &state.gate {
+        let outcome = gate.check(&headers, &state.metrics_path).await;
+        if let Some(refused) = access::refusal(&outcome) {
+            return refused;
+        }
+    }
     match state.metrics.encode() {
         Ok(body) => (
             StatusCode::OK,
@@ -429,5 +493,141 @@ mod tests {
         assert_eq!(get(server.addr, "/readyz").await.status, 404);
         assert_eq!(get(server.addr, "/metrics").await.status, 404);
         server.shutdown().await;
+    }
+    /// Allows the token "good", forbids "other", rejects the rest.
+    struct Tokens;
+
+    impl access::Reviewer for Tokens {
+        fn review<'a>(&'a self, token: &'a str, _path: &'a str) -> access::ReviewFuture<'a> {
+            Box::pin(async move {
+                Ok(match token {
+                    "good" => verdicts::Verdict::Allowed,
+                    "other" => verdicts::Verdict::Forbidden,
+                    _ => verdicts::Verdict::Unauthenticated,
+                })
+            })
+        }
+    }
+
+    /// One HTTPS request trusting only `ca`; the status and the body.
+    async fn get_tls(
+        addr: SocketAddr,
+        ca: &rustls::pki_types::CertificateDer<'static>,
+        path: &str,
+        token: Option<&str>,
+    ) -> (u16, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca.clone()).unwrap();
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let mut tls = connector.connect(name, tcp).await.unwrap();
+        let auth = token
+            .map(|t| format!("Authorization: Bearer {t}\r\n"))
+            .unwrap_or_default();
+        let request =
+            format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n{auth}Connection: close\r\n\r\n");
+        tls.write_all(request.as_bytes()).await.unwrap();
+        let mut raw = String::new();
+        // rustls reports a peer that closes without close_notify as an
+        // error after the whole response was read; the text is what counts.
+        let _ = tls.read_to_string(&mut raw).await;
+        let status = raw.split_whitespace().nth(1).unwrap().parse().unwrap();
+        let body = raw.split_once("\r\n\r\n").unwrap().1.to_string();
+        (status, body)
+    }
+
+    #[tokio::test]
+    async fn metrics_auth_serves_https_and_checks_callers_but_not_probes() {
+        let dir = tempfile::tempdir().unwrap();
+        let made = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+        let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+        std::fs::write(&cert, made.cert.pem()).unwrap();
+        std::fs::write(&key, made.signing_key.serialize_pem()).unwrap();
+        let config = tls::server_config(&tls::CertSource::Files {
+            cert: cert.clone(),
+            key,
+        })
+        .unwrap();
+        let gate = Arc::new(access::MetricsGate::new(Arc::new(Tokens)));
+        let (state, _, ready) = state();
+        let state = state.metrics_auth(gate, config);
+        assert!(state.is_metrics_auth());
+        let server = start(state).await;
+        let ca = made.cert.der().clone();
+
+        let (status, body) = get_tls(server.addr, &ca, "/metrics", Some("good")).await;
+        assert_eq!(status, 200);
+        assert!(body.contains("errors_total"), "{body}");
+        assert_eq!(
+            get_tls(server.addr, &ca, "/metrics", Some("other")).await.0,
+            403
+        );
+        assert_eq!(
+            get_tls(server.addr, &ca, "/metrics", Some("bad")).await.0,
+            401
+        );
+        assert_eq!(get_tls(server.addr, &ca, "/metrics", None).await.0, 401);
+        // Probes need no token.
+        assert_eq!(get_tls(server.addr, &ca, "/healthz", None).await.0, 200);
+        ready.store(true, Ordering::Release);
+        assert_eq!(get_tls(server.addr, &ca, "/readyz", None).await.0, 200);
+        // Plain HTTP gets no answer: the port speaks TLS only.
+        let plain = tokio::task::spawn_blocking(move || {
+            let mut s = std::net::TcpStream::connect(server.addr).unwrap();
+            s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+                .unwrap();
+            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                .unwrap();
+            let mut raw = Vec::new();
+            let _ = s.read_to_end(&mut raw);
+            raw
+        })
+        .await
+        .unwrap();
+        assert!(!String::from_utf8_lossy(&plain).contains("errors_total"));
+
+        server.shutdown().await;
+    }
+
+    #[test]
+    fn unusable_certificate_files_are_errors_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let cert = dir.path().join("tls.crt");
+        std::fs::write(&cert, "not pem").unwrap();
+        let err = tls::server_config(&tls::CertSource::Files {
+            cert: cert.clone(),
+            key: dir.path().join("missing.key"),
+        })
+        .unwrap_err();
+        assert!(
+            chain(&err).to_string().contains("tls.crt"),
+            "{}",
+            chain(&err)
+        );
+        let made = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+        std::fs::write(&cert, made.cert.pem()).unwrap();
+        let err = tls::server_config(&tls::CertSource::Files {
+            cert,
+            key: dir.path().join("missing.key"),
+        })
+        .unwrap_err();
+        assert!(
+            chain(&err).to_string().contains("missing.key"),
+            "{}",
+            chain(&err)
+        );
+        assert!(tls::server_config(&tls::CertSource::SelfSigned {
+            names: vec!["localhost".into()]
+        })
+        .is_ok());
     }
 }

@@ -191,6 +191,12 @@ impl Objects {
         self.state().objects.get(path).cloned()
     }
 
+    /// Stores `object` at `path`, as if someone else had written it (a
+    /// user's edit between two reconciliations).
+    pub fn put(&self, path: &str, object: Value) {
+        self.state().objects.insert(path.to_string(), object);
+    }
+
     /// The answer to `call` (pass `move |c| objects.answer(c)` to [`client`]).
     pub fn answer(&self, call: &Call) -> Reply {
         let path = call.path.trim_end_matches("/status");

@@ -163,8 +163,14 @@ pub async fn run(args: AttacherArgs) -> Result<(), SidecarError> {
     };
     tracing::info!(driver = %driver_name, ?mode, ?publish_caps, "driver found");
     let check = probe_check(&driver, args.common.timeout);
-    role.serve_admin(http_addr, &args.common, &metrics, check)
-        .await?;
+    role.serve_admin(
+        http_addr,
+        &args.common,
+        &metrics,
+        check,
+        args.kube.kubeconfig.as_deref(),
+    )
+    .await?;
 
     let cfg = controller::Config {
         driver_name: driver_name.clone(),

@@ -36,6 +36,11 @@ pub struct CommonArgs {
     #[arg(long, value_enum, default_value_t = LogFormat::Text, alias = "logging-format")]
     pub log_format: LogFormat,
 
+    /// `--metrics-auth` and its certificate (HTTPS, TokenReview and
+    /// SubjectAccessReview on the metrics path).
+    #[command(flatten)]
+    pub metrics_auth: csiops_runtime::admin::MetricsAuthArgs,
+
     #[command(flatten)]
     pub compat: super::compat::CompatArgs,
 }

@@ -2,6 +2,7 @@
 //! the driver connection and, for the controllers, running under the Lease.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -48,20 +49,26 @@ impl Role {
 
     /// Serves `/healthz` (answered by `health`) and the metrics at
     /// `--metrics-path` on `addr`, if there is one, until shutdown. A taken
-    /// port is an error at once.
+    /// port is an error at once. With `--metrics-auth`, over HTTPS and
+    /// checking metrics callers with a client of `kubeconfig` (the role's
+    /// `--kubeconfig`; else in-cluster or `KUBECONFIG`).
     pub async fn serve_admin(
         &mut self,
         addr: Option<SocketAddr>,
         common: &CommonArgs,
         metrics: &Arc<Metrics>,
         health: HealthCheck,
+        kubeconfig: Option<&Path>,
     ) -> Result<(), SidecarError> {
         let Some(addr) = addr else { return Ok(()) };
+        // Bound before the client is made: a taken port fails first.
+        let listener = admin::bind(addr).await?;
         let state = AdminState::new(metrics.clone())
             .metrics_path(&common.metrics_path)
             .health(health);
+        let state = common.metrics_auth.secure(state, kubeconfig).await?;
         self.admin
-            .push(admin::serve(addr, state, self.shutdown.clone()).await?);
+            .push(admin::serve_on(listener, state, self.shutdown.clone()));
         Ok(())
     }
 

@@ -143,16 +143,19 @@ pub async fn run(args: LivenessArgs) -> Result<(), SidecarError> {
         Box::pin(async move { p.check().await })
     });
     // The separate metrics server of --metrics-address also answers
-    // /healthz (with the same check): one kind of server, two ports.
+    // /healthz (with the same check): one kind of server, two ports. No
+    // --kubeconfig here (upstream has none): with --metrics-auth the
+    // client is in-cluster, or KUBECONFIG's.
     role.serve_admin(
         Some(endpoints.health),
         &args.common,
         &metrics,
         check.clone(),
+        None,
     )
     .await?;
     if let Some(addr) = endpoints.metrics {
-        role.serve_admin(Some(addr), &args.common, &metrics, check)
+        role.serve_admin(Some(addr), &args.common, &metrics, check, None)
             .await?;
     }
     tracing::info!(csi_address = %args.common.csi_address, "liveness probe ready");

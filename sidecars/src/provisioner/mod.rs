@@ -107,8 +107,14 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
     // Served before the driver answers: the provisioner is alive while it
     // waits (upstream serves no driver check here either).
     let ok: HealthCheck = Arc::new(|| Box::pin(async { Ok(()) }));
-    role.serve_admin(checked.http_addr, &args.common, &metrics, ok)
-        .await?;
+    role.serve_admin(
+        checked.http_addr,
+        &args.common,
+        &metrics,
+        ok,
+        args.kube.kubeconfig.as_deref(),
+    )
+    .await?;
 
     let Some(driver) = role.connect(&args.common, &metrics, Wait::Ready).await else {
         return role.finish(Ok(())).await;

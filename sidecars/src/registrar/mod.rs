@@ -195,8 +195,14 @@ pub async fn run(args: RegistrarArgs) -> Result<(), SidecarError> {
     )?;
 
     let check = health::check(path.clone(), driver_name.clone(), args.common.timeout);
-    role.serve_admin(http_addr, &args.common, &metrics, check)
-        .await?;
+    role.serve_admin(
+        http_addr,
+        &args.common,
+        &metrics,
+        check,
+        args.kubeconfig.as_deref(),
+    )
+    .await?;
     let shutdown = role.shutdown.clone();
 
     // CSINode maintenance, if it can run (see `access`); decided beside the
