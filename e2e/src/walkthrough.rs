@@ -28,10 +28,34 @@ const DATA_MOUNT: &str = "/csi-data";
 /// Applies `manifests/install.yaml` unmodified and waits until the
 /// operator's Deployment is ready.
 pub async fn install_operator(cluster: &Cluster) -> Result<()> {
+    install_operator_tolerating(cluster, None).await
+}
+
+/// [`install_operator`], the operator's pod also tolerating the NoSchedule
+/// taint `key` (as a user sets it through the Helm chart's `tolerations`).
+pub async fn install_operator_tolerating(cluster: &Cluster, key: Option<&str>) -> Result<()> {
     let install = testkit::workspace_root().join("manifests/install.yaml");
     cluster
         .kubectl_ok(["apply", "--server-side", "-f", &install.to_string_lossy()])
         .await?;
+    if let Some(key) = key {
+        let patch = serde_json::json!([{
+            "op": "add",
+            "path": "/spec/template/spec/tolerations",
+            "value": [{"key": key, "operator": "Exists", "effect": "NoSchedule"}],
+        }]);
+        cluster
+            .kubectl_ok([
+                "-n",
+                "csiops-system",
+                "patch",
+                "deployment/csiops-operator",
+                "--type=json",
+                "-p",
+                &patch.to_string(),
+            ])
+            .await?;
+    }
     cluster
         .kubectl_ok([
             "-n",

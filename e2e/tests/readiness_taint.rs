@@ -17,7 +17,7 @@
 use std::time::Duration;
 
 use csiops_e2e::realnode::{images, NODE_NAME};
-use csiops_e2e::walkthrough::{VolumeDriver, DRIVER, NAME, NS};
+use csiops_e2e::walkthrough::{self, VolumeDriver, DRIVER, NAME, NS};
 use csiops_e2e::{testkit, wait_for, Cluster, ClusterOptions};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::storage::v1::CSINode;
@@ -69,7 +69,25 @@ async fn pods_wait_for_the_driver_on_a_node_registered_with_the_readiness_taint(
     // The operator tolerates the taint, as a user sets it through the Helm
     // chart's `tolerations`: otherwise nothing could run on a cluster whose
     // only node waits for the driver.
-    install_operator_tolerating(&cluster, &key).await;
+    walkthrough::install_operator_tolerating(&cluster, Some(&key))
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "operator ready: {e}\n--- pods\n{}\n--- operator (previous)\n{}",
+                testkit::kubectl_text(&cluster, &["get", "pods", "-A", "-o", "wide"]),
+                testkit::kubectl_text(
+                    &cluster,
+                    &[
+                        "-n",
+                        "csiops-system",
+                        "logs",
+                        "deployment/csiops-operator",
+                        "--previous",
+                        "--tail=30"
+                    ]
+                ),
+            )
+        });
 
     // A pod that tolerates nothing cannot land on the node.
     testkit::apply_ok(
@@ -116,7 +134,7 @@ async fn pods_wait_for_the_driver_on_a_node_registered_with_the_readiness_taint(
 
     // --- The node pod starts: it registers, then removes the taint. ----------
     set_gate(&cluster, true).await;
-    csiops_e2e::walkthrough::wait_pod_running(&cluster, "bystander-1", DEADLINE)
+    walkthrough::wait_pod_running(&cluster, "bystander-1", DEADLINE)
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", diagnostics(&cluster)));
     assert!(
@@ -195,7 +213,7 @@ async fn pods_wait_for_the_driver_on_a_node_registered_with_the_readiness_taint(
     wait_tainted_count(&cluster, "1").await;
 
     set_gate(&cluster, true).await;
-    csiops_e2e::walkthrough::wait_pod_running(&cluster, "bystander-2", DEADLINE)
+    walkthrough::wait_pod_running(&cluster, "bystander-2", DEADLINE)
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", diagnostics(&cluster)));
     assert!(csinode_lists_driver(&client).await);
@@ -225,60 +243,6 @@ async fn pods_wait_for_the_driver_on_a_node_registered_with_the_readiness_taint(
         .unwrap_or_else(|e| panic!("teardown: {e}\n{}", diagnostics(&cluster)));
     let left = cluster.stop_and_report().await.expect("cluster stops");
     assert!(left.is_empty(), "left on the host: {left:?}");
-}
-
-/// Applies `manifests/install.yaml`, adds a toleration of `key` to the
-/// operator's pod, and waits until the operator is ready.
-async fn install_operator_tolerating(cluster: &Cluster, key: &str) {
-    let install = testkit::workspace_root().join("manifests/install.yaml");
-    cluster
-        .kubectl_ok(["apply", "--server-side", "-f", &install.to_string_lossy()])
-        .await
-        .expect("install.yaml applies");
-    let patch = serde_json::json!([{
-        "op": "add",
-        "path": "/spec/template/spec/tolerations",
-        "value": [{"key": key, "operator": "Exists", "effect": "NoSchedule"}],
-    }]);
-    cluster
-        .kubectl_ok([
-            "-n",
-            "csiops-system",
-            "patch",
-            "deployment/csiops-operator",
-            "--type=json",
-            "-p",
-            &patch.to_string(),
-        ])
-        .await
-        .expect("toleration patch");
-    cluster
-        .kubectl_ok([
-            "-n",
-            "csiops-system",
-            "rollout",
-            "status",
-            "deployment/csiops-operator",
-            "--timeout=180s",
-        ])
-        .await
-        .unwrap_or_else(|e| {
-            panic!(
-                "operator ready: {e}\n--- pods\n{}\n--- operator (previous)\n{}",
-                testkit::kubectl_text(cluster, &["get", "pods", "-A", "-o", "wide"]),
-                testkit::kubectl_text(
-                    cluster,
-                    &[
-                        "-n",
-                        "csiops-system",
-                        "logs",
-                        "deployment/csiops-operator",
-                        "--previous",
-                        "--tail=30"
-                    ]
-                ),
-            )
-        });
 }
 
 /// A pod on the real node that tolerates nothing and uses no volume.

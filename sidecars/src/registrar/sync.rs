@@ -149,11 +149,7 @@ impl NodeInfoSync {
 
     /// Writes the driver's entry, labels and annotation; `true` if anything was written.
     pub async fn install(&self, info: &DriverNodeInfo) -> Result<bool, SyncError> {
-        let node = self
-            .nodes
-            .get_opt(&self.node_name)
-            .await?
-            .ok_or_else(|| SyncError::NoNode(self.node_name.clone()))?;
+        let node = self.node().await?;
         let mut wrote = false;
         let change = nodeinfo::node_install(&node, &self.driver_name, info);
         wrote |= self.patch_node(&node, &change).await?;
@@ -182,17 +178,21 @@ impl NodeInfoSync {
         Ok(wrote)
     }
 
+    /// This Node, fresh from the API server.
+    async fn node(&self) -> Result<Node, SyncError> {
+        self.nodes
+            .get_opt(&self.node_name)
+            .await?
+            .ok_or_else(|| SyncError::NoNode(self.node_name.clone()))
+    }
+
     /// Removes the readiness taint from this node, if configured and
     /// present; `true` if the Node was written.
     async fn remove_readiness_taint(&self) -> Result<bool, SyncError> {
         let Some(key) = &self.readiness_taint else {
             return Ok(false);
         };
-        let node = self
-            .nodes
-            .get_opt(&self.node_name)
-            .await?
-            .ok_or_else(|| SyncError::NoNode(self.node_name.clone()))?;
+        let node = self.node().await?;
         let Some(left) = taint::without_taint(&node, key) else {
             return Ok(false);
         };
