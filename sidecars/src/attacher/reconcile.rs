@@ -119,11 +119,11 @@ impl Controller {
         );
         let mut marked = 0;
         for l in &lost {
-            let Some(va) = vas.iter().find(|v| v.name_any() == l.va) else {
+            let Some(va) = self.vas.get_named(&l.va) else {
                 continue;
             };
             tracing::info!(va = %l.va, volume = %l.volume_id, node = %l.node_id, "ListVolumes does not report the volume published to the node; marking the attachment detached to attach it again");
-            match self.mark_detached_for_reattach(va).await {
+            match self.mark_detached_for_reattach(&va).await {
                 Ok(()) => marked += 1,
                 // Changed since the cache saw it (a conflict) or gone: the
                 // next pass looks again.

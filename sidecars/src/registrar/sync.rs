@@ -111,10 +111,10 @@ impl NodeInfoSync {
                         .map(|t| t.segments.into_iter().collect::<BTreeMap<_, _>>())
                         .unwrap_or_default(),
                 };
-                let mut wrote = self.install(&info).await?;
+                let (mut wrote, node) = self.install_with(&info).await?;
                 // Only now: kubelet accepted the driver and its CSINode
                 // entry is written, so a pod scheduled here can mount.
-                wrote |= self.remove_readiness_taint().await?;
+                wrote |= self.remove_readiness_taint(&node).await?;
                 Ok(Outcome::Installed { wrote })
             }
             Err(status) => {
@@ -149,6 +149,12 @@ impl NodeInfoSync {
 
     /// Writes the driver's entry, labels and annotation; `true` if anything was written.
     pub async fn install(&self, info: &DriverNodeInfo) -> Result<bool, SyncError> {
+        Ok(self.install_with(info).await?.0)
+    }
+
+    /// [`install`](Self::install), also returning the Node as read before
+    /// the writes.
+    async fn install_with(&self, info: &DriverNodeInfo) -> Result<(bool, Node), SyncError> {
         let node = self.node().await?;
         let mut wrote = false;
         let change = nodeinfo::node_install(&node, &self.driver_name, info);
@@ -175,7 +181,7 @@ impl NodeInfoSync {
         if wrote {
             tracing::info!(node = %self.node_name, node_id = %info.node_id, "driver registered in CSINode");
         }
-        Ok(wrote)
+        Ok((wrote, node))
     }
 
     /// This Node, fresh from the API server.
@@ -187,11 +193,17 @@ impl NodeInfoSync {
     }
 
     /// Removes the readiness taint from this node, if configured and
-    /// present; `true` if the Node was written.
-    async fn remove_readiness_taint(&self) -> Result<bool, SyncError> {
+    /// present; `true` if the Node was written. `read` is the Node as this
+    /// pass read it: without the key there is nothing to do and no second
+    /// GET; with it, the Node is read again, since the pass may have just
+    /// patched its labels (and the taint patch is guarded by the version).
+    async fn remove_readiness_taint(&self, read: &Node) -> Result<bool, SyncError> {
         let Some(key) = &self.readiness_taint else {
             return Ok(false);
         };
+        if taint::without_taint(read, key).is_none() {
+            return Ok(false);
+        }
         let node = self.node().await?;
         let Some(left) = taint::without_taint(&node, key) else {
             return Ok(false);
