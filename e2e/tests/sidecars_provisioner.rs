@@ -8,7 +8,7 @@ use std::time::Duration;
 use csiops_e2e::provisioning::{ProvisionerBed, DRIVER, TOPOLOGY_KEY};
 use csiops_e2e::{testkit, wait_for, Cluster, ClusterOptions};
 use k8s_openapi::api::core::v1::{
-    PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec, Secret,
+    ConfigMap, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec, Secret,
     VolumeResourceRequirements,
 };
 use k8s_openapi::api::storage::v1::{
@@ -24,6 +24,25 @@ const DEADLINE: Duration = Duration::from_secs(60);
 const POLL: Duration = Duration::from_millis(100);
 const SECRET_VALUE: &str = "s3cr3t-value-never-logged";
 const CLAIM_FINALIZER: &str = "csiops.dev/volume-provisioning";
+/// The label of the provisioner's intent journal ConfigMap.
+const JOURNAL_LABEL: &str = "csiops.dev/provisioning-journal";
+
+/// The volume names in the provisioner's intent journal (the ConfigMap
+/// beside its Lease: `default` here).
+async fn journal_keys(cluster: &Cluster) -> Option<BTreeSet<String>> {
+    let client = cluster.client().ok()?;
+    let maps: Api<ConfigMap> = Api::namespaced(client, NS);
+    let list = maps
+        .list(&ListParams::default().labels(JOURNAL_LABEL))
+        .await
+        .ok()?;
+    Some(
+        list.items
+            .iter()
+            .flat_map(|cm| cm.data.iter().flatten().map(|(k, _)| k.clone()))
+            .collect(),
+    )
+}
 
 fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
     pairs
@@ -567,26 +586,33 @@ async fn failures_become_events_and_are_retried() {
 /// A claim that gets bound to another PV while its own volume was being
 /// created (here: CreateVolume in flight, the provisioner killed, an admin's
 /// pre-bound PV appears) no longer needs that volume: the restarted
-/// provisioner deletes it before letting the claim go.
+/// provisioner's journal sweep deletes it and trims the intent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_bound_elsewhere_leaves_no_volume_behind() {
     let (cluster, mut bed, a) = start(1, &["--delay=CreateVolume=3s"], &[]).await;
     a.add_class(&class("slow", "Delete", "Immediate", &[]))
         .await;
     a.add_claim(&claim("taken", "slow", "1Gi")).await;
-    // Our finalizer is on: CreateVolume is under way. Kill the provisioner.
-    let c = wait_for(DEADLINE, POLL, || async {
-        let c = a.claims.get("taken").await.ok()?;
-        c.finalizers()
-            .iter()
-            .any(|f| f == CLAIM_FINALIZER)
-            .then_some(c)
-    })
-    .await
-    .expect("finalizer on before CreateVolume");
-    bed.kill9_sidecar();
+    let c = a.claims.get("taken").await.expect("claim");
     let uid = c.uid().expect("uid");
     let ours = format!("pvc-{uid}");
+    // The intent is written: CreateVolume is under way. Kill the provisioner.
+    wait_for(DEADLINE, POLL, || async {
+        journal_keys(&cluster).await?.contains(&ours).then_some(())
+    })
+    .await
+    .expect("intent recorded before CreateVolume");
+    bed.kill9_sidecar();
+    assert!(
+        !a.claims
+            .get("taken")
+            .await
+            .expect("claim")
+            .finalizers()
+            .iter()
+            .any(|f| f == CLAIM_FINALIZER),
+        "with the journal, the claim is never written"
+    );
     // The driver finishes the volume nobody will use.
     wait_for(DEADLINE, POLL, || async {
         bed.driver_volumes().ok()?.contains_key(&ours).then_some(())
@@ -623,17 +649,16 @@ async fn a_claim_bound_elsewhere_leaves_no_volume_behind() {
         .create(&PostParams::default(), &static_pv)
         .await
         .expect("static PV");
-    let (c, pv) = bound(&a, "taken").await;
+    let (_, pv) = bound(&a, "taken").await;
     assert_eq!(pv.name_any(), "static-pv");
-    assert!(c.finalizers().iter().any(|f| f == CLAIM_FINALIZER));
-    // Restart: the unused volume is deleted, then the claim is let go.
+    // Restart: the sweep at leader start deletes the unused volume, then
+    // trims its intent.
     bed.start_sidecar().expect("restart");
     wait_for(DEADLINE, POLL, || async {
-        let c = a.claims.get("taken").await.ok()?;
-        (!c.finalizers().iter().any(|f| f == CLAIM_FINALIZER)).then_some(())
+        (!journal_keys(&cluster).await?.contains(&ours)).then_some(())
     })
     .await
-    .expect("claim let go");
+    .expect("intent trimmed");
     assert!(
         !bed.driver_volumes().expect("volumes").contains_key(&ours),
         "the unused volume was left behind"
@@ -777,6 +802,15 @@ async fn kill9_during_provisioning_and_deletion_leaks_nothing() {
             bed.driver_volumes()
         )
     });
+    // Nothing is left in the journal either (trims are written last).
+    if wait_for(DEADLINE, POLL, || async {
+        journal_keys(&cluster).await?.is_empty().then_some(())
+    })
+    .await
+    .is_err()
+    {
+        panic!("intents left: {:?}", journal_keys(&cluster).await);
+    }
     assert!(kills >= 15, "the loop killed the provisioner {kills} times");
     bed.stop_sidecar();
     cluster.stop().await.expect("stop");

@@ -161,6 +161,7 @@ pub fn operator_rules() -> Vec<PolicyRule> {
         rbac::ATTACHER_GRANTS,
         rbac::REGISTRAR_GRANTS,
         rbac::LEADER_ELECTION_GRANTS,
+        rbac::PROVISIONER_NAMESPACED_GRANTS,
         rbac::RESIZER_GRANTS,
         rbac::SNAPSHOTTER_GRANTS,
         rbac::HEALTH_MONITOR_GRANTS,

@@ -185,6 +185,11 @@ pub const LEADER_ELECTION_GRANTS: &[Grant] = &[
     grant("", "events", &["create", "patch"]),
 ];
 
+/// The provisioner's intent journal: one ConfigMap beside its Lease (see
+/// the sidecar's `provisioner::journal`).
+pub const PROVISIONER_NAMESPACED_GRANTS: &[Grant] =
+    &[grant("", "configmaps", &["get", "create", "patch"])];
+
 /// Merges grant sets into policy rules: one rule per apiGroup + resource,
 /// verbs deduplicated and sorted, rules sorted by apiGroup then resource.
 pub fn merge_rules(sets: &[&[Grant]]) -> Vec<PolicyRule> {
@@ -225,6 +230,16 @@ fn controller_grants(ctx: &Ctx<'_>) -> Vec<&'static [Grant]> {
     sets
 }
 
+/// Grants of the controller sidecars in the CR's namespace: leader
+/// election for all, the journal for the provisioner.
+fn namespaced_grants(ctx: &Ctx<'_>) -> Vec<&'static [Grant]> {
+    let mut sets = vec![LEADER_ELECTION_GRANTS];
+    if ctx.provisioner_enabled() {
+        sets.push(PROVISIONER_NAMESPACED_GRANTS);
+    }
+    sets
+}
+
 pub(crate) fn service_account(ctx: &Ctx<'_>, component: Component) -> ServiceAccount {
     let name = match component {
         Component::Controller => controller_name(ctx.obj),
@@ -255,7 +270,7 @@ pub(crate) fn leader_election(ctx: &Ctx<'_>) -> Option<(Role, RoleBinding)> {
     let name = leader_election_role_name(ctx.obj);
     let role = Role {
         metadata: namespaced_meta(ctx, name.clone(), Component::Controller),
-        rules: Some(merge_rules(&[LEADER_ELECTION_GRANTS])),
+        rules: Some(merge_rules(&namespaced_grants(ctx))),
     };
     let binding = RoleBinding {
         metadata: namespaced_meta(ctx, name.clone(), Component::Controller),

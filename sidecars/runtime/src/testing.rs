@@ -197,6 +197,11 @@ impl Objects {
         self.state().objects.insert(path.to_string(), object);
     }
 
+    /// Removes an object, as if deleted by someone else.
+    pub fn remove(&self, path: &str) -> Option<Value> {
+        self.state().objects.remove(path)
+    }
+
     /// The answer to `call` (pass `move |c| objects.answer(c)` to [`client`]).
     pub fn answer(&self, call: &Call) -> Reply {
         let path = call.path.trim_end_matches("/status");

@@ -111,7 +111,23 @@ impl ControllerArgs {
     /// The Lease config for `lease_name`, with the pod name (or host name)
     /// as identity.
     pub fn leader_config(&self, lease_name: &str) -> LeaderConfig {
-        let namespace = if self.leader_election_namespace.is_empty() {
+        let namespace = self.namespace();
+        LeaderConfig {
+            lease_duration: self.leader_election_lease_duration,
+            renew_deadline: self.leader_election_renew_deadline,
+            retry_period: self.leader_election_retry_period,
+            labels: self.leader_election_labels.clone(),
+            ..LeaderConfig::new(lease_name, namespace, csiops_runtime::kube::identity(None))
+        }
+    }
+}
+
+impl ControllerArgs {
+    /// The namespace of the Lease and of what the leader keeps beside it
+    /// (the provisioner's journal): `--leader-election-namespace`, else the
+    /// pod's namespace, else `default`.
+    pub fn namespace(&self) -> String {
+        if self.leader_election_namespace.is_empty() {
             std::fs::read_to_string(SERVICE_ACCOUNT_NAMESPACE)
                 .map(|s| s.trim().to_string())
                 .ok()
@@ -119,13 +135,6 @@ impl ControllerArgs {
                 .unwrap_or_else(|| "default".to_string())
         } else {
             self.leader_election_namespace.clone()
-        };
-        LeaderConfig {
-            lease_duration: self.leader_election_lease_duration,
-            renew_deadline: self.leader_election_renew_deadline,
-            retry_period: self.leader_election_retry_period,
-            labels: self.leader_election_labels.clone(),
-            ..LeaderConfig::new(lease_name, namespace, csiops_runtime::kube::identity(None))
         }
     }
 }

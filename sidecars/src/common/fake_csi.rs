@@ -104,8 +104,15 @@ impl Controller for FakeController {
         (self.create)().map(Response::new)
     }
 
+    async fn delete_volume(
+        &self,
+        _: Request<DeleteVolumeRequest>,
+    ) -> Result<Response<DeleteVolumeResponse>, Status> {
+        self.log.note("CSI", "DeleteVolume");
+        Ok(Response::new(DeleteVolumeResponse::default()))
+    }
+
     unimplemented_rpcs! {
-        delete_volume(DeleteVolumeRequest) -> DeleteVolumeResponse;
         controller_unpublish_volume(ControllerUnpublishVolumeRequest) -> ControllerUnpublishVolumeResponse;
         validate_volume_capabilities(ValidateVolumeCapabilitiesRequest) -> ValidateVolumeCapabilitiesResponse;
         list_volumes(ListVolumesRequest) -> ListVolumesResponse;

@@ -1,19 +1,22 @@
 //! One claim's sync: provision it, let go of it, or clean up after it.
 //!
 //! Provisioning is ordered so that no crash can leak a volume:
-//! 1. [`CLAIM_FINALIZER`] goes on the claim (the claim cannot disappear
-//!    from now on without us);
+//! 1. the intent goes into the journal ([`super::journal`]; batched with
+//!    other claims' intents into one write). Without a journal (no RBAC for
+//!    it) [`CLAIM_FINALIZER`] goes on the claim instead;
 //! 2. CreateVolume, named after the claim UID (idempotent across retries
 //!    and restarts);
 //! 3. the PV is created (it now carries the volume's lifecycle);
-//! 4. the finalizer comes off.
+//! 4. the intent is trimmed (or the finalizer comes off), off the critical
+//!    path.
 //!
-//! A crash before 3 leaves the finalizer: either the claim is still wanted
-//! and the retry's CreateVolume returns the same volume, or the claim was
-//! deleted and [`Provisioner::clean_up`] deletes the volume before letting
-//! the claim go.
+//! A crash before 3 leaves the intent: either the claim is still wanted and
+//! the retry's CreateVolume returns the same volume, or the claim is gone
+//! and the journal sweep ([`super::sweep`]) deletes the volume. A claim
+//! still holding the finalizer (from the fallback, or an earlier version)
+//! is cleaned up by [`Provisioner::clean_up`] before it is let go.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use csiops_proto::csi::v1::CreateVolumeRequest;
 
@@ -27,6 +30,7 @@ use tonic::{Code, Status};
 
 use super::controller::{ClaimKey, Provisioner};
 use super::decide::{self, ClaimAction, CLAIM_FINALIZER};
+use super::journal::{JournalError, Record};
 use super::metrics::Operation;
 use super::naming::NamingError;
 use super::plan::{self, Cluster, FinishError, PrepareError, Prepared};
@@ -63,6 +67,11 @@ pub enum ClaimError {
     CleanUpFailed { volume: String, status: Status },
     #[error("the claim no longer needs volume {volume:?} (deleted, or bound to another PV), and whether that volume exists cannot be told: {why}. Delete it on the storage backend if it exists, then remove finalizer {CLAIM_FINALIZER} from the claim")]
     CleanUpBlocked { volume: String, why: String },
+    #[error("cannot record the intent to provision volume {volume:?}")]
+    Journal {
+        volume: String,
+        source: JournalError,
+    },
     #[error("Kubernetes API")]
     Kube(#[from] kube::Error),
 }
@@ -78,6 +87,9 @@ impl ClaimError {
         }
     }
 }
+
+/// How soon a claim whose volume name the sweep holds is tried again.
+const HELD_RETRY: Duration = Duration::from_millis(500);
 
 /// `namespace/name`, as admins write it.
 pub fn display(key: &ClaimKey) -> String {
@@ -184,27 +196,56 @@ impl Provisioner {
                 return Err(e.into());
             }
         };
-        // 1. The finalizer first: from here on the claim cannot vanish
-        //    while a volume may exist for it.
-        let claim = self.set_claim_finalizer(cached, true).await?;
-        if claim.metadata.deletion_timestamp.is_some()
-            || claim
-                .spec
-                .as_ref()
-                .and_then(|s| s.volume_name.as_ref())
-                .is_some()
-        {
-            // The cached claim was stale: it is bound or being deleted now,
-            // and the watch event saying so is on its way; that event
-            // brings the claim back here with the right decision.
+        // One sync per volume name at a time: the journal sweep may be
+        // looking at this claim's intent. It is quick; come back shortly.
+        let Some(_hold) = self.holds.take(&prepared.name) else {
+            self.claims
+                .add_after(ObjectRef::from_obj(cached), HELD_RETRY);
             return Ok(());
-        }
+        };
+        let class_name = class.name_any();
+        // 1. The intent first: from here on a volume may exist, and the
+        //    journal says so whatever happens to the claim or to us.
+        let claim = match &self.journal {
+            Some(journal) => {
+                let record = Record::new(
+                    cached,
+                    &class_name,
+                    &prepared.request,
+                    prepared.provisioner_secret.as_ref(),
+                );
+                journal
+                    .record(&prepared.name, record)
+                    .await
+                    .map_err(|source| ClaimError::Journal {
+                        volume: prepared.name.clone(),
+                        source,
+                    })?;
+                cached.clone()
+            }
+            None => {
+                let claim = self.set_claim_finalizer(cached, true).await?;
+                if claim.metadata.deletion_timestamp.is_some()
+                    || claim
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.volume_name.as_ref())
+                        .is_some()
+                {
+                    // The cached claim was stale: it is bound or being
+                    // deleted now, and the watch event saying so is on its
+                    // way; that event brings the claim back here with the
+                    // right decision.
+                    return Ok(());
+                }
+                claim
+            }
+        };
         // No "Provisioning" Event, unlike upstream: the PV controller's
         // ExternalProvisioning Event already says it, and every write counts
         // against --kube-api-qps.
         let request = self.request_with_secrets(&prepared).await?;
         let secrets = request.secrets.clone();
-        let class_name = class.name_any();
         // 2. The volume.
         let created = {
             let _permit = self.calls.acquire().await;
@@ -213,6 +254,11 @@ impl Provisioner {
         let volume = match created {
             Ok(v) => v,
             Err(status) => {
+                // A refusal of the request itself proves there is no
+                // volume: nothing for the journal to remember.
+                if csi::proves_no_volume(&status) {
+                    self.trim(&prepared.name);
+                }
                 if self.may_reschedule(&claim, &status) {
                     self.reschedule(&claim).await?;
                 }
@@ -235,7 +281,10 @@ impl Provisioner {
                 )
                 .await
                 {
-                    Ok(()) => Err(ClaimError::Unusable { error }),
+                    Ok(()) => {
+                        self.trim(&prepared.name);
+                        Err(ClaimError::Unusable { error })
+                    }
                     Err(status) => Err(ClaimError::UnusableNotDeleted { error, status }),
                 };
             }
@@ -244,7 +293,11 @@ impl Provisioner {
         // 3. The PV.
         self.create_pv(&pv, &claim).await?;
         // 4. The PV holds the volume now.
-        self.set_claim_finalizer(&claim, false).await?;
+        if self.journal.is_some() {
+            self.trim(&prepared.name);
+        } else {
+            self.set_claim_finalizer(&claim, false).await?;
+        }
         self.metrics
             .succeeded(Operation::Provision, &class_name, started.elapsed());
         tracing::info!(pv = %prepared.name, volume = %volume.volume_id, "provisioned");
@@ -256,6 +309,13 @@ impl Provisioner {
         )
         .await;
         Ok(())
+    }
+
+    /// Drops the journal's intent of `volume` (with a later write).
+    fn trim(&self, volume: &str) {
+        if let Some(journal) = &self.journal {
+            journal.trim(volume);
+        }
     }
 
     /// Whether to hand the claim back to the scheduler, as upstream does:

@@ -26,6 +26,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
 use super::decide::{claim_is_for, pv_is_ours};
+use super::journal::{Holds, Journal};
 use super::metrics::OperationMetrics;
 use super::plan::{DriverCapabilities, ProvisionerConfig};
 use crate::common::cache::Cached;
@@ -38,6 +39,12 @@ use csiops_runtime::shutdown::{CancellationToken, TaskTracker};
 use tracing::Instrument;
 
 pub type ClaimKey = ObjectRef<PersistentVolumeClaim>;
+
+/// Workers of the journal sweep: it is rare work (leader start, deleted
+/// claims, failed attempts).
+const INTENT_WORKERS: usize = 2;
+/// How often every intent is swept again (the first sweep is at start).
+const RESWEEP_INTERVAL: Duration = Duration::from_secs(300);
 
 type Task = Pin<Box<dyn Future<Output = ()> + Send>>;
 
@@ -58,6 +65,8 @@ pub struct Caches {
 pub struct Queues {
     pub claims: Arc<WorkQueue<ClaimKey>>,
     pub volumes: Arc<WorkQueue<String>>,
+    /// Volume names whose journal intent the sweep looks at.
+    pub intents: Arc<WorkQueue<String>>,
 }
 
 impl Queues {
@@ -65,6 +74,7 @@ impl Queues {
         Queues {
             claims: Arc::new(WorkQueue::new(backoff)),
             volumes: Arc::new(WorkQueue::new(backoff)),
+            intents: Arc::new(WorkQueue::new(backoff)),
         }
     }
 }
@@ -76,7 +86,8 @@ pub struct Provisioner {
     /// PV create and delete (and the PV finalizer that holds a delete):
     /// served first by the rate limiter (see `common::ratelimit`).
     pub critical: kube::Client,
-    /// The claim finalizer taken off after the fact: served last but Events.
+    /// Claim finalizers and journal trims, after the fact: served last but
+    /// Events.
     pub bookkeeping: kube::Client,
     pub driver: Driver,
     pub config: ProvisionerConfig,
@@ -86,6 +97,12 @@ pub struct Provisioner {
     pub caches: Caches,
     pub claims: Arc<WorkQueue<ClaimKey>>,
     pub volumes: Arc<WorkQueue<String>>,
+    pub intents: Arc<WorkQueue<String>>,
+    /// The intent journal; `None` when the provisioner may not write it
+    /// (then each claim carries a finalizer instead, see `super::journal`).
+    pub journal: Option<Arc<Journal>>,
+    /// Volume names a claim sync or the sweep works on right now.
+    pub holds: Holds,
     /// `--worker-threads` permits for CSI calls.
     pub calls: Semaphore,
     pub recorder: Recorder,
@@ -152,14 +169,23 @@ fn applied<K>(event: &watcher::Event<K>) -> Option<&K> {
 
 impl Provisioner {
     /// The caches, queues and watch tasks (not started).
-    pub fn new(clients: Clients, setup: Setup) -> (Arc<Provisioner>, Vec<Task>) {
+    pub fn new(
+        clients: Clients,
+        setup: Setup,
+        journal: Option<Arc<Journal>>,
+    ) -> (Arc<Provisioner>, Vec<Task>) {
         let client = clients.normal;
         let driver_name = setup.config.driver_name.clone();
-        let Queues { claims, volumes } = setup.queues;
+        let Queues {
+            claims,
+            volumes,
+            intents,
+        } = setup.queues;
         let mut tasks = Vec::new();
 
         let (claims_store, task) = {
-            let (queue, driver) = (claims.clone(), driver_name.clone());
+            let (queue, iq, driver) = (claims.clone(), intents.clone(), driver_name.clone());
+            let (namer, journaled) = (setup.config.namer.clone(), journal.is_some());
             reflect_cached(
                 Api::<PersistentVolumeClaim>::all(client.clone()),
                 move |e| match e {
@@ -167,6 +193,13 @@ impl Provisioner {
                         if claim_is_for(c, &driver) =>
                     {
                         queue.add(ObjectRef::from_obj(c));
+                    }
+                    // A claim gone while its volume may exist: the sweep
+                    // looks at its intent, if there is one.
+                    watcher::Event::Delete(c) if journaled && claim_is_for(c, &driver) => {
+                        if let Some(name) = c.uid().and_then(|u| namer.pv_name(&u).ok()) {
+                            iq.add(name);
+                        }
                     }
                     _ => {}
                 },
@@ -235,6 +268,9 @@ impl Provisioner {
             },
             claims,
             volumes,
+            intents,
+            journal,
+            holds: Holds::default(),
             calls: Semaphore::new(setup.workers),
             recorder,
             metrics: setup.metrics,
@@ -276,10 +312,20 @@ impl Provisioner {
             volumes = caches.volumes.store().len(),
             "caches synced; provisioning"
         );
+        // The journal's writer outlives the workers: a worker finishing its
+        // claim at shutdown may still wait for an intent or leave a trim.
+        let writer_stop = CancellationToken::new();
+        if let Some(journal) = &self.journal {
+            background.spawn(journal.clone().run_writer(writer_stop.clone()));
+            background.spawn(self.clone().resweep_periodically());
+        }
         let worker_tasks = TaskTracker::new();
         for _ in 0..workers {
             worker_tasks.spawn(self.clone().claim_worker());
             worker_tasks.spawn(self.clone().volume_worker());
+        }
+        for _ in 0..INTENT_WORKERS {
+            worker_tasks.spawn(self.clone().intent_worker());
         }
         worker_tasks.close();
         shutdown.cancelled().await;
@@ -287,7 +333,11 @@ impl Provisioner {
         // --timeout), then see the closed queues.
         self.claims.shut_down();
         self.volumes.shut_down();
+        self.intents.shut_down();
         worker_tasks.wait().await;
+        // Trims not written yet are harmless: the next leader's sweep finds
+        // their PVs and trims them.
+        writer_stop.cancel();
         background.abort_all();
     }
 
@@ -317,6 +367,41 @@ impl Provisioner {
                     self.claims.add_rate_limited(key.clone());
                 }
             }
+        }
+    }
+
+    async fn intent_worker(self: Arc<Self>) {
+        while let Some(name) = self.intents.next().await {
+            let span = tracing::info_span!("sweep", volume = %name);
+            self.intent_pass(&name).instrument(span).await;
+            self.intents.done(&name);
+        }
+    }
+
+    /// One sweep of an intent, its failure logged and retried (there may be
+    /// no object left to carry an Event).
+    async fn intent_pass(&self, name: &str) {
+        match self.sync_intent(name).await {
+            Ok(()) => self.intents.forget(&name.to_string()),
+            Err(e) => {
+                tracing::warn!(error = %chain(&e), "cleaning up after an abandoned volume failed; will retry");
+                self.intents.add_rate_limited(name.to_string());
+            }
+        }
+    }
+
+    /// Every intent of the journal, swept again now and then: a claim
+    /// deletion missed by the watch (a relist drops Delete events) is found
+    /// this way.
+    async fn resweep_periodically(self: Arc<Self>) {
+        let Some(journal) = self.journal.clone() else {
+            return;
+        };
+        loop {
+            for name in journal.names() {
+                self.intents.add(name);
+            }
+            tokio::time::sleep(RESWEEP_INTERVAL).await;
         }
     }
 

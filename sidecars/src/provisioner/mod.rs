@@ -17,10 +17,13 @@
 //!   README's table;
 //! - [`pv`]: the PersistentVolume for a created volume;
 //! - [`plan`]: the above composed into the two steps around CreateVolume;
-//! - [`decide`]: what a claim or a PV needs; [`finalizer`]: the patches.
+//! - [`decide`]: what a claim or a PV needs; [`finalizer`]: the patches;
+//! - [`journal`]: the intent journal that makes provisioning leak-free
+//!   (group-committed writes) and the sweep's decision for an intent.
 //!
-//! Around it: [`controller`] (caches, queues, workers), [`claim`] and
-//! [`volume`] (the syncs), [`csi`], [`secrets`], [`metrics`], [`args`].
+//! Around it: [`controller`] (caches, queues, workers), [`claim`],
+//! [`volume`] and [`sweep`] (the syncs), [`csi`], [`secrets`], [`metrics`],
+//! [`args`].
 
 pub mod args;
 pub mod capabilities;
@@ -29,6 +32,7 @@ pub mod controller;
 pub mod csi;
 pub mod decide;
 pub mod finalizer;
+pub mod journal;
 pub mod metrics;
 pub mod naming;
 pub mod params;
@@ -36,6 +40,7 @@ pub mod plan;
 pub mod pv;
 pub mod quantity;
 pub mod secrets;
+pub mod sweep;
 pub mod topology;
 pub mod volume;
 
@@ -52,13 +57,14 @@ pub use plan::{
 
 use crate::common::controller::lease_name;
 use crate::common::driver::{code_name, Driver};
-use crate::common::kube as kube_client;
+use crate::common::kube::{self as kube_client, Clients};
 use crate::common::metrics::Metrics;
 use crate::common::role::{lead, Role, Wait};
 use crate::common::workqueue::QueueMetrics;
 use crate::SidecarError;
 use controller::{Provisioner, Queues, Setup};
 use csiops_runtime::admin::HealthCheck;
+use csiops_runtime::shutdown::CancellationToken;
 
 /// Why the provisioner could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -99,6 +105,7 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
     let mut queue_metrics = QueueMetrics::default();
     queue_metrics.add("claims", queues.claims.clone());
     queue_metrics.add("volumes", queues.volumes.clone());
+    queue_metrics.add("intents", queues.intents.clone());
     registry
         .registry_mut()
         .register_collector(Box::new(queue_metrics));
@@ -147,19 +154,65 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
     };
     let stop = role.shutdown.clone();
     let lease = lease_name("", &driver_name);
+    let journal_at = (
+        args.controller.namespace(),
+        journal::journal_name(&driver_name),
+    );
     let outcome = lead(
         &args.kube,
         &args.controller,
         &lease,
         &role.shutdown,
         move || async move {
-            let (provisioner, watches) = Provisioner::new(clients, setup);
+            let (namespace, name) = journal_at;
+            let journal = open_journal(&clients, &namespace, &name, &stop).await;
+            let (provisioner, watches) = Provisioner::new(clients, setup, journal);
             provisioner.run(watches, workers, stop).await;
             Ok::<(), std::convert::Infallible>(())
         },
     )
     .await;
     role.finish(outcome).await
+}
+
+/// The leader's journal: read (or made) before any claim is looked at.
+/// Without RBAC for it, each claim carries a finalizer instead (one
+/// warning says so); other errors are retried until it opens.
+async fn open_journal(
+    clients: &Clients,
+    namespace: &str,
+    name: &str,
+    shutdown: &CancellationToken,
+) -> Option<Arc<journal::Journal>> {
+    loop {
+        let opened = journal::Journal::open(
+            clients.critical.clone(),
+            clients.bookkeeping.clone(),
+            namespace,
+            name,
+        )
+        .await;
+        match opened {
+            Ok((journal, unreadable)) => {
+                for key in unreadable {
+                    tracing::warn!(journal = %journal.display(), %key, "a journal entry does not parse; left as it is");
+                }
+                tracing::info!(journal = %journal.display(), intents = journal.names().len(), "intent journal open");
+                return Some(journal);
+            }
+            Err(e @ journal::JournalError::Forbidden { .. }) => {
+                tracing::warn!(error = %e, "no intent journal: each claim carries the finalizer {} while its volume is made instead (slower at a low --kube-api-qps)", decide::CLAIM_FINALIZER);
+                return None;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot open the intent journal; retrying");
+                tokio::select! {
+                    () = tokio::time::sleep(std::time::Duration::from_secs(2)) => {}
+                    () = shutdown.cancelled() => return None,
+                }
+            }
+        }
+    }
 }
 
 /// GetPluginInfo, GetPluginCapabilities and ControllerGetCapabilities: the

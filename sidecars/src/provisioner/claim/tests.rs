@@ -15,15 +15,18 @@ use tokio::sync::Semaphore;
 
 use super::super::controller::{Caches, ClaimKey, Provisioner, Queues};
 use super::super::decide::STORAGE_PROVISIONER_ANNOTATION;
+use super::super::journal::{Holds, Journal};
 use super::super::metrics::OperationMetrics;
 use super::super::plan::{DriverCapabilities, ProvisionerConfig};
 use crate::common::cache::Cached;
 use crate::common::fake_csi::FakeController;
 use crate::common::workqueue::Backoff;
+use csiops_runtime::shutdown::CancellationToken;
 
 const DRIVER: &str = "fake.csi.csiops.dev";
 const CLAIM: &str = "/api/v1/namespaces/ns/persistentvolumeclaims/c1";
 const PVS: &str = "/api/v1/persistentvolumes";
+const JOURNAL: &str = "/api/v1/namespaces/kube-system/configmaps/journal";
 
 fn claim() -> Value {
     json!({
@@ -51,8 +54,33 @@ fn object<K: serde::de::DeserializeOwned>(v: &Value) -> K {
     serde_json::from_value(v.clone()).expect("a valid object")
 }
 
+/// A provisioner without a journal: each claim carries the finalizer (the
+/// fallback without RBAC for the journal, see `super::journal`).
 async fn provisioner(log: &Log, dir: &std::path::Path) -> Provisioner {
-    let objects = testing::Objects::new([(CLAIM, claim())]);
+    provisioner_with(log, dir, testing::Objects::new([(CLAIM, claim())]), None).await
+}
+
+/// A provisioner whose journal is in `objects`, its writer running.
+async fn journaled(log: &Log, dir: &std::path::Path, objects: testing::Objects) -> Provisioner {
+    let client = {
+        let objects = objects.clone();
+        testing::client(log, move |call| objects.answer(call))
+    };
+    let (journal, _) = Journal::open(client.clone(), client, "kube-system", "journal")
+        .await
+        .expect("journal");
+    tokio::spawn(journal.clone().run_writer(CancellationToken::new()));
+    let p = provisioner_with(log, dir, objects, Some(journal)).await;
+    log.clear();
+    p
+}
+
+async fn provisioner_with(
+    log: &Log,
+    dir: &std::path::Path,
+    objects: testing::Objects,
+    journal: Option<Arc<Journal>>,
+) -> Provisioner {
     let client = testing::client(log, move |call| objects.answer(call));
     let driver = FakeController::new(log.clone()).serve(dir).await;
     let (claims, mut claims_writer) = reflector::store();
@@ -85,6 +113,9 @@ async fn provisioner(log: &Log, dir: &std::path::Path) -> Provisioner {
         },
         claims: queues.claims,
         volumes: queues.volumes,
+        intents: queues.intents,
+        journal,
+        holds: Holds::default(),
         calls: Semaphore::new(1),
         recorder: Recorder::new(
             client,
@@ -162,4 +193,119 @@ async fn a_failed_create_leaves_the_finalizer_and_no_pv() {
         log.writes(),
         vec![format!("PATCH {CLAIM}"), "CSI CreateVolume".to_string()]
     );
+}
+
+#[tokio::test]
+async fn with_the_journal_the_claim_is_never_written_and_the_intent_outlives_the_create() {
+    let log = Log::default();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let objects = testing::Objects::new([(CLAIM, claim())]);
+    let p = journaled(&log, dir.path(), objects.clone()).await;
+    p.sync_claim(&key()).await.expect("provisioned");
+    // The intent, the volume, the PV; the trim is written later, alone or
+    // with the next intents.
+    let writes: Vec<String> = log
+        .writes()
+        .into_iter()
+        .filter(|l| !l.contains("/events"))
+        .collect();
+    assert_eq!(
+        writes[..3],
+        [
+            format!("PATCH {JOURNAL}"),
+            "CSI CreateVolume".to_string(),
+            format!("POST {PVS}"),
+        ]
+    );
+    let intent = &log.calls()[0].body["data"];
+    let name = intent
+        .as_object()
+        .and_then(|d| d.keys().next().cloned())
+        .expect("an intent");
+    assert!(name.starts_with("pvc-"), "{name}");
+    assert!(
+        !writes.iter().any(|w| w.contains("persistentvolumeclaims")),
+        "{writes:?}"
+    );
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while objects.get(JOURNAL).expect("journal")["data"]
+            .as_object()
+            .is_some_and(|d| !d.is_empty())
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the intent is trimmed once the PV exists");
+}
+
+#[tokio::test]
+async fn with_the_journal_a_failed_create_keeps_the_intent_unless_the_driver_proves_no_volume() {
+    for (status, kept) in [
+        (tonic::Status::deadline_exceeded("slow"), true),
+        (tonic::Status::invalid_argument("bad parameter"), false),
+    ] {
+        let log = Log::default();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let objects = testing::Objects::new([(CLAIM, claim())]);
+        let mut p = journaled(&log, dir.path(), objects.clone()).await;
+        let second = dir.path().join("second");
+        std::fs::create_dir(&second).expect("dir");
+        let answer = status.clone();
+        p.driver = FakeController {
+            create: Arc::new(move || Err(answer.clone())),
+            ..FakeController::new(log.clone())
+        }
+        .serve(&second)
+        .await;
+        p.sync_claim(&key()).await.expect_err("the driver refused");
+        let journal = p.journal.clone().expect("journal");
+        assert_eq!(journal.names().len(), usize::from(kept), "{status:?}");
+        assert!(
+            !log.writes().iter().any(|w| w.contains(PVS)),
+            "no PV without a volume"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_sweep_deletes_the_volume_of_a_claim_deleted_after_its_intent() {
+    let log = Log::default();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let objects = testing::Objects::new([(CLAIM, claim())]);
+    let mut p = journaled(&log, dir.path(), objects.clone()).await;
+    let second = dir.path().join("second");
+    std::fs::create_dir(&second).expect("dir");
+    // CreateVolume times out (the volume may exist), then the claim goes.
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = calls.clone();
+    p.driver = FakeController {
+        create: Arc::new(move || {
+            if counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                Err(tonic::Status::deadline_exceeded("slow"))
+            } else {
+                (FakeController::new(Log::default()).create)()
+            }
+        }),
+        ..FakeController::new(log.clone())
+    }
+    .serve(&second)
+    .await;
+    p.sync_claim(&key()).await.expect_err("timed out");
+    let journal = p.journal.clone().expect("journal");
+    let name = journal.names().pop().expect("the intent stays");
+    objects.remove(CLAIM);
+    log.clear();
+    p.sync_intent(&name).await.expect("cleaned up");
+    let lines: Vec<String> = log.lines();
+    assert_eq!(
+        lines,
+        vec![
+            format!("GET {CLAIM}"),
+            format!("GET {PVS}/{name}"),
+            "CSI CreateVolume".to_string(),
+            "CSI DeleteVolume".to_string(),
+        ]
+    );
+    assert_eq!(journal.get(&name), None, "trimmed");
 }

@@ -1,0 +1,645 @@
+//! The intent journal: what makes provisioning leak-free without a write
+//! per claim on the way to its volume.
+//!
+//! Before CreateVolume, the provisioner records an *intent* (the volume
+//! name, the claim, and the CreateVolume request without its secrets) in one
+//! ConfigMap per driver, owned by the leader. Once the PV exists, the PV
+//! carries the volume's lifecycle and the intent is *trimmed*.
+//!
+//! Writes are grouped: every intent recorded while a write is in flight (or
+//! waiting for a rate-limit token) goes into the next write, one JSON merge
+//! patch of the ConfigMap's `data`. At QPS 5 a hundred claims cost a handful
+//! of journal writes instead of two hundred claim finalizer patches. A write
+//! with intents goes at the rate limiter's critical priority (a CreateVolume
+//! waits on it); a write with only trims goes at bookkeeping priority, after
+//! a short wait that lets more trims (or the next intents) join it.
+//!
+//! Crash analysis (also in the README):
+//! - crash before the intent is written: no CreateVolume was sent; nothing
+//!   exists. The claim is provisioned by the next leader as usual.
+//! - crash after the intent, before or during CreateVolume, or after it but
+//!   before the PV: the volume may exist. The next leader reads the journal
+//!   at start and sweeps every intent ([`intent_action`]): a live, pending
+//!   claim is provisioned again (CreateVolume is idempotent by name, so the
+//!   same volume comes back and gets its PV); for a claim that is gone,
+//!   deleted or bound elsewhere, the stored request is sent again and the
+//!   volume it returns is deleted (or the driver's refusal proves there is
+//!   none), then the intent is trimmed.
+//! - crash after the PV, before the trim: the sweep finds the PV and trims.
+//!
+//! The per-claim finalizer (`csiops.dev/volume-provisioning`) remains for
+//! two cases: claims that still carry it from an earlier version, and a
+//! provisioner that may not write ConfigMaps in its namespace (a drop-in
+//! with upstream's RBAC), which falls back to it with one warning.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use csiops_proto::csi::v1::CreateVolumeRequest;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::ByteString;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::ResourceExt;
+use prost::Message;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{oneshot, Notify};
+
+use super::params::SecretRef;
+use crate::common::controller::sanitize_name;
+use csiops_runtime::chain;
+use csiops_runtime::shutdown::CancellationToken;
+
+/// The ConfigMap's size limit is 1 MiB; intents beyond this budget wait for
+/// trims (each intent is a few hundred bytes: thousands fit).
+const SIZE_BUDGET: usize = 900 * 1024;
+/// How long a write of trims alone waits for company.
+const TRIM_LINGER: Duration = Duration::from_millis(500);
+/// Pause after a failed write before the next one.
+const RETRY_PAUSE: Duration = Duration::from_secs(1);
+/// Label on the journal ConfigMap, so admins can find it.
+pub const JOURNAL_LABEL: &str = "csiops.dev/provisioning-journal";
+
+/// Why an intent could not be recorded, or the journal opened.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum JournalError {
+    #[error("the provisioner may not {verb} ConfigMap {namespace}/{name} (no RBAC for configmaps in its namespace)")]
+    Forbidden {
+        verb: &'static str,
+        namespace: String,
+        name: String,
+    },
+    #[error("cannot write the intent journal ConfigMap {namespace}/{name}: {why}")]
+    Write {
+        namespace: String,
+        name: String,
+        why: String,
+    },
+    #[error("the intent journal ConfigMap {namespace}/{name} is full ({entries} volumes being provisioned); waiting for them to finish")]
+    Full {
+        namespace: String,
+        name: String,
+        entries: usize,
+    },
+    #[error("the provisioner is shutting down")]
+    Closed,
+}
+
+/// The claim an intent was recorded for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimId {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+/// A Secret by name (its content is never stored).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretName {
+    pub namespace: String,
+    pub name: String,
+}
+
+/// One intent: enough to call CreateVolume again, and so to find and delete
+/// the volume, without the claim or its StorageClass.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    pub claim: ClaimId,
+    pub class: String,
+    /// The CreateVolume request, protobuf-encoded, with `secrets` empty.
+    pub request: ByteString,
+    /// The provisioner Secret the request needs, read again at clean-up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<SecretName>,
+}
+
+impl Record {
+    pub fn new(
+        claim: &PersistentVolumeClaim,
+        class: &str,
+        request: &CreateVolumeRequest,
+        secret: Option<&SecretRef>,
+    ) -> Record {
+        let mut request = request.clone();
+        // Never stored: the journal is readable by whoever reads ConfigMaps.
+        request.secrets.clear();
+        Record {
+            claim: ClaimId {
+                namespace: claim.namespace().unwrap_or_default(),
+                name: claim.name_any(),
+                uid: claim.uid().unwrap_or_default(),
+            },
+            class: class.to_string(),
+            request: ByteString(request.encode_to_vec()),
+            secret: secret.map(|s| SecretName {
+                namespace: s.namespace.clone(),
+                name: s.name.clone(),
+            }),
+        }
+    }
+
+    /// The stored CreateVolume request (without secrets).
+    pub fn request(&self) -> Result<CreateVolumeRequest, prost::DecodeError> {
+        CreateVolumeRequest::decode(self.request.0.as_slice())
+    }
+
+    pub fn secret_ref(&self) -> Option<SecretRef> {
+        self.secret.as_ref().map(|s| SecretRef {
+            namespace: s.namespace.clone(),
+            name: s.name.clone(),
+        })
+    }
+
+    fn encode(&self) -> String {
+        // A struct of strings and bytes always serialises.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
+/// The journal ConfigMap's name for a driver: lowercase (object names are
+/// DNS subdomains), sanitised as Lease names are.
+pub fn journal_name(driver: &str) -> String {
+    format!(
+        "csiops-provisioning-{}",
+        sanitize_name(driver).to_ascii_lowercase()
+    )
+}
+
+/// A journal ConfigMap holding `data`.
+fn journal_object(namespace: &str, name: &str, data: BTreeMap<String, String>) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(namespace.to_string()),
+            labels: Some(BTreeMap::from([(
+                JOURNAL_LABEL.to_string(),
+                "true".to_string(),
+            )])),
+            ..Default::default()
+        },
+        data: Some(data),
+        ..Default::default()
+    }
+}
+
+/// The entries of a journal ConfigMap; an entry that does not parse is
+/// returned apart (logged, and never trimmed by us: a human may need it).
+pub fn parse_entries(cm: &ConfigMap) -> (BTreeMap<String, Record>, Vec<String>) {
+    let mut good = BTreeMap::new();
+    let mut bad = Vec::new();
+    for (key, value) in cm.data.iter().flatten() {
+        match serde_json::from_str::<Record>(value) {
+            Ok(r) => {
+                good.insert(key.clone(), r);
+            }
+            Err(_) => bad.push(key.clone()),
+        }
+    }
+    (good, bad)
+}
+
+/// What the sweep does with one intent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IntentAction {
+    /// A claim sync is working on it, or the claim still wants the volume:
+    /// that claim's sync finishes the job (and trims).
+    Keep,
+    /// The PV exists (it holds the volume now), or the claim is bound to it.
+    Trim,
+    /// Nobody wants the volume: CreateVolume with the stored request, delete
+    /// what it returns, then trim.
+    CleanUp,
+}
+
+/// The sweep's decision for the intent of volume `name`, from the server's
+/// current claim (by the intent's namespace/name) and whether the PV exists.
+pub fn intent_action(
+    name: &str,
+    record: &Record,
+    claim: Option<&PersistentVolumeClaim>,
+    pv_exists: bool,
+    held: bool,
+) -> IntentAction {
+    if held {
+        return IntentAction::Keep;
+    }
+    if pv_exists {
+        return IntentAction::Trim;
+    }
+    let Some(claim) = claim.filter(|c| c.uid().as_deref() == Some(record.claim.uid.as_str()))
+    else {
+        // Gone, or re-created under the same name (a new UID, a new volume).
+        return IntentAction::CleanUp;
+    };
+    if claim.metadata.deletion_timestamp.is_some() {
+        return IntentAction::CleanUp;
+    }
+    match claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.as_deref())
+        .filter(|v| !v.is_empty())
+    {
+        None => IntentAction::Keep,
+        // Bound to our PV, which is gone since: its deletion dealt with the
+        // volume (reclaim policy), nothing is left to us.
+        Some(v) if v == name => IntentAction::Trim,
+        // Bound to another PV: our volume is nobody's.
+        Some(_) => IntentAction::CleanUp,
+    }
+}
+
+/// Volume names some task works on right now (a claim sync, or the sweep):
+/// at most one at a time per name.
+#[derive(Default)]
+pub struct Holds {
+    names: Mutex<HashSet<String>>,
+}
+
+/// Releases its name when dropped.
+pub struct Hold<'a> {
+    holds: &'a Holds,
+    name: String,
+}
+
+impl Holds {
+    /// `None` when someone else holds `name`.
+    pub fn take(&self, name: &str) -> Option<Hold<'_>> {
+        let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());
+        names.insert(name.to_string()).then(|| Hold {
+            holds: self,
+            name: name.to_string(),
+        })
+    }
+
+    pub fn is_held(&self, name: &str) -> bool {
+        self.names
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(name)
+    }
+}
+
+impl Hold<'_> {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Drop for Hold<'_> {
+    fn drop(&mut self) {
+        self.holds
+            .names
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.name);
+    }
+}
+
+type Waiter = oneshot::Sender<Result<(), JournalError>>;
+
+#[derive(Default)]
+struct State {
+    /// What the ConfigMap holds, as of our last write.
+    entries: BTreeMap<String, Record>,
+    /// Sum of key and value lengths of `entries`.
+    size: usize,
+    /// Intents for the next write, with whoever waits for them.
+    adds: BTreeMap<String, (Record, Vec<Waiter>)>,
+    /// Trims for the next write.
+    trims: BTreeSet<String>,
+    closed: bool,
+}
+
+/// The journal of one driver, owned by the leader. Cheap to share.
+pub struct Journal {
+    namespace: String,
+    name: String,
+    /// Intents go at critical priority: a CreateVolume waits on them.
+    critical: Api<ConfigMap>,
+    /// Trims alone go at bookkeeping priority.
+    bookkeeping: Api<ConfigMap>,
+    state: Mutex<State>,
+    wake: Notify,
+}
+
+/// What one write carries.
+struct Batch {
+    adds: BTreeMap<String, (Record, Vec<Waiter>)>,
+    trims: BTreeSet<String>,
+}
+
+fn forbidden_or(e: kube::Error, verb: &'static str, ns: &str, name: &str) -> JournalError {
+    match e {
+        kube::Error::Api(s) if s.code == 403 => JournalError::Forbidden {
+            verb,
+            namespace: ns.to_string(),
+            name: name.to_string(),
+        },
+        e => JournalError::Write {
+            namespace: ns.to_string(),
+            name: name.to_string(),
+            why: chain(&e).to_string(),
+        },
+    }
+}
+
+impl Journal {
+    /// Reads the journal (creating an empty one if there is none). Returns
+    /// it with the entries to sweep, and the keys that do not parse.
+    pub async fn open(
+        critical: kube::Client,
+        bookkeeping: kube::Client,
+        namespace: &str,
+        name: &str,
+    ) -> Result<(Arc<Journal>, Vec<String>), JournalError> {
+        let api: Api<ConfigMap> = Api::namespaced(critical.clone(), namespace);
+        let cm = match api.get_opt(name).await {
+            Ok(Some(cm)) => cm,
+            Ok(None) => {
+                let cm = journal_object(namespace, name, BTreeMap::new());
+                match api.create(&PostParams::default(), &cm).await {
+                    Ok(cm) => cm,
+                    // A second process (or a former leader) made it.
+                    Err(kube::Error::Api(s)) if s.is_already_exists() => api
+                        .get(name)
+                        .await
+                        .map_err(|e| forbidden_or(e, "get", namespace, name))?,
+                    Err(e) => return Err(forbidden_or(e, "create", namespace, name)),
+                }
+            }
+            Err(e) => return Err(forbidden_or(e, "get", namespace, name)),
+        };
+        let (entries, bad) = parse_entries(&cm);
+        let size = entries
+            .iter()
+            .map(|(k, r)| k.len() + r.encode().len())
+            .sum();
+        let journal = Journal {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            critical: api,
+            bookkeeping: Api::namespaced(bookkeeping, namespace),
+            state: Mutex::new(State {
+                entries,
+                size,
+                ..Default::default()
+            }),
+            wake: Notify::new(),
+        };
+        Ok((Arc::new(journal), bad))
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `namespace/name` of the ConfigMap, for logs.
+    pub fn display(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// The volume names the journal holds (written or on their way), but
+    /// those whose trim is on its way.
+    pub fn names(&self) -> Vec<String> {
+        let state = self.state();
+        state
+            .entries
+            .keys()
+            .chain(state.adds.keys())
+            .filter(|k| !state.trims.contains(*k))
+            .cloned()
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect()
+    }
+
+    /// The written intent of `name`, unless a trim of it is on its way.
+    pub fn get(&self, name: &str) -> Option<Record> {
+        let state = self.state();
+        if state.trims.contains(name) {
+            return None;
+        }
+        state.entries.get(name).cloned()
+    }
+
+    /// Records the intent and returns once it is written. An identical
+    /// intent already written returns at once (a retried claim costs no
+    /// write).
+    pub async fn record(&self, name: &str, record: Record) -> Result<(), JournalError> {
+        let rx = {
+            let mut state = self.state();
+            if state.closed {
+                return Err(JournalError::Closed);
+            }
+            state.trims.remove(name);
+            if state.entries.get(name) == Some(&record) && !state.adds.contains_key(name) {
+                return Ok(());
+            }
+            let (tx, rx) = oneshot::channel();
+            let slot = state
+                .adds
+                .entry(name.to_string())
+                .or_insert_with(|| (record.clone(), Vec::new()));
+            slot.0 = record;
+            slot.1.push(tx);
+            rx
+        };
+        self.wake.notify_one();
+        rx.await.unwrap_or(Err(JournalError::Closed))
+    }
+
+    /// Drops the intent of `name` with a later write; returns at once.
+    pub fn trim(&self, name: &str) {
+        {
+            let mut state = self.state();
+            if !state.entries.contains_key(name) && !state.adds.contains_key(name) {
+                return;
+            }
+            state.trims.insert(name.to_string());
+        }
+        self.wake.notify_one();
+    }
+
+    /// Writes batches until `shutdown`, then answers every waiter.
+    pub async fn run_writer(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            let batch = tokio::select! {
+                b = self.next_batch() => b,
+                () = shutdown.cancelled() => break,
+            };
+            let ok = tokio::select! {
+                ok = self.write(batch) => ok,
+                () = shutdown.cancelled() => break,
+            };
+            if !ok {
+                tokio::select! {
+                    () = tokio::time::sleep(RETRY_PAUSE) => {}
+                    () = shutdown.cancelled() => break,
+                }
+            }
+        }
+        let mut state = self.state();
+        state.closed = true;
+        for (_, (_, waiters)) in std::mem::take(&mut state.adds) {
+            for w in waiters {
+                let _ = w.send(Err(JournalError::Closed));
+            }
+        }
+    }
+
+    /// Waits for work; a batch of trims alone waits a little longer, so
+    /// that more trims, or intents, share its write.
+    async fn next_batch(&self) -> Batch {
+        loop {
+            let (has_adds, has_trims) = {
+                let state = self.state();
+                (!state.adds.is_empty(), !state.trims.is_empty())
+            };
+            if has_adds {
+                break;
+            }
+            if has_trims {
+                tokio::select! {
+                    () = tokio::time::sleep(TRIM_LINGER) => {}
+                    () = self.wake.notified() => {}
+                }
+                // Intents arrived: they take the trims along now.
+                if !self.state().adds.is_empty() {
+                    break;
+                }
+                tokio::time::sleep(TRIM_LINGER).await;
+                break;
+            }
+            self.wake.notified().await;
+        }
+        let mut state = self.state();
+        Batch {
+            adds: std::mem::take(&mut state.adds),
+            trims: std::mem::take(&mut state.trims),
+        }
+    }
+
+    /// One merge patch for the batch; `false` if it failed (intents are
+    /// answered with the error and retried by their claims' syncs; trims
+    /// go back for the next write).
+    async fn write(&self, mut batch: Batch) -> bool {
+        // Over budget: refuse the newest intents, keep trims.
+        {
+            let state = self.state();
+            let mut size = state.size;
+            for t in &batch.trims {
+                if let Some(r) = state.entries.get(t) {
+                    size = size.saturating_sub(t.len() + r.encode().len());
+                }
+            }
+            let mut refused = Vec::new();
+            for (name, (record, _)) in &batch.adds {
+                let old = state
+                    .entries
+                    .get(name)
+                    .map_or(0, |r| name.len() + r.encode().len());
+                let new = name.len() + record.encode().len();
+                if size.saturating_sub(old) + new > SIZE_BUDGET {
+                    refused.push(name.clone());
+                } else {
+                    size = size.saturating_sub(old) + new;
+                }
+            }
+            let entries = state.entries.len();
+            for name in refused {
+                if let Some((_, waiters)) = batch.adds.remove(&name) {
+                    for w in waiters {
+                        let _ = w.send(Err(JournalError::Full {
+                            namespace: self.namespace.clone(),
+                            name: self.name.clone(),
+                            entries,
+                        }));
+                    }
+                }
+            }
+        }
+        if batch.adds.is_empty() && batch.trims.is_empty() {
+            return true;
+        }
+        let mut data = serde_json::Map::new();
+        for t in &batch.trims {
+            data.insert(t.clone(), serde_json::Value::Null);
+        }
+        for (name, (record, _)) in &batch.adds {
+            data.insert(name.clone(), serde_json::Value::String(record.encode()));
+        }
+        let patch = serde_json::json!({ "data": data });
+        let api = if batch.adds.is_empty() {
+            &self.bookkeeping
+        } else {
+            &self.critical
+        };
+        let mut result = api
+            .patch(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await;
+        if matches!(&result, Err(kube::Error::Api(s)) if s.is_not_found()) {
+            // Deleted behind our back: write it anew with all it held, then
+            // this batch on top.
+            let held = {
+                let state = self.state();
+                state
+                    .entries
+                    .iter()
+                    .map(|(k, r)| (k.clone(), r.encode()))
+                    .collect()
+            };
+            tracing::warn!(journal = %self.display(), "the intent journal was deleted; writing it anew");
+            let cm = journal_object(&self.namespace, &self.name, held);
+            result = match api.create(&PostParams::default(), &cm).await {
+                Ok(_) => {
+                    api.patch(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                }
+                Err(e) => Err(e),
+            };
+        }
+        match result {
+            Ok(_) => {
+                let mut state = self.state();
+                for t in &batch.trims {
+                    if let Some(r) = state.entries.remove(t) {
+                        state.size = state.size.saturating_sub(t.len() + r.encode().len());
+                    }
+                }
+                for (name, (record, waiters)) in batch.adds {
+                    let len = name.len() + record.encode().len();
+                    if let Some(old) = state.entries.insert(name.clone(), record) {
+                        state.size = state.size.saturating_sub(name.len() + old.encode().len());
+                    }
+                    state.size += len;
+                    for w in waiters {
+                        let _ = w.send(Ok(()));
+                    }
+                }
+                true
+            }
+            Err(e) => {
+                let error = forbidden_or(e, "patch", &self.namespace, &self.name);
+                tracing::warn!(journal = %self.display(), error = %error, "journal write failed");
+                let mut state = self.state();
+                for t in batch.trims {
+                    // Unless a new intent for the name came meanwhile.
+                    if !state.adds.contains_key(&t) {
+                        state.trims.insert(t);
+                    }
+                }
+                for (_, (_, waiters)) in batch.adds {
+                    for w in waiters {
+                        let _ = w.send(Err(error.clone()));
+                    }
+                }
+                false
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,296 @@
+//! The journal's pure parts, and its writer against a fake API server: what
+//! each write carries and at which priority.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use csiops_proto::csi::v1::CreateVolumeRequest;
+use csiops_runtime::testing::{self, Log};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim};
+use serde_json::{json, Value};
+
+use super::*;
+use crate::provisioner::params::SecretRef;
+
+const CM: &str = "/api/v1/namespaces/kube-system/configmaps/csiops-provisioning-fake-csi";
+
+fn claim(edit: impl FnOnce(&mut Value)) -> PersistentVolumeClaim {
+    let mut v = json!({
+        "metadata": {"name": "c1", "namespace": "ns", "uid": "u1"},
+        "spec": {},
+    });
+    edit(&mut v);
+    serde_json::from_value(v).expect("claim")
+}
+
+fn record(uid: &str) -> Record {
+    let request = CreateVolumeRequest {
+        name: format!("pvc-{uid}"),
+        secrets: [("password".to_string(), "hunter2".to_string())].into(),
+        ..Default::default()
+    };
+    let secret = SecretRef {
+        namespace: "ns".into(),
+        name: "creds".into(),
+    };
+    Record::new(&claim(|_| {}), "fast", &request, Some(&secret))
+}
+
+#[test]
+fn names_are_lowercase_object_names() {
+    assert_eq!(journal_name("Fake.CSI"), "csiops-provisioning-fake-csi");
+    assert_eq!(
+        journal_name("hostpath.csi.k8s.io"),
+        "csiops-provisioning-hostpath-csi-k8s-io"
+    );
+}
+
+#[test]
+fn a_record_keeps_the_request_but_never_its_secrets() {
+    let r = record("u1");
+    let request = r.request().expect("decodes");
+    assert_eq!(request.name, "pvc-u1");
+    assert!(request.secrets.is_empty());
+    assert!(!r.encode().contains("hunter2"));
+    assert_eq!(
+        r.secret_ref(),
+        Some(SecretRef {
+            namespace: "ns".into(),
+            name: "creds".into()
+        })
+    );
+    assert_eq!(r.claim.uid, "u1");
+    // What is written is what is read back.
+    let cm = ConfigMap {
+        data: Some(
+            [
+                ("pvc-u1".to_string(), r.encode()),
+                ("pvc-bad".to_string(), "{not json".to_string()),
+            ]
+            .into(),
+        ),
+        ..Default::default()
+    };
+    let (good, bad) = parse_entries(&cm);
+    assert_eq!(good.get("pvc-u1"), Some(&r));
+    assert_eq!(bad, vec!["pvc-bad".to_string()]);
+}
+
+#[test]
+fn the_sweep_decides_from_the_claim_and_the_pv() {
+    use IntentAction::*;
+    let r = record("u1");
+    let live = claim(|_| {});
+    let deleting = claim(|c| c["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z"));
+    let recreated = claim(|c| c["metadata"]["uid"] = json!("u2"));
+    let bound_ours = claim(|c| c["spec"]["volumeName"] = json!("pvc-u1"));
+    let bound_other = claim(|c| c["spec"]["volumeName"] = json!("pv-static"));
+    let cases: &[(Option<&PersistentVolumeClaim>, bool, bool, IntentAction)] = &[
+        // held by a claim sync: hands off, whatever else
+        (None, false, true, Keep),
+        // the PV holds the volume
+        (None, true, false, Trim),
+        (Some(&live), true, false, Trim),
+        // still wanted: the claim's sync finishes it
+        (Some(&live), false, false, Keep),
+        // nobody wants it
+        (None, false, false, CleanUp),
+        (Some(&deleting), false, false, CleanUp),
+        (Some(&recreated), false, false, CleanUp),
+        (Some(&bound_other), false, false, CleanUp),
+        // its PV came and went: the reclaim policy dealt with the volume
+        (Some(&bound_ours), false, false, Trim),
+    ];
+    for (i, (claim, pv, held, want)) in cases.iter().enumerate() {
+        assert_eq!(
+            intent_action("pvc-u1", &r, *claim, *pv, *held),
+            *want,
+            "case {i}"
+        );
+    }
+}
+
+#[test]
+fn one_hold_per_name() {
+    let holds = Holds::default();
+    let a = holds.take("pvc-1").expect("free");
+    assert!(holds.take("pvc-1").is_none());
+    assert!(holds.take("pvc-2").is_some());
+    assert!(holds.is_held("pvc-1"));
+    drop(a);
+    assert!(!holds.is_held("pvc-1"));
+    assert!(holds.take("pvc-1").is_some());
+}
+
+async fn open(log: &Log, objects: testing::Objects) -> Arc<Journal> {
+    let client = testing::client(log, move |call| objects.answer(call));
+    let (journal, bad) = Journal::open(
+        client.clone(),
+        client,
+        "kube-system",
+        "csiops-provisioning-fake-csi",
+    )
+    .await
+    .expect("opens");
+    assert!(bad.is_empty());
+    journal
+}
+
+#[tokio::test]
+async fn open_creates_an_empty_journal_once() {
+    let log = Log::default();
+    let objects = testing::Objects::default();
+    let journal = open(&log, objects.clone()).await;
+    assert_eq!(
+        log.lines(),
+        vec![
+            format!("GET {CM}"),
+            "POST /api/v1/namespaces/kube-system/configmaps".to_string()
+        ]
+    );
+    assert!(journal.names().is_empty());
+    let cm = objects.get(CM).expect("created");
+    assert_eq!(cm["metadata"]["labels"][JOURNAL_LABEL], json!("true"));
+
+    // A second leader reads what the first wrote.
+    objects.put(
+        CM,
+        json!({"metadata": {"name": "csiops-provisioning-fake-csi", "namespace": "kube-system"},
+               "data": {"pvc-u1": record("u1").encode()}}),
+    );
+    log.clear();
+    let journal = open(&log, objects).await;
+    assert_eq!(log.lines(), vec![format!("GET {CM}")]);
+    assert_eq!(journal.names(), vec!["pvc-u1".to_string()]);
+    assert_eq!(journal.get("pvc-u1"), Some(record("u1")));
+}
+
+#[tokio::test]
+async fn intents_queued_together_share_one_write_and_trims_ride_along() {
+    let log = Log::default();
+    let objects = testing::Objects::default();
+    let journal = open(&log, objects.clone()).await;
+    log.clear();
+    let stop = CancellationToken::new();
+    tokio::spawn(journal.clone().run_writer(stop.clone()));
+    // Three intents queued in one poll, before the writer runs: one write.
+    let (a, b, c) = tokio::join!(
+        journal.record("pvc-a", record("a")),
+        journal.record("pvc-b", record("b")),
+        journal.record("pvc-c", record("c")),
+    );
+    a.expect("a");
+    b.expect("b");
+    c.expect("c");
+    assert_eq!(log.lines(), vec![format!("PATCH {CM}")]);
+    let cm = objects.get(CM).expect("cm");
+    let data = cm["data"].as_object().expect("data");
+    assert_eq!(data.len(), 3);
+
+    // An identical intent again (a retried claim) costs nothing.
+    journal.record("pvc-a", record("a")).await.expect("again");
+    assert_eq!(log.lines().len(), 1);
+
+    // Trims wait for company; the next intent takes them along.
+    journal.trim("pvc-a");
+    journal.trim("pvc-b");
+    assert_eq!(
+        journal.get("pvc-a"),
+        None,
+        "a trim on its way hides the intent"
+    );
+    journal.record("pvc-d", record("d")).await.expect("d");
+    assert_eq!(log.lines().len(), 2);
+    let patch = &log.calls()[1].body;
+    assert_eq!(patch["data"]["pvc-a"], Value::Null);
+    assert_eq!(patch["data"]["pvc-b"], Value::Null);
+    assert!(patch["data"]["pvc-d"].is_string());
+    let cm = objects.get(CM).expect("cm");
+    let mut keys: Vec<&String> = cm["data"].as_object().expect("data").keys().collect();
+    keys.sort();
+    assert_eq!(keys, ["pvc-c", "pvc-d"]);
+
+    // Trims alone are written too, a little later.
+    journal.trim("pvc-c");
+    journal.trim("pvc-d");
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while objects.get(CM).expect("cm")["data"]
+            .as_object()
+            .is_some_and(|d| !d.is_empty())
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("trims written");
+    assert_eq!(log.lines().len(), 3);
+    assert!(journal.names().is_empty());
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn a_refused_write_fails_its_intents_and_keeps_its_trims() {
+    let log = Log::default();
+    let objects = testing::Objects::default();
+    let refuse = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let client = {
+        let (objects, refuse) = (objects.clone(), refuse.clone());
+        testing::client(&log, move |call| {
+            if call.method == "PATCH" && refuse.load(std::sync::atomic::Ordering::SeqCst) {
+                testing::status(403, "Forbidden", "configmaps is forbidden")
+            } else {
+                objects.answer(call)
+            }
+        })
+    };
+    let (journal, _) = Journal::open(
+        client.clone(),
+        client,
+        "kube-system",
+        "csiops-provisioning-fake-csi",
+    )
+    .await
+    .expect("opens");
+    let stop = CancellationToken::new();
+    tokio::spawn(journal.clone().run_writer(stop.clone()));
+    journal.record("pvc-a", record("a")).await.expect("a");
+    refuse.store(true, std::sync::atomic::Ordering::SeqCst);
+    journal.trim("pvc-a");
+    let err = journal
+        .record("pvc-b", record("b"))
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(err, JournalError::Forbidden { verb: "patch", .. }),
+        "{err}"
+    );
+    // The trim waits for the next write; the refused intent is not kept.
+    assert!(journal.names().is_empty());
+    let cm = objects.get(CM).expect("cm");
+    let keys: Vec<&String> = cm["data"].as_object().expect("data").keys().collect();
+    assert_eq!(keys, ["pvc-a"]);
+    refuse.store(false, std::sync::atomic::Ordering::SeqCst);
+    journal.record("pvc-b", record("b")).await.expect("b");
+    let cm = objects.get(CM).expect("cm");
+    let keys: Vec<&String> = cm["data"].as_object().expect("data").keys().collect();
+    assert_eq!(keys, ["pvc-b"]);
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn a_journal_deleted_behind_our_back_is_written_anew_with_all_it_held() {
+    let log = Log::default();
+    let objects = testing::Objects::default();
+    let journal = open(&log, objects.clone()).await;
+    let stop = CancellationToken::new();
+    tokio::spawn(journal.clone().run_writer(stop.clone()));
+    journal.record("pvc-a", record("a")).await.expect("a");
+    objects.remove(CM);
+    journal.record("pvc-b", record("b")).await.expect("b");
+    let cm = objects.get(CM).expect("made again");
+    let mut keys: Vec<&String> = cm["data"].as_object().expect("data").keys().collect();
+    keys.sort();
+    assert_eq!(keys, ["pvc-a", "pvc-b"]);
+    assert_eq!(cm["metadata"]["labels"][JOURNAL_LABEL], json!("true"));
+    stop.cancel();
+}

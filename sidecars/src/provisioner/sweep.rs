@@ -1,0 +1,147 @@
+//! The journal sweep: for one intent, find out whether the volume it may
+//! stand for is still wanted, and delete it if not (see
+//! [`super::journal`] for when intents are swept and why this is enough).
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use kube::api::Api;
+use kube::runtime::reflector::ObjectRef;
+use tonic::{Code, Status};
+
+use super::controller::Provisioner;
+use super::csi;
+use super::journal::{intent_action, IntentAction, Record};
+use super::secrets::{self, SecretError};
+
+/// How soon an intent a claim sync holds is looked at again.
+const HELD_RETRY: Duration = Duration::from_secs(2);
+
+/// Why an abandoned volume was not cleaned up yet (logged; retried).
+#[derive(Debug, thiserror::Error)]
+pub enum SweepError {
+    #[error("the journal's request for volume {volume:?} does not decode ({source}); delete the volume on the storage backend if it exists, then remove key {volume:?} from the journal ConfigMap")]
+    Corrupt {
+        volume: String,
+        source: prost::DecodeError,
+    },
+    #[error("the claim {claim} no longer needs volume {volume:?}, and its provisioner Secret cannot be read to delete it")]
+    Secret {
+        volume: String,
+        claim: String,
+        source: SecretError,
+    },
+    #[error("the claim {claim} no longer needs volume {volume:?}, and whether that volume exists cannot be told: {}. Delete it on the storage backend if it exists, then remove key {volume:?} from the journal ConfigMap", rpc(.status))]
+    Blocked {
+        volume: String,
+        claim: String,
+        status: Status,
+    },
+    #[error("the claim {claim} no longer needs volume {volume:?}, and cleaning it up failed: {}", rpc(.status))]
+    Failed {
+        volume: String,
+        claim: String,
+        status: Status,
+    },
+    #[error("Kubernetes API")]
+    Kube(#[from] kube::Error),
+}
+
+fn rpc(status: &Status) -> String {
+    format!(
+        "rpc error: code = {:?} desc = {}",
+        status.code(),
+        status.message()
+    )
+}
+
+impl Provisioner {
+    pub(super) async fn sync_intent(&self, name: &str) -> Result<(), SweepError> {
+        let Some(journal) = &self.journal else {
+            return Ok(());
+        };
+        let Some(record) = journal.get(name) else {
+            return Ok(());
+        };
+        // A claim sync works on it: look again once it is done.
+        let Some(_hold) = self.holds.take(name) else {
+            self.intents.add_after(name.to_string(), HELD_RETRY);
+            return Ok(());
+        };
+        // The server's word, not the caches': the sweep runs at leader start
+        // and right after deletions, when the caches may lag.
+        let claims: Api<PersistentVolumeClaim> =
+            Api::namespaced(self.client.clone(), &record.claim.namespace);
+        let claim = claims.get_opt(&record.claim.name).await?;
+        let volumes: Api<PersistentVolume> = Api::all(self.client.clone());
+        let pv_exists = volumes.get_opt(name).await?.is_some();
+        match intent_action(name, &record, claim.as_ref(), pv_exists, false) {
+            IntentAction::Keep => {
+                // The claim's own sync provisions it (again) and trims.
+                self.claims
+                    .add(ObjectRef::new(&record.claim.name).within(&record.claim.namespace));
+                Ok(())
+            }
+            IntentAction::Trim => {
+                journal.trim(name);
+                Ok(())
+            }
+            IntentAction::CleanUp => {
+                self.delete_abandoned(name, &record).await?;
+                journal.trim(name);
+                Ok(())
+            }
+        }
+    }
+
+    /// CreateVolume with the stored request returns the volume if it exists
+    /// (and creates it if it did not, which the DeleteVolume that follows
+    /// undoes); the driver's refusal of the request proves there is none.
+    async fn delete_abandoned(&self, name: &str, record: &Record) -> Result<(), SweepError> {
+        let claim = format!("{}/{}", record.claim.namespace, record.claim.name);
+        let mut request = record.request().map_err(|source| SweepError::Corrupt {
+            volume: name.to_string(),
+            source,
+        })?;
+        if let Some(secret) = record.secret_ref() {
+            request.secrets = secrets::fetch(&self.client, &secret)
+                .await
+                .map_err(|source| SweepError::Secret {
+                    volume: name.to_string(),
+                    claim: claim.clone(),
+                    source,
+                })?;
+        }
+        let secrets = request.secrets.clone();
+        let _permit = self.calls.acquire().await;
+        match csi::create_volume(&self.driver, request, self.timeout).await {
+            Ok(volume) => {
+                csi::delete_volume(&self.driver, &volume.volume_id, secrets, self.timeout)
+                    .await
+                    .map_err(|status| SweepError::Failed {
+                        volume: name.to_string(),
+                        claim: claim.clone(),
+                        status,
+                    })?;
+                tracing::info!(%claim, volume = %volume.volume_id, "deleted the volume of a claim that no longer needs it");
+                Ok(())
+            }
+            // The name is taken by a volume this request does not match: it
+            // may be ours, so it must not be forgotten.
+            Err(status) if status.code() == Code::AlreadyExists => Err(SweepError::Blocked {
+                volume: name.to_string(),
+                claim,
+                status,
+            }),
+            Err(status) if csi::proves_no_volume(&status) => {
+                tracing::info!(%claim, error = %rpc(&status), "no volume to clean up");
+                Ok(())
+            }
+            Err(status) => Err(SweepError::Failed {
+                volume: name.to_string(),
+                claim,
+                status,
+            }),
+        }
+    }
+}
