@@ -12,15 +12,22 @@
 //! provisioner process, and the volumes the driver still holds.
 //!
 //! API writes come from kube-apiserver's own `apiserver_request_total`
-//! (POST/PUT/PATCH/DELETE of persistentvolumes, persistentvolumeclaims and
-//! events), minus the bench's own N creates and one delete-collection. They
+//! (POST/PUT/PATCH/DELETE of persistentvolumes, persistentvolumeclaims,
+//! configmaps (our intent journal) and events), minus the bench's own N creates and one delete-collection. They
 //! include kube-controller-manager's binding writes, which are the same for
 //! both provisioners; the difference between two rows is the provisioners'.
 //!
 //! ```text
 //! csiops-bench-provision [--claims N] [--qps Q] [--burst B] [--workers W] [--timeout 15s]
 //!                        [--upstream-bin PATH] [--driver-bin PATH [--driver-arg ARG]...]
+//!                        [--mock-driver] [--raw-pv-creates N]
 //! ```
+//! `--mock-driver` runs Kubernetes' in-memory `csi-mock-driver` (from the
+//! test bed's bin dir) as the driver: the provisioners, not the driver,
+//! are then the bottleneck. `--raw-pv-creates N` first measures the API
+//! server's own PV create rate with N creates from a parallel, unthrottled
+//! client, and prints the ratio of each provisioner's claims Bound per
+//! second to it.
 //! `--upstream-bin` (or `CSIOPS_UPSTREAM_PROVISIONER`): a csi-provisioner
 //! binary the user built from upstream's repository; without it only ours
 //! runs. `--driver-bin`: any CSI driver binary instead of csi-test-driver;
@@ -74,6 +81,15 @@ struct Args {
     /// The topology key `--driver-bin` reports in NodeGetInfo.
     #[arg(long, default_value = DEFAULT_TOPOLOGY_KEY)]
     topology_key: String,
+    /// Kubernetes' in-memory csi-mock-driver as the driver.
+    #[arg(long, conflicts_with = "driver_bin")]
+    mock_driver: bool,
+    /// Measure the API server's raw PV create rate with this many creates.
+    #[arg(long, default_value_t = 0)]
+    raw_pv_creates: usize,
+    /// Parallel requests of that measurement.
+    #[arg(long, default_value_t = 32)]
+    raw_concurrency: usize,
     /// Give up on a phase after this many seconds.
     #[arg(long, default_value_t = 1800)]
     phase_timeout: u64,
@@ -92,7 +108,12 @@ struct Outcome {
 /// Writes to the kinds a provisioning touches, by anyone.
 async fn writes(client: &kube::Client) -> Result<f64, Box<dyn std::error::Error>> {
     let mut kinds = Vec::new();
-    for resource in ["persistentvolumes", "persistentvolumeclaims", "events"] {
+    for resource in [
+        "persistentvolumes",
+        "persistentvolumeclaims",
+        "configmaps",
+        "events",
+    ] {
         for verb in ["POST", "PUT", "PATCH", "DELETE", "DELETECOLLECTION"] {
             kinds.push((resource, verb));
         }
@@ -146,7 +167,21 @@ impl Driver {
         dir: &Path,
         socket: &Path,
     ) -> Result<Driver, Box<dyn std::error::Error>> {
-        let Some(bin) = &args.driver_bin else {
+        let mock = args
+            .mock_driver
+            .then(|| csiops_e2e::bins::bin_dir().map(|d| d.join("csi-mock-driver")))
+            .transpose()?;
+        let mock_args = [
+            "--endpoint={endpoint}".to_string(),
+            "--drivername={name}".to_string(),
+            "--nodeid={nodeid}".to_string(),
+        ];
+        let (bin, driver_args) = match (&mock, &args.driver_bin) {
+            (Some(m), _) => (Some(m), &mock_args[..]),
+            (None, Some(b)) => (Some(b), &args.driver_args[..]),
+            (None, None) => (None, &args.driver_args[..]),
+        };
+        let Some(bin) = bin else {
             let d = TestDriverProcess::start(
                 &test_driver_bin()?,
                 socket,
@@ -163,8 +198,7 @@ impl Driver {
         };
         let scratch = dir.join("driver");
         std::fs::create_dir_all(&scratch)?;
-        let argv: Vec<String> = args
-            .driver_args
+        let argv: Vec<String> = driver_args
             .iter()
             .map(|a| {
                 a.replace("{endpoint}", &format!("unix://{}", socket.display()))
@@ -345,29 +379,90 @@ async fn run_one(
     })
 }
 
+/// PVs created per second by `concurrency` parallel unthrottled requests
+/// (the PVs are deleted afterwards, outside the clock).
+async fn raw_pv_rate(
+    cluster: &Cluster,
+    n: usize,
+    concurrency: usize,
+) -> Result<f64, Box<dyn std::error::Error>> {
+    use futures::stream::{self, StreamExt, TryStreamExt};
+    let client = cluster.client()?;
+    let pvs: Api<PersistentVolume> = Api::all(client);
+    let pv = |i: usize| PersistentVolume {
+        metadata: ObjectMeta {
+            name: Some(format!("raw-{i:05}")),
+            ..Default::default()
+        },
+        spec: Some(k8s_openapi::api::core::v1::PersistentVolumeSpec {
+            access_modes: Some(vec!["ReadWriteOnce".into()]),
+            capacity: Some(BTreeMap::from([("storage".into(), Quantity("1Mi".into()))])),
+            persistent_volume_reclaim_policy: Some("Retain".into()),
+            csi: Some(k8s_openapi::api::core::v1::CSIPersistentVolumeSource {
+                driver: "raw.bench.csiops.dev".into(),
+                volume_handle: format!("raw-{i:05}"),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let t0 = Instant::now();
+    stream::iter(0..n)
+        .map(|i| {
+            let (pvs, pv) = (pvs.clone(), pv(i));
+            async move { pvs.create(&PostParams::default(), &pv).await.map(drop) }
+        })
+        .buffer_unordered(concurrency)
+        .try_collect::<()>()
+        .await?;
+    let rate = n as f64 / t0.elapsed().as_secs_f64();
+    stream::iter(0..n)
+        .map(|i| {
+            let pvs = pvs.clone();
+            async move {
+                pvs.delete(&format!("raw-{i:05}"), &DeleteParams::default())
+                    .await
+                    .map(drop)
+            }
+        })
+        .buffer_unordered(concurrency)
+        .try_collect::<()>()
+        .await?;
+    Ok(rate)
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let cluster = Cluster::start(ClusterOptions::kwok(3)).await?;
+    let raw = if args.raw_pv_creates > 0 {
+        Some(raw_pv_rate(&cluster, args.raw_pv_creates, args.raw_concurrency).await?)
+    } else {
+        None
+    };
     let mut runs = vec![run_one(&cluster, &args, "csiops", &sidecar_bin()?, false).await?];
     if let Some(upstream) = &args.upstream_bin {
         runs.push(run_one(&cluster, &args, "upstream", upstream, true).await?);
     }
     cluster.stop().await?;
 
-    let driver = args
-        .driver_bin
-        .as_deref()
-        .and_then(Path::file_name)
-        .map_or("csi-test-driver".into(), |n| {
-            n.to_string_lossy().into_owned()
-        });
+    let driver = if args.mock_driver {
+        "csi-mock-driver".to_string()
+    } else {
+        args.driver_bin
+            .as_deref()
+            .and_then(Path::file_name)
+            .map_or("csi-test-driver".into(), |n| {
+                n.to_string_lossy().into_owned()
+            })
+    };
     println!(
         "{} claims, QPS {}/burst {}, --worker-threads={} --timeout={}, driver {driver}\n",
         args.claims, args.qps, args.burst, args.workers, args.timeout
     );
-    println!("| provisioner | all Bound | all PVs deleted | lifecycle | API writes per claim (incl. kube-controller-manager's) | CPU seconds | VmHWM (MiB) | volumes left |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| provisioner | all Bound | claims Bound/s | all PVs deleted | lifecycle | API writes per claim (incl. kube-controller-manager's) | CPU seconds | VmHWM (MiB) | volumes left |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for r in &runs {
         let left = if r.left == usize::MAX {
             "?".to_string()
@@ -375,15 +470,30 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             r.left.to_string()
         };
         println!(
-            "| {} | {:.1} s | {:.1} s | {:.1} s | {:.2} | {:.2} | {:.1} | {left} |",
+            "| {} | {:.1} s | {:.1} | {:.1} s | {:.1} s | {:.2} | {:.2} | {:.1} | {left} |",
             r.name,
             r.bound.as_secs_f64(),
+            args.claims as f64 / r.bound.as_secs_f64(),
             r.deleted.as_secs_f64(),
             (r.bound + r.deleted).as_secs_f64(),
             r.writes_per_claim,
             r.cpu_seconds,
             r.hwm_kib as f64 / 1024.0,
         );
+    }
+    if let Some(raw) = raw {
+        println!(
+            "\nThe API server's raw PV create rate ({} creates, {} in parallel, unthrottled): {raw:.0}/s",
+            args.raw_pv_creates, args.raw_concurrency
+        );
+        for r in &runs {
+            let rate = args.claims as f64 / r.bound.as_secs_f64();
+            println!(
+                "- {}: {rate:.1} claims Bound/s = {:.1}% of the raw PV create rate",
+                r.name,
+                100.0 * rate / raw
+            );
+        }
     }
     Ok(())
 }

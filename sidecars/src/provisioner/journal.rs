@@ -501,15 +501,17 @@ impl Journal {
                 break;
             }
             if has_trims {
-                tokio::select! {
-                    () = tokio::time::sleep(TRIM_LINGER) => {}
-                    () = self.wake.notified() => {}
-                }
-                // Intents arrived: they take the trims along now.
-                if !self.state().adds.is_empty() {
-                    break;
-                }
-                tokio::time::sleep(TRIM_LINGER).await;
+                // Until intents arrive (they take the trims along now) or
+                // the wait is over.
+                let _ = tokio::time::timeout(TRIM_LINGER, async {
+                    loop {
+                        self.wake.notified().await;
+                        if !self.state().adds.is_empty() {
+                            break;
+                        }
+                    }
+                })
+                .await;
                 break;
             }
             self.wake.notified().await;
