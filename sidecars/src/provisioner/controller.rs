@@ -58,6 +58,8 @@ pub struct Caches {
 pub struct Queues {
     pub claims: Arc<WorkQueue<ClaimKey>>,
     pub volumes: Arc<WorkQueue<String>>,
+    /// Clone sources whose cloning-protection finalizer may come off.
+    pub cloning: Arc<WorkQueue<ClaimKey>>,
 }
 
 impl Queues {
@@ -65,6 +67,7 @@ impl Queues {
         Queues {
             claims: Arc::new(WorkQueue::new(backoff)),
             volumes: Arc::new(WorkQueue::new(backoff)),
+            cloning: Arc::new(WorkQueue::new(backoff)),
         }
     }
 }
@@ -86,6 +89,8 @@ pub struct Provisioner {
     pub caches: Caches,
     pub claims: Arc<WorkQueue<ClaimKey>>,
     pub volumes: Arc<WorkQueue<String>>,
+    /// See [`super::cloning`].
+    pub cloning: Arc<WorkQueue<ClaimKey>>,
     /// `--worker-threads` permits for CSI calls.
     pub calls: Semaphore,
     pub recorder: Recorder,
@@ -155,20 +160,30 @@ impl Provisioner {
     pub fn new(clients: Clients, setup: Setup) -> (Arc<Provisioner>, Vec<Task>) {
         let client = clients.normal;
         let driver_name = setup.config.driver_name.clone();
-        let Queues { claims, volumes } = setup.queues;
+        let Queues {
+            claims,
+            volumes,
+            cloning,
+        } = setup.queues;
         let mut tasks = Vec::new();
 
         let (claims_store, task) = {
             let (queue, driver) = (claims.clone(), driver_name.clone());
+            let clones = cloning.clone();
             reflect_cached(
                 Api::<PersistentVolumeClaim>::all(client.clone()),
-                move |e| match e {
-                    watcher::Event::Apply(c) | watcher::Event::InitApply(c)
-                        if claim_is_for(c, &driver) =>
-                    {
-                        queue.add(ObjectRef::from_obj(c));
+                move |e| {
+                    for key in super::cloning::keys_to_check(e) {
+                        clones.add(key);
                     }
-                    _ => {}
+                    match e {
+                        watcher::Event::Apply(c) | watcher::Event::InitApply(c)
+                            if claim_is_for(c, &driver) =>
+                        {
+                            queue.add(ObjectRef::from_obj(c));
+                        }
+                        _ => {}
+                    }
                 },
             )
         };
@@ -235,6 +250,7 @@ impl Provisioner {
             },
             claims,
             volumes,
+            cloning,
             calls: Semaphore::new(setup.workers),
             recorder,
             metrics: setup.metrics,
@@ -281,12 +297,16 @@ impl Provisioner {
             worker_tasks.spawn(self.clone().claim_worker());
             worker_tasks.spawn(self.clone().volume_worker());
         }
+        for _ in 0..self.config.cloning_protection_threads {
+            worker_tasks.spawn(self.clone().cloning_worker());
+        }
         worker_tasks.close();
         shutdown.cancelled().await;
         // Workers finish the object in hand (a CSI call ends within
         // --timeout), then see the closed queues.
         self.claims.shut_down();
         self.volumes.shut_down();
+        self.cloning.shut_down();
         worker_tasks.wait().await;
         background.abort_all();
     }

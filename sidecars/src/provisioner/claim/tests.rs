@@ -85,6 +85,7 @@ async fn provisioner(log: &Log, dir: &std::path::Path) -> Provisioner {
         },
         claims: queues.claims,
         volumes: queues.volumes,
+        cloning: queues.cloning,
         calls: Semaphore::new(1),
         recorder: Recorder::new(
             client,
