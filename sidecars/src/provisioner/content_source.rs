@@ -1344,3 +1344,6 @@ mod tests {
         assert_eq!(clone_source_of(&cross), key("other"));
     }
 }
+
+#[cfg(test)]
+mod sync_tests;
