@@ -63,9 +63,11 @@ pub struct ProvisionerArgs {
 
     /// Upstream feature gates; `Topology=true|false` is honoured (default
     /// true), `HonorPVReclaimPolicy=true|false` switches the PV finalizer
-    /// (default true); `VolumeAttributesClass`, `CrossNamespaceVolumeDataSource`
-    /// and `ReleaseLeaderElectionOnExit` are accepted and change nothing
-    /// (see [`IGNORED_GATES`]); other gates are refused.
+    /// (default true), `CrossNamespaceVolumeDataSource=true|false` allows a
+    /// `dataSourceRef` into another namespace that a ReferenceGrant there
+    /// permits (default false); `VolumeAttributesClass` and
+    /// `ReleaseLeaderElectionOnExit` are accepted and change nothing (see
+    /// [`IGNORED_GATES`]); other gates are refused.
     #[arg(long, default_value = "")]
     pub feature_gates: String,
 
