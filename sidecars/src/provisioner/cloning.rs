@@ -11,6 +11,15 @@
 //! provisioner that is down at that moment block the deletion. The queue is
 //! fed from the claim watch: a claim carrying the finalizer, and the source
 //! of any clone claim that changed or went away.
+//!
+//! Removing it early has a race upstream's way has not: a new clone may
+//! find the finalizer still there (and not write it) while a worker that
+//! has not seen that clone yet removes it. [`Cloning::lock`] closes it: the
+//! provisioner's check-and-add and the worker's check-and-remove hold it,
+//! and the worker records its write in the cache before letting go, so a
+//! provisioner after it sees the finalizer gone and adds it again, and a
+//! worker after a provisioner sees the clone (which the provisioner found
+//! in the same cache) pending.
 
 use std::sync::Arc;
 
@@ -24,7 +33,24 @@ use tracing::Instrument;
 use super::content_source::{clone_source_of, CLONE_FINALIZER};
 use super::controller::{ClaimKey, Provisioner};
 use super::finalizer;
+use crate::common::workqueue::{Backoff, WorkQueue};
 use csiops_runtime::chain;
+
+/// The queue of clone sources to look at, and the lock ordering finalizer
+/// checks (see the module docs).
+pub struct Cloning {
+    pub queue: Arc<WorkQueue<ClaimKey>>,
+    pub lock: tokio::sync::Mutex<()>,
+}
+
+impl Cloning {
+    pub fn new(backoff: Backoff) -> Self {
+        Cloning {
+            queue: Arc::new(WorkQueue::new(backoff)),
+            lock: tokio::sync::Mutex::new(()),
+        }
+    }
+}
 
 /// Whether a claim still waits for its volume (a claim without a status
 /// yet has just been created, and waits too).
@@ -76,25 +102,27 @@ pub fn keys_to_check(event: &watcher::Event<PersistentVolumeClaim>) -> Vec<Claim
 
 impl Provisioner {
     pub(super) async fn cloning_worker(self: Arc<Self>) {
-        while let Some(key) = self.cloning.next().await {
+        let queue = &self.cloning.queue;
+        while let Some(key) = queue.next().await {
             let span = tracing::info_span!("cloning", claim = %super::claim::display(&key));
             async {
                 match self.release_source(&key).await {
-                    Ok(()) => self.cloning.forget(&key),
+                    Ok(()) => queue.forget(&key),
                     Err(e) => {
                         tracing::warn!(error = %chain(&e), "cannot remove the cloning-protection finalizer; will retry");
-                        self.cloning.add_rate_limited(key.clone());
+                        queue.add_rate_limited(key.clone());
                     }
                 }
             }
             .instrument(span)
             .await;
-            self.cloning.done(&key);
+            queue.done(&key);
         }
     }
 
     /// Takes [`CLONE_FINALIZER`] off the claim when [`may_release`] says so.
     async fn release_source(&self, key: &ClaimKey) -> Result<(), kube::Error> {
+        let _held = self.cloning.lock.lock().await;
         let Some(claim) = self.caches.claims.get(key) else {
             return Ok(());
         };

@@ -783,6 +783,8 @@ impl Provisioner {
             return Ok(());
         }
         let source = &resolved.source;
+        // Ordered with the cloning workers' removal (see `cloning`).
+        let _held = self.cloning.lock.lock().await;
         let api: Api<PersistentVolumeClaim> =
             Api::namespaced(self.client.clone(), &source.namespace);
         let key = ObjectRef::new(&source.name).within(&source.namespace);

@@ -25,6 +25,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
+use super::cloning::Cloning;
 use super::decide::{claim_is_for, pv_is_ours};
 use super::metrics::OperationMetrics;
 use super::plan::{DriverCapabilities, ProvisionerConfig};
@@ -59,7 +60,7 @@ pub struct Queues {
     pub claims: Arc<WorkQueue<ClaimKey>>,
     pub volumes: Arc<WorkQueue<String>>,
     /// Clone sources whose cloning-protection finalizer may come off.
-    pub cloning: Arc<WorkQueue<ClaimKey>>,
+    pub cloning: Arc<Cloning>,
 }
 
 impl Queues {
@@ -67,7 +68,7 @@ impl Queues {
         Queues {
             claims: Arc::new(WorkQueue::new(backoff)),
             volumes: Arc::new(WorkQueue::new(backoff)),
-            cloning: Arc::new(WorkQueue::new(backoff)),
+            cloning: Arc::new(Cloning::new(backoff)),
         }
     }
 }
@@ -90,7 +91,7 @@ pub struct Provisioner {
     pub claims: Arc<WorkQueue<ClaimKey>>,
     pub volumes: Arc<WorkQueue<String>>,
     /// See [`super::cloning`].
-    pub cloning: Arc<WorkQueue<ClaimKey>>,
+    pub cloning: Arc<Cloning>,
     /// `--worker-threads` permits for CSI calls.
     pub calls: Semaphore,
     pub recorder: Recorder,
@@ -174,7 +175,7 @@ impl Provisioner {
                 Api::<PersistentVolumeClaim>::all(client.clone()),
                 move |e| {
                     for key in super::cloning::keys_to_check(e) {
-                        clones.add(key);
+                        clones.queue.add(key);
                     }
                     match e {
                         watcher::Event::Apply(c) | watcher::Event::InitApply(c)
@@ -306,7 +307,7 @@ impl Provisioner {
         // --timeout), then see the closed queues.
         self.claims.shut_down();
         self.volumes.shut_down();
-        self.cloning.shut_down();
+        self.cloning.queue.shut_down();
         worker_tasks.wait().await;
         background.abort_all();
     }

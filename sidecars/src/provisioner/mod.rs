@@ -106,7 +106,7 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
     let mut queue_metrics = QueueMetrics::default();
     queue_metrics.add("claims", queues.claims.clone());
     queue_metrics.add("volumes", queues.volumes.clone());
-    queue_metrics.add("cloning", queues.cloning.clone());
+    queue_metrics.add("cloning", queues.cloning.queue.clone());
     registry
         .registry_mut()
         .register_collector(Box::new(queue_metrics));
