@@ -344,6 +344,52 @@ async fn restores_snapshots_and_clones_claims() {
     .await
     .expect("the cloning-protection finalizer removed once the clone is bound");
 
+    // A source deleted while its clone is being created stays until the
+    // clone is Bound, then goes.
+    claims
+        .create(
+            &pp,
+            &claim("clone2", "1Gi", Some(("PersistentVolumeClaim", "restored"))),
+        )
+        .await
+        .expect("second clone claim");
+    wait_for(DEADLINE, Duration::from_millis(20), || async {
+        let src = claims.get_opt("restored").await.ok().flatten()?;
+        finalizers(&src)
+            .iter()
+            .any(|f| f == CLONE_FINALIZER)
+            .then_some(())
+    })
+    .await
+    .expect("the second source protected");
+    claims
+        .delete("restored", &DeleteParams::default())
+        .await
+        .expect("delete the second source");
+    wait_for(DEADLINE, Duration::from_millis(20), || async {
+        let clone2 = claims.get_opt("clone2").await.ok().flatten()?;
+        let bound = clone2.status.as_ref()?.phase.as_deref() == Some("Bound");
+        if !bound {
+            let source = claims.get_opt("restored").await.ok().flatten();
+            assert!(
+                source.is_some(),
+                "the source went while its clone was pending"
+            );
+        }
+        bound.then_some(())
+    })
+    .await
+    .expect("the second clone Bound");
+    wait_for(DEADLINE, POLL, || async {
+        claims
+            .get_opt("restored")
+            .await
+            .ok()
+            .and_then(|c| c.is_none().then_some(()))
+    })
+    .await
+    .expect("the second source gone once its clone is Bound");
+
     // Deleting the source is not blocked (the snapshot goes first, so
     // snapshot-controller's own source protection is not in the way).
     snapshots
