@@ -4,7 +4,8 @@
 # csi-mock-driver (Kubernetes' own CSI mock driver, kube/csi-mock-driver),
 # regclient (ours, kube/regclient: calls a unix-socket gRPC server the way
 # kubelet's plugin registration does), and the real node's kubelet and
-# kube-proxy.
+# kube-proxy; and external-snapshotter's snapshot-controller and
+# csi-snapshotter with the VolumeSnapshot CRDs (crds/snapshot/*.yaml).
 #
 #   BIN=$(e2e/cluster-bins/build.sh)   # prints ONLY the bin dir on stdout
 #   e2e/cluster-bins/build.sh --sync   # regenerate wrapper go.mod/go.sum
@@ -36,6 +37,7 @@ source "$VERSIONS_ENV"
 : "${K8S_VERSION:?K8S_VERSION not set in versions.env}"
 : "${ETCD_VERSION:?ETCD_VERSION not set in versions.env}"
 : "${KWOK_VERSION:?KWOK_VERSION not set in versions.env}"
+: "${EXTERNAL_SNAPSHOTTER_VERSION:?EXTERNAL_SNAPSHOTTER_VERSION not set in versions.env}"
 
 command -v go >/dev/null 2>&1 || die "go is not on PATH (Go >= 1.26 is required)"
 
@@ -100,6 +102,23 @@ sync_modules() {
   printf 'module csiops.local/e2e/cluster-bins/kwok\n\ngo 1.24.0\n' >"$d/go.mod"
   (cd "$d" && go get -tool "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" && go mod tidy) >&2
 
+  # external-snapshotter replaces its client module with ./client, which
+  # the module zip leaves out (a nested module): the wrapper requires the
+  # published client module at the same tag instead.
+  d="$HERE/snapshotter"
+  log "sync snapshotter -> github.com/kubernetes-csi/external-snapshotter/v8@$EXTERNAL_SNAPSHOTTER_VERSION"
+  rm -f "$d/go.mod" "$d/go.sum"
+  mkdir -p "$d"
+  printf 'module csiops.local/e2e/cluster-bins/snapshotter\n\ngo 1.26.0\n' >"$d/go.mod"
+  (
+    cd "$d"
+    go mod edit "-require=github.com/kubernetes-csi/external-snapshotter/client/v8@$EXTERNAL_SNAPSHOTTER_VERSION"
+    go get -tool \
+      "github.com/kubernetes-csi/external-snapshotter/v8/cmd/snapshot-controller@$EXTERNAL_SNAPSHOTTER_VERSION" \
+      "github.com/kubernetes-csi/external-snapshotter/v8/cmd/csi-snapshotter@$EXTERNAL_SNAPSHOTTER_VERSION"
+    go mod tidy
+  ) >&2
+
   log "sync done; commit e2e/versions.env and e2e/cluster-bins/*/go.{mod,sum}"
 }
 
@@ -113,6 +132,10 @@ check_pins() {
     die "etcd/go.mod does not pin go.etcd.io/etcd/server/v3 $ETCD_VERSION; run: $0 --sync"
   grep -Eq "^[[:space:]]*(require )?sigs\.k8s\.io/kwok $KWOK_VERSION( |$)" "$HERE/kwok/go.mod" ||
     die "kwok/go.mod does not pin sigs.k8s.io/kwok $KWOK_VERSION; run: $0 --sync"
+  grep -Eq "^[[:space:]]*(require )?github\.com/kubernetes-csi/external-snapshotter/v8 $EXTERNAL_SNAPSHOTTER_VERSION( |$)" "$HERE/snapshotter/go.mod" ||
+    die "snapshotter/go.mod does not pin external-snapshotter/v8 $EXTERNAL_SNAPSHOTTER_VERSION; run: $0 --sync"
+  grep -Eq "^[[:space:]]*(require )?github\.com/kubernetes-csi/external-snapshotter/client/v8 $EXTERNAL_SNAPSHOTTER_VERSION( |$)" "$HERE/snapshotter/go.mod" ||
+    die "snapshotter/go.mod does not pin external-snapshotter/client/v8 $EXTERNAL_SNAPSHOTTER_VERSION; run: $0 --sync"
 }
 
 # ---------------------------------------------------------------------------
@@ -120,23 +143,27 @@ check_pins() {
 # platform, and a hash of the wrapper modules, csi-mock-driver's source and
 # the build recipe below.
 # ---------------------------------------------------------------------------
-RECIPE=7 # bump when the build flags/ldflags or the set of binaries change
-BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kwok csi-mock-driver regclient)
+RECIPE=8 # bump when the build flags/ldflags or the set of binaries change
+BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kwok csi-mock-driver regclient snapshot-controller csi-snapshotter)
 
 cache_key() {
   local gover goos goarch h
   { read -r gover; read -r goos; read -r goarch; } < <(go env GOVERSION GOOS GOARCH)
-  h="$( { echo "recipe=$RECIPE"; cat "$HERE"/{kube,etcd,kwok}/go.{mod,sum} \
+  h="$( { echo "recipe=$RECIPE"; cat "$HERE"/{kube,etcd,kwok,snapshotter}/go.{mod,sum} \
     "$HERE"/kube/csi-mock-driver/*.go "$HERE"/kube/regclient/*.go; } |
     sha256sum | cut -c1-12)"
-  printf 'k8s-%s_etcd-%s_kwok-%s_%s_%s-%s_%s' \
-    "$K8S_VERSION" "$ETCD_VERSION" "$KWOK_VERSION" "$gover" "$goos" "$goarch" "$h"
+  printf 'k8s-%s_etcd-%s_kwok-%s_snap-%s_%s_%s-%s_%s' \
+    "$K8S_VERSION" "$ETCD_VERSION" "$KWOK_VERSION" "$EXTERNAL_SNAPSHOTTER_VERSION" "$gover" "$goos" "$goarch" "$h"
 }
 
 # Every binary present, executable, and reporting the pinned version.
 bins_ok() {
   local dir="$1"
   [[ -f "$dir/.complete" && -s "$dir/kwok-stages.yaml" ]] || return 1
+  local crd
+  for crd in volumesnapshotclasses volumesnapshotcontents volumesnapshots; do
+    [[ -s "$dir/crds/snapshot/snapshot.storage.k8s.io_$crd.yaml" ]] || return 1
+  done
   local b
   for b in "${BINARIES[@]}"; do [[ -x "$dir/$b" ]] || return 1; done
   # Run them concurrently to keep the warm path well under a second.
@@ -150,6 +177,8 @@ bins_ok() {
   "$dir/kwok" --version >"$t/kwok" 2>&1 &
   "$dir/csi-mock-driver" --version >"$t/csi-mock-driver" 2>&1 &
   "$dir/regclient" -version >"$t/regclient" 2>&1 &
+  "$dir/snapshot-controller" --version >"$t/snapshot-controller" 2>&1 &
+  "$dir/csi-snapshotter" --version >"$t/csi-snapshotter" 2>&1 &
   local rc=0
   wait || rc=1
   grep -q "etcd Version: ${ETCD_VERSION#v}" "$t/etcd" || rc=1
@@ -161,6 +190,8 @@ bins_ok() {
   grep -q "$KWOK_VERSION" "$t/kwok" || rc=1
   grep -q "^csi-mock-driver k8s.io/kubernetes $K8S_VERSION " "$t/csi-mock-driver" || rc=1
   grep -q "^regclient k8s.io/kubelet $K8S_STAGING_VERSION " "$t/regclient" || rc=1
+  grep -q " $EXTERNAL_SNAPSHOTTER_VERSION$" "$t/snapshot-controller" || rc=1
+  grep -q " $EXTERNAL_SNAPSHOTTER_VERSION$" "$t/csi-snapshotter" || rc=1
   rm -rf "$t"
   return "$rc"
 }
@@ -172,7 +203,7 @@ build_into() {
   # Fetch everything up front (a no-op when GOMODCACHE is warm); go.sum is
   # complete, so this never edits go.mod/go.sum (-mod=readonly).
   local d
-  for d in kube etcd kwok; do
+  for d in kube etcd kwok snapshotter; do
     log "go mod download ($d)"
     (cd "$HERE/$d" && go mod download) >&2
   done
@@ -236,6 +267,25 @@ build_into() {
     printf -- '---\n# from sigs.k8s.io/kwok@%s kustomize/stage/%s\n' "$KWOK_VERSION" "$f"
     cat "$kwok_dir/kustomize/stage/$f"
   done >"$out/kwok-stages.yaml"
+
+  # --- external-snapshotter ---------------------------------------------------
+  # Both commands print `main.version` for --version.
+  log "building snapshot-controller, csi-snapshotter $EXTERNAL_SNAPSHOTTER_VERSION"
+  (cd "$HERE/snapshotter" && CGO_ENABLED=0 go build "${build_flags[@]}" \
+    -ldflags="-s -w -X main.version=$EXTERNAL_SNAPSHOTTER_VERSION" -o "$out/" \
+    github.com/kubernetes-csi/external-snapshotter/v8/cmd/snapshot-controller \
+    github.com/kubernetes-csi/external-snapshotter/v8/cmd/csi-snapshotter) >&2
+  # The VolumeSnapshot CRDs live in the client module (the group snapshot
+  # ones are left out: nothing here uses them).
+  local client_dir
+  client_dir="$(cd "$HERE/snapshotter" && go list -m -f '{{.Dir}}' github.com/kubernetes-csi/external-snapshotter/client/v8)"
+  mkdir -p "$out/crds/snapshot"
+  for f in volumesnapshotclasses volumesnapshotcontents volumesnapshots; do
+    f="snapshot.storage.k8s.io_$f.yaml"
+    [[ -f "$client_dir/config/crd/$f" ]] || die "CRD $f not found in $client_dir"
+    cp "$client_dir/config/crd/$f" "$out/crds/snapshot/$f"
+  done
+  chmod -R u+w "$out/crds"
 
   cp "$VERSIONS_ENV" "$out/versions.env"
   touch "$out/.complete"

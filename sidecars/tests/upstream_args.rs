@@ -75,7 +75,7 @@ const PROVISIONER: &[Flag] = &[
     ("retry-interval-start", Value("1s"), No),
     ("retry-interval-max", Value("5m"), No),
     ("worker-threads", Value("100"), No),
-    ("cloning-protection-threads", Value("1"), Yes),
+    ("cloning-protection-threads", Value("1"), No),
     ("snapshot-orphan-sweep-interval", Value("5m"), Yes),
     ("capacity-threads", Value("1"), Yes),
     ("timeout", Value("10s"), No),
@@ -96,7 +96,7 @@ const PROVISIONER: &[Flag] = &[
     ("node-deployment-base-delay", Value("20s"), Yes),
     ("node-deployment-max-delay", Value("60s"), Yes),
     ("controller-publish-readonly", Bool, No),
-    ("prevent-volume-mode-conversion", Bool, Yes),
+    ("prevent-volume-mode-conversion", Bool, No),
     (
         "feature-gates",
         Value("Topology=true,HonorPVReclaimPolicy=true,VolumeAttributesClass=true"),

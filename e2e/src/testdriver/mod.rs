@@ -42,6 +42,6 @@ pub use config::Config;
 pub use harness::{test_driver_bin, TestDriverProcess};
 pub use service::{Driver, DriverHandle};
 pub use state::{
-    load_state, Capability, ControllerPublication, DeletedVolume, NodePublication, State,
-    StateStore, Volume, STATE_FILE,
+    load_state, Capability, ContentSource, ControllerPublication, DeletedVolume, NodePublication,
+    Snapshot, State, StateStore, Volume, STATE_FILE,
 };

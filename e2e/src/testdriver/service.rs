@@ -13,8 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use csiops_proto::csi::v1::{
-    controller_server::Controller, identity_server::Identity, list_volumes_response,
-    node_server::Node, plugin_capability, validate_volume_capabilities_response, volume_capability,
+    controller_server::Controller, identity_server::Identity, list_snapshots_response,
+    list_volumes_response, node_server::Node, plugin_capability,
+    validate_volume_capabilities_response, volume_capability, volume_content_source,
     ControllerExpandVolumeRequest, ControllerExpandVolumeResponse,
     ControllerGetCapabilitiesRequest, ControllerGetCapabilitiesResponse,
     ControllerGetVolumeRequest, ControllerGetVolumeResponse, ControllerModifyVolumeRequest,
@@ -32,7 +33,7 @@ use csiops_proto::csi::v1::{
     NodeStageVolumeResponse, NodeUnpublishVolumeRequest, NodeUnpublishVolumeResponse,
     NodeUnstageVolumeRequest, NodeUnstageVolumeResponse, PluginCapability, ProbeRequest,
     ProbeResponse, Topology, ValidateVolumeCapabilitiesRequest, ValidateVolumeCapabilitiesResponse,
-    VolumeCapability,
+    VolumeCapability, VolumeContentSource,
 };
 use csiops_proto::redact::redacted_debug;
 use tonic::{Code, Request, Response, Status};
@@ -40,7 +41,8 @@ use tonic::{Code, Request, Response, Status};
 use super::config::{Config, DelaySpec, FaultSpec, DEFAULT_VOLUME_SIZE};
 use super::mounts;
 use super::state::{
-    Capability, ControllerPublication, DeletedVolume, NodePublication, State, StateStore, Volume,
+    Capability, ContentSource, ControllerPublication, DeletedVolume, NodePublication, Snapshot,
+    State, StateStore, Volume,
 };
 
 type Reply<T> = Result<Response<T>, Status>;
@@ -240,7 +242,7 @@ impl Driver {
                 .iter()
                 .map(|(k, val)| (k.clone(), val.clone()))
                 .collect(),
-            content_source: None,
+            content_source: v.content_source.as_ref().map(content_source_of),
             accessible_topology: v
                 .accessible_topology
                 .iter()
@@ -265,11 +267,24 @@ impl Driver {
             .iter()
             .map(capability)
             .collect::<Result<Vec<_>, _>>()?;
-        if req.volume_content_source.is_some() {
-            return Err(Status::invalid_argument(
-                "volume_content_source is not supported (no snapshots, no cloning)",
-            ));
-        }
+        let content_source = match req
+            .volume_content_source
+            .as_ref()
+            .and_then(|c| c.r#type.as_ref())
+        {
+            None => None,
+            Some(volume_content_source::Type::Snapshot(s)) if !s.snapshot_id.is_empty() => {
+                Some(ContentSource::Snapshot(s.snapshot_id.clone()))
+            }
+            Some(volume_content_source::Type::Volume(v)) if !v.volume_id.is_empty() => {
+                Some(ContentSource::Volume(v.volume_id.clone()))
+            }
+            Some(_) => {
+                return Err(Status::invalid_argument(
+                    "volume_content_source needs a snapshot_id or a volume_id",
+                ))
+            }
+        };
         let (required, limit) = match req.capacity_range {
             Some(r) => (r.required_bytes, r.limit_bytes),
             None => (0, 0),
@@ -323,8 +338,40 @@ impl Driver {
                         req.name, v.id
                     )));
                 }
+                if v.content_source != content_source {
+                    return Err(Status::already_exists(format!(
+                        "volume {:?} ({}) exists with another content source ({:?})",
+                        req.name, v.id, v.content_source
+                    )));
+                }
                 return Ok(Self::csi_volume(v));
             }
+            // The source must exist, and the new volume hold all of it
+            // (CSI: OUT_OF_RANGE when the capacity is smaller).
+            let source_size = match &content_source {
+                None => 0,
+                Some(ContentSource::Snapshot(id)) => s
+                    .snapshots
+                    .get(id)
+                    .map(|snap| snap.size_bytes)
+                    .ok_or_else(|| Status::not_found(format!("snapshot {id} does not exist")))?,
+                Some(ContentSource::Volume(id)) => s
+                    .volumes
+                    .get(id)
+                    .map(|v| v.capacity_bytes)
+                    .ok_or_else(|| Status::not_found(format!("volume {id} does not exist")))?,
+            };
+            if required > 0 && required < source_size {
+                return Err(Status::out_of_range(format!(
+                    "requested {required} bytes, the source has {source_size}"
+                )));
+            }
+            if limit > 0 && limit < source_size {
+                return Err(Status::out_of_range(format!(
+                    "limit {limit} bytes, the source has {source_size}"
+                )));
+            }
+            let size = if required == 0 { size.max(source_size) } else { size };
             if size > capacity {
                 return Err(Status::out_of_range(format!(
                     "requested {size} bytes, the pool has {capacity}"
@@ -351,6 +398,7 @@ impl Driver {
                 accessible_topology: vec![topology.segments.clone().into_iter().collect()],
                 published_nodes: BTreeMap::new(),
                 node_publications: BTreeMap::new(),
+                content_source: content_source.clone(),
             };
             if let Some(dir) = &self.data_dir {
                 create_data(dir, &v)?;
@@ -604,12 +652,121 @@ impl Driver {
         })
     }
 
+    fn create_snapshot(
+        &self,
+        req: CreateSnapshotRequest,
+    ) -> Result<CreateSnapshotResponse, Status> {
+        if req.name.is_empty() {
+            return Err(Status::invalid_argument("name is required"));
+        }
+        if req.source_volume_id.is_empty() {
+            return Err(Status::invalid_argument("source_volume_id is required"));
+        }
+        let parameters: BTreeMap<String, String> = req.parameters.clone().into_iter().collect();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() as i64)
+            .unwrap_or_default();
+        let snapshot = self.tx(|s| {
+            if let Some(existing) = s.snapshots.values().find(|x| x.name == req.name) {
+                if existing.source_volume_id != req.source_volume_id {
+                    return Err(Status::already_exists(format!(
+                        "snapshot {:?} ({}) exists for another source volume {}",
+                        req.name, existing.id, existing.source_volume_id
+                    )));
+                }
+                return Ok(existing.clone());
+            }
+            let source = s.volumes.get(&req.source_volume_id).ok_or_else(|| {
+                Status::not_found(format!("volume {} does not exist", req.source_volume_id))
+            })?;
+            let snap = Snapshot {
+                id: new_volume_id(),
+                name: req.name.clone(),
+                source_volume_id: req.source_volume_id.clone(),
+                size_bytes: source.capacity_bytes,
+                seq: s.next_seq,
+                creation_seconds: now,
+                parameters: parameters.clone(),
+            };
+            s.next_seq += 1;
+            s.snapshots.insert(snap.id.clone(), snap.clone());
+            Ok(snap)
+        })?;
+        Ok(CreateSnapshotResponse {
+            snapshot: Some(csi_snapshot(&snapshot)),
+        })
+    }
+
+    fn delete_snapshot(
+        &self,
+        req: DeleteSnapshotRequest,
+    ) -> Result<DeleteSnapshotResponse, Status> {
+        if req.snapshot_id.is_empty() {
+            return Err(Status::invalid_argument("snapshot_id is required"));
+        }
+        // Gone already is success (CSI spec).
+        self.tx(|s| {
+            s.snapshots.remove(&req.snapshot_id);
+            Ok(())
+        })?;
+        Ok(DeleteSnapshotResponse {})
+    }
+
+    fn list_snapshots(&self, req: ListSnapshotsRequest) -> Result<ListSnapshotsResponse, Status> {
+        if req.max_entries < 0 {
+            return Err(Status::invalid_argument("max_entries must not be negative"));
+        }
+        let state = self.tx(|s| Ok(s.clone()))?;
+        // Paged by creation sequence number, as ListVolumes.
+        let start: u64 = if req.starting_token.is_empty() {
+            0
+        } else {
+            match req.starting_token.parse::<u64>() {
+                Ok(n) if n <= state.next_seq => n,
+                _ => {
+                    return Err(Status::aborted(format!(
+                        "invalid starting_token {:?}",
+                        req.starting_token
+                    )))
+                }
+            }
+        };
+        let mut snaps: Vec<&Snapshot> = state
+            .snapshots
+            .values()
+            .filter(|x| req.snapshot_id.is_empty() || x.id == req.snapshot_id)
+            .filter(|x| {
+                req.source_volume_id.is_empty() || x.source_volume_id == req.source_volume_id
+            })
+            .filter(|x| x.seq >= start)
+            .collect();
+        snaps.sort_by_key(|x| x.seq);
+        let mut next_token = String::new();
+        if req.max_entries > 0 && snaps.len() > req.max_entries as usize {
+            next_token = snaps[req.max_entries as usize].seq.to_string();
+            snaps.truncate(req.max_entries as usize);
+        }
+        Ok(ListSnapshotsResponse {
+            entries: snaps
+                .into_iter()
+                .map(|x| list_snapshots_response::Entry {
+                    snapshot: Some(csi_snapshot(x)),
+                })
+                .collect(),
+            next_token,
+        })
+    }
+
     fn controller_capabilities(&self) -> ControllerGetCapabilitiesResponse {
         use csiops_proto::csi::v1::controller_service_capability::{rpc::Type, Rpc, Type as T};
         let mut types = vec![
             Type::CreateDeleteVolume,
             Type::ListVolumes,
             Type::GetCapacity,
+            Type::CreateDeleteSnapshot,
+            Type::ListSnapshots,
+            Type::CloneVolume,
         ];
         if self.enable_attach {
             types.push(Type::PublishUnpublishVolume);
@@ -797,6 +954,39 @@ impl Driver {
             Ok(())
         })?;
         Ok(NodeUnpublishVolumeResponse {})
+    }
+}
+
+/// A volume's content source as CSI has it.
+fn content_source_of(c: &ContentSource) -> VolumeContentSource {
+    VolumeContentSource {
+        r#type: Some(match c {
+            ContentSource::Snapshot(id) => {
+                volume_content_source::Type::Snapshot(volume_content_source::SnapshotSource {
+                    snapshot_id: id.clone(),
+                })
+            }
+            ContentSource::Volume(id) => {
+                volume_content_source::Type::Volume(volume_content_source::VolumeSource {
+                    volume_id: id.clone(),
+                })
+            }
+        }),
+    }
+}
+
+/// A snapshot as CSI has it; it is ready at once (nothing is copied).
+fn csi_snapshot(x: &Snapshot) -> csiops_proto::csi::v1::Snapshot {
+    csiops_proto::csi::v1::Snapshot {
+        size_bytes: x.size_bytes,
+        snapshot_id: x.id.clone(),
+        source_volume_id: x.source_volume_id.clone(),
+        creation_time: Some(prost_types::Timestamp {
+            seconds: x.creation_seconds,
+            nanos: 0,
+        }),
+        ready_to_use: true,
+        group_snapshot_id: String::new(),
     }
 }
 
@@ -1031,9 +1221,9 @@ csi_service!(Controller {
     list_volumes(ListVolumesRequest -> ListVolumesResponse) = "ListVolumes" => Driver::list_volumes;
     get_capacity(GetCapacityRequest -> GetCapacityResponse) = "GetCapacity" => Driver::get_capacity;
     controller_get_capabilities(ControllerGetCapabilitiesRequest -> ControllerGetCapabilitiesResponse) = "ControllerGetCapabilities" => Driver::controller_get_capabilities;
-    create_snapshot(CreateSnapshotRequest -> CreateSnapshotResponse) = "CreateSnapshot" => none("CreateSnapshot");
-    delete_snapshot(DeleteSnapshotRequest -> DeleteSnapshotResponse) = "DeleteSnapshot" => none("DeleteSnapshot");
-    list_snapshots(ListSnapshotsRequest -> ListSnapshotsResponse) = "ListSnapshots" => none("ListSnapshots");
+    create_snapshot(CreateSnapshotRequest -> CreateSnapshotResponse) = "CreateSnapshot" => Driver::create_snapshot;
+    delete_snapshot(DeleteSnapshotRequest -> DeleteSnapshotResponse) = "DeleteSnapshot" => Driver::delete_snapshot;
+    list_snapshots(ListSnapshotsRequest -> ListSnapshotsResponse) = "ListSnapshots" => Driver::list_snapshots;
     get_snapshot(GetSnapshotRequest -> GetSnapshotResponse) = "GetSnapshot" => none("GetSnapshot");
     controller_expand_volume(ControllerExpandVolumeRequest -> ControllerExpandVolumeResponse) = "ControllerExpandVolume" => none("ControllerExpandVolume");
     controller_get_volume(ControllerGetVolumeRequest -> ControllerGetVolumeResponse) = "ControllerGetVolume" => none("ControllerGetVolume");

@@ -40,6 +40,8 @@ pub struct State {
     pub volumes: BTreeMap<String, Volume>,
     /// Deleted volumes, oldest first (at most [`MAX_TOMBSTONES`]).
     pub deleted: Vec<DeletedVolume>,
+    /// Live snapshots by snapshot ID.
+    pub snapshots: BTreeMap<String, Snapshot>,
     /// Node IDs of every driver instance that served with this state dir.
     /// `ControllerPublishVolume` answers `NOT_FOUND` for any other node.
     pub nodes: BTreeSet<String>,
@@ -69,6 +71,37 @@ pub struct Volume {
     pub published_nodes: BTreeMap<String, ControllerPublication>,
     /// `NodePublishVolume` by target path.
     pub node_publications: BTreeMap<String, NodePublication>,
+    /// `CreateVolume`'s `volume_content_source`, if it had one.
+    pub content_source: Option<ContentSource>,
+}
+
+/// What a volume was created from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ContentSource {
+    /// Restored from this snapshot ID.
+    Snapshot(String),
+    /// Cloned from this volume ID.
+    Volume(String),
+}
+
+/// A snapshot `CreateSnapshot` took.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Snapshot {
+    /// `snapshot_id` (a random UUID).
+    pub id: String,
+    /// The CO's `name` from `CreateSnapshot`.
+    pub name: String,
+    pub source_volume_id: String,
+    /// The source volume's capacity when the snapshot was taken.
+    pub size_bytes: i64,
+    /// Creation sequence number (shared with volumes); `ListSnapshots`
+    /// pages by it.
+    pub seq: u64,
+    /// Seconds since the epoch.
+    pub creation_seconds: i64,
+    pub parameters: BTreeMap<String, String>,
 }
 
 impl Volume {

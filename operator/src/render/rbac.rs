@@ -47,7 +47,12 @@ const STORAGE: &str = "storage.k8s.io";
 /// external-provisioner: PVs for PVCs, StorageClass parameters, topology from
 /// CSINode/Node, VolumeAttachments (to delay deletes of attached volumes),
 /// provisioner/node-stage secrets, Events on PVCs and PVs (events.k8s.io,
-/// which the sidecars' recorder writes).
+/// which the sidecars' recorder writes); for restores the VolumeSnapshot and
+/// its content (one GET each per provisioning: never listed or watched, so
+/// no list/watch, unlike upstream's get/list), for cross-namespace data
+/// sources the ReferenceGrants of the source's namespace (listed); the
+/// claims' update/patch also covers the cloning-protection finalizer on a
+/// clone's source.
 pub const PROVISIONER_GRANTS: &[Grant] = &[
     grant(
         "",
@@ -65,6 +70,9 @@ pub const PROVISIONER_GRANTS: &[Grant] = &[
     grant(STORAGE, "volumeattachments", READ),
     grant("", "secrets", &["get"]),
     grant("events.k8s.io", "events", &["create", "patch"]),
+    grant(SNAPSHOT, "volumesnapshots", &["get"]),
+    grant(SNAPSHOT, "volumesnapshotcontents", &["get"]),
+    grant("gateway.networking.k8s.io", "referencegrants", &["list"]),
 ];
 
 /// external-attacher: VolumeAttachments and their status, PV finalizers, node

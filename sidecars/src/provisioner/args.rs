@@ -63,15 +63,28 @@ pub struct ProvisionerArgs {
 
     /// Upstream feature gates; `Topology=true|false` is honoured (default
     /// true), `HonorPVReclaimPolicy=true|false` switches the PV finalizer
-    /// (default true); `VolumeAttributesClass`, `CrossNamespaceVolumeDataSource`
-    /// and `ReleaseLeaderElectionOnExit` are accepted and change nothing
-    /// (see [`IGNORED_GATES`]); other gates are refused.
+    /// (default true), `CrossNamespaceVolumeDataSource=true|false` allows a
+    /// `dataSourceRef` into another namespace that a ReferenceGrant there
+    /// permits (default false); `VolumeAttributesClass` and
+    /// `ReleaseLeaderElectionOnExit` are accepted and change nothing (see
+    /// [`IGNORED_GATES`]); other gates are refused.
     #[arg(long, default_value = "")]
     pub feature_gates: String,
 
     /// Deprecated upstream alias of `--http-endpoint` (only one may be set).
     #[arg(long, default_value = "")]
     pub metrics_address: String,
+
+    /// Workers removing the cloning-protection finalizer from clone
+    /// sources (see `cloning`).
+    #[arg(long, default_value_t = 1)]
+    pub cloning_protection_threads: usize,
+
+    /// Refuse to restore a snapshot into a claim of another volume mode
+    /// unless its VolumeSnapshotContent carries
+    /// `snapshot.storage.kubernetes.io/allow-volume-mode-change: "true"`.
+    #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub prevent_volume_mode_conversion: bool,
 
     /// Node deployment (a provisioner per node for node-local volumes) is
     /// not implemented: `false` is accepted, `true` refused, since ignoring
@@ -89,16 +102,10 @@ pub struct ProvisionerArgs {
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = IGNORED_HEADING)]
 pub struct IgnoredProvisionerArgs {
-    /// Ignored: cloning is not implemented (workers removing the source
-    /// claim's cloning finalizer).
-    #[arg(long, help_heading = IGNORED_HEADING)]
-    pub cloning_protection_threads: Option<u64>,
-    /// Ignored: snapshots are not implemented.
+    /// Ignored: the VolumeSnapshot source-protection finalizer whose
+    /// orphans this sweeps is not set by this provisioner.
     #[arg(long, value_parser = parse_duration, help_heading = IGNORED_HEADING)]
     pub snapshot_orphan_sweep_interval: Option<Duration>,
-    /// Ignored: restore from snapshot is not implemented.
-    #[arg(long, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set, help_heading = IGNORED_HEADING)]
-    pub prevent_volume_mode_conversion: Option<bool>,
     /// Ignored: CSIStorageCapacity is not implemented; with
     /// `CSIDriver.storageCapacity: true` the scheduler then finds no capacity.
     #[arg(long, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set, help_heading = IGNORED_HEADING)]
@@ -134,19 +141,17 @@ pub struct IgnoredProvisionerArgs {
 
 /// Upstream gates accepted with no effect here: `VolumeAttributesClass`
 /// (no ModifyVolume; CreateVolume gets no mutable parameters),
-/// `CrossNamespaceVolumeDataSource` (data sources are not implemented),
 /// `ReleaseLeaderElectionOnExit` (the Lease is always released on exit).
-pub const IGNORED_GATES: &[&str] = &[
-    "VolumeAttributesClass",
-    "CrossNamespaceVolumeDataSource",
-    "ReleaseLeaderElectionOnExit",
-];
+pub const IGNORED_GATES: &[&str] = &["VolumeAttributesClass", "ReleaseLeaderElectionOnExit"];
 
 /// Upstream gates this provisioner understands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FeatureGates {
     pub topology: bool,
     pub honor_pv_reclaim_policy: bool,
+    /// `CrossNamespaceVolumeDataSource` (default false, as upstream): a
+    /// `dataSourceRef` with a namespace, allowed by a ReferenceGrant there.
+    pub cross_namespace_volume_data_source: bool,
 }
 
 /// Parses `Key=bool,Key=bool`.
@@ -154,6 +159,7 @@ pub fn feature_gates(s: &str) -> Result<FeatureGates, String> {
     let mut gates = FeatureGates {
         topology: true,
         honor_pv_reclaim_policy: true,
+        cross_namespace_volume_data_source: false,
     };
     for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
         let (key, value) = item
@@ -166,6 +172,7 @@ pub fn feature_gates(s: &str) -> Result<FeatureGates, String> {
         match key.trim() {
             "Topology" => gates.topology = value,
             "HonorPVReclaimPolicy" => gates.honor_pv_reclaim_policy = value,
+            "CrossNamespaceVolumeDataSource" => gates.cross_namespace_volume_data_source = value,
             k if IGNORED_GATES.contains(&k) => {}
             other => return Err(format!("unknown gate {other:?}")),
         }
@@ -202,6 +209,12 @@ impl ProvisionerArgs {
         if self.worker_threads == 0 {
             return Err(FlagError::new("--worker-threads", "must be at least 1"));
         }
+        if self.cloning_protection_threads == 0 {
+            return Err(FlagError::new(
+                "--cloning-protection-threads",
+                "must be at least 1",
+            ));
+        }
         if self.node_deployment {
             return Err(FlagError::new(
                 "--node-deployment",
@@ -234,6 +247,9 @@ impl ProvisionerArgs {
             immediate_topology: self.immediate_topology,
             controller_publish_read_only: self.controller_publish_readonly,
             pv_protection_finalizer: checked.gates.honor_pv_reclaim_policy,
+            cross_namespace_data_source: checked.gates.cross_namespace_volume_data_source,
+            prevent_volume_mode_conversion: self.prevent_volume_mode_conversion,
+            cloning_protection_threads: self.cloning_protection_threads,
             // Upstream's "<start time>-<random>-<driver>"; the pid stands
             // in for the random part.
             identity: Some(format!("{millis}-{}-{driver}", std::process::id())),
@@ -267,6 +283,10 @@ mod tests {
             ),
             ("--volume-name-prefix", &["--volume-name-prefix="]),
             ("--worker-threads", &["--worker-threads=0"]),
+            (
+                "--cloning-protection-threads",
+                &["--cloning-protection-threads=0"],
+            ),
             ("--retry-interval-start", &["--retry-interval-start=0s"]),
             ("--kube-api-qps", &["--kube-api-qps=0"]),
             ("--http-endpoint", &["--http-endpoint=nohost"]),
@@ -293,14 +313,18 @@ mod tests {
             feature_gates(""),
             Ok(FeatureGates {
                 topology: true,
-                honor_pv_reclaim_policy: true
+                honor_pv_reclaim_policy: true,
+                cross_namespace_volume_data_source: false,
             })
         );
         assert_eq!(
-            feature_gates("Topology=false, HonorPVReclaimPolicy=false"),
+            feature_gates(
+                "Topology=false, HonorPVReclaimPolicy=false,CrossNamespaceVolumeDataSource=true"
+            ),
             Ok(FeatureGates {
                 topology: false,
-                honor_pv_reclaim_policy: false
+                honor_pv_reclaim_policy: false,
+                cross_namespace_volume_data_source: true,
             })
         );
         assert!(feature_gates("Topology").unwrap_err().contains("Key=true"));

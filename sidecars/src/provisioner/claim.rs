@@ -28,6 +28,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 use tonic::{Code, Status};
 
+use super::content_source::ResolveError;
 use super::controller::{ClaimKey, Provisioner};
 use super::decide::{self, ClaimAction, CLAIM_FINALIZER};
 use super::journal::{JournalError, Record};
@@ -51,6 +52,8 @@ pub enum ClaimError {
     Naming(#[from] NamingError),
     #[error(transparent)]
     Secret(#[from] SecretError),
+    #[error(transparent)]
+    ContentSource(#[from] ResolveError),
     #[error("failed to provision volume with StorageClass {class:?}: {}", rpc(.status))]
     Create { class: String, status: Status },
     #[error("the created volume is unusable ({error}); it was deleted and will be created again")]
@@ -182,7 +185,7 @@ impl Provisioner {
         class: &StorageClass,
     ) -> Result<(), ClaimError> {
         let started = Instant::now();
-        let prepared = match self.prepare(cached, class) {
+        let mut prepared = match self.prepare(cached, class) {
             Ok(p) => p,
             Err(e) => {
                 // The scheduler chose a node that is gone: let it choose
@@ -204,6 +207,9 @@ impl Provisioner {
             return Ok(());
         };
         let class_name = class.name_any();
+        // A snapshot or claim to copy (see `content_source`).
+        let resolved = self.content_source(cached, class).await?;
+        prepared.request.volume_content_source = resolved.as_ref().map(|r| r.content.clone());
         // 1. The intent first: from here on a volume may exist, and the
         //    journal says so whatever happens to the claim or to us.
         let claim = match &self.journal {
@@ -241,6 +247,9 @@ impl Provisioner {
                 claim
             }
         };
+        if let Some(resolved) = &resolved {
+            self.protect_source(resolved).await?;
+        }
         // No "Provisioning" Event, unlike upstream: the PV controller's
         // ExternalProvisioning Event already says it, and every write counts
         // against --kube-api-qps.
@@ -270,8 +279,9 @@ impl Provisioner {
         };
         let pv = match plan::finish(&prepared, &claim, class, &self.config, self.caps, &volume) {
             Ok(pv) => pv,
-            Err(error @ FinishError::Capacity(_)) => {
-                // Too small: no PV may point at it; delete and start over.
+            Err(error) if error.unusable() => {
+                // Too small, or without the content asked for: no PV may
+                // point at it; delete and start over.
                 let _permit = self.calls.acquire().await;
                 return match csi::delete_volume(
                     &self.driver,
@@ -419,9 +429,16 @@ impl Provisioner {
                 decide::class_name(claim).unwrap_or_default()
             ))
         })?;
-        let prepared = self
+        let mut prepared = self
             .prepare(claim, class)
             .map_err(|e| blocked(chain(&e).to_string()))?;
+        // The same request as the provisioning's, content source included,
+        // or a driver holding the volume answers AlreadyExists.
+        prepared.request.volume_content_source = self
+            .content_source(claim, class)
+            .await
+            .map_err(|e| blocked(chain(&e).to_string()))?
+            .map(|r| r.content);
         // A Secret deleted with its namespace blocks the clean-up: say so,
         // with what to do, rather than retry in silence.
         let request = self

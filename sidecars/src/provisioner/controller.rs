@@ -25,6 +25,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
+use super::cloning::Cloning;
 use super::decide::{claim_is_for, pv_is_ours};
 use super::journal::{Holds, Journal};
 use super::metrics::OperationMetrics;
@@ -67,6 +68,8 @@ pub struct Queues {
     pub volumes: Arc<WorkQueue<String>>,
     /// Volume names whose journal intent the sweep looks at.
     pub intents: Arc<WorkQueue<String>>,
+    /// Clone sources whose cloning-protection finalizer may come off.
+    pub cloning: Arc<Cloning>,
 }
 
 impl Queues {
@@ -75,6 +78,7 @@ impl Queues {
             claims: Arc::new(WorkQueue::new(backoff)),
             volumes: Arc::new(WorkQueue::new(backoff)),
             intents: Arc::new(WorkQueue::new(backoff)),
+            cloning: Arc::new(Cloning::new(backoff)),
         }
     }
 }
@@ -103,6 +107,8 @@ pub struct Provisioner {
     pub journal: Option<Arc<Journal>>,
     /// Volume names a claim sync or the sweep works on right now.
     pub holds: Holds,
+    /// See [`super::cloning`].
+    pub cloning: Arc<Cloning>,
     /// `--worker-threads` permits for CSI calls.
     pub calls: Semaphore,
     pub recorder: Recorder,
@@ -180,28 +186,35 @@ impl Provisioner {
             claims,
             volumes,
             intents,
+            cloning,
         } = setup.queues;
         let mut tasks = Vec::new();
 
         let (claims_store, task) = {
             let (queue, iq, driver) = (claims.clone(), intents.clone(), driver_name.clone());
             let (namer, journaled) = (setup.config.namer.clone(), journal.is_some());
+            let clones = cloning.clone();
             reflect_cached(
                 Api::<PersistentVolumeClaim>::all(client.clone()),
-                move |e| match e {
-                    watcher::Event::Apply(c) | watcher::Event::InitApply(c)
-                        if claim_is_for(c, &driver) =>
-                    {
-                        queue.add(ObjectRef::from_obj(c));
+                move |e| {
+                    for key in super::cloning::keys_to_check(e) {
+                        clones.queue.add(key);
                     }
-                    // A claim gone while its volume may exist: the sweep
-                    // looks at its intent, if there is one.
-                    watcher::Event::Delete(c) if journaled && claim_is_for(c, &driver) => {
-                        if let Some(name) = c.uid().and_then(|u| namer.pv_name(&u).ok()) {
-                            iq.add(name);
+                    match e {
+                        watcher::Event::Apply(c) | watcher::Event::InitApply(c)
+                            if claim_is_for(c, &driver) =>
+                        {
+                            queue.add(ObjectRef::from_obj(c));
                         }
+                        // A claim gone while its volume may exist: the
+                        // sweep looks at its intent, if there is one.
+                        watcher::Event::Delete(c) if journaled && claim_is_for(c, &driver) => {
+                            if let Some(name) = c.uid().and_then(|u| namer.pv_name(&u).ok()) {
+                                iq.add(name);
+                            }
+                        }
+                        _ => {}
                     }
-                    _ => {}
                 },
             )
         };
@@ -271,6 +284,7 @@ impl Provisioner {
             intents,
             journal,
             holds: Holds::default(),
+            cloning,
             calls: Semaphore::new(setup.workers),
             recorder,
             metrics: setup.metrics,
@@ -326,6 +340,8 @@ impl Provisioner {
         }
         for _ in 0..INTENT_WORKERS {
             worker_tasks.spawn(self.clone().intent_worker());
+        for _ in 0..self.config.cloning_protection_threads {
+            worker_tasks.spawn(self.clone().cloning_worker());
         }
         worker_tasks.close();
         shutdown.cancelled().await;
@@ -334,6 +350,7 @@ impl Provisioner {
         self.claims.shut_down();
         self.volumes.shut_down();
         self.intents.shut_down();
+        self.cloning.queue.shut_down();
         worker_tasks.wait().await;
         // Trims not written yet are harmless: the next leader's sweep finds
         // their PVs and trims them.

@@ -19,7 +19,12 @@
 //! - [`plan`]: the above composed into the two steps around CreateVolume;
 //! - [`decide`]: what a claim or a PV needs; [`finalizer`]: the patches;
 //! - [`journal`]: the intent journal that makes provisioning leak-free
-//!   (group-committed writes) and the sweep's decision for an intent.
+//!   (group-committed writes) and the sweep's decision for an intent;
+//! - [`content_source`]: restore from a VolumeSnapshot and clone of a claim
+//!   (the checks, and the reads around them).
+//!
+//! [`cloning`] runs the workers taking the cloning-protection finalizer off
+//! a clone's source claim once no clone of it is pending.
 //!
 //! Around it: [`controller`] (caches, queues, workers), [`claim`],
 //! [`volume`] and [`sweep`] (the syncs), [`csi`], [`secrets`], [`metrics`],
@@ -28,6 +33,8 @@
 pub mod args;
 pub mod capabilities;
 pub mod claim;
+pub mod cloning;
+pub mod content_source;
 pub mod controller;
 pub mod csi;
 pub mod decide;
@@ -106,6 +113,7 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
     queue_metrics.add("claims", queues.claims.clone());
     queue_metrics.add("volumes", queues.volumes.clone());
     queue_metrics.add("intents", queues.intents.clone());
+    queue_metrics.add("cloning", queues.cloning.queue.clone());
     registry
         .registry_mut()
         .register_collector(Box::new(queue_metrics));
@@ -136,7 +144,13 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
         topology: caps.topology && checked.gates.topology,
         ..caps
     };
-    tracing::info!(driver = %driver_name, topology = caps.topology, "driver ready");
+    tracing::info!(
+        driver = %driver_name,
+        topology = caps.topology,
+        snapshot_restore = caps.create_delete_snapshot,
+        clone = caps.clone_volume,
+        "driver ready"
+    );
 
     let clients = match kube_client::clients(&args.kube, &requests).await {
         Ok(clients) => clients,
@@ -244,6 +258,8 @@ async fn driver_facts(driver: &Driver) -> Result<(String, DriverCapabilities), P
         DriverCapabilities {
             topology: plugin.contains(&Service::VolumeAccessibilityConstraints),
             single_node_multi_writer: controller.contains(&Rpc::SingleNodeMultiWriter),
+            create_delete_snapshot: controller.contains(&Rpc::CreateDeleteSnapshot),
+            clone_volume: controller.contains(&Rpc::CloneVolume),
         },
     ))
 }

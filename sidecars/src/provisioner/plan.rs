@@ -16,6 +16,7 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 
 use super::capabilities::{self, CapabilityError};
+use super::content_source::{self, ContentSourceError};
 use super::naming::{NamingError, VolumeNamer};
 use super::params::{
     self, ExtraCreateMetadata, ParamsError, PvSecretRefs, SecretKind, SecretRef, TemplateContext,
@@ -43,6 +44,12 @@ pub struct ProvisionerConfig {
     pub pv_protection_finalizer: bool,
     /// Value of the `storage.kubernetes.io/csiProvisionerIdentity` attribute.
     pub identity: Option<String>,
+    /// The `CrossNamespaceVolumeDataSource` gate.
+    pub cross_namespace_data_source: bool,
+    /// `--prevent-volume-mode-conversion`.
+    pub prevent_volume_mode_conversion: bool,
+    /// `--cloning-protection-threads`.
+    pub cloning_protection_threads: usize,
 }
 
 /// What the driver said it can do.
@@ -52,6 +59,10 @@ pub struct DriverCapabilities {
     pub topology: bool,
     /// Controller SINGLE_NODE_MULTI_WRITER.
     pub single_node_multi_writer: bool,
+    /// Controller CREATE_DELETE_SNAPSHOT: restore from a snapshot.
+    pub create_delete_snapshot: bool,
+    /// Controller CLONE_VOLUME: a claim as data source.
+    pub clone_volume: bool,
 }
 
 /// The informer caches topology is computed from.
@@ -67,9 +78,8 @@ pub enum PrepareError {
     /// Upstream: "claim Selector is not supported".
     #[error("claim Selector is not supported")]
     Selector,
-    /// Snapshots, clones and populators are not handled yet.
-    #[error("data source {0:?} is not supported")]
-    DataSource(String),
+    #[error(transparent)]
+    DataSource(#[from] ContentSourceError),
     #[error("the claim has no {0}")]
     Claim(&'static str),
     #[error(transparent)]
@@ -103,16 +113,13 @@ pub fn prepare(
     cluster: Cluster<'_>,
 ) -> Result<Prepared, PrepareError> {
     let spec = claim.spec.clone().unwrap_or_default();
+    // The data source is checked here and read by the caller
+    // (`content_source`), which fills `request.volume_content_source`.
+    if let Some(source) = content_source::data_source(claim, config.cross_namespace_data_source)? {
+        content_source::check_capabilities(source.kind, caps)?;
+    }
     if spec.selector.is_some() {
         return Err(PrepareError::Selector);
-    }
-    if let Some(kind) = spec
-        .data_source_ref
-        .as_ref()
-        .map(|d| d.kind.clone())
-        .or_else(|| spec.data_source.as_ref().map(|d| d.kind.clone()))
-    {
-        return Err(PrepareError::DataSource(kind));
     }
     let meta = &claim.metadata;
     let pvc_name = meta.name.as_deref().ok_or(PrepareError::Claim("name"))?;
@@ -192,8 +199,23 @@ pub enum FinishError {
     /// The volume does not fit the claim: delete it, then retry.
     #[error(transparent)]
     Capacity(CapabilityError),
+    /// The request named a content source and the volume has none: the
+    /// driver ignored it, and the volume is empty. Delete it, then retry.
+    #[error("volume content source missing")]
+    ContentSourceMissing,
     #[error(transparent)]
     Pv(#[from] PvError),
+}
+
+impl FinishError {
+    /// Whether the volume exists but must not become a PV: the caller
+    /// deletes it before retrying.
+    pub fn unusable(&self) -> bool {
+        matches!(
+            self,
+            FinishError::Capacity(_) | FinishError::ContentSourceMissing
+        )
+    }
 }
 
 /// Step 2: the PV for the volume the driver created.
@@ -205,6 +227,9 @@ pub fn finish(
     caps: DriverCapabilities,
     volume: &Volume,
 ) -> Result<PersistentVolume, FinishError> {
+    if prepared.request.volume_content_source.is_some() && volume.content_source.is_none() {
+        return Err(FinishError::ContentSourceMissing);
+    }
     let requested = prepared.request.capacity_range.unwrap_or_default();
     let capacity_bytes = capabilities::provisioned_capacity(&requested, volume.capacity_bytes)
         .map_err(FinishError::Capacity)?;
@@ -348,6 +373,8 @@ mod tests {
     const CAPS: DriverCapabilities = DriverCapabilities {
         topology: true,
         single_node_multi_writer: false,
+        create_delete_snapshot: false,
+        clone_volume: false,
     };
 
     #[test]
@@ -478,7 +505,9 @@ mod tests {
                         });
                     }
                 }),
-                Some(PrepareError::DataSource("VolumeSnapshot".into())),
+                Some(PrepareError::DataSource(
+                    ContentSourceError::SnapshotUnsupported,
+                )),
             ),
             (
                 "no UID",

@@ -116,6 +116,7 @@ async fn provisioner_with(
         intents: queues.intents,
         journal,
         holds: Holds::default(),
+        cloning: queues.cloning,
         calls: Semaphore::new(1),
         recorder: Recorder::new(
             client,
