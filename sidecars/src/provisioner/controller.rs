@@ -340,6 +340,7 @@ impl Provisioner {
         }
         for _ in 0..INTENT_WORKERS {
             worker_tasks.spawn(self.clone().intent_worker());
+        }
         for _ in 0..self.config.cloning_protection_threads {
             worker_tasks.spawn(self.clone().cloning_worker());
         }
