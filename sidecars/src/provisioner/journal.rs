@@ -309,6 +309,8 @@ struct State {
     adds: BTreeMap<String, (Record, Vec<Waiter>)>,
     /// Trims for the next write.
     trims: BTreeSet<String>,
+    /// Trims of the write in flight: gone for everyone but the ConfigMap.
+    trimming: BTreeSet<String>,
     closed: bool,
 }
 
@@ -407,8 +409,8 @@ impl Journal {
         state
             .entries
             .keys()
+            .filter(|k| !state.trims.contains(*k) && !state.trimming.contains(*k))
             .chain(state.adds.keys())
-            .filter(|k| !state.trims.contains(*k))
             .cloned()
             .collect::<BTreeSet<_>>()
             .into_iter()
@@ -418,7 +420,7 @@ impl Journal {
     /// The written intent of `name`, unless a trim of it is on its way.
     pub fn get(&self, name: &str) -> Option<Record> {
         let state = self.state();
-        if state.trims.contains(name) {
+        if state.trims.contains(name) || state.trimming.contains(name) {
             return None;
         }
         state.entries.get(name).cloned()
@@ -434,7 +436,10 @@ impl Journal {
                 return Err(JournalError::Closed);
             }
             state.trims.remove(name);
-            if state.entries.get(name) == Some(&record) && !state.adds.contains_key(name) {
+            if state.entries.get(name) == Some(&record)
+                && !state.adds.contains_key(name)
+                && !state.trimming.contains(name)
+            {
                 return Ok(());
             }
             let (tx, rx) = oneshot::channel();
@@ -517,9 +522,11 @@ impl Journal {
             self.wake.notified().await;
         }
         let mut state = self.state();
+        let trims = std::mem::take(&mut state.trims);
+        state.trimming = trims.clone();
         Batch {
             adds: std::mem::take(&mut state.adds),
-            trims: std::mem::take(&mut state.trims),
+            trims,
         }
     }
 
@@ -563,6 +570,7 @@ impl Journal {
             }
         }
         if batch.adds.is_empty() && batch.trims.is_empty() {
+            self.state().trimming.clear();
             return true;
         }
         let mut data = serde_json::Map::new();
@@ -605,6 +613,7 @@ impl Journal {
         match result {
             Ok(_) => {
                 let mut state = self.state();
+                state.trimming.clear();
                 for t in &batch.trims {
                     if let Some(r) = state.entries.remove(t) {
                         state.size = state.size.saturating_sub(t.len() + r.encode().len());
@@ -626,6 +635,7 @@ impl Journal {
                 let error = forbidden_or(e, "patch", &self.namespace, &self.name);
                 tracing::warn!(journal = %self.display(), error = %error, "journal write failed");
                 let mut state = self.state();
+                state.trimming.clear();
                 for t in batch.trims {
                     // Unless a new intent for the name came meanwhile.
                     if !state.adds.contains_key(&t) {
