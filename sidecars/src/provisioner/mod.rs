@@ -20,10 +20,12 @@
 //! - [`decide`]: what a claim or a PV needs; [`finalizer`]: the patches.
 //!
 //! Around it: [`controller`] (caches, queues, workers), [`claim`] and
-//! [`volume`] (the syncs), [`csi`], [`secrets`], [`metrics`], [`args`].
+//! [`volume`] (the syncs), [`csi`], [`secrets`], [`metrics`], [`args`];
+//! [`capacity`] publishes CSIStorageCapacity objects (`--enable-capacity`).
 
 pub mod args;
 pub mod capabilities;
+pub mod capacity;
 pub mod claim;
 pub mod controller;
 pub mod csi;
@@ -73,6 +75,8 @@ pub enum ProvisionerError {
     NoName,
     #[error("driver {driver:?} does not provide the controller service with CREATE_DELETE_VOLUME; the provisioner cannot work with it")]
     CannotProvision { driver: String },
+    #[error(transparent)]
+    Capacity(#[from] capacity::CapacityError),
 }
 
 fn info_error(call: &'static str) -> impl Fn(tonic::Status) -> ProvisionerError {
@@ -88,6 +92,10 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
     // Flags first: nothing below may wait (for the driver, the API server)
     // before a wrong flag is reported.
     let checked = args.check()?;
+    let capacity_env = args
+        .capacity
+        .env(|k| std::env::var(k).ok())
+        .map_err(ProvisionerError::from)?;
     let mut role = Role::start();
 
     let queues = Queues::new(checked.backoff);
@@ -135,6 +143,26 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
         Ok(clients) => clients,
         Err(e) => return role.finish(Err(e.into())).await,
     };
+    let capacity = match capacity_env {
+        Some(env) => {
+            let setup = capacity::CapacitySetup {
+                args: &args.capacity,
+                env,
+                kube: &args.kube,
+                requests: &requests,
+                driver: &driver,
+                driver_name: &driver_name,
+                topology: caps.topology,
+                timeout: args.common.timeout,
+                backoff: checked.backoff,
+            };
+            match capacity::CapacityController::prepare(setup).await {
+                Ok(c) => c,
+                Err(e) => return role.finish(Err(ProvisionerError::from(e).into())).await,
+            }
+        }
+        None => None,
+    };
     let workers = args.worker_threads;
     let setup = Setup {
         driver,
@@ -154,7 +182,23 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
         &role.shutdown,
         move || async move {
             let (provisioner, watches) = Provisioner::new(clients, setup);
-            provisioner.run(watches, workers, stop).await;
+            // Capacity is published by the leader only, from the
+            // provisioner's caches.
+            let publish = async {
+                if let Some(c) = capacity {
+                    let inputs = capacity::controller::Inputs {
+                        classes: provisioner.caches.classes.clone(),
+                        csi_nodes: provisioner.caches.csi_nodes.clone(),
+                        nodes: provisioner.caches.nodes.clone(),
+                        volumes: provisioner.caches.volumes.clone(),
+                    };
+                    c.run(inputs, stop.clone()).await;
+                }
+            };
+            tokio::join!(
+                provisioner.clone().run(watches, workers, stop.clone()),
+                publish
+            );
             Ok::<(), std::convert::Infallible>(())
         },
     )
