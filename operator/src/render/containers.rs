@@ -238,7 +238,15 @@ fn sidecar_container(
     })
 }
 
-/// Provisioner and attacher differ only in role, port and one flag.
+/// What one controller sidecar gets from the operator beyond the common
+/// flags and `NAMESPACE` (before the user's `extraArgs` and `env`).
+#[derive(Clone, Copy, Default)]
+struct OperatorExtra<'a> {
+    args: &'a [String],
+    env: &'a [EnvVar],
+}
+
+/// Provisioner and attacher differ only in role, port and a few flags.
 fn controller_sidecar(
     ctx: &Ctx<'_>,
     name: &str,
@@ -246,8 +254,7 @@ fn controller_sidecar(
     role: &str,
     spec: &SidecarSpec,
     http_port: i32,
-    extra_operator_args: &[String],
-    extra_operator_env: &[EnvVar],
+    extra: OperatorExtra<'_>,
 ) -> Result<Container, RenderError> {
     let mut args = vec![
         role.to_string(),
@@ -260,9 +267,9 @@ fn controller_sidecar(
         "--leader-election-namespace=$(NAMESPACE)".to_string(),
         format!("--http-endpoint=:{http_port}"),
     ];
-    args.extend(extra_operator_args.iter().cloned());
+    args.extend(extra.args.iter().cloned());
     let mut env = vec![field_env("NAMESPACE", "metadata.namespace")];
-    env.extend(extra_operator_env.iter().cloned());
+    env.extend(extra.env.iter().cloned());
     sidecar_container(ctx, name, key, spec, args, &env, vec![socket_dir_mount()])
 }
 
@@ -303,8 +310,10 @@ pub(crate) fn provisioner_container(ctx: &Ctx<'_>) -> Result<Container, RenderEr
         "provisioner",
         &ctx.spec().sidecars.provisioner,
         PROVISIONER_HTTP_PORT,
-        &args,
-        &capacity_env,
+        OperatorExtra {
+            args: &args,
+            env: &capacity_env,
+        },
     )?;
     container.ports = monitoring::metrics_port(
         ctx,
@@ -323,8 +332,7 @@ pub(crate) fn attacher_container(ctx: &Ctx<'_>) -> Result<Container, RenderError
         "attacher",
         &ctx.spec().sidecars.attacher,
         ATTACHER_HTTP_PORT,
-        &[],
-        &[],
+        OperatorExtra::default(),
     )?;
     container.ports =
         monitoring::metrics_port(ctx, monitoring::ATTACHER_PORT_NAME, ATTACHER_HTTP_PORT);

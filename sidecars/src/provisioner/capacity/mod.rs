@@ -28,8 +28,15 @@ pub enum CapacityError {
     NoNamespace,
     #[error("--capacity-ownerref-level={level} needs the POD_NAME environment variable (set it from the downward API, metadata.name), or --capacity-ownerref-level=-1 for objects without an owner")]
     NoPodName { level: i64 },
+    /// Boxed: kube's errors are large, and this one is rare.
     #[error(transparent)]
-    Owner(#[from] owner::OwnerError),
+    Owner(Box<owner::OwnerError>),
     #[error(transparent)]
     Kube(#[from] crate::common::kube::KubeError),
+}
+
+impl From<owner::OwnerError> for CapacityError {
+    fn from(e: owner::OwnerError) -> Self {
+        CapacityError::Owner(Box::new(e))
+    }
 }

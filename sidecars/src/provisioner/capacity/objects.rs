@@ -747,10 +747,10 @@ mod tests {
         assert_eq!(adopted.capacity, Some(Quantity("1Gi".into())));
     }
 
-    fn pv(
-        terms: Option<Vec<Vec<(&str, &str, Vec<&str>)>>>,
-        class: Option<&str>,
-    ) -> PersistentVolume {
+    /// `(key, operator, values)` of one node selector term.
+    type Term<'a> = Vec<(&'a str, &'a str, Vec<&'a str>)>;
+
+    fn pv(terms: Option<Vec<Term<'_>>>, class: Option<&str>) -> PersistentVolume {
         PersistentVolume {
             spec: Some(PersistentVolumeSpec {
                 csi: Some(CSIPersistentVolumeSource {
