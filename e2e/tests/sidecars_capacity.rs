@@ -10,7 +10,7 @@ use std::time::Duration;
 use csiops_e2e::process::ManagedProcess;
 use csiops_e2e::provisioning::{register_nodes, DRIVER, TOPOLOGY_KEY};
 use csiops_e2e::testdriver::harness::{test_driver_bin, TestDriverProcess};
-use csiops_e2e::{free_port, sidecar_bin, wait_for, Cluster, ClusterOptions};
+use csiops_e2e::{free_port, sidecar_bin, testkit, wait_for, Cluster, ClusterOptions};
 use k8s_openapi::api::core::v1::{
     ConfigMap, Container, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec, Pod,
     PodSpec, VolumeResourceRequirements,
@@ -415,6 +415,31 @@ async fn publishes_updates_and_deletes_capacity_per_segment() {
         capacities.get_opt("foreign").await.expect("get").is_some(),
         "an object with other labels is never touched"
     );
+    // Upstream's gauges (the planner's next pass sees the deletions) and
+    // the queue's metrics.
+    let needles = [
+        "csistoragecapacities_desired_goal 2\n",
+        "csistoragecapacities_desired_current 2\n",
+        "csistoragecapacities_obsolete 0\n",
+        "workqueue_depth{name=\"csistoragecapacity\"}",
+        "method_name=\"/csi.v1.Controller/GetCapacity\",grpc_status_code=\"OK\"",
+    ];
+    let scrape = || async {
+        testkit::http_get_async(([127, 0, 0, 1], port).into(), "/metrics")
+            .await
+            .map(|(_, body)| body)
+            .unwrap_or_default()
+    };
+    let got = wait_for(DEADLINE, POLL, || async {
+        let m = scrape().await;
+        needles.iter().all(|n| m.contains(n)).then_some(())
+    })
+    .await;
+    if got.is_err() {
+        let m = scrape().await;
+        let missing: Vec<_> = needles.iter().filter(|n| !m.contains(**n)).collect();
+        panic!("metrics miss {missing:?} in\n{m}");
+    }
     sidecar.check_running().expect("provisioner still running");
     sidecar.terminate(Duration::from_secs(10));
 }

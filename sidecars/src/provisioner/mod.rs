@@ -107,6 +107,12 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
     let mut queue_metrics = QueueMetrics::default();
     queue_metrics.add("claims", queues.claims.clone());
     queue_metrics.add("volumes", queues.volumes.clone());
+    let capacity_metrics = capacity_env
+        .as_ref()
+        .map(|_| capacity::CapacityMetrics::new(checked.backoff));
+    if let Some(m) = &capacity_metrics {
+        m.register(registry.registry_mut(), &mut queue_metrics);
+    }
     registry
         .registry_mut()
         .register_collector(Box::new(queue_metrics));
@@ -143,8 +149,8 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
         Ok(clients) => clients,
         Err(e) => return role.finish(Err(e.into())).await,
     };
-    let capacity = match capacity_env {
-        Some(env) => {
+    let capacity = match capacity_env.zip(capacity_metrics) {
+        Some((env, metrics)) => {
             let setup = capacity::CapacitySetup {
                 args: &args.capacity,
                 env,
@@ -154,7 +160,7 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
                 driver_name: &driver_name,
                 topology: caps.topology,
                 timeout: args.common.timeout,
-                backoff: checked.backoff,
+                metrics,
             };
             match capacity::CapacityController::prepare(setup).await {
                 Ok(c) => c,

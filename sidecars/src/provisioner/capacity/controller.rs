@@ -42,9 +42,11 @@ use crate::common::driver::{code_name, Driver};
 use crate::common::kube::{self as kube_client, ApiRequests, KubeArgs};
 use crate::common::ratelimit::{Limiter, Priority, PriorityLayer};
 use crate::common::watch::drive;
-use crate::common::workqueue::{Backoff, WorkQueue};
+use crate::common::workqueue::{Backoff, QueueMetrics, WorkQueue};
 use csiops_runtime::chain;
 use csiops_runtime::shutdown::{CancellationToken, TaskTracker};
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 
 /// How often the planner compares desired and existing objects.
 const PLAN_EVERY: Duration = Duration::from_secs(1);
@@ -80,6 +82,52 @@ pub enum SyncError {
     },
 }
 
+/// The capacity queue and upstream's three gauges
+/// (`csistoragecapacities_desired_goal`, `…_desired_current`,
+/// `csistoragecapacities_obsolete`), made before the metrics registry is
+/// shared; the queue shows in `workqueue_*{name="csistoragecapacity"}`.
+#[derive(Clone)]
+pub struct CapacityMetrics {
+    pub queue: Arc<WorkQueue<Key>>,
+    goal: Gauge,
+    current: Gauge,
+    obsolete: Gauge,
+}
+
+impl CapacityMetrics {
+    pub fn new(backoff: Backoff) -> Self {
+        CapacityMetrics {
+            queue: Arc::new(WorkQueue::new(backoff)),
+            goal: Gauge::default(),
+            current: Gauge::default(),
+            obsolete: Gauge::default(),
+        }
+    }
+
+    pub fn register(&self, registry: &mut Registry, queues: &mut QueueMetrics) {
+        registry.register(
+            "csistoragecapacities_desired_goal",
+            "Number of CSIStorageCapacity objects that are supposed to be managed automatically.",
+            self.goal.clone(),
+        );
+        registry.register(
+            "csistoragecapacities_desired_current",
+            "Number of CSIStorageCapacity objects that exist and are supposed to be managed automatically.",
+            self.current.clone(),
+        );
+        registry.register(
+            "csistoragecapacities_obsolete",
+            "Number of CSIStorageCapacity objects that exist and will be deleted automatically.",
+            self.obsolete.clone(),
+        );
+        queues.add("csistoragecapacity", self.queue.clone());
+    }
+}
+
+fn count(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
 /// Inputs of [`CapacityController::prepare`].
 pub struct CapacitySetup<'a> {
     pub args: &'a CapacityArgs,
@@ -92,7 +140,7 @@ pub struct CapacitySetup<'a> {
     pub topology: bool,
     /// `--timeout` of each GetCapacity.
     pub timeout: Duration,
-    pub backoff: Backoff,
+    pub metrics: CapacityMetrics,
 }
 
 /// What the planner last decided, read by the workers.
@@ -118,6 +166,7 @@ pub struct CapacityController {
     threads: usize,
     timeout: Duration,
     queue: Arc<WorkQueue<Key>>,
+    metrics: CapacityMetrics,
     plan: Mutex<Plan>,
 }
 
@@ -195,14 +244,10 @@ impl CapacityController {
             poll: s.args.capacity_poll_interval,
             threads: s.args.capacity_threads,
             timeout: s.timeout,
-            queue: Arc::new(WorkQueue::new(s.backoff)),
+            queue: s.metrics.queue.clone(),
+            metrics: s.metrics,
             plan: Mutex::new(Plan::default()),
         })))
-    }
-
-    /// The queue, for the metrics registry.
-    pub fn queue(&self) -> Arc<WorkQueue<Key>> {
-        self.queue.clone()
     }
 
     fn plan(&self) -> std::sync::MutexGuard<'_, Plan> {
@@ -349,6 +394,9 @@ impl CapacityController {
                 "what to publish changed"
             );
         }
+        self.metrics.goal.set(count(desired.len()));
+        self.metrics.current.set(count(assignment.objects.len()));
+        self.metrics.obsolete.set(count(assignment.obsolete.len()));
         memory.missing = missing;
         memory.obsolete = assignment.obsolete.clone();
         memory.volumes = volumes;

@@ -19,7 +19,7 @@ pub mod objects;
 pub mod owner;
 
 pub use args::{CapacityArgs, CapacityEnv};
-pub use controller::{CapacityController, CapacitySetup};
+pub use controller::{CapacityController, CapacityMetrics, CapacitySetup};
 
 /// Why capacity publishing cannot start.
 #[derive(Debug, thiserror::Error)]
