@@ -141,6 +141,63 @@ fn all_at(p: &Published, classes: &[&str], nodes: &[String], capacity: &str) -> 
         })
 }
 
+/// The driver (10Gi per segment) and the provisioner with capacity on.
+struct Bed {
+    _driver: TestDriverProcess,
+    sidecar: ManagedProcess,
+    /// Of /metrics.
+    port: u16,
+    log: std::path::PathBuf,
+}
+
+async fn start_bed(cluster: &Cluster, extra: &[&str], env: &[(&str, &str)]) -> Bed {
+    let dir = cluster.work_dir();
+    let socket = dir.join("cap-drv.sock");
+    let state = dir.join("cap-drv-state");
+    std::fs::create_dir_all(&state).expect("state dir");
+    let driver = TestDriverProcess::start(
+        &test_driver_bin().expect("driver bin"),
+        &socket,
+        &state,
+        &["--nodeid=controller", "--capacity=10Gi"],
+        &cluster.log_dir().join("capacity-driver.log"),
+    )
+    .await
+    .expect("driver");
+    let port = free_port().expect("port");
+    let mut args: Vec<String> = vec![
+        "provisioner".to_string(),
+        format!("--csi-address=unix://{}", socket.display()),
+        format!("--kubeconfig={}", cluster.kubeconfig_path().display()),
+        format!("--http-endpoint=127.0.0.1:{port}"),
+        "--leader-election".into(),
+        "--leader-election-namespace=default".into(),
+        "--enable-capacity".into(),
+        "--capacity-poll-interval=2s".into(),
+        "--kube-api-capacity-qps=50".into(),
+        "--kube-api-capacity-burst=100".into(),
+        "--retry-interval-start=200ms".into(),
+        "--retry-interval-max=2s".into(),
+        "--v=5".into(),
+    ];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    let log = cluster.log_dir().join("capacity-provisioner.log");
+    let sidecar = ManagedProcess::spawn_with_env(
+        "provisioner",
+        &sidecar_bin().expect("sidecar bin"),
+        &args,
+        env,
+        &log,
+    )
+    .expect("provisioner");
+    Bed {
+        _driver: driver,
+        sidecar,
+        port,
+        log,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publishes_updates_and_deletes_capacity_per_segment() {
     let cluster = Cluster::start(ClusterOptions::kwok(2))
@@ -251,46 +308,17 @@ async fn publishes_updates_and_deletes_capacity_per_segment() {
         .await
         .expect("stale object");
 
-    let dir = cluster.work_dir();
-    let socket = dir.join("cap-drv.sock");
-    let state = dir.join("cap-drv-state");
-    std::fs::create_dir_all(&state).expect("state dir");
-    let _driver = TestDriverProcess::start(
-        &test_driver_bin().expect("driver bin"),
-        &socket,
-        &state,
-        &["--nodeid=controller", "--capacity=10Gi"],
-        &cluster.log_dir().join("capacity-driver.log"),
-    )
-    .await
-    .expect("driver");
-    let port = free_port().expect("port");
-    let args: Vec<String> = [
-        "provisioner".to_string(),
-        format!("--csi-address=unix://{}", socket.display()),
-        format!("--kubeconfig={}", cluster.kubeconfig_path().display()),
-        format!("--http-endpoint=127.0.0.1:{port}"),
-        "--leader-election".into(),
-        "--leader-election-namespace=default".into(),
-        "--enable-capacity".into(),
-        "--capacity-ownerref-level=2".into(),
-        "--capacity-poll-interval=2s".into(),
-        "--kube-api-capacity-qps=50".into(),
-        "--kube-api-capacity-burst=100".into(),
-        "--retry-interval-start=200ms".into(),
-        "--retry-interval-max=2s".into(),
-        "--v=5".into(),
-    ]
-    .to_vec();
-    let log = cluster.log_dir().join("capacity-provisioner.log");
-    let mut sidecar = ManagedProcess::spawn_with_env(
-        "provisioner",
-        &sidecar_bin().expect("sidecar bin"),
-        &args,
+    let Bed {
+        _driver,
+        mut sidecar,
+        port,
+        log,
+    } = start_bed(
+        &cluster,
+        &["--capacity-ownerref-level=2"],
         &[("NAMESPACE", NS), ("POD_NAME", "provisioner-pod")],
-        &log,
     )
-    .expect("provisioner");
+    .await;
     let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
 
     // One object per node segment and late-binding class, with the
@@ -440,6 +468,69 @@ async fn publishes_updates_and_deletes_capacity_per_segment() {
         let missing: Vec<_> = needles.iter().filter(|n| !m.contains(**n)).collect();
         panic!("metrics miss {missing:?} in\n{m}");
     }
+    sidecar.check_running().expect("provisioner still running");
+    sidecar.terminate(Duration::from_secs(10));
+}
+
+/// Without topology (here the provisioner's `Topology=false` gate; a driver
+/// without VOLUME_ACCESSIBILITY_CONSTRAINTS is the same) the storage is one
+/// pool for every node: one object per class with an empty node topology
+/// (every node; an unset one would mean none), GetCapacity without a
+/// segment, and no owner with `--capacity-ownerref-level=-1` (no POD_NAME).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_topology_one_object_per_class_for_every_node() {
+    let cluster = Cluster::start(ClusterOptions::kwok(2))
+        .await
+        .expect("cluster");
+    register_nodes(&cluster).await.expect("nodes registered");
+    let client = cluster.client().expect("client");
+    let capacities: Api<CSIStorageCapacity> = Api::namespaced(client.clone(), NS);
+    let classes: Api<StorageClass> = Api::all(client.clone());
+    classes
+        .create(
+            &PostParams::default(),
+            &class("late", "WaitForFirstConsumer"),
+        )
+        .await
+        .expect("class");
+    let Bed {
+        _driver,
+        mut sidecar,
+        log,
+        ..
+    } = start_bed(
+        &cluster,
+        &[
+            "--capacity-ownerref-level=-1",
+            "--feature-gates=Topology=false",
+        ],
+        &[("NAMESPACE", NS)],
+    )
+    .await;
+    let selector = format!("csi.storage.k8s.io/drivername={DRIVER},{MANAGED}");
+    let got = wait_for(DEADLINE, POLL, || async {
+        let list = capacities
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .ok()?;
+        (list.items.len() == 1).then(|| list.items[0].clone())
+    })
+    .await;
+    let Ok(obj) = got else {
+        panic!(
+            "no single object for the class\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+    };
+    assert_eq!(obj.storage_class_name, "late");
+    assert_eq!(obj.capacity, Some(Quantity("10Gi".into())));
+    let topology = obj.node_topology.expect("a node topology: every node");
+    assert!(
+        topology.match_labels.unwrap_or_default().is_empty()
+            && topology.match_expressions.unwrap_or_default().is_empty(),
+        "the empty selector"
+    );
+    assert!(obj.metadata.owner_references.unwrap_or_default().is_empty());
     sidecar.check_running().expect("provisioner still running");
     sidecar.terminate(Duration::from_secs(10));
 }
