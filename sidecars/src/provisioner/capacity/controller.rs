@@ -299,14 +299,14 @@ impl CapacityController {
         poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut tick = tokio::time::interval(PLAN_EVERY);
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        let mut memory = Memory::default();
+        let mut seen = objects::Seen::default();
         loop {
             let all = tokio::select! {
                 _ = poll.tick() => true,
                 _ = tick.tick() => false,
                 () = shutdown.cancelled() => break,
             };
-            self.plan_pass(&caches, &store, &mut memory, all);
+            self.plan_pass(&caches, &store, &mut seen, all);
         }
         self.queue.shut_down();
         workers.wait().await;
@@ -318,7 +318,7 @@ impl CapacityController {
         &self,
         caches: &Inputs,
         store: &Store<CSIStorageCapacity>,
-        memory: &mut Memory,
+        seen: &mut objects::Seen,
         all: bool,
     ) {
         let driver = self.driver_name.as_str();
@@ -350,42 +350,14 @@ impl CapacityController {
             .into_iter()
             .filter(|o| objects::is_managed(o, driver))
             .collect();
-        let seen: BTreeSet<String> = existing.iter().map(|o| o.name_any()).collect();
+        let listed: BTreeSet<String> = existing.iter().map(|o| o.name_any()).collect();
         plan.created.retain(|name, (at, _)| {
-            !seen.contains(name) && now.duration_since(*at) < CREATED_GRACE
+            !listed.contains(name) && now.duration_since(*at) < CREATED_GRACE
         });
         existing.extend(plan.created.values().map(|(_, o)| o.clone()));
         let assignment = objects::assign(&desired, &existing);
 
-        let missing: BTreeSet<WorkItem> = desired
-            .iter()
-            .filter(|i| !assignment.objects.contains_key(*i))
-            .cloned()
-            .collect();
-        let mut queue: BTreeSet<WorkItem> = if all {
-            desired.clone()
-        } else {
-            // Newly missing only: a pair whose GetCapacity keeps failing is
-            // retried by its backoff, not every second.
-            missing.difference(&memory.missing).cloned().collect()
-        };
-        if memory.started {
-            for (name, t) in &volumes {
-                if !memory.volumes.contains_key(name) {
-                    queue.extend(objects::to_refresh(&desired, t).cloned());
-                }
-            }
-            for (name, t) in &memory.volumes {
-                if !volumes.contains_key(name) {
-                    queue.extend(objects::to_refresh(&desired, t).cloned());
-                }
-            }
-        }
-        let deletions: Vec<String> = assignment
-            .obsolete
-            .difference(&memory.obsolete)
-            .cloned()
-            .collect();
+        let (queued, next) = objects::changes(&desired, &assignment, volumes, all, seen);
         if desired != plan.desired {
             tracing::debug!(
                 segments = segments.len(),
@@ -397,18 +369,15 @@ impl CapacityController {
         self.metrics.goal.set(count(desired.len()));
         self.metrics.current.set(count(assignment.objects.len()));
         self.metrics.obsolete.set(count(assignment.obsolete.len()));
-        memory.missing = missing;
-        memory.obsolete = assignment.obsolete.clone();
-        memory.volumes = volumes;
-        memory.started = true;
+        *seen = next;
         plan.desired = desired;
         plan.params = params;
         plan.assignment = assignment;
         drop(plan);
-        for item in queue {
+        for item in queued.sync {
             self.queue.add(Key::Sync(item));
         }
-        for name in deletions {
+        for name in queued.delete {
             self.queue.add(Key::Delete(name));
         }
     }
@@ -553,15 +522,6 @@ pub struct Inputs {
     pub csi_nodes: Store<CSINode>,
     pub nodes: Store<Node>,
     pub volumes: Arc<Cached<PersistentVolume>>,
-}
-
-/// What the planner saw last pass, to queue changes only.
-#[derive(Default)]
-struct Memory {
-    started: bool,
-    missing: BTreeSet<WorkItem>,
-    obsolete: BTreeSet<String>,
-    volumes: HashMap<String, Touched>,
 }
 
 /// Waits until `store` has its first list. Re-polled: kube's readiness

@@ -350,6 +350,75 @@ pub fn to_refresh<'a>(
     })
 }
 
+/// What the planner saw on its previous pass.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Seen {
+    pub started: bool,
+    /// Desired pairs without an object.
+    pub missing: BTreeSet<WorkItem>,
+    /// Names of obsolete objects.
+    pub obsolete: BTreeSet<String>,
+    /// The driver's PVs and what each touches.
+    pub volumes: HashMap<String, Touched>,
+}
+
+/// What one planner pass queues.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Queued {
+    pub sync: BTreeSet<WorkItem>,
+    pub delete: BTreeSet<String>,
+}
+
+/// The work of one planner pass, and what it saw for the next. `poll`
+/// (the first pass and every `--capacity-poll-interval`) syncs every pair.
+/// Otherwise only changes are queued: a pair newly without an object (new
+/// class or segment, or its object deleted by someone), an object newly
+/// obsolete, the pairs a PV that appeared or went touches. A pair whose
+/// sync keeps failing stays missing and is retried by its backoff, not
+/// queued again every pass; the first pass takes the PVs as they are.
+pub fn changes(
+    desired: &BTreeSet<WorkItem>,
+    assignment: &Assignment,
+    volumes: HashMap<String, Touched>,
+    poll: bool,
+    seen: &Seen,
+) -> (Queued, Seen) {
+    let missing: BTreeSet<WorkItem> = desired
+        .iter()
+        .filter(|i| !assignment.objects.contains_key(*i))
+        .cloned()
+        .collect();
+    let mut sync: BTreeSet<WorkItem> = if poll {
+        desired.clone()
+    } else {
+        missing.difference(&seen.missing).cloned().collect()
+    };
+    if seen.started {
+        let appeared = volumes
+            .iter()
+            .filter(|(name, _)| !seen.volumes.contains_key(*name));
+        let went = seen
+            .volumes
+            .iter()
+            .filter(|(name, _)| !volumes.contains_key(*name));
+        for (_, t) in appeared.chain(went) {
+            sync.extend(to_refresh(desired, t).cloned());
+        }
+    }
+    let delete = assignment
+        .obsolete
+        .difference(&seen.obsolete)
+        .cloned()
+        .collect();
+    let next = Seen {
+        started: true,
+        missing,
+        obsolete: assignment.obsolete.clone(),
+        volumes,
+    };
+    (Queued { sync, delete }, next)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -823,5 +892,46 @@ mod tests {
             vec![item("z2", "d")]
         );
         assert_eq!(touched(&pv(None, None)), Touched::Unknown);
+    }
+
+    #[test]
+    fn a_pass_queues_changes_only() {
+        let (a, b) = (item("z1", "c"), item("z2", "c"));
+        let desired = BTreeSet::from([a.clone(), b.clone()]);
+        let obj_a = existing("csisc-a", &a, 0, D);
+        let with_a = assign(&desired, std::slice::from_ref(&obj_a));
+        let pv = |zone: &str| Touched::Segments(vec![seg(&[(ZONE, zone)])]);
+
+        // First pass (a poll): everything; PVs taken as they are.
+        let vols = HashMap::from([("pv1".to_string(), pv("z1"))]);
+        let (q, seen) = changes(&desired, &with_a, vols.clone(), true, &Seen::default());
+        assert_eq!(q.sync, desired);
+        assert!(q.delete.is_empty());
+        assert_eq!(seen.missing, BTreeSet::from([b.clone()]));
+
+        // Nothing changed (b's create failed and waits for its backoff).
+        let (q, seen2) = changes(&desired, &with_a, vols.clone(), false, &seen);
+        assert_eq!(q, Queued::default());
+        assert_eq!(seen2, seen);
+
+        // Someone deleted a's object: a is queued once.
+        let none = assign(&desired, &[]);
+        let (q, seen3) = changes(&desired, &none, vols.clone(), false, &seen);
+        assert_eq!(q.sync, BTreeSet::from([a.clone()]));
+        let (q, _) = changes(&desired, &none, vols.clone(), false, &seen3);
+        assert_eq!(q, Queued::default());
+
+        // A new PV in z2 and the old one gone from z1: both refreshed.
+        let vols2 = HashMap::from([("pv2".to_string(), pv("z2"))]);
+        let (q, _) = changes(&desired, &with_a, vols2, false, &seen);
+        assert_eq!(q.sync, desired);
+
+        // The class went: a's object is deleted once.
+        let gone = assign(&BTreeSet::new(), &[obj_a]);
+        let (q, seen4) = changes(&BTreeSet::new(), &gone, vols.clone(), false, &seen);
+        assert_eq!(q.delete, BTreeSet::from(["csisc-a".to_string()]));
+        assert!(q.sync.is_empty());
+        let (q, _) = changes(&BTreeSet::new(), &gone, vols, false, &seen4);
+        assert_eq!(q, Queued::default());
     }
 }
