@@ -541,3 +541,57 @@ where
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::common::fake_csi::FakeController;
+    use csiops_runtime::testing::Log;
+
+    /// A driver that cannot tell its capabilities (or lacks GET_CAPACITY)
+    /// gets no publishing and no failure: provisioning goes on. Nothing is
+    /// asked of the API server (the kubeconfig does not exist).
+    #[tokio::test]
+    async fn without_get_capacity_nothing_is_published_and_nothing_fails() {
+        let dir = tempfile::tempdir().expect("dir");
+        let log = Log::default();
+        let driver = FakeController::new(log.clone()).serve(dir.path()).await;
+        let kube = KubeArgs {
+            kubeconfig: Some(dir.path().join("none")),
+            master: None,
+            kube_api_qps: 5.0,
+            kube_api_burst: 10,
+        };
+        let args = {
+            use clap::Parser;
+            #[derive(Parser)]
+            struct T {
+                #[command(flatten)]
+                a: CapacityArgs,
+            }
+            T::parse_from(["t", "--enable-capacity"]).a
+        };
+        let backoff = Backoff {
+            start: Duration::from_millis(10),
+            max: Duration::from_millis(100),
+        };
+        let got = CapacityController::prepare(CapacitySetup {
+            args: &args,
+            env: CapacityEnv {
+                namespace: "ns".into(),
+                pod_name: Some("pod".into()),
+            },
+            kube: &kube,
+            requests: &ApiRequests::default(),
+            driver: &driver,
+            driver_name: "d",
+            topology: true,
+            timeout: Duration::from_secs(5),
+            metrics: CapacityMetrics::new(backoff),
+        })
+        .await
+        .expect("not an error");
+        assert!(got.is_none());
+        assert!(log.lines().is_empty(), "{:?}", log.lines());
+    }
+}
