@@ -162,6 +162,10 @@ pub fn operator_rules() -> Vec<PolicyRule> {
         rbac::REGISTRAR_GRANTS,
         rbac::LEADER_ELECTION_GRANTS,
         rbac::PROVISIONER_NAMESPACED_GRANTS,
+        // Granted with csiDriver.storageCapacity (RBAC lets the operator
+        // grant only what it holds).
+        rbac::CAPACITY_GRANTS,
+        rbac::CAPACITY_DEPLOYMENT_GRANTS,
         rbac::RESIZER_GRANTS,
         rbac::SNAPSHOTTER_GRANTS,
         rbac::HEALTH_MONITOR_GRANTS,

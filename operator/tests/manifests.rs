@@ -129,6 +129,9 @@ fn operator_holds_every_permission_it_grants() {
     obj.spec.sidecars.resizer.enabled = true;
     obj.spec.sidecars.snapshotter.enabled = true;
     obj.spec.sidecars.health_monitor.enabled = true;
+    // Capacity publishing from a Deployment: its Role's rules too.
+    obj.spec.csi_driver.storage_capacity = true;
+    obj.spec.controller.kind = csiops_crds::ControllerKind::Deployment;
     let cfg = RenderConfig {
         sidecar_image: "ghcr.io/csiops/csiops-sidecar:v0.1.0".into(),
         operator_version: "0.1.0".into(),

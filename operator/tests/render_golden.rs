@@ -736,6 +736,9 @@ fn sidecar_args_start_with_role_and_end_with_extra_args() {
             "--leader-election-namespace=$(NAMESPACE)",
             "--http-endpoint=:9809",
             "--extra-create-metadata",
+            // csiDriver.storageCapacity: true, a StatefulSet controller.
+            "--enable-capacity",
+            "--capacity-ownerref-level=1",
             "--worker-threads=20",
             "--strict-topology",
         ]
@@ -759,6 +762,143 @@ fn sidecar_args_start_with_role_and_end_with_extra_args() {
     assert_eq!(
         prov.image.as_deref(),
         Some("ghcr.io/csiops/csiops-sidecar:v0.1.0")
+    );
+}
+
+/// (apiGroup, resource, verbs joined) of a Role's rules.
+fn role_rules(r: &Rendered) -> Vec<(String, String, String)> {
+    let role = r.leader_election_role.as_ref().expect("a namespaced Role");
+    role.rules
+        .iter()
+        .flatten()
+        .map(|rule| {
+            (
+                rule.api_groups.clone().unwrap_or_default().join(","),
+                rule.resources.clone().unwrap_or_default().join(","),
+                rule.verbs.join(","),
+            )
+        })
+        .collect()
+}
+
+fn owned(pairs: &[(&str, &str, &str)]) -> Vec<(String, String, String)> {
+    pairs
+        .iter()
+        .map(|(g, r, v)| (g.to_string(), r.to_string(), v.to_string()))
+        .collect()
+}
+
+#[test]
+fn storage_capacity_turns_on_publishing_with_its_owner_env_and_rbac() {
+    const CAPACITY_RULE: (&str, &str, &str) = (
+        "storage.k8s.io",
+        "csistoragecapacities",
+        "create,delete,get,list,patch,update,watch",
+    );
+    const LEASES: (&str, &str, &str) = (
+        "coordination.k8s.io",
+        "leases",
+        "create,get,list,patch,update,watch",
+    );
+    const EVENTS: (&str, &str, &str) = ("", "events", "create,patch");
+    // The provisioner's intent journal.
+    const JOURNAL: (&str, &str, &str) = ("", "configmaps", "create,get,patch");
+
+    // Off (the hostpath example): no flag, no POD_NAME, leader election and
+    // the journal only.
+    let r = must_render(&hostpath());
+    let prov = container(pod(&r, Component::Controller), names::CONTAINER_PROVISIONER);
+    let args = prov.args.clone().unwrap_or_default();
+    assert!(!args.iter().any(|a| a.contains("capacity")), "{args:?}");
+    let env: Vec<_> = prov.env.iter().flatten().map(|e| e.name.as_str()).collect();
+    assert_eq!(env, ["NAMESPACE"]);
+    assert_eq!(role_rules(&r), owned(&[JOURNAL, EVENTS, LEASES]));
+
+    // On with a StatefulSet: owner one level up, pods readable.
+    let mut obj = hostpath();
+    obj.spec.csi_driver.storage_capacity = true;
+    let r = must_render(&obj);
+    let prov = container(pod(&r, Component::Controller), names::CONTAINER_PROVISIONER);
+    let args = prov.args.clone().unwrap_or_default();
+    assert_eq!(
+        args.iter()
+            .filter(|a| a.contains("capacity"))
+            .collect::<Vec<_>>(),
+        ["--enable-capacity", "--capacity-ownerref-level=1"]
+    );
+    let env: Vec<_> = prov.env.iter().flatten().collect();
+    assert_eq!(
+        env.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(),
+        ["NAMESPACE", "POD_NAME"]
+    );
+    let pod_name = env[1]
+        .value_from
+        .as_ref()
+        .and_then(|v| v.field_ref.as_ref())
+        .map(|f| f.field_path.as_str());
+    assert_eq!(pod_name, Some("metadata.name"));
+    assert_eq!(
+        role_rules(&r),
+        owned(&[JOURNAL, EVENTS, ("", "pods", "get"), LEASES, CAPACITY_RULE,])
+    );
+    assert_eq!(r.csi_driver.spec.storage_capacity, Some(true));
+
+    // On with a Deployment: two levels up (pod → ReplicaSet → Deployment),
+    // ReplicaSets readable.
+    obj.spec.controller.kind = csiops_crds::ControllerKind::Deployment;
+    let r = must_render(&obj);
+    let prov = container(pod(&r, Component::Controller), names::CONTAINER_PROVISIONER);
+    assert!(prov
+        .args
+        .iter()
+        .flatten()
+        .any(|a| a == "--capacity-ownerref-level=2"));
+    assert_eq!(
+        role_rules(&r),
+        owned(&[
+            JOURNAL,
+            EVENTS,
+            ("", "pods", "get"),
+            ("apps", "replicasets", "get"),
+            LEASES,
+            CAPACITY_RULE,
+        ])
+    );
+
+    // Without the provisioner nothing publishes, so nothing is granted.
+    obj.spec.sidecars.provisioner.enabled = false;
+    let r = must_render(&obj);
+    if r.leader_election_role.is_some() {
+        assert_eq!(role_rules(&r), owned(&[EVENTS, LEASES]));
+    }
+}
+
+#[test]
+fn capacity_switch_and_owner_level_are_managed() {
+    for arg in ["--enable-capacity", "--capacity-ownerref-level=-1"] {
+        let mut obj = hostpath();
+        obj.spec.sidecars.provisioner.extra_args.push(arg.into());
+        let err = render(&obj, &cfg()).expect_err(arg);
+        assert!(matches!(err, RenderError::ManagedFlag { .. }), "{err:?}");
+    }
+    // The tuning flags are the user's.
+    let mut obj = hostpath();
+    obj.spec.csi_driver.storage_capacity = true;
+    obj.spec.sidecars.provisioner.extra_args.extend([
+        "--capacity-poll-interval=30s".into(),
+        "--capacity-for-immediate-binding".into(),
+    ]);
+    let r = must_render(&obj);
+    let args = container(pod(&r, Component::Controller), names::CONTAINER_PROVISIONER)
+        .args
+        .clone()
+        .unwrap_or_default();
+    assert_eq!(
+        &args[args.len() - 2..],
+        [
+            "--capacity-poll-interval=30s",
+            "--capacity-for-immediate-binding"
+        ]
     );
 }
 

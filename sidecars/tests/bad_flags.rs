@@ -25,6 +25,9 @@ fn run(args: &[&str]) -> (Option<i32>, String) {
             dir.path().join("none").display()
         ))
         .env_remove("KUBECONFIG")
+        // What --enable-capacity reads: absent unless a case sets it.
+        .env_remove("NAMESPACE")
+        .env_remove("POD_NAME")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -82,6 +85,12 @@ fn provisioner_names_a_bad_flag_before_connecting() {
             "--leader-election-lease-duration",
             &["--leader-election", "--leader-election-lease-duration=2s"],
         ),
+        (
+            "--capacity-threads",
+            &["--enable-capacity", "--capacity-threads=0"],
+        ),
+        // Publishing capacity without where to: named at once too.
+        ("NAMESPACE environment variable", &["--enable-capacity"]),
     ];
     for (flag, extra) in cases {
         let mut args = vec!["provisioner"];

@@ -88,6 +88,8 @@ pub struct Config {
     pub enable_attach: bool,
 
     /// Total capacity in bytes (suffixes Ki, Mi, Gi, Ti, k, M, G, T).
+    /// GetCapacity with a topology segment reports this much per segment,
+    /// minus the volumes accessible from it (a pool per node).
     #[arg(long, default_value = "100Gi", value_parser = parse_quantity)]
     pub capacity: i64,
 

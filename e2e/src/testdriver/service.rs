@@ -643,7 +643,8 @@ impl Driver {
         for c in &req.volume_capabilities {
             capability(c)?;
         }
-        let used = self.tx(|s| Ok(s.used_bytes()))?;
+        let segment = req.accessible_topology.as_ref().map(|t| &t.segments);
+        let used = self.tx(|s| Ok(used_bytes_in(s, segment)))?;
         let available = (self.capacity - used).max(0);
         Ok(GetCapacityResponse {
             available_capacity: available,
@@ -992,6 +993,24 @@ fn csi_snapshot(x: &Snapshot) -> csiops_proto::csi::v1::Snapshot {
 
 /// The data of a new volume under `--data-dir`: a directory, or for a
 /// block-only volume a sparse file of its capacity.
+/// Bytes GetCapacity counts as used: every volume's without a segment;
+/// with one (a pool per segment, e.g. per node), the volumes accessible
+/// from it — one of whose accessible segments has every requested pair.
+fn used_bytes_in(s: &State, segment: Option<&HashMap<String, String>>) -> i64 {
+    let Some(segment) = segment.filter(|m| !m.is_empty()) else {
+        return s.used_bytes();
+    };
+    s.volumes
+        .values()
+        .filter(|v| {
+            v.accessible_topology
+                .iter()
+                .any(|t| segment.iter().all(|(k, val)| t.get(k) == Some(val)))
+        })
+        .map(|v| v.capacity_bytes)
+        .sum()
+}
+
 fn create_data(dir: &Path, v: &Volume) -> Result<(), Status> {
     let block = v
         .volume_capabilities
@@ -1253,6 +1272,44 @@ mod tests {
         assert_eq!(a.len(), 36);
         assert_eq!(&a[14..15], "4");
         assert_eq!(a.matches('-').count(), 4);
+    }
+
+    #[test]
+    fn capacity_is_used_per_segment_when_asked_with_one() {
+        let mut s = State::default();
+        for (id, node, bytes) in [
+            ("a", "n1", 1 << 30),
+            ("b", "n1", 2 << 30),
+            ("c", "n2", 4 << 30),
+        ] {
+            s.volumes.insert(
+                id.into(),
+                Volume {
+                    id: id.into(),
+                    capacity_bytes: bytes,
+                    accessible_topology: vec![BTreeMap::from([
+                        ("zone".to_string(), "z".to_string()),
+                        ("node".to_string(), node.to_string()),
+                    ])],
+                    ..Default::default()
+                },
+            );
+        }
+        let seg = |pairs: &[(&str, &str)]| -> HashMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert_eq!(used_bytes_in(&s, None), 7 << 30);
+        assert_eq!(used_bytes_in(&s, Some(&seg(&[]))), 7 << 30);
+        assert_eq!(used_bytes_in(&s, Some(&seg(&[("node", "n1")]))), 3 << 30);
+        assert_eq!(
+            used_bytes_in(&s, Some(&seg(&[("node", "n2"), ("zone", "z")]))),
+            4 << 30
+        );
+        assert_eq!(used_bytes_in(&s, Some(&seg(&[("zone", "z")]))), 7 << 30);
+        assert_eq!(used_bytes_in(&s, Some(&seg(&[("node", "n3")]))), 0);
     }
 
     #[test]

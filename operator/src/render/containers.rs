@@ -5,7 +5,7 @@
 //! HTTP endpoints, registration paths) are set here and refused in
 //! `extraArgs`, so a user cannot silently break the wiring.
 
-use csiops_crds::{DriverOverride, ExtraContainer, HelperSpec, SidecarSpec};
+use csiops_crds::{ControllerKind, DriverOverride, ExtraContainer, HelperSpec, SidecarSpec};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction,
     ObjectFieldSelector, Probe, SecurityContext, VolumeMount,
@@ -238,7 +238,15 @@ fn sidecar_container(
     })
 }
 
-/// Provisioner and attacher differ only in role, port and one flag.
+/// What one controller sidecar gets from the operator beyond the common
+/// flags and `NAMESPACE` (before the user's `extraArgs` and `env`).
+#[derive(Clone, Copy, Default)]
+struct OperatorExtra<'a> {
+    args: &'a [String],
+    env: &'a [EnvVar],
+}
+
+/// Provisioner and attacher differ only in role, port and a few flags.
 fn controller_sidecar(
     ctx: &Ctx<'_>,
     name: &str,
@@ -246,7 +254,7 @@ fn controller_sidecar(
     role: &str,
     spec: &SidecarSpec,
     http_port: i32,
-    extra_operator_args: &[&str],
+    extra: OperatorExtra<'_>,
 ) -> Result<Container, RenderError> {
     let mut args = vec![
         role.to_string(),
@@ -259,15 +267,42 @@ fn controller_sidecar(
         "--leader-election-namespace=$(NAMESPACE)".to_string(),
         format!("--http-endpoint=:{http_port}"),
     ];
-    args.extend(extra_operator_args.iter().map(|a| a.to_string()));
-    let env = [field_env("NAMESPACE", "metadata.namespace")];
+    args.extend(extra.args.iter().cloned());
+    let mut env = vec![field_env("NAMESPACE", "metadata.namespace")];
+    env.extend(extra.env.iter().cloned());
     sidecar_container(ctx, name, key, spec, args, &env, vec![socket_dir_mount()])
+}
+
+/// The provisioner's capacity flags and environment: with
+/// `csiDriver.storageCapacity`, `--enable-capacity` and the owner of the
+/// CSIStorageCapacity objects, the controller workload — one level up from
+/// the pod for a StatefulSet, two for a Deployment (pod → ReplicaSet →
+/// Deployment) — so they outlive a pod and are collected with the driver;
+/// POD_NAME is where the walk starts (NAMESPACE is always set).
+pub(crate) fn capacity_args_and_env(ctx: &Ctx<'_>) -> (Vec<String>, Vec<EnvVar>) {
+    if !ctx.capacity_enabled() {
+        return (Vec::new(), Vec::new());
+    }
+    let level = match ctx.spec().controller.kind {
+        ControllerKind::StatefulSet => 1,
+        ControllerKind::Deployment => 2,
+    };
+    (
+        vec![
+            "--enable-capacity".to_string(),
+            format!("--capacity-ownerref-level={level}"),
+        ],
+        vec![field_env("POD_NAME", "metadata.name")],
+    )
 }
 
 /// `csi-provisioner`: creates and deletes volumes for PVCs. Adds the PVC/PV
 /// names to CreateVolume parameters (`--extra-create-metadata`), as most
-/// drivers expect.
+/// drivers expect; publishes capacity when the CSIDriver says so.
 pub(crate) fn provisioner_container(ctx: &Ctx<'_>) -> Result<Container, RenderError> {
+    let (capacity_args, capacity_env) = capacity_args_and_env(ctx);
+    let mut args = vec!["--extra-create-metadata".to_string()];
+    args.extend(capacity_args);
     let mut container = controller_sidecar(
         ctx,
         CONTAINER_PROVISIONER,
@@ -275,7 +310,10 @@ pub(crate) fn provisioner_container(ctx: &Ctx<'_>) -> Result<Container, RenderEr
         "provisioner",
         &ctx.spec().sidecars.provisioner,
         PROVISIONER_HTTP_PORT,
-        &["--extra-create-metadata"],
+        OperatorExtra {
+            args: &args,
+            env: &capacity_env,
+        },
     )?;
     container.ports = monitoring::metrics_port(
         ctx,
@@ -294,7 +332,7 @@ pub(crate) fn attacher_container(ctx: &Ctx<'_>) -> Result<Container, RenderError
         "attacher",
         &ctx.spec().sidecars.attacher,
         ATTACHER_HTTP_PORT,
-        &[],
+        OperatorExtra::default(),
     )?;
     container.ports =
         monitoring::metrics_port(ctx, monitoring::ATTACHER_PORT_NAME, ATTACHER_HTTP_PORT);

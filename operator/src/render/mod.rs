@@ -170,6 +170,12 @@ impl Ctx<'_> {
         self.spec().sidecars.provisioner.enabled
     }
 
+    /// The provisioner publishes CSIStorageCapacity objects: it runs and
+    /// `csiDriver.storageCapacity` tells the scheduler to use them.
+    pub fn capacity_enabled(&self) -> bool {
+        self.provisioner_enabled() && self.spec().csi_driver.storage_capacity
+    }
+
     /// The attacher only runs when the driver needs attach at all: with
     /// `attachRequired: false` Kubernetes never creates VolumeAttachments.
     pub fn attacher_enabled(&self) -> bool {

@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use csiops_crds::ControllerKind;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
@@ -198,6 +199,24 @@ pub const LEADER_ELECTION_GRANTS: &[Grant] = &[
 pub const PROVISIONER_NAMESPACED_GRANTS: &[Grant] =
     &[grant("", "configmaps", &["get", "create", "patch"])];
 
+/// CSIStorageCapacity publishing (`--enable-capacity`), in the CR's
+/// namespace only, where the objects live; and `get` on the pod, where the
+/// owner lookup starts (a StatefulSet is read from the pod's reference).
+pub const CAPACITY_GRANTS: &[Grant] = &[
+    grant(
+        STORAGE,
+        "csistoragecapacities",
+        &[
+            "get", "list", "watch", "create", "update", "patch", "delete",
+        ],
+    ),
+    grant("", "pods", &["get"]),
+];
+
+/// With a Deployment the owner is two levels up: the pod's ReplicaSet is
+/// read for its Deployment's reference.
+pub const CAPACITY_DEPLOYMENT_GRANTS: &[Grant] = &[grant("apps", "replicasets", &["get"])];
+
 /// Merges grant sets into policy rules: one rule per apiGroup + resource,
 /// verbs deduplicated and sorted, rules sorted by apiGroup then resource.
 pub fn merge_rules(sets: &[&[Grant]]) -> Vec<PolicyRule> {
@@ -239,11 +258,18 @@ fn controller_grants(ctx: &Ctx<'_>) -> Vec<&'static [Grant]> {
 }
 
 /// Grants of the controller sidecars in the CR's namespace: leader
-/// election for all, the journal for the provisioner.
+/// election for all, the journal for the provisioner, and capacity
+/// publishing when it is on.
 fn namespaced_grants(ctx: &Ctx<'_>) -> Vec<&'static [Grant]> {
     let mut sets = vec![LEADER_ELECTION_GRANTS];
     if ctx.provisioner_enabled() {
         sets.push(PROVISIONER_NAMESPACED_GRANTS);
+    }
+    if ctx.capacity_enabled() {
+        sets.push(CAPACITY_GRANTS);
+        if ctx.spec().controller.kind == ControllerKind::Deployment {
+            sets.push(CAPACITY_DEPLOYMENT_GRANTS);
+        }
     }
     sets
 }
@@ -268,9 +294,10 @@ fn service_account_subject(ctx: &Ctx<'_>, name: String) -> Subject {
     }
 }
 
-/// The namespaced leader-election Role and its binding to the controller
-/// ServiceAccount; `None` when no controller sidecar or helper runs (all of
-/// them elect a leader).
+/// The namespaced Role (leader election; CSIStorageCapacity objects and
+/// the owner lookup when capacity is published) and its binding to the
+/// controller ServiceAccount; `None` when no controller sidecar or helper
+/// runs (all of them elect a leader).
 pub(crate) fn leader_election(ctx: &Ctx<'_>) -> Option<(Role, RoleBinding)> {
     if controller_grants(ctx).is_empty() {
         return None;

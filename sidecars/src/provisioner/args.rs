@@ -92,6 +92,10 @@ pub struct ProvisionerArgs {
     #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub node_deployment: bool,
 
+    /// CSIStorageCapacity publishing (`--enable-capacity` and its flags).
+    #[command(flatten)]
+    pub capacity: super::capacity::CapacityArgs,
+
     #[command(flatten)]
     pub ignored: IgnoredProvisionerArgs,
 }
@@ -106,28 +110,6 @@ pub struct IgnoredProvisionerArgs {
     /// orphans this sweeps is not set by this provisioner.
     #[arg(long, value_parser = parse_duration, help_heading = IGNORED_HEADING)]
     pub snapshot_orphan_sweep_interval: Option<Duration>,
-    /// Ignored: CSIStorageCapacity is not implemented; with
-    /// `CSIDriver.storageCapacity: true` the scheduler then finds no capacity.
-    #[arg(long, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set, help_heading = IGNORED_HEADING)]
-    pub enable_capacity: Option<bool>,
-    /// Ignored: CSIStorageCapacity is not implemented.
-    #[arg(long, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set, help_heading = IGNORED_HEADING)]
-    pub capacity_for_immediate_binding: Option<bool>,
-    /// Ignored: CSIStorageCapacity is not implemented.
-    #[arg(long, value_parser = parse_duration, help_heading = IGNORED_HEADING)]
-    pub capacity_poll_interval: Option<Duration>,
-    /// Ignored: CSIStorageCapacity is not implemented.
-    #[arg(long, allow_negative_numbers = true, help_heading = IGNORED_HEADING)]
-    pub capacity_ownerref_level: Option<i64>,
-    /// Ignored: CSIStorageCapacity is not implemented.
-    #[arg(long, help_heading = IGNORED_HEADING)]
-    pub capacity_threads: Option<u64>,
-    /// Ignored: CSIStorageCapacity is not implemented (its own client's QPS).
-    #[arg(long, help_heading = IGNORED_HEADING)]
-    pub kube_api_capacity_qps: Option<f64>,
-    /// Ignored: CSIStorageCapacity is not implemented (its own client's burst).
-    #[arg(long, help_heading = IGNORED_HEADING)]
-    pub kube_api_capacity_burst: Option<i64>,
     /// Ignored: node deployment is not implemented (see --node-deployment).
     #[arg(long, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set, help_heading = IGNORED_HEADING)]
     pub node_deployment_immediate_binding: Option<bool>,
@@ -224,6 +206,7 @@ impl ProvisionerArgs {
         let backoff = self.controller.check()?;
         self.kube.check()?;
         let http_addr = self.common.http_or_metrics_addr(&self.metrics_address)?;
+        self.capacity.check()?;
         Ok(Checked {
             gates,
             namer,
@@ -295,6 +278,22 @@ mod tests {
                 &["--http-endpoint=:1", "--metrics-address=:2"],
             ),
             ("--node-deployment", &["--node-deployment"]),
+            (
+                "--capacity-poll-interval",
+                &["--enable-capacity", "--capacity-poll-interval=0s"],
+            ),
+            (
+                "--capacity-threads",
+                &["--enable-capacity", "--capacity-threads=0"],
+            ),
+            (
+                "--capacity-ownerref-level",
+                &["--enable-capacity", "--capacity-ownerref-level=-2"],
+            ),
+            (
+                "--kube-api-capacity-qps",
+                &["--enable-capacity", "--kube-api-capacity-qps=0"],
+            ),
             ("--master", &["--master=nohost"]),
             (
                 "--leader-election-lease-duration",

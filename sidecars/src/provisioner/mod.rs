@@ -28,10 +28,12 @@
 //!
 //! Around it: [`controller`] (caches, queues, workers), [`claim`],
 //! [`volume`] and [`sweep`] (the syncs), [`csi`], [`secrets`], [`metrics`],
-//! [`args`].
+//! [`args`]; [`capacity`] publishes CSIStorageCapacity objects
+//! (`--enable-capacity`).
 
 pub mod args;
 pub mod capabilities;
+pub mod capacity;
 pub mod claim;
 pub mod cloning;
 pub mod content_source;
@@ -86,6 +88,8 @@ pub enum ProvisionerError {
     NoName,
     #[error("driver {driver:?} does not provide the controller service with CREATE_DELETE_VOLUME; the provisioner cannot work with it")]
     CannotProvision { driver: String },
+    #[error(transparent)]
+    Capacity(#[from] capacity::CapacityError),
 }
 
 fn info_error(call: &'static str) -> impl Fn(tonic::Status) -> ProvisionerError {
@@ -101,6 +105,10 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
     // Flags first: nothing below may wait (for the driver, the API server)
     // before a wrong flag is reported.
     let checked = args.check()?;
+    let capacity_env = args
+        .capacity
+        .env(|k| std::env::var(k).ok())
+        .map_err(ProvisionerError::from)?;
     let mut role = Role::start();
 
     let queues = Queues::new(checked.backoff);
@@ -114,6 +122,12 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
     queue_metrics.add("volumes", queues.volumes.clone());
     queue_metrics.add("intents", queues.intents.clone());
     queue_metrics.add("cloning", queues.cloning.queue.clone());
+    let capacity_metrics = capacity_env
+        .as_ref()
+        .map(|_| capacity::CapacityMetrics::new(checked.backoff));
+    if let Some(m) = &capacity_metrics {
+        m.register(registry.registry_mut(), &mut queue_metrics);
+    }
     registry
         .registry_mut()
         .register_collector(Box::new(queue_metrics));
@@ -156,6 +170,26 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
         Ok(clients) => clients,
         Err(e) => return role.finish(Err(e.into())).await,
     };
+    let capacity = match capacity_env.zip(capacity_metrics) {
+        Some((env, metrics)) => {
+            let setup = capacity::CapacitySetup {
+                args: &args.capacity,
+                env,
+                kube: &args.kube,
+                requests: &requests,
+                driver: &driver,
+                driver_name: &driver_name,
+                topology: caps.topology,
+                timeout: args.common.timeout,
+                metrics,
+            };
+            match capacity::CapacityController::prepare(setup).await {
+                Ok(c) => c,
+                Err(e) => return role.finish(Err(ProvisionerError::from(e).into())).await,
+            }
+        }
+        None => None,
+    };
     let workers = args.worker_threads;
     let setup = Setup {
         driver,
@@ -181,7 +215,23 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
             let (namespace, name) = journal_at;
             let journal = open_journal(&clients, &namespace, &name, &stop).await;
             let (provisioner, watches) = Provisioner::new(clients, setup, journal);
-            provisioner.run(watches, workers, stop).await;
+            // Capacity is published by the leader only, from the
+            // provisioner's caches.
+            let publish = async {
+                if let Some(c) = capacity {
+                    let inputs = capacity::controller::Inputs {
+                        classes: provisioner.caches.classes.clone(),
+                        csi_nodes: provisioner.caches.csi_nodes.clone(),
+                        nodes: provisioner.caches.nodes.clone(),
+                        volumes: provisioner.caches.volumes.clone(),
+                    };
+                    c.run(inputs, stop.clone()).await;
+                }
+            };
+            tokio::join!(
+                provisioner.clone().run(watches, workers, stop.clone()),
+                publish
+            );
             Ok::<(), std::convert::Infallible>(())
         },
     )

@@ -1,0 +1,937 @@
+//! The pure part of capacity publishing: what should exist, what exists
+//! and is ours, and what to write. Every function is a function of its
+//! inputs (cache snapshots), tested with exact expectations.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use csiops_proto::csi::v1::{GetCapacityRequest, GetCapacityResponse, Topology};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume};
+use k8s_openapi::api::storage::v1::{CSINode, CSIStorageCapacity, StorageClass};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+
+use crate::provisioner::quantity;
+
+/// Label naming the driver of an object (upstream's `DriverNameLabel`).
+pub const DRIVER_NAME_LABEL: &str = "csi.storage.k8s.io/drivername";
+/// Label naming the instance managing an object (upstream's `ManagedByLabel`).
+pub const MANAGED_BY_LABEL: &str = "csi.storage.k8s.io/managed-by";
+/// Upstream's managed-by value for a central (non node-deployment)
+/// provisioner; keeping it lets either implementation adopt the other's
+/// objects when a manifest swaps the image.
+pub const MANAGED_BY: &str = "external-provisioner";
+/// `generateName` of created objects, as upstream.
+pub const GENERATE_NAME: &str = "csisc-";
+/// Reserved StorageClass parameter prefix, never passed to the driver.
+const RESERVED_PREFIX: &str = "csi.storage.k8s.io/";
+
+/// A topology segment: the driver's topology keys and one node's values.
+/// Empty for a driver without topology: one segment, every node.
+pub type Segment = BTreeMap<String, String>;
+
+/// One (segment, class) pair whose capacity is published.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WorkItem {
+    pub segment: Segment,
+    pub class: String,
+}
+
+/// The segments to publish for, as upstream's `nodeTopology.sync`: for every
+/// CSINode that lists `driver`, the values of the driver's topology keys in
+/// the labels of the Node of the same name; a node missing a label (the
+/// registrar has not written it yet) or a CSINode without a Node is skipped.
+/// Without topology (no VOLUME_ACCESSIBILITY_CONSTRAINTS, or the Topology
+/// gate off) the storage is the same from every node: one empty segment,
+/// whatever the nodes.
+pub fn segments(
+    driver: &str,
+    topology: bool,
+    csi_nodes: &[Arc<CSINode>],
+    node: impl Fn(&str) -> Option<Arc<Node>>,
+) -> BTreeSet<Segment> {
+    if !topology {
+        return BTreeSet::from([Segment::new()]);
+    }
+    let mut out = BTreeSet::new();
+    'nodes: for csi_node in csi_nodes {
+        let Some(entry) = csi_node.spec.drivers.iter().find(|d| d.name == driver) else {
+            continue;
+        };
+        let Some(name) = csi_node.metadata.name.as_deref() else {
+            continue;
+        };
+        let Some(node) = node(name) else { continue };
+        let labels = node.metadata.labels.as_ref();
+        let mut segment = Segment::new();
+        for key in entry.topology_keys.iter().flatten() {
+            match labels.and_then(|l| l.get(key)) {
+                Some(value) => {
+                    segment.insert(key.clone(), value.clone());
+                }
+                None => continue 'nodes,
+            }
+        }
+        out.insert(segment);
+    }
+    out
+}
+
+/// The driver's classes to publish for, with their parameters: those with
+/// `provisioner: driver` and WaitForFirstConsumer binding, or any binding
+/// with `--capacity-for-immediate-binding`. An unset mode is Immediate (the
+/// API server's default).
+pub fn tracked_classes(
+    driver: &str,
+    immediate: bool,
+    classes: &[Arc<StorageClass>],
+) -> BTreeMap<String, BTreeMap<String, String>> {
+    classes
+        .iter()
+        .filter(|c| c.provisioner == driver)
+        .filter(|c| immediate || c.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer"))
+        .filter_map(|c| {
+            let name = c.metadata.name.clone()?;
+            Some((name, c.parameters.clone().unwrap_or_default()))
+        })
+        .collect()
+}
+
+/// Every pair to publish: segments × classes.
+pub fn desired(
+    segments: &BTreeSet<Segment>,
+    classes: &BTreeMap<String, BTreeMap<String, String>>,
+) -> BTreeSet<WorkItem> {
+    segments
+        .iter()
+        .flat_map(|s| {
+            classes.keys().map(|c| WorkItem {
+                segment: s.clone(),
+                class: c.clone(),
+            })
+        })
+        .collect()
+}
+
+/// Whether this instance manages `obj`: both labels, as upstream's
+/// `isManaged`. The owner is not part of it: an object of ours whose owner
+/// changed (a new Deployment) is adopted and gets the new owner added.
+pub fn is_managed(obj: &CSIStorageCapacity, driver: &str) -> bool {
+    let labels = obj.metadata.labels.as_ref();
+    labels
+        .and_then(|l| l.get(DRIVER_NAME_LABEL))
+        .map(String::as_str)
+        == Some(driver)
+        && labels
+            .and_then(|l| l.get(MANAGED_BY_LABEL))
+            .map(String::as_str)
+            == Some(MANAGED_BY)
+}
+
+/// The pair an object serves: its class and its node topology's
+/// `matchLabels` (an unset or empty map is the empty segment). An object
+/// with `matchExpressions` or without a node topology serves none of ours.
+pub fn item_of(obj: &CSIStorageCapacity) -> Option<WorkItem> {
+    let topology = obj.node_topology.as_ref()?;
+    if topology
+        .match_expressions
+        .as_ref()
+        .is_some_and(|e| !e.is_empty())
+    {
+        return None;
+    }
+    Some(WorkItem {
+        segment: topology.match_labels.clone().unwrap_or_default(),
+        class: obj.storage_class_name.clone(),
+    })
+}
+
+/// Existing managed objects matched with the pairs to publish.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Assignment {
+    /// The object that serves each pair that has one.
+    pub objects: HashMap<WorkItem, Arc<CSIStorageCapacity>>,
+    /// Names of managed objects that serve no pair (class or segment gone,
+    /// or a duplicate): to delete.
+    pub obsolete: BTreeSet<String>,
+}
+
+/// Matches `managed` (objects [`is_managed`] accepted) with `desired`. Of
+/// duplicates for one pair the oldest is kept (then the first by name), so
+/// every pass picks the same one.
+pub fn assign(desired: &BTreeSet<WorkItem>, managed: &[Arc<CSIStorageCapacity>]) -> Assignment {
+    let mut sorted: Vec<&Arc<CSIStorageCapacity>> = managed.iter().collect();
+    sorted.sort_by(|a, b| {
+        let key = |o: &CSIStorageCapacity| {
+            (
+                o.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                o.metadata.name.clone(),
+            )
+        };
+        key(a).cmp(&key(b))
+    });
+    let mut out = Assignment::default();
+    for obj in sorted {
+        let Some(name) = obj.metadata.name.clone() else {
+            continue;
+        };
+        match item_of(obj).filter(|i| desired.contains(i)) {
+            Some(item) if !out.objects.contains_key(&item) => {
+                out.objects.insert(item, obj.clone());
+            }
+            _ => {
+                out.obsolete.insert(name);
+            }
+        }
+    }
+    out
+}
+
+/// The GetCapacity request for a pair: the class's parameters without the
+/// reserved `csi.storage.k8s.io/` keys (the same parameters CreateVolume
+/// gets; secrets' names are not the driver's business), and the segment as
+/// accessible topology unless it is empty (a driver without topology gets
+/// none). No volume capabilities: capacity is assumed independent of them,
+/// as upstream.
+pub fn request(item: &WorkItem, params: &BTreeMap<String, String>) -> GetCapacityRequest {
+    GetCapacityRequest {
+        volume_capabilities: Vec::new(),
+        parameters: params
+            .iter()
+            .filter(|(k, _)| !k.starts_with(RESERVED_PREFIX))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        accessible_topology: (!item.segment.is_empty()).then(|| Topology {
+            segments: item.segment.clone().into_iter().collect(),
+        }),
+    }
+}
+
+/// What GetCapacity answered, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reported {
+    pub capacity: i64,
+    pub maximum_volume_size: Option<i64>,
+}
+
+impl From<&GetCapacityResponse> for Reported {
+    fn from(r: &GetCapacityResponse) -> Self {
+        Reported {
+            capacity: r.available_capacity,
+            maximum_volume_size: r.maximum_volume_size,
+        }
+    }
+}
+
+/// A new object for a pair, named by the API server from `csisc-`.
+pub fn render(
+    driver: &str,
+    namespace: &str,
+    owner: Option<&OwnerReference>,
+    item: &WorkItem,
+    reported: Reported,
+) -> CSIStorageCapacity {
+    CSIStorageCapacity {
+        metadata: ObjectMeta {
+            generate_name: Some(GENERATE_NAME.into()),
+            namespace: Some(namespace.into()),
+            labels: Some(BTreeMap::from([
+                (DRIVER_NAME_LABEL.to_string(), driver.to_string()),
+                (MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string()),
+            ])),
+            owner_references: owner.map(|o| vec![o.clone()]),
+            ..Default::default()
+        },
+        storage_class_name: item.class.clone(),
+        node_topology: Some(LabelSelector {
+            match_labels: Some(item.segment.clone()),
+            match_expressions: None,
+        }),
+        capacity: Some(quantity::from_bytes(reported.capacity)),
+        maximum_volume_size: reported.maximum_volume_size.map(quantity::from_bytes),
+    }
+}
+
+/// Whether `owner` controls `obj` (`IsControlledBy` by UID, as upstream).
+fn owned_by(obj: &CSIStorageCapacity, owner: &OwnerReference) -> bool {
+    obj.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|r| r.controller == Some(true) && r.uid == owner.uid)
+}
+
+/// The existing object updated to `reported`, or `None` when it already
+/// says that (sizes compared as numbers, so `1Gi` equals `1073741824`) and
+/// has the owner. A missing owner is added next to the others, as upstream.
+pub fn updated(
+    obj: &CSIStorageCapacity,
+    owner: Option<&OwnerReference>,
+    reported: Reported,
+) -> Option<CSIStorageCapacity> {
+    let bytes = |q: Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity>| {
+        q.map(|q| quantity::to_bytes(q).ok())
+    };
+    let same_capacity = bytes(obj.capacity.as_ref()) == Some(Some(reported.capacity));
+    let same_max =
+        bytes(obj.maximum_volume_size.as_ref()) == reported.maximum_volume_size.map(Some);
+    let owned = owner.is_none_or(|o| owned_by(obj, o));
+    if same_capacity && same_max && owned {
+        return None;
+    }
+    let mut new = obj.clone();
+    new.capacity = Some(quantity::from_bytes(reported.capacity));
+    new.maximum_volume_size = reported.maximum_volume_size.map(quantity::from_bytes);
+    if let Some(o) = owner.filter(|o| !owned_by(obj, o)) {
+        new.metadata
+            .owner_references
+            .get_or_insert_with(Vec::new)
+            .push(o.clone());
+    }
+    // Managed fields are not ours to send back.
+    new.metadata.managed_fields = None;
+    Some(new)
+}
+
+/// Which published pairs a new or deleted volume may have changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Touched {
+    /// The segments of the PV's node affinity (each term one segment).
+    Segments(Vec<Segment>),
+    /// A PV without node affinity: its class's pairs (a driver without
+    /// topology whose classes select pools).
+    Class(String),
+    /// Nothing to tell.
+    Unknown,
+}
+
+/// What a PV of the driver touches: upstream refreshes by node affinity
+/// after a provision or delete, and by class when there is none. A term
+/// that is not `key In [one value]` only (not what a provisioner writes) is
+/// skipped.
+pub fn touched(pv: &PersistentVolume) -> Touched {
+    let spec = pv.spec.as_ref();
+    let terms = spec
+        .and_then(|s| s.node_affinity.as_ref())
+        .and_then(|a| a.required.as_ref())
+        .map(|r| r.node_selector_terms.as_slice())
+        .unwrap_or_default();
+    if terms.is_empty() {
+        return match spec.and_then(|s| s.storage_class_name.clone()) {
+            Some(c) if !c.is_empty() => Touched::Class(c),
+            _ => Touched::Unknown,
+        };
+    }
+    let segments = terms
+        .iter()
+        .filter(|t| t.match_fields.as_ref().is_none_or(Vec::is_empty))
+        .filter_map(|t| {
+            t.match_expressions
+                .iter()
+                .flatten()
+                .map(|e| match e.values.as_deref() {
+                    Some([value]) if e.operator == "In" => Some((e.key.clone(), value.clone())),
+                    _ => None,
+                })
+                .collect::<Option<Segment>>()
+        })
+        .collect();
+    Touched::Segments(segments)
+}
+
+/// The desired pairs `touched` names.
+pub fn to_refresh<'a>(
+    desired: &'a BTreeSet<WorkItem>,
+    touched: &'a Touched,
+) -> impl Iterator<Item = &'a WorkItem> + 'a {
+    desired.iter().filter(move |i| match touched {
+        Touched::Segments(s) => s.contains(&i.segment),
+        Touched::Class(c) => &i.class == c,
+        Touched::Unknown => false,
+    })
+}
+
+/// What the planner saw on its previous pass.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Seen {
+    pub started: bool,
+    /// Desired pairs without an object.
+    pub missing: BTreeSet<WorkItem>,
+    /// Names of obsolete objects.
+    pub obsolete: BTreeSet<String>,
+    /// The driver's PVs and what each touches.
+    pub volumes: HashMap<String, Touched>,
+}
+
+/// What one planner pass queues.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Queued {
+    pub sync: BTreeSet<WorkItem>,
+    pub delete: BTreeSet<String>,
+}
+
+/// The work of one planner pass, and what it saw for the next. `poll`
+/// (the first pass and every `--capacity-poll-interval`) syncs every pair.
+/// Otherwise only changes are queued: a pair newly without an object (new
+/// class or segment, or its object deleted by someone), an object newly
+/// obsolete, the pairs a PV that appeared or went touches. A pair whose
+/// sync keeps failing stays missing and is retried by its backoff, not
+/// queued again every pass; the first pass takes the PVs as they are.
+pub fn changes(
+    desired: &BTreeSet<WorkItem>,
+    assignment: &Assignment,
+    volumes: HashMap<String, Touched>,
+    poll: bool,
+    seen: &Seen,
+) -> (Queued, Seen) {
+    let missing: BTreeSet<WorkItem> = desired
+        .iter()
+        .filter(|i| !assignment.objects.contains_key(*i))
+        .cloned()
+        .collect();
+    let mut sync: BTreeSet<WorkItem> = if poll {
+        desired.clone()
+    } else {
+        missing.difference(&seen.missing).cloned().collect()
+    };
+    if seen.started {
+        let appeared = volumes
+            .iter()
+            .filter(|(name, _)| !seen.volumes.contains_key(*name));
+        let went = seen
+            .volumes
+            .iter()
+            .filter(|(name, _)| !volumes.contains_key(*name));
+        for (_, t) in appeared.chain(went) {
+            sync.extend(to_refresh(desired, t).cloned());
+        }
+    }
+    let delete = assignment
+        .obsolete
+        .difference(&seen.obsolete)
+        .cloned()
+        .collect();
+    let next = Seen {
+        started: true,
+        missing,
+        obsolete: assignment.obsolete.clone(),
+        volumes,
+    };
+    (Queued { sync, delete }, next)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{
+        CSIPersistentVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
+        PersistentVolumeSpec, VolumeNodeAffinity,
+    };
+    use k8s_openapi::api::storage::v1::{CSINodeDriver, CSINodeSpec};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    const D: &str = "test.csi.csiops.dev";
+    const ZONE: &str = "topology.kubernetes.io/zone";
+    const RACK: &str = "example.com/rack";
+
+    fn seg(pairs: &[(&str, &str)]) -> Segment {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn csi_node(name: &str, drivers: &[(&str, Option<&[&str]>)]) -> Arc<CSINode> {
+        Arc::new(CSINode {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            spec: CSINodeSpec {
+                drivers: drivers
+                    .iter()
+                    .map(|(d, keys)| CSINodeDriver {
+                        name: d.to_string(),
+                        node_id: name.into(),
+                        topology_keys: keys.map(|k| k.iter().map(|s| s.to_string()).collect()),
+                        allocatable: None,
+                    })
+                    .collect(),
+            },
+        })
+    }
+
+    fn node(name: &str, labels: &[(&str, &str)]) -> Arc<Node> {
+        Arc::new(Node {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                labels: Some(seg(labels)),
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn segments_are_unique_combinations_of_the_drivers_keys() {
+        let keys: &[&str] = &[ZONE, RACK];
+        let csi_nodes = vec![
+            csi_node("a", &[(D, Some(keys))]),
+            csi_node("b", &[(D, Some(keys))]),
+            csi_node("c", &[(D, Some(keys))]),
+            // Another driver only: not ours.
+            csi_node("d", &[("other", Some(keys))]),
+            // Label not written yet: skipped until it is.
+            csi_node("e", &[(D, Some(keys))]),
+            // CSINode without a Node: skipped.
+            csi_node("gone", &[(D, Some(keys))]),
+        ];
+        let nodes = [
+            node("a", &[(ZONE, "z1"), (RACK, "r1"), ("other", "x")]),
+            node("b", &[(ZONE, "z1"), (RACK, "r1")]),
+            node("c", &[(ZONE, "z2"), (RACK, "r1")]),
+            node("d", &[(ZONE, "z3"), (RACK, "r3")]),
+            node("e", &[(ZONE, "z4")]),
+        ];
+        let lookup = |n: &str| {
+            nodes
+                .iter()
+                .find(|x| x.metadata.name.as_deref() == Some(n))
+                .cloned()
+        };
+        assert_eq!(
+            segments(D, true, &csi_nodes, lookup),
+            BTreeSet::from([
+                seg(&[(RACK, "r1"), (ZONE, "z1")]),
+                seg(&[(RACK, "r1"), (ZONE, "z2")]),
+            ])
+        );
+    }
+
+    #[test]
+    fn a_driver_without_keys_or_without_topology_has_the_empty_segment() {
+        let csi_nodes = vec![csi_node("a", &[(D, None)])];
+        let nodes = [node("a", &[(ZONE, "z1")])];
+        let lookup = |n: &str| {
+            nodes
+                .iter()
+                .find(|x| x.metadata.name.as_deref() == Some(n))
+                .cloned()
+        };
+        assert_eq!(
+            segments(D, true, &csi_nodes, lookup),
+            BTreeSet::from([Segment::new()])
+        );
+        assert_eq!(
+            segments(D, false, &[], |_| None),
+            BTreeSet::from([Segment::new()])
+        );
+        assert_eq!(segments(D, true, &[], |_| None), BTreeSet::new());
+    }
+
+    fn class(name: &str, provisioner: &str, mode: Option<&str>) -> Arc<StorageClass> {
+        Arc::new(StorageClass {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            provisioner: provisioner.into(),
+            volume_binding_mode: mode.map(str::to_string),
+            parameters: Some(seg(&[("type", name)])),
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn classes_of_the_driver_with_late_binding() {
+        let classes = vec![
+            class("late", D, Some("WaitForFirstConsumer")),
+            class("now", D, Some("Immediate")),
+            class("unset", D, None),
+            class("foreign", "other", Some("WaitForFirstConsumer")),
+        ];
+        assert_eq!(
+            tracked_classes(D, false, &classes),
+            BTreeMap::from([("late".to_string(), seg(&[("type", "late")]))])
+        );
+        assert_eq!(
+            tracked_classes(D, true, &classes)
+                .keys()
+                .collect::<Vec<_>>(),
+            ["late", "now", "unset"]
+        );
+    }
+
+    #[test]
+    fn desired_is_the_product() {
+        let s = BTreeSet::from([seg(&[(ZONE, "z1")]), seg(&[(ZONE, "z2")])]);
+        let c = BTreeMap::from([
+            ("a".to_string(), BTreeMap::new()),
+            ("b".to_string(), BTreeMap::new()),
+        ]);
+        let d = desired(&s, &c);
+        assert_eq!(d.len(), 4);
+        assert!(d.contains(&WorkItem {
+            segment: seg(&[(ZONE, "z2")]),
+            class: "a".into()
+        }));
+        assert!(desired(&s, &BTreeMap::new()).is_empty());
+    }
+
+    fn owner(uid: &str) -> OwnerReference {
+        OwnerReference {
+            api_version: "apps/v1".into(),
+            kind: "Deployment".into(),
+            name: "ctrl".into(),
+            uid: uid.into(),
+            controller: Some(true),
+            block_owner_deletion: None,
+        }
+    }
+
+    fn item(zone: &str, class: &str) -> WorkItem {
+        WorkItem {
+            segment: seg(&[(ZONE, zone)]),
+            class: class.into(),
+        }
+    }
+
+    #[test]
+    fn rendered_object() {
+        let o = owner("u1");
+        let obj = render(
+            D,
+            "ns",
+            Some(&o),
+            &item("z1", "late"),
+            Reported {
+                capacity: 100 << 30,
+                maximum_volume_size: Some(1536),
+            },
+        );
+        let json = serde_json::to_value(&obj).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "apiVersion": "storage.k8s.io/v1",
+                "kind": "CSIStorageCapacity",
+                "metadata": {
+                    "generateName": "csisc-",
+                    "namespace": "ns",
+                    "labels": {
+                        "csi.storage.k8s.io/drivername": D,
+                        "csi.storage.k8s.io/managed-by": "external-provisioner",
+                    },
+                    "ownerReferences": [{
+                        "apiVersion": "apps/v1", "kind": "Deployment", "name": "ctrl",
+                        "uid": "u1", "controller": true,
+                    }],
+                },
+                "storageClassName": "late",
+                "nodeTopology": {"matchLabels": {ZONE: "z1"}},
+                "capacity": "100Gi",
+                "maximumVolumeSize": "1536",
+            })
+        );
+        let bare = render(
+            D,
+            "ns",
+            None,
+            &WorkItem {
+                segment: Segment::new(),
+                class: "c".into(),
+            },
+            Reported {
+                capacity: 0,
+                maximum_volume_size: None,
+            },
+        );
+        assert_eq!(bare.metadata.owner_references, None);
+        assert_eq!(bare.capacity, Some(Quantity("0".into())));
+        assert_eq!(bare.maximum_volume_size, None);
+        assert_eq!(
+            bare.node_topology,
+            Some(LabelSelector {
+                match_labels: Some(BTreeMap::new()),
+                match_expressions: None
+            })
+        );
+    }
+
+    fn existing(name: &str, item: &WorkItem, age: i64, driver: &str) -> Arc<CSIStorageCapacity> {
+        let mut o = render(
+            driver,
+            "ns",
+            None,
+            item,
+            Reported {
+                capacity: 1 << 30,
+                maximum_volume_size: None,
+            },
+        );
+        o.metadata.name = Some(name.into());
+        o.metadata.creation_timestamp = Some(Time(
+            k8s_openapi::jiff::Timestamp::from_second(1_700_000_000 - age).unwrap(),
+        ));
+        Arc::new(o)
+    }
+
+    #[test]
+    fn managed_means_both_labels() {
+        let i = item("z1", "c");
+        assert!(is_managed(&existing("a", &i, 0, D), D));
+        assert!(!is_managed(&existing("a", &i, 0, "other"), D));
+        let mut other_manager = (*existing("a", &i, 0, D)).clone();
+        other_manager
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(MANAGED_BY_LABEL.into(), "external-provisioner-node1".into());
+        assert!(!is_managed(&other_manager, D));
+        let mut unlabelled = other_manager;
+        unlabelled.metadata.labels = None;
+        assert!(!is_managed(&unlabelled, D));
+    }
+
+    #[test]
+    fn existing_objects_are_adopted_duplicates_and_strays_obsolete() {
+        let (a, b, gone) = (
+            item("z1", "c"),
+            item("z2", "c"),
+            item("z1", "deleted-class"),
+        );
+        let want = BTreeSet::from([a.clone(), b.clone()]);
+        let objs = vec![
+            existing("csisc-new", &a, 10, D),
+            existing("csisc-old", &a, 100, D),
+            existing("csisc-gone", &gone, 50, D),
+        ];
+        let got = assign(&want, &objs);
+        assert_eq!(
+            got.objects
+                .iter()
+                .map(|(i, o)| (i.clone(), o.metadata.name.clone().unwrap()))
+                .collect::<BTreeMap<_, _>>(),
+            BTreeMap::from([(a.clone(), "csisc-old".to_string())])
+        );
+        assert_eq!(
+            got.obsolete,
+            BTreeSet::from(["csisc-gone".to_string(), "csisc-new".to_string()])
+        );
+        // An object with expressions or no topology serves no pair.
+        let mut expr = (*existing("csisc-expr", &b, 0, D)).clone();
+        expr.node_topology = Some(LabelSelector {
+            match_labels: None,
+            match_expressions: Some(vec![Default::default()]),
+        });
+        let mut none = (*existing("csisc-none", &b, 0, D)).clone();
+        none.node_topology = None;
+        let got = assign(&want, &[Arc::new(expr), Arc::new(none)]);
+        assert!(got.objects.is_empty());
+        assert_eq!(got.obsolete.len(), 2);
+    }
+
+    #[test]
+    fn an_empty_topology_from_the_server_is_the_empty_segment() {
+        let mut o = (*existing("x", &item("z", "c"), 0, D)).clone();
+        o.node_topology = Some(LabelSelector::default());
+        assert_eq!(
+            item_of(&o),
+            Some(WorkItem {
+                segment: Segment::new(),
+                class: "c".into()
+            })
+        );
+    }
+
+    #[test]
+    fn request_strips_reserved_keys_and_passes_the_segment() {
+        let params = seg(&[
+            ("type", "ssd"),
+            ("csi.storage.k8s.io/provisioner-secret-name", "s"),
+            ("csi.storage.k8s.io/fstype", "xfs"),
+        ]);
+        let r = request(&item("z1", "c"), &params);
+        assert_eq!(
+            r.parameters,
+            HashMap::from([("type".to_string(), "ssd".to_string())])
+        );
+        assert_eq!(
+            r.accessible_topology,
+            Some(Topology {
+                segments: HashMap::from([(ZONE.to_string(), "z1".to_string())])
+            })
+        );
+        assert!(r.volume_capabilities.is_empty());
+        let r = request(
+            &WorkItem {
+                segment: Segment::new(),
+                class: "c".into(),
+            },
+            &params,
+        );
+        assert_eq!(r.accessible_topology, None);
+    }
+
+    #[test]
+    fn update_only_when_numbers_or_owner_differ() {
+        let i = item("z1", "c");
+        let o = owner("u1");
+        let mut obj = render(
+            D,
+            "ns",
+            Some(&o),
+            &i,
+            Reported {
+                capacity: 1 << 30,
+                maximum_volume_size: Some(1 << 20),
+            },
+        );
+        obj.capacity = Some(Quantity("1073741824".into()));
+        let same = Reported {
+            capacity: 1 << 30,
+            maximum_volume_size: Some(1 << 20),
+        };
+        assert_eq!(updated(&obj, Some(&o), same), None);
+        assert_eq!(updated(&obj, None, same), None);
+
+        let lower = updated(
+            &obj,
+            Some(&o),
+            Reported {
+                capacity: 1 << 29,
+                maximum_volume_size: None,
+            },
+        )
+        .expect("changed");
+        assert_eq!(lower.capacity, Some(Quantity("512Mi".into())));
+        assert_eq!(lower.maximum_volume_size, None);
+        assert_eq!(lower.metadata.owner_references, Some(vec![o.clone()]));
+
+        // A new owner (the Deployment was re-created) is added.
+        let o2 = owner("u2");
+        let adopted = updated(&obj, Some(&o2), same).expect("owner added");
+        assert_eq!(adopted.metadata.owner_references, Some(vec![o, o2]));
+        assert_eq!(adopted.capacity, Some(Quantity("1Gi".into())));
+    }
+
+    /// `(key, operator, values)` of one node selector term.
+    type Term<'a> = Vec<(&'a str, &'a str, Vec<&'a str>)>;
+
+    fn pv(terms: Option<Vec<Term<'_>>>, class: Option<&str>) -> PersistentVolume {
+        PersistentVolume {
+            spec: Some(PersistentVolumeSpec {
+                csi: Some(CSIPersistentVolumeSource {
+                    driver: D.into(),
+                    volume_handle: "v".into(),
+                    ..Default::default()
+                }),
+                storage_class_name: class.map(str::to_string),
+                node_affinity: terms.map(|terms| VolumeNodeAffinity {
+                    required: Some(NodeSelector {
+                        node_selector_terms: terms
+                            .into_iter()
+                            .map(|exprs| NodeSelectorTerm {
+                                match_expressions: Some(
+                                    exprs
+                                        .into_iter()
+                                        .map(|(k, op, v)| NodeSelectorRequirement {
+                                            key: k.into(),
+                                            operator: op.into(),
+                                            values: Some(
+                                                v.into_iter().map(str::to_string).collect(),
+                                            ),
+                                        })
+                                        .collect(),
+                                ),
+                                match_fields: None,
+                            })
+                            .collect(),
+                    }),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn volumes_touch_their_segments_or_their_class() {
+        let p = pv(
+            Some(vec![
+                vec![(ZONE, "In", vec!["z1"]), (RACK, "In", vec!["r1"])],
+                vec![(ZONE, "In", vec!["z2"])],
+                vec![(ZONE, "In", vec!["z3", "z4"])],
+                vec![(ZONE, "NotIn", vec!["z5"])],
+            ]),
+            Some("c"),
+        );
+        let t = touched(&p);
+        assert_eq!(
+            t,
+            Touched::Segments(vec![
+                seg(&[(RACK, "r1"), (ZONE, "z1")]),
+                seg(&[(ZONE, "z2")])
+            ])
+        );
+        let want = BTreeSet::from([
+            item("z1", "c"),
+            item("z2", "c"),
+            item("z2", "d"),
+            item("z3", "c"),
+        ]);
+        assert_eq!(
+            to_refresh(&want, &t).cloned().collect::<Vec<_>>(),
+            vec![item("z2", "c"), item("z2", "d")]
+        );
+        let by_class = touched(&pv(None, Some("d")));
+        assert_eq!(by_class, Touched::Class("d".into()));
+        assert_eq!(
+            to_refresh(&want, &by_class).cloned().collect::<Vec<_>>(),
+            vec![item("z2", "d")]
+        );
+        assert_eq!(touched(&pv(None, None)), Touched::Unknown);
+    }
+
+    #[test]
+    fn a_pass_queues_changes_only() {
+        let (a, b) = (item("z1", "c"), item("z2", "c"));
+        let desired = BTreeSet::from([a.clone(), b.clone()]);
+        let obj_a = existing("csisc-a", &a, 0, D);
+        let with_a = assign(&desired, std::slice::from_ref(&obj_a));
+        let pv = |zone: &str| Touched::Segments(vec![seg(&[(ZONE, zone)])]);
+
+        // First pass (a poll): everything; PVs taken as they are.
+        let vols = HashMap::from([("pv1".to_string(), pv("z1"))]);
+        let (q, seen) = changes(&desired, &with_a, vols.clone(), true, &Seen::default());
+        assert_eq!(q.sync, desired);
+        assert!(q.delete.is_empty());
+        assert_eq!(seen.missing, BTreeSet::from([b.clone()]));
+
+        // Nothing changed (b's create failed and waits for its backoff).
+        let (q, seen2) = changes(&desired, &with_a, vols.clone(), false, &seen);
+        assert_eq!(q, Queued::default());
+        assert_eq!(seen2, seen);
+
+        // Someone deleted a's object: a is queued once.
+        let none = assign(&desired, &[]);
+        let (q, seen3) = changes(&desired, &none, vols.clone(), false, &seen);
+        assert_eq!(q.sync, BTreeSet::from([a.clone()]));
+        let (q, _) = changes(&desired, &none, vols.clone(), false, &seen3);
+        assert_eq!(q, Queued::default());
+
+        // A new PV in z2 and the old one gone from z1: both refreshed.
+        let vols2 = HashMap::from([("pv2".to_string(), pv("z2"))]);
+        let (q, _) = changes(&desired, &with_a, vols2, false, &seen);
+        assert_eq!(q.sync, desired);
+
+        // The class went: a's object is deleted once.
+        let gone = assign(&BTreeSet::new(), &[obj_a]);
+        let (q, seen4) = changes(&BTreeSet::new(), &gone, vols.clone(), false, &seen);
+        assert_eq!(q.delete, BTreeSet::from(["csisc-a".to_string()]));
+        assert!(q.sync.is_empty());
+        let (q, _) = changes(&BTreeSet::new(), &gone, vols, false, &seen4);
+        assert_eq!(q, Queued::default());
+    }
+}
