@@ -18,12 +18,16 @@
 //! our version ends the record even if a later event has replaced it in the
 //! cache by the time anyone looks. A deletion is
 //! shown once the cache no longer has the object (or has another one under
-//! the name). A written copy whose event went by before we recorded it, and
-//! was already replaced in the cache by a later one, is dropped after
-//! [`STALE_AFTER`].
+//! the name). The event of a write can even come before the write's
+//! response, and be replaced in the cache by a later one (another
+//! controller's update) before we record it: the versions of the last
+//! [`SEEN_WINDOW`] events are remembered (as hashes), and a write whose
+//! version was seen is not recorded at all. Were it recorded, its stale copy
+//! would hide the later state for [`STALE_AFTER`], and a sync in that time
+//! would decide on it (a Released PV left undeleted was seen that way).
 
-use std::collections::HashMap;
-use std::hash::Hash;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -35,6 +39,39 @@ use tokio::time::Instant;
 /// How long a written copy may wait for the cache to show it. Watch events
 /// take milliseconds; this only bounds the rare copy the cache skipped over.
 pub const STALE_AFTER: Duration = Duration::from_secs(30);
+
+/// How many recent watch events' versions are remembered.
+pub const SEEN_WINDOW: usize = 4096;
+
+/// Hashes of (key, version) of the last [`SEEN_WINDOW`] events.
+#[derive(Default)]
+struct Seen {
+    order: VecDeque<u64>,
+    set: HashSet<u64>,
+}
+
+impl Seen {
+    fn add(&mut self, h: u64) {
+        if self.set.insert(h) {
+            self.order.push_back(h);
+            if self.order.len() > SEEN_WINDOW {
+                if let Some(old) = self.order.pop_front() {
+                    self.set.remove(&old);
+                }
+            }
+        }
+    }
+}
+
+fn seen_hash<K: Resource>(key: &ObjectRef<K>, version: &str) -> u64
+where
+    K::DynamicType: Hash,
+{
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut h);
+    version.hash(&mut h);
+    h.finish()
+}
 
 /// What this process did to one object.
 enum Mine<K> {
@@ -52,6 +89,7 @@ where
 {
     store: Store<K>,
     mine: Mutex<HashMap<ObjectRef<K>, Mine<K>>>,
+    seen: Mutex<Seen>,
 }
 
 fn version<K: Resource>(obj: &K) -> Option<&str> {
@@ -67,6 +105,7 @@ where
         Cached {
             store,
             mine: Mutex::new(HashMap::new()),
+            seen: Mutex::new(Seen::default()),
         }
     }
 
@@ -123,7 +162,14 @@ where
             .store
             .get(&key)
             .is_some_and(|c| version(c.as_ref()).is_some() && version(c.as_ref()) == version(&obj));
-        if shown {
+        let seen = version(&obj).is_some_and(|v| {
+            self.seen
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .set
+                .contains(&seen_hash(&key, v))
+        });
+        if shown || seen {
             // Its event came first: the cache has it already.
             self.mine().remove(&key);
             return;
@@ -156,6 +202,12 @@ where
         match event {
             watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => {
                 let key = ObjectRef::from_obj(obj);
+                if let Some(v) = version(obj) {
+                    self.seen
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .add(seen_hash(&key, v));
+                }
                 let mut mine = self.mine();
                 if let Some(Mine::Wrote { copy, .. }) = mine.get(&key) {
                     if version(obj).is_some() && version(obj) == version(copy.as_ref()) {
@@ -282,5 +334,32 @@ mod tests {
         tokio::time::advance(STALE_AFTER).await;
         assert_eq!(get(&c, "a").as_deref(), Some("after-ours"));
         assert_eq!(c.overlaid(), 0);
+    }
+
+    #[test]
+    fn a_write_whose_event_came_first_and_was_replaced_is_not_recorded() {
+        let (reader, mut writer) = store::<PersistentVolume>();
+        let c = Cached::new(reader);
+        // Our create's event, then another controller's update, both before
+        // the create's response is recorded.
+        for (rv, label) in [("12", "mine"), ("13", "bound-by-kcm")] {
+            let e = Event::Apply(pv("a", rv, label));
+            c.observe(&e);
+            writer.apply_watcher_event(&e);
+        }
+        c.wrote(pv("a", "12", "mine"));
+        assert_eq!(c.overlaid(), 0);
+        assert_eq!(get(&c, "a").as_deref(), Some("bound-by-kcm"));
+    }
+
+    #[test]
+    fn only_the_last_events_are_remembered() {
+        let mut seen = Seen::default();
+        for h in 0..(SEEN_WINDOW as u64 + 10) {
+            seen.add(h);
+        }
+        assert_eq!(seen.set.len(), SEEN_WINDOW);
+        assert!(!seen.set.contains(&0));
+        assert!(seen.set.contains(&(SEEN_WINDOW as u64 + 9)));
     }
 }
