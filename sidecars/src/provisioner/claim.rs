@@ -104,7 +104,7 @@ pub fn display(key: &ClaimKey) -> String {
 }
 
 /// An RPC error in upstream's words, which admins grep for.
-fn rpc(status: &Status) -> String {
+pub(super) fn rpc(status: &Status) -> String {
     format!(
         "rpc error: code = {:?} desc = {}",
         status.code(),

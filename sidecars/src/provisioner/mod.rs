@@ -41,6 +41,8 @@ pub mod controller;
 pub mod csi;
 pub mod decide;
 pub mod finalizer;
+#[cfg(test)]
+mod fixture;
 pub mod journal;
 pub mod metrics;
 pub mod naming;

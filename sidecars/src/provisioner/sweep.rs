@@ -9,6 +9,7 @@ use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
 use tonic::{Code, Status};
 
+use super::claim::rpc;
 use super::controller::Provisioner;
 use super::csi;
 use super::journal::{intent_action, IntentAction, Record};
@@ -45,14 +46,6 @@ pub enum SweepError {
     },
     #[error("Kubernetes API")]
     Kube(#[from] kube::Error),
-}
-
-fn rpc(status: &Status) -> String {
-    format!(
-        "rpc error: code = {:?} desc = {}",
-        status.code(),
-        status.message()
-    )
 }
 
 impl Provisioner {

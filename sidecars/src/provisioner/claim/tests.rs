@@ -5,22 +5,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use csiops_runtime::testing::{self, Log};
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use k8s_openapi::api::storage::v1::StorageClass;
-use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{self, ObjectRef};
-use kube::runtime::watcher::Event;
+use kube::runtime::reflector::ObjectRef;
 use serde_json::{json, Value};
-use tokio::sync::Semaphore;
 
-use super::super::controller::{Caches, ClaimKey, Provisioner, Queues};
+use super::super::controller::{ClaimKey, Provisioner};
 use super::super::decide::STORAGE_PROVISIONER_ANNOTATION;
-use super::super::journal::{Holds, Journal};
-use super::super::metrics::OperationMetrics;
+use super::super::fixture::{self, Fixture};
+use super::super::journal::Journal;
 use super::super::plan::{DriverCapabilities, ProvisionerConfig};
-use crate::common::cache::Cached;
 use crate::common::fake_csi::FakeController;
-use crate::common::workqueue::Backoff;
 use csiops_runtime::shutdown::CancellationToken;
 
 const DRIVER: &str = "fake.csi.csiops.dev";
@@ -48,10 +41,6 @@ fn class() -> Value {
         "metadata": {"name": "fast", "resourceVersion": "1"},
         "provisioner": DRIVER, "reclaimPolicy": "Delete", "volumeBindingMode": "Immediate",
     })
-}
-
-fn object<K: serde::de::DeserializeOwned>(v: &Value) -> K {
-    serde_json::from_value(v.clone()).expect("a valid object")
 }
 
 /// A provisioner without a journal: each claim carries the finalizer (the
@@ -82,51 +71,21 @@ async fn provisioner_with(
     journal: Option<Arc<Journal>>,
 ) -> Provisioner {
     let client = testing::client(log, move |call| objects.answer(call));
-    let driver = FakeController::new(log.clone()).serve(dir).await;
-    let (claims, mut claims_writer) = reflector::store();
-    claims_writer.apply_watcher_event(&Event::Apply(object::<PersistentVolumeClaim>(&claim())));
-    let (classes, mut classes_writer) = reflector::store();
-    classes_writer.apply_watcher_event(&Event::Apply(object::<StorageClass>(&class())));
-    let queues = Queues::new(Backoff {
-        start: Duration::from_secs(1),
-        max: Duration::from_secs(10),
-    });
-    Provisioner {
-        client: client.clone(),
-        critical: client.clone(),
-        bookkeeping: client.clone(),
-        driver,
+    Fixture {
+        client,
+        driver: FakeController::new(log.clone()).serve(dir).await,
         config: ProvisionerConfig {
             driver_name: DRIVER.into(),
             immediate_topology: true,
             ..Default::default()
         },
         caps: DriverCapabilities::default(),
-        timeout: Duration::from_secs(10),
-        caches: Caches {
-            claims: Arc::new(Cached::new(claims)),
-            classes,
-            volumes: Arc::new(Cached::new(reflector::store().0)),
-            csi_nodes: reflector::store().0,
-            nodes: reflector::store().0,
-            attachments: reflector::store().0,
-        },
-        claims: queues.claims,
-        volumes: queues.volumes,
-        intents: queues.intents,
+        claims: fixture::store(&[claim()]),
+        classes: fixture::store(&[class()]),
+        volumes: fixture::store(&[]),
         journal,
-        holds: Holds::default(),
-        cloning: queues.cloning,
-        calls: Semaphore::new(1),
-        recorder: Recorder::new(
-            client,
-            Reporter {
-                controller: "external-provisioner".into(),
-                instance: None,
-            },
-        ),
-        metrics: Arc::new(OperationMetrics::default()),
     }
+    .provisioner()
 }
 
 fn key() -> ClaimKey {

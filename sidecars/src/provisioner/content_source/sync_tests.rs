@@ -3,26 +3,19 @@
 //! CreateVolume call, and that a refused source creates nothing.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use csiops_proto::csi::v1::{CreateVolumeResponse, Volume};
 use csiops_runtime::testing::{self, Log};
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use k8s_openapi::api::storage::v1::StorageClass;
-use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{self, ObjectRef};
-use kube::runtime::watcher::Event;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::runtime::reflector::ObjectRef;
 use serde_json::{json, Value};
-use tokio::sync::Semaphore;
 
-use super::super::controller::{Caches, Provisioner, Queues};
+use super::super::controller::Provisioner;
 use super::super::decide::STORAGE_PROVISIONER_ANNOTATION;
-use super::super::metrics::OperationMetrics;
+use super::super::fixture::{self, Fixture};
 use super::super::plan::{DriverCapabilities, ProvisionerConfig};
 use super::*;
-use crate::common::cache::Cached;
 use crate::common::fake_csi::FakeController;
-use crate::common::workqueue::Backoff;
 
 const DRIVER: &str = "fake.csi.csiops.dev";
 const CLAIM: &str = "/api/v1/namespaces/ns/persistentvolumeclaims/c1";
@@ -100,10 +93,6 @@ fn class() -> Value {
     })
 }
 
-fn object<K: serde::de::DeserializeOwned>(v: &Value) -> K {
-    serde_json::from_value(v.clone()).expect("a valid object")
-}
-
 /// A provisioner whose API server holds `objects`, with `claims` and `pvs`
 /// in its caches; the fake driver answers CreateVolume with a volume of
 /// `content`.
@@ -128,26 +117,9 @@ async fn provisioner(
             }),
         })
     });
-    let driver = fake.serve(dir).await;
-    let (claims_store, mut claims_writer) = reflector::store();
-    for c in claims {
-        claims_writer.apply_watcher_event(&Event::Apply(object::<PersistentVolumeClaim>(c)));
-    }
-    let (volumes, mut volumes_writer) = reflector::store();
-    for pv in pvs {
-        volumes_writer.apply_watcher_event(&Event::Apply(object::<PersistentVolume>(pv)));
-    }
-    let (classes, mut classes_writer) = reflector::store();
-    classes_writer.apply_watcher_event(&Event::Apply(object::<StorageClass>(&class())));
-    let queues = Queues::new(Backoff {
-        start: Duration::from_secs(1),
-        max: Duration::from_secs(10),
-    });
-    Provisioner {
-        client: client.clone(),
-        critical: client.clone(),
-        bookkeeping: client.clone(),
-        driver,
+    Fixture {
+        client,
+        driver: fake.serve(dir).await,
         config: ProvisionerConfig {
             driver_name: DRIVER.into(),
             prevent_volume_mode_conversion: true,
@@ -158,33 +130,14 @@ async fn provisioner(
             clone_volume: true,
             ..Default::default()
         },
-        timeout: Duration::from_secs(10),
-        caches: Caches {
-            claims: Arc::new(Cached::new(claims_store)),
-            classes,
-            volumes: Arc::new(Cached::new(volumes)),
-            csi_nodes: reflector::store().0,
-            nodes: reflector::store().0,
-            attachments: reflector::store().0,
-        },
-        claims: queues.claims,
-        volumes: queues.volumes,
-        cloning: queues.cloning,
-        intents: queues.intents,
+        claims: fixture::store(claims),
+        classes: fixture::store(&[class()]),
+        volumes: fixture::store(pvs),
         // The claim-finalizer fallback: these tests are about the reads
         // and writes around the content source.
         journal: None,
-        holds: Default::default(),
-        calls: Semaphore::new(1),
-        recorder: Recorder::new(
-            client,
-            Reporter {
-                controller: "external-provisioner".into(),
-                instance: None,
-            },
-        ),
-        metrics: Arc::new(OperationMetrics::default()),
     }
+    .provisioner()
 }
 
 fn key() -> ObjectRef<PersistentVolumeClaim> {

@@ -1,0 +1,88 @@
+//! A [`Provisioner`] for the sync tests: a mocked API client, a fake driver,
+//! and caches holding what each test puts there.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher::Event;
+use serde_json::Value;
+use tokio::sync::Semaphore;
+
+use super::controller::{Caches, Provisioner, Queues};
+use super::journal::{Holds, Journal};
+use super::metrics::OperationMetrics;
+use super::plan::{DriverCapabilities, ProvisionerConfig};
+use crate::common::cache::Cached;
+use crate::common::driver::Driver;
+use crate::common::workqueue::Backoff;
+
+/// A store holding `objects` (JSON, as the API server returns them).
+pub fn store<K>(objects: &[Value]) -> Store<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + 'static,
+{
+    let (reader, mut writer) = reflector::store();
+    for o in objects {
+        let obj: K = serde_json::from_value(o.clone()).expect("a valid object");
+        writer.apply_watcher_event(&Event::Apply(obj));
+    }
+    reader
+}
+
+/// What a test chooses; everything else is the same in every sync test.
+pub struct Fixture {
+    pub client: kube::Client,
+    pub driver: Driver,
+    pub config: ProvisionerConfig,
+    pub caps: DriverCapabilities,
+    pub claims: Store<PersistentVolumeClaim>,
+    pub classes: Store<StorageClass>,
+    pub volumes: Store<PersistentVolume>,
+    /// `None`: the claim-finalizer fallback.
+    pub journal: Option<Arc<Journal>>,
+}
+
+impl Fixture {
+    pub fn provisioner(self) -> Provisioner {
+        let queues = Queues::new(Backoff {
+            start: Duration::from_secs(1),
+            max: Duration::from_secs(10),
+        });
+        Provisioner {
+            client: self.client.clone(),
+            critical: self.client.clone(),
+            bookkeeping: self.client.clone(),
+            driver: self.driver,
+            config: self.config,
+            caps: self.caps,
+            timeout: Duration::from_secs(10),
+            caches: Caches {
+                claims: Arc::new(Cached::new(self.claims)),
+                classes: self.classes,
+                volumes: Arc::new(Cached::new(self.volumes)),
+                csi_nodes: reflector::store().0,
+                nodes: reflector::store().0,
+                attachments: reflector::store().0,
+            },
+            claims: queues.claims,
+            volumes: queues.volumes,
+            intents: queues.intents,
+            journal: self.journal,
+            holds: Holds::default(),
+            cloning: queues.cloning,
+            calls: Semaphore::new(1),
+            recorder: Recorder::new(
+                self.client,
+                Reporter {
+                    controller: "external-provisioner".into(),
+                    instance: None,
+                },
+            ),
+            metrics: Arc::new(OperationMetrics::default()),
+        }
+    }
+}
