@@ -20,7 +20,9 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
 use kube::ResourceExt;
 use serde_json::json;
 
@@ -117,6 +119,10 @@ impl Snapshotter {
     }
 }
 
+/// The provisioner's finalizer on a VolumeSnapshot being restored.
+const SOURCE_PROTECTION: &str =
+    "provisioner.storage.kubernetes.io/volumesnapshot-as-source-protection";
+
 fn snapshot_api(client: &kube::Client, kind: &str) -> Api<DynamicObject> {
     let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
         "snapshot.storage.k8s.io",
@@ -173,9 +179,13 @@ async fn restores_snapshots_and_clones_claims() {
         .await
         .expect("cluster");
     // CreateVolume takes a second, so the clone is seen pending.
-    let mut bed = ProvisionerBed::start(&cluster, &["--delay=CreateVolume=1s"], &[])
-        .await
-        .expect("provisioner bed");
+    let mut bed = ProvisionerBed::start(
+        &cluster,
+        &["--delay=CreateVolume=1s"],
+        &["--snapshot-orphan-sweep-interval=1s"],
+    )
+    .await
+    .expect("provisioner bed");
     let _snapshotter = Snapshotter::start(&cluster, bed.driver.socket()).await;
     let client = cluster.client().expect("client");
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NS);
@@ -272,6 +282,13 @@ async fn restores_snapshots_and_clones_claims() {
             .map(|v| v.content_source.clone()),
         Some(Some(ContentSource::Snapshot(snapshot_id.clone()))),
         "the driver was asked to restore the snapshot"
+    );
+    // The source-protection finalizer came off once the PV existed.
+    let snap = snapshots.get("snap").await.expect("snapshot");
+    assert!(
+        !snap.finalizers().iter().any(|f| f == SOURCE_PROTECTION),
+        "{:?}",
+        snap.finalizers()
     );
 
     // Too small for the snapshot: refused before any CreateVolume, with an
@@ -390,16 +407,40 @@ async fn restores_snapshots_and_clones_claims() {
     .await
     .expect("the second source gone once its clone is Bound");
 
+    // A source-protection finalizer left behind (as by a crash) comes off
+    // with the orphan sweep once no pending claim restores the snapshot.
+    claims
+        .delete("too-small", &DeleteParams::default())
+        .await
+        .expect("delete small claim");
+    let mut finalizers_now = snapshots
+        .get("snap")
+        .await
+        .expect("snapshot")
+        .finalizers()
+        .to_vec();
+    finalizers_now.push(SOURCE_PROTECTION.to_string());
+    snapshots
+        .patch(
+            "snap",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": finalizers_now}})),
+        )
+        .await
+        .expect("an orphaned finalizer");
+    wait_for(DEADLINE, POLL, || async {
+        let s = snapshots.get("snap").await.ok()?;
+        (!s.finalizers().iter().any(|f| f == SOURCE_PROTECTION)).then_some(())
+    })
+    .await
+    .expect("the orphan sweep takes the finalizer off");
+
     // Deleting the source is not blocked (the snapshot goes first, so
     // snapshot-controller's own source protection is not in the way).
     snapshots
         .delete("snap", &DeleteParams::default())
         .await
         .expect("delete snapshot");
-    claims
-        .delete("too-small", &DeleteParams::default())
-        .await
-        .expect("delete small claim");
     claims
         .delete("data", &DeleteParams::default())
         .await

@@ -76,7 +76,7 @@ const PROVISIONER: &[Flag] = &[
     ("retry-interval-max", Value("5m"), No),
     ("worker-threads", Value("100"), No),
     ("cloning-protection-threads", Value("1"), No),
-    ("snapshot-orphan-sweep-interval", Value("5m"), Yes),
+    ("snapshot-orphan-sweep-interval", Value("5m"), No),
     ("capacity-threads", Value("1"), No),
     ("timeout", Value("10s"), No),
     ("strict-topology", Bool, No),

@@ -71,7 +71,8 @@ pub const PROVISIONER_GRANTS: &[Grant] = &[
     grant(STORAGE, "volumeattachments", READ),
     grant("", "secrets", &["get"]),
     grant("events.k8s.io", "events", &["create", "patch"]),
-    grant(SNAPSHOT, "volumesnapshots", &["get"]),
+    // get to restore; list and patch for the source-protection finalizer.
+    grant(SNAPSHOT, "volumesnapshots", &["get", "list", "patch"]),
     grant(SNAPSHOT, "volumesnapshotcontents", &["get"]),
     grant("gateway.networking.k8s.io", "referencegrants", &["list"]),
 ];

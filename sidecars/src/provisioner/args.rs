@@ -86,6 +86,12 @@ pub struct ProvisionerArgs {
     #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub prevent_volume_mode_conversion: bool,
 
+    /// How often VolumeSnapshots still carrying our source-protection
+    /// finalizer with no pending restore of them lose it; 0 turns the
+    /// sweep off (see `snapshot_protection`).
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub snapshot_orphan_sweep_interval: Duration,
+
     /// Node deployment (a provisioner per node for node-local volumes) is
     /// not implemented: `false` is accepted, `true` refused, since ignoring
     /// it would have every node's provisioner act on every claim.
@@ -106,10 +112,6 @@ pub struct ProvisionerArgs {
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = IGNORED_HEADING)]
 pub struct IgnoredProvisionerArgs {
-    /// Ignored: the VolumeSnapshot source-protection finalizer whose
-    /// orphans this sweeps is not set by this provisioner.
-    #[arg(long, value_parser = parse_duration, help_heading = IGNORED_HEADING)]
-    pub snapshot_orphan_sweep_interval: Option<Duration>,
     /// Ignored: node deployment is not implemented (see --node-deployment).
     #[arg(long, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set, help_heading = IGNORED_HEADING)]
     pub node_deployment_immediate_binding: Option<bool>,
@@ -233,6 +235,7 @@ impl ProvisionerArgs {
             cross_namespace_data_source: checked.gates.cross_namespace_volume_data_source,
             prevent_volume_mode_conversion: self.prevent_volume_mode_conversion,
             cloning_protection_threads: self.cloning_protection_threads,
+            snapshot_orphan_sweep_interval: self.snapshot_orphan_sweep_interval,
             // Upstream's "<start time>-<random>-<driver>"; the pid stands
             // in for the random part.
             identity: Some(format!("{millis}-{}-{driver}", std::process::id())),

@@ -28,7 +28,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 use tonic::{Code, Status};
 
-use super::content_source::ResolveError;
+use super::content_source::{ResolveError, SourceKind};
 use super::controller::{ClaimKey, Provisioner};
 use super::decide::{self, ClaimAction, CLAIM_FINALIZER};
 use super::journal::{JournalError, Record};
@@ -307,6 +307,13 @@ impl Provisioner {
             self.trim(&prepared.name);
         } else {
             self.set_claim_finalizer(&claim, false).await?;
+        }
+        // A restored snapshot may go now.
+        if let Some(r) = resolved
+            .as_ref()
+            .filter(|r| r.source.kind == SourceKind::Snapshot)
+        {
+            self.release_snapshot(&r.source).await;
         }
         self.metrics
             .succeeded(Operation::Provision, &class_name, started.elapsed());

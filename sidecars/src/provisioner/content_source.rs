@@ -14,9 +14,8 @@
 //! than it saves), and puts the cloning-protection finalizer on a source
 //! claim before the volume is created.
 //!
-//! Not done, unlike upstream v6.3: the `volumesnapshot-as-source-protection`
-//! finalizer on the VolumeSnapshot (a snapshot deleted while it is being
-//! restored fails the restore, which is retried until the claim is deleted).
+//! A restored snapshot is protected while its volume is made (see
+//! [`super::snapshot_protection`]).
 
 use std::collections::BTreeMap;
 
@@ -43,9 +42,9 @@ pub const CLAIM_KIND: &str = "PersistentVolumeClaim";
 /// Upstream's finalizer on a clone's source claim: the source cannot go
 /// while a clone of it is being created.
 pub const CLONE_FINALIZER: &str = "provisioner.storage.kubernetes.io/cloning-protection";
-/// Upstream v6.3's finalizer on a VolumeSnapshot being restored (not set
-/// here, see above); a snapshot being deleted that still carries it may be
-/// restored, as upstream: an upstream provisioner had started restoring it.
+/// Upstream v6.3's finalizer on a VolumeSnapshot being restored (see
+/// `snapshot_protection`); a snapshot being deleted that still carries it
+/// may be restored, as upstream: a restore of it had started.
 pub const SNAPSHOT_SOURCE_FINALIZER: &str =
     "provisioner.storage.kubernetes.io/volumesnapshot-as-source-protection";
 /// Annotation on a VolumeSnapshotContent allowing a restore into another
@@ -167,6 +166,8 @@ pub enum ContentSourceError {
     },
     #[error("cannot add finalizer {CLONE_FINALIZER} to source PVC {0}: it changed too often")]
     SourceBusy(String),
+    #[error("cannot add finalizer {SNAPSHOT_SOURCE_FINALIZER} to VolumeSnapshot {0}: it changed too often")]
+    SnapshotBusy(String),
 }
 
 /// [`ContentSourceError`] or the API call that read the objects.
@@ -656,7 +657,7 @@ pub struct Resolved {
     pub content: VolumeContentSource,
 }
 
-fn snapshot_resource(kind: &str) -> ApiResource {
+pub(super) fn snapshot_resource(kind: &str) -> ApiResource {
     ApiResource::from_gvk(&GroupVersionKind::gvk(SNAPSHOT_GROUP, "v1", kind))
 }
 
@@ -779,8 +780,8 @@ impl Provisioner {
     /// volume is created (upstream's `setCloneFinalizer`): the source then
     /// cannot go until the clone is bound (see `cloning`).
     pub(super) async fn protect_source(&self, resolved: &Resolved) -> Result<(), ResolveError> {
-        if resolved.source.kind != SourceKind::Claim {
-            return Ok(());
+        if resolved.source.kind == SourceKind::Snapshot {
+            return self.protect_snapshot(&resolved.source).await;
         }
         let source = &resolved.source;
         // Ordered with the cloning workers' removal (see `cloning`).

@@ -341,6 +341,10 @@ impl Provisioner {
         for _ in 0..INTENT_WORKERS {
             worker_tasks.spawn(self.clone().intent_worker());
         }
+        let sweep = self.config.snapshot_orphan_sweep_interval;
+        if self.caps.create_delete_snapshot && !sweep.is_zero() {
+            background.spawn(self.clone().sweep_snapshot_finalizers(sweep));
+        }
         for _ in 0..self.config.cloning_protection_threads {
             worker_tasks.spawn(self.clone().cloning_worker());
         }

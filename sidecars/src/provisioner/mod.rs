@@ -51,6 +51,7 @@ pub mod plan;
 pub mod pv;
 pub mod quantity;
 pub mod secrets;
+pub mod snapshot_protection;
 pub mod sweep;
 pub mod topology;
 pub mod volume;

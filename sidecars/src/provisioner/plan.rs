@@ -50,6 +50,8 @@ pub struct ProvisionerConfig {
     pub prevent_volume_mode_conversion: bool,
     /// `--cloning-protection-threads`.
     pub cloning_protection_threads: usize,
+    /// `--snapshot-orphan-sweep-interval` (zero: no sweep).
+    pub snapshot_orphan_sweep_interval: std::time::Duration,
 }
 
 /// What the driver said it can do.

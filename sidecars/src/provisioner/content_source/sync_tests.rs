@@ -159,6 +159,8 @@ fn snapshot_content() -> VolumeContentSource {
     }
 }
 
+/// The snapshot carries the source-protection finalizer from before
+/// CreateVolume until the PV exists.
 #[tokio::test]
 async fn a_restore_reads_the_snapshot_before_the_finalizer_and_the_volume() {
     let log = Log::default();
@@ -184,10 +186,28 @@ async fn a_restore_reads_the_snapshot_before_the_finalizer_and_the_volume() {
             format!("GET {SNAPSHOT}"),
             format!("GET {CONTENT}"),
             format!("PATCH {CLAIM}"),
+            format!("GET {SNAPSHOT}"),
+            format!("PATCH {SNAPSHOT}"),
             "CSI CreateVolume".to_string(),
             format!("POST {PVS}"),
             format!("PATCH {CLAIM}"),
+            format!("GET {SNAPSHOT}"),
+            format!("PATCH {SNAPSHOT}"),
         ]
+    );
+    let patches: Vec<Value> = log
+        .calls()
+        .into_iter()
+        .filter(|c| c.method == "PATCH" && c.path == SNAPSHOT)
+        .map(|c| c.body)
+        .collect();
+    assert_eq!(
+        patches[0]["metadata"]["finalizers"],
+        json!([SNAPSHOT_SOURCE_FINALIZER])
+    );
+    assert_eq!(
+        patches[1][1],
+        json!({"op": "remove", "path": "/metadata/finalizers/0"})
     );
 }
 
