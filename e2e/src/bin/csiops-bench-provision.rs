@@ -106,6 +106,25 @@ struct Outcome {
     left: usize,
 }
 
+/// How many PVs of `driver` exist.
+async fn driver_pvs(
+    pvs: &Api<PersistentVolume>,
+    driver: &str,
+) -> Result<usize, Box<dyn std::error::Error>> {
+    Ok(pvs
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter(|pv| {
+            pv.spec
+                .as_ref()
+                .and_then(|s| s.csi.as_ref())
+                .is_some_and(|c| c.driver == driver)
+        })
+        .count())
+}
+
 /// Writes to the kinds a provisioning touches, by anyone.
 async fn writes(client: &kube::Client) -> Result<f64, Box<dyn std::error::Error>> {
     let mut kinds = Vec::new();
@@ -305,22 +324,8 @@ async fn run_one(
     // is Bound (kube-controller-manager's binding on top).
     let mut created: Option<Duration> = None;
     loop {
-        if created.is_none() {
-            let made = pvs
-                .list(&ListParams::default())
-                .await?
-                .items
-                .iter()
-                .filter(|pv| {
-                    pv.spec
-                        .as_ref()
-                        .and_then(|s| s.csi.as_ref())
-                        .is_some_and(|c| c.driver == driver_name)
-                })
-                .count();
-            if made == args.claims {
-                created = Some(t0.elapsed());
-            }
+        if created.is_none() && driver_pvs(&pvs, &driver_name).await? == args.claims {
+            created = Some(t0.elapsed());
         }
         let list = pvcs.list(&ListParams::default()).await?;
         let bound = list
@@ -356,17 +361,7 @@ async fn run_one(
             .await?;
     }
     loop {
-        let list = pvs.list(&ListParams::default()).await?;
-        let left = list
-            .items
-            .iter()
-            .filter(|pv| {
-                pv.spec
-                    .as_ref()
-                    .and_then(|s| s.csi.as_ref())
-                    .is_some_and(|c| c.driver == driver_name)
-            })
-            .count();
+        let left = driver_pvs(&pvs, &driver_name).await?;
         if left == 0 {
             break;
         }
