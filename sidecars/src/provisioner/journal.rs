@@ -299,12 +299,29 @@ impl Drop for Hold<'_> {
 
 type Waiter = oneshot::Sender<Result<(), JournalError>>;
 
+/// An intent as the ConfigMap holds it.
+struct Written {
+    record: Record,
+    /// Its value in the ConfigMap (encoded once).
+    json: String,
+}
+
+impl Written {
+    fn new(record: Record) -> Written {
+        let json = record.encode();
+        Written { record, json }
+    }
+}
+
+/// Bytes the ConfigMap's `data` takes for these entries.
+fn data_size(entries: &BTreeMap<String, Written>) -> usize {
+    entries.iter().map(|(k, w)| k.len() + w.json.len()).sum()
+}
+
 #[derive(Default)]
 struct State {
     /// What the ConfigMap holds, as of our last write.
-    entries: BTreeMap<String, Record>,
-    /// Sum of key and value lengths of `entries`.
-    size: usize,
+    entries: BTreeMap<String, Written>,
     /// Intents for the next write, with whoever waits for them.
     adds: BTreeMap<String, (Record, Vec<Waiter>)>,
     /// Trims for the next write.
@@ -374,10 +391,10 @@ impl Journal {
             Err(e) => return Err(forbidden_or(e, "get", namespace, name)),
         };
         let (entries, bad) = parse_entries(&cm);
-        let size = entries
-            .iter()
-            .map(|(k, r)| k.len() + r.encode().len())
-            .sum();
+        let entries = entries
+            .into_iter()
+            .map(|(k, r)| (k, Written::new(r)))
+            .collect();
         let journal = Journal {
             namespace: namespace.to_string(),
             name: name.to_string(),
@@ -385,7 +402,6 @@ impl Journal {
             bookkeeping: Api::namespaced(bookkeeping, namespace),
             state: Mutex::new(State {
                 entries,
-                size,
                 ..Default::default()
             }),
             wake: Notify::new(),
@@ -423,7 +439,7 @@ impl Journal {
         if state.trims.contains(name) || state.trimming.contains(name) {
             return None;
         }
-        state.entries.get(name).cloned()
+        state.entries.get(name).map(|w| w.record.clone())
     }
 
     /// Records the intent and returns once it is written. An identical
@@ -436,7 +452,7 @@ impl Journal {
                 return Err(JournalError::Closed);
             }
             state.trims.remove(name);
-            if state.entries.get(name) == Some(&record)
+            if state.entries.get(name).is_some_and(|w| w.record == record)
                 && !state.adds.contains_key(name)
                 && !state.trimming.contains(name)
             {
@@ -534,22 +550,27 @@ impl Journal {
     /// answered with the error and retried by their claims' syncs; trims
     /// go back for the next write).
     async fn write(&self, mut batch: Batch) -> bool {
+        let mut written: BTreeMap<String, Written> = batch
+            .adds
+            .iter()
+            .map(|(name, (record, _))| (name.clone(), Written::new(record.clone())))
+            .collect();
         // Over budget: refuse the newest intents, keep trims.
         {
             let state = self.state();
-            let mut size = state.size;
+            let mut size = data_size(&state.entries);
             for t in &batch.trims {
-                if let Some(r) = state.entries.get(t) {
-                    size = size.saturating_sub(t.len() + r.encode().len());
+                if let Some(w) = state.entries.get(t) {
+                    size = size.saturating_sub(t.len() + w.json.len());
                 }
             }
             let mut refused = Vec::new();
-            for (name, (record, _)) in &batch.adds {
+            for (name, w) in &written {
                 let old = state
                     .entries
                     .get(name)
-                    .map_or(0, |r| name.len() + r.encode().len());
-                let new = name.len() + record.encode().len();
+                    .map_or(0, |o| name.len() + o.json.len());
+                let new = name.len() + w.json.len();
                 if size.saturating_sub(old) + new > SIZE_BUDGET {
                     refused.push(name.clone());
                 } else {
@@ -558,6 +579,7 @@ impl Journal {
             }
             let entries = state.entries.len();
             for name in refused {
+                written.remove(&name);
                 if let Some((_, waiters)) = batch.adds.remove(&name) {
                     for w in waiters {
                         let _ = w.send(Err(JournalError::Full {
@@ -577,8 +599,8 @@ impl Journal {
         for t in &batch.trims {
             data.insert(t.clone(), serde_json::Value::Null);
         }
-        for (name, (record, _)) in &batch.adds {
-            data.insert(name.clone(), serde_json::Value::String(record.encode()));
+        for (name, w) in &written {
+            data.insert(name.clone(), serde_json::Value::String(w.json.clone()));
         }
         let patch = serde_json::json!({ "data": data });
         let api = if batch.adds.is_empty() {
@@ -597,7 +619,7 @@ impl Journal {
                 state
                     .entries
                     .iter()
-                    .map(|(k, r)| (k.clone(), r.encode()))
+                    .map(|(k, w)| (k.clone(), w.json.clone()))
                     .collect()
             };
             tracing::warn!(journal = %self.display(), "the intent journal was deleted; writing it anew");
@@ -615,16 +637,10 @@ impl Journal {
                 let mut state = self.state();
                 state.trimming.clear();
                 for t in &batch.trims {
-                    if let Some(r) = state.entries.remove(t) {
-                        state.size = state.size.saturating_sub(t.len() + r.encode().len());
-                    }
+                    state.entries.remove(t);
                 }
-                for (name, (record, waiters)) in batch.adds {
-                    let len = name.len() + record.encode().len();
-                    if let Some(old) = state.entries.insert(name.clone(), record) {
-                        state.size = state.size.saturating_sub(name.len() + old.encode().len());
-                    }
-                    state.size += len;
+                state.entries.append(&mut written);
+                for (_, (_, waiters)) in batch.adds {
                     for w in waiters {
                         let _ = w.send(Ok(()));
                     }
