@@ -235,6 +235,28 @@ pub async fn wait_running(
 }
 
 /// A JSONPath of one object.
+/// The Events of `object` in `namespace`, one `reason|note` line each (the
+/// note from `note` or the core API's `message`).
+pub async fn event_lines(cluster: &Cluster, namespace: &str, object: &str) -> Vec<String> {
+    let out = cluster
+        .kubectl([
+            "get",
+            "events",
+            "-n",
+            namespace,
+            "--field-selector",
+            &format!("involvedObject.name={object}"),
+            "-o",
+            "jsonpath={range .items[*]}{.reason}|{.note}{.message}{\"\\n\"}{end}",
+        ])
+        .await
+        .expect("kubectl get events");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
 pub async fn jsonpath(cluster: &Cluster, args: &[&str], path: &str) -> Result<String> {
     let mut all: Vec<String> = args.iter().map(|s| s.to_string()).collect();
     all.push("-o".into());

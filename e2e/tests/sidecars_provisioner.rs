@@ -151,23 +151,7 @@ async fn bound(a: &Apis, name: &str) -> (PersistentVolumeClaim, PersistentVolume
 }
 
 async fn event_reasons(cluster: &Cluster, object: &str) -> Vec<String> {
-    let out = cluster
-        .kubectl([
-            "get",
-            "events",
-            "-n",
-            NS,
-            "--field-selector",
-            &format!("involvedObject.name={object}"),
-            "-o",
-            "jsonpath={range .items[*]}{.reason}|{.note}{.message}{\"\\n\"}{end}",
-        ])
-        .await
-        .expect("kubectl get events");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_string)
-        .collect()
+    testkit::event_lines(cluster, NS, object).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,7 +12,7 @@ use std::time::Duration;
 use csiops_e2e::process::ManagedProcess;
 use csiops_e2e::provisioning::{ProvisionerBed, DRIVER};
 use csiops_e2e::testdriver::state::ContentSource;
-use csiops_e2e::{wait_for, Cluster, ClusterOptions};
+use csiops_e2e::{testkit, wait_for, Cluster, ClusterOptions};
 use k8s_openapi::api::core::v1::{
     PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec, TypedLocalObjectReference,
     VolumeResourceRequirements,
@@ -154,23 +154,7 @@ fn finalizers(c: &PersistentVolumeClaim) -> Vec<String> {
 }
 
 async fn event_notes(cluster: &Cluster, object: &str) -> Vec<String> {
-    let out = cluster
-        .kubectl([
-            "get",
-            "events",
-            "-n",
-            NS,
-            "--field-selector",
-            &format!("involvedObject.name={object}"),
-            "-o",
-            "jsonpath={range .items[*]}{.reason}|{.note}{.message}{\"\\n\"}{end}",
-        ])
-        .await
-        .expect("kubectl get events");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_string)
-        .collect()
+    testkit::event_lines(cluster, NS, object).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
