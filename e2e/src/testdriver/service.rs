@@ -595,35 +595,14 @@ impl Driver {
     }
 
     fn list_volumes(&self, req: ListVolumesRequest) -> Result<ListVolumesResponse, Status> {
-        if req.max_entries < 0 {
-            return Err(Status::invalid_argument("max_entries must not be negative"));
-        }
         let state = self.tx(|s| Ok(s.clone()))?;
-        // The token is the creation sequence number to continue from, so
-        // deleting volumes between pages never shifts the next page.
-        let start: u64 = if req.starting_token.is_empty() {
-            0
-        } else {
-            match req.starting_token.parse::<u64>() {
-                Ok(n) if n <= state.next_seq => n,
-                _ => {
-                    return Err(Status::aborted(format!(
-                        "invalid starting_token {:?}",
-                        req.starting_token
-                    )))
-                }
-            }
-        };
+        let start = page_start(req.max_entries, &req.starting_token, state.next_seq)?;
         let mut vols: Vec<&Volume> = state
             .volumes_by_seq()
             .into_iter()
             .filter(|v| v.seq >= start)
             .collect();
-        let mut next_token = String::new();
-        if req.max_entries > 0 && vols.len() > req.max_entries as usize {
-            next_token = vols[req.max_entries as usize].seq.to_string();
-            vols.truncate(req.max_entries as usize);
-        }
+        let next_token = cut_page(&mut vols, req.max_entries, |v| v.seq);
         Ok(ListVolumesResponse {
             entries: vols
                 .into_iter()
@@ -715,24 +694,8 @@ impl Driver {
     }
 
     fn list_snapshots(&self, req: ListSnapshotsRequest) -> Result<ListSnapshotsResponse, Status> {
-        if req.max_entries < 0 {
-            return Err(Status::invalid_argument("max_entries must not be negative"));
-        }
         let state = self.tx(|s| Ok(s.clone()))?;
-        // Paged by creation sequence number, as ListVolumes.
-        let start: u64 = if req.starting_token.is_empty() {
-            0
-        } else {
-            match req.starting_token.parse::<u64>() {
-                Ok(n) if n <= state.next_seq => n,
-                _ => {
-                    return Err(Status::aborted(format!(
-                        "invalid starting_token {:?}",
-                        req.starting_token
-                    )))
-                }
-            }
-        };
+        let start = page_start(req.max_entries, &req.starting_token, state.next_seq)?;
         let mut snaps: Vec<&Snapshot> = state
             .snapshots
             .values()
@@ -743,11 +706,7 @@ impl Driver {
             .filter(|x| x.seq >= start)
             .collect();
         snaps.sort_by_key(|x| x.seq);
-        let mut next_token = String::new();
-        if req.max_entries > 0 && snaps.len() > req.max_entries as usize {
-            next_token = snaps[req.max_entries as usize].seq.to_string();
-            snaps.truncate(req.max_entries as usize);
-        }
+        let next_token = cut_page(&mut snaps, req.max_entries, |x| x.seq);
         Ok(ListSnapshotsResponse {
             entries: snaps
                 .into_iter()
@@ -1259,6 +1218,35 @@ csi_service!(Node {
     node_get_capabilities(NodeGetCapabilitiesRequest -> NodeGetCapabilitiesResponse) = "NodeGetCapabilities" => Driver::node_capabilities;
     node_get_info(NodeGetInfoRequest -> NodeGetInfoResponse) = "NodeGetInfo" => Driver::node_info;
 });
+
+/// Where a ListVolumes/ListSnapshots page starts. The token is the creation
+/// sequence number to continue from, so deleting entries between pages never
+/// shifts the next page.
+fn page_start(max_entries: i32, token: &str, next_seq: u64) -> Result<u64, Status> {
+    if max_entries < 0 {
+        return Err(Status::invalid_argument("max_entries must not be negative"));
+    }
+    if token.is_empty() {
+        return Ok(0);
+    }
+    match token.parse::<u64>() {
+        Ok(n) if n <= next_seq => Ok(n),
+        _ => Err(Status::aborted(format!("invalid starting_token {token:?}"))),
+    }
+}
+
+/// Cuts `entries` (in sequence order) to `max_entries` (0: all); returns the
+/// token of the next page, empty when this is the last.
+fn cut_page<T>(entries: &mut Vec<T>, max_entries: i32, seq: impl Fn(&T) -> u64) -> String {
+    let max = usize::try_from(max_entries).unwrap_or(0);
+    if max > 0 && entries.len() > max {
+        let next = seq(&entries[max]).to_string();
+        entries.truncate(max);
+        next
+    } else {
+        String::new()
+    }
+}
 
 #[cfg(test)]
 mod tests {
