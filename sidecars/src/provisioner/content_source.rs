@@ -180,7 +180,7 @@ pub enum ResolveError {
 }
 
 /// The fields of a `snapshot.storage.k8s.io/v1` VolumeSnapshot read here.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct VolumeSnapshot {
     #[serde(default)]
@@ -189,7 +189,7 @@ pub struct VolumeSnapshot {
     pub status: Option<VolumeSnapshotStatus>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct VolumeSnapshotStatus {
     pub bound_volume_snapshot_content_name: Option<String>,
@@ -655,6 +655,9 @@ pub fn clone_source_of(claim: &PersistentVolumeClaim) -> Option<ObjectRef<Persis
 pub struct Resolved {
     pub source: DataSource,
     pub content: VolumeContentSource,
+    /// The VolumeSnapshot as read for the checks (a restore only): its
+    /// source-protection finalizer is added to this copy.
+    pub snapshot: Option<VolumeSnapshot>,
 }
 
 pub(super) fn snapshot_resource(kind: &str) -> ApiResource {
@@ -663,7 +666,7 @@ pub(super) fn snapshot_resource(kind: &str) -> ApiResource {
 
 /// A GET of a custom object into the typed view of it read here; `None`
 /// when it does not exist.
-async fn get_custom<T: serde::de::DeserializeOwned>(
+pub(super) async fn get_custom<T: serde::de::DeserializeOwned>(
     api: Api<DynamicObject>,
     name: &str,
 ) -> Result<Option<T>, ResolveError> {
@@ -691,8 +694,12 @@ impl Provisioner {
         if claim.metadata.namespace.as_deref() != Some(source.namespace.as_str()) {
             self.check_grant(claim, &source).await?;
         }
-        let content = match source.kind {
-            SourceKind::Snapshot => self.snapshot_content_source(claim, class, &source).await?,
+        let (content, snapshot) = match source.kind {
+            SourceKind::Snapshot => {
+                let (content, snapshot) =
+                    self.snapshot_content_source(claim, class, &source).await?;
+                (content, Some(snapshot))
+            }
             SourceKind::Claim => {
                 let key = ObjectRef::new(&source.name).within(&source.namespace);
                 let source_claim = self
@@ -705,10 +712,17 @@ impl Provisioner {
                     .as_ref()
                     .and_then(|s| s.volume_name.as_deref())
                     .and_then(|n| self.caches.volumes.get(&ObjectRef::new(n)));
-                clone_source(claim, class, &source_claim, pv.as_deref())?
+                (
+                    clone_source(claim, class, &source_claim, pv.as_deref())?,
+                    None,
+                )
             }
         };
-        Ok(Some(Resolved { source, content }))
+        Ok(Some(Resolved {
+            source,
+            content,
+            snapshot,
+        }))
     }
 
     async fn snapshot_content_source(
@@ -716,7 +730,7 @@ impl Provisioner {
         claim: &PersistentVolumeClaim,
         class: &StorageClass,
         source: &DataSource,
-    ) -> Result<VolumeContentSource, ResolveError> {
+    ) -> Result<(VolumeContentSource, VolumeSnapshot), ResolveError> {
         let snapshots = Api::<DynamicObject>::namespaced_with(
             self.client.clone(),
             &source.namespace,
@@ -736,13 +750,14 @@ impl Provisioner {
                 content: content_name.clone(),
                 snapshot: source.name.clone(),
             })?;
-        Ok(snapshot_source(
+        let restored = snapshot_source(
             claim,
             class,
             &snapshot,
             &content,
             self.config.prevent_volume_mode_conversion,
-        )?)
+        )?;
+        Ok((restored, snapshot))
     }
 
     /// A ReferenceGrant in the source's namespace must allow the reference.
@@ -781,7 +796,9 @@ impl Provisioner {
     /// cannot go until the clone is bound (see `cloning`).
     pub(super) async fn protect_source(&self, resolved: &Resolved) -> Result<(), ResolveError> {
         if resolved.source.kind == SourceKind::Snapshot {
-            return self.protect_snapshot(&resolved.source).await;
+            return self
+                .protect_snapshot(&resolved.source, resolved.snapshot.clone())
+                .await;
         }
         let source = &resolved.source;
         // Ordered with the cloning workers' removal (see `cloning`).

@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 
 use super::content_source::{
-    self, ContentSourceError, DataSource, ResolveError, SourceKind, VolumeSnapshot,
+    self, get_custom, ContentSourceError, DataSource, ResolveError, SourceKind, VolumeSnapshot,
     SNAPSHOT_SOURCE_FINALIZER,
 };
 use super::controller::Provisioner;
@@ -74,19 +74,23 @@ fn snapshots(client: &kube::Client, namespace: Option<&str>) -> Api<DynamicObjec
     }
 }
 
-fn typed(obj: DynamicObject) -> Option<VolumeSnapshot> {
-    serde_json::to_value(obj)
-        .ok()
-        .and_then(|v| serde_json::from_value(v).ok())
-}
-
 impl Provisioner {
-    /// Puts the finalizer on the snapshot `source` names, before CreateVolume.
-    pub(super) async fn protect_snapshot(&self, source: &DataSource) -> Result<(), ResolveError> {
+    /// Puts the finalizer on the snapshot `source` names, before
+    /// CreateVolume, starting from the copy `read` while resolving it (read
+    /// again only when it changed since).
+    pub(super) async fn protect_snapshot(
+        &self,
+        source: &DataSource,
+        read: Option<VolumeSnapshot>,
+    ) -> Result<(), ResolveError> {
         let api = snapshots(&self.client, Some(&source.namespace));
+        let mut current = read;
         for _ in 0..3 {
-            let Some(snapshot) = api.get_opt(&source.name).await?.and_then(typed) else {
-                return Err(ContentSourceError::SnapshotNotFound(source.name.clone()).into());
+            let snapshot = match current.take() {
+                Some(s) => s,
+                None => get_custom(api.clone(), &source.name)
+                    .await?
+                    .ok_or_else(|| ContentSourceError::SnapshotNotFound(source.name.clone()))?,
             };
             let Some(patch) = finalizer::add(&snapshot.metadata, SNAPSHOT_SOURCE_FINALIZER) else {
                 return Ok(());
@@ -114,9 +118,8 @@ impl Provisioner {
     /// left to the orphan sweep (the volume is made, nothing waits on it).
     pub(super) async fn release_snapshot(&self, source: &DataSource) {
         let api = snapshots(&self.client, Some(&source.namespace));
-        let snapshot = match api.get_opt(&source.name).await {
-            Ok(Some(obj)) => typed(obj),
-            Ok(None) => None,
+        let snapshot = match get_custom::<VolumeSnapshot>(api, &source.name).await {
+            Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the restored snapshot; the orphan sweep will release it");
                 None
@@ -160,7 +163,12 @@ impl Provisioner {
         loop {
             tokio::time::sleep(interval).await;
             let listed = match api.list(&ListParams::default()).await {
-                Ok(list) => list.items.into_iter().filter_map(typed).collect::<Vec<_>>(),
+                Ok(list) => list
+                    .items
+                    .into_iter()
+                    .filter_map(|o| serde_json::to_value(o).ok())
+                    .filter_map(|v| serde_json::from_value(v).ok())
+                    .collect::<Vec<VolumeSnapshot>>(),
                 Err(kube::Error::Api(s)) if s.code == 403 || s.is_not_found() => {
                     tracing::info!(error = %s.message, "snapshot source-protection sweep off");
                     return;

@@ -186,7 +186,7 @@ async fn a_restore_reads_the_snapshot_before_the_finalizer_and_the_volume() {
             format!("GET {SNAPSHOT}"),
             format!("GET {CONTENT}"),
             format!("PATCH {CLAIM}"),
-            format!("GET {SNAPSHOT}"),
+            // The finalizer goes on the copy read for the checks.
             format!("PATCH {SNAPSHOT}"),
             "CSI CreateVolume".to_string(),
             format!("POST {PVS}"),
