@@ -294,3 +294,25 @@ async fn a_journal_deleted_behind_our_back_is_written_anew_with_all_it_held() {
     assert_eq!(cm["metadata"]["labels"][JOURNAL_LABEL], json!("true"));
     stop.cancel();
 }
+
+#[tokio::test]
+async fn an_intent_beyond_the_size_budget_is_refused_and_the_journal_keeps_the_rest() {
+    let log = Log::default();
+    let objects = testing::Objects::default();
+    let journal = open(&log, objects.clone()).await;
+    let stop = CancellationToken::new();
+    tokio::spawn(journal.clone().run_writer(stop.clone()));
+    journal.record("pvc-a", record("a")).await.expect("a fits");
+    let mut huge = record("h");
+    huge.request = k8s_openapi::ByteString(vec![0; SIZE_BUDGET]);
+    let err = journal.record("pvc-h", huge).await.expect_err("too big");
+    assert!(
+        matches!(err, JournalError::Full { entries: 1, .. }),
+        "{err}"
+    );
+    assert_eq!(journal.names(), vec!["pvc-a".to_string()]);
+    let cm = objects.get(CM).expect("cm");
+    let keys: Vec<&String> = cm["data"].as_object().expect("data").keys().collect();
+    assert_eq!(keys, ["pvc-a"]);
+    stop.cancel();
+}
