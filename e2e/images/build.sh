@@ -16,6 +16,9 @@
 #   csi-test-driver.tar   ghcr.io/csiops/csi-test-driver:v<version>  TEST_DRIVER_IMAGE
 #   pause.tar             $PAUSE_IMAGE of e2e/versions.env          PAUSE_IMAGE
 #
+# and sidecar-bin/, the two binaries of the sidecar image as they are in it
+# (csiops-sidecar, and csiops-node-sidecar built with `--profile node`).
+#
 # <version> is the workspace version (Cargo.toml). The operator and sidecar
 # refs are exactly the ones operator/src/install.rs (manifests/install.yaml)
 # and the operator's --sidecar-image default (operator/src/cli.rs) name;
@@ -49,7 +52,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 VERSIONS_ENV="$ROOT/e2e/versions.env"
 
-RECIPE=1 # bump when the build flags, the Dockerfile arguments or the layout change
+RECIPE=2 # bump when the build flags, the Dockerfile arguments or the layout change
 TARGET=x86_64-unknown-linux-musl
 MUSL_CC=x86_64-linux-musl-gcc
 IMAGES=(csiops-operator csiops-sidecar csi-test-driver pause)
@@ -170,6 +173,7 @@ dir_ok() {
   local dir="$1" i
   [[ -f "$dir/.complete" && -s "$dir/refs.env" ]] || return 1
   for i in "${IMAGES[@]}"; do [[ -s "$dir/$i.tar" ]] || return 1; done
+  [[ -x "$dir/sidecar-bin/csiops-sidecar" && -x "$dir/sidecar-bin/csiops-node-sidecar" ]]
 }
 
 # The archive's index must name the image with the full ref: `ctr images
@@ -198,6 +202,14 @@ build_into() {
     -p csiops-sidecars --bin csiops-sidecar \
     -p csiops-e2e --bin csi-test-driver) >&2 || die "cargo build failed"
   local bin_dir="$target_dir/$TARGET/release"
+  # The node roles' binary, built for size and without position independence
+  # (no relocations to apply at start, so the read-only data stays clean and
+  # shared with the file, as upstream's Go binaries are): sidecars/src/entry.rs.
+  log "cargo build --profile node --target $TARGET (csiops-node-sidecar)"
+  (cd "$ROOT" && CARGO_TARGET_DIR="$target_dir" RUSTFLAGS="-C relocation-model=static" \
+    cargo build --profile node --locked --target "$TARGET" \
+    -p csiops-sidecars --bin csiops-node-sidecar) >&2 || die "cargo build (node) failed"
+  local node_bin_dir="$target_dir/$TARGET/node"
 
   local pause_version="${PAUSE_IMAGE##*:}"
   mkdir -p "$WORK/ctx/pause"
@@ -211,22 +223,28 @@ build_into() {
     ref="$(ref_of "$i")"
     if [[ "$i" != pause ]]; then
       mkdir -p "$WORK/ctx/$i"
-      bin="$i"
-      cp "$bin_dir/$bin" "$WORK/ctx/$i/$bin"
-      # The images have no debug use for symbols; keep them small.
-      strip "$WORK/ctx/$i/$bin"
+      cp "$bin_dir/$i" "$WORK/ctx/$i/$i"
+      [[ "$i" == csiops-sidecar ]] && cp "$node_bin_dir/csiops-node-sidecar" "$WORK/ctx/$i/"
+      for bin in "$WORK/ctx/$i"/*; do
+        # The images have no debug use for symbols; keep them small.
+        strip "$bin"
+      done
     fi
     local version="$VERSION"
     [[ "$i" == pause ]] && version="$pause_version"
     log "buildah bud $ref"
     buildah "${storage[@]}" bud --quiet --format oci --timestamp "$created" \
-      --build-arg BIN_DIR=. --build-arg VERSION="$version" --build-arg REVISION="$revision" \
+      --build-arg BIN_DIR=. --build-arg NODE_BIN_DIR=. --build-arg VERSION="$version" --build-arg REVISION="$revision" \
       -f "$(dockerfile_of "$i")" -t "$ref" "$WORK/ctx/$i" >&2 || die "buildah bud $ref failed"
     buildah "${storage[@]}" push --quiet "$ref" "oci-archive:$out/$i.tar:$ref" >&2 ||
       die "buildah push $ref failed"
     check_ref_name "$out/$i.tar" "$ref"
   done
   buildah "${storage[@]}" rmi --all >/dev/null 2>&1 || true
+  # The sidecar image's binaries as they are in it, for the node-memory
+  # bench (e2e/bench/README.md) and the e2e that runs them outside a pod.
+  mkdir -p "$out/sidecar-bin"
+  cp "$WORK/ctx/csiops-sidecar/"* "$out/sidecar-bin/"
 
   print_refs >"$out/refs.env"
   touch "$out/.complete"

@@ -213,7 +213,29 @@ pub fn terminate_all(procs: &mut [ManagedProcess], grace: Duration) {
 /// reaped, e.g. reparented to a pid 1 that never reaps) counts as dead.
 /// `VmRSS` and `VmHWM` (peak) of a process, in KiB, for benchmarks.
 pub fn memory_kib(pid: u32) -> Option<(u64, u64)> {
+    let m = memory_detail_kib(pid)?;
+    Some((m.rss, m.hwm))
+}
+
+/// A process's resident memory from `/proc/<pid>/status`, in KiB.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Memory {
+    /// VmRSS: everything resident now.
+    pub rss: u64,
+    /// VmHWM: the peak of VmRSS.
+    pub hwm: u64,
+    /// RssAnon: heap, stacks and other private memory.
+    pub anon: u64,
+    /// RssFile: pages of mapped files (the binary's code and data).
+    pub file: u64,
+}
+
+pub fn memory_detail_kib(pid: u32) -> Option<Memory> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    parse_status_memory(&status)
+}
+
+fn parse_status_memory(status: &str) -> Option<Memory> {
     let field = |name: &str| {
         status
             .lines()
@@ -221,7 +243,12 @@ pub fn memory_kib(pid: u32) -> Option<(u64, u64)> {
             .and_then(|l| l.split_whitespace().nth(1))
             .and_then(|v| v.parse().ok())
     };
-    Some((field("VmRSS:")?, field("VmHWM:")?))
+    Some(Memory {
+        rss: field("VmRSS:")?,
+        hwm: field("VmHWM:")?,
+        anon: field("RssAnon:")?,
+        file: field("RssFile:")?,
+    })
 }
 
 pub fn pid_alive(pid: u32) -> bool {
@@ -362,5 +389,24 @@ mod tests {
         std::fs::write(&f, "a\nb\nc\nd\n").unwrap();
         assert_eq!(log_tail(&f, 2), "c\nd");
         assert_eq!(log_tail(&f, 10), "a\nb\nc\nd");
+    }
+
+    #[test]
+    fn status_memory_fields_are_read_in_kib() {
+        let status = "Name:\tx\nVmHWM:\t   9000 kB\nVmRSS:\t    8000 kB\nRssAnon:\t    1500 kB\nRssFile:\t    6500 kB\nRssShmem:\t 0 kB\n";
+        let m = parse_status_memory(status).unwrap();
+        assert_eq!(
+            m,
+            Memory {
+                rss: 8000,
+                hwm: 9000,
+                anon: 1500,
+                file: 6500
+            }
+        );
+        assert_eq!(parse_status_memory("VmRSS:\t1 kB\n"), None);
+        // And this process's own status parses.
+        let own = memory_detail_kib(std::process::id()).unwrap();
+        assert!(own.rss > 0 && own.hwm >= own.rss);
     }
 }

@@ -5,7 +5,8 @@
 //! only, the registrar's `--health-port` and the liveness probe's.
 //!
 //! kubelet registers the driver (kubelet itself writes the CSINode entry),
-//! the registrar and liveness probe keep running without restarts while
+//! the image's entrypoint hands both roles to its node binary, the
+//! registrar and liveness probe keep running without restarts while
 //! kubelet probes them, the registrar's /healthz answers 200, and its log
 //! says once why its CSINode maintenance is off.
 //!
@@ -14,7 +15,7 @@
 
 use std::time::Duration;
 
-use csiops_e2e::realnode::{images, NODE_NAME};
+use csiops_e2e::realnode::{host, images, NODE_NAME};
 use csiops_e2e::{testkit, wait_for, Cluster, ClusterOptions};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::storage::v1::CSINode;
@@ -224,6 +225,19 @@ async fn upstream_style_registrar_without_rbac_registers_and_stays_up() {
             s.name,
             s.state
         );
+    }
+
+    // The image's entrypoint (csiops-sidecar) handed both node roles to the
+    // small node binary: that is what runs in those containers.
+    for s in &statuses {
+        let id = s.container_id.as_deref().expect("container ID");
+        let exe = host::container_exe(id)
+            .unwrap_or_else(|| panic!("no process of container {} ({id})", s.name));
+        let expected = match s.name.as_str() {
+            "csi-driver" => "/csi-test-driver",
+            _ => "/csiops-node-sidecar",
+        };
+        assert_eq!(exe, expected, "container {} runs {exe}", s.name);
     }
 
     // Its log says once, and why, that CSINode maintenance is off: the

@@ -5,6 +5,7 @@
 pub mod attacher;
 pub mod cli;
 pub mod common;
+pub mod entry;
 pub mod liveness;
 pub mod provisioner;
 pub mod registrar;

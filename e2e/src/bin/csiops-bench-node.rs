@@ -15,7 +15,7 @@
 use std::time::Duration;
 
 use csiops_e2e::node_side::{kubelet_register, registration_socket, start_mock_driver};
-use csiops_e2e::process::{memory_kib, ManagedProcess};
+use csiops_e2e::process::{memory_detail_kib, ManagedProcess};
 use csiops_e2e::{free_port, sidecar_bin, wait_for, Cluster, ClusterOptions};
 
 fn probe(port: u16) -> bool {
@@ -187,8 +187,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if up_liveness.is_some() {
         println!("upstream livenessprobe answered 200: {up_probes}/20");
     }
-    println!("\n| process | VmRSS idle (MiB) | VmHWM peak (MiB) |");
-    println!("|---|---|---|");
+    println!(
+        "\n| process | VmRSS idle (MiB) | of it file-backed (RssFile) | anonymous (RssAnon) | VmHWM peak (MiB) |"
+    );
+    println!("|---|---|---|---|---|");
     let mut rows = vec![
         ("csiops-sidecar registrar", registrar.pid()),
         ("csiops-sidecar liveness-probe", liveness.pid()),
@@ -200,11 +202,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         rows.push(("upstream livenessprobe", p.pid()));
     }
     for (name, pid) in rows {
-        let (rss, hwm) = memory_kib(pid).ok_or("process gone")?;
+        let m = memory_detail_kib(pid).ok_or("process gone")?;
+        let mib = |kib: u64| kib as f64 / 1024.0;
         println!(
-            "| {name} | {:.1} | {:.1} |",
-            rss as f64 / 1024.0,
-            hwm as f64 / 1024.0
+            "| {name} | {:.1} | {:.1} | {:.1} | {:.1} |",
+            mib(m.rss),
+            mib(m.file),
+            mib(m.anon),
+            mib(m.hwm)
         );
     }
     drop(registrar);

@@ -227,6 +227,28 @@ pub fn processes_mentioning(needle: &str) -> Vec<(u32, String)> {
         .collect()
 }
 
+/// The executable a running container runs, as the container sees it
+/// (`/proc/<pid>/exe` of a process in the container's cgroup, which kubelet
+/// names after the container ID). `container_id` is the pod status's
+/// `containerID` (`containerd://<id>`) or the bare ID.
+pub fn container_exe(container_id: &str) -> Option<String> {
+    let id = container_id.rsplit("://").next()?;
+    if id.is_empty() {
+        return None;
+    }
+    let rd = std::fs::read_dir("/proc").ok()?;
+    rd.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .find_map(|pid| {
+            let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+            if !cgroup.contains(id) {
+                return None;
+            }
+            let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+            Some(exe.to_string_lossy().into_owned())
+        })
+}
+
 /// The `KUBE-*` chains in the IPv4 and IPv6 tables.
 pub fn kube_chains() -> Vec<String> {
     ["iptables-save", "ip6tables-save"]

@@ -1,0 +1,153 @@
+//! What both binaries do around a role: logging set up from the role's
+//! flags, the start-up messages, the exit code, and the hand-off of the node
+//! roles from `csiops-sidecar` to `csiops-node-sidecar`.
+//!
+//! Why two binaries: the registrar and the liveness probe run on every node,
+//! and most of a sidecar's idle memory is the binary's own code mapped from
+//! the file (the kernel maps 64 KiB around every page touched). The node
+//! binary carries only the node roles and is built for size
+//! (`[profile.node]` in the workspace `Cargo.toml`), so it maps a fraction
+//! of what the full binary does. The image ships both, and its entrypoint
+//! stays `csiops-sidecar`: a manifest that names the role, or an upstream
+//! manifest whose flags imply it, starts the node binary in place of itself
+//! (`exec`, same pid, same arguments), which keeps the image a drop-in.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use csiops_runtime::{chain, logging};
+
+use crate::cli::{Parsed, Role};
+use crate::SidecarError;
+
+/// The file name of the node binary, beside `csiops-sidecar` in the image.
+pub const NODE_BINARY: &str = "csiops-node-sidecar";
+
+/// Sets up logging from the role's flags and says what the command line
+/// implied. On error, prints it and returns the exit code to stop with.
+pub fn start(parsed: &Parsed) -> Result<(), ExitCode> {
+    let common = parsed.cli.role.common();
+    let started = common
+        .log_filter()
+        .map_err(|e| chain(&e).to_string())
+        .and_then(|filter| {
+            logging::init(common.log_format, &filter).map_err(|e| chain(&e).to_string())
+        });
+    if let Err(e) = started {
+        eprintln!("csiops-sidecar: {e}");
+        return Err(ExitCode::FAILURE);
+    }
+    if let Some(i) = &parsed.inferred {
+        tracing::info!(
+            role = i.role,
+            "no role named; {} makes this the {}",
+            i.because,
+            i.role
+        );
+    }
+    if !parsed.ignored.is_empty() {
+        tracing::warn!(
+            "accepted for compatibility with upstream and ignored (see README, \"Upstream flags\"): {}",
+            parsed.ignored.join(" ")
+        );
+    }
+    Ok(())
+}
+
+/// Logs how the role ended and turns it into the exit code.
+pub fn finish(res: Result<(), SidecarError>) -> ExitCode {
+    match res {
+        Ok(()) => {
+            tracing::info!("stopped");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            tracing::error!(error = %chain(&e), "stopped with an error");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Whether `role` is one the node binary runs.
+pub fn is_node_role(role: &Role) -> bool {
+    matches!(role, Role::Registrar(_) | Role::LivenessProbe(_))
+}
+
+/// The node binary to hand `role` to: `csiops-node-sidecar` in the
+/// directory of the running binary `exe`, for a node role, when that file
+/// exists. `None` runs the role in this binary (a build without the node
+/// binary beside it, as `cargo run` has).
+pub fn node_handoff(role: &Role, exe: &Path) -> Option<PathBuf> {
+    if !is_node_role(role) {
+        return None;
+    }
+    let node = exe.parent()?.join(NODE_BINARY);
+    node.is_file().then_some(node)
+}
+
+/// Replaces this process with `node`, given the same arguments (`argv[0]`
+/// included, so messages and `ps` still read `csiops-sidecar`). Returns
+/// only if the exec failed, with the error.
+pub fn exec_node(node: &Path, argv: &[OsString]) -> std::io::Error {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = std::process::Command::new(node);
+    if let Some((argv0, rest)) = argv.split_first() {
+        cmd.arg0(argv0).args(rest);
+    }
+    cmd.exec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli;
+
+    fn role(args: &[&str]) -> Role {
+        let argv = std::iter::once("csiops-sidecar")
+            .chain(args.iter().copied())
+            .map(OsString::from)
+            .collect();
+        cli::parse_from(argv).expect("parses").cli.role
+    }
+
+    #[test]
+    fn node_roles_go_to_the_node_binary_when_it_is_beside_us() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = dir.path().join("csiops-sidecar");
+        std::fs::write(&exe, "").unwrap();
+        let registrar = role(&[
+            "registrar",
+            "--csi-address=/csi/csi.sock",
+            "--kubelet-registration-path=/var/lib/kubelet/plugins/x/csi.sock",
+        ]);
+        // An upstream livenessprobe command line, no role named.
+        let liveness = role(&["--csi-address=/csi/csi.sock", "--probe-timeout=3s"]);
+        let provisioner = role(&["provisioner", "--csi-address=/csi/csi.sock"]);
+
+        // No node binary yet: everything runs here.
+        assert_eq!(node_handoff(&registrar, &exe), None);
+
+        let node = dir.path().join(NODE_BINARY);
+        std::fs::write(&node, "").unwrap();
+        assert_eq!(node_handoff(&registrar, &exe), Some(node.clone()));
+        assert_eq!(node_handoff(&liveness, &exe), Some(node));
+        // The controller roles never leave the full binary.
+        assert_eq!(node_handoff(&provisioner, &exe), None);
+    }
+
+    #[test]
+    fn a_directory_named_like_the_node_binary_is_not_it() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join(NODE_BINARY)).unwrap();
+        let registrar = role(&[
+            "registrar",
+            "--csi-address=/csi/csi.sock",
+            "--kubelet-registration-path=/var/lib/kubelet/plugins/x/csi.sock",
+        ]);
+        assert_eq!(
+            node_handoff(&registrar, &dir.path().join("csiops-sidecar")),
+            None
+        );
+    }
+}
