@@ -2,10 +2,17 @@
 //!
 //! Starts a one-node control plane, a CSI driver process, `csiops-sidecar
 //! registrar` and `csiops-sidecar liveness-probe` as on a node, registers
-//! through a plugin-watcher client, lets the liveness probe answer a few
-//! probes, idles, and prints VmRSS / VmHWM of each sidecar as a Markdown
-//! table. Build the sidecar with `--release` first for representative numbers
-//! (`CSIOPS_SIDECAR_BIN` picks a specific binary).
+//! through a plugin-watcher client, waits for the registrar's CSINode entry,
+//! lets the liveness probe answer a few probes, idles, and prints VmRSS (file
+//! and anonymous) and VmHWM of each sidecar as a Markdown table.
+//!
+//! As they run in their image: `CSIOPS_SIDECAR_BIN` should be the image's
+//! `csiops-sidecar` (`$(e2e/images/build.sh)/sidecar-bin/csiops-sidecar`),
+//! which hands the node roles to the `csiops-node-sidecar` beside it; and
+//! the registrar gets the in-cluster configuration of a pod (ServiceAccount
+//! files at their path in a mount namespace of its own, the API server from
+//! `KUBERNETES_SERVICE_HOST`/`_PORT`), not a kubeconfig. Needs root
+//! (`unshare --mount`).
 //!
 //! `--upstream-registrar PATH` and `--upstream-livenessprobe PATH` run
 //! upstream's node-driver-registrar and livenessprobe (binaries you built
@@ -55,6 +62,62 @@ async fn register(socket: &std::path::Path) -> Result<(), csiops_e2e::WaitTimeou
 /// How many of 20 liveness probes on `port` answer 200.
 async fn probe_20(port: u16) -> Result<usize, tokio::task::JoinError> {
     tokio::task::spawn_blocking(move || (0..20).filter(|_| probe(port)).count()).await
+}
+
+/// Where a pod finds its ServiceAccount: the in-cluster configuration.
+const SERVICE_ACCOUNT_DIR: &str = "/run/secrets/kubernetes.io/serviceaccount";
+
+/// The registrar's in-cluster configuration, as a pod has it: the API
+/// server's address and a token with the CA in `dir` (the admin token and
+/// CA of the test cluster's kubeconfig). Returns the environment.
+fn service_account(
+    kubeconfig: &std::path::Path,
+    api_url: &str,
+    dir: &std::path::Path,
+) -> Result<Vec<(&'static str, String)>, Box<dyn std::error::Error>> {
+    let port = api_url
+        .rsplit_once(':')
+        .map(|(_, p)| p.to_string())
+        .ok_or("no port in the API server's URL")?;
+    let config: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(kubeconfig)?)?;
+    let token = config["users"][0]["user"]["token"]
+        .as_str()
+        .ok_or("the kubeconfig has no user token")?;
+    let ca = config["clusters"][0]["cluster"]["certificate-authority"]
+        .as_str()
+        .ok_or("the kubeconfig has no certificate-authority path")?;
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("token"), token)?;
+    std::fs::copy(ca, dir.join("ca.crt"))?;
+    std::fs::write(dir.join("namespace"), "default")?;
+    Ok(vec![
+        ("KUBERNETES_SERVICE_HOST", "127.0.0.1".to_string()),
+        ("KUBERNETES_SERVICE_PORT", port),
+        ("SA", dir.display().to_string()),
+    ])
+}
+
+/// Runs `bin args` with the ServiceAccount files of `$SA` (see
+/// [`service_account`]) at the path a pod has them, in a mount namespace of its own (`unshare`: a tmpfs over /run
+/// that only this process sees; needs root). `exec` all the way, so the
+/// process's pid is the sidecar's.
+fn in_pod_command(bin: &std::path::Path, args: &[String]) -> (std::path::PathBuf, Vec<String>) {
+    let script = format!(
+        "mount -t tmpfs tmpfs /run && mkdir -p {SERVICE_ACCOUNT_DIR} && \
+         cp \"$SA\"/* {SERVICE_ACCOUNT_DIR}/ && exec \"$@\""
+    );
+    let mut all = vec![
+        "--mount".to_string(),
+        "--propagation=private".into(),
+        "--".into(),
+        "/bin/sh".into(),
+        "-c".into(),
+        script,
+        "sh".into(),
+        bin.display().to_string(),
+    ];
+    all.extend(args.iter().cloned());
+    ("unshare".into(), all)
 }
 
 /// `--upstream-registrar PATH` / `--upstream-livenessprobe PATH` (also `=PATH`).
@@ -113,13 +176,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "--kubelet-registration-path=/var/lib/kubelet/plugins/bench/csi.sock".into(),
         format!("--plugin-registration-path={}", registry.display()),
         "--node-name=kwok-node-0".into(),
-        format!("--kubeconfig={}", cluster.kubeconfig_path().display()),
         format!("--http-endpoint=127.0.0.1:{}", free_port()?),
     ];
-    let registrar = ManagedProcess::spawn(
+    // In-cluster, as in its pod: a kubeconfig would have it parse YAML,
+    // which a pod never does.
+    let env = service_account(
+        cluster.kubeconfig_path(),
+        &cluster.api_url(),
+        &dir.join("serviceaccount"),
+    )?;
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let (program, args) = in_pod_command(&sidecar, &registrar_args);
+    let registrar = ManagedProcess::spawn_with_env(
         "registrar",
-        &sidecar,
-        &registrar_args,
+        &program,
+        &args,
+        &env,
         &dir.join("registrar.log"),
     )?;
     let live_port = free_port()?;
@@ -178,6 +250,24 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let reg_socket = registration_socket(&registry, driver);
     register(&reg_socket).await?;
+    // Our registrar keeps the CSINode entry itself (through its in-cluster
+    // client): measure it after it has done so.
+    let csinodes: kube::Api<k8s_openapi::api::storage::v1::CSINode> =
+        kube::Api::all(cluster.client()?);
+    wait_for(
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || async {
+            let c = csinodes.get_opt("kwok-node-0").await.ok()??;
+            c.spec
+                .drivers
+                .iter()
+                .any(|d| d.name == driver)
+                .then_some(())
+        },
+    )
+    .await
+    .map_err(|_| "the registrar never listed the driver in CSINode kwok-node-0")?;
     let probes = probe_20(live_port).await?;
     // Idle: the registrar re-checks NodeGetInfo every 10s and holds two watches.
     tokio::time::sleep(Duration::from_secs(15)).await;
