@@ -229,6 +229,9 @@ build_into() {
         # The images have no debug use for symbols; keep them small.
         strip "$bin"
       done
+      # One time for the binaries of an image: csiops-sidecar hands off only
+      # to a node binary not older than itself (sidecars/src/entry.rs).
+      touch -r "$WORK/ctx/$i/$i" "$WORK/ctx/$i"/*
     fi
     local version="$VERSION"
     [[ "$i" == pause ]] && version="$pause_version"

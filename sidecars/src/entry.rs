@@ -76,14 +76,24 @@ pub fn is_node_role(role: &Role) -> bool {
 
 /// The node binary to hand `role` to: `csiops-node-sidecar` in the
 /// directory of the running binary `exe`, for a node role, when that file
-/// exists. `None` runs the role in this binary (a build without the node
-/// binary beside it, as `cargo run` has).
+/// exists and is not older than `exe`. `None` runs the role in this binary:
+/// a build without the node binary beside it (`cargo run`), or a
+/// `csiops-sidecar` rebuilt alone since, whose code the stale node binary
+/// would not have. (The image builds both together.)
 pub fn node_handoff(role: &Role, exe: &Path) -> Option<PathBuf> {
     if !is_node_role(role) {
         return None;
     }
     let node = exe.parent()?.join(NODE_BINARY);
-    node.is_file().then_some(node)
+    let built = |p: &Path| std::fs::metadata(p).ok()?.modified().ok();
+    let node_meta = std::fs::metadata(&node).ok()?;
+    if !node_meta.is_file() {
+        return None;
+    }
+    match (node_meta.modified().ok(), built(exe)) {
+        (Some(n), Some(e)) if n < e => None,
+        _ => Some(node),
+    }
 }
 
 /// Replaces this process with `node`, given the same arguments (`argv[0]`
@@ -134,6 +144,32 @@ mod tests {
         assert_eq!(node_handoff(&liveness, &exe), Some(node));
         // The controller roles never leave the full binary.
         assert_eq!(node_handoff(&provisioner, &exe), None);
+    }
+
+    #[test]
+    fn an_older_node_binary_is_not_used() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = dir.path().join("csiops-sidecar");
+        let node = dir.path().join(NODE_BINARY);
+        std::fs::write(&exe, "").unwrap();
+        std::fs::write(&node, "").unwrap();
+        let now = std::time::SystemTime::now();
+        let set = |p: &Path, t| {
+            std::fs::File::options()
+                .write(true)
+                .open(p)
+                .unwrap()
+                .set_modified(t)
+                .unwrap()
+        };
+        let liveness = role(&["liveness-probe", "--csi-address=/csi/csi.sock"]);
+        // Built together (the image's files share one time): used.
+        set(&exe, now);
+        set(&node, now);
+        assert_eq!(node_handoff(&liveness, &exe), Some(node.clone()));
+        // csiops-sidecar rebuilt alone since: the role runs in it.
+        set(&node, now - std::time::Duration::from_secs(60));
+        assert_eq!(node_handoff(&liveness, &exe), None);
     }
 
     #[test]
