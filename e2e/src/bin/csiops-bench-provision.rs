@@ -101,6 +101,9 @@ struct Outcome {
     bound: Duration,
     deleted: Duration,
     writes_per_claim: f64,
+    /// The provisioner's own writes and requests per claim lifecycle, when
+    /// its metrics count them.
+    own_per_claim: Option<(f64, f64)>,
     cpu_seconds: f64,
     hwm_kib: u64,
     left: usize,
@@ -139,6 +142,55 @@ async fn writes(client: &kube::Client) -> Result<f64, Box<dyn std::error::Error>
         }
     }
     Ok(apimetrics::requests(client, &kinds).await?)
+}
+
+/// The provisioner's own API requests so far, `(writes, all)`, from its
+/// metrics: ours count every request by verb
+/// (`csiops_kube_api_requests_total{verb}`), upstream's by client-go
+/// (`rest_client_requests_total{method}`). Writes are every verb but GET
+/// (lists and watches are GETs). This splits the API server's count by
+/// client: the rest is kube-controller-manager's. `None` when the metrics
+/// have neither family.
+fn own_requests(metrics: &str) -> Option<(f64, f64)> {
+    let mut writes = 0.0;
+    let mut all = 0.0;
+    let mut seen = false;
+    for line in metrics.lines() {
+        let Some(labels) = line
+            .strip_prefix("csiops_kube_api_requests_total{")
+            .or_else(|| line.strip_prefix("rest_client_requests_total{"))
+        else {
+            continue;
+        };
+        let Some((labels, value)) = labels.rsplit_once('}') else {
+            continue;
+        };
+        let Ok(value) = value.trim().parse::<f64>() else {
+            continue;
+        };
+        let verb = labels
+            .split(',')
+            .find_map(|l| {
+                l.strip_prefix("verb=")
+                    .or_else(|| l.strip_prefix("method="))
+            })
+            .map(|v| v.trim_matches('"'));
+        seen = true;
+        all += value;
+        if verb.is_some_and(|v| v != "GET") {
+            writes += value;
+        }
+    }
+    seen.then_some((writes, all))
+}
+
+/// [`own_requests`] of the provisioner serving metrics on `port`.
+fn scrape_own_requests(port: u16) -> Result<Option<(f64, f64)>, String> {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    match csiops_e2e::testkit::http_get(addr, "/metrics") {
+        Some((200, body)) => Ok(own_requests(&body)),
+        other => Err(format!("GET {addr}/metrics: {other:?}")),
+    }
 }
 
 /// User + system CPU seconds of a process so far, from `/proc/<pid>/stat`.
@@ -314,6 +366,7 @@ async fn run_one(
     let deadline = Duration::from_secs(args.phase_timeout);
     let prefix = format!("{class}-");
     let writes0 = writes(&client).await?;
+    let own0 = scrape_own_requests(port)?;
     let cpu0 = cpu_seconds(proc.pid()).unwrap_or(0.0);
     let t0 = Instant::now();
     for i in 0..args.claims {
@@ -378,6 +431,7 @@ async fn run_one(
     // Late bookkeeping (finalizers, Events) is part of the lifecycle's cost.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let writes1 = writes(&client).await?;
+    let own1 = scrape_own_requests(port)?;
     let cpu_seconds = cpu_seconds(proc.pid()).unwrap_or(0.0) - cpu0;
     let (_, hwm_kib) = memory_kib(proc.pid()).ok_or("provisioner gone")?;
     let left = driver.volumes_left().unwrap_or(usize::MAX);
@@ -391,6 +445,9 @@ async fn run_one(
         bound,
         deleted,
         writes_per_claim: (writes1 - writes0 - 2.0 * n) / n,
+        own_per_claim: own0
+            .zip(own1)
+            .map(|(a, b)| ((b.0 - a.0) / n, (b.1 - a.1) / n)),
         cpu_seconds,
         hwm_kib,
         left,
@@ -506,16 +563,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "{} claims, QPS {}/burst {}, --worker-threads={} --timeout={}, driver {driver}\n",
         args.claims, args.qps, args.burst, args.workers, args.timeout
     );
-    println!("| provisioner | all PVs created | all Bound | claims Bound/s | all PVs deleted | lifecycle | API writes per claim (incl. kube-controller-manager's) | CPU seconds | VmHWM (MiB) | volumes left |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("| provisioner | all PVs created | all Bound | claims Bound/s | all PVs deleted | lifecycle | API writes per claim (incl. kube-controller-manager's) | its own writes / requests per claim | CPU seconds | VmHWM (MiB) | volumes left |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for r in &runs {
+        let own = r
+            .own_per_claim
+            .map_or("?".to_string(), |(w, a)| format!("{w:.2} / {a:.2}"));
         let left = if r.left == usize::MAX {
             "?".to_string()
         } else {
             r.left.to_string()
         };
         println!(
-            "| {} | {:.1} s | {:.1} s | {:.1} | {:.1} s | {:.1} s | {:.2} | {:.2} | {:.1} | {left} |",
+            "| {} | {:.1} s | {:.1} s | {:.1} | {:.1} s | {:.1} s | {:.2} | {own} | {:.2} | {:.1} | {left} |",
             r.name,
             r.created.as_secs_f64(),
             r.bound.as_secs_f64(),
@@ -544,4 +604,26 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::own_requests;
+
+    #[test]
+    fn own_requests_reads_both_metric_families() {
+        let ours = "# TYPE csiops_kube_api_requests counter\n\
+            csiops_kube_api_requests_total{verb=\"GET\"} 7\n\
+            csiops_kube_api_requests_total{verb=\"POST\"} 100\n\
+            csiops_kube_api_requests_total{verb=\"PATCH\"} 4\n\
+            csiops_kube_api_throttled_total{priority=\"critical\"} 90\n";
+        assert_eq!(own_requests(ours), Some((104.0, 111.0)));
+        let upstream = "# TYPE rest_client_requests_total counter\n\
+            rest_client_requests_total{code=\"200\",host=\"127.0.0.1:6443\",method=\"GET\"} 12\n\
+            rest_client_requests_total{code=\"201\",host=\"127.0.0.1:6443\",method=\"POST\"} 200\n\
+            rest_client_requests_total{code=\"409\",host=\"127.0.0.1:6443\",method=\"PUT\"} 3\n\
+            rest_client_request_duration_seconds_count{verb=\"POST\"} 200\n";
+        assert_eq!(own_requests(upstream), Some((203.0, 215.0)));
+        assert_eq!(own_requests("# no client metrics\n"), None);
+    }
 }
