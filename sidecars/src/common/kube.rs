@@ -134,6 +134,9 @@ pub struct Clients {
     pub bookkeeping: kube::Client,
     /// Events; shed under pressure.
     pub events: kube::Client,
+    /// The token bucket behind all four, for a writer that takes its token
+    /// before it builds its request (see `ratelimit::Prepaid`).
+    pub limiter: Limiter,
 }
 
 /// [`Clients`] for `args`.
@@ -160,6 +163,7 @@ pub async fn clients(args: &KubeArgs, requests: &ApiRequests) -> Result<Clients,
         critical: client(Priority::Critical)?,
         bookkeeping: client(Priority::Bookkeeping)?,
         events: client(Priority::Events)?,
+        limiter,
     })
 }
 

@@ -264,6 +264,14 @@ async fn dispatch(
     }
 }
 
+/// A request extension: the request's token was taken beforehand with
+/// [`Limiter::acquire`], so [`Throttled`] sends it at once. A batching
+/// writer takes its token first and fills its request after, so that what
+/// queues while it waits for the token rides in that request (see
+/// `provisioner::journal`).
+#[derive(Clone, Copy, Debug)]
+pub struct Prepaid;
+
 /// Puts a [`Throttled`] of one priority in front of kube's HTTP stack.
 #[derive(Clone, Debug)]
 pub struct PriorityLayer {
@@ -295,7 +303,8 @@ where
     }
 }
 
-/// Waits for a token of its priority, then sends the request.
+/// Waits for a token of its priority (unless the request is [`Prepaid`]),
+/// then sends the request.
 #[derive(Clone, Debug)]
 pub struct Throttled<S> {
     inner: S,
@@ -329,7 +338,9 @@ where
             self.requests.clone(),
         );
         Box::pin(async move {
-            limiter.acquire(priority).await?;
+            if req.extensions().get::<Prepaid>().is_none() {
+                limiter.acquire(priority).await?;
+            }
             requests.count(req.method());
             inner.oneshot(req).await.map_err(Into::into)
         })
@@ -523,5 +534,36 @@ mod tests {
             })
             .sum();
         assert_eq!(throttled, 4);
+    }
+
+    /// A prepaid request takes no second token, and is still counted.
+    #[tokio::test(start_paused = true)]
+    async fn a_prepaid_request_is_sent_at_once() {
+        let server = tower::service_fn(|_req: Request| async {
+            http::Response::builder()
+                .status(200)
+                .body(kube::client::Body::from(b"{}".to_vec()))
+        });
+        let requests = ApiRequests::default();
+        let limiter = Limiter::new(1.0, 1, requests.limiter.clone());
+        let layer = PriorityLayer {
+            limiter: limiter.clone(),
+            priority: Priority::Normal,
+            requests: requests.clone(),
+        };
+        let client = kube::Client::new(tower::Layer::layer(&layer, server), "default");
+        let start = Instant::now();
+        limiter.acquire(Priority::Normal).await.expect("the burst token");
+        let mut req = http::Request::get("/prepaid")
+            .body(Vec::new())
+            .expect("request");
+        req.extensions_mut().insert(Prepaid);
+        client.request_text(req).await.expect("answered");
+        assert_eq!((Instant::now() - start).as_millis(), 0, "sent at once");
+        // An ordinary request waits for the next token.
+        let req = http::Request::get("/plain").body(Vec::new()).expect("request");
+        client.request_text(req).await.expect("answered");
+        assert_eq!((Instant::now() - start).as_millis(), 1000);
+        assert_eq!(requests.get("GET"), 2);
     }
 }

@@ -6,13 +6,16 @@
 //! ConfigMap per driver, owned by the leader. Once the PV exists, the PV
 //! carries the volume's lifecycle and the intent is *trimmed*.
 //!
-//! Writes are grouped: every intent recorded while a write is in flight (or
-//! waiting for a rate-limit token) goes into the next write, one JSON merge
-//! patch of the ConfigMap's `data`. At QPS 5 a hundred claims cost a handful
-//! of journal writes instead of two hundred claim finalizer patches. A write
-//! with intents goes at the rate limiter's critical priority (a CreateVolume
-//! waits on it); a write with only trims goes at bookkeeping priority, after
-//! a short wait that lets more trims (or the next intents) join it.
+//! Writes are grouped: the writer takes its rate-limit token first and only
+//! then gathers its batch, so every intent recorded while a write is in
+//! flight or waits for its token goes into that one JSON merge patch of the
+//! ConfigMap's `data`. At QPS 5 a hundred claims cost a write or two instead
+//! of two hundred claim finalizer patches. A write with intents waits at the
+//! rate limiter's normal priority, behind the PV creates and deletes that
+//! users wait on (while those use every token, more intents gather, and a
+//! CreateVolume gains nothing from going sooner); a write with only trims
+//! goes at bookkeeping priority, after a short wait that lets more trims (or
+//! the next intents) join it.
 //!
 //! Crash analysis (also in the README):
 //! - crash before the intent is written: no CreateVolume was sent; nothing
@@ -48,6 +51,7 @@ use tokio::sync::{oneshot, Notify};
 
 use super::params::SecretRef;
 use crate::common::controller::sanitize_name;
+use crate::common::ratelimit::{Limiter, Prepaid, Priority};
 use csiops_runtime::chain;
 use csiops_runtime::shutdown::CancellationToken;
 
@@ -335,10 +339,12 @@ struct State {
 pub struct Journal {
     namespace: String,
     name: String,
-    /// Intents go at critical priority: a CreateVolume waits on them.
-    critical: Api<ConfigMap>,
-    /// Trims alone go at bookkeeping priority.
-    bookkeeping: Api<ConfigMap>,
+    /// The ConfigMap, through the throttled client (its writes are
+    /// [`Prepaid`]: see [`Journal::take_token`]).
+    api: Api<ConfigMap>,
+    /// The client's token bucket, which each write takes its token from
+    /// before it gathers its batch.
+    limiter: Limiter,
     state: Mutex<State>,
     wake: Notify,
 }
@@ -368,12 +374,12 @@ impl Journal {
     /// Reads the journal (creating an empty one if there is none). Returns
     /// it with the entries to sweep, and the keys that do not parse.
     pub async fn open(
-        critical: kube::Client,
-        bookkeeping: kube::Client,
+        client: kube::Client,
+        limiter: Limiter,
         namespace: &str,
         name: &str,
     ) -> Result<(Arc<Journal>, Vec<String>), JournalError> {
-        let api: Api<ConfigMap> = Api::namespaced(critical.clone(), namespace);
+        let api: Api<ConfigMap> = Api::namespaced(client, namespace);
         let cm = match api.get_opt(name).await {
             Ok(Some(cm)) => cm,
             Ok(None) => {
@@ -398,8 +404,8 @@ impl Journal {
         let journal = Journal {
             namespace: namespace.to_string(),
             name: name.to_string(),
-            critical: api,
-            bookkeeping: Api::namespaced(bookkeeping, namespace),
+            api,
+            limiter,
             state: Mutex::new(State {
                 entries,
                 ..Default::default()
@@ -510,8 +516,9 @@ impl Journal {
         }
     }
 
-    /// Waits for work; a batch of trims alone waits a little longer, so
-    /// that more trims, or intents, share its write.
+    /// Waits for work and a token for it, then takes everything queued by
+    /// then; a batch of trims alone waits a little longer first, so that
+    /// more trims, or intents, share its write.
     async fn next_batch(&self) -> Batch {
         loop {
             let (has_adds, has_trims) = {
@@ -537,6 +544,7 @@ impl Journal {
             }
             self.wake.notified().await;
         }
+        self.take_token().await;
         let mut state = self.state();
         let trims = std::mem::take(&mut state.trims);
         state.trimming = trims.clone();
@@ -544,6 +552,43 @@ impl Journal {
             adds: std::mem::take(&mut state.adds),
             trims,
         }
+    }
+
+    /// A token for the next write, taken before its batch is gathered: at
+    /// normal priority when intents wait, at bookkeeping priority for trims
+    /// alone (raised when an intent arrives meanwhile). Refused only when
+    /// the limiter has stopped (the process is ending); the write then goes
+    /// out and fails or succeeds on its own.
+    async fn take_token(&self) {
+        loop {
+            if !self.state().adds.is_empty() {
+                let _ = self.limiter.acquire(Priority::Normal).await;
+                return;
+            }
+            tokio::select! {
+                _ = self.limiter.acquire(Priority::Bookkeeping) => return,
+                () = self.intent_arrives() => {}
+            }
+        }
+    }
+
+    /// Returns once an intent waits for a write.
+    async fn intent_arrives(&self) {
+        loop {
+            self.wake.notified().await;
+            if !self.state().adds.is_empty() {
+                return;
+            }
+        }
+    }
+
+    /// The merge patch of a write, its token already taken.
+    async fn patch_prepaid(&self, patch: &serde_json::Value) -> Result<ConfigMap, kube::Error> {
+        let mut req = kube::core::Request::new(self.api.resource_url())
+            .patch(&self.name, &PatchParams::default(), &Patch::Merge(patch))
+            .map_err(kube::Error::BuildRequest)?;
+        req.extensions_mut().insert(Prepaid);
+        self.api.clone().into_client().request(req).await
     }
 
     /// One merge patch for the batch; `false` if it failed (intents are
@@ -603,14 +648,8 @@ impl Journal {
             data.insert(name.clone(), serde_json::Value::String(w.json.clone()));
         }
         let patch = serde_json::json!({ "data": data });
-        let api = if batch.adds.is_empty() {
-            &self.bookkeeping
-        } else {
-            &self.critical
-        };
-        let mut result = api
-            .patch(&self.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await;
+        let api = &self.api;
+        let mut result = self.patch_prepaid(&patch).await;
         if matches!(&result, Err(kube::Error::Api(s)) if s.is_not_found()) {
             // Deleted behind our back: write it anew with all it held, then
             // this batch on top.
@@ -667,6 +706,12 @@ impl Journal {
             }
         }
     }
+}
+
+/// A token bucket that never makes a test wait.
+#[cfg(test)]
+pub(crate) fn test_limiter() -> Limiter {
+    Limiter::new(1e6, 1_000_000, Default::default())
 }
 
 #[cfg(test)]

@@ -253,8 +253,8 @@ async fn open_journal(
 ) -> Option<Arc<journal::Journal>> {
     loop {
         let opened = journal::Journal::open(
-            clients.critical.clone(),
-            clients.bookkeeping.clone(),
+            clients.normal.clone(),
+            clients.limiter.clone(),
             namespace,
             name,
         )

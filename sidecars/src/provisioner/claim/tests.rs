@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use super::super::controller::{ClaimKey, Provisioner};
 use super::super::decide::STORAGE_PROVISIONER_ANNOTATION;
 use super::super::fixture::{self, Fixture};
-use super::super::journal::Journal;
+use super::super::journal::{test_limiter, Journal};
 use super::super::plan::{DriverCapabilities, ProvisionerConfig};
 use crate::common::fake_csi::FakeController;
 use csiops_runtime::shutdown::CancellationToken;
@@ -55,7 +55,7 @@ async fn journaled(log: &Log, dir: &std::path::Path, objects: testing::Objects) 
         let objects = objects.clone();
         testing::client(log, move |call| objects.answer(call))
     };
-    let (journal, _) = Journal::open(client.clone(), client, "kube-system", "journal")
+    let (journal, _) = Journal::open(client, test_limiter(), "kube-system", "journal")
         .await
         .expect("journal");
     tokio::spawn(journal.clone().run_writer(CancellationToken::new()));

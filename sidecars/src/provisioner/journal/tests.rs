@@ -125,8 +125,8 @@ fn one_hold_per_name() {
 async fn open(log: &Log, objects: testing::Objects) -> Arc<Journal> {
     let client = testing::client(log, move |call| objects.answer(call));
     let (journal, bad) = Journal::open(
-        client.clone(),
         client,
+        test_limiter(),
         "kube-system",
         "csiops-provisioning-fake-csi",
     )
@@ -228,6 +228,56 @@ async fn intents_queued_together_share_one_write_and_trims_ride_along() {
     stop.cancel();
 }
 
+/// The token first, then the batch: intents recorded while a write waits
+/// for its token ride in it (at QPS 5 a hundred claims cost a write or two).
+#[tokio::test]
+async fn intents_recorded_while_the_write_waits_for_its_token_share_it() {
+    let log = Log::default();
+    let objects = testing::Objects::default();
+    let client = {
+        let objects = objects.clone();
+        testing::client(&log, move |call| objects.answer(call))
+    };
+    // One token now, the next 200 ms later.
+    let limiter = Limiter::new(5.0, 1, Default::default());
+    let (journal, _) = Journal::open(
+        client,
+        limiter,
+        "kube-system",
+        "csiops-provisioning-fake-csi",
+    )
+    .await
+    .expect("opens");
+    log.clear();
+    let stop = CancellationToken::new();
+    tokio::spawn(journal.clone().run_writer(stop.clone()));
+    journal.record("pvc-a", record("a")).await.expect("a");
+    assert_eq!(log.lines().len(), 1, "the first intent took the token");
+    // b makes the writer wait for the next token; c and d come meanwhile.
+    let first = {
+        let journal = journal.clone();
+        tokio::spawn(async move { journal.record("pvc-b", record("b")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let (c, d) = tokio::join!(
+        journal.record("pvc-c", record("c")),
+        journal.record("pvc-d", record("d")),
+    );
+    first.await.expect("task").expect("b");
+    c.expect("c");
+    d.expect("d");
+    assert_eq!(log.lines(), vec![format!("PATCH {CM}"), format!("PATCH {CM}")]);
+    let mut keys: Vec<String> = log.calls()[1].body["data"]
+        .as_object()
+        .expect("data")
+        .keys()
+        .cloned()
+        .collect();
+    keys.sort();
+    assert_eq!(keys, ["pvc-b", "pvc-c", "pvc-d"]);
+    stop.cancel();
+}
+
 #[tokio::test]
 async fn a_refused_write_fails_its_intents_and_keeps_its_trims() {
     let log = Log::default();
@@ -244,8 +294,8 @@ async fn a_refused_write_fails_its_intents_and_keeps_its_trims() {
         })
     };
     let (journal, _) = Journal::open(
-        client.clone(),
         client,
+        test_limiter(),
         "kube-system",
         "csiops-provisioning-fake-csi",
     )
