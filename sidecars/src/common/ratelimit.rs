@@ -553,7 +553,10 @@ mod tests {
         };
         let client = kube::Client::new(tower::Layer::layer(&layer, server), "default");
         let start = Instant::now();
-        limiter.acquire(Priority::Normal).await.expect("the burst token");
+        limiter
+            .acquire(Priority::Normal)
+            .await
+            .expect("the burst token");
         let mut req = http::Request::get("/prepaid")
             .body(Vec::new())
             .expect("request");
@@ -561,7 +564,9 @@ mod tests {
         client.request_text(req).await.expect("answered");
         assert_eq!((Instant::now() - start).as_millis(), 0, "sent at once");
         // An ordinary request waits for the next token.
-        let req = http::Request::get("/plain").body(Vec::new()).expect("request");
+        let req = http::Request::get("/plain")
+            .body(Vec::new())
+            .expect("request");
         client.request_text(req).await.expect("answered");
         assert_eq!((Instant::now() - start).as_millis(), 1000);
         assert_eq!(requests.get("GET"), 2);

@@ -266,7 +266,10 @@ async fn intents_recorded_while_the_write_waits_for_its_token_share_it() {
     first.await.expect("task").expect("b");
     c.expect("c");
     d.expect("d");
-    assert_eq!(log.lines(), vec![format!("PATCH {CM}"), format!("PATCH {CM}")]);
+    assert_eq!(
+        log.lines(),
+        vec![format!("PATCH {CM}"), format!("PATCH {CM}")]
+    );
     let mut keys: Vec<String> = log.calls()[1].body["data"]
         .as_object()
         .expect("data")
