@@ -85,15 +85,13 @@ pub fn node_handoff(role: &Role, exe: &Path) -> Option<PathBuf> {
         return None;
     }
     let node = exe.parent()?.join(NODE_BINARY);
-    let built = |p: &Path| std::fs::metadata(p).ok()?.modified().ok();
-    let node_meta = std::fs::metadata(&node).ok()?;
-    if !node_meta.is_file() {
-        return None;
-    }
-    match (node_meta.modified().ok(), built(exe)) {
-        (Some(n), Some(e)) if n < e => None,
-        _ => Some(node),
-    }
+    let meta = std::fs::metadata(&node).ok().filter(|m| m.is_file())?;
+    let built = |m: std::fs::Metadata| m.modified().ok();
+    let older = match (built(meta), std::fs::metadata(exe).ok().and_then(built)) {
+        (Some(n), Some(e)) => n < e,
+        _ => false,
+    };
+    (!older).then_some(node)
 }
 
 /// Replaces this process with `node`, given the same arguments (`argv[0]`

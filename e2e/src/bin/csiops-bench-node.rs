@@ -98,9 +98,9 @@ fn service_account(
 }
 
 /// Runs `bin args` with the ServiceAccount files of `$SA` (see
-/// [`service_account`]) at the path a pod has them, in a mount namespace of its own (`unshare`: a tmpfs over /run
-/// that only this process sees; needs root). `exec` all the way, so the
-/// process's pid is the sidecar's.
+/// [`service_account`]) at the path a pod has them, in a mount namespace of
+/// its own (`unshare`: a tmpfs over /run that only this process sees; needs
+/// root). `exec` all the way, so the process's pid is the sidecar's.
 fn in_pod_command(bin: &std::path::Path, args: &[String]) -> (std::path::PathBuf, Vec<String>) {
     let script = format!(
         "mount -t tmpfs tmpfs /run && mkdir -p {SERVICE_ACCOUNT_DIR} && \

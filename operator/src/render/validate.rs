@@ -31,23 +31,12 @@ pub const CONTROLLER_SIDECAR_MANAGED_FLAGS: &[&str] = &[
     "metrics-tls-cert-file",
     "metrics-tls-key-file",
 ];
-/// Flags of the provisioner that the operator sets itself: the controller
-/// sidecars' and the capacity switch and owner level, which follow
-/// `csiDriver.storageCapacity` and the controller kind (refused whether
-/// capacity is on or not, so turning it on never breaks an accepted object).
-pub const PROVISIONER_MANAGED_FLAGS: &[&str] = &[
-    "csi-address",
-    "leader-election",
-    "leader-election-namespace",
-    "http-endpoint",
-    "metrics-address",
-    "v",
-    "metrics-auth",
-    "metrics-tls-cert-file",
-    "metrics-tls-key-file",
-    "enable-capacity",
-    "capacity-ownerref-level",
-];
+/// Flags the operator sets on the provisioner only, beside the controller
+/// sidecars' ([`CONTROLLER_SIDECAR_MANAGED_FLAGS`]): the capacity switch and
+/// owner level, which follow `csiDriver.storageCapacity` and the controller
+/// kind (refused whether capacity is on or not, so turning it on never
+/// breaks an accepted object).
+pub const PROVISIONER_ONLY_MANAGED_FLAGS: &[&str] = &["enable-capacity", "capacity-ownerref-level"];
 /// Flags of the registrar that the operator sets itself (`--health-port`:
 /// refused next to `--http-endpoint`, as upstream).
 pub const REGISTRAR_MANAGED_FLAGS: &[&str] = &[
@@ -144,11 +133,12 @@ pub(crate) fn validate(obj: &CSIDriverDeployment) -> Result<Meta<'_>, RenderErro
     }
 
     let sidecars = &spec.sidecars;
-    check_extra_args(
-        "provisioner",
-        &sidecars.provisioner.extra_args,
-        PROVISIONER_MANAGED_FLAGS,
-    )?;
+    for managed in [
+        CONTROLLER_SIDECAR_MANAGED_FLAGS,
+        PROVISIONER_ONLY_MANAGED_FLAGS,
+    ] {
+        check_extra_args("provisioner", &sidecars.provisioner.extra_args, managed)?;
+    }
     check_extra_args(
         "attacher",
         &sidecars.attacher.extra_args,

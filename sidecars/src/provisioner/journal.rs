@@ -531,15 +531,7 @@ impl Journal {
             if has_trims {
                 // Until intents arrive (they take the trims along now) or
                 // the wait is over.
-                let _ = tokio::time::timeout(TRIM_LINGER, async {
-                    loop {
-                        self.wake.notified().await;
-                        if !self.state().adds.is_empty() {
-                            break;
-                        }
-                    }
-                })
-                .await;
+                let _ = tokio::time::timeout(TRIM_LINGER, self.intent_arrives()).await;
                 break;
             }
             self.wake.notified().await;

@@ -472,6 +472,14 @@ mod tests {
         })
     }
 
+    /// The Node named `name` among `nodes`, as the Node cache answers.
+    fn by_name(nodes: &[Arc<Node>], name: &str) -> Option<Arc<Node>> {
+        nodes
+            .iter()
+            .find(|x| x.metadata.name.as_deref() == Some(name))
+            .cloned()
+    }
+
     #[test]
     fn segments_are_unique_combinations_of_the_drivers_keys() {
         let keys: &[&str] = &[ZONE, RACK];
@@ -493,14 +501,8 @@ mod tests {
             node("d", &[(ZONE, "z3"), (RACK, "r3")]),
             node("e", &[(ZONE, "z4")]),
         ];
-        let lookup = |n: &str| {
-            nodes
-                .iter()
-                .find(|x| x.metadata.name.as_deref() == Some(n))
-                .cloned()
-        };
         assert_eq!(
-            segments(D, true, &csi_nodes, lookup),
+            segments(D, true, &csi_nodes, |n| by_name(&nodes, n)),
             BTreeSet::from([
                 seg(&[(RACK, "r1"), (ZONE, "z1")]),
                 seg(&[(RACK, "r1"), (ZONE, "z2")]),
@@ -512,14 +514,8 @@ mod tests {
     fn a_driver_without_keys_or_without_topology_has_the_empty_segment() {
         let csi_nodes = vec![csi_node("a", &[(D, None)])];
         let nodes = [node("a", &[(ZONE, "z1")])];
-        let lookup = |n: &str| {
-            nodes
-                .iter()
-                .find(|x| x.metadata.name.as_deref() == Some(n))
-                .cloned()
-        };
         assert_eq!(
-            segments(D, true, &csi_nodes, lookup),
+            segments(D, true, &csi_nodes, |n| by_name(&nodes, n)),
             BTreeSet::from([Segment::new()])
         );
         assert_eq!(
