@@ -391,8 +391,16 @@ pub struct NodeSpec {
     #[schemars(length(min = 2, max = 4096), pattern(r"^/"))]
     #[x_kube(validation = kube::core::Rule::new("!self.contains('/../') && !self.endsWith('/..') && !self.contains('/./') && !self.endsWith('/.') && !self.contains('//') && !self.endsWith('/')").message("kubeletDir must be a clean absolute path: no '.' or '..' segments, no '//', no trailing '/' (for example /var/lib/kubelet)"))]
     pub kubelet_dir: String,
-    /// DaemonSet rolling update `maxUnavailable` (count or percentage).
+    /// How many nodes may be without a working node pod at once during a
+    /// node roll: a count (`1`, the default) or a percentage of the nodes
+    /// that run the driver (`10%`, rounded up). Lost nodes (NotReady,
+    /// unreachable, cordoned with a pod that is not up) are not charged
+    /// against it: the operator adds them to the DaemonSet's
+    /// `maxUnavailable`, so they never hold the roll back. On a large
+    /// cluster use a percentage: at `1`, a 1000-node roll replaces one
+    /// node pod at a time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new("type(self) == int ? self >= 1 : self.matches('^(100|[1-9][0-9]?)%$')").message("maxUnavailable must be a count of at least 1 or a percentage from 1% to 100% (for example 10%)"))]
     pub max_unavailable: Option<IntOrString>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_class_name: Option<String>,
@@ -712,15 +720,53 @@ pub struct StorageClassSpec {
     pub is_default: bool,
 }
 
+/// How a change of the node side (the node DaemonSet) is rolled out.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum RolloutStrategy {
+    /// The default: storage keeps serving throughout. The nodes roll first
+    /// while the old controller keeps provisioning, attaching and
+    /// detaching; then the controller rolls with a surge (a new replica is
+    /// Ready before an old one stops), so a Ready controller replica exists
+    /// at every moment. Controller and node plugins of two adjacent driver
+    /// versions run side by side meanwhile, as they do in every CSI upgrade
+    /// that is not a full stop.
+    #[default]
+    NonDisruptive,
+    /// For drivers that document that their controller and node plugins of
+    /// different versions must never run together: the controller is scaled
+    /// to zero, the nodes roll, then the new controller starts. Nothing in
+    /// the cluster can provision, attach or detach this driver's volumes for
+    /// the whole node roll.
+    StopController,
+}
+
+impl RolloutStrategy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RolloutStrategy::NonDisruptive => "NonDisruptive",
+            RolloutStrategy::StopController => "StopController",
+        }
+    }
+}
+
 /// Rollout tuning.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RolloutSpec {
     /// How long one rollout step may take before the object turns Degraded.
     /// The rollout keeps waiting after that; it only stops being silent.
+    /// Also how long a node may stay lost (NotReady, unreachable, or
+    /// cordoned with a node pod that is not up) before the object turns
+    /// Degraded; lost nodes never hold a rollout back.
     #[serde(default = "default_step_timeout")]
     #[schemars(range(min = 10, max = 86400))]
     pub step_timeout_seconds: i64,
+    /// `NonDisruptive` (default): nodes first while the old controller
+    /// serves, then the controller with a surge. `StopController`: the
+    /// controller is stopped for the node roll (opt-in, for drivers that
+    /// cannot bear controller/node version skew).
+    #[serde(default)]
+    pub strategy: RolloutStrategy,
 }
 
 fn default_step_timeout() -> i64 {
@@ -731,6 +777,7 @@ impl Default for RolloutSpec {
     fn default() -> Self {
         Self {
             step_timeout_seconds: default_step_timeout(),
+            strategy: RolloutStrategy::default(),
         }
     }
 }

@@ -39,7 +39,8 @@ impl Phase {
 pub enum RolloutKind {
     /// First deployment: node DaemonSet, then controller.
     Install,
-    /// Node-side change: controller down, DaemonSet rolled, controller up.
+    /// Node-side change: the DaemonSet rolled, then the controller (with
+    /// `rollout.strategy: StopController`, the controller is stopped first).
     Upgrade,
     /// Controller-only change: only the controller is rolled.
     ControllerUpdate,
@@ -55,9 +56,11 @@ pub enum RolloutStep {
     NodeInstall,
     /// Scale the controller to 0; wait until its pods are gone.
     ControllerScaleDown,
-    /// Roll the node DaemonSet; wait until updated = desired = available and registered.
+    /// Roll the node DaemonSet; wait until every node that can run the new
+    /// pod runs it, Ready and registered (lost nodes are named, not waited for).
     NodeRoll,
-    /// Apply the controller StatefulSet; wait until it is ready.
+    /// Apply the controller workload (with a surge replica when one is
+    /// serving); wait until it is ready.
     ControllerRoll,
     /// Delete the controller StatefulSet; wait until its pods are gone.
     ControllerDelete,
@@ -130,7 +133,9 @@ pub struct ControllerCounts {
     pub updated: i32,
 }
 
-/// Counts of the node DaemonSet.
+/// Counts of the node side, one per node: the nodes that should run the
+/// driver (lost ones included), and of those, how many run a node pod that
+/// is Ready, runs the current template, is available, or are lost.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeCounts {
@@ -138,7 +143,35 @@ pub struct NodeCounts {
     pub ready: i32,
     pub updated: i32,
     pub available: i32,
+    /// Nodes that should run the driver but are lost (see `lostNodes`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub lost: i32,
 }
+
+/// A node that should run the driver but cannot now. It is named here and
+/// never holds a rollout back; it gets the current node pod when it returns.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LostNode {
+    pub name: String,
+    /// `NotReady`, `Unreachable` (its kubelet stopped reporting), `Cordoned`
+    /// (unschedulable, and its node pod is not up) or `Deleted` (the Node
+    /// object is gone, its pod is not).
+    pub reason: String,
+    /// Since when (RFC 3339), when known: the Node's Ready transition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<String>,
+    /// The node pod on it, if any, and what keeps it from working.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// Whether its node pod runs the current template (`false`: it gets
+    /// the new one when the node returns).
+    #[serde(default)]
+    pub current: bool,
+}
+
+/// At most this many lost nodes are named in status (`node.lost` counts them all).
+pub const MAX_LOST_NODES_LISTED: usize = 20;
 
 /// Preformatted `ready/desired` strings for the printer columns.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
@@ -199,6 +232,10 @@ pub struct CSIDriverDeploymentStatus {
     pub summary: Summary,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unhealthy_pods: Vec<UnhealthyPod>,
+    /// Nodes that should run the driver but are lost, sorted by name; at
+    /// most 20 (`node.lost` is the full count).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lost_nodes: Vec<LostNode>,
 }
 
 impl CSIDriverDeploymentStatus {

@@ -10,6 +10,7 @@ use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::storage::v1::CSINode;
 
+use crate::fleet::{self, Fleet, NodeInfo};
 use crate::render::labels::COMPONENT;
 use crate::rollout::{ControllerObs, NodeObs};
 
@@ -71,13 +72,21 @@ pub struct HealthInput<'a> {
     pub driver_name: &'a str,
     pub kubelet_dir: &'a str,
     pub registration_required: bool,
+    /// `spec.controller.replicas`.
+    pub controller_replicas: i32,
+    /// `spec.node.maxUnavailable`.
+    pub max_unavailable: Option<&'a k8s_openapi::apimachinery::pkg::util::intstr::IntOrString>,
     /// The controller workload of the kind the spec asks for: a StatefulSet…
     pub statefulset: Option<&'a StatefulSet>,
     /// …or a Deployment.
     pub deployment: Option<&'a Deployment>,
     pub daemonset: Option<&'a DaemonSet>,
+    /// The node hash the object asks for, to tell current node pods.
+    pub node_hash: &'a str,
     /// This object's pods (controller and node).
     pub pods: &'a [Pod],
+    /// What is known of every Node (see `reconcile::nodes`).
+    pub nodes: &'a std::collections::BTreeMap<String, NodeInfo>,
     /// The cluster's CSINodes, as the shared cache holds them (not copied).
     pub csinodes: &'a [std::sync::Arc<CSINode>],
     /// Nodes carrying this driver's readiness taint (see
@@ -106,12 +115,17 @@ pub fn stuck_creating(pod: &Pod, now: DateTime<Utc>) -> bool {
         .find(|c| c.type_ == "PodScheduled" && c.status == "True")
         .and_then(|c| c.last_transition_time.as_ref())
         .and_then(|t| DateTime::from_timestamp(t.0.as_second(), 0));
-    let creating = status.container_statuses.iter().flatten().all(|cs| {
-        cs.state
-            .as_ref()
-            .and_then(|s| s.waiting.as_ref())
-            .is_some_and(|w| w.reason.as_deref() == Some("ContainerCreating"))
-    });
+    // A pod with no container status yet is not creating anything: it has
+    // not reached a kubelet (or runs on a simulated node, which never
+    // reports any). Counting it would look up its Events forever.
+    let statuses = status.container_statuses.as_deref().unwrap_or(&[]);
+    let creating = !statuses.is_empty()
+        && statuses.iter().all(|cs| {
+            cs.state
+                .as_ref()
+                .and_then(|s| s.waiting.as_ref())
+                .is_some_and(|w| w.reason.as_deref() == Some("ContainerCreating"))
+        });
     creating
         && scheduled_since.is_some_and(|t| now - t >= Duration::seconds(CREATING_GRACE_SECONDS))
 }
@@ -120,16 +134,20 @@ pub fn stuck_creating(pod: &Pod, now: DateTime<Utc>) -> bool {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Health {
     pub controller: ControllerCounts,
+    /// Counted node by node from [`Health::fleet`].
     pub node: NodeCounts,
-    /// Nodes whose CSINode lists the driver.
+    /// Healthy nodes running a node pod whose CSINode lists the driver.
     pub registered_nodes: i32,
     /// Nodes still carrying the driver's readiness taint.
     pub tainted_nodes: i32,
-    /// Nodes running one of our node pods whose CSINode lists the driver.
-    pub registered_on_pod_nodes: i32,
     pub controller_pods: usize,
     pub node_pods: usize,
     pub unhealthy: Vec<UnhealthyPod>,
+    /// The node side, node by node.
+    pub fleet: Fleet,
+    /// Healthy nodes run Ready node pods, short of no more than the node
+    /// roll's budget (`spec.node.maxUnavailable`).
+    pub nodes_serving: bool,
 }
 
 /// Whether the CSINode lists the driver.
@@ -152,41 +170,61 @@ pub fn assess(input: &HealthInput<'_>) -> Health {
         ..Health::default()
     };
 
+    // The controller counts: desired is what the object asks for, or more
+    // while a surge replica runs; never the 0 of a scale-down, which would
+    // read as "0/0 ready", all well.
+    let counts =
+        |spec_replicas: Option<i32>, ready: Option<i32>, updated: Option<i32>| ControllerCounts {
+            desired: spec_replicas.unwrap_or(1).max(input.controller_replicas),
+            ready: ready.unwrap_or(0),
+            updated: updated.unwrap_or(0),
+        };
     if let Some(sts) = input.statefulset {
         let status = sts.status.as_ref();
-        health.controller = ControllerCounts {
-            desired: sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
-            ready: status.and_then(|s| s.ready_replicas).unwrap_or(0),
-            updated: status.and_then(|s| s.updated_replicas).unwrap_or(0),
-        };
-    }
-    if let Some(d) = input.deployment {
+        health.controller = counts(
+            sts.spec.as_ref().and_then(|s| s.replicas),
+            status.and_then(|s| s.ready_replicas),
+            status.and_then(|s| s.updated_replicas),
+        );
+    } else if let Some(d) = input.deployment {
         let status = d.status.as_ref();
-        health.controller = ControllerCounts {
-            desired: d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
-            ready: status.and_then(|s| s.ready_replicas).unwrap_or(0),
-            updated: status.and_then(|s| s.updated_replicas).unwrap_or(0),
-        };
-    }
-    if let Some(ds) = input.daemonset {
-        if let Some(s) = ds.status.as_ref() {
-            health.node = NodeCounts {
-                desired: s.desired_number_scheduled,
-                ready: s.number_ready,
-                updated: s.updated_number_scheduled.unwrap_or(0),
-                available: s.number_available.unwrap_or(0),
-            };
-        }
+        health.controller = counts(
+            d.spec.as_ref().and_then(|s| s.replicas),
+            status.and_then(|s| s.ready_replicas),
+            status.and_then(|s| s.updated_replicas),
+        );
+    } else {
+        health.controller.desired = input.controller_replicas;
     }
 
-    let mut pod_nodes = BTreeSet::new();
+    let node_pods: Vec<&Pod> = input
+        .pods
+        .iter()
+        .filter(|p| component_of(p) == Some("node"))
+        .collect();
+    health.fleet = fleet::assess(&fleet::FleetInput {
+        daemonset: input.daemonset,
+        desired_hash: input.node_hash,
+        hash_annotation: crate::render::labels::TEMPLATE_HASH,
+        pods: &node_pods,
+        nodes: input.nodes,
+        registered: &registered,
+        registration_required: input.registration_required,
+    });
+    let f = &health.fleet;
+    health.node = NodeCounts {
+        desired: f.desired,
+        ready: f.ready,
+        updated: f.updated,
+        available: f.available,
+        lost: f.lost.len() as i32,
+    };
+    health.registered_nodes = f.registered;
+    health.nodes_serving = !f.over_budget(input.max_unavailable);
+    let lost_nodes: BTreeSet<&str> = f.lost.iter().map(|l| l.node.as_str()).collect();
+
     for pod in input.pods {
-        let component = pod
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(COMPONENT))
-            .map(String::as_str);
+        let component = component_of(pod);
         match component {
             Some("controller") => health.controller_pods += 1,
             Some("node") => health.node_pods += 1,
@@ -195,22 +233,26 @@ pub fn assess(input: &HealthInput<'_>) -> Health {
         if pod.metadata.deletion_timestamp.is_some() {
             continue;
         }
-        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-        if component == Some("node") {
-            if let Some(n) = &node {
-                pod_nodes.insert(n.clone());
-            }
+        // A pod on a lost node is reported with its node (status.lostNodes),
+        // not again as an unhealthy pod.
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+        if node.is_some_and(|n| lost_nodes.contains(n)) {
+            continue;
         }
         if let Some(u) = pod_problem(pod, component == Some("node"), &registered, input) {
             health.unhealthy.push(u);
         }
     }
-    health.registered_on_pod_nodes = pod_nodes
-        .iter()
-        .filter(|n| registered.contains(n.as_str()))
-        .count() as i32;
     health.unhealthy.sort_by(|a, b| a.name.cmp(&b.name));
     health
+}
+
+fn component_of(pod: &Pod) -> Option<&str> {
+    pod.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(COMPONENT))
+        .map(String::as_str)
 }
 
 fn pod_problem(
@@ -308,7 +350,46 @@ pub fn controller_obs(sts: &StatefulSet, hash_annotation: &str) -> ControllerObs
         replicas: status.map_or(0, |s| s.replicas),
         ready: status.and_then(|s| s.ready_replicas).unwrap_or(0),
         updated: status.and_then(|s| s.updated_replicas).unwrap_or(0),
+        partition: sts
+            .spec
+            .as_ref()
+            .and_then(|s| s.update_strategy.as_ref())
+            .and_then(|u| u.rolling_update.as_ref())
+            .and_then(|r| r.partition)
+            .unwrap_or(0),
+        updated_ready: 0,
     }
+}
+
+/// How many of `pods` (the controller's) run the StatefulSet's update
+/// revision and are Ready: the surge replica's progress, which the
+/// StatefulSet's own counters do not give (readyReplicas mixes revisions).
+pub fn statefulset_updated_ready(sts: &StatefulSet, pods: &[Pod]) -> i32 {
+    let Some(revision) = sts
+        .status
+        .as_ref()
+        .and_then(|s| s.update_revision.as_deref())
+    else {
+        return 0;
+    };
+    pods.iter()
+        .filter(|p| component_of(p) == Some("controller"))
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| {
+            p.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("controller-revision-hash"))
+                .map(String::as_str)
+                == Some(revision)
+        })
+        .filter(|p| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        })
+        .count() as i32
 }
 
 /// The live controller Deployment as the rollout state machine sees it.
@@ -322,6 +403,8 @@ pub fn deployment_obs(d: &Deployment, hash_annotation: &str) -> ControllerObs {
         replicas: status.and_then(|s| s.replicas).unwrap_or(0),
         ready: status.and_then(|s| s.ready_replicas).unwrap_or(0),
         updated: status.and_then(|s| s.updated_replicas).unwrap_or(0),
+        partition: 0,
+        updated_ready: 0,
     }
 }
 
@@ -332,10 +415,6 @@ pub fn node_obs(ds: &DaemonSet, hash_annotation: &str) -> NodeObs {
         hash: annotation(&ds.metadata, hash_annotation),
         generation: ds.metadata.generation.unwrap_or(0),
         observed_generation: status.and_then(|s| s.observed_generation).unwrap_or(0),
-        desired: status.map_or(0, |s| s.desired_number_scheduled),
-        updated: status.and_then(|s| s.updated_number_scheduled).unwrap_or(0),
-        available: status.and_then(|s| s.number_available).unwrap_or(0),
-        ready: status.map_or(0, |s| s.number_ready),
     }
 }
 

@@ -1,5 +1,6 @@
 //! csiops operator: reconciles `CSIDriverDeployment` objects into running CSI drivers.
 pub mod cli;
+pub mod fleet;
 pub mod health;
 pub mod helm;
 pub mod install;

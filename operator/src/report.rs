@@ -3,9 +3,11 @@
 
 use chrono::{DateTime, Utc};
 use csiops_crds::{
-    CSIDriverDeploymentStatus, Condition, Phase, RolloutKind, RolloutStatus, Summary,
+    CSIDriverDeploymentStatus, Condition, LostNode, Phase, RolloutKind, RolloutStatus, Summary,
+    MAX_LOST_NODES_LISTED,
 };
 
+use crate::fleet::Lost;
 use crate::health::Health;
 
 pub const AVAILABLE: &str = "Available";
@@ -47,9 +49,14 @@ pub fn build(input: &ReportInput<'_>) -> CSIDriverDeploymentStatus {
         previous.current_version.clone()
     };
 
-    let controller_ok = h.controller.desired == h.controller.ready;
-    let nodes_ok = h.node.desired > 0 && h.node.available == h.node.desired;
+    // Available means the driver serves: a Ready controller replica (when
+    // the object asks for one), and node pods up on the healthy nodes within
+    // the node roll's budget. Lost nodes are named, not counted against it.
+    let controller_ok = h.controller.ready > 0 || h.controller.desired == 0;
+    let nodes_ok = h.nodes_serving;
     let deployed = current_version.is_some();
+    let lost = lost_nodes(&h.fleet.lost, input.previous, input.now);
+    let lost_text = lost_suffix(&lost, h.fleet.lost.len());
     let available = (
         if deployed && controller_ok && nodes_ok {
             "True"
@@ -58,22 +65,24 @@ pub fn build(input: &ReportInput<'_>) -> CSIDriverDeploymentStatus {
         },
         if !deployed {
             "NotDeployed"
-        } else if !nodes_ok {
-            "NodesNotAvailable"
+        } else if !controller_ok && input.paused {
+            "Paused"
         } else if !controller_ok {
             "ControllerNotReady"
+        } else if !nodes_ok {
+            "NodesNotAvailable"
         } else {
             "AllReady"
         },
         format!(
-            "controller {}/{} ready, node pods {}/{} available",
+            "controller {}/{} ready, node pods {}/{} available{lost_text}",
             h.controller.ready, h.controller.desired, h.node.available, h.node.desired
         ),
     );
 
     let step_text = input.rollout.map(|r| {
         let waiting = input.waiting_for.unwrap_or("working");
-        format!("{:?} step {}: {}", r.kind, r.step, waiting)
+        format!("{:?} step {}: {}{lost_text}", r.kind, r.step, waiting)
     });
     let progressing = if input.paused {
         ("False", "Paused", "spec.paused is true".to_string())
@@ -184,7 +193,74 @@ pub fn build(input: &ReportInput<'_>) -> CSIDriverDeploymentStatus {
             registered: format!("{}/{}", h.registered_nodes, h.node.desired),
         },
         unhealthy_pods: h.unhealthy.clone(),
+        lost_nodes: lost,
     }
+}
+
+/// The lost nodes as status lists them (at most [`MAX_LOST_NODES_LISTED`]):
+/// a node listed before keeps its `since` when its Node gives none (a
+/// cordoned or deleted node: since when this operator first saw it lost).
+pub fn lost_nodes(
+    lost: &[Lost],
+    previous: Option<&CSIDriverDeploymentStatus>,
+    now: DateTime<Utc>,
+) -> Vec<LostNode> {
+    lost.iter()
+        .take(MAX_LOST_NODES_LISTED)
+        .map(|l| {
+            let before = previous
+                .and_then(|p| p.lost_nodes.iter().find(|n| n.name == l.node))
+                .filter(|n| n.reason == l.reason.as_str());
+            LostNode {
+                name: l.node.clone(),
+                reason: l.reason.as_str().to_string(),
+                since: l
+                    .since
+                    .clone()
+                    .or_else(|| before.and_then(|n| n.since.clone()))
+                    .or_else(|| Some(crate::rollout::rfc3339(now))),
+                pod: l.pod.clone(),
+                current: l.current,
+            }
+        })
+        .collect()
+}
+
+/// `; 3 node(s) lost: a (NotReady), b (Unreachable), …` for the message.
+fn lost_suffix(listed: &[LostNode], total: usize) -> String {
+    if total == 0 {
+        return String::new();
+    }
+    const NAMED: usize = 5;
+    let names: Vec<String> = listed
+        .iter()
+        .take(NAMED)
+        .map(|n| format!("{} ({})", n.name, n.reason))
+        .collect();
+    let more = if total > names.len() {
+        format!(" and {} more", total - names.len())
+    } else {
+        String::new()
+    };
+    format!("; {total} node(s) lost: {}{more}", names.join(", "))
+}
+
+/// The lost nodes of `status` lost for longer than `timeout`, for the
+/// Degraded condition.
+pub fn lost_too_long(
+    nodes: &[LostNode],
+    timeout: chrono::Duration,
+    now: DateTime<Utc>,
+) -> Vec<&LostNode> {
+    nodes
+        .iter()
+        .filter(|n| {
+            n.since
+                .as_deref()
+                .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
+                .is_some_and(|t| now - t.with_timezone(&Utc) > timeout)
+        })
+        .collect()
 }
 
 /// A condition whose lastTransitionTime only moves when its status does.

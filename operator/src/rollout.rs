@@ -4,22 +4,49 @@
 //! ([`Observed`]) and the step persisted in status, and says which actions to
 //! take now and which step to persist next. It never talks to the API server,
 //! so every transition is unit-tested, including a restart mid-rollout (the
-//! persisted step plus a fresh observation) and an edit mid-rollout (new
-//! desired hashes while a step is under way).
+//! persisted step plus a fresh observation), an edit mid-rollout (new
+//! desired hashes while a step is under way), and nodes lost and back.
 //!
 //! The order comes from the Kubernetes CSI design: deploy the node DaemonSet
-//! before the controller StatefulSet, tear the controller down before the node.
+//! before the controller, tear the controller down before the node.
 //! - Install: `NodeInstall` → `ControllerRoll`.
-//! - Node-side change: `ControllerScaleDown` → `NodeRoll` → `ControllerRoll`.
+//! - Node-side change, `rollout.strategy: NonDisruptive` (the default):
+//!   `NodeRoll` while the old controller keeps serving → `ControllerRoll`.
+//! - Node-side change, `StopController`: `ControllerScaleDown` → `NodeRoll`
+//!   → `ControllerRoll`.
 //! - Controller-only change: `ControllerRoll`.
 //! - Delete: `ControllerDelete` → `NodeDelete` → `ClusterCleanup` → finalizer removed.
+//!
+//! Why nodes first and the old controller serving meanwhile: a controller
+//! plugin only ever deals with node plugins through the CSI RPCs kubelet
+//! makes (NodeStage/NodePublish with the volume context and publish context
+//! the controller returned), and a node plugin must already serve volumes
+//! created and attached by the previous controller, since those volumes
+//! outlive any upgrade. So new node plugins under the old controller is the
+//! skew every driver bears. The other way round is not: a new controller
+//! may return contexts or topology that only its own node plugin knows, and
+//! provisioning relies on up-to-date node topology (the CSI design's reason
+//! for the order). The controller therefore moves last, and only once every
+//! node that can run the new node pod runs it.
+//!
+//! A StatefulSet controller rolls with a surge: one more replica at the new
+//! template first (`partition` keeps the old ones), then the old ones, then
+//! back to the asked number; the sidecars' leader election keeps one of
+//! them active. A Deployment surges by itself (maxUnavailable rounds to 0
+//! below four replicas). So a Ready controller replica exists throughout,
+//! and a new controller that never becomes Ready never replaces the old one.
+//!
+//! Node steps are judged node by node ([`crate::fleet`]): lost nodes are
+//! named and never waited for.
 //!
 //! Every wait is judged on the live objects (template hash, observed
 //! generation, counts), never on what this operator believes it did, so a
 //! lost status write or a restart only repeats idempotent applies.
 
 use chrono::{DateTime, Duration, Utc};
-use csiops_crds::{RolloutKind, RolloutStatus, RolloutStep};
+use csiops_crds::{ControllerKind, RolloutKind, RolloutStatus, RolloutStep, RolloutStrategy};
+
+use crate::fleet::Fleet;
 
 /// What the object asks for, reduced to what the state machine needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,6 +59,10 @@ pub struct Desired {
     pub paused: bool,
     /// True once a rollout has completed for this object (status.currentVersion set).
     pub ever_completed: bool,
+    pub strategy: RolloutStrategy,
+    /// `spec.controller.replicas`.
+    pub controller_replicas: i32,
+    pub controller_kind: ControllerKind,
 }
 
 /// The live controller StatefulSet.
@@ -44,6 +75,11 @@ pub struct ControllerObs {
     pub replicas: i32,
     pub ready: i32,
     pub updated: i32,
+    /// A StatefulSet's `updateStrategy.rollingUpdate.partition` (0 when unset).
+    pub partition: i32,
+    /// Pods at the workload's update revision (StatefulSet) or newest
+    /// ReplicaSet (Deployment) that are Ready.
+    pub updated_ready: i32,
 }
 
 /// The live node DaemonSet.
@@ -52,10 +88,6 @@ pub struct NodeObs {
     pub hash: Option<String>,
     pub generation: i64,
     pub observed_generation: i64,
-    pub desired: i32,
-    pub updated: i32,
-    pub available: i32,
-    pub ready: i32,
 }
 
 /// What the cluster has.
@@ -71,8 +103,8 @@ pub struct Observed {
     pub node: Option<NodeObs>,
     /// Node pods that exist, terminating ones included.
     pub node_pods: usize,
-    /// Nodes running a node pod whose CSINode lists the driver.
-    pub registered_nodes: i32,
+    /// The node side, node by node (lost nodes apart).
+    pub fleet: Fleet,
     /// Cluster-scoped objects (CSIDriver, RBAC, StorageClasses) still carrying our owner label.
     pub cluster_scoped_remaining: usize,
 }
@@ -82,8 +114,11 @@ pub struct Observed {
 pub enum Action {
     /// Server-side apply the rendered node DaemonSet.
     ApplyNode,
-    /// Server-side apply the rendered controller StatefulSet.
+    /// Server-side apply the rendered controller workload.
     ApplyController,
+    /// Server-side apply the rendered controller StatefulSet with these
+    /// replicas and rolling-update partition: a phase of a surge roll.
+    ApplyControllerSurge { replicas: i32, partition: i32 },
     /// Set the live controller workload's replicas to 0, keeping its template.
     ScaleControllerToZero,
     /// Delete the controller workload of the kind the spec no longer asks for.
@@ -320,6 +355,13 @@ pub fn rfc3339(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
+/// A Kubernetes timestamp in the form of [`rfc3339`].
+pub fn rfc3339_of(t: &k8s_openapi::jiff::Timestamp) -> String {
+    DateTime::from_timestamp(t.as_second(), 0)
+        .map(rfc3339)
+        .unwrap_or_default()
+}
+
 fn new_rollout(
     kind: RolloutKind,
     step: RolloutStep,
@@ -348,35 +390,35 @@ fn start(desired: &Desired, observed: &Observed, now: DateTime<Utc>) -> Option<R
         .controller
         .as_ref()
         .is_some_and(|c| c.hash.as_deref() == Some(desired.controller_hash.as_str()));
-    let controller_running = observed
-        .controller
-        .as_ref()
-        .is_some_and(|c| c.spec_replicas > 0)
-        || observed.stale_controller
-        || observed.controller_pods > 0;
+    let controller_running = controller_running(observed);
+    let stop_controller = desired.strategy == RolloutStrategy::StopController;
 
     let (kind, step) = if !node_current {
-        if controller_running {
-            // The node side changes under a running controller: take the controller down first.
-            (upgrade_kind(desired), RolloutStep::ControllerScaleDown)
-        } else if observed.node.is_none() {
+        if observed.node.is_none() && !controller_running {
             (RolloutKind::Install, RolloutStep::NodeInstall)
+        } else if controller_running && stop_controller {
+            // The node side changes under a running controller that must
+            // not see node plugins of another version: take it down first.
+            (upgrade_kind(desired), RolloutStep::ControllerScaleDown)
         } else {
+            // The old controller keeps serving while the nodes roll.
             (upgrade_kind(desired), RolloutStep::NodeRoll)
         }
     } else if (!controller_current || observed.stale_controller)
-        && !controller_running
-        && node_rolled(desired, observed).is_some()
+        && ((!controller_running && node_rolled(observed).is_some()) || observed.fleet.is_rolling())
     {
         // The DaemonSet carries the desired content but its pods are not all
         // up (a status write lost, or a read older than our own write): no
-        // controller comes up before the node side is rolled out.
+        // new controller comes up before the node side is rolled out.
         if desired.ever_completed {
             (RolloutKind::Upgrade, RolloutStep::NodeRoll)
         } else {
             (RolloutKind::Install, RolloutStep::NodeInstall)
         }
-    } else if !controller_current || observed.stale_controller {
+    } else if !controller_current
+        || observed.stale_controller
+        || controller_mid_surge(desired, observed)
+    {
         let kind = if desired.ever_completed {
             RolloutKind::ControllerUpdate
         } else {
@@ -393,6 +435,27 @@ fn start(desired: &Desired, observed: &Observed, now: DateTime<Utc>) -> Option<R
         &desired.controller_hash,
         now,
     ))
+}
+
+/// Whether any controller runs, or is about to: replicas asked, the other
+/// kind's workload, or pods still there.
+fn controller_running(observed: &Observed) -> bool {
+    observed
+        .controller
+        .as_ref()
+        .is_some_and(|c| c.spec_replicas > 0)
+        || observed.stale_controller
+        || observed.controller_pods > 0
+}
+
+/// A StatefulSet left between the phases of a surge roll (its status write
+/// lost): the roll must be finished, the surge replica removed.
+fn controller_mid_surge(desired: &Desired, observed: &Observed) -> bool {
+    desired.controller_kind == ControllerKind::StatefulSet
+        && observed.controller.as_ref().is_some_and(|c| {
+            c.partition > 0
+                || (c.spec_replicas > desired.controller_replicas && c.spec_replicas > 0)
+        })
 }
 
 fn upgrade_kind(desired: &Desired) -> RolloutKind {
@@ -424,10 +487,14 @@ fn retarget(
             // Nothing of the controller exists yet in an install's first step,
             // and a node roll simply continues with the newer DaemonSet.
             RolloutStep::NodeInstall | RolloutStep::NodeRoll => {}
-            // The controller may be coming up over the old node side: take it
-            // down again and roll the node side first.
+            // The controller may be coming up over the old node side: roll
+            // the node side first (taking the controller down again where
+            // the strategy says so; otherwise it keeps serving as it is).
             _ => {
-                r.step = RolloutStep::ControllerScaleDown;
+                r.step = match desired.strategy {
+                    RolloutStrategy::StopController => RolloutStep::ControllerScaleDown,
+                    RolloutStrategy::NonDisruptive => RolloutStep::NodeRoll,
+                };
                 if r.kind == RolloutKind::ControllerUpdate {
                     r.kind = upgrade_kind(desired);
                 }
@@ -464,7 +531,13 @@ fn run_step(
 ) -> (Vec<Action>, Option<String>) {
     match step {
         RolloutStep::NodeInstall | RolloutStep::NodeRoll => {
-            (vec![Action::ApplyNode], node_rolled(desired, observed))
+            // A driver that cannot bear skew never has its nodes rolled
+            // under a running controller, whichever way the step was
+            // reached (a status lost, an edit mid-roll).
+            if desired.strategy == RolloutStrategy::StopController && controller_running(observed) {
+                return run_step(RolloutStep::ControllerScaleDown, desired, observed);
+            }
+            (vec![Action::ApplyNode], node_rolled(observed))
         }
         RolloutStep::ControllerScaleDown => {
             let mut actions = match &observed.controller {
@@ -498,6 +571,20 @@ fn run_step(
                     Some("controller of the previous kind is being removed".to_string()),
                 );
             }
+            // A new controller template is first applied only once no
+            // healthy node runs a previous node pod (a node that came back,
+            // say, gets its new pod first); a roll under way goes on.
+            let template_current = observed
+                .controller
+                .as_ref()
+                .is_some_and(|c| c.hash.as_deref() == Some(desired.controller_hash.as_str()));
+            if !template_current && observed.fleet.is_rolling() {
+                let why = observed
+                    .fleet
+                    .waiting_for()
+                    .unwrap_or_else(|| "node side still rolling out".to_string());
+                return (vec![Action::ApplyNode], Some(why));
+            }
             if observed.controller.is_none() && observed.controller_pods > 0 {
                 return (
                     Vec::new(),
@@ -507,10 +594,7 @@ fn run_step(
                     )),
                 );
             }
-            (
-                vec![Action::ApplyController],
-                controller_ready(desired, observed),
-            )
+            controller_roll(desired, observed)
         }
         // A live rollout never holds a teardown step (see `next_step`).
         RolloutStep::ControllerDelete | RolloutStep::NodeDelete | RolloutStep::ClusterCleanup => {
@@ -519,29 +603,93 @@ fn run_step(
     }
 }
 
-fn node_rolled(desired: &Desired, observed: &Observed) -> Option<String> {
-    let Some(n) = &observed.node else {
+fn node_rolled(observed: &Observed) -> Option<String> {
+    if observed.node.is_none() {
         return Some("node DaemonSet not created yet".to_string());
+    }
+    observed.fleet.waiting_for()
+}
+
+/// The controller step: a plain apply where nothing serves (install, after
+/// a scale-down, a Deployment which surges by itself), else the three
+/// phases of a StatefulSet surge, each read back from the live object so a
+/// restart resumes the right one.
+fn controller_roll(desired: &Desired, observed: &Observed) -> (Vec<Action>, Option<String>) {
+    let replicas = desired.controller_replicas;
+    let plain = || {
+        (
+            vec![Action::ApplyController],
+            controller_ready(desired, observed),
+        )
     };
-    if n.hash.as_deref() != Some(desired.node_hash.as_str()) {
-        return Some("node DaemonSet not updated yet".to_string());
+    let Some(live) = observed.controller.as_ref() else {
+        return plain();
+    };
+    if desired.controller_kind != ControllerKind::StatefulSet || replicas < 1 {
+        return plain();
     }
-    if n.observed_generation < n.generation {
-        return Some("DaemonSet controller has not observed the new generation".to_string());
+    let surge = replicas + 1;
+    let template_current = live.hash.as_deref() == Some(desired.controller_hash.as_str());
+    let observed_now = live.observed_generation >= live.generation;
+    if !template_current {
+        if live.ready == 0 {
+            // Nothing serves: nothing to keep serving.
+            return plain();
+        }
+        // Phase 1: one more replica at the new template; `partition` keeps
+        // the serving ones as they are.
+        return (
+            vec![Action::ApplyControllerSurge {
+                replicas: surge,
+                partition: replicas,
+            }],
+            Some("controller: starting a surge replica at the new template".to_string()),
+        );
     }
-    if n.updated < n.desired || n.available < n.desired {
-        return Some(format!(
-            "node pods: {} updated, {} available of {} desired",
-            n.updated, n.available, n.desired
-        ));
+    if live.partition > 0 {
+        if observed_now && live.updated_ready >= 1 {
+            // Phase 2: the surge replica serves; roll the old ones.
+            return (
+                vec![Action::ApplyControllerSurge {
+                    replicas: surge,
+                    partition: 0,
+                }],
+                Some("controller: rolling the previous replicas".to_string()),
+            );
+        }
+        return (
+            vec![Action::ApplyControllerSurge {
+                replicas: surge,
+                partition: replicas,
+            }],
+            Some(format!(
+                "controller: surge replica at the new template not Ready yet ({} of {} ready at the previous one)",
+                live.ready.min(replicas),
+                replicas
+            )),
+        );
     }
-    if desired.registration_required && observed.registered_nodes < n.desired {
-        return Some(format!(
-            "driver registered on {} of {} nodes",
-            observed.registered_nodes, n.desired
-        ));
+    if live.spec_replicas == surge {
+        let rolled = observed_now
+            && live.updated == surge
+            && live.updated_ready >= surge
+            && live.replicas == surge;
+        if !rolled {
+            return (
+                vec![Action::ApplyControllerSurge {
+                    replicas: surge,
+                    partition: 0,
+                }],
+                Some(format!(
+                    "controller: rolling the previous replicas ({} of {} at the new template and Ready)",
+                    live.updated_ready.min(surge),
+                    surge
+                )),
+            );
+        }
+        // Phase 3: back to the asked number (the highest ordinal goes).
     }
-    None
+    plain()
 }
 
 fn controller_scaled_down(observed: &Observed) -> Option<String> {
@@ -577,10 +725,17 @@ fn controller_ready(desired: &Desired, observed: &Observed) -> Option<String> {
     if c.observed_generation < c.generation {
         return Some("controller workload: new generation not observed yet".to_string());
     }
-    if c.ready < c.spec_replicas || c.updated < c.spec_replicas || c.replicas != c.spec_replicas {
+    let replicas = desired.controller_replicas;
+    if c.spec_replicas != replicas {
+        return Some(format!(
+            "controller workload: {} replicas, {} asked",
+            c.spec_replicas, replicas
+        ));
+    }
+    if c.ready < replicas || c.updated < replicas || c.replicas != replicas {
         return Some(format!(
             "controller pods: {} ready, {} updated of {} desired",
-            c.ready, c.updated, c.spec_replicas
+            c.ready, c.updated, replicas
         ));
     }
     None
@@ -627,5 +782,7 @@ fn overdue(
     })
 }
 
+#[cfg(test)]
+mod sim;
 #[cfg(test)]
 mod tests;

@@ -35,16 +35,38 @@ fn csinode(name: &str, drivers: &[&str]) -> std::sync::Arc<CSINode> {
 
 static NO_MOUNT_FAILURES: std::collections::BTreeMap<String, String> =
     std::collections::BTreeMap::new();
+/// Nodes n1, n2 and n3, Ready.
+static NODES: std::sync::LazyLock<std::collections::BTreeMap<String, NodeInfo>> =
+    std::sync::LazyLock::new(|| {
+        ["n1", "n2", "n3"]
+            .iter()
+            .map(|n| {
+                (
+                    n.to_string(),
+                    NodeInfo {
+                        readiness: crate::fleet::Readiness::Ready,
+                        ready_since: None,
+                        unschedulable: false,
+                        taints: Vec::new(),
+                    },
+                )
+            })
+            .collect()
+    });
 
 fn input<'a>(pods: &'a [Pod], csinodes: &'a [std::sync::Arc<CSINode>]) -> HealthInput<'a> {
     HealthInput {
         driver_name: "hostpath.csi.k8s.io",
         kubelet_dir: "/var/lib/kubelet",
         registration_required: true,
+        controller_replicas: 1,
+        max_unavailable: None,
         statefulset: None,
         deployment: None,
         daemonset: None,
+        node_hash: "h2",
         pods,
+        nodes: &NODES,
         csinodes,
         tainted_nodes: 0,
         mount_failures: &NO_MOUNT_FAILURES,
@@ -67,6 +89,17 @@ fn a_pod_creating_past_the_grace_is_looked_into() {
     assert!(stuck_creating(&long, now()));
     assert!(!stuck_creating(&fresh, now()));
     assert!(!stuck_creating(&running, now()));
+    // Scheduled long ago but no container status at all (a simulated node,
+    // or a kubelet that has not seen it yet): nothing is being created.
+    let no_statuses = pod(
+        "d",
+        "node",
+        "n1",
+        json!({"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-11-21T09:00:00Z"}
+        ]}),
+    );
+    assert!(!stuck_creating(&no_statuses, now()));
 }
 
 #[test]
@@ -137,8 +170,8 @@ fn registered_nodes_count_only_csinodes_listing_the_driver() {
         pod("node-b", "node", "n2", ready_since("2026-11-21T09:59:50Z")),
     ];
     let h = assess(&input(&pods, &csinodes));
-    assert_eq!(h.registered_nodes, 2);
-    assert_eq!(h.registered_on_pod_nodes, 1);
+    // Counted over the nodes running a node pod: n3 runs none.
+    assert_eq!(h.registered_nodes, 1);
     assert_eq!(h.node_pods, 2);
     // node-b is Ready for 10s only: still within the registration grace.
     assert!(h.unhealthy.is_empty(), "{:?}", h.unhealthy);
@@ -238,20 +271,14 @@ fn terminating_pods_are_counted_but_not_reported() {
 fn workload_counts_and_observations_come_from_the_live_objects() {
     let sts: StatefulSet = serde_json::from_value(json!({
         "metadata": {"name": "x-controller", "generation": 4, "annotations": {"h": "abc"}},
-        "spec": {"replicas": 2, "selector": {}, "serviceName": "x", "template": {}},
-        "status": {"replicas": 2, "readyReplicas": 1, "updatedReplicas": 2, "observedGeneration": 3}
+        "spec": {"replicas": 2, "selector": {}, "serviceName": "x", "template": {},
+                 "updateStrategy": {"rollingUpdate": {"partition": 1}}},
+        "status": {"replicas": 2, "readyReplicas": 1, "updatedReplicas": 2, "observedGeneration": 3,
+                   "updateRevision": "x-controller-new"}
     }))
     .expect("sts fixture");
-    let ds: DaemonSet = serde_json::from_value(json!({
-        "metadata": {"name": "x-node", "generation": 2},
-        "spec": {"selector": {}, "template": {}},
-        "status": {"currentNumberScheduled": 3, "desiredNumberScheduled": 3, "numberMisscheduled": 0,
-                   "numberReady": 3, "numberAvailable": 2, "updatedNumberScheduled": 1, "observedGeneration": 2}
-    }))
-    .expect("ds fixture");
     let mut i = input(&[], &[]);
     i.statefulset = Some(&sts);
-    i.daemonset = Some(&ds);
     let h = assess(&i);
     assert_eq!(
         (
@@ -261,25 +288,129 @@ fn workload_counts_and_observations_come_from_the_live_objects() {
         ),
         (2, 1, 2)
     );
+    let c = controller_obs(&sts, "h");
+    assert_eq!(c.hash.as_deref(), Some("abc"));
+    assert_eq!(
+        (
+            c.generation,
+            c.observed_generation,
+            c.spec_replicas,
+            c.partition
+        ),
+        (4, 3, 2, 1)
+    );
+
+    // The surge replica's progress: Ready pods at the update revision.
+    let at = |name: &str, rev: &str, ready: bool| -> Pod {
+        let mut p = pod(
+            name,
+            "controller",
+            "n1",
+            json!({"conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"}}]}),
+        );
+        p.metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert("controller-revision-hash".into(), rev.into());
+        p
+    };
+    let pods = [
+        at("x-controller-0", "x-controller-old", true),
+        at("x-controller-1", "x-controller-new", true),
+        at("x-controller-2", "x-controller-new", false),
+    ];
+    assert_eq!(statefulset_updated_ready(&sts, &pods), 1);
+
+    // A StatefulSet scaled to zero for a node roll is not "0/0 ready".
+    let mut scaled: StatefulSet = sts.clone();
+    scaled.spec.as_mut().unwrap().replicas = Some(0);
+    scaled.status.as_mut().unwrap().ready_replicas = Some(0);
+    let mut i = input(&[], &[]);
+    i.statefulset = Some(&scaled);
+    assert_eq!(
+        (assess(&i).controller.desired, assess(&i).controller.ready),
+        (1, 0)
+    );
+}
+
+#[test]
+fn pods_on_lost_nodes_are_counted_once_and_named_not_reported_unhealthy() {
+    // The issue's cluster: the DaemonSet counts only the real node; three
+    // lost nodes still run (old) pods and list the driver in their CSINode.
+    let ds: DaemonSet = serde_json::from_value(json!({
+        "metadata": {"name": "x-node", "generation": 2, "annotations": {
+            crate::render::labels::TEMPLATE_HASH: "h2",
+            crate::fleet::TEMPLATE_GENERATION_ANNOTATION: "2"}},
+        "spec": {"selector": {}, "template": {}},
+        "status": {"currentNumberScheduled": 1, "desiredNumberScheduled": 1, "numberMisscheduled": 0,
+                   "numberReady": 1, "observedGeneration": 2}
+    }))
+    .expect("ds fixture");
+    let node_pod = |name: &str, node: &str, generation: &str, ready: bool| -> Pod {
+        let mut p = pod(
+            name,
+            "node",
+            node,
+            json!({"phase": "Running", "conditions": [
+                {"type": "Ready", "status": if ready {"True"} else {"False"},
+                 "lastTransitionTime": "2026-11-21T09:00:00Z"}]}),
+        );
+        p.metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert(
+                crate::fleet::POD_TEMPLATE_GENERATION_LABEL.into(),
+                generation.into(),
+            );
+        p
+    };
+    let pods = [
+        node_pod("x-node-real", "real", "2", true),
+        node_pod("x-node-a", "kwok-a", "1", false),
+        node_pod("x-node-b", "kwok-b", "1", false),
+        node_pod("x-node-c", "kwok-c", "1", false),
+    ];
+    let csinodes: Vec<_> = ["real", "kwok-a", "kwok-b", "kwok-c"]
+        .iter()
+        .map(|n| csinode(n, &["hostpath.csi.k8s.io"]))
+        .collect();
+    let lost = NodeInfo {
+        readiness: crate::fleet::Readiness::Unknown,
+        ready_since: Some("2026-11-21T09:50:00Z".into()),
+        unschedulable: false,
+        taints: Vec::new(),
+    };
+    let nodes = std::collections::BTreeMap::from([
+        (
+            "real".to_string(),
+            NodeInfo {
+                readiness: crate::fleet::Readiness::Ready,
+                ..lost.clone()
+            },
+        ),
+        ("kwok-a".to_string(), lost.clone()),
+        ("kwok-b".to_string(), lost.clone()),
+        ("kwok-c".to_string(), lost),
+    ]);
+    let mut i = input(&pods, &csinodes);
+    i.daemonset = Some(&ds);
+    i.nodes = &nodes;
+    let h = assess(&i);
     assert_eq!(
         (
             h.node.desired,
             h.node.ready,
             h.node.updated,
-            h.node.available
+            h.node.available,
+            h.node.lost
         ),
-        (3, 3, 1, 2)
+        (4, 1, 1, 1, 3)
     );
-
-    let c = controller_obs(&sts, "h");
-    assert_eq!(c.hash.as_deref(), Some("abc"));
-    assert_eq!(
-        (c.generation, c.observed_generation, c.spec_replicas),
-        (4, 3, 2)
-    );
-    let n = node_obs(&ds, "h");
-    assert_eq!(n.hash, None);
-    assert_eq!((n.desired, n.updated, n.available), (3, 1, 2));
+    // Never more registered than desired (the issue saw "4/1").
+    assert_eq!(h.registered_nodes, 1);
+    assert!(h.unhealthy.is_empty(), "{:?}", h.unhealthy);
+    assert_eq!(h.fleet.lost.len(), 3);
+    assert!(h.nodes_serving);
 }
 
 fn ds_with(generation: i64, observed: Option<i64>, desired: i32) -> DaemonSet {

@@ -15,7 +15,7 @@ pub mod conflict;
 pub mod error;
 pub mod events;
 mod monitoring;
-pub mod node_taints;
+pub mod nodes;
 pub mod pod_events;
 pub mod retry;
 mod status;
@@ -30,10 +30,13 @@ use std::time::Duration as StdDuration;
 use chrono::{Duration, Utc};
 use csiops_crds::CSIDriverDeployment;
 use csiops_crds::ControllerKind;
+use std::collections::BTreeSet;
+
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::storage::v1::CSINode;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action as Requeue, Controller};
 use kube::runtime::events::{Recorder, Reporter};
@@ -78,8 +81,8 @@ pub struct Context {
     /// Pods of every csiops-managed workload.
     pub pods: Store<Pod>,
     pub csinodes: Store<CSINode>,
-    /// Readiness taints per node, for `status.taintedNodes`.
-    pub node_taints: node_taints::NodeTaints,
+    /// What is known of each Node: readiness, cordon, taints.
+    pub nodes: nodes::NodeCache,
     pub deployments: Store<CSIDriverDeployment>,
     /// Consecutive failed writes per object, for backoff and reporting.
     pub failures: retry::Failures,
@@ -125,8 +128,8 @@ pub async fn run(
     .default_backoff()
     .touched_objects();
 
-    let node_taints = node_taints::NodeTaints::default();
-    let taint_changes = node_taints.watch(client.clone());
+    let node_cache = nodes::NodeCache::default();
+    let node_changes = node_cache.watch(client.clone());
 
     let controller = Controller::new(
         Api::<CSIDriverDeployment>::all(client.clone()),
@@ -146,7 +149,7 @@ pub async fn run(
         render_cfg: cfg.render,
         pods: pods.clone(),
         csinodes: csinodes.clone(),
-        node_taints: node_taints.clone(),
+        nodes: node_cache.clone(),
         deployments: deployments.clone(),
         failures: retry::Failures::default(),
     });
@@ -165,7 +168,7 @@ pub async fn run(
     });
 
     let csinode_targets = deployments.clone();
-    let taint_targets = deployments.clone();
+    let node_targets = deployments.clone();
     controller
         .owns(
             Api::<StatefulSet>::all(client.clone()),
@@ -189,13 +192,13 @@ pub async fn run(
                 .map(|d| ObjectRef::from_obj(d.as_ref()))
                 .collect::<Vec<_>>()
         })
-        // Only changes of a node's readiness taints come through (see
-        // `node_taints`); they concern the objects that use the taint.
-        .watches_stream(taint_changes, move |_node: Node| {
-            taint_targets
+        // Only changes of what is kept of a node come through (readiness,
+        // cordon, taints; see `nodes`), never heartbeats: a node lost or
+        // back can concern any driver.
+        .watches_stream(node_changes, move |_node: Node| {
+            node_targets
                 .state()
                 .iter()
-                .filter(|d| d.spec.node.readiness_taint)
                 .map(|d| ObjectRef::from_obj(d.as_ref()))
                 .collect::<Vec<_>>()
         })
@@ -354,22 +357,33 @@ async fn drive(
     let registration_required = spec.sidecars.registrar.enabled;
     let mount_failures = pod_events::mount_failures(&ctx.client, owner.namespace, &pods, now).await;
     let (statefulset, deployment) = controller.current(spec.controller.kind);
+    let node_infos = ctx.nodes.snapshot();
     let health = health::assess(&HealthInput {
         driver_name: &spec.driver_name,
         kubelet_dir: &spec.node.kubelet_dir,
         registration_required,
+        controller_replicas: spec.controller.replicas,
+        max_unavailable: spec.node.max_unavailable.as_ref(),
         statefulset,
         deployment,
         daemonset: ds.as_ref(),
+        node_hash: &rendered.node_hash,
         pods: &pods,
+        nodes: &node_infos,
         csinodes: &csinodes,
         tainted_nodes: ctx
-            .node_taints
-            .count(&csiops_crds::readiness_taint_key(&spec.driver_name)),
+            .nodes
+            .count_tainted(&csiops_crds::readiness_taint_key(&spec.driver_name)),
         mount_failures: &mount_failures,
         now,
     });
-    let observed = observe(&controller, spec.controller.kind, ds.as_ref(), &health, 0);
+    let observed = observe(
+        &controller,
+        spec.controller.kind,
+        ds.as_ref(),
+        &health,
+        &pods,
+    );
     let desired = Desired {
         node_hash: rendered.node_hash.clone(),
         controller_hash: rendered.controller_hash.clone(),
@@ -377,6 +391,9 @@ async fn drive(
         step_timeout: Duration::seconds(spec.rollout.step_timeout_seconds),
         paused: spec.paused,
         ever_completed: status.is_some_and(|s| s.current_version.is_some()),
+        strategy: spec.rollout.strategy,
+        controller_replicas: spec.controller.replicas,
+        controller_kind: spec.controller.kind,
     };
     let plan = rollout::plan(
         &desired,
@@ -385,10 +402,14 @@ async fn drive(
         now,
     );
 
+    let node_budget = health
+        .fleet
+        .max_unavailable(spec.node.max_unavailable.as_ref());
     for action in &plan.actions {
-        execute(*action, obj, ctx, owner, rendered).await?;
+        execute(*action, obj, ctx, owner, rendered, &node_budget).await?;
     }
     announce(obj, ctx, &plan).await;
+    announce_lost_nodes(obj, ctx, &health).await;
 
     // No node to run on says more than any step deadline it causes.
     let no_nodes =
@@ -399,12 +420,14 @@ async fn drive(
     if let Some(p) = &no_nodes {
         warn_once(obj, ctx, p).await;
     }
-    let problem = no_nodes.or_else(|| {
-        plan.overdue.as_ref().map(|why| Problem {
-            reason: "RolloutStepTimeout",
-            message: why.clone(),
+    let problem = no_nodes
+        .or_else(|| {
+            plan.overdue.as_ref().map(|why| Problem {
+                reason: "RolloutStepTimeout",
+                message: why.clone(),
+            })
         })
-    });
+        .or_else(|| lost_nodes_problem(obj, &health, now));
     let new_status = status_after(obj, Progress::of(&plan), &health, problem.as_ref(), now);
     write_status(obj, api, new_status).await?;
     Ok(if plan.rollout.is_some() {
@@ -517,38 +540,119 @@ fn observe(
     kind: ControllerKind,
     ds: Option<&DaemonSet>,
     health: &Health,
-    cluster_scoped_remaining: usize,
+    pods: &[Pod],
 ) -> Observed {
+    let mut live = controller.obs(kind);
+    if let (Some(obs), Some(sts)) = (live.as_mut(), controller.statefulset.as_ref()) {
+        if kind == ControllerKind::StatefulSet {
+            obs.updated_ready = health::statefulset_updated_ready(sts, pods);
+        }
+    }
     Observed {
-        controller: controller.obs(kind),
+        controller: live,
         stale_controller: controller.exists(other_kind(kind)),
         controller_pods: health.controller_pods,
         node: ds.map(|d| health::node_obs(d, labels::TEMPLATE_HASH)),
         node_pods: health.node_pods,
-        registered_nodes: health.registered_on_pod_nodes,
-        cluster_scoped_remaining,
+        fleet: health.fleet.clone(),
+        cluster_scoped_remaining: 0,
     }
 }
 
-/// Runs one action of the state machine.
+/// Degraded when a node has been lost for longer than the step deadline:
+/// the driver serves nothing there. It holds no rollout back.
+fn lost_nodes_problem(
+    obj: &CSIDriverDeployment,
+    health: &Health,
+    now: chrono::DateTime<Utc>,
+) -> Option<Problem> {
+    let listed = report::lost_nodes(&health.fleet.lost, obj.status.as_ref(), now);
+    let timeout = Duration::seconds(obj.spec.rollout.step_timeout_seconds);
+    let long = report::lost_too_long(&listed, timeout, now);
+    let first = long.first()?;
+    Some(Problem {
+        reason: "NodesLost",
+        message: format!(
+            "{} node(s) lost for more than {}s, the driver serves nothing there: {} ({}) since {}; \
+             they hold no rollout back and get the current node pod when they return",
+            long.len(),
+            timeout.num_seconds(),
+            first.name,
+            first.reason,
+            first.since.as_deref().unwrap_or("?")
+        ),
+    })
+}
+
+/// An Event when nodes are newly lost, and one when lost nodes return.
+async fn announce_lost_nodes(obj: &CSIDriverDeployment, ctx: &Context, health: &Health) {
+    let before: BTreeSet<&str> = obj
+        .status
+        .as_ref()
+        .map(|s| s.lost_nodes.iter().map(|n| n.name.as_str()).collect())
+        .unwrap_or_default();
+    let now: BTreeSet<&str> = health
+        .fleet
+        .lost
+        .iter()
+        .take(csiops_crds::MAX_LOST_NODES_LISTED)
+        .map(|l| l.node.as_str())
+        .collect();
+    let newly: Vec<String> = health
+        .fleet
+        .lost
+        .iter()
+        .filter(|l| !before.contains(l.node.as_str()))
+        .take(csiops_crds::MAX_LOST_NODES_LISTED)
+        .map(|l| format!("{} ({})", l.node, l.reason.as_str()))
+        .collect();
+    if !newly.is_empty() {
+        let note = format!(
+            "node(s) lost: {}; the driver serves nothing there, and rollouts go on without them",
+            newly.join(", ")
+        );
+        publish(&ctx.recorder, obj, &Note::warning("NodesLost", note)).await;
+    }
+    let back: Vec<&str> = before.difference(&now).copied().collect();
+    if !back.is_empty() && health.fleet.lost.len() <= csiops_crds::MAX_LOST_NODES_LISTED {
+        publish(
+            &ctx.recorder,
+            obj,
+            &Note {
+                warning: false,
+                reason: "NodesReturned".into(),
+                action: "Observe".into(),
+                note: format!("node(s) no longer lost: {}", back.join(", ")),
+            },
+        )
+        .await;
+    }
+}
+
+/// Runs one action of the state machine. `node_budget` is the DaemonSet's
+/// `maxUnavailable` for now (the user's, plus the lost nodes).
 async fn execute(
     action: Action,
     obj: &CSIDriverDeployment,
     ctx: &Context,
     owner: Owner<'_>,
     r: &Rendered,
+    node_budget: &IntOrString,
 ) -> Result<(), Error> {
     let (sts_api, ds_api) = workload_apis(ctx, owner.namespace);
     match action {
         Action::ApplyNode => {
-            apply(
-                &ds_api,
-                "DaemonSet",
-                r.daemonset.clone(),
-                owner,
-                Mode::Always,
-            )
-            .await?;
+            let ds = render::node::with_max_unavailable(r.daemonset.clone(), node_budget);
+            apply(&ds_api, "DaemonSet", ds, owner, Mode::Always).await?;
+        }
+        Action::ApplyControllerSurge {
+            replicas,
+            partition,
+        } => {
+            if let ControllerWorkload::StatefulSet(sts) = &r.controller {
+                let sts = render::controller::with_surge(sts.clone(), replicas, partition);
+                apply(&sts_api, "StatefulSet", sts, owner, Mode::Always).await?;
+            }
         }
         Action::ApplyController => match &r.controller {
             ControllerWorkload::StatefulSet(sts) => {

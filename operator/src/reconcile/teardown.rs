@@ -60,16 +60,21 @@ pub(super) async fn teardown(
         driver_name: &obj.spec.driver_name,
         kubelet_dir: &obj.spec.node.kubelet_dir,
         registration_required: false,
+        controller_replicas: obj.spec.controller.replicas,
+        max_unavailable: obj.spec.node.max_unavailable.as_ref(),
         statefulset,
         deployment,
         daemonset: ds.as_ref(),
+        node_hash: "",
         pods: &pods,
+        nodes: &ctx.nodes.snapshot(),
         csinodes: &[],
         tainted_nodes: 0,
         mount_failures: &Default::default(),
         now,
     });
-    let observed = observe(&controller, kind, ds.as_ref(), &health, remaining);
+    let mut observed = observe(&controller, kind, ds.as_ref(), &health, &pods);
+    observed.cluster_scoped_remaining = remaining;
     let status = obj.status.as_ref();
     let plan = rollout::plan_delete(
         &observed,

@@ -62,7 +62,7 @@ impl Fixture {
             },
             pods: reflector::store().0,
             csinodes: reflector::store().0,
-            node_taints: Default::default(),
+            nodes: Default::default(),
             deployments,
             failures: retry::Failures::default(),
         });

@@ -9,7 +9,8 @@ use std::collections::BTreeMap;
 
 use csiops_crds::{ControllerKind, ExtraContainerPod};
 use k8s_openapi::api::apps::v1::{
-    Deployment, DeploymentSpec, DeploymentStrategy, StatefulSet, StatefulSetSpec,
+    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateStatefulSetStrategy, StatefulSet,
+    StatefulSetSpec, StatefulSetUpdateStrategy,
 };
 use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, PodSpec, PodTemplateSpec, Volume};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -187,4 +188,60 @@ fn set_hash(metadata: &mut ObjectMeta, hash: &str) {
         .annotations
         .get_or_insert_with(BTreeMap::new)
         .insert(TEMPLATE_HASH.to_string(), hash.to_string());
+}
+
+/// `sts` with `replicas` and a rolling-update `partition`, the hash
+/// annotation untouched: one phase of a surge roll (see `rollout`). With
+/// partition 0 the field is left out, as the rendered object has it.
+pub fn with_surge(mut sts: StatefulSet, replicas: i32, partition: i32) -> StatefulSet {
+    if let Some(spec) = sts.spec.as_mut() {
+        spec.replicas = Some(replicas);
+        spec.update_strategy = (partition > 0).then(|| StatefulSetUpdateStrategy {
+            type_: Some("RollingUpdate".to_string()),
+            rolling_update: Some(RollingUpdateStatefulSetStrategy {
+                partition: Some(partition),
+                ..Default::default()
+            }),
+        });
+    }
+    sts
+}
+
+#[cfg(test)]
+mod surge_tests {
+    use super::*;
+
+    #[test]
+    fn a_surge_phase_sets_replicas_and_partition_only() {
+        let sts = StatefulSet {
+            metadata: ObjectMeta {
+                annotations: Some(BTreeMap::from([(
+                    TEMPLATE_HASH.to_string(),
+                    "h".to_string(),
+                )])),
+                ..Default::default()
+            },
+            spec: Some(StatefulSetSpec {
+                replicas: Some(1),
+                ..Default::default()
+            }),
+            status: None,
+        };
+        let phase1 = with_surge(sts.clone(), 2, 1);
+        let spec = phase1.spec.as_ref().expect("spec");
+        assert_eq!(spec.replicas, Some(2));
+        let partition = spec
+            .update_strategy
+            .as_ref()
+            .and_then(|u| u.rolling_update.as_ref())
+            .and_then(|r| r.partition);
+        assert_eq!(partition, Some(1));
+        assert_eq!(phase1.metadata, sts.metadata);
+        let phase2 = with_surge(sts.clone(), 2, 0);
+        assert_eq!(
+            phase2.spec.as_ref().and_then(|s| s.update_strategy.clone()),
+            None
+        );
+        assert_eq!(with_surge(sts.clone(), 1, 0), sts);
+    }
 }

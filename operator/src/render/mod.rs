@@ -16,7 +16,7 @@ pub mod hash;
 pub mod labels;
 pub mod monitoring;
 pub mod names;
-mod node;
+pub mod node;
 pub mod rbac;
 mod storageclass;
 pub mod validate;

@@ -167,3 +167,52 @@ pub(crate) fn daemonset(ctx: &Ctx<'_>) -> Result<(DaemonSet, String), RenderErro
         hash,
     ))
 }
+
+/// `ds` with its rolling update's `maxUnavailable` set to `budget`, the
+/// hash annotation untouched: the budget follows the lost nodes (see
+/// `fleet::Fleet::max_unavailable`) and is no change of content.
+pub fn with_max_unavailable(mut ds: DaemonSet, budget: &IntOrString) -> DaemonSet {
+    if let Some(rolling) = ds
+        .spec
+        .as_mut()
+        .and_then(|s| s.update_strategy.as_mut())
+        .and_then(|u| u.rolling_update.as_mut())
+    {
+        rolling.max_unavailable = Some(budget.clone());
+    }
+    ds
+}
+
+#[cfg(test)]
+mod budget_tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_changes_max_unavailable_only() {
+        let ds = DaemonSet {
+            spec: Some(DaemonSetSpec {
+                update_strategy: Some(DaemonSetUpdateStrategy {
+                    type_: Some("RollingUpdate".into()),
+                    rolling_update: Some(RollingUpdateDaemonSet {
+                        max_unavailable: Some(IntOrString::String("10%".into())),
+                        ..Default::default()
+                    }),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let out = with_max_unavailable(ds.clone(), &IntOrString::Int(7));
+        let rolling = out
+            .spec
+            .as_ref()
+            .and_then(|s| s.update_strategy.as_ref())
+            .and_then(|u| u.rolling_update.as_ref())
+            .expect("rolling update kept");
+        assert_eq!(rolling.max_unavailable, Some(IntOrString::Int(7)));
+        let mut back = out;
+        back.spec.as_mut().unwrap().update_strategy =
+            ds.spec.as_ref().unwrap().update_strategy.clone();
+        assert_eq!(back, ds);
+    }
+}

@@ -20,13 +20,15 @@ fn healthy() -> Health {
             ready: 3,
             updated: 3,
             available: 3,
+            lost: 0,
         },
         registered_nodes: 3,
         tainted_nodes: 0,
-        registered_on_pod_nodes: 3,
         controller_pods: 1,
         node_pods: 3,
         unhealthy: vec![],
+        fleet: Default::default(),
+        nodes_serving: true,
     }
 }
 

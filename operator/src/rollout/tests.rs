@@ -1,183 +1,8 @@
-//! Transition tests of the rollout state machine, against a small simulated
-//! cluster whose StatefulSet/DaemonSet controllers converge when told to.
+//! Transition tests of the rollout state machine against the simulated
+//! cluster of [`super::sim`].
 
+use super::sim::*;
 use super::*;
-use std::collections::BTreeMap;
-
-const NODES: i32 = 3;
-
-fn t0() -> DateTime<Utc> {
-    DateTime::parse_from_rfc3339("2026-11-21T10:00:00Z")
-        .map(|t| t.with_timezone(&Utc))
-        .expect("fixed time parses")
-}
-
-fn desired(n: &str, c: &str) -> Desired {
-    Desired {
-        node_hash: n.into(),
-        controller_hash: c.into(),
-        registration_required: true,
-        step_timeout: Duration::seconds(600),
-        paused: false,
-        ever_completed: false,
-    }
-}
-
-/// A cluster that does what the actions say and converges on `settle`.
-#[derive(Default)]
-struct Sim {
-    obs: Observed,
-    replicas_wanted: i32,
-    /// controller hash -> node hash it was rendered with (the invariant below).
-    pairs: BTreeMap<String, String>,
-    /// Every action in the order the reconciler would run it.
-    log: Vec<Action>,
-    rollout: Option<RolloutStatus>,
-    completed: usize,
-}
-
-impl Sim {
-    fn run(&mut self, d: &Desired, now: DateTime<Utc>) -> Plan {
-        self.pairs
-            .insert(d.controller_hash.clone(), d.node_hash.clone());
-        let p = plan(d, &self.obs, self.rollout.as_ref(), now);
-        for a in &p.actions {
-            self.apply(*a, d);
-        }
-        self.rollout = p.rollout.clone();
-        if p.completed {
-            self.completed += 1;
-        }
-        p
-    }
-
-    fn apply(&mut self, a: Action, d: &Desired) {
-        self.log.push(a);
-        match a {
-            Action::ApplyNode => {
-                let n = self.obs.node.get_or_insert_with(|| NodeObs {
-                    desired: NODES,
-                    ..NodeObs::default()
-                });
-                if n.hash.as_deref() != Some(d.node_hash.as_str()) {
-                    n.hash = Some(d.node_hash.clone());
-                    n.generation += 1;
-                    n.updated = 0;
-                }
-            }
-            Action::ApplyController => {
-                // Switching kinds: the new controller never starts while the
-                // old one or any of its pods is still there.
-                assert!(
-                    !self.obs.stale_controller,
-                    "controller applied while the old kind exists"
-                );
-                assert!(
-                    self.obs.controller.is_some() || self.obs.controller_pods == 0,
-                    "new controller applied while {} old pod(s) run",
-                    self.obs.controller_pods
-                );
-                let c = self
-                    .obs
-                    .controller
-                    .get_or_insert_with(ControllerObs::default);
-                if c.hash.as_deref() != Some(d.controller_hash.as_str()) || c.spec_replicas != 1 {
-                    c.hash = Some(d.controller_hash.clone());
-                    c.generation += 1;
-                    c.spec_replicas = 1;
-                    c.updated = 0;
-                    c.ready = 0;
-                }
-                self.replicas_wanted = 1;
-            }
-            Action::ScaleControllerToZero => {
-                if let Some(c) = &mut self.obs.controller {
-                    c.spec_replicas = 0;
-                    c.generation += 1;
-                }
-            }
-            Action::DeleteStaleController => self.obs.stale_controller = false,
-        }
-        self.check_invariant();
-    }
-
-    fn tear(&mut self, a: TeardownAction) {
-        match a {
-            TeardownAction::DeleteController => self.obs.controller = None,
-            TeardownAction::DeleteStaleController => self.obs.stale_controller = false,
-            TeardownAction::DeleteNode => self.obs.node = None,
-            TeardownAction::CleanupClusterScoped => self.obs.cluster_scoped_remaining = 0,
-            TeardownAction::RemoveFinalizer => {}
-        }
-        self.check_invariant();
-    }
-
-    /// The controllers of the cluster catch up: pods roll, register, become ready.
-    fn settle(&mut self) {
-        if let Some(n) = &mut self.obs.node {
-            n.observed_generation = n.generation;
-            n.updated = n.desired;
-            n.available = n.desired;
-            n.ready = n.desired;
-            self.obs.node_pods = n.desired as usize;
-            self.obs.registered_nodes = n.desired;
-        } else {
-            self.obs.node_pods = 0;
-        }
-        if let Some(c) = &mut self.obs.controller {
-            c.observed_generation = c.generation;
-            c.replicas = c.spec_replicas;
-            c.ready = c.spec_replicas;
-            c.updated = c.spec_replicas;
-            self.obs.controller_pods = c.spec_replicas as usize;
-        } else if !self.obs.stale_controller {
-            // Pods of a deleted workload are gone once the cluster settles;
-            // those of a stale one keep running.
-            self.obs.controller_pods = 0;
-        }
-        self.check_invariant();
-    }
-
-    /// A running controller is only ever the one rendered with the live node side.
-    fn check_invariant(&self) {
-        if let (Some(c), Some(n)) = (&self.obs.controller, &self.obs.node) {
-            if c.spec_replicas > 0 {
-                let pair = c.hash.as_ref().and_then(|h| self.pairs.get(h));
-                assert_eq!(
-                    pair,
-                    n.hash.as_ref(),
-                    "controller {:?} runs over node side {:?}",
-                    c.hash,
-                    n.hash
-                );
-            }
-        }
-    }
-
-    fn drive(&mut self, d: &Desired, now: DateTime<Utc>) {
-        for _ in 0..10 {
-            let p = self.run(d, now);
-            if p.rollout.is_none() {
-                return;
-            }
-            self.settle();
-        }
-        panic!("rollout did not finish: {:?}", self.rollout);
-    }
-
-    fn installed(d: &Desired) -> Sim {
-        let mut sim = Sim::default();
-        sim.drive(d, t0());
-        sim.log.clear();
-        sim
-    }
-}
-
-fn first(log: &[Action], a: Action) -> usize {
-    log.iter()
-        .position(|x| *x == a)
-        .unwrap_or_else(|| panic!("{a:?} never happened in {log:?}"))
-}
 
 #[test]
 fn install_applies_the_daemonset_then_waits_then_the_controller() {
@@ -228,12 +53,13 @@ fn install_waits_for_registration_on_every_node() {
     let mut sim = Sim::default();
     sim.run(&d, t0());
     sim.settle();
-    sim.obs.registered_nodes = 1;
+    sim.nodes[1].registered = false;
     let p = sim.run(&d, t0());
     assert!(!p.actions.contains(&Action::ApplyController));
-    assert_eq!(
-        p.waiting_for.as_deref(),
-        Some("driver registered on 1 of 3 nodes")
+    let waiting = p.waiting_for.unwrap_or_default();
+    assert!(
+        waiting.contains("node-1") && waiting.contains("not registered"),
+        "{waiting}"
     );
 
     // Without a registrar there is nothing to wait for.
@@ -244,10 +70,55 @@ fn install_waits_for_registration_on_every_node() {
 }
 
 #[test]
-fn node_side_upgrade_is_controller_down_node_rolled_controller_up() {
+fn node_side_upgrade_rolls_nodes_under_the_serving_controller_then_surges_it() {
     let mut sim = Sim::installed(&desired("n1", "c1"));
-    let mut d2 = desired("n2", "c2");
-    d2.ever_completed = true;
+    assert!(sim.must_serve);
+    let d2 = upgrade("n2", "c2");
+
+    let p = sim.run(&d2, t0());
+    let r = p.rollout.as_ref().expect("upgrade under way");
+    assert_eq!(
+        (r.kind, r.step),
+        (RolloutKind::Upgrade, RolloutStep::NodeRoll)
+    );
+    assert_eq!(p.actions, vec![Action::ApplyNode]);
+
+    sim.drive(&d2, t0());
+    let log = &sim.log;
+    assert!(!log.contains(&Action::ScaleControllerToZero), "{log:?}");
+    let surge = first_surge(log).expect("the controller rolled with a surge");
+    assert!(first(log, Action::ApplyNode) < surge);
+    assert_eq!(
+        log[surge],
+        Action::ApplyControllerSurge {
+            replicas: 2,
+            partition: 1
+        }
+    );
+    assert!(log.contains(&Action::ApplyControllerSurge {
+        replicas: 2,
+        partition: 0
+    }));
+    sim.settle();
+    let c = sim.ctrl.as_ref().expect("controller");
+    assert_eq!(
+        (c.hash.as_str(), c.spec_replicas, c.partition),
+        ("c2", 1, 0)
+    );
+    assert!(c.pods.iter().flatten().all(|p| p.rev == "c2" && p.ready));
+    assert_eq!(c.pods.len(), 1);
+    // Checked after every action and tick: never without a Ready replica.
+    assert!(sim.min_ready >= 1);
+    assert_eq!(sim.completed, 2);
+}
+
+#[test]
+fn stop_controller_strategy_takes_the_controller_down_for_the_node_roll() {
+    let mut d1 = desired("n1", "c1");
+    d1.strategy = RolloutStrategy::StopController;
+    let mut sim = Sim::installed(&d1);
+    let mut d2 = upgrade("n2", "c2");
+    d2.strategy = RolloutStrategy::StopController;
 
     let p = sim.run(&d2, t0());
     let r = p.rollout.as_ref().expect("upgrade under way");
@@ -274,35 +145,150 @@ fn node_side_upgrade_is_controller_down_node_rolled_controller_up() {
         Some(RolloutStep::NodeRoll)
     );
 
-    sim.settle();
     sim.drive(&d2, t0());
     let log = &sim.log;
     assert!(first(log, Action::ScaleControllerToZero) < first(log, Action::ApplyNode));
+    // Nothing serves to keep serving: a plain apply, no surge.
     assert!(first(log, Action::ApplyNode) < first(log, Action::ApplyController));
-    let c = sim.obs.controller.as_ref().expect("controller back");
-    assert_eq!((c.hash.as_deref(), c.spec_replicas), (Some("c2"), 1));
+    assert_eq!(first_surge(log), None);
+    sim.settle();
+    assert_eq!(sim.ctrl_hash(), Some("c2"));
     assert_eq!(sim.completed, 2);
 }
 
 #[test]
 fn controller_only_change_rolls_only_the_controller() {
     let mut sim = Sim::installed(&desired("n1", "c1"));
-    let mut d = desired("n1", "c2");
-    d.ever_completed = true;
+    let d = upgrade("n1", "c2");
     let p = sim.run(&d, t0());
     let r = p.rollout.as_ref().expect("rollout");
     assert_eq!(
         (r.kind, r.step),
         (RolloutKind::ControllerUpdate, RolloutStep::ControllerRoll)
     );
-    sim.settle();
     sim.drive(&d, t0());
     assert!(!sim.log.contains(&Action::ScaleControllerToZero));
+    assert!(first_surge(&sim.log).is_some());
+    assert_eq!(sim.ds_hash(), Some("n1"));
+    assert_eq!(sim.ds.as_ref().map(|d| d.generation), Some(1));
+    assert!(sim.min_ready >= 1);
+}
+
+#[test]
+fn more_replicas_surge_by_one_and_come_back_to_the_asked_number() {
+    let mut d1 = desired("n1", "c1");
+    d1.controller_replicas = 3;
+    let mut sim = Sim::installed(&d1);
+    let mut d2 = upgrade("n2", "c2");
+    d2.controller_replicas = 3;
+    sim.drive(&d2, t0());
+    assert!(sim.log.contains(&Action::ApplyControllerSurge {
+        replicas: 4,
+        partition: 3
+    }));
+    sim.settle();
+    let c = sim.ctrl.as_ref().expect("controller");
+    assert_eq!((c.spec_replicas, c.pods.len()), (3, 3));
+    assert!(c.pods.iter().flatten().all(|p| p.rev == "c2"));
+    assert!(sim.min_ready >= 1);
+}
+
+#[test]
+fn a_new_controller_that_never_becomes_ready_never_replaces_the_old_one() {
+    let mut sim = Sim::installed(&desired("n1", "c1"));
+    sim.broken_rev = Some("c2".into());
+    let d = upgrade("n1", "c2");
+    let mut last = None;
+    for i in 0..30 {
+        last = Some(sim.run(&d, t0() + Duration::seconds(i * 30)));
+        sim.tick();
+    }
+    let p = last.expect("planned");
     assert_eq!(
-        sim.obs.node.as_ref().and_then(|n| n.hash.as_deref()),
-        Some("n1")
+        p.rollout.as_ref().map(|r| r.step),
+        Some(RolloutStep::ControllerRoll)
     );
-    assert_eq!(sim.obs.node.as_ref().map(|n| n.generation), Some(1));
+    let waiting = p.waiting_for.unwrap_or_default();
+    assert!(waiting.contains("surge replica"), "{waiting}");
+    assert!(p.overdue.is_some(), "past the step deadline: reported");
+    let c = sim.ctrl.as_ref().expect("controller");
+    // The old replica still serves, at the old template.
+    assert_eq!(
+        c.pods[0].as_ref().map(|p| (p.rev.as_str(), p.ready)),
+        Some(("c1", true))
+    );
+    assert!(!sim.log.contains(&Action::ApplyControllerSurge {
+        replicas: 2,
+        partition: 0
+    }));
+}
+
+#[test]
+fn a_deployment_controller_is_applied_as_rendered_it_surges_by_itself() {
+    let mut d1 = desired("n1", "c1");
+    d1.controller_kind = ControllerKind::Deployment;
+    let mut sim = Sim::installed(&d1);
+    let mut d2 = upgrade("n2", "c2");
+    d2.controller_kind = ControllerKind::Deployment;
+    // The simulated StatefulSet rolls like a Deployment with maxSurge here
+    // would not; only the actions are checked.
+    sim.must_serve = false;
+    sim.drive(&d2, t0());
+    assert!(sim.log.contains(&Action::ApplyController));
+    assert_eq!(first_surge(&sim.log), None);
+}
+
+#[test]
+fn lost_nodes_mid_upgrade_never_wedge_it_and_get_the_new_pod_when_back() {
+    let d1 = desired("n1", "c1");
+    let mut sim = Sim::with_nodes(20);
+    sim.drive(&d1, t0());
+    sim.settle();
+    sim.log.clear();
+    let d2 = upgrade("n2", "c2");
+    sim.run(&d2, t0());
+    sim.tick();
+    sim.tick();
+    // Two nodes stop reporting in the middle of the node roll.
+    sim.nodes[7].lost = true;
+    sim.nodes[15].lost = true;
+    sim.drive(&d2, t0());
+    assert_eq!(sim.completed, 2);
+    assert!(sim.min_ready >= 1);
+    sim.settle();
+    assert_eq!(sim.ctrl_hash(), Some("c2"));
+    let template = sim.ds.as_ref().map(|d| d.template_generation);
+    let old: Vec<&str> = sim
+        .nodes
+        .iter()
+        .filter(|n| n.pod.map(|(g, _)| g) != template)
+        .map(|n| n.name.as_str())
+        .collect();
+    assert_eq!(
+        old,
+        vec!["node-007", "node-015"],
+        "only the lost nodes are behind"
+    );
+
+    // They come back: the DaemonSet replaces their pods; no new rollout.
+    sim.nodes[7].lost = false;
+    sim.nodes[15].lost = false;
+    sim.settle();
+    let p = sim.run(&d2, t0());
+    assert!(p.rollout.is_none());
+    assert!(sim.nodes.iter().all(|n| n.pod.map(|(g, _)| g) == template));
+}
+
+#[test]
+fn a_node_lost_before_the_upgrade_is_not_waited_for() {
+    let d1 = desired("n1", "c1");
+    let mut sim = Sim::installed(&d1);
+    sim.nodes[0].lost = true;
+    let d2 = upgrade("n2", "c2");
+    sim.drive(&d2, t0());
+    assert_eq!(sim.completed, 2);
+    let p = sim.run(&d2, t0());
+    assert!(p.rollout.is_none());
 }
 
 #[test]
@@ -317,17 +303,15 @@ fn steady_state_reapplies_both_and_starts_nothing() {
 #[test]
 fn restart_mid_node_roll_resumes_the_same_step() {
     let mut sim = Sim::installed(&desired("n1", "c1"));
-    let mut d2 = desired("n2", "c2");
-    d2.ever_completed = true;
+    let d2 = upgrade("n2", "c2");
     sim.run(&d2, t0());
-    sim.settle();
-    sim.run(&d2, t0()); // NodeRoll applied, not converged
+    sim.tick(); // NodeRoll applied, not converged
     let persisted = sim.rollout.clone().expect("persisted step");
     assert_eq!(persisted.step, RolloutStep::NodeRoll);
 
     // A new operator process: only the persisted status and a fresh observation.
     let later = t0() + Duration::seconds(30);
-    let p = plan(&d2, &sim.obs, Some(&persisted), later);
+    let p = plan(&d2, &sim.observed(&d2), Some(&persisted), later);
     assert_eq!(p.actions, vec![Action::ApplyNode]);
     assert_eq!(
         p.rollout.as_ref(),
@@ -340,16 +324,22 @@ fn restart_mid_node_roll_resumes_the_same_step() {
 #[test]
 fn restart_after_a_lost_status_write_skips_finished_steps() {
     let mut sim = Sim::installed(&desired("n1", "c1"));
-    let mut d2 = desired("n2", "c2");
-    d2.ever_completed = true;
+    let d2 = upgrade("n2", "c2");
     sim.run(&d2, t0());
-    let stale = sim.rollout.clone().expect("ControllerScaleDown persisted");
+    let stale = sim.rollout.clone().expect("NodeRoll persisted");
     sim.settle();
-    sim.run(&d2, t0());
-    sim.settle();
-    // Status still says ControllerScaleDown, but the cluster is past NodeRoll.
-    let p = plan(&d2, &sim.obs, Some(&stale), t0());
-    assert_eq!(p.actions, vec![Action::ApplyNode, Action::ApplyController]);
+    // Status still says NodeRoll, but every node is rolled.
+    let p = plan(&d2, &sim.observed(&d2), Some(&stale), t0());
+    assert_eq!(
+        p.actions,
+        vec![
+            Action::ApplyNode,
+            Action::ApplyControllerSurge {
+                replicas: 2,
+                partition: 1
+            }
+        ]
+    );
     assert_eq!(
         p.rollout.as_ref().map(|r| r.step),
         Some(RolloutStep::ControllerRoll)
@@ -358,38 +348,71 @@ fn restart_after_a_lost_status_write_skips_finished_steps() {
 
 #[test]
 fn status_lost_entirely_never_brings_a_controller_over_an_unrolled_node() {
-    // Status wiped mid-upgrade: DaemonSet half-rolled to n2, controller at 0.
+    // Status wiped mid-upgrade: the DaemonSet half-rolled to n2, the old
+    // controller serving.
     let mut sim = Sim::installed(&desired("n1", "c1"));
-    let mut d2 = desired("n2", "c2");
-    d2.ever_completed = true;
+    let d2 = upgrade("n2", "c2");
     sim.run(&d2, t0());
-    sim.settle();
-    sim.run(&d2, t0());
-    let p = plan(&d2, &sim.obs, None, t0());
+    sim.tick();
+    let p = plan(&d2, &sim.observed(&d2), None, t0());
     let r = p.rollout.as_ref().expect("rollout restarted");
-    // The DaemonSet carries the desired hash but its pods are not all updated:
-    // the node side is rolled out first, and the controller waits.
-    assert_eq!(r.step, RolloutStep::NodeRoll);
-    assert_eq!(r.kind, RolloutKind::Upgrade);
+    // The DaemonSet carries the desired hash but its pods are not all
+    // updated: the node side is rolled out first, and the controller waits.
+    assert_eq!(
+        (r.kind, r.step),
+        (RolloutKind::Upgrade, RolloutStep::NodeRoll)
+    );
     assert_eq!(p.actions, vec![Action::ApplyNode]);
     sim.rollout = None;
     sim.drive(&d2, t0());
-    assert!(first(&sim.log, Action::ApplyController) > first(&sim.log, Action::ApplyNode));
+    assert!(first_surge(&sim.log) > Some(first(&sim.log, Action::ApplyNode)));
+}
+
+#[test]
+fn status_lost_mid_surge_finishes_the_surge() {
+    let mut sim = Sim::installed(&desired("n1", "c1"));
+    let d = upgrade("n1", "c2");
+    sim.run(&d, t0());
+    sim.tick();
+    sim.tick();
+    assert_eq!(sim.ctrl.as_ref().map(|c| c.spec_replicas), Some(2));
+    sim.rollout = None;
+    sim.drive(&d, t0());
+    sim.settle();
+    let c = sim.ctrl.as_ref().expect("controller");
+    assert_eq!((c.spec_replicas, c.partition, c.pods.len()), (1, 0, 1));
+    // And a settled surge-free StatefulSet starts nothing.
+    let p = sim.run(&d, t0());
+    assert!(p.rollout.is_none());
+}
+
+#[test]
+fn a_controller_left_at_a_non_rendered_replica_count_is_rolled_back_to_it() {
+    let mut sim = Sim::installed(&desired("n1", "c1"));
+    if let Some(c) = sim.ctrl.as_mut() {
+        c.spec_replicas = 2;
+    }
+    let d = desired("n1", "c1");
+    let p = sim.run(&d, t0());
+    assert_eq!(
+        p.rollout.as_ref().map(|r| r.step),
+        Some(RolloutStep::ControllerRoll)
+    );
+    sim.drive(&d, t0());
+    sim.settle();
+    assert_eq!(sim.ctrl.as_ref().map(|c| c.pods.len()), Some(1));
 }
 
 #[test]
 fn install_read_without_its_own_status_keeps_waiting_for_the_node() {
     // The first pass applied the DaemonSet and persisted NodeInstall; a second
     // pass runs on an older copy of the object (no rollout in status) while
-    // the DaemonSet controller has not yet counted the new DaemonSet's nodes.
+    // the DaemonSet controller has not yet looked at the new DaemonSet.
     let d = desired("n1", "c1");
     let mut sim = Sim::default();
     let p = sim.run(&d, t0());
     assert_eq!(p.rollout.map(|r| r.step), Some(RolloutStep::NodeInstall));
-    if let Some(n) = &mut sim.obs.node {
-        n.desired = 0;
-    }
-    let p = plan(&d, &sim.obs, None, t0());
+    let p = plan(&d, &sim.observed(&d), None, t0());
     assert_eq!(p.actions, vec![Action::ApplyNode]);
     let r = p.rollout.expect("the install goes on");
     assert_eq!(
@@ -405,90 +428,96 @@ fn install_read_without_its_own_status_keeps_waiting_for_the_node() {
     );
 }
 
-#[test]
-fn node_edit_during_controller_roll_takes_the_controller_down_again() {
-    let mut sim = Sim::installed(&desired("n1", "c1"));
-    let mut d2 = desired("n2", "c2");
-    d2.ever_completed = true;
-    sim.run(&d2, t0());
-    sim.settle();
-    sim.run(&d2, t0());
-    sim.settle();
-    let p = sim.run(&d2, t0()); // controller c2 being applied
-    assert_eq!(
-        p.rollout.as_ref().map(|r| r.step),
-        Some(RolloutStep::ControllerRoll)
-    );
+/// Upgrades to (n2, c2) until the controller roll has begun.
+fn upgrade_to_controller_roll(sim: &mut Sim, d2: &Desired) {
+    sim.run(d2, t0());
+    for _ in 0..50 {
+        if sim.rollout.as_ref().map(|r| r.step) == Some(RolloutStep::ControllerRoll) {
+            return;
+        }
+        sim.tick();
+        sim.run(d2, t0());
+    }
+    panic!("never reached ControllerRoll");
+}
 
-    let mut d3 = desired("n3", "c3");
-    d3.ever_completed = true;
+#[test]
+fn node_edit_during_controller_roll_rolls_the_nodes_again_under_the_serving_controller() {
+    let mut sim = Sim::installed(&desired("n1", "c1"));
+    let d2 = upgrade("n2", "c2");
+    upgrade_to_controller_roll(&mut sim, &d2);
+
+    let d3 = upgrade("n3", "c3");
     let later = t0() + Duration::seconds(5);
     let p = sim.run(&d3, later);
     let r = p.rollout.as_ref().expect("still rolling");
-    assert_eq!(r.step, RolloutStep::ControllerScaleDown);
+    assert_eq!(r.step, RolloutStep::NodeRoll);
     assert_eq!(r.target_node_hash, "n3");
     assert_eq!(r.step_started_at, rfc3339(later));
     assert!(p
         .transitions
         .iter()
         .any(|t| matches!(t, Transition::RolloutRetargeted { .. })));
-    assert_eq!(p.actions, vec![Action::ScaleControllerToZero]);
+    assert_eq!(p.actions, vec![Action::ApplyNode]);
 
-    sim.settle();
     sim.drive(&d3, later);
+    sim.settle();
+    assert_eq!(sim.ds_hash(), Some("n3"));
+    assert_eq!(sim.ctrl_hash(), Some("c3"));
+    assert!(sim.min_ready >= 1);
+}
+
+#[test]
+fn node_edit_during_controller_roll_takes_a_stop_controller_driver_down_again() {
+    let mut d1 = desired("n1", "c1");
+    d1.strategy = RolloutStrategy::StopController;
+    let mut sim = Sim::installed(&d1);
+    let mut d2 = upgrade("n2", "c2");
+    d2.strategy = RolloutStrategy::StopController;
+    upgrade_to_controller_roll(&mut sim, &d2);
+    let mut d3 = upgrade("n3", "c3");
+    d3.strategy = RolloutStrategy::StopController;
+    let p = sim.run(&d3, t0());
     assert_eq!(
-        sim.obs.node.as_ref().and_then(|n| n.hash.as_deref()),
-        Some("n3")
+        p.rollout.as_ref().map(|r| r.step),
+        Some(RolloutStep::ControllerScaleDown)
     );
-    assert_eq!(
-        sim.obs.controller.as_ref().and_then(|c| c.hash.as_deref()),
-        Some("c3")
-    );
+    assert_eq!(p.actions, vec![Action::ScaleControllerToZero]);
+    sim.drive(&d3, t0());
+    sim.settle();
+    assert_eq!((sim.ds_hash(), sim.ctrl_hash()), (Some("n3"), Some("c3")));
 }
 
 #[test]
 fn node_edit_during_node_roll_continues_with_the_newer_daemonset() {
     let mut sim = Sim::installed(&desired("n1", "c1"));
-    let mut d2 = desired("n2", "c2");
-    d2.ever_completed = true;
+    let d2 = upgrade("n2", "c2");
     sim.run(&d2, t0());
-    sim.settle();
-    sim.run(&d2, t0()); // NodeRoll, n2 applied but not converged
-    let mut d3 = desired("n3", "c3");
-    d3.ever_completed = true;
+    sim.tick(); // NodeRoll, n2 applied but not converged
+    let d3 = upgrade("n3", "c3");
     let p = sim.run(&d3, t0());
     assert_eq!(
         p.rollout.as_ref().map(|r| r.step),
         Some(RolloutStep::NodeRoll)
     );
     assert_eq!(p.actions, vec![Action::ApplyNode]);
-    assert_eq!(
-        sim.obs.node.as_ref().and_then(|n| n.hash.as_deref()),
-        Some("n3")
-    );
+    assert_eq!(sim.ds_hash(), Some("n3"));
 }
 
 #[test]
 fn controller_edit_during_node_roll_changes_only_the_target() {
     let mut sim = Sim::installed(&desired("n1", "c1"));
-    let mut d2 = desired("n2", "c2");
-    d2.ever_completed = true;
+    let d2 = upgrade("n2", "c2");
     sim.run(&d2, t0());
-    sim.settle();
-    sim.run(&d2, t0());
-    let mut d2b = desired("n2", "c2b");
-    d2b.ever_completed = true;
+    sim.tick();
+    let d2b = upgrade("n2", "c2b");
     let p = sim.run(&d2b, t0());
     let r = p.rollout.as_ref().expect("rollout");
     assert_eq!(r.step, RolloutStep::NodeRoll);
     assert_eq!(r.target_controller_hash, "c2b");
-    assert!(!p.actions.contains(&Action::ApplyController));
-    sim.settle();
+    assert!(first_surge(&p.actions).is_none());
     sim.drive(&d2b, t0());
-    assert_eq!(
-        sim.obs.controller.as_ref().and_then(|c| c.hash.as_deref()),
-        Some("c2b")
-    );
+    assert_eq!(sim.ctrl_hash(), Some("c2b"));
 }
 
 #[test]
@@ -502,12 +531,8 @@ fn edit_during_install_node_step_keeps_installing() {
         (RolloutKind::Install, RolloutStep::NodeInstall)
     );
     assert_eq!(p.actions, vec![Action::ApplyNode]);
-    sim.settle();
     sim.drive(&desired("n2", "c2"), t0());
-    assert_eq!(
-        sim.obs.controller.as_ref().and_then(|c| c.hash.as_deref()),
-        Some("c2")
-    );
+    assert_eq!(sim.ctrl_hash(), Some("c2"));
 }
 
 #[test]
@@ -517,17 +542,14 @@ fn a_step_past_its_deadline_is_reported_with_the_reason_and_keeps_waiting() {
     sim.run(&d, t0());
     let p = sim.run(&d, t0() + Duration::seconds(599));
     assert!(p.overdue.is_none());
-    if let Some(n) = &mut sim.obs.node {
-        n.observed_generation = n.generation;
+    if let Some(ds) = &mut sim.ds {
+        ds.observed_generation = ds.generation;
     }
     let p = sim.run(&d, t0() + Duration::seconds(700));
     let why = p.overdue.expect("overdue");
     assert!(why.contains("step NodeInstall"), "{why}");
     assert!(why.contains("700s"), "{why}");
-    assert!(
-        why.contains("node pods: 0 updated, 0 available of 3 desired"),
-        "{why}"
-    );
+    assert!(why.contains("0 of 3 node(s) done; next: node-0"), "{why}");
     assert_eq!(p.actions, vec![Action::ApplyNode], "still driving the step");
 }
 
@@ -542,23 +564,43 @@ fn paused_changes_nothing() {
     assert!(p.waiting_for.as_deref().unwrap_or("").contains("paused"));
 }
 
+fn tear(sim: &mut Sim, a: TeardownAction) {
+    match a {
+        TeardownAction::DeleteController => {
+            // The workload goes; its pods terminate a moment later.
+            let pods = sim
+                .ctrl
+                .take()
+                .map_or(0, |c| c.pods.iter().flatten().count());
+            sim.stale_pods += pods;
+            sim.stale = false;
+        }
+        TeardownAction::DeleteStaleController => sim.stale = false,
+        TeardownAction::DeleteNode => sim.ds = None,
+        TeardownAction::CleanupClusterScoped => sim.cluster_scoped_remaining = 0,
+        TeardownAction::RemoveFinalizer => {}
+    }
+}
+
 #[test]
 fn delete_tears_down_controller_then_node_then_cluster_objects() {
-    let mut sim = Sim::installed(&desired("n1", "c1"));
-    sim.obs.cluster_scoped_remaining = 4;
+    let d = desired("n1", "c1");
+    let mut sim = Sim::installed(&d);
+    sim.must_serve = false;
+    sim.cluster_scoped_remaining = 4;
     let timeout = Duration::seconds(600);
 
-    let p = plan_delete(&sim.obs, None, timeout, t0());
+    let p = plan_delete(&sim.observed(&d), None, timeout, t0());
     assert_eq!(p.actions, vec![TeardownAction::DeleteController]);
     let r = p.rollout.clone().expect("delete rollout");
     assert_eq!(
         (r.kind, r.step),
         (RolloutKind::Delete, RolloutStep::ControllerDelete)
     );
-    sim.tear(TeardownAction::DeleteController);
+    tear(&mut sim, TeardownAction::DeleteController);
 
     // StatefulSet gone but its pods still terminating: the DaemonSet waits.
-    let p = plan_delete(&sim.obs, Some(&r), timeout, t0());
+    let p = plan_delete(&sim.observed(&d), Some(&r), timeout, t0());
     assert!(p.actions.is_empty(), "{:?}", p.actions);
     assert!(p
         .waiting_for
@@ -567,18 +609,18 @@ fn delete_tears_down_controller_then_node_then_cluster_objects() {
         .contains("1 pod(s) left"));
 
     sim.settle();
-    let p = plan_delete(&sim.obs, Some(&r), timeout, t0());
+    let p = plan_delete(&sim.observed(&d), Some(&r), timeout, t0());
     assert_eq!(p.actions, vec![TeardownAction::DeleteNode]);
     let r = p.rollout.clone().expect("node step");
     assert_eq!(r.step, RolloutStep::NodeDelete);
-    sim.tear(TeardownAction::DeleteNode);
+    tear(&mut sim, TeardownAction::DeleteNode);
     sim.settle();
 
-    let p = plan_delete(&sim.obs, Some(&r), timeout, t0());
+    let p = plan_delete(&sim.observed(&d), Some(&r), timeout, t0());
     assert_eq!(p.actions, vec![TeardownAction::CleanupClusterScoped]);
-    sim.tear(TeardownAction::CleanupClusterScoped);
+    tear(&mut sim, TeardownAction::CleanupClusterScoped);
     let r = p.rollout.clone().expect("cleanup step");
-    let p = plan_delete(&sim.obs, Some(&r), timeout, t0());
+    let p = plan_delete(&sim.observed(&d), Some(&r), timeout, t0());
     assert_eq!(p.actions, vec![TeardownAction::RemoveFinalizer]);
     assert!(p.completed && p.rollout.is_none());
 }
@@ -586,11 +628,15 @@ fn delete_tears_down_controller_then_node_then_cluster_objects() {
 #[test]
 fn delete_mid_upgrade_restarts_at_the_controller() {
     let mut sim = Sim::installed(&desired("n1", "c1"));
-    let mut d2 = desired("n2", "c2");
-    d2.ever_completed = true;
+    let d2 = upgrade("n2", "c2");
     sim.run(&d2, t0());
     let upgrading = sim.rollout.clone().expect("upgrade");
-    let p = plan_delete(&sim.obs, Some(&upgrading), Duration::seconds(600), t0());
+    let p = plan_delete(
+        &sim.observed(&d2),
+        Some(&upgrading),
+        Duration::seconds(600),
+        t0(),
+    );
     assert_eq!(p.actions, vec![TeardownAction::DeleteController]);
     assert_eq!(p.rollout.map(|r| r.kind), Some(RolloutKind::Delete));
 }
@@ -604,9 +650,11 @@ fn delete_of_an_object_that_deployed_nothing_finishes_at_once() {
 /// `spec.controller.kind` changed: the workload of the desired kind does not
 /// exist yet, the old one (and its pod) still runs.
 fn switch_kind(sim: &mut Sim) {
-    sim.obs.controller = None;
-    sim.obs.stale_controller = true;
-    sim.obs.controller_pods = 1;
+    sim.ctrl = None;
+    sim.stale = true;
+    sim.stale_pods = 1;
+    // The old kind's pod serves until it goes; the new one follows it.
+    sim.must_serve = false;
 }
 
 #[test]
@@ -626,6 +674,7 @@ fn switching_the_controller_kind_removes_the_old_one_before_the_new_starts() {
     assert!(!p.actions.contains(&Action::ApplyController));
 
     // The old workload is gone but its pod still terminates: keep waiting.
+    sim.stale_pods = 1;
     let p = sim.run(&d, t0());
     assert!(
         !p.actions.contains(&Action::ApplyController),
@@ -649,11 +698,9 @@ fn switching_the_controller_kind_removes_the_old_one_before_the_new_starts() {
 
 #[test]
 fn switching_kinds_after_a_completed_rollout_is_a_controller_update() {
-    let mut d = desired("n1", "c1");
-    d.ever_completed = true;
-    let mut sim = Sim::installed(&d);
+    let mut sim = Sim::installed(&upgrade("n1", "c1"));
     switch_kind(&mut sim);
-    d.controller_hash = "c2-deployment".into();
+    let d = upgrade("n1", "c2-deployment");
     let p = sim.run(&d, t0());
     let r = p.rollout.as_ref().expect("a rollout");
     assert_eq!(
@@ -666,8 +713,8 @@ fn switching_kinds_after_a_completed_rollout_is_a_controller_update() {
 
 #[test]
 fn node_upgrade_while_switching_kinds_removes_the_old_kind_in_scale_down() {
-    let mut d = desired("n1", "c1");
-    d.ever_completed = true;
+    let mut d = upgrade("n1", "c1");
+    d.strategy = RolloutStrategy::StopController;
     let mut sim = Sim::installed(&d);
     switch_kind(&mut sim);
     let d2 = Desired {
@@ -710,4 +757,71 @@ fn delete_removes_controllers_of_both_kinds() {
     let p = plan_delete(&only_stale, None, Duration::seconds(600), t0());
     assert_eq!(p.actions, vec![TeardownAction::DeleteStaleController]);
     assert!(p.waiting_for.is_some(), "waits until the old kind is gone");
+}
+
+/// Random walks: edits, node losses and returns, restarts and status loss
+/// at arbitrary moments, for both strategies. Whatever happens, the
+/// invariants hold (checked by the simulator after every action and tick)
+/// and the rollout ends at the last edit's content.
+#[test]
+fn random_walks_keep_the_invariants_and_converge() {
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    for walk in 0..200 {
+        let strategy = if walk % 3 == 0 {
+            RolloutStrategy::StopController
+        } else {
+            RolloutStrategy::NonDisruptive
+        };
+        let mut d = desired("n0", "c0");
+        d.strategy = strategy;
+        d.controller_replicas = 1 + (walk % 2);
+        let mut sim = Sim::with_nodes(6);
+        sim.drive(&d, t0());
+        sim.settle();
+        let mut version = 0;
+        for _ in 0..60 {
+            match next(10) {
+                0 | 1 => {
+                    version += 1;
+                    d.ever_completed = true;
+                    d.node_hash = format!("n{}", version - next(2) as usize);
+                    d.controller_hash = format!("c{version}");
+                }
+                2 => {
+                    let i = next(6) as usize;
+                    sim.nodes[i].lost = !sim.nodes[i].lost;
+                }
+                3 => sim.rollout = None, // status lost
+                _ => {}
+            }
+            sim.run(&d, t0());
+            for _ in 0..next(3) {
+                sim.tick();
+            }
+        }
+        for n in &mut sim.nodes {
+            n.lost = false;
+        }
+        sim.drive(&d, t0());
+        sim.settle();
+        let p = sim.run(&d, t0());
+        assert!(p.rollout.is_none(), "walk {walk}: {:?}", p.rollout);
+        assert_eq!(
+            sim.ctrl_hash(),
+            Some(d.controller_hash.as_str()),
+            "walk {walk}"
+        );
+        assert_eq!(sim.ds_hash(), Some(d.node_hash.as_str()), "walk {walk}");
+        let c = sim.ctrl.as_ref().expect("controller");
+        assert_eq!(c.pods.len() as i32, d.controller_replicas, "walk {walk}");
+        if strategy == RolloutStrategy::NonDisruptive {
+            assert!(sim.min_ready >= 1, "walk {walk}");
+        }
+    }
 }
