@@ -28,11 +28,13 @@
 //! - [`config`]: flags and fault specs.
 //! - [`service`]: the Identity, Controller and Node services.
 //! - [`mounts`]: the bind mounts and loop devices of `--data-dir`.
+//! - [`leftovers`]: a test guard that removes mounts and loop devices.
 //! - [`serve`]: the unix socket, signals.
 //! - [`harness`]: [`TestDriverProcess`], the driver as a child of a test.
 
 pub mod config;
 pub mod harness;
+pub mod leftovers;
 pub mod mounts;
 pub mod serve;
 pub mod service;
