@@ -121,6 +121,13 @@ impl Driver {
             .map_err(|e: node_local::OwnershipError| e.to_string())?;
         if let Some(d) = &cfg.data_dir {
             std::fs::create_dir_all(d).map_err(|e| format!("data dir {}: {e}", d.display()))?;
+        } else if owner {
+            // Still node-local in every answer, but nothing fails for want
+            // of /dev or privilege, unlike hostpathplugin.
+            tracing::warn!(
+                "--node-local without --data-dir: volumes are only recorded, \
+                 no loop devices or mounts are made"
+            );
         }
         Ok(Driver {
             name: cfg.drivername.clone(),
