@@ -1,5 +1,7 @@
 //! `csi-test-driver` as a real process: state that survives `kill -9`,
-//! idempotency across restarts, fault injection, attach bookkeeping.
+//! idempotency across restarts, fault injection, attach bookkeeping, and
+//! `--node-local` (volumes of one node, real loop devices and mounts; the
+//! tests with real mounts need root and fail saying so without it).
 //!
 //! `CSIOPS_CSI_SANITY=/path/to/csi-sanity` also runs upstream csi-sanity
 //! against it (see `csi_sanity_passes`).
@@ -8,13 +10,16 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use csiops_e2e::testdriver::leftovers::{leftovers_under, LeftoverGuard};
 use csiops_e2e::testdriver::{load_state, TestDriverProcess, Volume};
 use csiops_proto::client::{self, CsiClient};
 use csiops_proto::csi::v1::{
     controller_service_capability, volume_capability, ControllerGetCapabilitiesRequest,
     ControllerPublishVolumeRequest, ControllerUnpublishVolumeRequest, CreateVolumeRequest,
     DeleteVolumeRequest, GetCapacityRequest, GetPluginInfoRequest, ListVolumesRequest,
-    NodeGetInfoRequest, NodePublishVolumeRequest, NodeUnpublishVolumeRequest, VolumeCapability,
+    NodeGetInfoRequest, NodeGetVolumeStatsRequest, NodePublishVolumeRequest,
+    NodeStageVolumeRequest, NodeUnpublishVolumeRequest, NodeUnstageVolumeRequest, Topology,
+    TopologyRequirement, ValidateVolumeCapabilitiesRequest, VolumeCapability,
 };
 use tonic::Code;
 
@@ -796,4 +801,708 @@ async fn run_csi_sanity(env: &Env, extra: &[&str]) {
         driver.state().unwrap().volumes.is_empty(),
         "csi-sanity cleans up"
     );
+}
+
+// ---- --node-local ----
+
+const TOPOLOGY_KEY: &str = "topology.test.csi.csiops.dev/node";
+
+/// Real mounts and loop devices need root; say so rather than skip.
+fn require_root(test: &str) {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "{test} needs root (real bind mounts and loop devices): run it as root, \
+         e.g. `sudo -E cargo test -p csiops-e2e --test testdriver`"
+    );
+}
+
+/// The paths of one simulated node's node-local instance under the env.
+struct NodeDirs {
+    base: PathBuf,
+}
+
+impl NodeDirs {
+    fn new(env: &Env, node: &str) -> NodeDirs {
+        NodeDirs {
+            base: env.dir.path().join(node),
+        }
+    }
+    fn state(&self) -> PathBuf {
+        self.base.join("state")
+    }
+    fn data(&self) -> PathBuf {
+        self.base.join("data")
+    }
+    fn socket(&self) -> PathBuf {
+        self.base.join("csi.sock")
+    }
+}
+
+/// Starts `bin` (the driver, or a wrapper that execs it) as the node-local
+/// instance of `node`, with its own state and data dir.
+async fn start_node_local_with(
+    bin: &Path,
+    env: &Env,
+    node: &str,
+    extra: &[&str],
+) -> TestDriverProcess {
+    let dirs = NodeDirs::new(env, node);
+    std::fs::create_dir_all(&dirs.base).unwrap();
+    let mut args = vec![
+        format!("--nodeid={node}"),
+        "--node-local".to_owned(),
+        format!("--data-dir={}", dirs.data().display()),
+    ];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    TestDriverProcess::start(
+        bin,
+        &dirs.socket(),
+        &dirs.state(),
+        &args,
+        &dirs.base.join("driver.log"),
+    )
+    .await
+    .unwrap()
+}
+
+async fn start_node_local(env: &Env, node: &str, extra: &[&str]) -> TestDriverProcess {
+    start_node_local_with(Path::new(BIN), env, node, extra).await
+}
+
+fn block_cap() -> VolumeCapability {
+    VolumeCapability {
+        access_mode: Some(volume_capability::AccessMode {
+            mode: volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+        }),
+        access_type: Some(volume_capability::AccessType::Block(
+            volume_capability::BlockVolume::default(),
+        )),
+    }
+}
+
+fn node_topology(node: &str) -> Topology {
+    Topology {
+        segments: HashMap::from([(TOPOLOGY_KEY.to_owned(), node.to_owned())]),
+    }
+}
+
+fn requiring(name: &str, requisite: &[&str], preferred: &[&str]) -> CreateVolumeRequest {
+    CreateVolumeRequest {
+        accessibility_requirements: Some(TopologyRequirement {
+            requisite: requisite.iter().map(|n| node_topology(n)).collect(),
+            preferred: preferred.iter().map(|n| node_topology(n)).collect(),
+        }),
+        ..create_req(name)
+    }
+}
+
+fn segments(v: &csiops_proto::csi::v1::Volume) -> Vec<HashMap<String, String>> {
+    v.accessible_topology
+        .iter()
+        .map(|t| t.segments.clone())
+        .collect()
+}
+
+async fn available(csi: &CsiClient, node: Option<&str>) -> i64 {
+    csi.controller()
+        .get_capacity(GetCapacityRequest {
+            accessible_topology: node.map(node_topology),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .available_capacity
+}
+
+fn stage_req(id: &str, staging: &Path, cap: VolumeCapability) -> NodeStageVolumeRequest {
+    NodeStageVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: staging.to_str().unwrap().into(),
+        volume_capability: Some(cap),
+        ..Default::default()
+    }
+}
+
+fn publish_req(
+    id: &str,
+    staging: &Path,
+    target: &Path,
+    cap: VolumeCapability,
+) -> NodePublishVolumeRequest {
+    NodePublishVolumeRequest {
+        volume_id: id.into(),
+        staging_target_path: staging.to_str().unwrap().into(),
+        target_path: target.to_str().unwrap().into(),
+        volume_capability: Some(cap),
+        ..Default::default()
+    }
+}
+
+fn not_found_here(err: &tonic::Status, id: &str) {
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+    assert_eq!(
+        err.message(),
+        format!("volume id {id} does not exist in the volumes list")
+    );
+}
+
+/// A volume created by node A's instance exists for A only: B's node
+/// service answers NOT_FOUND as hostpathplugin's does (what kubelet reports
+/// as `MountVolume.MountDevice failed … NotFound`), its topology is A's
+/// whatever was preferred, requisites without A are refused, attach to B is
+/// NOT_FOUND and each instance reports capacity for its own node only.
+#[tokio::test]
+async fn node_local_volumes_live_on_the_node_that_created_them() {
+    let env = Env::new();
+    let a = start_node_local(&env, "node-a", &["--enable-attach", "--capacity=10Gi"]).await;
+    let b = start_node_local(&env, "node-b", &["--capacity=10Gi"]).await;
+    let (a_csi, b_csi) = (a.client().await.unwrap(), b.client().await.unwrap());
+
+    let info = a_csi
+        .node()
+        .node_get_info(NodeGetInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.node_id, "node-a");
+    assert_eq!(info.accessible_topology, Some(node_topology("node-a")));
+
+    // Preferred B, B or A required: created on A, accessible from A only.
+    let vol = a_csi
+        .controller()
+        .create_volume(requiring("pvc-1", &["node-b", "node-a"], &["node-b"]))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(segments(&vol), [node_topology("node-a").segments]);
+    let id = vol.volume_id;
+    let state = a.state().unwrap();
+    assert_eq!(state.volumes[&id].node_id, "node-a");
+    assert_eq!(state.node_local_owner.as_deref(), Some("node-a"));
+    assert!(NodeDirs::new(&env, "node-a").data().join(&id).is_dir());
+
+    // Only B allowed: refused, nothing created.
+    let err = a_csi
+        .controller()
+        .create_volume(requiring("pvc-2", &["node-b"], &[]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert!(
+        err.message().contains("does not include this node"),
+        "{err:?}"
+    );
+    assert_eq!(a.state().unwrap().volumes.len(), 1);
+
+    // B has never heard of it.
+    let elsewhere = env.dir.path().join("node-b/kubelet");
+    let staging = elsewhere.join("staging");
+    let target = elsewhere.join("pods/p1/vol");
+    let err = b_csi
+        .node()
+        .node_stage_volume(stage_req(&id, &staging, mount_cap()))
+        .await
+        .unwrap_err();
+    not_found_here(&err, &id);
+    let err = b_csi
+        .node()
+        .node_publish_volume(publish_req(&id, &staging, &target, mount_cap()))
+        .await
+        .unwrap_err();
+    not_found_here(&err, &id);
+    let err = b_csi
+        .node()
+        .node_get_volume_stats(NodeGetVolumeStatsRequest {
+            volume_id: id.clone(),
+            volume_path: target.to_str().unwrap().into(),
+            staging_target_path: String::new(),
+        })
+        .await
+        .unwrap_err();
+    not_found_here(&err, &id);
+    let err = b_csi
+        .node()
+        .node_unpublish_volume(NodeUnpublishVolumeRequest {
+            volume_id: id.clone(),
+            target_path: target.to_str().unwrap().into(),
+        })
+        .await
+        .unwrap_err();
+    not_found_here(&err, &id);
+    let err = b_csi
+        .node()
+        .node_unstage_volume(NodeUnstageVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: staging.to_str().unwrap().into(),
+        })
+        .await
+        .unwrap_err();
+    not_found_here(&err, &id);
+    let err = b_csi
+        .controller()
+        .validate_volume_capabilities(ValidateVolumeCapabilitiesRequest {
+            volume_id: id.clone(),
+            volume_capabilities: vec![mount_cap()],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    not_found_here(&err, &id);
+    assert!(!staging.exists() && !target.exists(), "B touched nothing");
+    let listed = b_csi
+        .controller()
+        .list_volumes(ListVolumesRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(listed.entries.is_empty());
+    // DeleteVolume of a volume B does not know is OK (idempotent, as
+    // hostpathplugin): a central controller "deletes" a node's volume and
+    // it stays on the node.
+    b_csi
+        .controller()
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: id.clone(),
+            secrets: HashMap::new(),
+        })
+        .await
+        .unwrap();
+    assert!(a.state().unwrap().volumes.contains_key(&id));
+
+    // Attach to another node: NOT_FOUND before the volume is looked at.
+    let publish = |node: &str| ControllerPublishVolumeRequest {
+        volume_id: id.clone(),
+        node_id: node.into(),
+        volume_capability: Some(mount_cap()),
+        ..Default::default()
+    };
+    let err = a_csi
+        .controller()
+        .controller_publish_volume(publish("node-b"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+    assert!(err.message().contains("node ID node-b"), "{err:?}");
+    a_csi
+        .controller()
+        .controller_publish_volume(publish("node-a"))
+        .await
+        .unwrap();
+    let unpublish = |node: &str| ControllerUnpublishVolumeRequest {
+        volume_id: id.clone(),
+        node_id: node.into(),
+        secrets: HashMap::new(),
+    };
+    let err = a_csi
+        .controller()
+        .controller_unpublish_volume(unpublish("node-b"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+    a_csi
+        .controller()
+        .controller_unpublish_volume(unpublish("node-a"))
+        .await
+        .unwrap();
+
+    // Capacity per node: 1 GiB used on A, none on B.
+    assert_eq!(available(&a_csi, None).await, 9 << 30);
+    assert_eq!(available(&a_csi, Some("node-a")).await, 9 << 30);
+    assert_eq!(available(&a_csi, Some("node-b")).await, 0);
+    assert_eq!(available(&b_csi, Some("node-b")).await, 10 << 30);
+    assert_eq!(available(&b_csi, Some("node-a")).await, 0);
+
+    a_csi
+        .controller()
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: id.clone(),
+            secrets: HashMap::new(),
+        })
+        .await
+        .unwrap();
+    assert!(a.state().unwrap().volumes.is_empty());
+    assert!(!NodeDirs::new(&env, "node-a").data().join(&id).exists());
+
+    // hostpathplugin's own behaviour: requirements are not read at all.
+    let c = start_node_local(&env, "node-c", &["--ignore-accessibility-requirements"]).await;
+    let vol = c
+        .client()
+        .await
+        .unwrap()
+        .controller()
+        .create_volume(requiring("pvc-3", &["node-b"], &["node-b"]))
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap();
+    assert_eq!(segments(&vol), [node_topology("node-c").segments]);
+}
+
+/// A second process on a node-local state dir refuses to start while the
+/// owner runs, whatever its mode; after the owner is gone the dir still
+/// refuses another node, and the owner's restart (even after `kill -9`)
+/// finds its volumes.
+#[tokio::test]
+async fn node_local_state_dir_belongs_to_one_process_and_node() {
+    let env = Env::new();
+    let mut a = start_node_local(&env, "node-a", &[]).await;
+    let id = create(&a.client().await.unwrap(), "pvc-1").await.unwrap();
+    let dirs = NodeDirs::new(&env, "node-a");
+
+    let second = |node: &str, node_local: bool| {
+        let mut cmd = std::process::Command::new(BIN);
+        cmd.arg(format!(
+            "--endpoint=unix://{}",
+            env.dir.path().join("second.sock").display()
+        ))
+        .arg(format!("--state-dir={}", dirs.state().display()))
+        .arg(format!("--nodeid={node}"));
+        if node_local {
+            cmd.arg("--node-local");
+        }
+        let out = cmd.output().unwrap();
+        assert!(!out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let stderr = second("node-a", true);
+    assert!(
+        stderr.contains("is in use by another node-local csi-test-driver (node=node-a pid="),
+        "{stderr}"
+    );
+    let stderr = second("ctrl-0", false);
+    assert!(
+        stderr.contains("belongs to the node-local instance of node node-a"),
+        "{stderr}"
+    );
+
+    a.kill9();
+    let stderr = second("node-b", true);
+    assert!(
+        stderr.contains("holds the state of node(s) [\"node-a\"], not of node-b"),
+        "{stderr}"
+    );
+    // kill -9 released the lock: the owner starts again with its volume.
+    a.restart().await.unwrap();
+    let csi = a.client().await.unwrap();
+    assert_eq!(create(&csi, "pvc-1").await.unwrap(), id);
+    let state = a.state().unwrap();
+    assert_eq!(state.nodes.iter().collect::<Vec<_>>(), ["node-a"]);
+}
+
+/// With root and `--data-dir`, a node-local block volume is a sparse file
+/// with a real loop device from CreateVolume on (as hostpathplugin's), is
+/// published as that block device, keeps it across unstage, and both are
+/// gone after DeleteVolume.
+#[tokio::test]
+async fn node_local_block_volume_has_a_loop_device_from_create_to_delete() {
+    require_root("node_local_block_volume_has_a_loop_device_from_create_to_delete");
+    use std::io::{Read, Seek, SeekFrom, Write};
+    use std::os::unix::fs::FileTypeExt;
+    let env = Env::new();
+    let guard = LeftoverGuard::new(env.dir.path());
+    let a = start_node_local(&env, "node-a", &[]).await;
+    let csi = a.client().await.unwrap();
+
+    let mut req = create_req("pvc-block");
+    req.volume_capabilities = vec![block_cap()];
+    req.capacity_range = Some(csiops_proto::csi::v1::CapacityRange {
+        required_bytes: 64 << 20,
+        limit_bytes: 0,
+    });
+    let id = csi
+        .controller()
+        .create_volume(req)
+        .await
+        .unwrap()
+        .into_inner()
+        .volume
+        .unwrap()
+        .volume_id;
+    let image = NodeDirs::new(&env, "node-a")
+        .data()
+        .canonicalize()
+        .unwrap()
+        .join(format!("{id}.img"));
+    assert_eq!(std::fs::metadata(&image).unwrap().len(), 64 << 20);
+    // The loop device exists before any node call.
+    let loops = leftovers_under(env.dir.path()).loops;
+    assert_eq!(loops.len(), 1, "{loops:?}");
+    let (device, backing) = loops[0].clone();
+    assert_eq!(backing, image);
+
+    let kubelet = env.dir.path().join("kubelet");
+    let staging = kubelet.join("plugins/staging").join(&id);
+    std::fs::create_dir_all(&staging).unwrap();
+    let target = kubelet.join("pods/p1/volumeDevices/dev");
+    csi.node()
+        .node_stage_volume(stage_req(&id, &staging, block_cap()))
+        .await
+        .unwrap();
+    csi.node()
+        .node_publish_volume(publish_req(&id, &staging, &target, block_cap()))
+        .await
+        .unwrap();
+    let meta = std::fs::metadata(&target).unwrap();
+    assert!(meta.file_type().is_block_device(), "{meta:?}");
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::rdev(&meta),
+        std::os::unix::fs::MetadataExt::rdev(&std::fs::metadata(&device).unwrap())
+    );
+
+    // Data written to the published device lands in the backing file.
+    let text = b"node-local block data";
+    {
+        let mut dev = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&target)
+            .unwrap();
+        dev.write_all(text).unwrap();
+        dev.sync_all().unwrap();
+        let mut back = vec![0u8; text.len()];
+        dev.seek(SeekFrom::Start(0)).unwrap();
+        dev.read_exact(&mut back).unwrap();
+        assert_eq!(back, text);
+    }
+    let mut head = vec![0u8; text.len()];
+    std::fs::File::open(&image)
+        .unwrap()
+        .read_exact(&mut head)
+        .unwrap();
+    assert_eq!(head, text);
+    let stats = csi
+        .node()
+        .node_get_volume_stats(NodeGetVolumeStatsRequest {
+            volume_id: id.clone(),
+            volume_path: target.to_str().unwrap().into(),
+            staging_target_path: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(stats.usage[0].total, 64 << 20);
+
+    csi.node()
+        .node_unpublish_volume(NodeUnpublishVolumeRequest {
+            volume_id: id.clone(),
+            target_path: target.to_str().unwrap().into(),
+        })
+        .await
+        .unwrap();
+    csi.node()
+        .node_unstage_volume(NodeUnstageVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: staging.to_str().unwrap().into(),
+        })
+        .await
+        .unwrap();
+    assert!(!target.exists());
+    let left = leftovers_under(env.dir.path());
+    assert!(left.mounts.is_empty(), "{left:?}");
+    assert_eq!(
+        left.loops, loops,
+        "the loop device stays until DeleteVolume"
+    );
+
+    csi.controller()
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: id.clone(),
+            secrets: HashMap::new(),
+        })
+        .await
+        .unwrap();
+    assert!(!image.exists(), "backing file removed");
+    let left = leftovers_under(env.dir.path());
+    assert!(left.is_empty(), "{left:?}");
+    assert!(
+        !std::fs::read_dir("/sys/block")
+            .unwrap()
+            .filter_map(
+                |e| std::fs::read_to_string(e.unwrap().path().join("loop/backing_file")).ok()
+            )
+            .any(|b| b.contains(&id)),
+        "no loop device names the volume"
+    );
+    assert!(guard.clean().is_empty());
+}
+
+/// With root and `--data-dir`, a node-local filesystem volume is a
+/// directory, staged and published with bind mounts; what a pod writes is
+/// in the volume and is there again at the next publish.
+#[tokio::test]
+async fn node_local_filesystem_volume_is_bind_mounted_and_keeps_its_data() {
+    require_root("node_local_filesystem_volume_is_bind_mounted_and_keeps_its_data");
+    let env = Env::new();
+    let guard = LeftoverGuard::new(env.dir.path());
+    let a = start_node_local(&env, "node-a", &[]).await;
+    let csi = a.client().await.unwrap();
+    let id = create(&csi, "pvc-fs").await.unwrap();
+    let data = NodeDirs::new(&env, "node-a").data().join(&id);
+    assert!(data.is_dir());
+
+    let kubelet = env.dir.path().join("kubelet");
+    let staging = kubelet.join("plugins/staging").join(&id);
+    let publish =
+        |pod: &str| publish_req(&id, &staging, &kubelet.join(pod).join("vol"), mount_cap());
+    let unpublish = |pod: &str| NodeUnpublishVolumeRequest {
+        volume_id: id.clone(),
+        target_path: kubelet.join(pod).join("vol").to_str().unwrap().into(),
+    };
+    let unstage = NodeUnstageVolumeRequest {
+        volume_id: id.clone(),
+        staging_target_path: staging.to_str().unwrap().into(),
+    };
+
+    csi.node()
+        .node_stage_volume(stage_req(&id, &staging, mount_cap()))
+        .await
+        .unwrap();
+    csi.node().node_publish_volume(publish("p1")).await.unwrap();
+    let target = kubelet.join("p1/vol");
+    let mounted = leftovers_under(env.dir.path()).mounts;
+    let canon = |p: &Path| p.canonicalize().unwrap();
+    assert!(mounted.contains(&canon(&staging)), "{mounted:?}");
+    assert!(mounted.contains(&canon(&target)), "{mounted:?}");
+    std::fs::write(target.join("hello.txt"), "round trip").unwrap();
+    assert_eq!(
+        std::fs::read_to_string(data.join("hello.txt")).unwrap(),
+        "round trip"
+    );
+    let stats = csi
+        .node()
+        .node_get_volume_stats(NodeGetVolumeStatsRequest {
+            volume_id: id.clone(),
+            volume_path: target.to_str().unwrap().into(),
+            staging_target_path: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        stats.usage.len() == 2 && stats.usage[0].total > 0,
+        "{stats:?}"
+    );
+
+    csi.node()
+        .node_unpublish_volume(unpublish("p1"))
+        .await
+        .unwrap();
+    csi.node()
+        .node_unstage_volume(unstage.clone())
+        .await
+        .unwrap();
+    assert!(!target.exists());
+    assert!(leftovers_under(env.dir.path()).mounts.is_empty());
+
+    // Another pod later: the data is there.
+    csi.node()
+        .node_stage_volume(stage_req(&id, &staging, mount_cap()))
+        .await
+        .unwrap();
+    csi.node().node_publish_volume(publish("p2")).await.unwrap();
+    assert_eq!(
+        std::fs::read_to_string(kubelet.join("p2/vol/hello.txt")).unwrap(),
+        "round trip"
+    );
+    csi.node()
+        .node_unpublish_volume(unpublish("p2"))
+        .await
+        .unwrap();
+    csi.node().node_unstage_volume(unstage).await.unwrap();
+
+    csi.controller()
+        .delete_volume(DeleteVolumeRequest {
+            volume_id: id.clone(),
+            secrets: HashMap::new(),
+        })
+        .await
+        .unwrap();
+    assert!(!data.exists());
+    assert!(guard.clean().is_empty());
+}
+
+/// The central deployment of a node-local driver, reproduced: a
+/// "controller" whose `/dev` is an empty tmpfs (an unprivileged pod) fails
+/// CreateVolume for block exactly as hostpathplugin does (`failed to attach
+/// device …: losetup -f --show … failed`, UNKNOWN) and leaves no file; it
+/// creates filesystem volumes, which the node's own instance then does not
+/// know (NOT_FOUND at NodeStageVolume: kubelet's MountDevice failure).
+#[tokio::test]
+async fn node_local_central_controller_fails_as_hostpath_does() {
+    require_root("node_local_central_controller_fails_as_hostpath_does");
+    let env = Env::new();
+    let guard = LeftoverGuard::new(env.dir.path());
+    // A private mount namespace with an empty /dev, then the driver.
+    let wrapper = env.dir.path().join("no-dev.sh");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nexec unshare --mount --propagation private -- /bin/sh -c \
+             'mount -t tmpfs -o size=64k tmpfs /dev && exec \"$0\" \"$@\"' {BIN} \"$@\"\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let ctrl = start_node_local_with(&wrapper, &env, "ctrl-node", &[]).await;
+    let csi = ctrl.client().await.unwrap();
+
+    let mut req = create_req("pvc-block");
+    req.volume_capabilities = vec![block_cap()];
+    let err = csi.controller().create_volume(req).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unknown, "{err:?}");
+    let data = NodeDirs::new(&env, "ctrl-node").data();
+    let data = data.canonicalize().unwrap();
+    assert!(
+        err.message()
+            .starts_with(&format!("failed to attach device {}/", data.display())),
+        "{err:?}"
+    );
+    assert!(err.message().contains(".img failed: "), "{err:?}");
+    assert!(err.message().contains(": losetup -f --show "), "{err:?}");
+    assert!(ctrl.state().unwrap().volumes.is_empty());
+    let files: Vec<_> = std::fs::read_dir(&data).unwrap().collect();
+    assert!(files.is_empty(), "the backing file is removed: {files:?}");
+
+    // Filesystem volumes need no /dev: created, then unknown on the node.
+    let id = create(&csi, "pvc-fs").await.unwrap();
+    let node = start_node_local(&env, "node-1", &[]).await;
+    let staging = env.dir.path().join("kubelet/staging");
+    let err = node
+        .client()
+        .await
+        .unwrap()
+        .node()
+        .node_stage_volume(stage_req(&id, &staging, mount_cap()))
+        .await
+        .unwrap_err();
+    not_found_here(&err, &id);
+    assert!(guard.clean().is_empty());
+}
+
+/// Upstream csi-sanity against a node-local instance with real volumes
+/// (loop devices at CreateVolume, bind mounts; GET_VOLUME_STATS advertised).
+#[tokio::test]
+async fn csi_sanity_passes_node_local() {
+    require_root("csi_sanity_passes_node_local");
+    let env = Env::new();
+    let guard = LeftoverGuard::new(env.dir.path());
+    let data = env.dir.path().join("data");
+    run_csi_sanity(
+        &env,
+        &["--node-local", &format!("--data-dir={}", data.display())],
+    )
+    .await;
+    let left = guard.clean();
+    assert!(left.is_empty(), "left behind: {left:?}");
 }

@@ -63,7 +63,8 @@ pub struct Config {
     #[arg(long, env = "KUBE_NODE_NAME")]
     pub nodeid: Option<String>,
 
-    /// Directory of the persistent state (`state.json`). Instances may share it.
+    /// Directory of the persistent state (`state.json`). Instances may share
+    /// it, unless one of them is `--node-local`.
     #[arg(long)]
     pub state_dir: Option<PathBuf>,
 
@@ -73,6 +74,23 @@ pub struct Config {
     /// advertises STAGE_UNSTAGE_VOLUME. Needs root (a privileged pod).
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
+
+    /// Node-local mode, like upstream csi-driver-host-path: this process is
+    /// the controller and the node service of one node. It owns its state
+    /// dir (a second instance on it refuses to start), volumes are
+    /// accessible from this node only and unknown anywhere else (NOT_FOUND),
+    /// ControllerPublishVolume to another node is NOT_FOUND, and with
+    /// `--data-dir` a block volume's loop device is set up by CreateVolume
+    /// and released by DeleteVolume. See `testdriver::node_local`.
+    #[arg(long)]
+    pub node_local: bool,
+
+    /// With `--node-local`: create volumes on this node whatever the
+    /// requisite topology says, as hostpathplugin does (it never reads the
+    /// accessibility requirements). Without it, requirements that exclude
+    /// this node are refused with RESOURCE_EXHAUSTED, as the CSI spec asks.
+    #[arg(long, requires = "node_local")]
+    pub ignore_accessibility_requirements: bool,
 
     /// `max_volumes_per_node` in NodeGetInfo, enforced by
     /// ControllerPublishVolume (0: no limit).
@@ -128,6 +146,8 @@ impl Config {
             nodeid: Some(nodeid.to_owned()),
             state_dir: Some(state_dir.to_path_buf()),
             data_dir: None,
+            node_local: false,
+            ignore_accessibility_requirements: false,
             max_volumes_per_node: 0,
             topology_key: DEFAULT_TOPOLOGY_KEY.to_owned(),
             enable_attach: false,

@@ -12,10 +12,18 @@
 //! volumes are real and the node service stages and publishes them with
 //! bind mounts ([`mounts`]), so kubelet can hand them to a pod.
 //!
+//! With `--node-local` ([`node_local`]) one process is the controller and
+//! node service of one node and owns its state dir, like upstream
+//! csi-driver-host-path: its volumes are this node's only (NOT_FOUND
+//! elsewhere) and a block volume's loop device comes with CreateVolume, so
+//! a deployment that splits it into a central controller and node pods
+//! fails as hostpathplugin does.
+//!
 //! ```text
 //! csi-test-driver --endpoint unix:///tmp/x/csi.sock --nodeid node-0 --state-dir /tmp/x/state \
 //!   [--drivername test.csi.csiops.dev] [--enable-attach] [--max-volumes-per-node N] \
 //!   [--topology-key K] [--capacity 100Gi] [--data-dir /var/lib/csi-test/volumes] \
+//!   [--node-local [--ignore-accessibility-requirements]] \
 //!   [--fail CreateVolume=Unavailable:2] [--fail-after CreateVolume=DeadlineExceeded:1] \
 //!   [--delay CreateVolume=5s] [--delay-after CreateVolume=5s]
 //! csi-test-driver list --state-dir /tmp/x/state     # the volumes, as a JSON array
@@ -28,12 +36,16 @@
 //! - [`config`]: flags and fault specs.
 //! - [`service`]: the Identity, Controller and Node services.
 //! - [`mounts`]: the bind mounts and loop devices of `--data-dir`.
+//! - [`node_local`]: the decisions of `--node-local`.
+//! - [`leftovers`]: a test guard that removes mounts and loop devices.
 //! - [`serve`]: the unix socket, signals.
 //! - [`harness`]: [`TestDriverProcess`], the driver as a child of a test.
 
 pub mod config;
 pub mod harness;
+pub mod leftovers;
 pub mod mounts;
+pub mod node_local;
 pub mod serve;
 pub mod service;
 pub mod state;

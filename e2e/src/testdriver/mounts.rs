@@ -257,15 +257,51 @@ pub fn attach_loop(image: &Path) -> io::Result<PathBuf> {
 
 /// Releases the loop device backed by `image`, if any.
 pub fn detach_loop(image: &Path) -> io::Result<()> {
-    if let Some(dev) = find_loop(image)? {
-        let f = File::open(&dev)?;
-        match ioctl(&f, LOOP_CLR_FD, 0) {
-            Ok(_) => {}
-            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => {}
-            Err(e) => return Err(e),
-        }
+    match find_loop(image)? {
+        Some(dev) => detach_device(&dev),
+        None => Ok(()),
     }
-    Ok(())
+}
+
+/// Releases the loop device `dev` (one that is not bound is fine).
+pub fn detach_device(dev: &Path) -> io::Result<()> {
+    let f = File::open(dev)?;
+    match ioctl(&f, LOOP_CLR_FD, 0) {
+        Ok(_) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::ENXIO) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Every bound loop device and its backing file, as the kernel lists them
+/// in `/sys/block/loop*/loop/backing_file` (what `losetup -a` shows).
+pub fn loop_devices() -> io::Result<Vec<(PathBuf, PathBuf)>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/sys/block")? {
+        let name = entry?.file_name();
+        let name = name.to_string_lossy();
+        if !name.starts_with("loop") {
+            continue;
+        }
+        // Absent for a loop device that is not bound.
+        let Ok(text) = std::fs::read_to_string(format!("/sys/block/{name}/loop/backing_file"))
+        else {
+            continue;
+        };
+        out.push((
+            PathBuf::from(format!("/dev/{name}")),
+            backing_file_path(&text),
+        ));
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The path in a `backing_file` attribute: without the newline, and
+/// without the ` (deleted)` the kernel appends once the file is removed.
+pub fn backing_file_path(text: &str) -> PathBuf {
+    let line = text.trim_end_matches('\n');
+    PathBuf::from(line.strip_suffix(" (deleted)").unwrap_or(line))
 }
 
 /// Creates the file a block volume is published on, then bind-mounts the
@@ -313,6 +349,16 @@ mod tests {
         assert_eq!(unescape_octal("a\\"), "a\\");
         assert_eq!(unescape_octal("a\\04"), "a\\04");
         assert_eq!(unescape_octal("a\\089"), "a\\089");
+    }
+
+    #[test]
+    fn backing_files_lose_newline_and_deleted_mark() {
+        assert_eq!(backing_file_path("/d/v.img\n"), PathBuf::from("/d/v.img"));
+        assert_eq!(
+            backing_file_path("/d/v.img (deleted)\n"),
+            PathBuf::from("/d/v.img")
+        );
+        assert_eq!(backing_file_path("/d/a b.img"), PathBuf::from("/d/a b.img"));
     }
 
     #[test]

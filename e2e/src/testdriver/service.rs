@@ -40,6 +40,7 @@ use tonic::{Code, Request, Response, Status};
 
 use super::config::{Config, DelaySpec, FaultSpec, DEFAULT_VOLUME_SIZE};
 use super::mounts;
+use super::node_local::{self, NodeLocalError, Ownership};
 use super::state::{
     Capability, ContentSource, ControllerPublication, DeletedVolume, NodePublication, Snapshot,
     State, StateStore, Volume,
@@ -63,6 +64,11 @@ pub struct Driver {
     state_dir: PathBuf,
     /// `--data-dir`: real volumes and real mounts (see [`super::mounts`]).
     data_dir: Option<PathBuf>,
+    /// `--node-local` (see [`super::node_local`]): the hold on the state
+    /// dir, kept for the process's lifetime.
+    node_local: Option<Ownership>,
+    /// `--ignore-accessibility-requirements`.
+    ignore_accessibility_requirements: bool,
     fail: Vec<FaultSpec>,
     fail_after: Vec<FaultSpec>,
     delay: Vec<DelaySpec>,
@@ -92,15 +98,36 @@ impl Driver {
         let state_dir = state_dir
             .canonicalize()
             .map_err(|e| format!("state dir {}: {e}", state_dir.display()))?;
+        // Node-local: hold the dir before reading it, so no other instance
+        // writes it between the check and the serving.
+        let node_local = cfg
+            .node_local
+            .then(|| node_local::claim(&state_dir, &node_id))
+            .transpose()
+            .map_err(|e| e.to_string())?;
+        let owner = node_local.is_some();
         store
             .transaction(|s| {
+                if owner {
+                    node_local::check_state(s, &state_dir, &node_id)?;
+                    s.node_local_owner = Some(node_id.clone());
+                } else {
+                    node_local::check_not_owned(s, &state_dir)?;
+                }
                 s.nodes.insert(node_id.clone());
-                Ok::<_, ()>(())
+                Ok(())
             })
             .map_err(|e| format!("state dir {}: {e}", state_dir.display()))?
-            .ok();
+            .map_err(|e: node_local::OwnershipError| e.to_string())?;
         if let Some(d) = &cfg.data_dir {
             std::fs::create_dir_all(d).map_err(|e| format!("data dir {}: {e}", d.display()))?;
+        } else if owner {
+            // Still node-local in every answer, but nothing fails for want
+            // of /dev or privilege, unlike hostpathplugin.
+            tracing::warn!(
+                "--node-local without --data-dir: volumes are only recorded, \
+                 no loop devices or mounts are made"
+            );
         }
         Ok(Driver {
             name: cfg.drivername.clone(),
@@ -113,6 +140,8 @@ impl Driver {
             store,
             state_dir,
             data_dir: cfg.data_dir.clone(),
+            node_local,
+            ignore_accessibility_requirements: cfg.ignore_accessibility_requirements,
             fail: cfg.fail.clone(),
             fail_after: cfg.fail_after.clone(),
             delay: cfg.delay.clone(),
@@ -124,6 +153,43 @@ impl Driver {
     /// The canonical state dir.
     pub fn state_dir(&self) -> &Path {
         &self.state_dir
+    }
+
+    /// `--node-local`.
+    pub fn is_node_local(&self) -> bool {
+        self.node_local.is_some()
+    }
+
+    /// NOT_FOUND for a volume this state does not hold; node-local mode
+    /// words it as hostpathplugin does.
+    fn unknown_volume(&self, id: &str) -> Status {
+        if self.is_node_local() {
+            NodeLocalError::UnknownVolume(id.to_owned()).into()
+        } else {
+            Status::not_found(format!("volume {id} not found"))
+        }
+    }
+
+    /// The volume `id`, or [`Self::unknown_volume`].
+    fn known_volume(&self, id: &str) -> Result<Volume, Status> {
+        self.tx(|s| {
+            s.volumes
+                .get(id)
+                .cloned()
+                .ok_or_else(|| self.unknown_volume(id))
+        })
+    }
+
+    /// Node-local: ControllerPublish/UnpublishVolume only for this node.
+    fn require_this_node(&self, node_id: &str) -> Result<(), Status> {
+        if self.is_node_local() && node_id != self.node_id {
+            return Err(NodeLocalError::OtherNode {
+                requested: node_id.to_owned(),
+                ours: self.node_id.clone(),
+            }
+            .into());
+        }
+        Ok(())
     }
 
     fn injected(&self, specs: &[FaultSpec], method: &str) -> Option<Status> {
@@ -307,12 +373,24 @@ impl Driver {
             DEFAULT_VOLUME_SIZE
         };
         let parameters: BTreeMap<String, String> = req.parameters.clone().into_iter().collect();
-        let topology = req
-            .accessibility_requirements
-            .as_ref()
-            .and_then(|r| r.preferred.first().or(r.requisite.first()))
-            .cloned()
-            .unwrap_or_else(|| self.this_node_topology());
+        let topology = if self.is_node_local() {
+            // Created here, usable here only: this node's topology, whatever
+            // was preferred.
+            if !self.ignore_accessibility_requirements {
+                node_local::check_requirements(
+                    req.accessibility_requirements.as_ref(),
+                    &self.topology_key,
+                    &self.node_id,
+                )?;
+            }
+            self.this_node_topology()
+        } else {
+            req.accessibility_requirements
+                .as_ref()
+                .and_then(|r| r.preferred.first().or(r.requisite.first()))
+                .cloned()
+                .unwrap_or_else(|| self.this_node_topology())
+        };
         let capacity = self.capacity;
         self.tx(|s| {
             if let Some(v) = s.volume_by_name(&req.name) {
@@ -359,7 +437,13 @@ impl Driver {
                     .volumes
                     .get(id)
                     .map(|v| v.capacity_bytes)
-                    .ok_or_else(|| Status::not_found(format!("volume {id} does not exist")))?,
+                    .ok_or_else(|| {
+                        if self.is_node_local() {
+                            self.unknown_volume(id)
+                        } else {
+                            Status::not_found(format!("volume {id} does not exist"))
+                        }
+                    })?,
             };
             if required > 0 && required < source_size {
                 return Err(Status::out_of_range(format!(
@@ -383,7 +467,7 @@ impl Driver {
                     "requested {size} bytes, {available} available"
                 )));
             }
-            let id = new_volume_id();
+            let id = new_volume_id()?;
             let seq = s.next_seq;
             s.next_seq += 1;
             let v = Volume {
@@ -399,9 +483,10 @@ impl Driver {
                 published_nodes: BTreeMap::new(),
                 node_publications: BTreeMap::new(),
                 content_source: content_source.clone(),
+                node_id: self.node_id.clone(),
             };
             if let Some(dir) = &self.data_dir {
-                create_data(dir, &v)?;
+                create_data(dir, &v, self.is_node_local())?;
             }
             let out = Self::csi_volume(&v);
             s.volumes.insert(id, v);
@@ -464,6 +549,8 @@ impl Driver {
             .as_ref()
             .ok_or_else(|| Status::invalid_argument("volume_capability is required"))
             .and_then(capability)?;
+        // Node-local: checked before the volume, as hostpathplugin does.
+        self.require_this_node(&req.node_id)?;
         let max = self.max_volumes_per_node;
         self.tx(|s| {
             let attached_to_node = s
@@ -475,7 +562,7 @@ impl Driver {
             let v = s
                 .volumes
                 .get_mut(&req.volume_id)
-                .ok_or_else(|| Status::not_found(format!("volume {} not found", req.volume_id)))?;
+                .ok_or_else(|| self.unknown_volume(&req.volume_id))?;
             if !known_node {
                 return Err(Status::not_found(format!("node {} not found", req.node_id)));
             }
@@ -531,6 +618,11 @@ impl Driver {
         if req.volume_id.is_empty() {
             return Err(Status::invalid_argument("volume_id is required"));
         }
+        // Node-local: another node is NOT_FOUND, as in hostpathplugin (an
+        // empty node_id, "every node", is fine).
+        if !req.node_id.is_empty() {
+            self.require_this_node(&req.node_id)?;
+        }
         // A volume or node that does not exist is not published there, so
         // this is success ("not attached → 0 OK"; csi-sanity's cleanup
         // relies on it after DeleteVolume).
@@ -563,12 +655,7 @@ impl Driver {
             .iter()
             .map(capability)
             .collect::<Result<Vec<_>, _>>()?;
-        let v = self.tx(|s| {
-            s.volumes
-                .get(&req.volume_id)
-                .cloned()
-                .ok_or_else(|| Status::not_found(format!("volume {} not found", req.volume_id)))
-        })?;
+        let v = self.known_volume(&req.volume_id)?;
         let unsupported = caps.iter().find(|c| {
             !v.volume_capabilities
                 .iter()
@@ -623,6 +710,16 @@ impl Driver {
             capability(c)?;
         }
         let segment = req.accessible_topology.as_ref().map(|t| &t.segments);
+        if self.is_node_local()
+            && !node_local::serves_segment(segment, &self.topology_key, &self.node_id)
+        {
+            // Another node's capacity is that node's instance's to tell.
+            return Ok(GetCapacityResponse {
+                available_capacity: 0,
+                maximum_volume_size: Some(0),
+                minimum_volume_size: None,
+            });
+        }
         let used = self.tx(|s| Ok(used_bytes_in(s, segment)))?;
         let available = (self.capacity - used).max(0);
         Ok(GetCapacityResponse {
@@ -661,7 +758,7 @@ impl Driver {
                 Status::not_found(format!("volume {} does not exist", req.source_volume_id))
             })?;
             let snap = Snapshot {
-                id: new_volume_id(),
+                id: new_volume_id()?,
                 name: req.name.clone(),
                 source_volume_id: req.source_volume_id.clone(),
                 size_bytes: source.capacity_bytes,
@@ -765,7 +862,7 @@ impl Driver {
             let v = s
                 .volumes
                 .get_mut(&req.volume_id)
-                .ok_or_else(|| Status::not_found(format!("volume {} not found", req.volume_id)))?;
+                .ok_or_else(|| self.unknown_volume(&req.volume_id))?;
             if let Some(p) = v.node_publications.get(&req.target_path) {
                 if p.readonly == req.readonly && p.capability == cap && p.node_id == node_id {
                     return Ok(());
@@ -825,15 +922,19 @@ impl Driver {
             .as_ref()
             .ok_or_else(|| Status::invalid_argument("volume_capability is required"))
             .and_then(capability)?;
+        // Node-local: an unknown volume is NOT_FOUND whatever else holds
+        // (kubelet's `MountVolume.MountDevice failed` of a central deployment).
+        let known = self
+            .is_node_local()
+            .then(|| self.known_volume(&req.volume_id))
+            .transpose()?;
         let Some(dir) = &self.data_dir else {
             return unimplemented("NodeStageVolume");
         };
-        let v = self.tx(|s| {
-            s.volumes
-                .get(&req.volume_id)
-                .cloned()
-                .ok_or_else(|| Status::not_found(format!("volume {} not found", req.volume_id)))
-        })?;
+        let v = match known {
+            Some(v) => v,
+            None => self.known_volume(&req.volume_id)?,
+        };
         self.require_published_here(&v)?;
         if cap.access_type == "mount" {
             let staging = Path::new(&req.staging_target_path);
@@ -857,14 +958,20 @@ impl Driver {
         if req.staging_target_path.is_empty() {
             return Err(Status::invalid_argument("staging_target_path is required"));
         }
+        if self.is_node_local() {
+            // hostpathplugin: NOT_FOUND for a volume it does not know.
+            self.known_volume(&req.volume_id)?;
+        }
         let Some(dir) = &self.data_dir else {
             return unimplemented("NodeUnstageVolume");
         };
         mounts::unmount(Path::new(&req.staging_target_path))
             .map_err(|e| Status::internal(format!("unstaging {}: {e}", req.staging_target_path)))?;
-        // The block volume's loop device goes once nothing uses the volume here.
+        // The block volume's loop device goes once nothing uses the volume
+        // here; node-local keeps it until DeleteVolume (it came with
+        // CreateVolume).
         let image = dir.join(format!("{}.img", req.volume_id));
-        if image.exists() {
+        if !self.is_node_local() && image.exists() {
             mounts::detach_loop(&image)
                 .map_err(|e| Status::internal(format!("detaching {}: {e}", image.display())))?;
         }
@@ -886,7 +993,7 @@ impl Driver {
             let v = s
                 .volumes
                 .get_mut(&req.volume_id)
-                .ok_or_else(|| Status::not_found(format!("volume {} not found", req.volume_id)))?;
+                .ok_or_else(|| self.unknown_volume(&req.volume_id))?;
             if self.data_dir.is_some() {
                 // Unmount even without a record: a publish may have mounted
                 // and died before persisting it.
@@ -914,6 +1021,45 @@ impl Driver {
             Ok(())
         })?;
         Ok(NodeUnpublishVolumeResponse {})
+    }
+
+    /// NodeGetVolumeStats: node-local only (elsewhere UNIMPLEMENTED, not
+    /// advertised). NOT_FOUND for a volume this process does not know or a
+    /// path that does not exist.
+    fn node_volume_stats(
+        &self,
+        req: NodeGetVolumeStatsRequest,
+    ) -> Result<NodeGetVolumeStatsResponse, Status> {
+        if !self.is_node_local() {
+            return unimplemented("NodeGetVolumeStats");
+        }
+        if req.volume_id.is_empty() {
+            return Err(Status::invalid_argument("volume_id is required"));
+        }
+        if req.volume_path.is_empty() {
+            return Err(Status::invalid_argument("volume_path is required"));
+        }
+        let v = self.known_volume(&req.volume_id)?;
+        Ok(NodeGetVolumeStatsResponse {
+            usage: node_local::volume_usage(Path::new(&req.volume_path), v.capacity_bytes)?,
+            volume_condition: None,
+        })
+    }
+
+    /// NodeExpandVolume is not implemented (nor advertised); node-local
+    /// answers NOT_FOUND first for a volume it does not know, as
+    /// hostpathplugin (with expansion on, its default) does.
+    fn node_expand(
+        &self,
+        req: NodeExpandVolumeRequest,
+    ) -> Result<NodeExpandVolumeResponse, Status> {
+        if self.is_node_local() {
+            if req.volume_id.is_empty() {
+                return Err(Status::invalid_argument("volume_id is required"));
+            }
+            self.known_volume(&req.volume_id)?;
+        }
+        unimplemented("NodeExpandVolume")
     }
 }
 
@@ -970,18 +1116,28 @@ fn used_bytes_in(s: &State, segment: Option<&HashMap<String, String>>) -> i64 {
         .sum()
 }
 
-fn create_data(dir: &Path, v: &Volume) -> Result<(), Status> {
+///
+/// `node_local`: a block volume's loop device is set up now too, and stays
+/// until DeleteVolume ([`node_local::attach_at_create`]); otherwise the node
+/// service sets it up at publish.
+fn create_data(dir: &Path, v: &Volume, node_local: bool) -> Result<(), Status> {
     let block = v
         .volume_capabilities
         .iter()
         .all(|c| c.access_type == "block");
+    let image = dir.join(format!("{}.img", v.id));
     let result = if block {
-        std::fs::File::create(dir.join(format!("{}.img", v.id)))
+        std::fs::File::create(&image)
             .and_then(|f| f.set_len(u64::try_from(v.capacity_bytes).unwrap_or(0)))
     } else {
         std::fs::create_dir_all(dir.join(&v.id))
     };
-    result.map_err(|e| Status::internal(format!("creating the data of {}: {e}", v.id)))
+    result.map_err(|e| Status::internal(format!("creating the data of {}: {e}", v.id)))?;
+    if block && node_local {
+        let dev = node_local::attach_at_create(&image)?;
+        tracing::info!(volume = %v.id, device = %dev.display(), "loop device set up");
+    }
+    Ok(())
 }
 
 /// Removes a deleted volume's data (either form; absent is fine).
@@ -1065,24 +1221,35 @@ fn secret_keys(secrets: &HashMap<String, String>) -> Vec<String> {
     keys
 }
 
-/// A random UUID v4 (from `/dev/urandom`).
-fn new_volume_id() -> String {
-    use std::io::Read;
+/// A random UUID v4, from getrandom(2): no `/dev` needed (a controller
+/// container may lack it, which node-local tests reproduce).
+fn new_volume_id() -> Result<String, Status> {
     let mut b = [0u8; 16];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut b))
-        .expect("reading /dev/urandom");
+    let mut filled = 0;
+    while filled < b.len() {
+        let rest = &mut b[filled..];
+        // SAFETY: writes at most `rest.len()` bytes into `rest`.
+        let n = unsafe { libc::getrandom(rest.as_mut_ptr().cast(), rest.len(), 0) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(Status::internal(format!("getrandom: {e}")));
+            }
+            continue;
+        }
+        filled += n as usize;
+    }
     b[6] = (b[6] & 0x0f) | 0x40;
     b[8] = (b[8] & 0x3f) | 0x80;
     let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!(
+    Ok(format!(
         "{}-{}-{}-{}-{}",
         &h[0..8],
         &h[8..12],
         &h[12..16],
         &h[16..20],
         &h[20..32]
-    )
+    ))
 }
 
 fn unimplemented<T>(method: &str) -> Result<T, Status> {
@@ -1131,19 +1298,20 @@ impl Driver {
         Ok(self.controller_capabilities())
     }
 
-    /// STAGE_UNSTAGE_VOLUME only with `--data-dir` (real mounts).
+    /// STAGE_UNSTAGE_VOLUME only with `--data-dir` (real mounts);
+    /// GET_VOLUME_STATS with `--node-local` (hostpathplugin has it).
     fn node_capabilities(
         &self,
         _: NodeGetCapabilitiesRequest,
     ) -> Result<NodeGetCapabilitiesResponse, Status> {
         use csiops_proto::csi::v1::node_service_capability::{rpc::Type, Rpc, Type as T};
-        let capabilities = self
-            .data_dir
-            .iter()
-            .map(|_| csiops_proto::csi::v1::NodeServiceCapability {
-                r#type: Some(T::Rpc(Rpc {
-                    r#type: Type::StageUnstageVolume as i32,
-                })),
+        let stage = self.data_dir.as_ref().map(|_| Type::StageUnstageVolume);
+        let stats = self.is_node_local().then_some(Type::GetVolumeStats);
+        let capabilities = stage
+            .into_iter()
+            .chain(stats)
+            .map(|t| csiops_proto::csi::v1::NodeServiceCapability {
+                r#type: Some(T::Rpc(Rpc { r#type: t as i32 })),
             })
             .collect();
         Ok(NodeGetCapabilitiesResponse { capabilities })
@@ -1213,8 +1381,8 @@ csi_service!(Node {
     node_unstage_volume(NodeUnstageVolumeRequest -> NodeUnstageVolumeResponse) = "NodeUnstageVolume" => Driver::node_unstage;
     node_publish_volume(NodePublishVolumeRequest -> NodePublishVolumeResponse) = "NodePublishVolume" => Driver::node_publish;
     node_unpublish_volume(NodeUnpublishVolumeRequest -> NodeUnpublishVolumeResponse) = "NodeUnpublishVolume" => Driver::node_unpublish;
-    node_get_volume_stats(NodeGetVolumeStatsRequest -> NodeGetVolumeStatsResponse) = "NodeGetVolumeStats" => none("NodeGetVolumeStats");
-    node_expand_volume(NodeExpandVolumeRequest -> NodeExpandVolumeResponse) = "NodeExpandVolume" => none("NodeExpandVolume");
+    node_get_volume_stats(NodeGetVolumeStatsRequest -> NodeGetVolumeStatsResponse) = "NodeGetVolumeStats" => Driver::node_volume_stats;
+    node_expand_volume(NodeExpandVolumeRequest -> NodeExpandVolumeResponse) = "NodeExpandVolume" => Driver::node_expand;
     node_get_capabilities(NodeGetCapabilitiesRequest -> NodeGetCapabilitiesResponse) = "NodeGetCapabilities" => Driver::node_capabilities;
     node_get_info(NodeGetInfoRequest -> NodeGetInfoResponse) = "NodeGetInfo" => Driver::node_info;
 });
@@ -1254,8 +1422,8 @@ mod tests {
 
     #[test]
     fn volume_ids_are_uuid_v4() {
-        let a = new_volume_id();
-        let b = new_volume_id();
+        let a = new_volume_id().unwrap();
+        let b = new_volume_id().unwrap();
         assert_ne!(a, b);
         assert_eq!(a.len(), 36);
         assert_eq!(&a[14..15], "4");
@@ -1314,5 +1482,158 @@ mod tests {
         // The node ID is recorded as known.
         let s = super::super::state::load_state(dir.path()).unwrap();
         assert!(s.nodes.contains("n1"));
+    }
+
+    fn node_local_cfg(node: &str, dir: &Path) -> Config {
+        let mut cfg = Config::new("/unused.sock", node, dir);
+        cfg.node_local = true;
+        cfg
+    }
+
+    #[test]
+    fn a_node_local_instance_owns_its_state_dir() {
+        // A dir a shared-mode instance of another node used is refused.
+        let used = tempfile::tempdir().unwrap();
+        drop(Driver::new(&Config::new("/unused.sock", "ctrl-0", used.path())).unwrap());
+        let err = Driver::new(&node_local_cfg("node-a", used.path())).unwrap_err();
+        assert!(err.contains("\"ctrl-0\""), "{err}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let first = Driver::new(&node_local_cfg("node-a", dir.path())).unwrap();
+        assert!(first.is_node_local());
+        let err = Driver::new(&node_local_cfg("node-a", dir.path())).unwrap_err();
+        assert!(err.contains("in use by another node-local"), "{err}");
+        let err = Driver::new(&Config::new("/unused.sock", "ctrl-0", dir.path())).unwrap_err();
+        assert!(
+            err.contains("belongs to the node-local instance of node node-a"),
+            "{err}"
+        );
+        drop(first);
+        // Released with the process (here: the driver); the same node again.
+        let again = Driver::new(&node_local_cfg("node-a", dir.path())).unwrap();
+        let err = Driver::new(&node_local_cfg("node-b", dir.path())).unwrap_err();
+        assert!(err.contains("in use"), "{err}");
+        drop(again);
+        let err = Driver::new(&node_local_cfg("node-b", dir.path())).unwrap_err();
+        assert!(
+            err.contains("holds the state of node(s) [\"node-a\"]"),
+            "{err}"
+        );
+        let s = super::super::state::load_state(dir.path()).unwrap();
+        assert_eq!(s.node_local_owner.as_deref(), Some("node-a"));
+        assert_eq!(s.nodes.iter().collect::<Vec<_>>(), ["node-a"]);
+    }
+
+    fn mount_cap() -> VolumeCapability {
+        VolumeCapability {
+            access_mode: Some(volume_capability::AccessMode {
+                mode: volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+            }),
+            access_type: Some(volume_capability::AccessType::Mount(
+                volume_capability::MountVolume::default(),
+            )),
+        }
+    }
+
+    fn create(d: &Driver, name: &str, requisite: &[&str]) -> Result<Volume, Status> {
+        let topo = |n: &&str| Topology {
+            segments: HashMap::from([(d.topology_key.clone(), n.to_string())]),
+        };
+        let req = CreateVolumeRequest {
+            name: name.into(),
+            volume_capabilities: vec![mount_cap()],
+            accessibility_requirements: Some(csiops_proto::csi::v1::TopologyRequirement {
+                requisite: requisite.iter().map(topo).collect(),
+                preferred: requisite.iter().map(topo).collect(),
+            }),
+            ..Default::default()
+        };
+        let id = d.create_volume(req)?.volume.unwrap().volume_id;
+        d.known_volume(&id)
+    }
+
+    #[test]
+    fn node_local_volumes_are_this_nodes() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = Driver::new(&node_local_cfg("node-a", dir.path())).unwrap();
+        let this = vec![BTreeMap::from([(
+            d.topology_key.clone(),
+            "node-a".to_owned(),
+        )])];
+
+        // Preferred another node, requisite allows this one: this node.
+        let v = create(&d, "pvc-1", &["node-b", "node-a"]).unwrap();
+        assert_eq!(v.accessible_topology, this);
+        assert_eq!(v.node_id, "node-a");
+        let err = create(&d, "pvc-2", &["node-b"]).unwrap_err();
+        assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+        assert!(d.tx(|s| Ok(s.volume_by_name("pvc-2").is_none())).unwrap());
+
+        // Unknown volume: NOT_FOUND in hostpathplugin's words, even for
+        // NodeStageVolume without --data-dir (which has nothing to stage).
+        let err = d
+            .node_stage(NodeStageVolumeRequest {
+                volume_id: "nope".into(),
+                staging_target_path: "/stage".into(),
+                volume_capability: Some(mount_cap()),
+                ..Default::default()
+            })
+            .unwrap_err();
+        assert_eq!(err.code(), Code::NotFound);
+        assert_eq!(
+            err.message(),
+            "volume id nope does not exist in the volumes list"
+        );
+        let err = d
+            .node_expand(NodeExpandVolumeRequest {
+                volume_id: "nope".into(),
+                ..Default::default()
+            })
+            .unwrap_err();
+        assert_eq!(err.code(), Code::NotFound);
+
+        // Known volume, stats at a path that exists.
+        let stats = d
+            .node_volume_stats(NodeGetVolumeStatsRequest {
+                volume_id: v.id.clone(),
+                volume_path: dir.path().to_str().unwrap().into(),
+                staging_target_path: String::new(),
+            })
+            .unwrap();
+        assert_eq!(stats.usage.len(), 2);
+    }
+
+    #[test]
+    fn ignoring_requirements_creates_here_anyway() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = node_local_cfg("node-a", dir.path());
+        cfg.ignore_accessibility_requirements = true;
+        let d = Driver::new(&cfg).unwrap();
+        let v = create(&d, "pvc-1", &["node-b"]).unwrap();
+        assert_eq!(
+            v.accessible_topology,
+            vec![BTreeMap::from([(
+                d.topology_key.clone(),
+                "node-a".to_owned()
+            )])]
+        );
+    }
+
+    #[test]
+    fn shared_mode_keeps_its_answers() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = Driver::new(&Config::new("/unused.sock", "n1", dir.path())).unwrap();
+        // The preferred topology, as before; no stats.
+        let v = create(&d, "pvc-1", &["node-b"]).unwrap();
+        assert_eq!(v.accessible_topology[0][&d.topology_key], "node-b");
+        let err = d
+            .node_volume_stats(NodeGetVolumeStatsRequest {
+                volume_id: v.id,
+                volume_path: "/".into(),
+                staging_target_path: String::new(),
+            })
+            .unwrap_err();
+        assert_eq!(err.code(), Code::Unimplemented);
+        assert_eq!(d.unknown_volume("x").message(), "volume x not found");
     }
 }

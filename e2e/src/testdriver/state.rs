@@ -6,7 +6,8 @@
 //! and only then answer the gRPC call. So a `kill -9` at any point leaves
 //! either the old or the new state, never a torn one, and an answered call
 //! is always on disk. Several driver processes (a controller instance and
-//! per-node instances) may share one state dir.
+//! per-node instances) may share one state dir, except in `--node-local`
+//! mode, where one process owns it (see [`super::node_local`]).
 //!
 //! Secrets are never stored: only the *keys* of the secrets a call carried.
 
@@ -45,6 +46,10 @@ pub struct State {
     /// Node IDs of every driver instance that served with this state dir.
     /// `ControllerPublishVolume` answers `NOT_FOUND` for any other node.
     pub nodes: BTreeSet<String>,
+    /// The node ID of the `--node-local` instance that owns this state dir.
+    /// Instances of other nodes, and shared-mode instances, refuse it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_local_owner: Option<String>,
 }
 
 /// A provisioned volume.
@@ -73,6 +78,10 @@ pub struct Volume {
     pub node_publications: BTreeMap<String, NodePublication>,
     /// `CreateVolume`'s `volume_content_source`, if it had one.
     pub content_source: Option<ContentSource>,
+    /// `--nodeid` of the instance that created the volume (empty in states
+    /// written before it was recorded).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub node_id: String,
 }
 
 /// What a volume was created from.
