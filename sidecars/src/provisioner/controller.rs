@@ -34,7 +34,7 @@ use super::cloning::Cloning;
 use super::decide::{claim_is_for, pv_is_ours};
 use super::journal::{Holds, Journal};
 use super::metrics::OperationMetrics;
-use super::node_deployment::ThisNode;
+use super::node_deployment::{self, ThisNode};
 use super::plan::{DriverCapabilities, ProvisionerConfig};
 use crate::common::cache::Cached;
 use crate::common::driver::Driver;
@@ -272,18 +272,23 @@ impl Provisioner {
             })
         };
         tasks.push(task);
-        let (attachments, task) = {
+        let attachments = if !node_deployment::watches_attachments(setup.node.is_some(), setup.caps)
+        {
+            fixed_store(Vec::new())
+        } else {
             let vq = volumes.clone();
-            reflect(Api::<VolumeAttachment>::all(client.clone()), move |e| {
-                // A deletion waiting for a detach can go on now.
-                if let watcher::Event::Delete(va) = e {
-                    if let Some(pv) = &va.spec.source.persistent_volume_name {
-                        vq.add(pv.clone());
+            let (attachments, task) =
+                reflect(Api::<VolumeAttachment>::all(client.clone()), move |e| {
+                    // A deletion waiting for a detach can go on now.
+                    if let watcher::Event::Delete(va) = e {
+                        if let Some(pv) = &va.spec.source.persistent_volume_name {
+                            vq.add(pv.clone());
+                        }
                     }
-                }
-            })
+                });
+            tasks.push(task);
+            attachments
         };
-        tasks.push(task);
         let (classes, task) = reflect(Api::<StorageClass>::all(client.clone()), |_| {});
         tasks.push(task);
         let (csi_nodes, nodes) = match &setup.node {

@@ -371,6 +371,7 @@ async fn driver_facts(driver: &Driver) -> Result<(String, DriverCapabilities), P
             single_node_multi_writer: controller.contains(&Rpc::SingleNodeMultiWriter),
             create_delete_snapshot: controller.contains(&Rpc::CreateDeleteSnapshot),
             clone_volume: controller.contains(&Rpc::CloneVolume),
+            publish_unpublish: controller.contains(&Rpc::PublishUnpublishVolume),
         },
     ))
 }

@@ -175,6 +175,15 @@ pub fn fits_allowed_topologies(
     .is_ok()
 }
 
+/// Whether the provisioner watches VolumeAttachments (to hold a deletion
+/// until the volume is detached). On a node only when the driver has
+/// PUBLISH_UNPUBLISH_VOLUME, as upstream decides it everywhere: without it
+/// there is nothing to wait for, and a thousand nodes need not each watch
+/// every attachment of the cluster. Centrally always, as before.
+pub fn watches_attachments(on_node: bool, caps: DriverCapabilities) -> bool {
+    !on_node || caps.publish_unpublish
+}
+
 /// A topology segment: the driver's keys and this node's values.
 pub type Segment = BTreeMap<String, String>;
 
@@ -848,6 +857,19 @@ mod tests {
                 "{central:?} {here}"
             );
         }
+    }
+
+    #[test]
+    fn a_node_watches_attachments_only_for_a_driver_that_publishes() {
+        let publishes = DriverCapabilities {
+            publish_unpublish: true,
+            ..Default::default()
+        };
+        let local_only = DriverCapabilities::default();
+        assert!(watches_attachments(false, local_only));
+        assert!(watches_attachments(false, publishes));
+        assert!(watches_attachments(true, publishes));
+        assert!(!watches_attachments(true, local_only));
     }
 
     #[test]
