@@ -20,11 +20,19 @@
 //!   version it saw. A conflict means someone was faster (or the claim
 //!   changed): it waits again, longer. The winner's write brings the claim
 //!   back as its own to provision.
-//! - **Topology.** Nodes and CSINodes are not watched: the topology code
-//!   sees one Node and one CSINode made from the driver's NodeGetInfo
-//!   ([`LocalNode::objects`]), so requirements name this node's segment only
-//!   (upstream does the same: a Node watch on every node of a large cluster
-//!   is what it avoids).
+//! - **Topology and watches.** Nodes and CSINodes are not watched: the
+//!   topology code sees one Node and one CSINode made from the driver's
+//!   NodeGetInfo ([`LocalNode::objects`]), so requirements name this node's
+//!   segment only (upstream does the same: a Node watch on every node of a
+//!   large cluster is what it avoids). VolumeAttachments are watched only
+//!   for a driver with PUBLISH_UNPUBLISH_VOLUME ([`watches_attachments`]).
+//!   Claims, PVs and classes are watched whole, as upstream: no selector
+//!   can tell a node's claims (an annotation) or PVs (an affinity).
+//! - **Capacity** (`--enable-capacity`): for this node's segment only,
+//!   with managed-by `external-provisioner-<node>` (see
+//!   `capacity::objects::managed_by`); the owner is found from `POD_NAME`
+//!   by `--capacity-ownerref-level` as centrally (upstream's README
+//!   suggests 1, the DaemonSet; 0 makes it the pod).
 //! - **Deletion.** A Released PV is deleted only by the instance whose
 //!   driver's accessible topology satisfies the PV's node affinity
 //!   ([`LocalNode::holds`], upstream's `VolumeIsAccessible`): not the Node's
