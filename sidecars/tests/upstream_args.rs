@@ -90,11 +90,10 @@ const PROVISIONER: &[Flag] = &[
     ("capacity-for-immediate-binding", Bool, No),
     ("capacity-poll-interval", Value("1m"), No),
     ("capacity-ownerref-level", Value("1"), No),
-    // `true` is refused at start (see `node_deployment_true_is_refused`).
     ("node-deployment", Bool, No),
-    ("node-deployment-immediate-binding", Bool, Yes),
-    ("node-deployment-base-delay", Value("20s"), Yes),
-    ("node-deployment-max-delay", Value("60s"), Yes),
+    ("node-deployment-immediate-binding", Bool, No),
+    ("node-deployment-base-delay", Value("20s"), No),
+    ("node-deployment-max-delay", Value("60s"), No),
     ("controller-publish-readonly", Bool, No),
     ("prevent-volume-mode-conversion", Bool, No),
     (
@@ -215,14 +214,7 @@ fn every_upstream_flag_parses_in_every_go_form() {
                 args.extend(form.iter().cloned());
                 let parsed =
                     parse(role, &args).unwrap_or_else(|e| panic!("{role} {args:?}: refused:\n{e}"));
-                let check = parsed.cli.role.check();
-                let sets_true = matches!(kind, Bool)
-                    && !form[0].ends_with("=false")
-                    && !form[0].ends_with("=F");
-                if name == "node-deployment" && sets_true {
-                    let err = check.expect_err("--node-deployment=true is refused");
-                    assert!(err.to_string().contains("--node-deployment"), "{err}");
-                } else if let Err(e) = check {
+                if let Err(e) = parsed.cli.role.check() {
                     panic!(
                         "{role} {args:?}: parsed but refused at start: {}",
                         csiops_runtime::chain(&e)
@@ -299,14 +291,12 @@ struct Manifest {
 enum Expect {
     /// Parses and passes the checks; `role` is the one run.
     Runs(&'static str),
-    /// Parses, and start-up refuses it naming this flag.
-    Refused(&'static str, &'static str),
 }
 
 const HP: &str = "kubernetes-csi/csi-driver-host-path";
 
 fn manifests() -> Vec<Manifest> {
-    use Expect::{Refused, Runs};
+    use Expect::Runs;
     vec![
         // csi-driver-host-path deploy/kubernetes-1.34 (and 1.35, a link to it).
         Manifest {
@@ -357,7 +347,7 @@ fn manifests() -> Vec<Manifest> {
                 "--immediate-topology=false",
                 "--worker-threads=5",
             ],
-            expect: Refused("provisioner", "--node-deployment"),
+            expect: Runs("provisioner"),
         },
         Manifest {
             source: "hostpath v1.17.1 kubernetes-distributed csi-node-driver-registrar",
@@ -550,10 +540,6 @@ fn the_argument_sets_of_real_manifests_parse_and_start() {
         }
         match (&m.expect, parsed.cli.role.check()) {
             (Expect::Runs(want), Ok(())) => assert_eq!(role, *want, "{}", m.source),
-            (Expect::Refused(want, flag), Err(e)) => {
-                assert_eq!(role, *want, "{}", m.source);
-                assert!(e.to_string().contains(flag), "{}: {e}", m.source);
-            }
             (want, got) => panic!("{}: expected {want:?}, got {got:?}", m.source),
         }
     }

@@ -147,7 +147,9 @@ pub fn client(log: &Log, answer: impl Fn(&Call) -> Reply + Send + Sync + 'static
 ///   into the stored object; an apply of a whole object (with `kind`)
 ///   creates it; anything else is 404;
 /// - `POST` stores a new object (409 if it exists), an Event is accepted
-///   and not stored; `DELETE` removes.
+///   and not stored; `PUT` replaces an object, refused with a 409
+///   `Conflict` when the body's resourceVersion is not the stored one (the
+///   API server's optimistic lock); `DELETE` removes.
 ///
 /// Every write gets a new resourceVersion (and a uid when it has none) and
 /// is handed to the [`on_write`](Objects::on_write) hook, as a watch would.
@@ -241,6 +243,20 @@ impl Objects {
                 }
                 (path, 201, call.body.clone())
             }
+            "PUT" => {
+                let Some(current) = state.objects.get(path) else {
+                    return not_found();
+                };
+                let sent = &call.body["metadata"]["resourceVersion"];
+                if !sent.is_null() && sent != &current["metadata"]["resourceVersion"] {
+                    return status(
+                        409,
+                        "Conflict",
+                        "the object has been modified; please apply your changes to the latest version and try again",
+                    );
+                }
+                (path.to_string(), 200, call.body.clone())
+            }
             "PATCH" => {
                 let current = match state.objects.get(path) {
                     Some(o) => o.clone(),
@@ -317,6 +333,37 @@ mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::api::Api;
+
+    #[tokio::test]
+    async fn a_put_at_a_stale_version_is_a_conflict() {
+        let log = Log::default();
+        let path = "/api/v1/namespaces/default/configmaps/a";
+        let objects = Objects::new([(
+            path,
+            json!({"apiVersion": "v1", "kind": "ConfigMap",
+                   "metadata": {"name": "a", "namespace": "default", "resourceVersion": "5"}}),
+        )]);
+        let answer = objects.clone();
+        let api: Api<ConfigMap> = Api::default_namespaced(client(&log, move |c| answer.answer(c)));
+        let mut cm = api.get("a").await.expect("stored");
+        cm.data = Some([("k".to_string(), "v".to_string())].into());
+        let written = api
+            .replace("a", &Default::default(), &cm)
+            .await
+            .expect("at the stored version");
+        assert_ne!(written.metadata.resource_version.as_deref(), Some("5"));
+        assert_eq!(objects.get(path).expect("kept")["data"]["k"], json!("v"));
+        // The copy read before that write is stale now.
+        match api.replace("a", &Default::default(), &cm).await {
+            Err(kube::Error::Api(s)) => assert!(s.is_conflict(), "{s:?}"),
+            other => panic!("want a conflict, got {other:?}"),
+        }
+        objects.remove(path);
+        match api.replace("a", &Default::default(), &cm).await {
+            Err(kube::Error::Api(s)) => assert!(s.is_not_found(), "{s:?}"),
+            other => panic!("want a 404, got {other:?}"),
+        }
+    }
 
     #[tokio::test]
     async fn requests_are_answered_and_logged_in_order() {

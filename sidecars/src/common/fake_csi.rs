@@ -22,6 +22,8 @@ pub struct FakeController {
     pub log: Log,
     pub publish: Answer<ControllerPublishVolumeResponse>,
     pub create: Answer<CreateVolumeResponse>,
+    /// GetCapacity (Unimplemented unless a test says otherwise).
+    pub capacity: Answer<GetCapacityResponse>,
 }
 
 impl FakeController {
@@ -39,6 +41,7 @@ impl FakeController {
                     }),
                 })
             }),
+            capacity: Arc::new(|| Err(Status::unimplemented("GetCapacity"))),
         }
     }
 
@@ -112,11 +115,18 @@ impl Controller for FakeController {
         Ok(Response::new(DeleteVolumeResponse::default()))
     }
 
+    async fn get_capacity(
+        &self,
+        _: Request<GetCapacityRequest>,
+    ) -> Result<Response<GetCapacityResponse>, Status> {
+        self.log.note("CSI", "GetCapacity");
+        (self.capacity)().map(Response::new)
+    }
+
     unimplemented_rpcs! {
         controller_unpublish_volume(ControllerUnpublishVolumeRequest) -> ControllerUnpublishVolumeResponse;
         validate_volume_capabilities(ValidateVolumeCapabilitiesRequest) -> ValidateVolumeCapabilitiesResponse;
         list_volumes(ListVolumesRequest) -> ListVolumesResponse;
-        get_capacity(GetCapacityRequest) -> GetCapacityResponse;
         controller_get_capabilities(ControllerGetCapabilitiesRequest) -> ControllerGetCapabilitiesResponse;
         create_snapshot(CreateSnapshotRequest) -> CreateSnapshotResponse;
         delete_snapshot(DeleteSnapshotRequest) -> DeleteSnapshotResponse;

@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use crate::common::args::{parse_duration, CommonArgs, FlagError};
 use crate::common::controller::ControllerArgs;
-use crate::common::goflags::IGNORED_HEADING;
 use crate::common::kube::KubeArgs;
 use crate::common::workqueue::Backoff;
 
 use super::naming::{NamingError, VolumeNamer};
+use super::node_deployment::{NodeDeployment, NodeDeploymentError, NODE_NAME_ENV};
 use super::plan::ProvisionerConfig;
 
 /// Flags of `provisioner`.
@@ -92,35 +92,31 @@ pub struct ProvisionerArgs {
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub snapshot_orphan_sweep_interval: Duration,
 
-    /// Node deployment (a provisioner per node for node-local volumes) is
-    /// not implemented: `false` is accepted, `true` refused, since ignoring
-    /// it would have every node's provisioner act on every claim.
+    /// Node deployment: one provisioner per node beside its driver, for
+    /// node-local volumes; it handles only the claims whose selected node
+    /// is its own (`NODE_NAME`), see `node_deployment`.
     #[arg(long, default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub node_deployment: bool,
+
+    /// With `--node-deployment`: claims of classes with Immediate binding
+    /// are claimed by one node's provisioner (false: they are left to
+    /// whoever sets their selected node).
+    #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub node_deployment_immediate_binding: bool,
+
+    /// With `--node-deployment`: the first wait before claiming an
+    /// Immediate claim, and the jitter taken off every wait.
+    #[arg(long, default_value = "20s", value_parser = parse_duration)]
+    pub node_deployment_base_delay: Duration,
+
+    /// With `--node-deployment`: the longest wait before claiming an
+    /// Immediate claim (the wait doubles with each lost attempt).
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub node_deployment_max_delay: Duration,
 
     /// CSIStorageCapacity publishing (`--enable-capacity` and its flags).
     #[command(flatten)]
     pub capacity: super::capacity::CapacityArgs,
-
-    #[command(flatten)]
-    pub ignored: IgnoredProvisionerArgs,
-}
-
-/// external-provisioner flags of features this provisioner does not have
-/// (yet): accepted so a manifest keeps working, and named in one line at
-/// start (see `common::goflags`).
-#[derive(Debug, Clone, Args)]
-#[command(next_help_heading = IGNORED_HEADING)]
-pub struct IgnoredProvisionerArgs {
-    /// Ignored: node deployment is not implemented (see --node-deployment).
-    #[arg(long, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set, help_heading = IGNORED_HEADING)]
-    pub node_deployment_immediate_binding: Option<bool>,
-    /// Ignored: node deployment is not implemented.
-    #[arg(long, value_parser = parse_duration, help_heading = IGNORED_HEADING)]
-    pub node_deployment_base_delay: Option<Duration>,
-    /// Ignored: node deployment is not implemented.
-    #[arg(long, value_parser = parse_duration, help_heading = IGNORED_HEADING)]
-    pub node_deployment_max_delay: Option<Duration>,
 }
 
 /// Upstream gates accepted with no effect here: `VolumeAttributesClass`
@@ -199,12 +195,6 @@ impl ProvisionerArgs {
                 "must be at least 1",
             ));
         }
-        if self.node_deployment {
-            return Err(FlagError::new(
-                "--node-deployment",
-                "node deployment is not implemented; run one provisioner with --leader-election",
-            ));
-        }
         let backoff = self.controller.check()?;
         self.kube.check()?;
         let http_addr = self.common.http_or_metrics_addr(&self.metrics_address)?;
@@ -217,8 +207,32 @@ impl ProvisionerArgs {
         })
     }
 
-    /// The decision config for `driver`, from the checked flags.
-    pub fn config(&self, driver: &str, checked: &Checked) -> ProvisionerConfig {
+    /// Node deployment's settings with the node named by `var`
+    /// (`NODE_NAME` of the process environment in `run`); `None` without
+    /// `--node-deployment`. Upstream refuses to start without the variable,
+    /// as here. The delays are taken as given, as upstream: a zero base
+    /// races at once, a max below the base caps every wait.
+    pub fn node_deployment(
+        &self,
+        var: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<NodeDeployment>, NodeDeploymentError> {
+        if !self.node_deployment {
+            return Ok(None);
+        }
+        let node_name = var(NODE_NAME_ENV)
+            .filter(|n| !n.is_empty())
+            .ok_or(NodeDeploymentError::NoNodeName)?;
+        Ok(Some(NodeDeployment {
+            node_name,
+            immediate_binding: self.node_deployment_immediate_binding,
+            base_delay: self.node_deployment_base_delay,
+            max_delay: self.node_deployment_max_delay,
+        }))
+    }
+
+    /// The decision config for `driver`, from the checked flags; `node` is
+    /// the node in node deployment.
+    pub fn config(&self, driver: &str, checked: &Checked, node: Option<&str>) -> ProvisionerConfig {
         let millis = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_millis())
@@ -236,9 +250,12 @@ impl ProvisionerArgs {
             prevent_volume_mode_conversion: self.prevent_volume_mode_conversion,
             cloning_protection_threads: self.cloning_protection_threads,
             snapshot_orphan_sweep_interval: self.snapshot_orphan_sweep_interval,
-            // Upstream's "<start time>-<random>-<driver>"; the pid stands
-            // in for the random part.
-            identity: Some(format!("{millis}-{}-{driver}", std::process::id())),
+            // Upstream's "<start time>-<random>-<driver>[-<node>]"; the pid
+            // stands in for the random part.
+            identity: Some(match node {
+                Some(node) => format!("{millis}-{}-{driver}-{node}", std::process::id()),
+                None => format!("{millis}-{}-{driver}", std::process::id()),
+            }),
         }
     }
 }
@@ -280,7 +297,6 @@ mod tests {
                 "--metrics-address",
                 &["--http-endpoint=:1", "--metrics-address=:2"],
             ),
-            ("--node-deployment", &["--node-deployment"]),
             (
                 "--capacity-poll-interval",
                 &["--enable-capacity", "--capacity-poll-interval=0s"],
@@ -307,6 +323,68 @@ mod tests {
             let err = csiops_runtime::chain(&err).to_string();
             assert!(err.contains(flag), "{flag}: {err}");
         }
+    }
+
+    #[test]
+    fn node_deployment_flags_and_environment() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct T {
+            #[command(flatten)]
+            a: ProvisionerArgs,
+        }
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["t"];
+            argv.extend_from_slice(extra);
+            T::parse_from(argv).a
+        };
+        let node = |k: &str| (k == NODE_NAME_ENV).then(|| "worker-1".to_string());
+        let none = |_: &str| None;
+        let empty = |_: &str| Some(String::new());
+        // Off: the environment is not looked at.
+        let off = parse(&[]);
+        assert!(off.check().is_ok());
+        assert_eq!(off.node_deployment(none).expect("off"), None);
+        // On, upstream's defaults.
+        let on = parse(&["--node-deployment"]);
+        assert!(on.check().is_ok(), "accepted now");
+        assert_eq!(
+            on.node_deployment(node).expect("on"),
+            Some(NodeDeployment {
+                node_name: "worker-1".into(),
+                immediate_binding: true,
+                base_delay: Duration::from_secs(20),
+                max_delay: Duration::from_secs(60),
+            })
+        );
+        for env in [none, empty] {
+            let err = on.node_deployment(env).expect_err("no NODE_NAME");
+            assert!(err.to_string().contains("NODE_NAME"), "{err}");
+        }
+        let tuned = parse(&[
+            "--node-deployment=true",
+            "--node-deployment-immediate-binding=false",
+            "--node-deployment-base-delay=1s",
+            "--node-deployment-max-delay=2m",
+        ]);
+        assert_eq!(
+            tuned.node_deployment(node).expect("on"),
+            Some(NodeDeployment {
+                node_name: "worker-1".into(),
+                immediate_binding: false,
+                base_delay: Duration::from_secs(1),
+                max_delay: Duration::from_secs(120),
+            })
+        );
+        // The node ends upstream's identity.
+        let checked = tuned.check().expect("checked");
+        let identity = tuned
+            .config("d", &checked, Some("worker-1"))
+            .identity
+            .expect("identity");
+        assert!(identity.ends_with("-d-worker-1"), "{identity}");
+        let identity = off.config("d", &checked, None).identity.expect("identity");
+        assert!(identity.ends_with("-d"), "{identity}");
     }
 
     #[test]

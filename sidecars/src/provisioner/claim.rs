@@ -3,7 +3,7 @@
 //! Provisioning is ordered so that no crash can leak a volume:
 //! 1. the intent goes into the journal ([`super::journal`]; batched with
 //!    other claims' intents into one write). Without a journal (no RBAC for
-//!    it) [`CLAIM_FINALIZER`] goes on the claim instead;
+//!    it) [`decide::CLAIM_FINALIZER`] goes on the claim instead;
 //! 2. CreateVolume, named after the claim UID (idempotent across retries
 //!    and restarts);
 //! 3. the PV is created (it now carries the volume's lifecycle);
@@ -15,7 +15,13 @@
 //! and the journal sweep ([`super::sweep`]) deletes the volume. A claim
 //! still holding the finalizer (from the fallback, or an earlier version)
 //! is cleaned up by [`Provisioner::clean_up`] before it is let go.
+//!
+//! In node deployment the central decision passes through
+//! [`node_deployment::claim_action`] first: this node's claims only, the
+//! race for unselected Immediate ones ([`super::become_owner`]), and this
+//! node's own finalizer.
 
+use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
 use csiops_proto::csi::v1::CreateVolumeRequest;
@@ -30,14 +36,14 @@ use tonic::{Code, Status};
 
 use super::content_source::{ResolveError, SourceKind};
 use super::controller::{ClaimKey, Provisioner};
-use super::decide::{self, ClaimAction, CLAIM_FINALIZER};
+use super::decide::{self, ClaimAction};
 use super::journal::{JournalError, Record};
 use super::metrics::Operation;
 use super::naming::NamingError;
 use super::plan::{self, Cluster, FinishError, PrepareError, Prepared};
 use super::secrets::{self, SecretError};
 use super::topology::TopologyError;
-use super::{csi, finalizer, topology};
+use super::{csi, finalizer, node_deployment, topology};
 use csiops_runtime::chain;
 
 /// Why a claim is not provisioned yet (each becomes a Warning Event on the
@@ -68,18 +74,45 @@ pub enum ClaimError {
     Recreated,
     #[error("the claim no longer needs volume {volume:?} (deleted, or bound to another PV) and cleaning it up failed: {}", rpc(.status))]
     CleanUpFailed { volume: String, status: Status },
-    #[error("the claim no longer needs volume {volume:?} (deleted, or bound to another PV), and whether that volume exists cannot be told: {why}. Delete it on the storage backend if it exists, then remove finalizer {CLAIM_FINALIZER} from the claim")]
-    CleanUpBlocked { volume: String, why: String },
+    #[error("the claim no longer needs volume {volume:?} (deleted, bound to another PV, or moved to another node), and whether that volume exists cannot be told: {why}. Delete it on the storage backend if it exists, then remove finalizer {finalizer} from the claim")]
+    CleanUpBlocked {
+        volume: String,
+        why: String,
+        finalizer: String,
+    },
     #[error("cannot record the intent to provision volume {volume:?}")]
     Journal {
         volume: String,
         source: JournalError,
     },
+    #[error("cannot select node {node:?} for the claim")]
+    BecomeOwner {
+        node: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("PV {pv:?}: cannot tell which node holds its volume")]
+    Affinity {
+        pv: String,
+        #[source]
+        source: node_deployment::AffinityError,
+    },
+    /// Not this node's claim yet, and not ready to be: retried with
+    /// backoff, without an Event (see [`ClaimError::quiet`]).
+    #[error("{0}")]
+    NotYet(&'static str),
     #[error("Kubernetes API")]
     Kube(#[from] kube::Error),
 }
 
 impl ClaimError {
+    /// Retried without an Event or a failure counted: node deployment's
+    /// waits on claims that are not this node's (an Event from each node
+    /// would flood the claim).
+    pub fn quiet(&self) -> bool {
+        matches!(self, ClaimError::NotYet(_))
+    }
+
     /// The Event reason.
     pub fn reason(&self) -> &'static str {
         match self {
@@ -123,14 +156,29 @@ impl Provisioner {
             .config
             .namer
             .pv_name(claim.uid().as_deref().unwrap_or_default())?;
-        let pv_cached = self.caches.volumes.get(&ObjectRef::new(&pv_name)).is_some();
-        match decide::claim_action(
+        let pv = self.caches.volumes.get(&ObjectRef::new(&pv_name));
+        let central = decide::claim_action(
             &claim,
             &self.config.driver_name,
             class.as_deref(),
             &pv_name,
-            pv_cached,
-        ) {
+            pv.is_some(),
+            self.claim_finalizer(),
+        );
+        let action = match &self.node {
+            None => central,
+            Some(node) => {
+                let view = node.view(node.pv_seen(pv.as_deref()));
+                let action = node_deployment::claim_action(central, &claim, class.as_deref(), view);
+                if action != ClaimAction::BecomeOwner {
+                    // Selected (here or elsewhere), bound or gone: no race.
+                    node.races
+                        .forget(claim.uid().as_deref().unwrap_or_default());
+                }
+                action
+            }
+        };
+        match action {
             ClaimAction::Nothing(why) => {
                 tracing::debug!(why, "nothing to do");
                 Ok(())
@@ -145,18 +193,54 @@ impl Provisioner {
                 )),
             },
             ClaimAction::CleanUp => self.clean_up(&claim, class.as_deref(), &pv_name).await,
+            ClaimAction::BecomeOwner => match (&self.node, class) {
+                (Some(node), Some(class)) => self.become_owner(node, &claim, &class).await,
+                // Decided only in node deployment, with the class cached.
+                _ => Ok(()),
+            },
+            ClaimAction::RetryQuietly(why) => Err(ClaimError::NotYet(why)),
         }
     }
 
-    fn prepare(
+    /// The claim finalizer of this provisioner: [`decide::CLAIM_FINALIZER`],
+    /// or this node's own in node deployment.
+    pub fn claim_finalizer(&self) -> &str {
+        match &self.node {
+            Some(node) => &node.finalizer,
+            None => decide::CLAIM_FINALIZER,
+        }
+    }
+
+    /// Whether the PV carries this provisioner's volume: always centrally,
+    /// on a node if its affinity holds for the node.
+    fn holds(&self, pv: &PersistentVolume) -> Result<bool, ClaimError> {
+        match &self.node {
+            None => Ok(true),
+            Some(node) => node.local.holds(pv).map_err(|source| ClaimError::Affinity {
+                pv: pv.name_any(),
+                source,
+            }),
+        }
+    }
+
+    /// The CreateVolume request for the claim. On a node, always with this
+    /// node selected: a claim raced for has none yet, and one cleaned up
+    /// after it moved names another.
+    pub(super) fn prepare(
         &self,
         claim: &PersistentVolumeClaim,
         class: &StorageClass,
     ) -> Result<Prepared, PrepareError> {
+        let claim = match &self.node {
+            Some(node) if node_deployment::selected_node(claim) != Some(node.name()) => {
+                Cow::Owned(node.as_selected(claim))
+            }
+            _ => Cow::Borrowed(claim),
+        };
         let nodes = self.caches.nodes.state();
         let csi_nodes = self.caches.csi_nodes.state();
         plan::prepare(
-            claim,
+            &claim,
             class,
             &self.config,
             self.caps,
@@ -384,7 +468,9 @@ impl Provisioner {
                     .as_ref()
                     .and_then(|s| s.claim_ref.as_ref())
                     .and_then(|r| r.uid.clone());
-                if claim_uid.is_some() && claim_uid == claim.uid() {
+                // On a node, only a PV of this node's volume: another
+                // node's PV for the claim leaves ours to the sweep.
+                if claim_uid.is_some() && claim_uid == claim.uid() && self.holds(&existing)? {
                     self.caches.volumes.wrote(existing);
                     Ok(())
                 } else {
@@ -414,21 +500,28 @@ impl Provisioner {
         let claims: Api<PersistentVolumeClaim> =
             Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
         let claim = match claims.get_opt(&claim.name_any()).await? {
-            Some(fresh) if fresh.uid() == claim.uid() && decide::claim_has_finalizer(&fresh) => {
+            Some(fresh)
+                if fresh.uid() == claim.uid()
+                    && decide::claim_has_finalizer(&fresh, self.claim_finalizer()) =>
+            {
                 fresh
             }
             _ => return Ok(()),
         };
         let claim = &claim;
-        // Likewise for a PV created a moment ago.
+        // Likewise for a PV created a moment ago. On a node, another
+        // node's PV for the claim does not hold this node's volume.
         let volumes: Api<PersistentVolume> = Api::all(self.client.clone());
-        if volumes.get_opt(pv_name).await?.is_some() {
-            self.set_claim_finalizer(claim, false).await?;
-            return Ok(());
+        if let Some(pv) = volumes.get_opt(pv_name).await? {
+            if self.holds(&pv)? {
+                self.set_claim_finalizer(claim, false).await?;
+                return Ok(());
+            }
         }
         let blocked = |why: String| ClaimError::CleanUpBlocked {
             volume: pv_name.to_string(),
             why,
+            finalizer: self.claim_finalizer().to_string(),
         };
         let class = class.ok_or_else(|| {
             blocked(format!(
@@ -487,7 +580,7 @@ impl Provisioner {
         Ok(())
     }
 
-    /// Adds (`present`) or removes [`CLAIM_FINALIZER`] (see [`finalizer`]
+    /// Adds (`present`) or removes [`Self::claim_finalizer`] (see [`finalizer`]
     /// for the patches); when the patch no longer fits the claim, reads it
     /// again and retries. Returns the claim as written.
     async fn set_claim_finalizer(
@@ -510,13 +603,14 @@ impl Provisioner {
         loop {
             attempt += 1;
             let written = if present {
-                let Some(patch) = finalizer::add(&current.metadata, CLAIM_FINALIZER) else {
+                let Some(patch) = finalizer::add(&current.metadata, self.claim_finalizer()) else {
                     return Ok(current);
                 };
                 api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await
             } else {
-                let Some(patch) = finalizer::remove_at_index(&current.metadata, CLAIM_FINALIZER)
+                let Some(patch) =
+                    finalizer::remove_at_index(&current.metadata, self.claim_finalizer())
                 else {
                     return Ok(current);
                 };

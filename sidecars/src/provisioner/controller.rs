@@ -3,6 +3,11 @@
 //! CSINode), a claim queue and a volume queue with per-key backoff, and
 //! workers that run [`super::claim`] and [`super::volume`] syncs. CSI calls
 //! of both queues share `--worker-threads` permits.
+//!
+//! In node deployment Nodes and CSINodes are not watched: their caches
+//! hold the one Node and CSINode made from the driver's NodeGetInfo (see
+//! [`super::node_deployment`]), which is all the topology code needs there
+//! and spares every node a watch of every Node.
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -29,6 +34,7 @@ use super::cloning::Cloning;
 use super::decide::{claim_is_for, pv_is_ours};
 use super::journal::{Holds, Journal};
 use super::metrics::OperationMetrics;
+use super::node_deployment::{self, ThisNode};
 use super::plan::{DriverCapabilities, ProvisionerConfig};
 use crate::common::cache::Cached;
 use crate::common::driver::Driver;
@@ -113,6 +119,8 @@ pub struct Provisioner {
     pub calls: Semaphore,
     pub recorder: Recorder,
     pub metrics: Arc<OperationMetrics>,
+    /// Node deployment: this node and its races; `None` centrally.
+    pub node: Option<Arc<ThisNode>>,
 }
 
 /// What [`Provisioner::new`] needs besides the client.
@@ -124,6 +132,8 @@ pub struct Setup {
     pub workers: usize,
     pub queues: Queues,
     pub metrics: Arc<OperationMetrics>,
+    /// Node deployment (`--node-deployment`); `None` centrally.
+    pub node: Option<Arc<ThisNode>>,
 }
 
 /// A reflector whose events also go to `route`; managed fields are dropped
@@ -166,6 +176,22 @@ where
     (cached, task)
 }
 
+/// A cache that never changes, holding `objects`: node deployment's Node
+/// and CSINode.
+pub fn fixed_store<K>(objects: Vec<K>) -> Store<K>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone,
+{
+    let (reader, mut writer) = reflector::store();
+    writer.apply_watcher_event(&watcher::Event::Init);
+    for o in objects {
+        writer.apply_watcher_event(&watcher::Event::InitApply(o));
+    }
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    reader
+}
+
 fn applied<K>(event: &watcher::Event<K>) -> Option<&K> {
     match event {
         watcher::Event::Apply(o) | watcher::Event::InitApply(o) => Some(o),
@@ -194,6 +220,7 @@ impl Provisioner {
             let (queue, iq, driver) = (claims.clone(), intents.clone(), driver_name.clone());
             let (namer, journaled) = (setup.config.namer.clone(), journal.is_some());
             let clones = cloning.clone();
+            let node = setup.node.clone();
             reflect_cached(
                 Api::<PersistentVolumeClaim>::all(client.clone()),
                 move |e| {
@@ -207,9 +234,17 @@ impl Provisioner {
                             queue.add(ObjectRef::from_obj(c));
                         }
                         // A claim gone while its volume may exist: the
-                        // sweep looks at its intent, if there is one.
-                        watcher::Event::Delete(c) if journaled && claim_is_for(c, &driver) => {
-                            if let Some(name) = c.uid().and_then(|u| namer.pv_name(&u).ok()) {
+                        // sweep looks at its intent, if there is one. On a
+                        // node, no race for it goes on.
+                        watcher::Event::Delete(c) if claim_is_for(c, &driver) => {
+                            if let (Some(node), Some(uid)) = (&node, c.uid()) {
+                                node.races.forget(&uid);
+                            }
+                            if let Some(name) = c
+                                .uid()
+                                .filter(|_| journaled)
+                                .and_then(|u| namer.pv_name(&u).ok())
+                            {
                                 iq.add(name);
                             }
                         }
@@ -237,24 +272,38 @@ impl Provisioner {
             })
         };
         tasks.push(task);
-        let (attachments, task) = {
+        let attachments = if !node_deployment::watches_attachments(setup.node.is_some(), setup.caps)
+        {
+            fixed_store(Vec::new())
+        } else {
             let vq = volumes.clone();
-            reflect(Api::<VolumeAttachment>::all(client.clone()), move |e| {
-                // A deletion waiting for a detach can go on now.
-                if let watcher::Event::Delete(va) = e {
-                    if let Some(pv) = &va.spec.source.persistent_volume_name {
-                        vq.add(pv.clone());
+            let (attachments, task) =
+                reflect(Api::<VolumeAttachment>::all(client.clone()), move |e| {
+                    // A deletion waiting for a detach can go on now.
+                    if let watcher::Event::Delete(va) = e {
+                        if let Some(pv) = &va.spec.source.persistent_volume_name {
+                            vq.add(pv.clone());
+                        }
                     }
-                }
-            })
+                });
+            tasks.push(task);
+            attachments
         };
-        tasks.push(task);
         let (classes, task) = reflect(Api::<StorageClass>::all(client.clone()), |_| {});
         tasks.push(task);
-        let (csi_nodes, task) = reflect(Api::<CSINode>::all(client.clone()), |_| {});
-        tasks.push(task);
-        let (nodes, task) = reflect(Api::<Node>::all(client.clone()), |_| {});
-        tasks.push(task);
+        let (csi_nodes, nodes) = match &setup.node {
+            Some(node) => {
+                let (n, c) = node.local.objects(&driver_name);
+                (fixed_store(vec![c]), fixed_store(vec![n]))
+            }
+            None => {
+                let (csi_nodes, task) = reflect(Api::<CSINode>::all(client.clone()), |_| {});
+                tasks.push(task);
+                let (nodes, task) = reflect(Api::<Node>::all(client.clone()), |_| {});
+                tasks.push(task);
+                (csi_nodes, nodes)
+            }
+        };
 
         let recorder = Recorder::new(
             clients.events,
@@ -288,6 +337,7 @@ impl Provisioner {
             calls: Semaphore::new(setup.workers),
             recorder,
             metrics: setup.metrics,
+            node: setup.node,
         };
         (Arc::new(provisioner), tasks)
     }
@@ -376,6 +426,10 @@ impl Provisioner {
         {
             match self.sync_claim(key).await {
                 Ok(()) => self.claims.forget(key),
+                Err(e) if e.quiet() => {
+                    tracing::debug!(why = %e, "not this node's claim yet; will look again");
+                    self.claims.add_rate_limited(key.clone());
+                }
                 Err(e) => {
                     let claim = self.caches.claims.get(key);
                     tracing::warn!(error = %chain(&e), "provisioning failed; will retry");

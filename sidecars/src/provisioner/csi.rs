@@ -5,7 +5,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use csiops_proto::client::with_timeout;
-use csiops_proto::csi::v1::{CreateVolumeRequest, DeleteVolumeRequest, Volume};
+use csiops_proto::csi::v1::{
+    CreateVolumeRequest, DeleteVolumeRequest, GetCapacityRequest, GetCapacityResponse, Volume,
+};
 use tonic::{Code, Status};
 
 use crate::common::driver::Driver;
@@ -51,6 +53,22 @@ pub async fn delete_volume(
         Err(s) if s.code() == Code::NotFound => Ok(()),
         Err(s) => Err(s),
     }
+}
+
+/// GetCapacity with `--timeout` (node deployment asks it before claiming a
+/// claim with immediate binding).
+pub async fn get_capacity(
+    driver: &Driver,
+    request: GetCapacityRequest,
+    timeout: Duration,
+) -> Result<GetCapacityResponse, Status> {
+    let mut c = driver.client().controller();
+    driver
+        .timed(
+            "/csi.v1.Controller/GetCapacity",
+            c.get_capacity(with_timeout(request, timeout)),
+        )
+        .await
 }
 
 /// Whether the driver has decided: a final error means CreateVolume did

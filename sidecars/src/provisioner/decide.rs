@@ -39,6 +39,12 @@ pub enum ClaimAction {
     CleanUp,
     /// The claim's StorageClass is missing; retry later (it may be created).
     ClassMissing(String),
+    /// Node deployment: no node is selected and the class binds at once;
+    /// race the other nodes for the claim (see `node_deployment`).
+    BecomeOwner,
+    /// Node deployment: look again later, without an Event (the reason is
+    /// for debug logs).
+    RetryQuietly(&'static str),
 }
 
 fn has_finalizer(finalizers: Option<&Vec<String>>, name: &str) -> bool {
@@ -57,9 +63,10 @@ pub fn claim_is_for(claim: &PersistentVolumeClaim, driver: &str) -> bool {
     })
 }
 
-/// Whether the claim carries [`CLAIM_FINALIZER`].
-pub fn claim_has_finalizer(claim: &PersistentVolumeClaim) -> bool {
-    has_finalizer(claim.metadata.finalizers.as_ref(), CLAIM_FINALIZER)
+/// Whether the claim carries `finalizer` ([`CLAIM_FINALIZER`], or a node's
+/// own in node deployment).
+pub fn claim_has_finalizer(claim: &PersistentVolumeClaim, finalizer: &str) -> bool {
+    has_finalizer(claim.metadata.finalizers.as_ref(), finalizer)
 }
 
 /// The claim's StorageClass name (spec, else the beta annotation).
@@ -81,20 +88,21 @@ pub fn class_name(claim: &PersistentVolumeClaim) -> Option<&str> {
 
 /// The decision for `claim`. `class` is the cached class named by the claim;
 /// `pv_name` the name of the claim's volume and PV; `pv_cached` whether the
-/// cache holds that PV.
+/// cache holds that PV; `finalizer` the claim finalizer of this provisioner.
 pub fn claim_action(
     claim: &PersistentVolumeClaim,
     driver: &str,
     class: Option<&StorageClass>,
     pv_name: &str,
     pv_cached: bool,
+    finalizer: &str,
 ) -> ClaimAction {
     // The finalizer has one name for every driver: only the provisioner the
     // claim names (an annotation that stays through deletion) may act on it.
     if !claim_is_for(claim, driver) {
         return ClaimAction::Nothing("claim is for another provisioner");
     }
-    let ours = claim_has_finalizer(claim);
+    let ours = claim_has_finalizer(claim, finalizer);
     if claim.metadata.deletion_timestamp.is_some() {
         return if ours {
             ClaimAction::CleanUp
@@ -417,7 +425,11 @@ mod tests {
             ),
         ];
         for (name, c, class, pv, want) in cases {
-            assert_eq!(claim_action(&c, DRIVER, class, PV, pv), want, "{name}");
+            assert_eq!(
+                claim_action(&c, DRIVER, class, PV, pv, CLAIM_FINALIZER),
+                want,
+                "{name}"
+            );
         }
     }
 

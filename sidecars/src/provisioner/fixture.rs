@@ -12,9 +12,10 @@ use kube::runtime::watcher::Event;
 use serde_json::Value;
 use tokio::sync::Semaphore;
 
-use super::controller::{Caches, Provisioner, Queues};
+use super::controller::{fixed_store, Caches, Provisioner, Queues};
 use super::journal::{Holds, Journal};
 use super::metrics::OperationMetrics;
+use super::node_deployment::{LocalNode, NodeDeployment, ThisNode};
 use super::plan::{DriverCapabilities, ProvisionerConfig};
 use crate::common::cache::Cached;
 use crate::common::driver::Driver;
@@ -83,6 +84,37 @@ impl Fixture {
                 },
             ),
             metrics: Arc::new(OperationMetrics::default()),
+            node: None,
         }
     }
+}
+
+/// Makes `p` node `name`'s provisioner (node deployment) whose driver
+/// reports `segment`, with the Node and CSINode caches made from it and
+/// immediate binding on. The race waits not at all (a zero base delay):
+/// its timing is tested in `node_deployment`.
+pub fn on_node(p: &mut Provisioner, name: &str, segment: Option<&[(&str, &str)]>) -> Arc<ThisNode> {
+    let local = LocalNode {
+        name: name.into(),
+        node_id: format!("{name}-id"),
+        segment: segment.map(|s| {
+            s.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        }),
+    };
+    let (node, csi_node) = local.objects(&p.config.driver_name);
+    p.caches.nodes = fixed_store(vec![node]);
+    p.caches.csi_nodes = fixed_store(vec![csi_node]);
+    let this = Arc::new(ThisNode::new(
+        &NodeDeployment {
+            node_name: name.into(),
+            immediate_binding: true,
+            base_delay: Duration::ZERO,
+            max_delay: Duration::ZERO,
+        },
+        local,
+    ));
+    p.node = Some(this.clone());
+    this
 }

@@ -30,8 +30,21 @@
 //!   none), then the intent is trimmed.
 //! - crash after the PV, before the trim: the sweep finds the PV and trims.
 //!
-//! The per-claim finalizer (`csiops.dev/volume-provisioning`) remains for
-//! two cases: claims that still carry it from an earlier version, and a
+//! **Node deployment** (`--node-deployment`): every node's provisioner is
+//! its own writer, so each keeps its own journal ConfigMap, in the same
+//! namespace (`--leader-election-namespace`, else the pod's), named
+//! [`node_journal_name`]: the driver's journal name, `-`, the node name,
+//! made to fit the 253 characters of an object name deterministically
+//! (longer ones keep a cut base, a hash and the node name). A node's
+//! provisioner reads, writes and sweeps only its own: an intent stands for
+//! a volume its own driver may hold, and only that driver can delete it.
+//! Its sweep also cleans up after claims that moved to another node (or
+//! have none selected any more), and after claims whose PV another node
+//! made ([`intent_action`]). The journal of a node removed from the cluster
+//! stays behind (its volumes went with the node); delete it by hand.
+//!
+//! The per-claim finalizer (`csiops.dev/volume-provisioning`, on a node
+//! `csiops.dev/volume-provisioning-<node>`) remains for two cases: claims that still carry it from an earlier version, and a
 //! provisioner that may not write ConfigMaps in its namespace (a drop-in
 //! with upstream's RBAC), which falls back to it with one warning.
 
@@ -49,6 +62,8 @@ use prost::Message;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{oneshot, Notify};
 
+use super::naming::bounded_name;
+use super::node_deployment::{self, PvSeen};
 use super::params::SecretRef;
 use crate::common::controller::sanitize_name;
 use crate::common::ratelimit::{Limiter, Prepaid, Priority};
@@ -170,6 +185,14 @@ pub fn journal_name(driver: &str) -> String {
     )
 }
 
+/// The journal ConfigMap's name for `driver`'s provisioner on `node`
+/// (node deployment): [`journal_name`]`-<node>`, within an object name's
+/// 253 characters (see [`bounded_name`]). Node names are DNS subdomains,
+/// so the result is one too.
+pub fn node_journal_name(driver: &str, node: &str) -> String {
+    bounded_name(&journal_name(driver), node, 253)
+}
+
 /// A journal ConfigMap holding `data`.
 fn journal_object(namespace: &str, name: &str, data: BTreeMap<String, String>) -> ConfigMap {
     ConfigMap {
@@ -217,19 +240,27 @@ pub enum IntentAction {
 }
 
 /// The sweep's decision for the intent of volume `name`, from the server's
-/// current claim (by the intent's namespace/name) and whether the PV exists.
+/// current claim (by the intent's namespace/name) and its PV (`pv`: absent,
+/// or where its volume is; centrally it is always [`PvSeen::Here`]).
+/// `node` is the provisioner's node in node deployment: there the volume is
+/// this node's only while the claim is, so a claim now selected elsewhere
+/// (or nowhere), a PV another node made, or a PV of the claim that came
+/// and went (whose node cannot be told) means cleaning up here.
 pub fn intent_action(
     name: &str,
     record: &Record,
     claim: Option<&PersistentVolumeClaim>,
-    pv_exists: bool,
+    pv: PvSeen,
     held: bool,
+    node: Option<&str>,
 ) -> IntentAction {
     if held {
         return IntentAction::Keep;
     }
-    if pv_exists {
-        return IntentAction::Trim;
+    match pv {
+        PvSeen::Here => return IntentAction::Trim,
+        PvSeen::Elsewhere => return IntentAction::CleanUp,
+        PvSeen::Absent => {}
     }
     let Some(claim) = claim.filter(|c| c.uid().as_deref() == Some(record.claim.uid.as_str()))
     else {
@@ -245,10 +276,16 @@ pub fn intent_action(
         .and_then(|s| s.volume_name.as_deref())
         .filter(|v| !v.is_empty())
     {
-        None => IntentAction::Keep,
+        None => match node {
+            Some(node) if node_deployment::selected_node(claim) != Some(node) => {
+                IntentAction::CleanUp
+            }
+            _ => IntentAction::Keep,
+        },
         // Bound to our PV, which is gone since: its deletion dealt with the
-        // volume (reclaim policy), nothing is left to us.
-        Some(v) if v == name => IntentAction::Trim,
+        // volume (reclaim policy), nothing is left to us. On a node, that PV
+        // may have been another node's.
+        Some(v) if v == name && node.is_none() => IntentAction::Trim,
         // Bound to another PV: our volume is nobody's.
         Some(_) => IntentAction::CleanUp,
     }

@@ -21,7 +21,10 @@
 //! - [`journal`]: the intent journal that makes provisioning leak-free
 //!   (group-committed writes) and the sweep's decision for an intent;
 //! - [`content_source`]: restore from a VolumeSnapshot and clone of a claim
-//!   (the checks, and the reads around them).
+//!   (the checks, and the reads around them);
+//! - [`node_deployment`]: `--node-deployment`, a provisioner per node —
+//!   which claims and PVs are this node's, the race for claims with
+//!   immediate binding (whose one write [`become_owner`] makes).
 //!
 //! [`cloning`] runs the workers taking the cloning-protection finalizer off
 //! a clone's source claim once no clone of it is pending.
@@ -32,6 +35,7 @@
 //! (`--enable-capacity`).
 
 pub mod args;
+pub mod become_owner;
 pub mod capabilities;
 pub mod capacity;
 pub mod claim;
@@ -46,6 +50,7 @@ mod fixture;
 pub mod journal;
 pub mod metrics;
 pub mod naming;
+pub mod node_deployment;
 pub mod params;
 pub mod plan;
 pub mod pv;
@@ -93,6 +98,8 @@ pub enum ProvisionerError {
     CannotProvision { driver: String },
     #[error(transparent)]
     Capacity(#[from] capacity::CapacityError),
+    #[error(transparent)]
+    NodeDeployment(#[from] node_deployment::NodeDeploymentError),
 }
 
 fn info_error(call: &'static str) -> impl Fn(tonic::Status) -> ProvisionerError {
@@ -112,6 +119,21 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
         .capacity
         .env(|k| std::env::var(k).ok())
         .map_err(ProvisionerError::from)?;
+    let deployment = args
+        .node_deployment(|k| std::env::var(k).ok())
+        .map_err(ProvisionerError::from)?;
+    if let Some(d) = &deployment {
+        if args.controller.leader_election {
+            tracing::warn!("--leader-election is ignored with --node-deployment: every node's provisioner works at once, on its own node's claims");
+        }
+        tracing::info!(
+            node = %d.node_name,
+            immediate_binding = d.immediate_binding,
+            base_delay = ?d.base_delay,
+            max_delay = ?d.max_delay,
+            "node deployment"
+        );
+    }
     let mut role = Role::start();
 
     let queues = Queues::new(checked.backoff);
@@ -156,7 +178,28 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
         Err(e) => return role.finish(Err(e.into())).await,
     };
     metrics.set_driver_name(&driver_name);
-    let config = args.config(&driver_name, &checked);
+    // On a node: the node as its driver describes it (NodeGetInfo), all
+    // that is known of topology there; a failure ends the process, as
+    // upstream's.
+    let node = match &deployment {
+        Some(d) => match driver.node_get_info().await {
+            Ok(info) => {
+                let local = node_deployment::LocalNode::new(&d.node_name, &info);
+                if local.segment.is_none() {
+                    tracing::warn!("the driver reports no accessible topology: every node's provisioner takes every PV of the driver for its own to delete, as upstream's does");
+                }
+                tracing::info!(node_id = %local.node_id, segment = ?local.segment, "this node");
+                Some(Arc::new(node_deployment::ThisNode::new(d, local)))
+            }
+            Err(e) => {
+                let e = info_error("NodeGetInfo")(e);
+                return role.finish(Err(e.into())).await;
+            }
+        },
+        None => None,
+    };
+    let node_name = node.as_ref().map(|n| n.name().to_string());
+    let config = args.config(&driver_name, &checked, node_name.as_deref());
     let caps = DriverCapabilities {
         topology: caps.topology && checked.gates.topology,
         ..caps
@@ -185,6 +228,10 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
                 topology: caps.topology,
                 timeout: args.common.timeout,
                 metrics,
+                managed_by: capacity::objects::managed_by(node_name.as_deref()),
+                fixed_segment: node
+                    .as_ref()
+                    .map(|n| n.local.segment.clone().unwrap_or_default()),
             };
             match capacity::CapacityController::prepare(setup).await {
                 Ok(c) => c,
@@ -202,24 +249,28 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
         workers,
         queues,
         metrics: operations,
+        node: node.clone(),
     };
     let stop = role.shutdown.clone();
     let lease = lease_name("", &driver_name);
+    // Centrally the leader's journal; on a node, the node's own.
     let journal_at = (
         args.controller.namespace(),
-        journal::journal_name(&driver_name),
+        match &node_name {
+            Some(n) => journal::node_journal_name(&driver_name, n),
+            None => journal::journal_name(&driver_name),
+        },
     );
-    let outcome = lead(
-        &args.kube,
-        &args.controller,
-        &lease,
-        &role.shutdown,
-        move || async move {
+    let finalizer = node
+        .as_ref()
+        .map_or(decide::CLAIM_FINALIZER.to_string(), |n| n.finalizer.clone());
+    let work = move || async move {
+        {
             let (namespace, name) = journal_at;
-            let journal = open_journal(&clients, &namespace, &name, &stop).await;
+            let journal = open_journal(&clients, &namespace, &name, &finalizer, &stop).await;
             let (provisioner, watches) = Provisioner::new(clients, setup, journal);
-            // Capacity is published by the leader only, from the
-            // provisioner's caches.
+            // Capacity is published by the leader only (on a node, by each
+            // node for itself), from the provisioner's caches.
             let publish = async {
                 if let Some(c) = capacity {
                     let inputs = capacity::controller::Inputs {
@@ -236,19 +287,26 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
                 publish
             );
             Ok::<(), std::convert::Infallible>(())
-        },
-    )
-    .await;
+        }
+    };
+    let outcome = if node.is_some() {
+        // No leader election on a node (see `node_deployment`).
+        work().await.map_err(|never| match never {})
+    } else {
+        lead(&args.kube, &args.controller, &lease, &role.shutdown, work).await
+    };
     role.finish(outcome).await
 }
 
-/// The leader's journal: read (or made) before any claim is looked at.
-/// Without RBAC for it, each claim carries a finalizer instead (one
-/// warning says so); other errors are retried until it opens.
+/// The leader's journal (a node's own in node deployment): read (or made)
+/// before any claim is looked at. Without RBAC for it, each claim carries
+/// `finalizer` instead (one warning says so); other errors are retried
+/// until it opens.
 async fn open_journal(
     clients: &Clients,
     namespace: &str,
     name: &str,
+    finalizer: &str,
     shutdown: &CancellationToken,
 ) -> Option<Arc<journal::Journal>> {
     loop {
@@ -268,7 +326,7 @@ async fn open_journal(
                 return Some(journal);
             }
             Err(e @ journal::JournalError::Forbidden { .. }) => {
-                tracing::warn!(error = %e, "no intent journal: each claim carries the finalizer {} while its volume is made instead (slower at a low --kube-api-qps)", decide::CLAIM_FINALIZER);
+                tracing::warn!(error = %e, "no intent journal: each claim carries the finalizer {finalizer} while its volume is made instead (slower at a low --kube-api-qps)");
                 return None;
             }
             Err(e) => {
@@ -313,6 +371,7 @@ async fn driver_facts(driver: &Driver) -> Result<(String, DriverCapabilities), P
             single_node_multi_writer: controller.contains(&Rpc::SingleNodeMultiWriter),
             create_delete_snapshot: controller.contains(&Rpc::CreateDeleteSnapshot),
             clone_volume: controller.contains(&Rpc::CloneVolume),
+            publish_unpublish: controller.contains(&Rpc::PublishUnpublishVolume),
         },
     ))
 }

@@ -114,6 +114,60 @@ pub fn is_dns1123_subdomain(s: &str) -> bool {
     s.len() <= 253 && s.split('.').all(is_label_body)
 }
 
+/// FNV-1a, 32 bit (Go's `hash/fnv.New32a`).
+fn fnv1a_32(data: &[u8]) -> u32 {
+    data.iter().fold(0x811c_9dc5u32, |h, b| {
+        (h ^ u32::from(*b)).wrapping_mul(0x0100_0193)
+    })
+}
+
+/// The first `n` bytes of `s`, or fewer to stay on a character boundary
+/// (the names joined here are ASCII; this only keeps a stray one from
+/// panicking).
+fn head(s: &str, n: usize) -> &str {
+    let mut end = n.min(s.len());
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// `<base>-<suffix>` in at most `max` bytes, deterministically, as upstream
+/// external-provisioner's `getNameWithMaxLength` makes the managed-by label
+/// of a node's CSIStorageCapacity objects (so ours and upstream's agree):
+/// - it fits: `<base>-<suffix>` (just `<suffix>` for an empty base);
+/// - else, if the suffix leaves room: `<base cut short>-<hash of base>-<suffix>`,
+///   the suffix (the node name) kept whole;
+/// - else: `<base cut short>-<hash of base-suffix>`, cut to `max`.
+///
+/// The hash is FNV-1a (32 bit) in 8 hex digits. Two suffixes that differ
+/// only past the cut share a name in the last case: a node name longer than
+/// `max` minus the base is astronomically rare.
+pub fn bounded_name(base: &str, suffix: &str, max: usize) -> String {
+    let name = if base.is_empty() {
+        suffix.to_string()
+    } else {
+        format!("{base}-{suffix}")
+    };
+    if name.len() <= max {
+        return name;
+    }
+    let hash = |s: &str| format!("{:08x}", fnv1a_32(s.as_bytes()));
+    // 10: the two dashes and the 8 digits around the hash.
+    match max.checked_sub(10 + suffix.len()).filter(|n| *n > 0) {
+        Some(keep) => format!("{}-{}-{suffix}", head(base, keep), hash(base)),
+        None => {
+            let prefix = head(base, max.saturating_sub(9));
+            let short = if prefix.is_empty() {
+                hash(&name)
+            } else {
+                format!("{prefix}-{}", hash(&name))
+            };
+            head(&short, max).to_string()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,5 +264,31 @@ mod tests {
             assert_eq!(is_dns1123_label(s), *label, "label {s:?}");
             assert_eq!(is_dns1123_subdomain(s), *sub, "subdomain {s:?}");
         }
+    }
+
+    #[test]
+    fn bounded_names_are_upstreams() {
+        // getNameWithMaxLength's own cases (util_test.go, v6.3.0).
+        const EP: &str = "external-provisioner";
+        let node = |n: usize| format!("node{}", "a".repeat(n));
+        let cases: &[(&str, String, String)] = &[
+            (EP, "node01".into(), "external-provisioner-node01".into()),
+            ("", "node01".into(), "node01".into()),
+            (EP, node(38), format!("{EP}-{}", node(38))),
+            (EP, node(39), format!("external-p-53f40b57-{}", node(39))),
+            (EP, node(48), format!("e-53f40b57-{}", node(48))),
+            (EP, node(49), format!("{EP}-a3607ff1")),
+            (EP, node(63), format!("{EP}-df38e37f")),
+            ("", node(63), "fa65587e".into()),
+        ];
+        for (base, suffix, want) in cases {
+            let got = bounded_name(base, suffix, 63);
+            assert_eq!(&got, want, "{base:?} {suffix:?}");
+            assert!(got.len() <= 63, "{got}");
+        }
+        // A tight limit cuts even the hash.
+        assert_eq!(bounded_name("ab", "cdefgh", 5), "3872e");
+        assert_eq!(fnv1a_32(b""), 0x811c_9dc5);
+        assert_eq!(fnv1a_32(b"a"), 0xe40c_292c);
     }
 }

@@ -65,6 +65,9 @@ pub struct DriverCapabilities {
     pub create_delete_snapshot: bool,
     /// Controller CLONE_VOLUME: a claim as data source.
     pub clone_volume: bool,
+    /// Controller PUBLISH_UNPUBLISH_VOLUME: the volumes get
+    /// VolumeAttachments (a node's provisioner watches them only then).
+    pub publish_unpublish: bool,
 }
 
 /// The informer caches topology is computed from.
@@ -377,6 +380,7 @@ mod tests {
         single_node_multi_writer: false,
         create_delete_snapshot: false,
         clone_volume: false,
+        publish_unpublish: false,
     };
 
     #[test]

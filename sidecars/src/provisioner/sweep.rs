@@ -13,6 +13,7 @@ use super::claim::rpc;
 use super::controller::Provisioner;
 use super::csi;
 use super::journal::{intent_action, IntentAction, Record};
+use super::node_deployment::{AffinityError, PvSeen};
 use super::secrets::{self, SecretError};
 
 /// How soon an intent a claim sync holds is looked at again.
@@ -44,6 +45,8 @@ pub enum SweepError {
         claim: String,
         status: Status,
     },
+    #[error("cannot tell which node holds the volume of the claim's PV")]
+    Affinity(#[from] AffinityError),
     #[error("Kubernetes API")]
     Kube(#[from] kube::Error),
 }
@@ -67,8 +70,28 @@ impl Provisioner {
             Api::namespaced(self.client.clone(), &record.claim.namespace);
         let claim = claims.get_opt(&record.claim.name).await?;
         let volumes: Api<PersistentVolume> = Api::all(self.client.clone());
-        let pv_exists = volumes.get_opt(name).await?.is_some();
-        match intent_action(name, &record, claim.as_ref(), pv_exists, false) {
+        let pv = volumes.get_opt(name).await?;
+        let (pv, node) = match &self.node {
+            // Centrally the PV, if any, is the volume's.
+            None => (
+                if pv.is_some() {
+                    PvSeen::Here
+                } else {
+                    PvSeen::Absent
+                },
+                None,
+            ),
+            // Never guessed: an affinity that cannot be read stops the sweep.
+            Some(node) => {
+                let seen = match &pv {
+                    None => PvSeen::Absent,
+                    Some(pv) if node.local.holds(pv)? => PvSeen::Here,
+                    Some(_) => PvSeen::Elsewhere,
+                };
+                (seen, Some(node.name()))
+            }
+        };
+        match intent_action(name, &record, claim.as_ref(), pv, false, node) {
             IntentAction::Keep => {
                 // The claim's own sync provisions it (again) and trims.
                 self.claims

@@ -5,6 +5,9 @@
 //! between any two steps repeats the remaining ones: DeleteVolume of a gone
 //! volume succeeds (NotFound counts as deleted), and a PV without our
 //! finalizer but still Released is picked up again.
+//!
+//! In node deployment only the node whose driver holds the volume deletes
+//! it ([`node_deployment::volume_action`]).
 
 use std::time::Instant;
 
@@ -18,6 +21,7 @@ use super::controller::Provisioner;
 use super::decide::{self, VolumeAction};
 use super::finalizer;
 use super::metrics::Operation;
+use super::node_deployment::{self, AffinityError};
 use super::params::SecretRef;
 use super::pv::{
     class_of, DELETION_SECRET_NAMESPACE_ANNOTATION, DELETION_SECRET_NAME_ANNOTATION,
@@ -38,6 +42,8 @@ pub enum VolumeError {
     Delete(Status),
     #[error("persistentvolume {0} kept changing while its finalizer was being removed")]
     Busy(String),
+    #[error("cannot tell which node holds the volume")]
+    Affinity(#[from] AffinityError),
     #[error("Kubernetes API")]
     Kube(#[from] kube::Error),
 }
@@ -63,7 +69,11 @@ impl Provisioner {
         let Some(pv) = self.caches.volumes.get(&ObjectRef::new(name)) else {
             return Ok(());
         };
-        match decide::volume_action(&pv, &self.config.driver_name) {
+        let mut action = decide::volume_action(&pv, &self.config.driver_name);
+        if let (Some(node), VolumeAction::Delete) = (&self.node, &action) {
+            action = node_deployment::volume_action(action, node.local.holds(&pv)?);
+        }
+        match action {
             VolumeAction::Nothing(why) => {
                 tracing::debug!(why, "nothing to do");
                 Ok(())

@@ -13,6 +13,11 @@
 //! key with `--retry-interval-start`/`--retry-interval-max` backoff. It
 //! runs in the provisioner's leader section, so only the leader writes.
 //!
+//! In node deployment every node's provisioner publishes for its own
+//! segment only (the driver's NodeGetInfo topology, upstream's fixed
+//! topology), and labels and watches its objects with its own managed-by
+//! value (`external-provisioner-<node>`, see [`objects::managed_by`]).
+//!
 //! The planner polls the caches instead of hooking their events: a pass
 //! over the cached objects costs microseconds per node, and it keeps this
 //! module independent of the provisioner's controller.
@@ -141,6 +146,12 @@ pub struct CapacitySetup<'a> {
     /// `--timeout` of each GetCapacity.
     pub timeout: Duration,
     pub metrics: CapacityMetrics,
+    /// The managed-by label value ([`objects::managed_by`]).
+    pub managed_by: String,
+    /// Node deployment: the one segment to publish for (this node's, empty
+    /// when the driver reports no topology); `None` centrally, where the
+    /// segments come from the Nodes and CSINodes.
+    pub fixed_segment: Option<objects::Segment>,
 }
 
 /// What the planner last decided, read by the workers.
@@ -158,6 +169,8 @@ pub struct CapacityController {
     api: Api<CSIStorageCapacity>,
     driver: Driver,
     driver_name: String,
+    managed_by: String,
+    fixed_segment: Option<objects::Segment>,
     namespace: String,
     owner: Option<OwnerReference>,
     topology: bool,
@@ -237,6 +250,8 @@ impl CapacityController {
             api: Api::namespaced(client, &s.env.namespace),
             driver: s.driver.clone(),
             driver_name: s.driver_name.to_string(),
+            managed_by: s.managed_by,
+            fixed_segment: s.fixed_segment,
             namespace: s.env.namespace,
             owner,
             topology: s.topology,
@@ -261,7 +276,7 @@ impl CapacityController {
             objects::DRIVER_NAME_LABEL,
             self.driver_name,
             objects::MANAGED_BY_LABEL,
-            objects::MANAGED_BY
+            self.managed_by
         );
         let (store, writer) = reflector::store();
         let stream = watcher(
@@ -322,10 +337,12 @@ impl CapacityController {
         all: bool,
     ) {
         let driver = self.driver_name.as_str();
-        let segments =
-            objects::segments(driver, self.topology, &caches.csi_nodes.state(), |name| {
+        let segments = match &self.fixed_segment {
+            Some(segment) => BTreeSet::from([segment.clone()]),
+            None => objects::segments(driver, self.topology, &caches.csi_nodes.state(), |name| {
                 caches.nodes.get(&ObjectRef::new(name))
-            });
+            }),
+        };
         let params = objects::tracked_classes(driver, self.immediate, &caches.classes.state());
         let desired = objects::desired(&segments, &params);
 
@@ -348,7 +365,7 @@ impl CapacityController {
         let mut existing: Vec<Arc<CSIStorageCapacity>> = store
             .state()
             .into_iter()
-            .filter(|o| objects::is_managed(o, driver))
+            .filter(|o| objects::is_managed(o, driver, &self.managed_by))
             .collect();
         let listed: BTreeSet<String> = existing.iter().map(|o| o.name_any()).collect();
         plan.created.retain(|name, (at, _)| {
@@ -439,6 +456,7 @@ impl CapacityController {
             None => {
                 let obj = objects::render(
                     &self.driver_name,
+                    &self.managed_by,
                     &self.namespace,
                     self.owner.as_ref(),
                     item,
@@ -588,6 +606,8 @@ mod tests {
             topology: true,
             timeout: Duration::from_secs(5),
             metrics: CapacityMetrics::new(backoff),
+            managed_by: objects::MANAGED_BY.into(),
+            fixed_segment: None,
         })
         .await
         .expect("not an error");

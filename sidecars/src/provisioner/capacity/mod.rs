@@ -11,7 +11,9 @@
 //!   and which of them serve a pair (adoption) or are obsolete, the object
 //!   to create and whether one needs an update;
 //! - [`owner`]: the owner reference, walked up from the pod;
-//! - [`controller`]: the planner and the workers, run by the leader only.
+//! - [`controller`]: the planner and the workers, run by the leader only
+//!   (in node deployment by every node, each for its own segment, with
+//!   managed-by `external-provisioner-<node>`).
 
 pub mod args;
 pub mod controller;

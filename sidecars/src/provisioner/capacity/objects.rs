@@ -20,6 +20,18 @@ pub const MANAGED_BY_LABEL: &str = "csi.storage.k8s.io/managed-by";
 /// provisioner; keeping it lets either implementation adopt the other's
 /// objects when a manifest swaps the image.
 pub const MANAGED_BY: &str = "external-provisioner";
+
+/// The managed-by value of this instance: [`MANAGED_BY`] centrally,
+/// `external-provisioner-<node>` for a node's provisioner, within a label
+/// value's 63 characters exactly as upstream cuts it
+/// ([`bounded_name`](crate::provisioner::naming::bounded_name)), so that
+/// each node manages its own objects and ours and upstream's agree.
+pub fn managed_by(node: Option<&str>) -> String {
+    match node {
+        None => MANAGED_BY.to_string(),
+        Some(node) => crate::provisioner::naming::bounded_name(MANAGED_BY, node, 63),
+    }
+}
 /// `generateName` of created objects, as upstream.
 pub const GENERATE_NAME: &str = "csisc-";
 /// Reserved StorageClass parameter prefix, never passed to the driver.
@@ -112,10 +124,11 @@ pub fn desired(
         .collect()
 }
 
-/// Whether this instance manages `obj`: both labels, as upstream's
-/// `isManaged`. The owner is not part of it: an object of ours whose owner
-/// changed (a new Deployment) is adopted and gets the new owner added.
-pub fn is_managed(obj: &CSIStorageCapacity, driver: &str) -> bool {
+/// Whether this instance (`managed_by`, see [`managed_by`]) manages `obj`:
+/// both labels, as upstream's `isManaged`. The owner is not part of it: an
+/// object of ours whose owner changed (a new Deployment) is adopted and gets
+/// the new owner added.
+pub fn is_managed(obj: &CSIStorageCapacity, driver: &str, managed_by: &str) -> bool {
     let labels = obj.metadata.labels.as_ref();
     labels
         .and_then(|l| l.get(DRIVER_NAME_LABEL))
@@ -124,7 +137,7 @@ pub fn is_managed(obj: &CSIStorageCapacity, driver: &str) -> bool {
         && labels
             .and_then(|l| l.get(MANAGED_BY_LABEL))
             .map(String::as_str)
-            == Some(MANAGED_BY)
+            == Some(managed_by)
 }
 
 /// The pair an object serves: its class and its node topology's
@@ -225,6 +238,7 @@ impl From<&GetCapacityResponse> for Reported {
 /// A new object for a pair, named by the API server from `csisc-`.
 pub fn render(
     driver: &str,
+    managed_by: &str,
     namespace: &str,
     owner: Option<&OwnerReference>,
     item: &WorkItem,
@@ -236,7 +250,7 @@ pub fn render(
             namespace: Some(namespace.into()),
             labels: Some(BTreeMap::from([
                 (DRIVER_NAME_LABEL.to_string(), driver.to_string()),
-                (MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string()),
+                (MANAGED_BY_LABEL.to_string(), managed_by.to_string()),
             ])),
             owner_references: owner.map(|o| vec![o.clone()]),
             ..Default::default()
@@ -597,6 +611,7 @@ mod tests {
         let o = owner("u1");
         let obj = render(
             D,
+            MANAGED_BY,
             "ns",
             Some(&o),
             &item("z1", "late"),
@@ -631,6 +646,7 @@ mod tests {
         );
         let bare = render(
             D,
+            MANAGED_BY,
             "ns",
             None,
             &WorkItem {
@@ -657,6 +673,7 @@ mod tests {
     fn existing(name: &str, item: &WorkItem, age: i64, driver: &str) -> Arc<CSIStorageCapacity> {
         let mut o = render(
             driver,
+            MANAGED_BY,
             "ns",
             None,
             item,
@@ -673,10 +690,22 @@ mod tests {
     }
 
     #[test]
+    fn managed_by_values_are_upstreams() {
+        assert_eq!(managed_by(None), "external-provisioner");
+        assert_eq!(managed_by(Some("node1")), "external-provisioner-node1");
+        // Cut as upstream cuts it (its getNameWithMaxLength test case).
+        let long = format!("node{}", "a".repeat(39));
+        assert_eq!(
+            managed_by(Some(&long)),
+            format!("external-p-53f40b57-{long}")
+        );
+    }
+
+    #[test]
     fn managed_means_both_labels() {
         let i = item("z1", "c");
-        assert!(is_managed(&existing("a", &i, 0, D), D));
-        assert!(!is_managed(&existing("a", &i, 0, "other"), D));
+        assert!(is_managed(&existing("a", &i, 0, D), D, MANAGED_BY));
+        assert!(!is_managed(&existing("a", &i, 0, "other"), D, MANAGED_BY));
         let mut other_manager = (*existing("a", &i, 0, D)).clone();
         other_manager
             .metadata
@@ -684,10 +713,13 @@ mod tests {
             .as_mut()
             .unwrap()
             .insert(MANAGED_BY_LABEL.into(), "external-provisioner-node1".into());
-        assert!(!is_managed(&other_manager, D));
+        assert!(!is_managed(&other_manager, D, MANAGED_BY));
+        // A node's instance manages only its own.
+        assert!(is_managed(&other_manager, D, &managed_by(Some("node1"))));
+        assert!(!is_managed(&other_manager, D, &managed_by(Some("node2"))));
         let mut unlabelled = other_manager;
         unlabelled.metadata.labels = None;
-        assert!(!is_managed(&unlabelled, D));
+        assert!(!is_managed(&unlabelled, D, MANAGED_BY));
     }
 
     #[test]
@@ -776,6 +808,7 @@ mod tests {
         let o = owner("u1");
         let mut obj = render(
             D,
+            MANAGED_BY,
             "ns",
             Some(&o),
             &i,

@@ -79,35 +79,102 @@ fn a_record_keeps_the_request_but_never_its_secrets() {
 #[test]
 fn the_sweep_decides_from_the_claim_and_the_pv() {
     use IntentAction::*;
+    use PvSeen::{Absent, Here};
     let r = record("u1");
     let live = claim(|_| {});
     let deleting = claim(|c| c["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z"));
     let recreated = claim(|c| c["metadata"]["uid"] = json!("u2"));
     let bound_ours = claim(|c| c["spec"]["volumeName"] = json!("pvc-u1"));
     let bound_other = claim(|c| c["spec"]["volumeName"] = json!("pv-static"));
-    let cases: &[(Option<&PersistentVolumeClaim>, bool, bool, IntentAction)] = &[
+    let cases: &[(Option<&PersistentVolumeClaim>, PvSeen, bool, IntentAction)] = &[
         // held by a claim sync: hands off, whatever else
-        (None, false, true, Keep),
+        (None, Absent, true, Keep),
         // the PV holds the volume
-        (None, true, false, Trim),
-        (Some(&live), true, false, Trim),
+        (None, Here, false, Trim),
+        (Some(&live), Here, false, Trim),
         // still wanted: the claim's sync finishes it
-        (Some(&live), false, false, Keep),
+        (Some(&live), Absent, false, Keep),
         // nobody wants it
-        (None, false, false, CleanUp),
-        (Some(&deleting), false, false, CleanUp),
-        (Some(&recreated), false, false, CleanUp),
-        (Some(&bound_other), false, false, CleanUp),
+        (None, Absent, false, CleanUp),
+        (Some(&deleting), Absent, false, CleanUp),
+        (Some(&recreated), Absent, false, CleanUp),
+        (Some(&bound_other), Absent, false, CleanUp),
         // its PV came and went: the reclaim policy dealt with the volume
-        (Some(&bound_ours), false, false, Trim),
+        (Some(&bound_ours), Absent, false, Trim),
     ];
     for (i, (claim, pv, held, want)) in cases.iter().enumerate() {
         assert_eq!(
-            intent_action("pvc-u1", &r, *claim, *pv, *held),
+            intent_action("pvc-u1", &r, *claim, *pv, *held, None),
             *want,
             "case {i}"
         );
     }
+}
+
+#[test]
+fn on_a_node_the_sweep_cleans_up_what_moved_away() {
+    use IntentAction::*;
+    use PvSeen::{Absent, Elsewhere, Here};
+    let r = record("u1");
+    let selected = |node: &str| {
+        let node = node.to_string();
+        claim(move |c| {
+            c["metadata"]["annotations"]["volume.kubernetes.io/selected-node"] = json!(node)
+        })
+    };
+    let here = selected("n1");
+    let there = selected("n2");
+    let unselected = claim(|_| {});
+    let bound_ours = claim(|c| c["spec"]["volumeName"] = json!("pvc-u1"));
+    let cases: &[(Option<&PersistentVolumeClaim>, PvSeen, bool, IntentAction)] = &[
+        (Some(&here), Absent, true, Keep),
+        // still this node's claim
+        (Some(&here), Absent, false, Keep),
+        // its PV holds this node's volume
+        (Some(&here), Here, false, Trim),
+        // another node made the claim's PV: ours (if any) is nobody's
+        (Some(&there), Elsewhere, false, CleanUp),
+        (Some(&here), Elsewhere, false, CleanUp),
+        // moved to another node, or handed back to the scheduler
+        (Some(&there), Absent, false, CleanUp),
+        (Some(&unselected), Absent, false, CleanUp),
+        // a PV of the claim came and went, maybe another node's
+        (Some(&bound_ours), Absent, false, CleanUp),
+        (None, Absent, false, CleanUp),
+    ];
+    for (i, (claim, pv, held, want)) in cases.iter().enumerate() {
+        assert_eq!(
+            intent_action("pvc-u1", &r, *claim, *pv, *held, Some("n1")),
+            *want,
+            "case {i}"
+        );
+    }
+}
+
+#[test]
+fn each_node_has_its_own_journal_name() {
+    let d = "hostpath.csi.k8s.io";
+    assert_eq!(
+        node_journal_name(d, "worker-1"),
+        "csiops-provisioning-hostpath-csi-k8s-io-worker-1"
+    );
+    assert_ne!(
+        node_journal_name(d, "worker-1"),
+        node_journal_name(d, "worker-2")
+    );
+    // The longest node names still make a valid, distinct object name.
+    let long = |last: char| format!("{}{last}", "n".repeat(252));
+    let (a, b) = (
+        node_journal_name(d, &long('a')),
+        node_journal_name(d, &long('b')),
+    );
+    for n in [&a, &b] {
+        assert!(n.len() <= 253, "{n}");
+        assert!(crate::provisioner::naming::is_dns1123_subdomain(n), "{n}");
+        assert!(n.starts_with("csiops-provisioning-"), "{n}");
+    }
+    assert_ne!(a, b);
+    assert_eq!(a, node_journal_name(d, &long('a')), "deterministic");
 }
 
 #[test]
