@@ -24,8 +24,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Pod, Toleration};
+use k8s_openapi::api::core::v1::Toleration;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use crate::pods::PodView;
 
 /// Node readiness as its Ready condition says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -141,7 +143,7 @@ pub struct FleetInput<'a> {
     /// The workload annotation carrying a hash.
     pub hash_annotation: &'a str,
     /// This object's node pods.
-    pub pods: &'a [&'a Pod],
+    pub pods: &'a [&'a PodView],
     pub nodes: &'a BTreeMap<String, NodeInfo>,
     /// Nodes whose CSINode lists the driver.
     pub registered: &'a BTreeSet<&'a str>,
@@ -202,28 +204,13 @@ fn node_lost(node: Option<&NodeInfo>) -> Option<LostReason> {
     }
 }
 
-fn pod_ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-fn label<'p>(pod: &'p Pod, key: &str) -> Option<&'p str> {
-    pod.metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(key))
-        .map(String::as_str)
-}
-
 /// The pods of one node, reduced to what matters.
 #[derive(Default)]
 struct OnNode<'p> {
     /// A live (not terminating) pod of the current template, else any live one.
-    live: Option<&'p Pod>,
+    live: Option<&'p PodView>,
     live_current: bool,
-    terminating: Option<&'p Pod>,
+    terminating: Option<&'p PodView>,
 }
 
 /// Judges every node hosting one of `input.pods`.
@@ -242,10 +229,10 @@ pub fn assess(input: &FleetInput<'_>) -> Fleet {
             && status.and_then(|s| s.observed_generation).unwrap_or(0)
                 >= d.metadata.generation.unwrap_or(0)
     });
-    let is_current = |pod: &Pod| {
+    let is_current = |pod: &PodView| {
         daemonset_current
             && template_generation.is_some()
-            && label(pod, POD_TEMPLATE_GENERATION_LABEL) == template_generation
+            && pod.label(POD_TEMPLATE_GENERATION_LABEL) == template_generation
     };
     let tolerations: &[Toleration] = ds
         .and_then(|d| d.spec.as_ref())
@@ -255,11 +242,11 @@ pub fn assess(input: &FleetInput<'_>) -> Fleet {
 
     let mut by_node: BTreeMap<&str, OnNode<'_>> = BTreeMap::new();
     for pod in input.pods {
-        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) else {
+        let Some(node) = pod.node.as_deref() else {
             continue;
         };
         let entry = by_node.entry(node).or_default();
-        if pod.metadata.deletion_timestamp.is_some() {
+        if pod.deleting() {
             entry.terminating.get_or_insert(pod);
             continue;
         }
@@ -278,7 +265,7 @@ pub fn assess(input: &FleetInput<'_>) -> Fleet {
     let mut lost_wanted = 0;
     for (name, on) in &by_node {
         let info = input.nodes.get(*name);
-        let up = on.live.is_some_and(pod_ready);
+        let up = on.live.is_some_and(PodView::is_ready);
         let done_pod = on.live_current && up;
         let registered = input.registered.contains(name);
         // A cordoned node is rolled like any other (node pods tolerate

@@ -7,10 +7,9 @@ use std::collections::BTreeSet;
 use chrono::{DateTime, Duration, Utc};
 use csiops_crds::{ControllerCounts, NodeCounts, UnhealthyPod};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::storage::v1::CSINode;
 
 use crate::fleet::{self, Fleet, NodeInfo};
+use crate::pods::{PodView, REVISION_LABEL};
 use crate::render::labels::COMPONENT;
 use crate::rollout::{ControllerObs, NodeObs};
 
@@ -84,11 +83,11 @@ pub struct HealthInput<'a> {
     /// The node hash the object asks for, to tell current node pods.
     pub node_hash: &'a str,
     /// This object's pods (controller and node).
-    pub pods: &'a [Pod],
+    pub pods: &'a [PodView],
     /// What is known of every Node (see `reconcile::nodes`).
     pub nodes: &'a std::collections::BTreeMap<String, NodeInfo>,
-    /// The cluster's CSINodes, as the shared cache holds them (not copied).
-    pub csinodes: &'a [std::sync::Arc<CSINode>],
+    /// Nodes whose CSINode lists the driver.
+    pub registered: &'a BTreeSet<String>,
     /// Nodes carrying this driver's readiness taint (see
     /// `reconcile::node_taints`), passed through to status.
     pub tainted_nodes: i32,
@@ -101,31 +100,20 @@ pub struct HealthInput<'a> {
 /// Whether `pod` has been creating its containers for longer than
 /// [`CREATING_GRACE_SECONDS`]: its volumes may not mount (kubelet says why
 /// only in an Event, which the caller then reads).
-pub fn stuck_creating(pod: &Pod, now: DateTime<Utc>) -> bool {
-    let Some(status) = pod.status.as_ref() else {
-        return false;
-    };
-    if pod.metadata.deletion_timestamp.is_some() || status.phase.as_deref() != Some("Pending") {
+pub fn stuck_creating(pod: &PodView, now: DateTime<Utc>) -> bool {
+    if pod.deleting() || pod.phase.as_deref() != Some("Pending") {
         return false;
     }
-    let scheduled_since = status
-        .conditions
-        .iter()
-        .flatten()
-        .find(|c| c.type_ == "PodScheduled" && c.status == "True")
-        .and_then(|c| c.last_transition_time.as_ref())
-        .and_then(|t| DateTime::from_timestamp(t.0.as_second(), 0));
+    let scheduled_since = pod
+        .scheduled
+        .as_ref()
+        .filter(|c| c.status)
+        .and_then(|c| c.since)
+        .and_then(|t| DateTime::from_timestamp(t, 0));
     // A pod with no container status yet is not creating anything: it has
     // not reached a kubelet (or runs on a simulated node, which never
     // reports any). Counting it would look up its Events forever.
-    let statuses = status.container_statuses.as_deref().unwrap_or(&[]);
-    let creating = !statuses.is_empty()
-        && statuses.iter().all(|cs| {
-            cs.state
-                .as_ref()
-                .and_then(|s| s.waiting.as_ref())
-                .is_some_and(|w| w.reason.as_deref() == Some("ContainerCreating"))
-        });
+    let creating = pod.containers > 0 && pod.creating == pod.containers;
     creating
         && scheduled_since.is_some_and(|t| now - t >= Duration::seconds(CREATING_GRACE_SECONDS))
 }
@@ -150,19 +138,9 @@ pub struct Health {
     pub nodes_serving: bool,
 }
 
-/// Whether the CSINode lists the driver.
-pub fn csinode_has_driver(csinode: &CSINode, driver: &str) -> bool {
-    csinode.spec.drivers.iter().any(|d| d.name == driver)
-}
-
 /// Computes counts, registration and the unhealthy pods with their reasons.
 pub fn assess(input: &HealthInput<'_>) -> Health {
-    let registered: BTreeSet<&str> = input
-        .csinodes
-        .iter()
-        .filter(|c| csinode_has_driver(c, input.driver_name))
-        .filter_map(|c| c.metadata.name.as_deref())
-        .collect();
+    let registered: BTreeSet<&str> = input.registered.iter().map(String::as_str).collect();
 
     let mut health = Health {
         registered_nodes: registered.len() as i32,
@@ -197,7 +175,7 @@ pub fn assess(input: &HealthInput<'_>) -> Health {
         health.controller.desired = input.controller_replicas;
     }
 
-    let node_pods: Vec<&Pod> = input
+    let node_pods: Vec<&PodView> = input
         .pods
         .iter()
         .filter(|p| component_of(p) == Some("node"))
@@ -230,12 +208,12 @@ pub fn assess(input: &HealthInput<'_>) -> Health {
             Some("node") => health.node_pods += 1,
             _ => continue,
         }
-        if pod.metadata.deletion_timestamp.is_some() {
+        if pod.deleting() {
             continue;
         }
         // A pod on a lost node is reported with its node (status.lostNodes),
         // not again as an unhealthy pod.
-        let node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref());
+        let node = pod.node.as_deref();
         if node.is_some_and(|n| lost_nodes.contains(n)) {
             continue;
         }
@@ -247,23 +225,18 @@ pub fn assess(input: &HealthInput<'_>) -> Health {
     health
 }
 
-fn component_of(pod: &Pod) -> Option<&str> {
-    pod.metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(COMPONENT))
-        .map(String::as_str)
+fn component_of(pod: &PodView) -> Option<&str> {
+    pod.label(COMPONENT)
 }
 
 fn pod_problem(
-    pod: &Pod,
+    pod: &PodView,
     is_node_pod: bool,
     registered: &BTreeSet<&str>,
     input: &HealthInput<'_>,
 ) -> Option<UnhealthyPod> {
-    let name = pod.metadata.name.clone().unwrap_or_default();
-    let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-    let status = pod.status.as_ref()?;
+    let name = pod.name().to_string();
+    let node = pod.node.clone();
     let unhealthy = |reason: &str, message: String| UnhealthyPod {
         name: name.clone(),
         node: node.clone(),
@@ -271,21 +244,17 @@ fn pod_problem(
         message,
     };
 
-    for cs in status.container_statuses.iter().flatten() {
-        let waiting = cs.state.as_ref().and_then(|s| s.waiting.as_ref());
-        if let Some(w) = waiting {
-            let reason = w.reason.as_deref().unwrap_or("");
-            if BAD_WAITING_REASONS.contains(&reason) {
-                let msg = w.message.as_deref().unwrap_or("no message");
-                return Some(unhealthy(reason, format!("container {}: {msg}", cs.name)));
-            }
+    for w in &pod.waiting {
+        if BAD_WAITING_REASONS.contains(&w.reason.as_str()) {
+            let msg = w.message.as_deref().unwrap_or("no message");
+            return Some(unhealthy(
+                &w.reason,
+                format!("container {}: {msg}", w.container),
+            ));
         }
     }
-    if status.phase.as_deref() == Some("Failed") {
-        let msg = status
-            .message
-            .clone()
-            .unwrap_or_else(|| "pod failed".into());
+    if pod.phase.as_deref() == Some("Failed") {
+        let msg = pod.message.clone().unwrap_or_else(|| "pod failed".into());
         return Some(unhealthy("Failed", msg));
     }
     // Volumes that do not mount: kubelet's own words, and for a node pod the
@@ -301,27 +270,20 @@ fn pod_problem(
         };
         return Some(unhealthy("FailedMount", message));
     }
-    let conditions = status.conditions.iter().flatten();
-    for c in conditions.clone() {
-        if c.type_ == "PodScheduled" && c.status == "False" {
-            let reason = c.reason.as_deref().unwrap_or("Unschedulable");
-            let msg = c.message.clone().unwrap_or_default();
-            return Some(unhealthy(reason, msg));
-        }
+    if let Some(c) = pod.scheduled.as_ref().filter(|c| !c.status) {
+        let reason = c.reason.as_deref().unwrap_or("Unschedulable");
+        let msg = c.message.clone().unwrap_or_default();
+        return Some(unhealthy(reason, msg));
     }
 
     // A node pod that is Ready but whose node's CSINode lacks the driver: the
     // kubelet never saw the registration socket, usually a wrong kubeletDir.
     if is_node_pod && input.registration_required {
-        let ready_since = conditions
-            .clone()
-            .find(|c| c.type_ == "Ready" && c.status == "True")
-            .map(|c| {
-                c.last_transition_time
-                    .as_ref()
-                    .and_then(|t| DateTime::from_timestamp(t.0.as_second(), 0))
-                    .unwrap_or(input.now)
-            });
+        let ready_since = pod.ready.as_ref().filter(|c| c.status).map(|c| {
+            c.since
+                .and_then(|t| DateTime::from_timestamp(t, 0))
+                .unwrap_or(input.now)
+        });
         if let (Some(since), Some(node_name)) = (ready_since, node.as_deref()) {
             let grace = Duration::seconds(REGISTRATION_GRACE_SECONDS);
             if !registered.contains(node_name) && input.now - since >= grace {
@@ -364,7 +326,7 @@ pub fn controller_obs(sts: &StatefulSet, hash_annotation: &str) -> ControllerObs
 /// How many of `pods` (the controller's) run the StatefulSet's update
 /// revision and are Ready: the surge replica's progress, which the
 /// StatefulSet's own counters do not give (readyReplicas mixes revisions).
-pub fn statefulset_updated_ready(sts: &StatefulSet, pods: &[Pod]) -> i32 {
+pub fn statefulset_updated_ready(sts: &StatefulSet, pods: &[PodView]) -> i32 {
     let Some(revision) = sts
         .status
         .as_ref()
@@ -373,22 +335,8 @@ pub fn statefulset_updated_ready(sts: &StatefulSet, pods: &[Pod]) -> i32 {
         return 0;
     };
     pods.iter()
-        .filter(|p| component_of(p) == Some("controller"))
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter(|p| {
-            p.metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get("controller-revision-hash"))
-                .map(String::as_str)
-                == Some(revision)
-        })
-        .filter(|p| {
-            p.status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-        })
+        .filter(|p| component_of(p) == Some("controller") && !p.deleting())
+        .filter(|p| p.label(REVISION_LABEL) == Some(revision) && p.is_ready())
         .count() as i32
 }
 

@@ -43,7 +43,11 @@ pub fn operator_image() -> String {
 const ALL: &[&str] = &[
     "get", "list", "watch", "create", "update", "patch", "delete",
 ];
-const WRITE: &[&str] = &["get", "list", "create", "update", "patch", "delete"];
+/// Kinds the operator applies: written, and watched (label-filtered) so an
+/// unchanged object costs no request and a deleted one is put back at once.
+const WRITE: &[&str] = &[
+    "get", "list", "watch", "create", "update", "patch", "delete",
+];
 
 /// What the operator itself does.
 const OPERATOR_GRANTS: &[Grant] = &[
@@ -134,11 +138,12 @@ const OPERATOR_GRANTS: &[Grant] = &[
         resource: "events",
         verbs: &["create", "patch"],
     },
-    // list: kubelet's FailedMount Events of a driver pod that does not start.
+    // list/watch: kubelet's FailedMount Events (field-selected by reason)
+    // of a driver pod that does not start.
     Grant {
         api_group: "",
         resource: "events",
-        verbs: &["create", "patch", "list"],
+        verbs: &["create", "patch", "list", "watch"],
     },
     // spec.monitoring: the metrics Service and the PodMonitor.
     Grant {

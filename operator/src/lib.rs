@@ -5,6 +5,7 @@ pub mod health;
 pub mod helm;
 pub mod install;
 pub mod metrics;
+pub mod pods;
 pub mod reconcile;
 pub mod render;
 pub mod report;

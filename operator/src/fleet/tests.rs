@@ -2,7 +2,7 @@
 
 use super::*;
 use k8s_openapi::api::apps::v1::{DaemonSetSpec, DaemonSetStatus};
-use k8s_openapi::api::core::v1::{PodCondition, PodSpec, PodStatus, PodTemplateSpec};
+use k8s_openapi::api::core::v1::{Pod, PodCondition, PodSpec, PodStatus, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
 const HASH: &str = "h2";
@@ -44,8 +44,8 @@ fn ds(
     }
 }
 
-fn pod(name: &str, node: &str, generation: i64, ready: bool, terminating: bool) -> Pod {
-    Pod {
+fn pod(name: &str, node: &str, generation: i64, ready: bool, terminating: bool) -> PodView {
+    let pod = Pod {
         metadata: ObjectMeta {
             name: Some(name.into()),
             labels: Some(BTreeMap::from([(
@@ -68,7 +68,8 @@ fn pod(name: &str, node: &str, generation: i64, ready: bool, terminating: bool) 
             }]),
             ..Default::default()
         }),
-    }
+    };
+    serde_json::from_value(serde_json::to_value(pod).expect("serializes")).expect("a pod view")
 }
 
 fn healthy() -> NodeInfo {
@@ -102,14 +103,14 @@ fn unreachable() -> NodeInfo {
 
 struct World {
     ds: DaemonSet,
-    pods: Vec<Pod>,
+    pods: Vec<PodView>,
     nodes: BTreeMap<String, NodeInfo>,
     registered: Vec<String>,
 }
 
 impl World {
     fn fleet(&self) -> Fleet {
-        let pods: Vec<&Pod> = self.pods.iter().collect();
+        let pods: Vec<&PodView> = self.pods.iter().collect();
         let registered: BTreeSet<&str> = self.registered.iter().map(String::as_str).collect();
         assess(&FleetInput {
             daemonset: Some(&self.ds),

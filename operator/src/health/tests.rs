@@ -7,7 +7,7 @@ fn now() -> DateTime<Utc> {
         .expect("fixed time")
 }
 
-fn pod(name: &str, component: &str, node: &str, status: serde_json::Value) -> Pod {
+fn pod(name: &str, component: &str, node: &str, status: serde_json::Value) -> PodView {
     serde_json::from_value(json!({
         "metadata": {"name": name, "labels": {COMPONENT: component}},
         "spec": {"nodeName": node, "containers": []},
@@ -22,14 +22,13 @@ fn ready_since(t: &str) -> serde_json::Value {
     ]})
 }
 
-fn csinode(name: &str, drivers: &[&str]) -> std::sync::Arc<CSINode> {
-    let drivers: Vec<_> = drivers
-        .iter()
-        .map(|d| json!({"name": d, "nodeID": name}))
-        .collect();
-    std::sync::Arc::new(
-        serde_json::from_value(json!({"metadata": {"name": name}, "spec": {"drivers": drivers}}))
-            .expect("csinode fixture"),
+/// A CSINode: its node and the drivers it lists.
+type CsiNode = (String, Vec<String>);
+
+fn csinode(name: &str, drivers: &[&str]) -> CsiNode {
+    (
+        name.to_string(),
+        drivers.iter().map(|d| d.to_string()).collect(),
     )
 }
 
@@ -54,7 +53,15 @@ static NODES: std::sync::LazyLock<std::collections::BTreeMap<String, NodeInfo>> 
             .collect()
     });
 
-fn input<'a>(pods: &'a [Pod], csinodes: &'a [std::sync::Arc<CSINode>]) -> HealthInput<'a> {
+fn input<'a>(pods: &'a [PodView], csinodes: &'a [CsiNode]) -> HealthInput<'a> {
+    // The nodes whose CSINode lists the driver; leaked, a few bytes a test.
+    let registered: &'a BTreeSet<String> = Box::leak(Box::new(
+        csinodes
+            .iter()
+            .filter(|(_, drivers)| drivers.iter().any(|d| d == "hostpath.csi.k8s.io"))
+            .map(|(n, _)| n.clone())
+            .collect(),
+    ));
     HealthInput {
         driver_name: "hostpath.csi.k8s.io",
         kubelet_dir: "/var/lib/kubelet",
@@ -67,7 +74,7 @@ fn input<'a>(pods: &'a [Pod], csinodes: &'a [std::sync::Arc<CSINode>]) -> Health
         node_hash: "h2",
         pods,
         nodes: &NODES,
-        csinodes,
+        registered,
         tainted_nodes: 0,
         mount_failures: &NO_MOUNT_FAILURES,
         now: now(),
@@ -301,7 +308,7 @@ fn workload_counts_and_observations_come_from_the_live_objects() {
     );
 
     // The surge replica's progress: Ready pods at the update revision.
-    let at = |name: &str, rev: &str, ready: bool| -> Pod {
+    let at = |name: &str, rev: &str, ready: bool| -> PodView {
         let mut p = pod(
             name,
             "controller",
@@ -346,7 +353,7 @@ fn pods_on_lost_nodes_are_counted_once_and_named_not_reported_unhealthy() {
                    "numberReady": 1, "observedGeneration": 2}
     }))
     .expect("ds fixture");
-    let node_pod = |name: &str, node: &str, generation: &str, ready: bool| -> Pod {
+    let node_pod = |name: &str, node: &str, generation: &str, ready: bool| -> PodView {
         let mut p = pod(
             name,
             "node",

@@ -14,6 +14,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use super::error::Error;
+use super::owned::Owned;
 use crate::render::labels::{OWNER_NAME, OWNER_NAMESPACE, OWNER_UID};
 
 /// The one field manager of every write this operator makes.
@@ -88,14 +89,16 @@ pub enum Mode {
     RecreateIfChanged,
 }
 
-/// Applies `desired` after checking ownership of the live object (one read),
-/// as `mode` says.
+/// Applies `desired` as `mode` says. When the watches say the live object
+/// already is what would be applied (see [`Owned`]), nothing is sent;
+/// otherwise ownership of the live object is checked first (one read).
 pub async fn apply<K>(
     api: &Api<K>,
     kind: &'static str,
     mut desired: K,
     owner: Owner<'_>,
     mode: Mode,
+    known: &Owned,
 ) -> Result<Applied, Error>
 where
     K: Resource + Clone + DeserializeOwned + Serialize + Debug,
@@ -106,6 +109,16 @@ where
         name: name.clone(),
         source,
     })?;
+    let namespace = desired.namespace().unwrap_or_default();
+    if let Some(k) = known.get(kind, &namespace, &name) {
+        let same = k.applied_hash.as_deref() == Some(hash.as_str());
+        // A workload is re-asserted unless its spec is still the one our
+        // last apply left: its generation moves with any spec edit.
+        let untouched = k.applied_generation.is_some() && k.generation == k.applied_generation;
+        if same && (mode != Mode::Always || untouched) {
+            return Ok(Applied::Unchanged);
+        }
+    }
     let live = api.get_opt(&name).await?;
     if let Some(live) = &live {
         if !is_owned_by(live.meta(), owner) {
@@ -117,6 +130,7 @@ where
         }
         let unchanged = live.annotations().get(APPLIED_HASH) == Some(&hash);
         if unchanged && mode != Mode::Always {
+            known.applied(kind, live.meta());
             return Ok(Applied::Unchanged);
         }
     }
@@ -144,9 +158,11 @@ where
         .annotations_mut()
         .insert(APPLIED_HASH.to_string(), hash);
     let params = PatchParams::apply(FIELD_MANAGER).force();
-    api.patch(&name, &params, &Patch::Apply(&desired))
+    let written = api
+        .patch(&name, &params, &Patch::Apply(&desired))
         .await
         .map_err(|e| Error::from_write(kind, &name, e))?;
+    known.applied(kind, written.meta());
     Ok(outcome)
 }
 
@@ -157,6 +173,7 @@ pub async fn delete_owned<K>(
     kind: &'static str,
     name: &str,
     owner: Owner<'_>,
+    known: &Owned,
 ) -> Result<bool, Error>
 where
     K: Resource + Clone + DeserializeOwned + Debug,
@@ -164,6 +181,7 @@ where
     let Some(live) = api.get_opt(name).await? else {
         return Ok(false);
     };
+    known.forget(kind, &live.namespace().unwrap_or_default(), name);
     if !is_owned_by(live.meta(), owner) {
         return Err(Error::NotOwned {
             kind,
@@ -183,6 +201,25 @@ where
         Ok(_) => Ok(true),
         Err(kube::Error::Api(s)) if s.is_not_found() => Ok(false),
         Err(e) => Err(Error::Kube(e)),
+    }
+}
+
+/// A cached object, if it exists and is ours; a Conflict if someone else's.
+pub fn owned_only<K>(
+    live: Option<K>,
+    kind: &'static str,
+    owner: Owner<'_>,
+) -> Result<Option<K>, Error>
+where
+    K: Resource,
+{
+    match live {
+        Some(live) if !is_owned_by(live.meta(), owner) => Err(Error::NotOwned {
+            kind,
+            name: live.meta().name.clone().unwrap_or_default(),
+            detail: owner_detail(live.meta()),
+        }),
+        other => Ok(other),
     }
 }
 

@@ -10,16 +10,21 @@
 //! 6. Events for every transition, status by server-side apply ([`status`]).
 
 pub mod apply;
+pub mod caches;
 pub mod cluster;
 pub mod conflict;
+pub mod csinodes;
 pub mod error;
 pub mod events;
 mod monitoring;
 pub mod nodes;
+pub mod owned;
+pub mod pace;
 pub mod pod_events;
 pub mod retry;
 mod status;
 mod supporting;
+pub mod sync;
 mod teardown;
 #[cfg(test)]
 mod tests;
@@ -34,19 +39,18 @@ use std::collections::BTreeSet;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::storage::v1::CSINode;
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action as Requeue, Controller};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tracing::{info, warn};
 
-use self::apply::{apply, delete_owned, get_owned, Mode, Owner};
+use self::apply::{apply, delete_owned, owned_only, Mode, Owner};
 use self::cluster::ClusterScoped;
 use self::error::Error;
 use self::events::{publish, Note};
@@ -55,7 +59,8 @@ use self::supporting::apply_supporting;
 use self::teardown::teardown;
 use crate::health::{self, Health, HealthInput};
 use crate::metrics::Metrics;
-use crate::render::labels::{self, INSTANCE, MANAGED_BY, MANAGED_BY_VALUE};
+use crate::pods::PodView;
+use crate::render::labels::{self, INSTANCE};
 use crate::render::{self, names, ControllerWorkload, RenderConfig, Rendered};
 use crate::report::{self, Problem};
 use crate::rollout::{self, Action, Desired, Observed, Plan};
@@ -78,14 +83,14 @@ pub struct Context {
     pub recorder: Recorder,
     pub metrics: Arc<Metrics>,
     pub render_cfg: RenderConfig,
-    /// Pods of every csiops-managed workload.
-    pub pods: Store<Pod>,
-    pub csinodes: Store<CSINode>,
-    /// What is known of each Node: readiness, cordon, taints.
-    pub nodes: nodes::NodeCache,
+    /// Pods, workloads, nodes, CSINodes, mount failures and the objects
+    /// applied, kept by watches (see [`caches`]).
+    pub caches: caches::Caches,
     pub deployments: Store<CSIDriverDeployment>,
     /// Consecutive failed writes per object, for backoff and reporting.
     pub failures: retry::Failures,
+    /// At most one reconcile per object a second.
+    pub pacer: pace::Pacer,
 }
 
 /// Options of [`run`].
@@ -106,31 +111,7 @@ pub async fn run(
     on_ready: impl FnOnce() + Send + 'static,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let managed = format!("{MANAGED_BY}={MANAGED_BY_VALUE}");
-    let (pods, pod_writer) = reflector::store();
-    let pod_stream = reflector::reflector(
-        pod_writer,
-        watcher(
-            Api::<Pod>::all(client.clone()),
-            watcher::Config::default().labels(&managed),
-        ),
-    )
-    .default_backoff()
-    .touched_objects();
-    let (csinodes, csinode_writer) = reflector::store();
-    let csinode_stream = reflector::reflector(
-        csinode_writer,
-        watcher(
-            Api::<CSINode>::all(client.clone()),
-            watcher::Config::default(),
-        ),
-    )
-    .default_backoff()
-    .touched_objects();
-
-    let node_cache = nodes::NodeCache::default();
-    let node_changes = node_cache.watch(client.clone());
-
+    let (caches, triggers) = caches::Caches::start(&client);
     let controller = Controller::new(
         Api::<CSIDriverDeployment>::all(client.clone()),
         watcher::Config::default(),
@@ -147,61 +128,73 @@ pub async fn run(
         ),
         metrics,
         render_cfg: cfg.render,
-        pods: pods.clone(),
-        csinodes: csinodes.clone(),
-        nodes: node_cache.clone(),
+        caches: caches.clone(),
         deployments: deployments.clone(),
         failures: retry::Failures::default(),
+        pacer: pace::Pacer::default(),
     });
 
-    // Signal readiness once our caches have their first full list. Each store
-    // gets exactly one waiter: kube's ready-signal wakes a single waiter only,
-    // and the controller's own store is already awaited by its runner (which
-    // starts reconciling only once that store is ready).
-    let (p, c) = (pods.clone(), csinodes.clone());
+    // Readiness once every cache has its first full list.
+    let gate = caches.synced.clone();
     tokio::spawn(async move {
-        let synced = futures::future::join(p.wait_until_ready(), c.wait_until_ready()).await;
-        if synced.0.is_ok() && synced.1.is_ok() {
-            info!("caches synced");
-            on_ready();
+        while !gate.ready() {
+            tokio::time::sleep(StdDuration::from_millis(100)).await;
         }
+        info!("caches synced");
+        on_ready();
     });
 
-    let csinode_targets = deployments.clone();
-    let node_targets = deployments.clone();
-    controller
-        .owns(
-            Api::<StatefulSet>::all(client.clone()),
-            watcher::Config::default().labels(&managed),
-        )
-        .owns(
-            Api::<DaemonSet>::all(client.clone()),
-            watcher::Config::default().labels(&managed),
-        )
-        .owns(
-            Api::<Deployment>::all(client.clone()),
-            watcher::Config::default().labels(&managed),
-        )
-        .watches_stream(pod_stream, pod_owner)
-        // A CSINode change can concern any driver (an entry removed names no
-        // driver any more), and there are few CSIDriverDeployments: wake them all.
-        .watches_stream(csinode_stream, move |_csinode: CSINode| {
-            csinode_targets
+    let all = |store: Store<CSIDriverDeployment>| {
+        move || {
+            store
                 .state()
                 .iter()
                 .map(|d| ObjectRef::from_obj(d.as_ref()))
                 .collect::<Vec<_>>()
-        })
+        }
+    };
+    let every = all(deployments.clone());
+    let by_driver = deployments.clone();
+    let pod_owners = caches.clone();
+    // Drivers whose CSINode entries came or went (all after a relist).
+    let csinode_refs = triggers
+        .csinodes
+        .filter_map(|r| futures::future::ready(r.ok()))
+        .flat_map(move |changed| {
+            let refs: Vec<_> = by_driver
+                .state()
+                .iter()
+                .filter(|d| match &changed {
+                    csinodes::Changed::All => true,
+                    csinodes::Changed::Drivers(names) => names.contains(&d.spec.driver_name),
+                })
+                .map(|d| ObjectRef::from_obj(d.as_ref()))
+                .collect();
+            futures::stream::iter(refs)
+        });
+    // A pod whose mount failure is new: its owner.
+    let failure_refs = triggers.mount_failures.filter_map(move |r| {
+        let owner = r
+            .ok()
+            .and_then(|(ns, name)| pod_owners.owner_of_pod(&ns, &name));
+        futures::future::ready(owner)
+    });
+    let supporting_refs = triggers
+        .supporting
+        .map(|(ns, name)| ObjectRef::new(&name).within(&ns));
+    let node_targets = every;
+    controller
+        .owns_stream(triggers.statefulsets)
+        .owns_stream(triggers.deployments)
+        .owns_stream(triggers.daemonsets)
+        .watches_stream(triggers.pods, pod_owner)
         // Only changes of what is kept of a node come through (readiness,
         // cordon, taints; see `nodes`), never heartbeats: a node lost or
         // back can concern any driver.
-        .watches_stream(node_changes, move |_node: Node| {
-            node_targets
-                .state()
-                .iter()
-                .map(|d| ObjectRef::from_obj(d.as_ref()))
-                .collect::<Vec<_>>()
-        })
+        .watches_stream(triggers.nodes, move |_node: Node| node_targets())
+        .reconcile_on(csinode_refs)
+        .reconcile_on(failure_refs)
+        .reconcile_on(supporting_refs)
         .with_config(kube::runtime::controller::Config::default().concurrency(cfg.concurrency))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
@@ -214,9 +207,9 @@ pub async fn run(
 }
 
 /// The CSIDriverDeployment a pod belongs to, from its instance label.
-fn pod_owner(pod: Pod) -> Option<ObjectRef<CSIDriverDeployment>> {
-    let name = pod.labels().get(INSTANCE)?.clone();
-    let ns = pod.namespace()?;
+fn pod_owner(pod: PodView) -> Option<ObjectRef<CSIDriverDeployment>> {
+    let name = pod.label(INSTANCE)?.to_string();
+    let ns = pod.metadata.namespace.clone()?;
     Some(ObjectRef::new(&name).within(&ns))
 }
 
@@ -240,6 +233,16 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
     };
     let api: Api<CSIDriverDeployment> = Api::namespaced(ctx.client.clone(), &ns);
 
+    // Nothing is judged on caches still filling (every node would look
+    // lost, every workload missing).
+    if !ctx.caches.synced.ready() {
+        return Ok(Requeue::requeue(StdDuration::from_millis(500)));
+    }
+    let key = format!("{ns}/{name}");
+    if let Some(wait) = ctx.pacer.hold(&key, std::time::Instant::now()) {
+        return Ok(Requeue::requeue(wait));
+    }
+
     // Plan from the API server's copy, not the watch cache: a reconcile woken
     // by our own DaemonSet apply can otherwise see the object as it was before
     // our last status write, and a rollout step would be decided twice. One
@@ -248,7 +251,10 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
         Some(fresh) if fresh.uid().as_deref() == Some(uid.as_str()) => Arc::new(fresh),
         // Gone, or deleted and recreated under the same name: the new object
         // gets its own reconcile from the watch.
-        _ => return Ok(Requeue::await_change()),
+        _ => {
+            ctx.pacer.forget(&key);
+            return Ok(Requeue::await_change());
+        }
     };
 
     if obj.metadata.deletion_timestamp.is_some() {
@@ -287,7 +293,6 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
         }
     };
 
-    let key = format!("{ns}/{name}");
     match drive(&obj, &ctx, &api, owner, &rendered).await {
         Ok(requeue) => {
             ctx.failures.clear(&key);
@@ -339,7 +344,14 @@ async fn drive(
     if !spec.paused {
         apply_supporting(obj, ctx, owner, rendered).await?;
         let spec_changed = status.map(|s| s.observed_generation) != obj.metadata.generation;
-        monitoring::apply_monitoring(&ctx.client, owner, rendered, spec_changed).await?;
+        monitoring::apply_monitoring(
+            &ctx.client,
+            owner,
+            rendered,
+            spec_changed,
+            &ctx.caches.owned,
+        )
+        .await?;
         if spec_changed {
             let cluster = ClusterScoped::new(&ctx.client, labels::cluster_owner_selector(obj));
             let pruned = cluster.prune(rendered).await?;
@@ -349,15 +361,22 @@ async fn drive(
         }
     }
 
-    let (_, ds_api) = workload_apis(ctx, owner.namespace);
-    let controller = LiveController::get(ctx, obj, owner).await?;
-    let ds = get_owned(&ds_api, "DaemonSet", &names::node_name(obj), owner).await?;
+    let controller = LiveController::cached(ctx, obj, owner)?;
+    let ds = owned_only(
+        caches::Caches::get(
+            &ctx.caches.daemonsets,
+            owner.namespace,
+            &names::node_name(obj),
+        ),
+        "DaemonSet",
+        owner,
+    )?;
     let pods = pods_of(ctx, owner);
-    let csinodes = ctx.csinodes.state();
+    let registered = ctx.caches.csinodes.registered(&spec.driver_name);
     let registration_required = spec.sidecars.registrar.enabled;
-    let mount_failures = pod_events::mount_failures(&ctx.client, owner.namespace, &pods, now).await;
+    let mount_failures = ctx.caches.mount_failures.for_stuck(&pods, now);
     let (statefulset, deployment) = controller.current(spec.controller.kind);
-    let node_infos = ctx.nodes.snapshot();
+    let node_infos = ctx.caches.nodes.snapshot();
     let health = health::assess(&HealthInput {
         driver_name: &spec.driver_name,
         kubelet_dir: &spec.node.kubelet_dir,
@@ -370,8 +389,9 @@ async fn drive(
         node_hash: &rendered.node_hash,
         pods: &pods,
         nodes: &node_infos,
-        csinodes: &csinodes,
+        registered: &registered,
         tainted_nodes: ctx
+            .caches
             .nodes
             .count_tainted(&csiops_crds::readiness_taint_key(&spec.driver_name)),
         mount_failures: &mount_failures,
@@ -445,14 +465,8 @@ fn workload_apis(ctx: &Context, ns: &str) -> (Api<StatefulSet>, Api<DaemonSet>) 
 }
 
 /// This object's pods from the shared cache.
-fn pods_of(ctx: &Context, owner: Owner<'_>) -> Vec<Pod> {
-    ctx.pods
-        .state()
-        .iter()
-        .filter(|p| p.namespace().as_deref() == Some(owner.namespace))
-        .filter(|p| p.labels().get(INSTANCE).map(String::as_str) == Some(owner.name))
-        .map(|p| (**p).clone())
-        .collect()
+fn pods_of(ctx: &Context, owner: Owner<'_>) -> Vec<PodView> {
+    ctx.caches.pods_of(owner.namespace, owner.name)
 }
 
 /// The live controller workloads of both kinds (normally at most one exists;
@@ -463,18 +477,21 @@ struct LiveController {
 }
 
 impl LiveController {
-    /// Both kinds, ownership-checked.
-    async fn get(
-        ctx: &Context,
-        obj: &CSIDriverDeployment,
-        owner: Owner<'_>,
-    ) -> Result<Self, Error> {
+    /// Both kinds from the caches, ownership-checked.
+    fn cached(ctx: &Context, obj: &CSIDriverDeployment, owner: Owner<'_>) -> Result<Self, Error> {
         let name = names::controller_name(obj);
-        let sts_api: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), owner.namespace);
-        let deploy_api: Api<Deployment> = Api::namespaced(ctx.client.clone(), owner.namespace);
+        let c = &ctx.caches;
         Ok(Self {
-            statefulset: get_owned(&sts_api, "StatefulSet", &name, owner).await?,
-            deployment: get_owned(&deploy_api, "Deployment", &name, owner).await?,
+            statefulset: owned_only(
+                caches::Caches::get(&c.statefulsets, owner.namespace, &name),
+                "StatefulSet",
+                owner,
+            )?,
+            deployment: owned_only(
+                caches::Caches::get(&c.deployments, owner.namespace, &name),
+                "Deployment",
+                owner,
+            )?,
         })
     }
 
@@ -525,11 +542,11 @@ async fn delete_controller(
     match kind {
         ControllerKind::StatefulSet => {
             let api: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), owner.namespace);
-            delete_owned(&api, "StatefulSet", &name, owner).await
+            delete_owned(&api, "StatefulSet", &name, owner, &ctx.caches.owned).await
         }
         ControllerKind::Deployment => {
             let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), owner.namespace);
-            delete_owned(&api, "Deployment", &name, owner).await
+            delete_owned(&api, "Deployment", &name, owner, &ctx.caches.owned).await
         }
     }
 }
@@ -540,7 +557,7 @@ fn observe(
     kind: ControllerKind,
     ds: Option<&DaemonSet>,
     health: &Health,
-    pods: &[Pod],
+    pods: &[PodView],
 ) -> Observed {
     let mut live = controller.obs(kind);
     if let (Some(obs), Some(sts)) = (live.as_mut(), controller.statefulset.as_ref()) {
@@ -640,10 +657,11 @@ async fn execute(
     node_budget: &IntOrString,
 ) -> Result<(), Error> {
     let (sts_api, ds_api) = workload_apis(ctx, owner.namespace);
+    let known = &ctx.caches.owned;
     match action {
         Action::ApplyNode => {
             let ds = render::node::with_max_unavailable(r.daemonset.clone(), node_budget);
-            apply(&ds_api, "DaemonSet", ds, owner, Mode::Always).await?;
+            apply(&ds_api, "DaemonSet", ds, owner, Mode::Always, known).await?;
         }
         Action::ApplyControllerSurge {
             replicas,
@@ -651,16 +669,32 @@ async fn execute(
         } => {
             if let ControllerWorkload::StatefulSet(sts) = &r.controller {
                 let sts = render::controller::with_surge(sts.clone(), replicas, partition);
-                apply(&sts_api, "StatefulSet", sts, owner, Mode::Always).await?;
+                apply(&sts_api, "StatefulSet", sts, owner, Mode::Always, known).await?;
             }
         }
         Action::ApplyController => match &r.controller {
             ControllerWorkload::StatefulSet(sts) => {
-                apply(&sts_api, "StatefulSet", sts.clone(), owner, Mode::Always).await?;
+                apply(
+                    &sts_api,
+                    "StatefulSet",
+                    sts.clone(),
+                    owner,
+                    Mode::Always,
+                    known,
+                )
+                .await?;
             }
             ControllerWorkload::Deployment(deploy) => {
                 let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), owner.namespace);
-                apply(&api, "Deployment", deploy.clone(), owner, Mode::Always).await?;
+                apply(
+                    &api,
+                    "Deployment",
+                    deploy.clone(),
+                    owner,
+                    Mode::Always,
+                    known,
+                )
+                .await?;
             }
         },
         Action::ScaleControllerToZero => {

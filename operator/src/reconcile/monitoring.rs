@@ -13,6 +13,7 @@ use tracing::{debug, info, warn};
 
 use super::apply::{apply, delete_owned, Applied, Mode, Owner};
 use super::error::Error;
+use super::owned::Owned;
 use crate::render::monitoring::pod_monitor_resource;
 use crate::render::Rendered;
 use csiops_runtime::chain;
@@ -43,15 +44,16 @@ async fn converge<K>(
     desired: Option<&K>,
     owner: Owner<'_>,
     look: bool,
+    known: &Owned,
 ) -> Result<(), Error>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
 {
     let changed = match desired {
         Some(obj) => {
-            apply(api, kind, obj.clone(), owner, Mode::IfChanged).await? == Applied::Created
+            apply(api, kind, obj.clone(), owner, Mode::IfChanged, known).await? == Applied::Created
         }
-        None if look => delete_owned(api, kind, name, owner).await?,
+        None if look => delete_owned(api, kind, name, owner, known).await?,
         None => false,
     };
     if changed {
@@ -74,6 +76,7 @@ pub(super) async fn apply_monitoring(
     owner: Owner<'_>,
     r: &Rendered,
     spec_changed: bool,
+    known: &Owned,
 ) -> Result<(), Error> {
     let name = crate::render::names::metrics_name_of(owner.name);
     let services: Api<Service> = Api::namespaced(client.clone(), owner.namespace);
@@ -84,6 +87,7 @@ pub(super) async fn apply_monitoring(
         r.metrics_service.as_ref(),
         owner,
         spec_changed,
+        known,
     )
     .await?;
     if r.pod_monitor.is_none() && !spec_changed {
@@ -104,20 +108,25 @@ pub(super) async fn apply_monitoring(
         r.pod_monitor.as_ref(),
         owner,
         true,
+        known,
     )
     .await
 }
 
 /// Teardown: deletes ours of both (the owner reference would let the
 /// garbage collector do it later; teardown leaves nothing behind itself).
-pub(super) async fn delete_monitoring(client: &Client, owner: Owner<'_>) -> Result<(), Error> {
+pub(super) async fn delete_monitoring(
+    client: &Client,
+    owner: Owner<'_>,
+    known: &Owned,
+) -> Result<(), Error> {
     let name = crate::render::names::metrics_name_of(owner.name);
     let services: Api<Service> = Api::namespaced(client.clone(), owner.namespace);
-    delete_owned(&services, "Service", &name, owner).await?;
+    delete_owned(&services, "Service", &name, owner, known).await?;
     if pod_monitors_served(client).await {
         let monitors: Api<DynamicObject> =
             Api::namespaced_with(client.clone(), owner.namespace, &pod_monitor_resource());
-        delete_owned(&monitors, "PodMonitor", &name, owner).await?;
+        delete_owned(&monitors, "PodMonitor", &name, owner, known).await?;
     }
     Ok(())
 }

@@ -18,6 +18,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, ResourceExt};
 
+use super::sync::SyncFlag;
 use crate::fleet::{NodeInfo, Readiness, TaintInfo};
 use csiops_crds::READINESS_TAINT_PREFIX;
 
@@ -124,6 +125,7 @@ impl NodeCache {
     pub fn watch(
         &self,
         client: Client,
+        synced: SyncFlag,
     ) -> impl Stream<Item = Result<Node, watcher::Error>> + Send + 'static {
         let this = self.clone();
         let mut relist: Option<BTreeMap<String, NodeInfo>> = None;
@@ -146,7 +148,9 @@ impl NodeCache {
                     }
                     Ok(Event::InitDone) => {
                         let fresh = relist.take().unwrap_or_default();
-                        this.replace(fresh).then(|| Ok(relist_trigger()))
+                        let changed = this.replace(fresh);
+                        synced.mark();
+                        changed.then(|| Ok(relist_trigger()))
                     }
                 };
                 futures::future::ready(out)

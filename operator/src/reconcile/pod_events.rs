@@ -1,58 +1,125 @@
 //! kubelet's own words about pods that do not start: a volume that will not
 //! mount is reported only as a `FailedMount` Event on the pod, never in its
-//! status, so the health report reads those Events for the pods that have
-//! been creating their containers for too long.
+//! status. One watch of those Events (field-selected by reason, so only
+//! failures travel) keeps the latest message per pod; the health report
+//! reads it for the pods that have been creating their containers for too
+//! long, with no request per pod, and a new failure wakes the pod's owner.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
 
 use chrono::{DateTime, Utc};
-use k8s_openapi::api::core::v1::{Event, Pod};
-use kube::api::{Api, ListParams};
-use kube::ResourceExt;
-use tracing::warn;
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::Event;
+use kube::runtime::watcher::{self, Event as WatchEvent};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client};
 
+use super::sync::SyncFlag;
 use crate::health;
-use csiops_runtime::chain;
+use crate::pods::PodView;
 
-/// kubelet's latest `FailedMount` message for each of `pods` stuck creating
-/// (see [`health::stuck_creating`]); one list call per such pod. A failed
-/// read leaves the pod out: health is reported again on the next reconcile.
-pub async fn mount_failures(
-    client: &kube::Client,
-    namespace: &str,
-    pods: &[Pod],
-    now: DateTime<Utc>,
-) -> BTreeMap<String, String> {
-    let api: Api<Event> = Api::namespaced(client.clone(), namespace);
-    let mut failures = BTreeMap::new();
-    for pod in pods.iter().filter(|p| health::stuck_creating(p, now)) {
-        let Some(uid) = pod.uid() else { continue };
-        let params =
-            ListParams::default().fields(&format!("involvedObject.uid={uid},reason=FailedMount"));
-        match api.list(&params).await {
-            Ok(list) => {
-                if let Some(msg) = latest_message(&list.items) {
-                    failures.insert(pod.name_any(), msg);
-                }
-            }
-            Err(e) => warn!(pod = %pod.name_any(), error = %chain(&e), "reading the pod's Events"),
-        }
-    }
-    failures
+/// A pod: `(namespace, name)`.
+pub type PodKey = (String, String);
+
+/// The latest `FailedMount` message per pod, with its time.
+#[derive(Clone, Debug, Default)]
+pub struct MountFailures(Arc<RwLock<HashMap<PodKey, (i64, String)>>>);
+
+/// When the Event last happened (seconds since the epoch).
+fn event_time(e: &Event) -> i64 {
+    e.last_timestamp
+        .as_ref()
+        .or(e.first_timestamp.as_ref())
+        .or(e.metadata.creation_timestamp.as_ref())
+        .map(|t| t.0.as_second())
+        .or_else(|| e.event_time.as_ref().map(|t| t.0.as_second()))
+        .unwrap_or(0)
 }
 
-/// The message of the most recent Event (last seen, else first, else created).
-fn latest_message(events: &[Event]) -> Option<String> {
-    events
-        .iter()
-        .max_by_key(|e| {
-            e.last_timestamp
-                .as_ref()
-                .or(e.first_timestamp.as_ref())
-                .or(e.metadata.creation_timestamp.as_ref())
-                .map(|t| t.0)
-        })
-        .and_then(|e| e.message.clone())
+fn pod_of(e: &Event) -> Option<PodKey> {
+    let o = &e.involved_object;
+    if o.kind.as_deref() != Some("Pod") {
+        return None;
+    }
+    Some((o.namespace.clone()?, o.name.clone()?))
+}
+
+impl MountFailures {
+    /// kubelet's latest `FailedMount` message for each of `pods` stuck
+    /// creating (see [`health::stuck_creating`]), by pod name.
+    pub fn for_stuck(&self, pods: &[PodView], now: DateTime<Utc>) -> BTreeMap<String, String> {
+        let Ok(map) = self.0.read() else {
+            return BTreeMap::new();
+        };
+        pods.iter()
+            .filter(|p| health::stuck_creating(p, now))
+            .filter_map(|p| {
+                let key = (p.metadata.namespace.clone()?, p.name().to_string());
+                map.get(&key)
+                    .map(|(_, m)| (p.name().to_string(), m.clone()))
+            })
+            .collect()
+    }
+
+    /// Records `e` if it is newer than what is known of its pod; the pod
+    /// when its message changed.
+    fn record(&self, e: &Event) -> Option<PodKey> {
+        let pod = pod_of(e)?;
+        let message = e.message.clone()?;
+        let at = event_time(e);
+        let mut map = self.0.write().ok()?;
+        match map.get(&pod) {
+            Some((t, m)) if *t > at || (*t == at && *m == message) => None,
+            _ => {
+                map.insert(pod.clone(), (at, message));
+                Some(pod)
+            }
+        }
+    }
+
+    /// Forgets the pod of an expired Event.
+    fn expire(&self, e: &Event) {
+        if let (Some(pod), Ok(mut map)) = (pod_of(e), self.0.write()) {
+            if map.get(&pod).is_some_and(|(t, _)| *t <= event_time(e)) {
+                map.remove(&pod);
+            }
+        }
+    }
+
+    /// Watches the cluster's `FailedMount` Events; yields each pod whose
+    /// latest failure changed.
+    pub fn watch(
+        &self,
+        client: Client,
+        synced: SyncFlag,
+    ) -> impl Stream<Item = Result<PodKey, watcher::Error>> + Send + 'static {
+        let this = self.clone();
+        let config =
+            watcher::Config::default().fields("reason=FailedMount,involvedObject.kind=Pod");
+        watcher::watcher(Api::<Event>::all(client), config)
+            .default_backoff()
+            .filter_map(move |event| {
+                let out = match event {
+                    Err(e) => Some(Err(e)),
+                    Ok(WatchEvent::Apply(e)) => this.record(&e).map(Ok),
+                    Ok(WatchEvent::InitApply(e)) => {
+                        this.record(&e);
+                        None
+                    }
+                    Ok(WatchEvent::Delete(e)) => {
+                        this.expire(&e);
+                        None
+                    }
+                    Ok(WatchEvent::Init) => None,
+                    Ok(WatchEvent::InitDone) => {
+                        synced.mark();
+                        None
+                    }
+                };
+                futures::future::ready(out)
+            })
+    }
 }
 
 #[cfg(test)]
@@ -60,20 +127,62 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn ev(pod: &str, t: &str, m: &str) -> Event {
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("{pod}.{m}")},
+            "involvedObject": {"kind": "Pod", "namespace": "ns", "name": pod},
+            "reason": "FailedMount", "lastTimestamp": t, "message": m
+        }))
+        .expect("event fixture")
+    }
+
+    fn stuck(name: &str) -> PodView {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ns"},
+            "status": {"phase": "Pending",
+              "conditions": [{"type": "PodScheduled", "status": "True",
+                              "lastTransitionTime": "2026-11-21T09:00:00Z"}],
+              "containerStatuses": [{"name": "driver",
+                  "state": {"waiting": {"reason": "ContainerCreating"}}}]}
+        }))
+        .expect("pod fixture")
+    }
+
     #[test]
-    fn the_latest_event_wins() {
-        let ev = |t: &str, m: &str| -> Event {
-            serde_json::from_value(json!({
-                "metadata": {"name": m}, "involvedObject": {},
-                "lastTimestamp": t, "message": m
-            }))
-            .expect("event fixture")
-        };
-        let events = [
-            ev("2026-11-21T10:00:05Z", "newer"),
-            ev("2026-11-21T10:00:00Z", "older"),
-        ];
-        assert_eq!(latest_message(&events).as_deref(), Some("newer"));
-        assert_eq!(latest_message(&[]), None);
+    fn the_latest_failure_per_pod_is_kept_and_read_for_stuck_pods_only() {
+        let failures = MountFailures::default();
+        let a = ("ns".to_string(), "a".to_string());
+        assert_eq!(
+            failures.record(&ev("a", "2026-11-21T10:00:00Z", "older")),
+            Some(a.clone())
+        );
+        assert_eq!(
+            failures.record(&ev("a", "2026-11-21T10:00:05Z", "newer")),
+            Some(a.clone())
+        );
+        // An older Event arriving late changes nothing; nor does a repeat.
+        assert_eq!(
+            failures.record(&ev("a", "2026-11-21T10:00:01Z", "older")),
+            None
+        );
+        assert_eq!(
+            failures.record(&ev("a", "2026-11-21T10:00:05Z", "newer")),
+            None
+        );
+        failures.record(&ev("b", "2026-11-21T10:00:00Z", "b fails"));
+
+        let now = DateTime::parse_from_rfc3339("2026-11-21T10:01:00Z")
+            .map(|t| t.with_timezone(&Utc))
+            .expect("time");
+        let mut running = stuck("b");
+        running.phase = Some("Running".into());
+        let got = failures.for_stuck(&[stuck("a"), running], now);
+        assert_eq!(
+            got,
+            BTreeMap::from([("a".to_string(), "newer".to_string())])
+        );
+
+        failures.expire(&ev("a", "2026-11-21T10:00:05Z", "newer"));
+        assert!(failures.for_stuck(&[stuck("a")], now).is_empty());
     }
 }

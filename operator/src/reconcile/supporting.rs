@@ -32,6 +32,7 @@ pub(super) async fn apply_supporting(
         r.controller_service_account.clone(),
         owner,
         Mode::IfChanged,
+        &ctx.caches.owned,
     )
     .await?;
     apply(
@@ -40,19 +41,44 @@ pub(super) async fn apply_supporting(
         r.node_service_account.clone(),
         owner,
         Mode::IfChanged,
+        &ctx.caches.owned,
     )
     .await?;
     if let Some(role) = &r.leader_election_role {
         let api: Api<Role> = Api::namespaced(c.clone(), owner.namespace);
-        apply(&api, "Role", role.clone(), owner, Mode::IfChanged).await?;
+        apply(
+            &api,
+            "Role",
+            role.clone(),
+            owner,
+            Mode::IfChanged,
+            &ctx.caches.owned,
+        )
+        .await?;
     }
     if let Some(binding) = &r.leader_election_role_binding {
         let api: Api<RoleBinding> = Api::namespaced(c.clone(), owner.namespace);
-        apply(&api, "RoleBinding", binding.clone(), owner, Mode::IfChanged).await?;
+        apply(
+            &api,
+            "RoleBinding",
+            binding.clone(),
+            owner,
+            Mode::IfChanged,
+            &ctx.caches.owned,
+        )
+        .await?;
     }
     let roles: Api<ClusterRole> = Api::all(c.clone());
     for role in &r.cluster_roles {
-        apply(&roles, "ClusterRole", role.clone(), owner, Mode::IfChanged).await?;
+        apply(
+            &roles,
+            "ClusterRole",
+            role.clone(),
+            owner,
+            Mode::IfChanged,
+            &ctx.caches.owned,
+        )
+        .await?;
     }
     let bindings: Api<ClusterRoleBinding> = Api::all(c.clone());
     for binding in &r.cluster_role_bindings {
@@ -62,6 +88,7 @@ pub(super) async fn apply_supporting(
             binding.clone(),
             owner,
             Mode::IfChanged,
+            &ctx.caches.owned,
         )
         .await?;
     }
@@ -75,18 +102,20 @@ pub(super) async fn apply_supporting(
         r.csi_driver.clone(),
         owner,
         Mode::IfChanged,
+        &ctx.caches.owned,
     )
     .await
     {
         Err(Error::Rejected { message, .. }) => {
             let name = r.csi_driver.name_any();
-            delete_owned(&drivers, "CSIDriver", &name, owner).await?;
+            delete_owned(&drivers, "CSIDriver", &name, owner, &ctx.caches.owned).await?;
             apply(
                 &drivers,
                 "CSIDriver",
                 r.csi_driver.clone(),
                 owner,
                 Mode::IfChanged,
+                &ctx.caches.owned,
             )
             .await?;
             let note =
@@ -114,6 +143,7 @@ pub(super) async fn apply_supporting(
             class.clone(),
             owner,
             Mode::RecreateIfChanged,
+            &ctx.caches.owned,
         )
         .await?
         {

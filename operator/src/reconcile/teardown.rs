@@ -67,8 +67,8 @@ pub(super) async fn teardown(
         daemonset: ds.as_ref(),
         node_hash: "",
         pods: &pods,
-        nodes: &ctx.nodes.snapshot(),
-        csinodes: &[],
+        nodes: &ctx.caches.nodes.snapshot(),
+        registered: &Default::default(),
         tainted_nodes: 0,
         mount_failures: &Default::default(),
         now,
@@ -91,10 +91,17 @@ pub(super) async fn teardown(
                 delete_controller(ctx, obj, owner, other_kind(kind)).await?;
             }
             TeardownAction::DeleteNode => {
-                delete_owned(&ds_api, "DaemonSet", &names::node_name(obj), owner).await?;
+                delete_owned(
+                    &ds_api,
+                    "DaemonSet",
+                    &names::node_name(obj),
+                    owner,
+                    &ctx.caches.owned,
+                )
+                .await?;
             }
             TeardownAction::CleanupClusterScoped => {
-                super::monitoring::delete_monitoring(&ctx.client, owner).await?;
+                super::monitoring::delete_monitoring(&ctx.client, owner, &ctx.caches.owned).await?;
                 cluster.delete_all().await?;
             }
             TeardownAction::RemoveFinalizer => {

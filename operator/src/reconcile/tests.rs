@@ -60,11 +60,10 @@ impl Fixture {
                 sidecar_image: "example.com/sidecar:v1".into(),
                 operator_version: "0.1.0".into(),
             },
-            pods: reflector::store().0,
-            csinodes: reflector::store().0,
-            nodes: Default::default(),
+            caches: caches::Caches::empty(),
             deployments,
             failures: retry::Failures::default(),
+            pacer: pace::Pacer::new(std::time::Duration::ZERO),
         });
         Fixture { ctx, log, objects }
     }
