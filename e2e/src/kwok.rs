@@ -122,6 +122,49 @@ pub fn node(name: &str, tainted: bool) -> Node {
     }
 }
 
+/// The holder the tests write into a simulated node's Lease to lose it.
+pub const LOST_HOLDER: &str = "csiops-e2e-lost-node";
+
+/// Makes the simulated node `name` lost, as a node whose kubelet stopped
+/// reporting: its Lease in `kube-node-lease` is taken by another holder for
+/// a day, so kwok (which manages only nodes whose Lease it holds) stops
+/// renewing it and stops reporting its status and playing its pods. After
+/// kube-controller-manager's node grace period (50 s) the node is
+/// `Ready=Unknown` with the `unreachable` taints, and its pods are NotReady.
+pub async fn lose_node(client: &kube::Client, name: &str) -> Result<()> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::api::{Api, Patch, PatchParams};
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+        k8s_openapi::jiff::Timestamp::now(),
+    );
+    let patch = serde_json::json!({"spec": {
+        "holderIdentity": LOST_HOLDER,
+        "leaseDurationSeconds": 86_400,
+        "renewTime": now,
+    }});
+    leases
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(|e| crate::error::Error::Other(format!("taking the Lease of node {name}: {e}")))?;
+    Ok(())
+}
+
+/// Gives a node lost by [`lose_node`] back to kwok: its Lease is deleted,
+/// kwok creates and renews a new one, and the node turns Ready again.
+pub async fn return_node(client: &kube::Client, name: &str) -> Result<()> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::api::{Api, DeleteParams};
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
+    match leases.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+        Err(e) => Err(crate::error::Error::Other(format!(
+            "deleting the Lease of node {name}: {e}"
+        ))),
+    }
+}
+
 /// Whether the Node's Ready condition is True.
 pub fn node_ready(node: &Node) -> bool {
     node.status

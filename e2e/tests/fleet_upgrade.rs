@@ -1,0 +1,356 @@
+//! An upgrade on a 201-node cluster (200 kwok nodes and the real node)
+//! that loses 10% of its nodes in the middle of the node roll.
+//!
+//! The operator runs from `manifests/install.yaml`; csi-test-driver runs
+//! for real on the real node (its controller StatefulSet and its node pod)
+//! and is played by kwok on the simulated nodes, whose CSINodes the test
+//! writes as their kubelets would. The CR is edited to a new version; once
+//! the node roll is under way, 20 simulated nodes stop reporting (their
+//! Leases are taken, see `kwok::lose_node`). Proved:
+//!
+//! - the upgrade completes: lost nodes hold nothing back;
+//! - sampled every second, the controller StatefulSet never has 0 Ready
+//!   replicas (the default `NonDisruptive` strategy);
+//! - a claim created during the node roll is Bound (the old controller
+//!   provisions meanwhile);
+//! - the lost nodes are named in status (and `kubectl get csidd -o wide`),
+//!   and turn the object Degraded (`NodesLost`) after `stepTimeoutSeconds`;
+//! - no count exceeds what it counts;
+//! - when the nodes come back, they get the new node pod, and the object is
+//!   Running again.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use csiops_e2e::realnode::images;
+use csiops_e2e::walkthrough::{self, App, Use, VolumeDriver, DRIVER, NAME, NS};
+use csiops_e2e::{kwok, testkit, wait_for, Cluster, ClusterOptions};
+use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::CSINode;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::ResourceExt;
+use serde_json::{json, Value};
+
+const SIMULATED: usize = 200;
+const LOST: usize = SIMULATED / 10;
+const STEP_TIMEOUT: u64 = 90;
+const DEADLINE: Duration = Duration::from_secs(600);
+
+/// What the sampler saw of the controller, once a second.
+#[derive(Default)]
+struct Samples {
+    ready: Vec<(Duration, i32)>,
+}
+
+/// The object as the API server has it.
+async fn csidd(cluster: &Cluster) -> Value {
+    let out = cluster
+        .kubectl_ok(["-n", NS, "get", "csidd", NAME, "-o", "json"])
+        .await
+        .expect("kubectl get csidd");
+    serde_json::from_str(&out).expect("JSON")
+}
+
+fn status_str<'a>(obj: &'a Value, path: &[&str]) -> Option<&'a str> {
+    let mut v = &obj["status"];
+    for p in path {
+        v = &v[*p];
+    }
+    v.as_str()
+}
+
+/// The CSINode each simulated node's kubelet would write once our
+/// registrar registered there (kwok runs no kubelet).
+fn simulated_csinode(node: &str) -> CSINode {
+    serde_json::from_value(json!({
+        "apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
+        "metadata": {"name": node},
+        "spec": {"drivers": [{"name": DRIVER, "nodeID": node}]},
+    }))
+    .expect("a CSINode")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_losing_a_tenth_of_its_nodes_completes_and_storage_keeps_serving() {
+    let cluster = Cluster::start(ClusterOptions {
+        nodes: SIMULATED,
+        real_node: true,
+        ..Default::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("cluster with 200 kwok nodes and a real node starts: {e}"));
+    let client = cluster.client().expect("client");
+    let node = cluster.real_node().expect("a real node");
+    let image = node
+        .images()
+        .reference(images::TEST_DRIVER)
+        .expect("driver image")
+        .to_string();
+    let kubelet_dir = node.layout().kubelet_dir();
+    let data_dir = node.layout().root.join("fleet-data");
+
+    walkthrough::install_operator(&cluster)
+        .await
+        .expect("operator installs");
+
+    // The simulated kubelets' CSINodes.
+    let csinodes: Api<CSINode> = Api::all(client.clone());
+    for name in cluster.node_names() {
+        csinodes
+            .create(&PostParams::default(), &simulated_csinode(name))
+            .await
+            .unwrap_or_else(|e| panic!("CSINode {name}: {e}"));
+    }
+
+    // --- v1 on 201 nodes -----------------------------------------------------
+    // One node pod at a time: the roll of 201 nodes lasts minutes, long
+    // enough to lose nodes in the middle of it.
+    let node_fields = "\n    maxUnavailable: 1".to_string();
+    let driver = |version: &'static str| VolumeDriver {
+        image: &image,
+        version,
+        kubelet_dir: &kubelet_dir,
+        data_dir: &data_dir,
+        on_simulated_nodes: true,
+        controller_args: &[],
+        node_args: &[],
+        node_fields: &node_fields,
+    };
+    testkit::apply_ok(&cluster, "fleet-v1", &driver("v1").yaml()).await;
+    let all = SIMULATED + 1;
+    let row = testkit::wait_running(&cluster, NS, NAME, "v1", all, DEADLINE)
+        .await
+        .unwrap_or_else(|e| panic!("v1 Running on {all} nodes: {e}\n{}", testkit::operator_log(&cluster)));
+    assert_eq!(row["NODES"], format!("{all}/{all}"));
+    assert_eq!(row["REGISTERED"], format!("{all}/{all}"));
+    // A short step deadline, so lost nodes turn the object Degraded within
+    // the test (no change of the workloads: no rollout).
+    let csidds: Api<csiops_crds::CSIDriverDeployment> = Api::namespaced(client.clone(), NS);
+    csidds
+        .patch(
+            NAME,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"rollout": {"stepTimeoutSeconds": STEP_TIMEOUT}}})),
+        )
+        .await
+        .expect("step deadline set");
+
+    // --- the controller sampled once a second --------------------------------
+    let samples = Arc::new(Mutex::new(Samples::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (samples, stop) = (samples.clone(), stop.clone());
+        let sts: Api<StatefulSet> = Api::namespaced(client.clone(), NS);
+        let start = Instant::now();
+        tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                if let Ok(s) = sts.get(&format!("{NAME}-controller")).await {
+                    let ready = s.status.and_then(|st| st.ready_replicas).unwrap_or(0);
+                    if let Ok(mut samples) = samples.lock() {
+                        samples.ready.push((start.elapsed(), ready));
+                    }
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        })
+    };
+
+    // --- the upgrade, and nodes lost during its node roll -----------------------
+    let edited = Instant::now();
+    testkit::apply_ok(&cluster, "fleet-v2", &driver("v2").yaml()).await;
+    let ds_api: Api<DaemonSet> = Api::namespaced(client.clone(), NS);
+    wait_for(Duration::from_secs(120), Duration::from_millis(500), || async {
+        let obj = csidd(&cluster).await;
+        let rolling = status_str(&obj, &["rollout", "step"]) == Some("NodeRoll");
+        let ds = ds_api.get(&format!("{NAME}-node")).await.ok()?;
+        let updated = ds.status.and_then(|s| s.updated_number_scheduled).unwrap_or(0);
+        (rolling && updated >= 3).then_some(())
+    })
+    .await
+    .expect("the node roll is under way");
+    let lost: BTreeSet<String> = (SIMULATED - LOST..SIMULATED).map(kwok::node_name).collect();
+    for name in &lost {
+        kwok::lose_node(&client, name).await.expect("node lost");
+    }
+
+    // A claim made while the nodes roll, used on the real node.
+    let obj = csidd(&cluster).await;
+    assert_eq!(
+        status_str(&obj, &["rollout", "step"]),
+        Some("NodeRoll"),
+        "the claim is made during the node roll"
+    );
+    let app = App {
+        name: "during-roll",
+        image: &image,
+        text: "written during the node roll",
+        access_mode: "ReadWriteOnce",
+        usage: Use::Filesystem,
+        fs_group: None,
+    };
+    testkit::apply_ok(&cluster, "during-roll", &app.yaml()).await;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NS);
+    wait_for(Duration::from_secs(180), Duration::from_millis(500), || async {
+        let c = claims.get("during-roll").await.ok()?;
+        (c.status?.phase.as_deref() == Some("Bound")).then_some(())
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the claim made during the node roll is never Bound\n{}", testkit::operator_log(&cluster)));
+
+    // The upgrade completes with the lost nodes still lost.
+    wait_for(DEADLINE, Duration::from_secs(1), || async {
+        let obj = csidd(&cluster).await;
+        let done = status_str(&obj, &["currentVersion"]) == Some("v2")
+            && obj["status"]["rollout"].is_null();
+        done.then_some(())
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "the upgrade never completed: {}\n{}",
+            csidd_brief(&cluster),
+            testkit::operator_log(&cluster)
+        )
+    });
+    let upgrade_took = edited.elapsed();
+
+    // The lost nodes are named, counted once, and make the object Degraded
+    // once lost for longer than the step deadline.
+    let obj = wait_for(Duration::from_secs(240), Duration::from_secs(1), || async {
+        let obj = csidd(&cluster).await;
+        let lost_count = obj["status"]["node"]["lost"].as_i64().unwrap_or(0);
+        let degraded = status_str(&obj, &["phase"]) == Some("Degraded");
+        (lost_count == LOST as i64 && degraded).then_some(obj)
+    })
+    .await
+    .unwrap_or_else(|_| panic!("lost nodes never reported: {}", csidd_brief(&cluster)));
+    let named: BTreeSet<String> = obj["status"]["lostNodes"]
+        .as_array()
+        .expect("lostNodes")
+        .iter()
+        .filter_map(|n| n["name"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(named, lost, "status names exactly the lost nodes");
+    let degraded = obj["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Degraded"))
+        .cloned()
+        .expect("Degraded condition");
+    assert_eq!(degraded["reason"], "NodesLost", "{degraded}");
+    let counts = &obj["status"]["node"];
+    let desired = counts["desired"].as_i64().expect("desired");
+    assert_eq!(desired, all as i64, "{counts}");
+    for field in ["ready", "updated", "available"] {
+        let n = counts[field].as_i64().unwrap_or(0);
+        assert_eq!(n, (all - LOST) as i64, "{field} counts the healthy nodes only: {counts}");
+    }
+    assert_eq!(
+        status_str(&obj, &["summary", "registered"]),
+        Some(format!("{}/{all}", all - LOST).as_str()),
+        "registered never exceeds desired"
+    );
+    let available = obj["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Available"))
+        .cloned()
+        .expect("Available condition");
+    assert_eq!(available["status"], "True", "the driver serves: {available}");
+    let wide = cluster
+        .kubectl_ok(["-n", NS, "get", "csidd", NAME, "-o", "wide"])
+        .await
+        .expect("kubectl get -o wide");
+    assert!(wide.contains(&format!("{LOST} node(s) lost")), "{wide}");
+
+    stop.store(true, Ordering::SeqCst);
+    sampler.await.expect("sampler");
+    let samples = std::mem::take(&mut *samples.lock().expect("samples"));
+    let never_down = samples.ready.iter().all(|(_, r)| *r >= 1);
+    assert!(
+        samples.ready.len() as u64 >= upgrade_took.as_secs() / 2,
+        "the sampler ran: {} samples over {upgrade_took:?}",
+        samples.ready.len()
+    );
+    assert!(
+        never_down,
+        "the controller had no Ready replica at {:?}",
+        samples
+            .ready
+            .iter()
+            .filter(|(_, r)| *r < 1)
+            .map(|(t, _)| t)
+            .collect::<Vec<_>>()
+    );
+
+    // --- the nodes come back and get the new node pod -------------------------
+    for name in &lost {
+        kwok::return_node(&client, name).await.expect("node back");
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    wait_for(Duration::from_secs(240), Duration::from_secs(1), || async {
+        let obj = csidd(&cluster).await;
+        let running = status_str(&obj, &["phase"]) == Some("Running")
+            && obj["status"]["node"]["lost"].as_i64().unwrap_or(0) == 0;
+        if !running {
+            return None;
+        }
+        let ds = ds_api.get(&format!("{NAME}-node")).await.ok()?;
+        let generation = ds
+            .annotations()
+            .get("deprecated.daemonset.template.generation")?
+            .clone();
+        let list = pods
+            .list(&ListParams::default().labels(&testkit::node_pod_selector(NAME)))
+            .await
+            .ok()?;
+        let current_on_returned = list
+            .items
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter(|p| {
+                p.spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.as_ref())
+                    .is_some_and(|n| lost.contains(n))
+            })
+            .filter(|p| p.labels().get("pod-template-generation") == Some(&generation))
+            .count();
+        (current_on_returned == LOST).then_some(())
+    })
+    .await
+    .unwrap_or_else(|_| panic!("returned nodes never got the new pod: {}", csidd_brief(&cluster)));
+
+    // --- clean up --------------------------------------------------------------
+    cluster
+        .kubectl_ok(["-n", NS, "delete", "pod", "during-roll", "--wait=true"])
+        .await
+        .expect("pod deleted");
+    cluster
+        .kubectl_ok(["-n", NS, "delete", "pvc", "during-roll", "--wait=true"])
+        .await
+        .expect("claim deleted");
+    cluster
+        .kubectl_ok(["-n", NS, "delete", "csidd", NAME, "--wait=true", "--timeout=300s"])
+        .await
+        .expect("driver torn down");
+    let left = cluster.stop_and_report().await.expect("cluster stops");
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}
+
+/// Phase, message and counts, for failure messages.
+fn csidd_brief(cluster: &Cluster) -> String {
+    testkit::kubectl_text(
+        cluster,
+        &[
+            "-n",
+            NS,
+            "get",
+            "csidd",
+            NAME,
+            "-o",
+            "jsonpath={.status.phase} {.status.message} {.status.node} {.status.rollout}",
+        ],
+    )
+}
