@@ -123,7 +123,12 @@ async fn an_upgrade_losing_a_tenth_of_its_nodes_completes_and_storage_keeps_serv
     let all = SIMULATED + 1;
     let row = testkit::wait_running(&cluster, NS, NAME, "v1", all, DEADLINE)
         .await
-        .unwrap_or_else(|e| panic!("v1 Running on {all} nodes: {e}\n{}", testkit::operator_log(&cluster)));
+        .unwrap_or_else(|e| {
+            panic!(
+                "v1 Running on {all} nodes: {e}\n{}",
+                testkit::operator_log(&cluster)
+            )
+        });
     assert_eq!(row["NODES"], format!("{all}/{all}"));
     assert_eq!(row["REGISTERED"], format!("{all}/{all}"));
     // A short step deadline, so lost nodes turn the object Degraded within
@@ -162,13 +167,20 @@ async fn an_upgrade_losing_a_tenth_of_its_nodes_completes_and_storage_keeps_serv
     let edited = Instant::now();
     testkit::apply_ok(&cluster, "fleet-v2", &driver("v2").yaml()).await;
     let ds_api: Api<DaemonSet> = Api::namespaced(client.clone(), NS);
-    wait_for(Duration::from_secs(120), Duration::from_millis(500), || async {
-        let obj = csidd(&cluster).await;
-        let rolling = status_str(&obj, &["rollout", "step"]) == Some("NodeRoll");
-        let ds = ds_api.get(&format!("{NAME}-node")).await.ok()?;
-        let updated = ds.status.and_then(|s| s.updated_number_scheduled).unwrap_or(0);
-        (rolling && updated >= 3).then_some(())
-    })
+    wait_for(
+        Duration::from_secs(120),
+        Duration::from_millis(500),
+        || async {
+            let obj = csidd(&cluster).await;
+            let rolling = status_str(&obj, &["rollout", "step"]) == Some("NodeRoll");
+            let ds = ds_api.get(&format!("{NAME}-node")).await.ok()?;
+            let updated = ds
+                .status
+                .and_then(|s| s.updated_number_scheduled)
+                .unwrap_or(0);
+            (rolling && updated >= 3).then_some(())
+        },
+    )
     .await
     .expect("the node roll is under way");
     let lost: BTreeSet<String> = (SIMULATED - LOST..SIMULATED).map(kwok::node_name).collect();
@@ -193,12 +205,21 @@ async fn an_upgrade_losing_a_tenth_of_its_nodes_completes_and_storage_keeps_serv
     };
     testkit::apply_ok(&cluster, "during-roll", &app.yaml()).await;
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NS);
-    wait_for(Duration::from_secs(180), Duration::from_millis(500), || async {
-        let c = claims.get("during-roll").await.ok()?;
-        (c.status?.phase.as_deref() == Some("Bound")).then_some(())
-    })
+    wait_for(
+        Duration::from_secs(180),
+        Duration::from_millis(500),
+        || async {
+            let c = claims.get("during-roll").await.ok()?;
+            (c.status?.phase.as_deref() == Some("Bound")).then_some(())
+        },
+    )
     .await
-    .unwrap_or_else(|_| panic!("the claim made during the node roll is never Bound\n{}", testkit::operator_log(&cluster)));
+    .unwrap_or_else(|_| {
+        panic!(
+            "the claim made during the node roll is never Bound\n{}",
+            testkit::operator_log(&cluster)
+        )
+    });
 
     // The upgrade completes with the lost nodes still lost.
     wait_for(DEADLINE, Duration::from_secs(1), || async {
@@ -245,7 +266,11 @@ async fn an_upgrade_losing_a_tenth_of_its_nodes_completes_and_storage_keeps_serv
     assert_eq!(desired, all as i64, "{counts}");
     for field in ["ready", "updated", "available"] {
         let n = counts[field].as_i64().unwrap_or(0);
-        assert_eq!(n, (all - LOST) as i64, "{field} counts the healthy nodes only: {counts}");
+        assert_eq!(
+            n,
+            (all - LOST) as i64,
+            "{field} counts the healthy nodes only: {counts}"
+        );
     }
     assert_eq!(
         status_str(&obj, &["summary", "registered"]),
@@ -257,7 +282,10 @@ async fn an_upgrade_losing_a_tenth_of_its_nodes_completes_and_storage_keeps_serv
         .and_then(|cs| cs.iter().find(|c| c["type"] == "Available"))
         .cloned()
         .expect("Available condition");
-    assert_eq!(available["status"], "True", "the driver serves: {available}");
+    assert_eq!(
+        available["status"], "True",
+        "the driver serves: {available}"
+    );
     let wide = cluster
         .kubectl_ok(["-n", NS, "get", "csidd", NAME, "-o", "wide"])
         .await
@@ -320,7 +348,12 @@ async fn an_upgrade_losing_a_tenth_of_its_nodes_completes_and_storage_keeps_serv
         (current_on_returned == LOST).then_some(())
     })
     .await
-    .unwrap_or_else(|_| panic!("returned nodes never got the new pod: {}", csidd_brief(&cluster)));
+    .unwrap_or_else(|_| {
+        panic!(
+            "returned nodes never got the new pod: {}",
+            csidd_brief(&cluster)
+        )
+    });
 
     // --- clean up --------------------------------------------------------------
     cluster
@@ -332,7 +365,15 @@ async fn an_upgrade_losing_a_tenth_of_its_nodes_completes_and_storage_keeps_serv
         .await
         .expect("claim deleted");
     cluster
-        .kubectl_ok(["-n", NS, "delete", "csidd", NAME, "--wait=true", "--timeout=300s"])
+        .kubectl_ok([
+            "-n",
+            NS,
+            "delete",
+            "csidd",
+            NAME,
+            "--wait=true",
+            "--timeout=300s",
+        ])
         .await
         .expect("driver torn down");
     let left = cluster.stop_and_report().await.expect("cluster stops");

@@ -320,13 +320,28 @@ async fn install_yaml_and_a_driver_run_for_real() {
     let dump = Timeline::render(&entries);
     let sts = |e: &csiops_e2e::timeline::Entry| e.kind == "StatefulSet";
     let ds = |e: &csiops_e2e::timeline::Entry| e.kind == "DaemonSet";
-    let down = Timeline::first(&entries, |e| sts(e) && e.desired == 0)
-        .unwrap_or_else(|| panic!("controller never scaled down:\n{dump}"));
+    // Nodes first, under the serving controller; then the controller with
+    // a surge replica: it never stops serving.
     let rolled = Timeline::first(&entries, |e| ds(e) && e.generation > 1)
         .unwrap_or_else(|| panic!("DaemonSet never rolled:\n{dump}"));
+    let surged = Timeline::first(&entries, |e| sts(e) && e.desired == 2)
+        .unwrap_or_else(|| panic!("controller never got its surge replica:\n{dump}"));
     assert!(
-        down < rolled,
-        "controller must go down before the node side rolls:\n{dump}"
+        rolled < surged,
+        "the node side rolls before the controller:\n{dump}"
+    );
+    // From the serving controller before the node roll on (the timeline
+    // began before the install, when it had no Ready replica yet).
+    let serving = entries[..rolled]
+        .iter()
+        .rposition(|e| sts(e) && e.ready >= 1)
+        .unwrap_or_else(|| panic!("no Ready controller before the upgrade:\n{dump}"));
+    assert!(
+        entries[serving..]
+            .iter()
+            .filter(|e| sts(e))
+            .all(|e| e.desired >= 1 && e.ready >= 1),
+        "the controller stopped serving during the upgrade:\n{dump}"
     );
     let kubelet_log =
         std::fs::read_to_string(cluster.log_dir().join("kubelet.log")).expect("kubelet log");

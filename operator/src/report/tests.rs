@@ -202,3 +202,132 @@ fn tainted_nodes_are_counted_in_status_and_absent_when_none() {
     let json = serde_json::to_value(build(&i)).expect("serializes");
     assert!(json.get("taintedNodes").is_none(), "{json}");
 }
+
+#[test]
+fn no_ready_controller_replica_is_never_available() {
+    // The "controller 0/0 ready": a StatefulSet scaled to zero
+    // reads as desired 1 (what the object asks for), ready 0.
+    let mut h = healthy();
+    h.controller = ControllerCounts {
+        desired: 1,
+        ready: 0,
+        updated: 0,
+    };
+    let previous = build(&ReportInput {
+        completed: true,
+        ..input(&healthy(), None)
+    });
+    let s = build(&input(&h, Some(&previous)));
+    let available = cond(&s, AVAILABLE);
+    assert_eq!(
+        (available.status.as_str(), available.reason.as_str()),
+        ("False", "ControllerNotReady")
+    );
+    assert!(
+        available.message.contains("controller 0/1 ready"),
+        "{}",
+        available.message
+    );
+    // Paused, it says so rather than blaming the controller.
+    let mut i = input(&h, Some(&previous));
+    i.paused = true;
+    assert_eq!(cond(&build(&i), AVAILABLE).reason, "Paused");
+    // An object that asks for no controller replica needs none.
+    h.controller.desired = 0;
+    assert_eq!(
+        cond(&build(&input(&h, Some(&previous))), AVAILABLE).status,
+        "True"
+    );
+}
+
+#[test]
+fn nodes_down_within_the_roll_budget_keep_the_driver_available() {
+    let previous = build(&ReportInput {
+        completed: true,
+        ..input(&healthy(), None)
+    });
+    let mut h = healthy();
+    h.nodes_serving = false;
+    let s = build(&input(&h, Some(&previous)));
+    assert_eq!(cond(&s, AVAILABLE).reason, "NodesNotAvailable");
+    h.nodes_serving = true;
+    h.node.available = 2;
+    assert_eq!(
+        cond(&build(&input(&h, Some(&previous))), AVAILABLE).status,
+        "True"
+    );
+}
+
+fn lost(node: &str, reason: crate::fleet::LostReason, since: Option<&str>) -> crate::fleet::Lost {
+    crate::fleet::Lost {
+        node: node.into(),
+        reason,
+        since: since.map(Into::into),
+        pod: Some(format!("x-node-{node}")),
+        current: false,
+    }
+}
+
+#[test]
+fn lost_nodes_are_listed_and_named_in_the_message() {
+    use crate::fleet::LostReason;
+    let previous = build(&ReportInput {
+        completed: true,
+        ..input(&healthy(), None)
+    });
+    let mut h = healthy();
+    h.fleet.lost = (0..7)
+        .map(|i| {
+            lost(
+                &format!("n{i}"),
+                LostReason::Unreachable,
+                Some("2026-11-21T09:00:00Z"),
+            )
+        })
+        .collect();
+    let s = build(&input(&h, Some(&previous)));
+    assert_eq!(s.lost_nodes.len(), 7);
+    assert_eq!(s.lost_nodes[0].pod.as_deref(), Some("x-node-n0"));
+    assert!(
+        s.message.ends_with("; 7 node(s) lost: n0 (Unreachable), n1 (Unreachable), n2 (Unreachable), n3 (Unreachable), n4 (Unreachable) and 2 more"),
+        "{}",
+        s.message
+    );
+    // More than 20: the first 20 are listed, the message counts them all.
+    h.fleet.lost = (0..25)
+        .map(|i| lost(&format!("n{i:02}"), LostReason::NotReady, None))
+        .collect();
+    let s = build(&input(&h, Some(&previous)));
+    assert_eq!(s.lost_nodes.len(), csiops_crds::MAX_LOST_NODES_LISTED);
+    assert!(s.message.contains("25 node(s) lost"), "{}", s.message);
+}
+
+#[test]
+fn a_lost_node_without_a_transition_time_keeps_the_first_time_it_was_seen() {
+    use crate::fleet::LostReason;
+    let first = t("2026-11-21T10:00:00Z");
+    let listed = lost_nodes(&[lost("c", LostReason::Cordoned, None)], None, first);
+    assert_eq!(listed[0].since.as_deref(), Some("2026-11-21T10:00:00Z"));
+    let before = CSIDriverDeploymentStatus {
+        lost_nodes: listed,
+        ..Default::default()
+    };
+    let later = t("2026-11-21T10:30:00Z");
+    let again = lost_nodes(
+        &[lost("c", LostReason::Cordoned, None)],
+        Some(&before),
+        later,
+    );
+    assert_eq!(again[0].since.as_deref(), Some("2026-11-21T10:00:00Z"));
+    // Lost for 30 minutes against a 10-minute deadline.
+    let long = lost_too_long(&again, chrono::Duration::seconds(600), later);
+    assert_eq!(long.len(), 1);
+    assert!(lost_too_long(&again, chrono::Duration::seconds(3600), later).is_empty());
+    // Lost again for another reason: a new since.
+    let other = lost_nodes(
+        &[lost("c", LostReason::NotReady, None)],
+        Some(&before),
+        later,
+    );
+    assert_eq!(other[0].since.as_deref(), Some("2026-11-21T10:30:00Z"));
+}
