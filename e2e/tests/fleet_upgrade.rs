@@ -296,6 +296,11 @@ async fn an_upgrade_losing_a_tenth_of_its_nodes_completes_and_storage_keeps_serv
     sampler.await.expect("sampler");
     let samples = std::mem::take(&mut *samples.lock().expect("samples"));
     let never_down = samples.ready.iter().all(|(_, r)| *r >= 1);
+    println!(
+        "upgrade of {all} nodes with {LOST} lost: {upgrade_took:?}; {} controller samples, fewest Ready replicas {}",
+        samples.ready.len(),
+        samples.ready.iter().map(|(_, r)| *r).min().unwrap_or(0)
+    );
     assert!(
         samples.ready.len() as u64 >= upgrade_took.as_secs() / 2,
         "the sampler ran: {} samples over {upgrade_took:?}",

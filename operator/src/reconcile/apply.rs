@@ -119,7 +119,10 @@ where
             return Ok(Applied::Unchanged);
         }
     }
-    let live = api.get_opt(&name).await?;
+    let live = api
+        .get_opt(&name)
+        .await
+        .map_err(|e| Error::read("get", format!("{kind} {name}"), e))?;
     if let Some(live) = &live {
         if !is_owned_by(live.meta(), owner) {
             return Err(Error::NotOwned {
@@ -150,7 +153,7 @@ where
         match api.delete(&name, &params).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.is_not_found() => {}
-            Err(e) => return Err(Error::Kube(e)),
+            Err(e) => return Err(Error::from_write(kind, &name, e)),
         }
         outcome = Applied::Recreated;
     }
@@ -178,7 +181,11 @@ pub async fn delete_owned<K>(
 where
     K: Resource + Clone + DeserializeOwned + Debug,
 {
-    let Some(live) = api.get_opt(name).await? else {
+    let Some(live) = api
+        .get_opt(name)
+        .await
+        .map_err(|e| Error::read("get", format!("{kind} {name}"), e))?
+    else {
         return Ok(false);
     };
     known.forget(kind, &live.namespace().unwrap_or_default(), name);
@@ -200,7 +207,7 @@ where
     match api.delete(name, &params).await {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(s)) if s.is_not_found() => Ok(false),
-        Err(e) => Err(Error::Kube(e)),
+        Err(e) => Err(Error::from_write(kind, name, e)),
     }
 }
 
@@ -233,7 +240,11 @@ pub async fn get_owned<K>(
 where
     K: Resource + Clone + DeserializeOwned + Debug,
 {
-    match api.get_opt(name).await? {
+    match api
+        .get_opt(name)
+        .await
+        .map_err(|e| Error::read("get", format!("{kind} {name}"), e))?
+    {
         Some(live) if !is_owned_by(live.meta(), owner) => Err(Error::NotOwned {
             kind,
             name: name.to_string(),

@@ -12,31 +12,46 @@ use kube::api::{Api, DeleteParams, ListParams, Preconditions};
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
+use super::apply::{is_owned_by, Owner};
 use super::error::Error;
 use crate::render::Rendered;
 
-/// Names of the cluster-scoped objects of one kind that are ours.
-async fn owned_names<K>(
+/// Names (and uids) of the objects of one kind that carry `selector` and,
+/// when `owner` is given, its controller owner reference.
+pub(super) async fn owned_names<K>(
     api: &Api<K>,
+    kind: &'static str,
     selector: &str,
+    owner: Option<Owner<'_>>,
 ) -> Result<Vec<(String, Option<String>)>, Error>
 where
     K: Resource + Clone + DeserializeOwned + Debug,
 {
-    let list = api.list(&ListParams::default().labels(selector)).await?;
-    Ok(list.items.iter().map(|o| (o.name_any(), o.uid())).collect())
+    let list = api
+        .list(&ListParams::default().labels(selector))
+        .await
+        .map_err(|e| Error::read("list", format!("{kind} objects labelled {selector}"), e))?;
+    Ok(list
+        .items
+        .iter()
+        .filter(|o| owner.is_none_or(|owner| is_owned_by(o.meta(), owner)))
+        .map(|o| (o.name_any(), o.uid()))
+        .collect())
 }
 
-async fn delete_all<K>(
+/// Deletes the objects [`owned_names`] finds, but those in `keep`.
+pub(super) async fn delete_all<K>(
     api: &Api<K>,
+    kind: &'static str,
     selector: &str,
+    owner: Option<Owner<'_>>,
     keep: &BTreeSet<String>,
 ) -> Result<usize, Error>
 where
     K: Resource + Clone + DeserializeOwned + Debug,
 {
     let mut deleted = 0;
-    for (name, uid) in owned_names(api, selector).await? {
+    for (name, uid) in owned_names(api, kind, selector, owner).await? {
         if keep.contains(&name) {
             continue;
         }
@@ -50,7 +65,7 @@ where
         match api.delete(&name, &params).await {
             Ok(_) => deleted += 1,
             Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
-            Err(e) => return Err(Error::Kube(e)),
+            Err(e) => return Err(Error::from_write(kind, &name, e)),
         }
     }
     Ok(deleted)
@@ -78,28 +93,30 @@ impl ClusterScoped {
 
     /// How many of ours remain.
     pub async fn count(&self) -> Result<usize, Error> {
-        Ok(owned_names(&self.csidrivers, &self.selector).await?.len()
-            + owned_names(&self.cluster_roles, &self.selector)
+        let sel = self.selector.as_str();
+        Ok(owned_names(&self.csidrivers, "CSIDriver", sel, None)
+            .await?
+            .len()
+            + owned_names(&self.cluster_roles, "ClusterRole", sel, None)
                 .await?
                 .len()
-            + owned_names(&self.cluster_role_bindings, &self.selector)
+            + owned_names(&self.cluster_role_bindings, "ClusterRoleBinding", sel, None)
                 .await?
                 .len()
-            + owned_names(&self.storage_classes, &self.selector)
+            + owned_names(&self.storage_classes, "StorageClass", sel, None)
                 .await?
                 .len())
     }
 
     /// Deletes every one of ours (teardown).
     pub async fn delete_all(&self) -> Result<usize, Error> {
-        let none = BTreeSet::new();
-        // Bindings before roles, so no binding ever points at a missing role.
-        Ok(
-            delete_all(&self.storage_classes, &self.selector, &none).await?
-                + delete_all(&self.cluster_role_bindings, &self.selector, &none).await?
-                + delete_all(&self.cluster_roles, &self.selector, &none).await?
-                + delete_all(&self.csidrivers, &self.selector, &none).await?,
+        self.delete_except(
+            &BTreeSet::new(),
+            &BTreeSet::new(),
+            &BTreeSet::new(),
+            &BTreeSet::new(),
         )
+        .await
     }
 
     /// Deletes ours that the current spec no longer renders (a StorageClass
@@ -110,11 +127,31 @@ impl ClusterScoped {
         let bindings = names(&mut rendered.cluster_role_bindings.iter().map(|o| o.name_any()));
         let roles = names(&mut rendered.cluster_roles.iter().map(|o| o.name_any()));
         let drivers = names(&mut std::iter::once(rendered.csi_driver.name_any()));
+        self.delete_except(&classes, &bindings, &roles, &drivers)
+            .await
+    }
+
+    async fn delete_except(
+        &self,
+        classes: &BTreeSet<String>,
+        bindings: &BTreeSet<String>,
+        roles: &BTreeSet<String>,
+        drivers: &BTreeSet<String>,
+    ) -> Result<usize, Error> {
+        let sel = self.selector.as_str();
+        // Bindings before roles, so no binding ever points at a missing role.
         Ok(
-            delete_all(&self.storage_classes, &self.selector, &classes).await?
-                + delete_all(&self.cluster_role_bindings, &self.selector, &bindings).await?
-                + delete_all(&self.cluster_roles, &self.selector, &roles).await?
-                + delete_all(&self.csidrivers, &self.selector, &drivers).await?,
+            delete_all(&self.storage_classes, "StorageClass", sel, None, classes).await?
+                + delete_all(
+                    &self.cluster_role_bindings,
+                    "ClusterRoleBinding",
+                    sel,
+                    None,
+                    bindings,
+                )
+                .await?
+                + delete_all(&self.cluster_roles, "ClusterRole", sel, None, roles).await?
+                + delete_all(&self.csidrivers, "CSIDriver", sel, None, drivers).await?,
         )
     }
 }

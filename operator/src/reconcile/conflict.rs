@@ -1,7 +1,9 @@
 //! Which object owns a driver name when several claim it. Pure.
 //!
-//! The oldest object wins (creation time, then namespace/name as a stable tie
-//! break); every later one is Degraded with reason Conflict and changes nothing.
+//! The oldest object wins (creation time, then UID as a stable tie break);
+//! every later one is Degraded with reason Conflict and changes nothing.
+//! The reconciler asks the API server's list, not its cache, until the
+//! winner's CSIDriver exists: a cache may not have seen a rival yet.
 
 use csiops_crds::CSIDriverDeployment;
 use kube::ResourceExt;
@@ -18,8 +20,8 @@ where
         .min_by(|a, b| sort_key(a).cmp(&sort_key(b)))
 }
 
-/// Creation time (seconds, nanoseconds), then namespace and name.
-fn sort_key(o: &CSIDriverDeployment) -> (i64, i32, String, String) {
+/// Creation time (seconds, nanoseconds), then UID.
+fn sort_key(o: &CSIDriverDeployment) -> (i64, i32, String) {
     let (secs, nanos) = o
         .metadata
         .creation_timestamp
@@ -27,7 +29,24 @@ fn sort_key(o: &CSIDriverDeployment) -> (i64, i32, String, String) {
         .map_or((i64::MAX, 0), |t| {
             (t.0.as_second(), t.0.subsec_nanosecond())
         });
-    (secs, nanos, o.namespace().unwrap_or_default(), o.name_any())
+    (secs, nanos, o.uid().unwrap_or_default())
+}
+
+/// How long after its creation an object waits before it claims its driver
+/// name: creation times are whole seconds, so a rival created in the same
+/// second (which may win the UID tie break) is listed by then; the margin
+/// covers clock skew between the API server and the operator.
+pub const SETTLE: chrono::Duration = chrono::Duration::seconds(3);
+
+/// `Some(wait)` while an object created at `created` is younger than
+/// [`SETTLE`] at `now`.
+pub fn too_early(
+    created: Option<chrono::DateTime<chrono::Utc>>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Option<std::time::Duration> {
+    let created = created?;
+    let left = created + SETTLE - now;
+    (left > chrono::Duration::zero()).then(|| left.to_std().unwrap_or_default())
 }
 
 /// How a Conflict is told to the user.
@@ -85,11 +104,28 @@ mod tests {
     }
 
     #[test]
-    fn same_second_ties_break_on_namespace_then_name() {
-        let a = cdd("ns-a", "hp", "d.example.com", "2026-11-21T10:00:00Z", "1");
-        let b = cdd("ns-b", "hp", "d.example.com", "2026-11-21T10:00:00Z", "2");
+    fn same_second_ties_break_on_the_uid() {
+        // The namespace no longer decides: "ns-z" wins with the lower UID.
+        let a = cdd("ns-z", "hp", "d.example.com", "2026-11-21T10:00:00Z", "1");
+        let b = cdd("ns-a", "hp", "d.example.com", "2026-11-21T10:00:00Z", "2");
         let all = [b.clone(), a.clone()];
         assert!(rival(&a, &all).is_none());
-        assert!(rival(&b, &all).is_some());
+        assert_eq!(rival(&b, &all).and_then(|r| r.uid()).as_deref(), Some("1"));
+    }
+
+    #[test]
+    fn a_claim_waits_until_a_same_second_rival_must_be_listed() {
+        let t = |s: &str| {
+            chrono::DateTime::parse_from_rfc3339(s)
+                .map(|t| t.with_timezone(&chrono::Utc))
+                .expect("time")
+        };
+        let created = Some(t("2026-11-21T10:00:00Z"));
+        assert_eq!(
+            too_early(created, t("2026-11-21T10:00:01Z")),
+            Some(std::time::Duration::from_secs(2))
+        );
+        assert_eq!(too_early(created, t("2026-11-21T10:00:03Z")), None);
+        assert_eq!(too_early(None, t("2026-11-21T10:00:00Z")), None);
     }
 }

@@ -9,6 +9,18 @@ pub enum Error {
     #[error("Kubernetes API")]
     Kube(#[from] kube::Error),
 
+    /// A read (get, list, discovery) the API server failed or refused,
+    /// naming what was read: retried with backoff, and reported in status
+    /// and an Event once it repeats (a 403 on a list is no blip).
+    #[error("cannot {op} {what}: {message}")]
+    Read {
+        op: &'static str,
+        what: String,
+        message: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
+
     #[error("{kind} {name} already exists and is not owned by this CSIDriverDeployment{detail}")]
     NotOwned {
         kind: &'static str,
@@ -22,6 +34,8 @@ pub enum Error {
         kind: &'static str,
         name: String,
         message: String,
+        /// 400, 403 or 422.
+        code: u16,
     },
 
     /// A write the API server failed for a reason other than refusing the
@@ -52,6 +66,7 @@ impl Error {
     pub fn metric_kind(&self) -> &'static str {
         match self {
             Error::Kube(_) => "kube",
+            Error::Read { .. } => "read",
             Error::NotOwned { .. } => "conflict",
             Error::Rejected { .. } => "rejected",
             Error::WriteFailed { .. } => "write",
@@ -74,7 +89,31 @@ impl Error {
     pub fn repeated_failure_reason(&self) -> Option<&'static str> {
         match self {
             Error::WriteFailed { .. } => Some("ApplyFailed"),
+            Error::Read { .. } => Some("ReadFailed"),
             _ => None,
+        }
+    }
+
+    /// Whether this is the API server refusing a change of an immutable
+    /// field (422 Invalid, "field is immutable"): the only refusal after
+    /// which an object may be deleted and created again. An admission
+    /// webhook's 403 or any other 422 is the user's to fix.
+    pub fn is_immutable_field_refusal(&self) -> bool {
+        matches!(self, Error::Rejected { code: 422, message, .. } if message.contains("field is immutable"))
+    }
+
+    /// A failed read of `what` (`StorageClasses with label …`,
+    /// `StatefulSet ns/x`).
+    pub fn read(op: &'static str, what: impl Into<String>, err: kube::Error) -> Self {
+        let message = match &err {
+            kube::Error::Api(s) => format!("{} ({} {})", s.message, s.code, s.reason),
+            other => other.to_string(),
+        };
+        Error::Read {
+            op,
+            what: what.into(),
+            message,
+            source: Box::new(err),
         }
     }
 
@@ -86,6 +125,7 @@ impl Error {
                 kind,
                 name: name.to_string(),
                 message: s.message.clone(),
+                code: s.code,
             },
             kube::Error::Api(s) => Error::WriteFailed {
                 kind,
@@ -137,5 +177,47 @@ mod tests {
             kube::Error::Discovery(kube::error::DiscoveryError::MissingResource("x".into())),
         );
         assert_eq!(e.repeated_failure_reason(), None);
+    }
+
+    #[test]
+    fn only_an_immutable_field_refusal_allows_a_re_create() {
+        let immutable = Error::from_write(
+            "CSIDriver",
+            "d",
+            api_error(
+                422,
+                "CSIDriver.storage.k8s.io \"d\" is invalid: spec.attachRequired: Invalid value: false: field is immutable",
+            ),
+        );
+        assert!(immutable.is_immutable_field_refusal());
+        let webhook = Error::from_write(
+            "CSIDriver",
+            "d",
+            api_error(
+                403,
+                "admission webhook \"policy\" denied the request: field is immutable",
+            ),
+        );
+        assert!(!webhook.is_immutable_field_refusal());
+        let other_invalid =
+            Error::from_write("CSIDriver", "d", api_error(422, "spec.x: Required value"));
+        assert!(!other_invalid.is_immutable_field_refusal());
+    }
+
+    #[test]
+    fn a_failed_read_names_what_was_read_and_is_reported_once_it_repeats() {
+        let e = Error::read(
+            "list",
+            "StorageClasses labelled csiops.dev/owner-uid=u",
+            api_error(403, "storageclasses is forbidden"),
+        );
+        assert_eq!(e.repeated_failure_reason(), Some("ReadFailed"));
+        assert_eq!(e.user_facing_reason(), None);
+        assert_eq!(e.metric_kind(), "read");
+        assert!(
+            e.to_string()
+                .starts_with("cannot list StorageClasses labelled csiops.dev/owner-uid=u: storageclasses is forbidden (403"),
+            "{e}"
+        );
     }
 }

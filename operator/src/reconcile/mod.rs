@@ -17,6 +17,7 @@ pub mod csinodes;
 pub mod error;
 pub mod events;
 mod monitoring;
+pub mod namespaced;
 pub mod nodes;
 pub mod owned;
 pub mod pace;
@@ -214,10 +215,15 @@ fn pod_owner(pod: PodView) -> Option<ObjectRef<CSIDriverDeployment>> {
 }
 
 /// Transient failures are retried; the error is counted and logged.
+/// Failures that reached here (a read of the object itself, its status
+/// write) back off per object like the reported ones, from 5s to 5 minutes.
 pub fn error_policy(obj: Arc<CSIDriverDeployment>, err: &Error, ctx: Arc<Context>) -> Requeue {
     ctx.metrics.reconcile_failed(err.metric_kind());
-    warn!(object = %obj.name_any(), namespace = ?obj.namespace(), error = %chain(err), "reconcile failed; retrying");
-    Requeue::requeue(StdDuration::from_secs(15))
+    let key = format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
+    let failures = ctx.failures.record(&key);
+    let wait = retry::backoff(failures);
+    warn!(object = %obj.name_any(), namespace = ?obj.namespace(), failures, retry_in = ?wait, error = %chain(err), "reconcile failed; retrying");
+    Requeue::requeue(wait)
 }
 
 /// One reconciliation of one object.
@@ -247,7 +253,11 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
     // by our own DaemonSet apply can otherwise see the object as it was before
     // our last status write, and a rollout step would be decided twice. One
     // GET per reconcile is cheap next to the applies it guards.
-    let obj = match api.get_opt(&name).await? {
+    let obj = match api
+        .get_opt(&name)
+        .await
+        .map_err(|e| Error::read("get", format!("CSIDriverDeployment {ns}/{name}"), e))?
+    {
         Some(fresh) if fresh.uid().as_deref() == Some(uid.as_str()) => Arc::new(fresh),
         // Gone, or deleted and recreated under the same name: the new object
         // gets its own reconcile from the watch.
@@ -265,13 +275,23 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
         return teardown(&obj, &ctx, &api, owner).await;
     }
 
-    // Conflicts are judged on the full list of objects: the controller's runner
-    // starts reconciling only once its store has the first complete list.
+    // Who owns the driver name: the cache first (cheap), then, until this
+    // object's CSIDriver exists under its name, the API server itself, so
+    // two objects created together never both write cluster-scoped objects.
     let all = ctx.deployments.state();
-    if let Some(rival) = conflict::rival(&obj, all.iter().map(|d| d.as_ref())) {
+    let cached_rival = conflict::rival(&obj, all.iter().map(|d| d.as_ref())).cloned();
+    let rival = match cached_rival {
+        Some(r) => Some(r),
+        None => match claim_driver_name(&obj, &ctx).await? {
+            Claim::Ours => None,
+            Claim::Rival(r) => Some(*r),
+            Claim::TooEarly(wait) => return Ok(Requeue::requeue(wait)),
+        },
+    };
+    if let Some(rival) = rival {
         let problem = Problem {
             reason: "Conflict",
-            message: conflict::message(&obj, rival),
+            message: conflict::message(&obj, &rival),
         };
         ctx.metrics.reconcile_failed("conflict");
         write_problem(&obj, &ctx, &api, &problem).await?;
@@ -329,6 +349,46 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
     }
 }
 
+/// Whether `obj` may write its driver's cluster-scoped objects.
+enum Claim {
+    Ours,
+    Rival(Box<CSIDriverDeployment>),
+    /// Created less than [`conflict::SETTLE`] ago: a rival created in the
+    /// same second may not be listed yet; ask again after this.
+    TooEarly(StdDuration),
+}
+
+/// Decides from the API server, unless this object's CSIDriver (named after
+/// the driver) already carries its owner label: then it holds the name.
+async fn claim_driver_name(obj: &CSIDriverDeployment, ctx: &Context) -> Result<Claim, Error> {
+    let uid = obj.uid().unwrap_or_default();
+    let held = ctx
+        .caches
+        .owned
+        .get("CSIDriver", "", &obj.spec.driver_name)
+        .is_some_and(|k| k.owner_uid.as_deref() == Some(uid.as_str()));
+    if held {
+        return Ok(Claim::Ours);
+    }
+    let created = obj
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .and_then(|t| chrono::DateTime::from_timestamp(t.0.as_second(), 0));
+    if let Some(wait) = conflict::too_early(created, Utc::now()) {
+        return Ok(Claim::TooEarly(wait));
+    }
+    let api: Api<CSIDriverDeployment> = Api::all(ctx.client.clone());
+    let live = api
+        .list(&kube::api::ListParams::default())
+        .await
+        .map_err(|e| Error::read("list", "CSIDriverDeployments", e))?;
+    Ok(match conflict::rival(obj, live.items.iter()) {
+        Some(r) => Claim::Rival(Box::new(r.clone())),
+        None => Claim::Ours,
+    })
+}
+
 /// Steps 4–6 of a live object.
 async fn drive(
     obj: &CSIDriverDeployment,
@@ -354,9 +414,10 @@ async fn drive(
         .await?;
         if spec_changed {
             let cluster = ClusterScoped::new(&ctx.client, labels::cluster_owner_selector(obj));
-            let pruned = cluster.prune(rendered).await?;
+            let pruned = cluster.prune(rendered).await?
+                + namespaced::prune(&ctx.client, owner, &namespaced::Keep::of(rendered)).await?;
             if pruned > 0 {
-                info!(object = %owner.name, pruned, "removed cluster-scoped objects the spec no longer renders");
+                info!(object = %owner.name, pruned, "removed objects the spec no longer renders");
             }
         }
     }

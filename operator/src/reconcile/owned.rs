@@ -26,7 +26,9 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
 use super::apply::APPLIED_HASH;
-use crate::render::labels::{INSTANCE, MANAGED_BY, MANAGED_BY_VALUE, OWNER_NAME, OWNER_NAMESPACE};
+use crate::render::labels::{
+    INSTANCE, MANAGED_BY, MANAGED_BY_VALUE, OWNER_NAME, OWNER_NAMESPACE, OWNER_UID,
+};
 
 /// One owned object: `(kind, namespace or "", name)`.
 pub type Key = (&'static str, String, String);
@@ -38,6 +40,12 @@ pub struct Known {
     pub generation: Option<i64>,
     /// The generation our own last apply left (unknown after a restart).
     pub applied_generation: Option<i64>,
+    /// The `csiops.dev/owner-uid` label (cluster-scoped objects).
+    pub owner_uid: Option<String>,
+}
+
+fn owner_uid(meta: &kube::api::ObjectMeta) -> Option<String> {
+    meta.labels.as_ref().and_then(|l| l.get(OWNER_UID)).cloned()
 }
 
 /// The known objects of every kind, shared by the watches and the reconciles.
@@ -91,9 +99,13 @@ impl Owned {
             .and_then(|a| a.get(APPLIED_HASH))
             .cloned();
         let entry = map.entry(key_of(kind, meta)).or_default();
-        let changed = entry.applied_hash != hash || entry.generation != meta.generation;
+        let uid = owner_uid(meta);
+        let changed = entry.applied_hash != hash
+            || entry.generation != meta.generation
+            || entry.owner_uid != uid;
         entry.applied_hash = hash;
         entry.generation = meta.generation;
+        entry.owner_uid = uid;
         changed
     }
 

@@ -106,7 +106,11 @@ pub(super) async fn apply_supporting(
     )
     .await
     {
-        Err(Error::Rejected { message, .. }) => {
+        Err(e) if e.is_immutable_field_refusal() => {
+            let message = match &e {
+                Error::Rejected { message, .. } => message.clone(),
+                other => other.to_string(),
+            };
             let name = r.csi_driver.name_any();
             delete_owned(&drivers, "CSIDriver", &name, owner, &ctx.caches.owned).await?;
             apply(

@@ -38,10 +38,22 @@ impl Fixture {
 
     /// With more objects on the fake API server (by path).
     fn with<'a>(obj: Value, more: impl IntoIterator<Item = (&'a str, Value)>) -> Self {
+        Self::answering(obj, more, |_| None)
+    }
+
+    /// With `first` answering the calls it wants to (a refusal, an outage)
+    /// before the fake API server does.
+    fn answering<'a>(
+        obj: Value,
+        more: impl IntoIterator<Item = (&'a str, Value)>,
+        first: impl Fn(&testing::Call) -> Option<testing::Reply> + Send + Sync + 'static,
+    ) -> Self {
         let log = Log::default();
         let objects = testing::Objects::new(std::iter::once((OBJ, obj.clone())).chain(more));
         let server = objects.clone();
-        let client = testing::client(&log, move |call| server.answer(call));
+        let client = testing::client(&log, move |call| {
+            first(call).unwrap_or_else(|| server.answer(call))
+        });
         let (deployments, mut writer) = reflector::store();
         writer.apply_watcher_event(&Event::Apply(
             serde_json::from_value::<CSIDriverDeployment>(obj).expect("a valid object"),
@@ -234,5 +246,140 @@ async fn with_the_pod_monitor_crd_the_pod_monitor_is_applied_and_removed_with_th
             .iter()
             .any(|p| p.ends_with("/podmonitors/hp-metrics")),
         "{deletes:#?}"
+    );
+}
+
+#[tokio::test]
+async fn a_read_the_api_server_refuses_is_reported_once_it_repeats() {
+    // The operator may not list StorageClasses (a 403 on the prune of a
+    // changed spec): the object must not go on saying it is fine.
+    let fx = Fixture::answering(cdd(json!({}), json!({})), [], |call| {
+        (call.method == "GET" && call.path == "/apis/storage.k8s.io/v1/storageclasses").then(|| {
+            testing::status(
+                403,
+                "Forbidden",
+                "storageclasses is forbidden: User cannot list",
+            )
+        })
+    });
+    let first = fx.reconcile().await.expect("handled, not raised");
+    assert!(
+        first != Requeue::requeue(std::time::Duration::from_secs(15)),
+        "backs off: {first:?}"
+    );
+    let status = fx.objects.get(OBJ).expect("the object")["status"].clone();
+    assert!(
+        status.is_null(),
+        "a single failure is only retried: {status}"
+    );
+    fx.reconcile().await.expect("handled, not raised");
+    let status = fx.objects.get(OBJ).expect("the object")["status"].clone();
+    let degraded = status["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Degraded"))
+        .cloned()
+        .expect("Degraded condition");
+    assert_eq!(degraded["status"], "True", "{status}");
+    assert_eq!(degraded["reason"], "ReadFailed", "{status}");
+    let message = degraded["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("cannot list StorageClass objects labelled")
+            && message.contains("storageclasses is forbidden"),
+        "{message}"
+    );
+    assert_eq!(status["phase"], "Degraded");
+}
+
+#[tokio::test]
+async fn a_csidriver_refused_by_a_webhook_is_not_deleted() {
+    // An admission webhook's 403 on the CSIDriver: reported, never "fixed"
+    // by deleting the object.
+    let fx = Fixture::answering(cdd(json!({}), json!({})), [], |call| {
+        (call.method == "PATCH" && call.path.starts_with("/apis/storage.k8s.io/v1/csidrivers/"))
+            .then(|| {
+                testing::status(
+                    403,
+                    "Forbidden",
+                    "admission webhook \"policy\" denied the request",
+                )
+            })
+    });
+    fx.reconcile().await.expect("reported");
+    let calls = fx.log.calls();
+    assert!(
+        !calls
+            .iter()
+            .any(|c| c.method == "DELETE" && c.path.contains("/csidrivers/")),
+        "{:#?}",
+        fx.log.lines()
+    );
+    let status = fx.objects.get(OBJ).expect("the object")["status"].to_string();
+    assert!(
+        status.contains("ApplyFailed") && status.contains("denied the request"),
+        "{status}"
+    );
+}
+
+#[tokio::test]
+async fn supporting_objects_the_spec_no_longer_renders_are_pruned() {
+    // The leader-election Role and RoleBinding of a controller whose
+    // sidecars were all turned off: no longer rendered, so deleted; a Role
+    // of someone else's in the namespace stays.
+    let ours = |kind: &str, name: &str| {
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind,
+               "metadata": {"name": name, "namespace": NS,
+                 "labels": {"app.kubernetes.io/managed-by": "csiops-operator",
+                            "app.kubernetes.io/instance": "hp"},
+                 "ownerReferences": [{"apiVersion": "csiops.dev/v1alpha1",
+                   "kind": "CSIDriverDeployment", "name": "hp", "uid": "cdd-uid", "controller": true}]}})
+    };
+    let role = "/apis/rbac.authorization.k8s.io/v1/namespaces/storage/roles/hp-leader-election";
+    let binding =
+        "/apis/rbac.authorization.k8s.io/v1/namespaces/storage/rolebindings/hp-leader-election";
+    let foreign = "/apis/rbac.authorization.k8s.io/v1/namespaces/storage/roles/someone-elses";
+    let fx = Fixture::with(
+        cdd(
+            json!({}),
+            json!({"sidecars": {"provisioner": {"enabled": false}, "attacher": {"enabled": false}}}),
+        ),
+        [
+            (role, ours("Role", "hp-leader-election")),
+            (binding, ours("RoleBinding", "hp-leader-election")),
+            (
+                foreign,
+                json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                       "metadata": {"name": "someone-elses", "namespace": NS}}),
+            ),
+        ],
+    );
+    fx.reconcile().await.expect("reconciled");
+    assert!(fx.objects.get(role).is_none(), "{:#?}", fx.log.lines());
+    assert!(fx.objects.get(binding).is_none(), "{:#?}", fx.log.lines());
+    assert!(fx.objects.get(foreign).is_some(), "not ours: kept");
+}
+
+#[tokio::test]
+async fn a_rival_only_the_api_server_knows_of_wins_and_nothing_cluster_scoped_is_written() {
+    // Two objects created together: the cache holds only ours, the API
+    // server both. The older one (created a minute earlier) owns the name.
+    let rival_path = "/apis/csiops.dev/v1alpha1/namespaces/other/csidriverdeployments/hp2";
+    let mut rival = cdd(json!({}), json!({}));
+    rival["metadata"]["namespace"] = json!("other");
+    rival["metadata"]["name"] = json!("hp2");
+    rival["metadata"]["uid"] = json!("rival-uid");
+    rival["metadata"]["creationTimestamp"] = json!("2026-11-21T09:59:00Z");
+    let fx = Fixture::with(cdd(json!({}), json!({})), [(rival_path, rival)]);
+    fx.reconcile().await.expect("reported");
+    let writes = fx.writes();
+    assert!(
+        !writes
+            .iter()
+            .any(|w| w.contains("/clusterroles") || w.contains("/csidrivers/")),
+        "{writes:#?}"
+    );
+    let status = fx.objects.get(OBJ).expect("the object")["status"].to_string();
+    assert!(
+        status.contains("Conflict") && status.contains("other/hp2"),
+        "{status}"
     );
 }

@@ -214,7 +214,7 @@ impl Objects {
                 let items: Vec<Value> = state
                     .objects
                     .iter()
-                    .filter(|(p, _)| p.starts_with(&prefix))
+                    .filter(|(p, _)| p.starts_with(&prefix) || in_all_namespaces(path, p))
                     .map(|(_, o)| o.clone())
                     .collect();
                 return (
@@ -295,6 +295,22 @@ impl Objects {
         }
         (code, new)
     }
+}
+
+/// Whether `object` (`…/namespaces/<ns>/<plural>/<name>`) is in the list
+/// of all namespaces `collection` (`…/<plural>`, no namespace) asks for.
+fn in_all_namespaces(collection: &str, object: &str) -> bool {
+    if collection.contains("/namespaces/") {
+        return false;
+    }
+    let Some((base, plural)) = collection.rsplit_once('/') else {
+        return false;
+    };
+    let Some(rest) = object.strip_prefix(&format!("{base}/namespaces/")) else {
+        return false;
+    };
+    let parts: Vec<&str> = rest.split('/').collect();
+    parts.len() == 3 && parts[1] == plural
 }
 
 /// Whether `path` names a collection: `/api/v1[/namespaces/<ns>]/<plural>`
