@@ -134,21 +134,25 @@ impl Cluster {
         bin_dir: &Path,
         images: Option<ImageSet>,
     ) -> Result<Cluster> {
-        let t0 = Instant::now();
         let timeout = std::env::var("CSIOPS_E2E_START_TIMEOUT_SECS")
             .ok()
             .and_then(|s| s.parse().ok())
             .map(Duration::from_secs)
             .unwrap_or(START_TIMEOUT);
-        let deadline = t0 + timeout;
 
-        // The bridge exists before the apiserver, which listens on it.
+        // The bridge exists before the apiserver, which listens on it. Its
+        // creation waits for the machine-wide real-node lock, as long as
+        // another test's real node runs: the start deadline counts from when
+        // the lock is held, or a test queued behind another one times out
+        // before its etcd even starts.
         let net = match images {
             Some(_) => {
                 Some(blocking("creating the real node's network", HostNetwork::create).await?)
             }
             None => None,
         };
+        let t0 = Instant::now();
+        let deadline = t0 + timeout;
         let host = if net.is_some() {
             realnode::HOST_IP
         } else {
