@@ -197,6 +197,16 @@ pub struct NodeLocalConflict {
 }
 
 impl CSIDriverDeploymentSpec {
+    /// The controller replicas the object asks for: `spec.controller.replicas`,
+    /// or 0 without a controller workload (topology NodeLocal).
+    pub fn controller_replicas(&self) -> i32 {
+        if self.topology.has_controller() {
+            self.controller.replicas
+        } else {
+            0
+        }
+    }
+
     /// Everything a node-local object asks for that cannot run without
     /// controller pods (empty for a central one, and for a valid one).
     pub fn node_local_conflicts(&self) -> Vec<NodeLocalConflict> {

@@ -15,6 +15,7 @@ pub mod conflict;
 pub mod error;
 pub mod events;
 mod monitoring;
+mod namespaced_prune;
 pub mod nodes;
 pub mod pod_events;
 pub mod retry;
@@ -342,9 +343,10 @@ async fn drive(
         monitoring::apply_monitoring(&ctx.client, owner, rendered, spec_changed).await?;
         if spec_changed {
             let cluster = ClusterScoped::new(&ctx.client, labels::cluster_owner_selector(obj));
-            let pruned = cluster.prune(rendered).await?;
+            let pruned = cluster.prune(rendered).await?
+                + namespaced_prune::prune(&ctx.client, obj, owner, rendered).await?;
             if pruned > 0 {
-                info!(object = %owner.name, pruned, "removed cluster-scoped objects the spec no longer renders");
+                info!(object = %owner.name, pruned, "removed supporting objects the spec no longer renders");
             }
         }
     }
@@ -362,7 +364,7 @@ async fn drive(
         driver_name: &spec.driver_name,
         kubelet_dir: &spec.node.kubelet_dir,
         registration_required,
-        controller_replicas: spec.controller.replicas,
+        controller_replicas: spec.controller_replicas(),
         max_unavailable: spec.node.max_unavailable.as_ref(),
         statefulset,
         deployment,
@@ -387,6 +389,7 @@ async fn drive(
     let desired = Desired {
         node_hash: rendered.node_hash.clone(),
         controller_hash: rendered.controller_hash.clone(),
+        controller: rendered.controller.is_some(),
         registration_required,
         step_timeout: Duration::seconds(spec.rollout.step_timeout_seconds),
         paused: spec.paused,
@@ -649,26 +652,29 @@ async fn execute(
             replicas,
             partition,
         } => {
-            if let ControllerWorkload::StatefulSet(sts) = &r.controller {
+            if let Some(ControllerWorkload::StatefulSet(sts)) = &r.controller {
                 let sts = render::controller::with_surge(sts.clone(), replicas, partition);
                 apply(&sts_api, "StatefulSet", sts, owner, Mode::Always).await?;
             }
         }
         Action::ApplyController => match &r.controller {
-            ControllerWorkload::StatefulSet(sts) => {
+            Some(ControllerWorkload::StatefulSet(sts)) => {
                 apply(&sts_api, "StatefulSet", sts.clone(), owner, Mode::Always).await?;
             }
-            ControllerWorkload::Deployment(deploy) => {
+            Some(ControllerWorkload::Deployment(deploy)) => {
                 let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), owner.namespace);
                 apply(&api, "Deployment", deploy.clone(), owner, Mode::Always).await?;
             }
+            // Never planned without a controller workload.
+            None => {}
         },
         Action::ScaleControllerToZero => {
             // Replicas only: the old template stays until the node side is rolled.
             let name = names::controller_name(obj);
             let patch = json!({"spec": {"replicas": 0}});
             let params = PatchParams::default();
-            let result = match r.controller.kind() {
+            let kind = obj.spec.controller.kind;
+            let result = match kind {
                 ControllerKind::StatefulSet => sts_api
                     .patch(&name, &params, &Patch::Merge(&patch))
                     .await
@@ -680,12 +686,18 @@ async fn execute(
                         .map(drop)
                 }
             };
-            result.map_err(|e| Error::from_write(r.controller.kind().as_str(), &name, e))?;
+            result.map_err(|e| Error::from_write(kind.as_str(), &name, e))?;
         }
         Action::DeleteStaleController => {
-            let stale = other_kind(r.controller.kind());
+            let stale = other_kind(obj.spec.controller.kind);
             if delete_controller(ctx, obj, owner, stale).await? {
                 info!(object = %owner.name, kind = stale.as_str(), "removed the controller of the previous kind");
+            }
+        }
+        Action::DeleteController => {
+            let kind = obj.spec.controller.kind;
+            if delete_controller(ctx, obj, owner, kind).await? {
+                info!(object = %owner.name, kind = kind.as_str(), "removed the controller workload: topology NodeLocal runs none");
             }
         }
     }
