@@ -96,11 +96,11 @@ async fn bad_input_is_refused_or_degraded_and_the_good_driver_is_untouched() {
     let _other_nodes = testkit::node_side(&cluster, "csi-other", "other", "other.csi.example.com")
         .expect("node side");
 
-    let example = testkit::example_path();
+    let example = testkit::central_fixture_path();
     cluster
         .kubectl_ok(["apply", "-f", &example.to_string_lossy()])
         .await
-        .expect("example applies");
+        .expect("central fixture applies");
     testkit::wait_running(&cluster, NS, "hostpath", "v1.17.0", 3, DEADLINE)
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", operator.log_tail(40)));
