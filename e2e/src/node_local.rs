@@ -11,15 +11,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::api::{Api, ListParams};
 use kube::ResourceExt;
 use tokio::sync::Mutex;
 
 use crate::node_side::{kubelet_register, registration_socket, start_registrar};
 use crate::process::ManagedProcess;
+use crate::testdriver::mounts;
 use crate::walkthrough::Use;
-use crate::{Error, Result};
+use crate::{Cluster, Error, Result};
 
 /// Where the node pods of [`TestDriverNodeLocal`] see their per-node host
 /// directory (state and volumes).
@@ -210,6 +211,134 @@ spec:
             image = self.image,
         )
     }
+}
+
+/// Waits until pod `name` of `namespace` is Running.
+pub async fn wait_pod_running(
+    cluster: &Cluster,
+    namespace: &str,
+    name: &str,
+    timeout: Duration,
+) -> Result<Pod> {
+    let pods: Api<Pod> = Api::namespaced(cluster.client()?, namespace);
+    crate::wait_for(timeout, Duration::from_millis(500), || async {
+        let p = pods.get_opt(name).await.ok()??;
+        (p.status.as_ref()?.phase.as_deref() == Some("Running")).then_some(p)
+    })
+    .await
+    .map_err(|_| Error::Other(format!("pod {namespace}/{name} never Running")))
+}
+
+/// The PV bound to claim `name` of `namespace`.
+pub async fn pv_of(
+    client: &kube::Client,
+    namespace: &str,
+    claim: &str,
+) -> Result<PersistentVolume> {
+    let pvc = Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace)
+        .get(claim)
+        .await?;
+    let pv = pvc
+        .spec
+        .and_then(|s| s.volume_name)
+        .ok_or_else(|| Error::Other(format!("claim {namespace}/{claim} is not bound")))?;
+    Ok(Api::<PersistentVolume>::all(client.clone())
+        .get(&pv)
+        .await?)
+}
+
+/// The CSI volume handle of a PV.
+pub fn volume_handle(pv: &PersistentVolume) -> Option<String> {
+    pv.spec
+        .as_ref()?
+        .csi
+        .as_ref()
+        .map(|c| c.volume_handle.clone())
+}
+
+/// Mount points of this process's (the host's) mount namespace under
+/// `kubelet_dir` that a CSI volume leaves: publish targets, staging mounts
+/// and block volume maps.
+pub fn csi_mounts_under(kubelet_dir: &Path) -> Vec<PathBuf> {
+    mounts::mount_points(&std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default())
+        .into_iter()
+        .filter(|m| {
+            let text = m.to_string_lossy();
+            m.starts_with(kubelet_dir)
+                && (text.contains("kubernetes.io~csi")
+                    || text.contains("globalmount")
+                    || text.contains("volumeDevices"))
+        })
+        .collect()
+}
+
+/// Loop devices whose backing file is a volume of `ids`: `…/<id>` or
+/// `…/<id>.img`. The kernel names the backing file as the process that set
+/// the device up saw it — a driver container's path, not the host's — so
+/// volumes are matched by their (unique) IDs.
+pub fn loops_of(ids: &[String]) -> Vec<(PathBuf, PathBuf)> {
+    mounts::loop_devices()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(_, backing)| {
+            let name = backing
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            ids.iter()
+                .any(|id| name == *id || name == format!("{id}.img"))
+        })
+        .collect()
+}
+
+/// Loop devices backed by a file under `dir` as the host sees it (kubelet's
+/// own, of a mapped block volume).
+pub fn loops_under(dir: &Path) -> Vec<(PathBuf, PathBuf)> {
+    mounts::loop_devices()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(_, backing)| backing.starts_with(dir))
+        .collect()
+}
+
+/// Releases, on drop, the loop devices of the volumes it was told about
+/// ([`LoopGuard::track`]): they outlive the driver and the node when a test
+/// fails before its volumes are deleted.
+#[derive(Debug, Default)]
+pub struct LoopGuard {
+    ids: std::sync::Mutex<Vec<String>>,
+}
+
+impl LoopGuard {
+    pub fn track(&self, id: &str) {
+        if let Ok(mut ids) = self.ids.lock() {
+            ids.push(id.to_string());
+        }
+    }
+}
+
+impl Drop for LoopGuard {
+    fn drop(&mut self) {
+        let ids = self.ids.lock().map(|i| i.clone()).unwrap_or_default();
+        for (dev, backing) in loops_of(&ids) {
+            eprintln!(
+                "LoopGuard: releasing {} (backed by {})",
+                dev.display(),
+                backing.display()
+            );
+            if let Err(e) = mounts::detach_device(&dev) {
+                eprintln!("LoopGuard: {}: {e}", dev.display());
+            }
+        }
+    }
+}
+
+/// Whether the OCI spec of a container (`ctr containers info`) gives it a
+/// block device at `path`.
+pub fn has_block_device(container_info: &serde_json::Value, path: &str) -> bool {
+    container_info["Spec"]["linux"]["devices"]
+        .as_array()
+        .is_some_and(|d| d.iter().any(|d| d["path"] == path && d["type"] == "b"))
 }
 
 /// One simulated node's processes: what its node pod would run.
@@ -508,6 +637,17 @@ mod tests {
                 "--leader-election-namespace=ns",
             ]
         );
+    }
+
+    #[test]
+    fn a_block_device_is_found_in_the_oci_spec() {
+        let info = serde_json::json!({"Spec": {"linux": {"devices": [
+            {"path": "/dev/null", "type": "c"},
+            {"path": "/dev/xvda", "type": "b", "major": 7, "minor": 3}
+        ]}}});
+        assert!(has_block_device(&info, "/dev/xvda"));
+        assert!(!has_block_device(&info, "/dev/null"));
+        assert!(!has_block_device(&serde_json::json!({}), "/dev/xvda"));
     }
 
     #[test]
