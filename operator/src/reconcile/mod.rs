@@ -710,7 +710,7 @@ async fn announce<A>(obj: &CSIDriverDeployment, ctx: &Context, plan: &Plan<A>) {
         if let rollout::Transition::StepStarted(step) = t {
             ctx.metrics.rollout_step(step.as_str());
         }
-        let note = events::for_transition(t, &obj.spec.version);
+        let note = events::for_transition(t, &obj.spec.version, obj.spec.topology);
         info!(object = %obj.name_any(), reason = %note.reason, "{}", note.note);
         publish(&ctx.recorder, obj, &note).await;
     }
