@@ -8,9 +8,11 @@
 
 pub mod spec;
 pub mod status;
+pub mod topology;
 
 pub use spec::*;
 pub use status::*;
+pub use topology::{NodeLocalConflict, Topology};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;

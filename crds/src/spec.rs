@@ -14,6 +14,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::status::CSIDriverDeploymentStatus;
+use crate::topology::Topology;
 
 /// Default kubelet root directory on most distributions.
 pub const DEFAULT_KUBELET_DIR: &str = "/var/lib/kubelet";
@@ -72,6 +73,12 @@ pub const MAX_NAME_LEN: usize = 41;
         json_path = ".metadata.creationTimestamp"
     ),
     printcolumn(
+        name = "Topology",
+        type_ = "string",
+        json_path = ".spec.topology",
+        priority = 1
+    ),
+    printcolumn(
         name = "Target",
         type_ = "string",
         json_path = ".status.targetVersion",
@@ -99,6 +106,10 @@ pub const MAX_NAME_LEN: usize = 41;
 #[x_kube(validation = kube::core::Rule::new(
     "!has(self.node) || !has(self.node.readinessTaint) || !self.node.readinessTaint || !has(self.sidecars) || !has(self.sidecars.registrar) || !has(self.sidecars.registrar.enabled) || self.sidecars.registrar.enabled"
 ).message("node.readinessTaint needs the registrar (sidecars.registrar.enabled): the registrar is what removes the taint"))]
+#[x_kube(validation = crate::topology::attach_rule())]
+#[x_kube(validation = crate::topology::controller_fields_rule())]
+#[x_kube(validation = crate::topology::helpers_rule())]
+#[x_kube(validation = crate::topology::extra_rule())]
 #[x_kube(validation = kube::core::Rule::new(
     "!has(self.storageClasses) || self.storageClasses.all(a, self.storageClasses.exists_one(b, b.name == a.name))"
 ).message("storageClasses names must be unique"))]
@@ -122,10 +133,25 @@ pub struct CSIDriverDeploymentSpec {
     #[schemars(length(min = 1, max = 128))]
     pub version: String,
 
+    /// Where the driver's controller service runs. `Central` (default): a
+    /// controller workload (`spec.controller`) with the provisioner, the
+    /// attacher and the helpers, plus the node DaemonSet with the driver,
+    /// the registrar and the liveness probe. `NodeLocal`: the node DaemonSet
+    /// only, each node's pod running the driver, the provisioner with
+    /// `--node-deployment`, the registrar and the liveness probe, for
+    /// drivers whose volumes live on one node (csi-driver-host-path,
+    /// TopoLVM, local engines); it needs `csiDriver.attachRequired: false`
+    /// and refuses `spec.controller` settings, the helpers and extra
+    /// containers of controller pods.
+    #[serde(default)]
+    pub topology: Topology,
+
     /// The CSI driver container, shared by controller and node pods.
     pub driver: DriverSpec,
 
-    /// The controller (cluster-level) workload: a StatefulSet or a Deployment.
+    /// The controller (cluster-level) workload: a StatefulSet or a
+    /// Deployment. Topology `Central` only: under `NodeLocal` it keeps its
+    /// defaults (there is no controller workload).
     #[serde(default)]
     pub controller: ControllerSpec,
 
@@ -630,7 +656,8 @@ impl VolumeLifecycleMode {
 #[serde(rename_all = "camelCase")]
 pub struct CsiDriverObjectSpec {
     /// Whether volumes need ControllerPublish (attach). When false the
-    /// attacher sidecar is left out.
+    /// attacher sidecar is left out. Must be false with topology
+    /// `NodeLocal` (nothing attaches a node's own volumes).
     #[serde(default = "default_true")]
     pub attach_required: bool,
     #[serde(default)]

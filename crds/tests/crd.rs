@@ -1,7 +1,9 @@
 //! The checked-in CRD matches the Rust types, and its validation rules
 //! accept good objects and reject bad ones.
 
-use csiops_crds::{CSIDriverDeployment, CSIDriverDeploymentSpec, DriverSpec, StorageClassSpec};
+use csiops_crds::{
+    topology, CSIDriverDeployment, CSIDriverDeploymentSpec, DriverSpec, StorageClassSpec, Topology,
+};
 use kube::core::cel::{validate_cel, validate_cel_update};
 use kube::CustomResourceExt;
 
@@ -294,4 +296,159 @@ fn pod_settings_parse_with_their_kubernetes_names() {
     let back = serde_json::to_value(&spec.node).expect("serializes");
     assert_eq!(back["hostPID"], true);
     assert!(back.get("hostPid").is_none());
+}
+
+fn node_local_spec() -> CSIDriverDeploymentSpec {
+    serde_json::from_value(serde_json::json!({
+        "driverName": "hostpath.csi.k8s.io",
+        "version": "v1.18.0",
+        "topology": "NodeLocal",
+        "driver": {"image": "registry.k8s.io/sig-storage/hostpathplugin:v1.18.0"},
+        "csiDriver": {"attachRequired": false, "storageCapacity": true},
+        "sidecars": {"extra": [{"name": "tool", "image": "tool:1", "pod": "Node"}]}
+    }))
+    .expect("node-local spec parses")
+}
+
+#[test]
+fn topology_defaults_to_central_and_a_central_object_may_set_everything() {
+    let spec = base_spec();
+    assert_eq!(spec.topology, Topology::Central);
+    assert!(spec.node_local_conflicts().is_empty());
+    let mut spec = base_spec();
+    spec.controller.replicas = 3;
+    spec.sidecars.resizer.enabled = true;
+    assert!(validate_cel(&object(spec.clone())).is_ok());
+    assert!(spec.node_local_conflicts().is_empty());
+}
+
+#[test]
+fn a_node_local_object_without_controller_settings_is_accepted() {
+    let spec = node_local_spec();
+    assert!(validate_cel(&object(spec.clone())).is_ok());
+    assert!(spec.node_local_conflicts().is_empty());
+    // Empty collections and false flags are no settings.
+    let spec: CSIDriverDeploymentSpec = serde_json::from_value(serde_json::json!({
+        "driverName": "hostpath.csi.k8s.io",
+        "version": "v1",
+        "topology": "NodeLocal",
+        "driver": {"image": "x"},
+        "csiDriver": {"attachRequired": false},
+        "controller": {"tolerations": [], "hostNetwork": false, "podLabels": {}}
+    }))
+    .expect("parses");
+    assert!(validate_cel(&object(spec.clone())).is_ok());
+    assert!(spec.node_local_conflicts().is_empty());
+}
+
+/// Refused by the CRD and by the operator's own check, with the same words.
+fn assert_node_local_refused(spec: CSIDriverDeploymentSpec, field: &str, message: &str) {
+    let err = validate_cel(&object(spec.clone())).expect_err(field);
+    assert!(format!("{err:?}").contains(message), "{field}: {err:?}");
+    let conflicts = spec.node_local_conflicts();
+    assert!(
+        conflicts
+            .iter()
+            .any(|c| c.field == field && c.why == message),
+        "{field}: {conflicts:?}"
+    );
+}
+
+#[test]
+fn node_local_refuses_attach() {
+    let mut spec = node_local_spec();
+    spec.csi_driver.attach_required = true;
+    assert_node_local_refused(
+        spec,
+        "spec.csiDriver.attachRequired",
+        topology::ATTACH_MESSAGE,
+    );
+    // Left unset, attachRequired is true: refused as well.
+    let spec: CSIDriverDeploymentSpec = serde_json::from_value(serde_json::json!({
+        "driverName": "hostpath.csi.k8s.io",
+        "version": "v1",
+        "topology": "NodeLocal",
+        "driver": {"image": "x"}
+    }))
+    .expect("parses");
+    assert!(spec.csi_driver.attach_required);
+    assert_node_local_refused(
+        spec,
+        "spec.csiDriver.attachRequired",
+        topology::ATTACH_MESSAGE,
+    );
+}
+
+/// Every field of `spec.controller` the CRD rule checks is one the
+/// operator's check finds, and the other way round.
+#[test]
+fn node_local_refuses_every_controller_setting() {
+    let samples: Vec<(&str, serde_json::Value)> = vec![
+        ("kind", serde_json::json!("Deployment")),
+        ("replicas", serde_json::json!(2)),
+        ("nodeSelector", serde_json::json!({"a": "b"})),
+        ("tolerations", serde_json::json!([{"operator": "Exists"}])),
+        ("affinity", serde_json::json!({"nodeAffinity": {}})),
+        ("priorityClassName", serde_json::json!("high")),
+        ("image", serde_json::json!("other:1")),
+        ("args", serde_json::json!(["--x"])),
+        ("env", serde_json::json!([{"name": "A", "value": "1"}])),
+        (
+            "resources",
+            serde_json::json!({"limits": {"memory": "1Gi"}}),
+        ),
+        (
+            "volumeMounts",
+            serde_json::json!([{"name": "v", "mountPath": "/v"}]),
+        ),
+        ("securityContext", serde_json::json!({"privileged": true})),
+        (
+            "volumes",
+            serde_json::json!([{"name": "v", "emptyDir": {}}]),
+        ),
+        ("hostNetwork", serde_json::json!(true)),
+        ("dnsPolicy", serde_json::json!("Default")),
+        ("hostPID", serde_json::json!(true)),
+        ("podAnnotations", serde_json::json!({"a": "b"})),
+        ("podLabels", serde_json::json!({"a": "b"})),
+    ];
+    let checked: Vec<&str> = topology::CONTROLLER_FIELDS
+        .iter()
+        .map(|(f, _)| *f)
+        .chain(["kind", "replicas"])
+        .collect();
+    assert_eq!(samples.len(), checked.len());
+    for (field, value) in samples {
+        assert!(checked.contains(&field), "{field} is not checked");
+        let mut json = serde_json::to_value(node_local_spec()).expect("serializes");
+        json["controller"][field] = value;
+        let spec: CSIDriverDeploymentSpec = serde_json::from_value(json).expect(field);
+        assert_eq!(spec.controller.set_fields(), vec![field]);
+        assert_node_local_refused(
+            spec,
+            &format!("spec.controller.{field}"),
+            topology::CONTROLLER_MESSAGE,
+        );
+    }
+}
+
+#[test]
+fn node_local_refuses_the_controller_helpers_and_extra_containers_of_controller_pods() {
+    for helper in topology::CONTROLLER_HELPERS {
+        let mut json = serde_json::to_value(node_local_spec()).expect("serializes");
+        json["sidecars"][helper] = serde_json::json!({"enabled": true});
+        let spec: CSIDriverDeploymentSpec = serde_json::from_value(json).expect(helper);
+        assert_node_local_refused(
+            spec,
+            &format!("spec.sidecars.{helper}.enabled"),
+            topology::HELPERS_MESSAGE,
+        );
+    }
+    let mut json = serde_json::to_value(node_local_spec()).expect("serializes");
+    json["sidecars"]["extra"] = serde_json::json!([
+        {"name": "a", "image": "a:1", "pod": "Node"},
+        {"name": "b", "image": "b:1"}
+    ]);
+    let spec: CSIDriverDeploymentSpec = serde_json::from_value(json).expect("extra");
+    assert_node_local_refused(spec, "spec.sidecars.extra[1].pod", topology::EXTRA_MESSAGE);
 }

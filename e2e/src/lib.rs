@@ -24,6 +24,7 @@ pub mod cluster;
 mod components;
 pub mod error;
 pub mod kwok;
+pub mod node_local;
 pub mod node_side;
 pub mod operator;
 pub mod ports;

@@ -34,6 +34,30 @@ pub fn start_mock_driver(
     )
 }
 
+/// Starts `csiops-sidecar registrar` for `node`: the driver on `socket`,
+/// its registration socket in `registry`, CSINode maintenance through
+/// `kubeconfig`.
+pub fn start_registrar(
+    sidecar: &Path,
+    kubeconfig: &Path,
+    socket: &Path,
+    registry: &Path,
+    driver: &str,
+    node: &str,
+    log: &Path,
+) -> Result<ManagedProcess> {
+    let args = vec![
+        "registrar".to_string(),
+        format!("--csi-address={}", socket.display()),
+        format!("--kubelet-registration-path=/var/lib/kubelet/plugins/{driver}/csi.sock"),
+        format!("--plugin-registration-path={}", registry.display()),
+        format!("--node-name={node}"),
+        format!("--kubeconfig={}", kubeconfig.display()),
+        "--node-info-interval=2s".to_string(),
+    ];
+    ManagedProcess::spawn("registrar", sidecar, &args, log)
+}
+
 /// The registration socket of `driver` in a plugins_registry directory.
 pub fn registration_socket(registry: &Path, driver: &str) -> PathBuf {
     registry.join(format!("{driver}-reg.sock"))
@@ -127,20 +151,15 @@ fn start_node(cfg: &NodeSideConfig, node: &str) -> Result<NodeProcesses> {
         node,
         &dir.join("driver.log"),
     )?;
-    let args = vec![
-        "registrar".to_string(),
-        format!("--csi-address={}", socket.display()),
-        format!(
-            "--kubelet-registration-path=/var/lib/kubelet/plugins/{}/csi.sock",
-            cfg.driver
-        ),
-        format!("--plugin-registration-path={}", registry.display()),
-        format!("--node-name={node}"),
-        format!("--kubeconfig={}", cfg.kubeconfig.display()),
-        "--node-info-interval=2s".to_string(),
-    ];
-    let registrar =
-        ManagedProcess::spawn("registrar", &cfg.sidecar, &args, &dir.join("registrar.log"))?;
+    let registrar = start_registrar(
+        &cfg.sidecar,
+        &cfg.kubeconfig,
+        &socket,
+        &registry,
+        &cfg.driver,
+        node,
+        &dir.join("registrar.log"),
+    )?;
     Ok(NodeProcesses {
         _driver: driver,
         _registrar: registrar,

@@ -21,9 +21,16 @@ pub fn crd_path() -> PathBuf {
     workspace_root().join("crds/csidriverdeployments.csiops.dev.yaml")
 }
 
-/// The hostpath example.
+/// The hostpath example (topology NodeLocal: hostpathplugin on every node).
 pub fn example_path() -> PathBuf {
     workspace_root().join("manifests/examples/hostpath.yaml")
+}
+
+/// A Central-topology CSIDriverDeployment with hostpathplugin's arguments
+/// (the hostpath example as it was before topology NodeLocal): for the tests
+/// on kwok nodes, whose node side [`node_side`] plays with csi-mock-driver.
+pub fn central_fixture_path() -> PathBuf {
+    workspace_root().join("e2e/fixtures/hostpath-central.yaml")
 }
 
 /// Installs the CRD and waits until the API serves it.

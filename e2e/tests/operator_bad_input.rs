@@ -96,11 +96,11 @@ async fn bad_input_is_refused_or_degraded_and_the_good_driver_is_untouched() {
     let _other_nodes = testkit::node_side(&cluster, "csi-other", "other", "other.csi.example.com")
         .expect("node side");
 
-    let example = testkit::example_path();
+    let example = testkit::central_fixture_path();
     cluster
         .kubectl_ok(["apply", "-f", &example.to_string_lossy()])
         .await
-        .expect("example applies");
+        .expect("central fixture applies");
     testkit::wait_running(&cluster, NS, "hostpath", "v1.17.0", 3, DEADLINE)
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", operator.log_tail(40)));
@@ -120,6 +120,12 @@ async fn bad_input_is_refused_or_degraded_and_the_good_driver_is_untouched() {
         ("ok.csi.example.com", "  storageClasses:\n  - name: a\n    isDefault: true\n  - name: b\n    isDefault: true\n", "at most one storageClass may set isDefault"),
         ("a-driver-name-too-long-for-a-readiness-taint.io", "  node:\n    readinessTaint: true\n", "needs a driverName of at most 46 characters"),
         ("ok.csi.example.com", "  node:\n    readinessTaint: true\n  sidecars:\n    registrar:\n      enabled: false\n", "needs the registrar"),
+        // Topology NodeLocal: what only controller pods could run.
+        ("ok.csi.example.com", "  topology: NodeLocal\n", "needs csiDriver.attachRequired: false"),
+        ("ok.csi.example.com", "  topology: NodeLocal\n  csiDriver:\n    attachRequired: false\n  controller:\n    replicas: 2\n", "runs no controller workload"),
+        ("ok.csi.example.com", "  topology: NodeLocal\n  csiDriver:\n    attachRequired: false\n  sidecars:\n    resizer:\n      enabled: true\n", "the resizer, snapshotter and healthMonitor helpers cannot run"),
+        ("ok.csi.example.com", "  topology: NodeLocal\n  csiDriver:\n    attachRequired: false\n  sidecars:\n    extra:\n    - {name: x, image: x}\n", "needs pod: Node"),
+        ("ok.csi.example.com", "  topology: Local\n", "spec.topology"),
     ] {
         let out = testkit::apply_yaml(&cluster, "bad", &object("csi-bad", "bad", driver, extra)).await.expect("kubectl runs");
         let stderr = String::from_utf8_lossy(&out.stderr);

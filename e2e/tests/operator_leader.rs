@@ -83,11 +83,11 @@ async fn a_standby_takes_over_when_the_leader_stops() {
 
     let _nodes =
         testkit::node_side(&cluster, NS, "hostpath", "hostpath.csi.k8s.io").expect("node side");
-    let example = testkit::example_path();
+    let example = testkit::central_fixture_path();
     cluster
         .kubectl_ok(["apply", "-f", &example.to_string_lossy()])
         .await
-        .expect("example applies");
+        .expect("central fixture applies");
     testkit::wait_running(&cluster, NS, "hostpath", "v1.17.0", 3, DEADLINE)
         .await
         .unwrap_or_else(|e| panic!("{e}\nleader log:\n{}", leader.log_tail(30)));

@@ -1,5 +1,6 @@
-//! The operator end to end on a real control plane: install of the hostpath
-//! example, an ordered upgrade, and an ordered teardown that leaves nothing.
+//! The operator end to end on a real control plane: install of a central
+//! driver (the fixture `e2e/fixtures/hostpath-central.yaml`), an ordered
+//! upgrade, and an ordered teardown that leaves nothing.
 //!
 //! One cluster for the whole file: the steps build on each other, as a storage
 //! admin's day would. kwok pods run nothing, so the node side is played per
@@ -67,11 +68,11 @@ async fn install_upgrade_and_delete_in_order() {
 
     // --- install -------------------------------------------------------------
     let install = Timeline::start(&client, NS);
-    let example = testkit::example_path();
+    let example = testkit::central_fixture_path();
     cluster
         .kubectl_ok(["apply", "-f", &example.to_string_lossy()])
         .await
-        .expect("example applies");
+        .expect("central fixture applies");
     let row = testkit::wait_running(&cluster, NS, NAME, "v1.17.0", NODES, DEADLINE)
         .await
         .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", operator.log_tail(40)));

@@ -163,6 +163,8 @@ pub fn operator_rules() -> Vec<PolicyRule> {
     rbac::merge_rules(&[
         OPERATOR_GRANTS,
         rbac::PROVISIONER_GRANTS,
+        // Topology NodeLocal: the node ServiceAccount's (a subset).
+        rbac::NODE_PROVISIONER_GRANTS,
         rbac::ATTACHER_GRANTS,
         rbac::REGISTRAR_GRANTS,
         rbac::LEADER_ELECTION_GRANTS,

@@ -27,6 +27,9 @@ pub struct ReportInput<'a> {
     pub previous: Option<&'a CSIDriverDeploymentStatus>,
     pub generation: i64,
     pub spec_version: &'a str,
+    /// Whether the object asks for a controller workload (topology
+    /// Central); node-local drivers serve without one.
+    pub controller: bool,
     pub rollout: Option<&'a RolloutStatus>,
     /// What the current rollout step waits for.
     pub waiting_for: Option<&'a str>,
@@ -52,7 +55,17 @@ pub fn build(input: &ReportInput<'_>) -> CSIDriverDeploymentStatus {
     // Available means the driver serves: a Ready controller replica (when
     // the object asks for one), and node pods up on the healthy nodes within
     // the node roll's budget. Lost nodes are named, not counted against it.
-    let controller_ok = h.controller.ready > 0 || h.controller.desired == 0;
+    // A node-local driver serves from its node pods alone (a controller
+    // left from a central past is being removed, not waited for).
+    let controller_ok = !input.controller || h.controller.ready > 0 || h.controller.desired == 0;
+    // What there is of a controller, or `-` for a node-local driver once
+    // nothing of it is left.
+    let controller_summary =
+        if !input.controller && h.controller.desired == 0 && h.controller.ready == 0 {
+            "-".to_string()
+        } else {
+            format!("{}/{}", h.controller.ready, h.controller.desired)
+        };
     let nodes_ok = h.nodes_serving;
     let deployed = current_version.is_some();
     let lost = lost_nodes(&h.fleet.lost, input.previous, input.now);
@@ -74,10 +87,17 @@ pub fn build(input: &ReportInput<'_>) -> CSIDriverDeploymentStatus {
         } else {
             "AllReady"
         },
-        format!(
-            "controller {}/{} ready, node pods {}/{} available{lost_text}",
-            h.controller.ready, h.controller.desired, h.node.available, h.node.desired
-        ),
+        if input.controller {
+            format!(
+                "controller {}/{} ready, node pods {}/{} available{lost_text}",
+                h.controller.ready, h.controller.desired, h.node.available, h.node.desired
+            )
+        } else {
+            format!(
+                "node-local: node pods {}/{} available{lost_text}",
+                h.node.available, h.node.desired
+            )
+        },
     );
 
     let step_text = input.rollout.map(|r| {
@@ -188,7 +208,7 @@ pub fn build(input: &ReportInput<'_>) -> CSIDriverDeploymentStatus {
         registered_nodes: h.registered_nodes,
         tainted_nodes: h.tainted_nodes,
         summary: Summary {
-            controller: format!("{}/{}", h.controller.ready, h.controller.desired),
+            controller: controller_summary,
             nodes: format!("{}/{}", h.node.ready, h.node.desired),
             registered: format!("{}/{}", h.registered_nodes, h.node.desired),
         },

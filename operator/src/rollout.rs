@@ -17,6 +17,17 @@
 //! - Controller-only change: `ControllerRoll`.
 //! - Delete: `ControllerDelete` → `NodeDelete` → `ClusterCleanup` → finalizer removed.
 //!
+//! Without a controller workload (topology NodeLocal, [`Desired::controller`]
+//! false) a rollout is node-only: `NodeInstall` or `NodeRoll`, nothing
+//! after. Switching a central driver to node-local takes its controller
+//! down first (`ControllerScaleDown`, whatever the strategy), rolls the
+//! nodes to their node-local pods, then removes the controller workload
+//! (`ControllerRoll` rolls it to none): a central provisioner and the
+//! nodes' provisioners must never both act, or a claim scheduled to a node
+//! gets two volumes, one of them on a driver instance that cannot serve it.
+//! Switching back rolls the nodes (their provisioners go) and then starts
+//! the controller, as an install would.
+//!
 //! Why nodes first and the old controller serving meanwhile: a controller
 //! plugin only ever deals with node plugins through the CSI RPCs kubelet
 //! makes (NodeStage/NodePublish with the volume context and publish context
@@ -53,6 +64,10 @@ use crate::fleet::Fleet;
 pub struct Desired {
     pub node_hash: String,
     pub controller_hash: String,
+    /// Whether a controller workload should exist (topology Central). When
+    /// false, `controller_hash`, `controller_replicas` and `controller_kind`
+    /// mean nothing and any controller workload is removed.
+    pub controller: bool,
     /// Whether the registrar runs, so that "registered" can be waited for.
     pub registration_required: bool,
     pub step_timeout: Duration,
@@ -123,6 +138,9 @@ pub enum Action {
     ScaleControllerToZero,
     /// Delete the controller workload of the kind the spec no longer asks for.
     DeleteStaleController,
+    /// Delete the controller workload of the spec's kind: the spec asks for
+    /// none (topology NodeLocal).
+    DeleteController,
 }
 
 /// One step of the ordered teardown of a deleted object, in order.
@@ -209,16 +227,31 @@ pub fn plan(
                 r
             }
             None => {
-                // Steady state: re-apply both to undo drift; the hashes match.
-                plan.actions = vec![Action::ApplyNode, Action::ApplyController];
+                // Steady state: re-apply to undo drift; the hashes match.
+                plan.actions = if desired.controller {
+                    vec![Action::ApplyNode, Action::ApplyController]
+                } else {
+                    vec![Action::ApplyNode]
+                };
                 return plan;
             }
         },
     };
 
-    drive_steps(&mut plan, rollout, desired.step_timeout, now, |step| {
-        run_step(step, desired, observed)
-    });
+    drive_steps(
+        &mut plan,
+        rollout,
+        desired.step_timeout,
+        now,
+        |step| run_step(step, desired, observed),
+        |kind, step| {
+            next_step(
+                kind,
+                step,
+                desired.controller || controller_present(observed),
+            )
+        },
+    );
     plan
 }
 
@@ -255,9 +288,14 @@ pub fn plan_delete(
         rollout.step = RolloutStep::ControllerDelete;
         rollout.step_started_at = rfc3339(now);
     }
-    drive_steps(&mut plan, rollout, step_timeout, now, |step| {
-        run_delete_step(step, observed)
-    });
+    drive_steps(
+        &mut plan,
+        rollout,
+        step_timeout,
+        now,
+        |step| run_delete_step(step, observed),
+        |kind, step| next_step(kind, step, true),
+    );
     if plan.completed {
         plan.actions.push(TeardownAction::RemoveFinalizer);
     }
@@ -273,6 +311,7 @@ fn drive_steps<A: PartialEq>(
     step_timeout: Duration,
     now: DateTime<Utc>,
     run: impl Fn(RolloutStep) -> (Vec<A>, Option<String>),
+    next: impl Fn(RolloutKind, RolloutStep) -> Option<RolloutStep>,
 ) {
     loop {
         let (actions, wait) = run(rollout.step);
@@ -289,7 +328,7 @@ fn drive_steps<A: PartialEq>(
         }
         plan.transitions
             .push(Transition::StepCompleted(rollout.step));
-        match next_step(rollout.kind, rollout.step) {
+        match next(rollout.kind, rollout.step) {
             Some(step) => {
                 plan.transitions.push(Transition::StepStarted(step));
                 rollout.step = step;
@@ -382,6 +421,9 @@ fn new_rollout(
 /// Decides whether the live objects differ from the desired ones, and which
 /// rollout brings them there.
 fn start(desired: &Desired, observed: &Observed, now: DateTime<Utc>) -> Option<RolloutStatus> {
+    if !desired.controller {
+        return start_node_local(desired, observed, now);
+    }
     let node_current = observed
         .node
         .as_ref()
@@ -437,6 +479,56 @@ fn start(desired: &Desired, observed: &Observed, now: DateTime<Utc>) -> Option<R
     ))
 }
 
+/// [`start`] without a controller workload: the node side, and the removal
+/// of a controller left from a central past.
+fn start_node_local(
+    desired: &Desired,
+    observed: &Observed,
+    now: DateTime<Utc>,
+) -> Option<RolloutStatus> {
+    let node_current = observed
+        .node
+        .as_ref()
+        .is_some_and(|n| n.hash.as_deref() == Some(desired.node_hash.as_str()));
+    let first = if desired.ever_completed {
+        RolloutStep::NodeRoll
+    } else {
+        RolloutStep::NodeInstall
+    };
+    let (kind, step) = if !node_current {
+        if observed.node.is_none() && !controller_running(observed) {
+            (RolloutKind::Install, RolloutStep::NodeInstall)
+        } else if controller_running(observed) {
+            // A central controller stops before the nodes take over its
+            // provisioning (see the module docs).
+            (upgrade_kind(desired), RolloutStep::ControllerScaleDown)
+        } else {
+            (upgrade_kind(desired), first)
+        }
+    } else if controller_present(observed) {
+        if observed.fleet.is_rolling() {
+            (upgrade_kind(desired), first)
+        } else {
+            (upgrade_kind(desired), RolloutStep::ControllerRoll)
+        }
+    } else {
+        return None;
+    };
+    Some(new_rollout(
+        kind,
+        step,
+        &desired.node_hash,
+        &desired.controller_hash,
+        now,
+    ))
+}
+
+/// Whether anything of a controller exists: a workload of either kind
+/// (scaled down or not) or pods.
+fn controller_present(observed: &Observed) -> bool {
+    observed.controller.is_some() || observed.stale_controller || observed.controller_pods > 0
+}
+
 /// Whether any controller runs, or is about to: replicas asked, the other
 /// kind's workload, or pods still there.
 fn controller_running(observed: &Observed) -> bool {
@@ -451,7 +543,8 @@ fn controller_running(observed: &Observed) -> bool {
 /// A StatefulSet left between the phases of a surge roll (its status write
 /// lost): the roll must be finished, the surge replica removed.
 fn controller_mid_surge(desired: &Desired, observed: &Observed) -> bool {
-    desired.controller_kind == ControllerKind::StatefulSet
+    desired.controller
+        && desired.controller_kind == ControllerKind::StatefulSet
         && observed.controller.as_ref().is_some_and(|c| {
             c.partition > 0
                 || (c.spec_replicas > desired.controller_replicas && c.spec_replicas > 0)
@@ -509,13 +602,15 @@ fn retarget(
     r
 }
 
-fn next_step(kind: RolloutKind, step: RolloutStep) -> Option<RolloutStep> {
+/// The step after `step`; `controller_step`: whether a controller step
+/// follows the node side (a controller is wanted, or one is left to remove).
+fn next_step(kind: RolloutKind, step: RolloutStep, controller_step: bool) -> Option<RolloutStep> {
     use RolloutStep::*;
     match (kind, step) {
         (RolloutKind::Delete, ControllerDelete) => Some(NodeDelete),
         (RolloutKind::Delete, NodeDelete) => Some(ClusterCleanup),
         (RolloutKind::Delete, _) => None,
-        (_, NodeInstall) | (_, NodeRoll) => Some(ControllerRoll),
+        (_, NodeInstall) | (_, NodeRoll) => controller_step.then_some(ControllerRoll),
         (_, ControllerScaleDown) => Some(NodeRoll),
         (_, ControllerRoll) => None,
         // Teardown steps never appear in a live rollout; finish it.
@@ -533,8 +628,10 @@ fn run_step(
         RolloutStep::NodeInstall | RolloutStep::NodeRoll => {
             // A driver that cannot bear skew never has its nodes rolled
             // under a running controller, whichever way the step was
-            // reached (a status lost, an edit mid-roll).
-            if desired.strategy == RolloutStrategy::StopController && controller_running(observed) {
+            // reached (a status lost, an edit mid-roll); nor does a driver
+            // becoming node-local, whose nodes take over the provisioning.
+            let stop = desired.strategy == RolloutStrategy::StopController || !desired.controller;
+            if stop && controller_running(observed) {
                 return run_step(RolloutStep::ControllerScaleDown, desired, observed);
             }
             (vec![Action::ApplyNode], node_rolled(observed))
@@ -565,6 +662,9 @@ fn run_step(
             }
             // Switching kinds: the old workload and its pods are gone before
             // the new one starts, so two controllers never run side by side.
+            if !desired.controller {
+                return remove_controller(observed);
+            }
             if observed.stale_controller {
                 return (
                     vec![Action::DeleteStaleController],
@@ -601,6 +701,33 @@ fn run_step(
             (Vec::new(), None)
         }
     }
+}
+
+/// The controller step of a spec without a controller: once every healthy
+/// node runs its node-local pod, the workloads of both kinds are deleted,
+/// and the step waits until their pods are gone.
+fn remove_controller(observed: &Observed) -> (Vec<Action>, Option<String>) {
+    if observed.fleet.is_rolling() {
+        let why = observed
+            .fleet
+            .waiting_for()
+            .unwrap_or_else(|| "node side still rolling out".to_string());
+        return (vec![Action::ApplyNode], Some(why));
+    }
+    let mut actions = Vec::new();
+    if observed.controller.is_some() {
+        actions.push(Action::DeleteController);
+    }
+    if observed.stale_controller {
+        actions.push(Action::DeleteStaleController);
+    }
+    let wait = controller_present(observed).then(|| {
+        format!(
+            "controller workload being removed (topology NodeLocal runs none): {} pod(s) left",
+            observed.controller_pods
+        )
+    });
+    (actions, wait)
 }
 
 fn node_rolled(observed: &Observed) -> Option<String> {

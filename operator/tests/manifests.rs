@@ -94,8 +94,16 @@ fn install_yaml_has_every_part_of_an_installation() {
 }
 
 fn example() -> CSIDriverDeployment {
-    let text = std::fs::read_to_string(workspace_file("manifests/examples/hostpath.yaml"))
-        .expect("example readable");
+    read_cr("manifests/examples/hostpath.yaml")
+}
+
+/// The Central-topology fixture of the e2e tests.
+fn central() -> CSIDriverDeployment {
+    read_cr("e2e/fixtures/hostpath-central.yaml")
+}
+
+fn read_cr(rel: &str) -> CSIDriverDeployment {
+    let text = std::fs::read_to_string(workspace_file(rel)).expect("YAML readable");
     let doc = serde_yaml::Deserializer::from_str(&text)
         .map(|d| <serde_yaml::Value as serde::Deserialize>::deserialize(d).expect("yaml doc"))
         .find(|v| v["kind"] == "CSIDriverDeployment")
@@ -123,7 +131,7 @@ fn triples(rules: &[k8s_openapi::api::rbac::v1::PolicyRule]) -> BTreeSet<(String
 #[test]
 fn operator_holds_every_permission_it_grants() {
     let held = triples(&install::operator_rules());
-    let mut obj = example();
+    let mut obj = central();
     // Every sidecar and helper on, so every grant is rendered.
     obj.spec.csi_driver.attach_required = true;
     obj.spec.sidecars.resizer.enabled = true;
@@ -136,20 +144,28 @@ fn operator_holds_every_permission_it_grants() {
         sidecar_image: "ghcr.io/csiops/csiops-sidecar:v0.1.0".into(),
         operator_version: "0.1.0".into(),
     };
-    let r = render(&obj, &cfg).expect("example renders");
-    let mut granted = BTreeSet::new();
-    for role in &r.cluster_roles {
-        granted.extend(triples(role.rules.as_deref().unwrap_or_default()));
+    // And a node-local driver with capacity and authenticated metrics: the
+    // node ServiceAccount's grants.
+    let mut node_local = example();
+    node_local.spec.csi_driver.storage_capacity = true;
+    node_local.spec.monitoring =
+        Some(serde_json::from_value(serde_json::json!({"metricsAuth": true})).expect("parses"));
+    for obj in [obj, node_local] {
+        let r = render(&obj, &cfg).expect("object renders");
+        let mut granted = BTreeSet::new();
+        for role in &r.cluster_roles {
+            granted.extend(triples(role.rules.as_deref().unwrap_or_default()));
+        }
+        for role in r.leader_election_role.iter().chain(&r.node_role) {
+            granted.extend(triples(role.rules.as_deref().unwrap_or_default()));
+        }
+        assert!(
+            granted.len() > 20,
+            "expected a real rule set, got {granted:?}"
+        );
+        let missing: Vec<_> = granted.difference(&held).collect();
+        assert!(missing.is_empty(), "operator cannot grant {missing:?}");
     }
-    if let Some(role) = &r.leader_election_role {
-        granted.extend(triples(role.rules.as_deref().unwrap_or_default()));
-    }
-    assert!(
-        granted.len() > 20,
-        "expected a real rule set, got {granted:?}"
-    );
-    let missing: Vec<_> = granted.difference(&held).collect();
-    assert!(missing.is_empty(), "operator cannot grant {missing:?}");
 }
 
 #[test]
@@ -163,4 +179,10 @@ fn example_is_the_hostpath_driver_and_renders() {
     };
     let r = render(&obj, &cfg).expect("example renders");
     assert_eq!(r.storage_classes.len(), 1);
+    assert!(r.controller.is_none(), "the example is node-local");
+    let distributed = read_cr("manifests/examples/hostpath-distributed.yaml");
+    assert_eq!(distributed.spec.driver_name, obj.spec.driver_name);
+    let r = render(&distributed, &cfg).expect("distributed example renders");
+    assert_eq!(r.storage_classes.len(), 2);
+    assert!(r.controller.is_none());
 }

@@ -19,9 +19,10 @@ use csiops_operator::render::labels::{
     VERSION_LABEL,
 };
 use csiops_operator::render::{
-    names, render, ControllerWorkload, RenderConfig, RenderError, Rendered,
+    names, rbac, render, ControllerWorkload, RenderConfig, RenderError, Rendered,
 };
 use k8s_openapi::api::core::v1::{Container, PodSpec};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -38,10 +39,28 @@ fn manifest_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The `CSIDriverDeployment` of `manifests/examples/hostpath.yaml`, with a uid
-/// as the API server would set it.
-fn hostpath() -> CSIDriverDeployment {
-    let path = manifest_dir().join("../manifests/examples/hostpath.yaml");
+/// The Central-topology fixture `e2e/fixtures/hostpath-central.yaml` (what
+/// the hostpath example was before topology NodeLocal), with a uid as the
+/// API server would set it: the base of the targeted tests of the central
+/// topology.
+fn central() -> CSIDriverDeployment {
+    read_cr("../e2e/fixtures/hostpath-central.yaml")
+}
+
+/// The `CSIDriverDeployment` of `manifests/examples/hostpath.yaml`
+/// (topology NodeLocal).
+fn example() -> CSIDriverDeployment {
+    read_cr("../manifests/examples/hostpath.yaml")
+}
+
+/// The `CSIDriverDeployment` of `manifests/examples/hostpath-distributed.yaml`.
+fn distributed() -> CSIDriverDeployment {
+    read_cr("../manifests/examples/hostpath-distributed.yaml")
+}
+
+/// The `CSIDriverDeployment` of a YAML file (relative to this crate).
+fn read_cr(rel: &str) -> CSIDriverDeployment {
+    let path = manifest_dir().join(rel);
     let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     let mut found = None;
     for doc in serde_yaml::Deserializer::from_str(&text) {
@@ -152,17 +171,21 @@ fn objects(r: &Rendered) -> Vec<Value> {
     fn v<T: serde::Serialize>(t: &T) -> Value {
         serde_json::to_value(t).expect("rendered objects serialize")
     }
-    let mut out = vec![v(&r.controller_service_account), v(&r.node_service_account)];
+    let mut out: Vec<Value> = r.controller_service_account.iter().map(v).collect();
+    out.push(v(&r.node_service_account));
     out.extend(r.leader_election_role.iter().map(v));
     out.extend(r.leader_election_role_binding.iter().map(v));
+    out.extend(r.node_role.iter().map(v));
+    out.extend(r.node_role_binding.iter().map(v));
     out.extend(r.cluster_roles.iter().map(v));
     out.extend(r.cluster_role_bindings.iter().map(v));
     out.push(v(&r.csi_driver));
     out.extend(r.storage_classes.iter().map(v));
     out.push(v(&r.daemonset));
     match &r.controller {
-        ControllerWorkload::StatefulSet(s) => out.push(v(s)),
-        ControllerWorkload::Deployment(d) => out.push(v(d)),
+        Some(ControllerWorkload::StatefulSet(s)) => out.push(v(s)),
+        Some(ControllerWorkload::Deployment(d)) => out.push(v(d)),
+        None => {}
     }
     out.extend(r.metrics_service.iter().map(v));
     out.extend(r.pod_monitor.iter().map(v));
@@ -261,8 +284,18 @@ fn first_diff(golden: &str, rendered: &str) -> String {
 }
 
 #[test]
+fn golden_central() {
+    check_golden("central", &central());
+}
+
+#[test]
 fn golden_hostpath() {
-    check_golden("hostpath", &hostpath());
+    check_golden("hostpath", &example());
+}
+
+#[test]
+fn golden_distributed() {
+    check_golden("distributed", &distributed());
 }
 
 #[test]
@@ -273,7 +306,7 @@ fn golden_custom() {
 /// The hostpath example with authenticated metrics, a certificate Secret and
 /// a PodMonitor.
 fn monitored() -> CSIDriverDeployment {
-    let mut obj = hostpath();
+    let mut obj = central();
     obj.spec.monitoring = Some(
         serde_json::from_value(serde_json::json!({
             "metricsAuth": true,
@@ -299,7 +332,7 @@ fn golden_monitoring() {
 
 #[test]
 fn without_monitoring_nothing_of_it_is_rendered() {
-    let r = must_render(&hostpath());
+    let r = must_render(&central());
     assert!(r.metrics_service.is_none());
     assert!(r.pod_monitor.is_none());
     for component in [Component::Controller, Component::Node] {
@@ -394,7 +427,7 @@ fn metrics_auth_reaches_every_bundled_sidecar_its_probes_and_its_rbac() {
 
 #[test]
 fn a_service_without_metrics_auth_is_plain_http_and_no_pod_monitor_unless_enabled() {
-    let mut obj = hostpath();
+    let mut obj = central();
     obj.spec.monitoring = Some(Default::default());
     let r = must_render(&obj);
     assert!(r.metrics_service.is_some());
@@ -418,7 +451,7 @@ fn a_service_without_metrics_auth_is_plain_http_and_no_pod_monitor_unless_enable
 
 fn pod(r: &Rendered, component: Component) -> &PodSpec {
     let spec = match component {
-        Component::Controller => r.controller.template(),
+        Component::Controller => r.controller.as_ref().and_then(|c| c.template()),
         Component::Node => r.daemonset.spec.as_ref().map(|s| &s.template),
     };
     spec.and_then(|t| t.spec.as_ref())
@@ -428,7 +461,8 @@ fn pod(r: &Rendered, component: Component) -> &PodSpec {
 /// The controller StatefulSet (the default kind).
 fn sts(r: &Rendered) -> &k8s_openapi::api::apps::v1::StatefulSet {
     r.controller
-        .statefulset()
+        .as_ref()
+        .and_then(|c| c.statefulset())
         .expect("the controller is a StatefulSet")
 }
 
@@ -486,7 +520,7 @@ fn env_value<'a>(c: &'a Container, name: &str) -> Option<&'a str> {
 #[test]
 fn node_volumes_follow_the_csi_design() {
     for (obj, kubelet) in [
-        (hostpath(), "/var/lib/kubelet"),
+        (central(), "/var/lib/kubelet"),
         (custom(), "/var/lib/k0s/kubelet"),
     ] {
         let r = must_render(&obj);
@@ -555,7 +589,7 @@ fn node_volumes_follow_the_csi_design() {
 
 #[test]
 fn node_driver_is_privileged_controller_driver_is_not() {
-    for obj in [hostpath(), custom()] {
+    for obj in [central(), custom()] {
         let r = must_render(&obj);
         let sc = container(pod(&r, Component::Node), "csi-driver")
             .security_context
@@ -629,7 +663,7 @@ fn driver_env_is_injected_then_merged() {
 
 #[test]
 fn attacher_only_when_attach_required() {
-    let r = must_render(&hostpath());
+    let r = must_render(&central());
     assert_eq!(
         container_names(pod(&r, Component::Controller)),
         ["csi-driver", "csi-provisioner", "liveness-probe"]
@@ -672,7 +706,7 @@ fn disabled_sidecars_are_absent() {
     );
 
     // Liveness enabled in hostpath: wired to the driver's healthz port.
-    let r = must_render(&hostpath());
+    let r = must_render(&central());
     let driver = container(pod(&r, Component::Node), "csi-driver");
     let probe = driver
         .liveness_probe
@@ -757,7 +791,7 @@ fn sidecar_args_start_with_role_and_end_with_extra_args() {
     assert_eq!(env, ["NAMESPACE", "RUST_LOG"]);
 
     // Without spec.sidecars.image the operator's image is used.
-    let r = must_render(&hostpath());
+    let r = must_render(&central());
     let prov = container(pod(&r, Component::Controller), "csi-provisioner");
     assert_eq!(
         prov.image.as_deref(),
@@ -806,7 +840,7 @@ fn storage_capacity_turns_on_publishing_with_its_owner_env_and_rbac() {
 
     // Off (the hostpath example): no flag, no POD_NAME, leader election and
     // the journal only.
-    let r = must_render(&hostpath());
+    let r = must_render(&central());
     let prov = container(pod(&r, Component::Controller), names::CONTAINER_PROVISIONER);
     let args = prov.args.clone().unwrap_or_default();
     assert!(!args.iter().any(|a| a.contains("capacity")), "{args:?}");
@@ -815,7 +849,7 @@ fn storage_capacity_turns_on_publishing_with_its_owner_env_and_rbac() {
     assert_eq!(role_rules(&r), owned(&[JOURNAL, EVENTS, LEASES]));
 
     // On with a StatefulSet: owner one level up, pods readable.
-    let mut obj = hostpath();
+    let mut obj = central();
     obj.spec.csi_driver.storage_capacity = true;
     let r = must_render(&obj);
     let prov = container(pod(&r, Component::Controller), names::CONTAINER_PROVISIONER);
@@ -876,13 +910,13 @@ fn storage_capacity_turns_on_publishing_with_its_owner_env_and_rbac() {
 #[test]
 fn capacity_switch_and_owner_level_are_managed() {
     for arg in ["--enable-capacity", "--capacity-ownerref-level=-1"] {
-        let mut obj = hostpath();
+        let mut obj = central();
         obj.spec.sidecars.provisioner.extra_args.push(arg.into());
         let err = render(&obj, &cfg()).expect_err(arg);
         assert!(matches!(err, RenderError::ManagedFlag { .. }), "{err:?}");
     }
     // The tuning flags are the user's.
-    let mut obj = hostpath();
+    let mut obj = central();
     obj.spec.csi_driver.storage_capacity = true;
     obj.spec.sidecars.provisioner.extra_args.extend([
         "--capacity-poll-interval=30s".into(),
@@ -906,7 +940,7 @@ fn capacity_switch_and_owner_level_are_managed() {
 
 #[test]
 fn hash_follows_the_driver_image_not_storage_classes() {
-    let base = must_render(&hostpath());
+    let base = must_render(&central());
     assert_eq!(base.controller_hash.len(), 16);
     let annotation = |r: &Rendered| {
         sts(r)
@@ -925,15 +959,15 @@ fn hash_follows_the_driver_image_not_storage_classes() {
             .and_then(|a| a.get(TEMPLATE_HASH)),
         Some(&base.node_hash)
     );
-    assert_eq!(must_render(&hostpath()), base, "rendering is deterministic");
+    assert_eq!(must_render(&central()), base, "rendering is deterministic");
 
-    let mut obj = hostpath();
+    let mut obj = central();
     obj.spec.driver.image = "registry.k8s.io/sig-storage/hostpathplugin:v1.18.0".into();
     let r = must_render(&obj);
     assert_ne!(r.controller_hash, base.controller_hash);
     assert_ne!(r.node_hash, base.node_hash);
 
-    let mut obj = hostpath();
+    let mut obj = central();
     obj.spec.storage_classes[0].allow_volume_expansion = false;
     obj.spec
         .storage_classes
@@ -947,8 +981,8 @@ fn hash_follows_the_driver_image_not_storage_classes() {
 
 #[test]
 fn replicas_change_only_the_controller_hash() {
-    let base = must_render(&hostpath());
-    let mut obj = hostpath();
+    let base = must_render(&central());
+    let mut obj = central();
     obj.spec.controller.replicas = 2;
     let r = must_render(&obj);
     assert_ne!(r.controller_hash, base.controller_hash);
@@ -959,8 +993,8 @@ fn replicas_change_only_the_controller_hash() {
 
 #[test]
 fn selectors_never_contain_the_version() {
-    let a = must_render(&hostpath());
-    let mut obj = hostpath();
+    let a = must_render(&central());
+    let mut obj = central();
     obj.spec.version = "v1.18.0".into();
     let b = must_render(&obj);
     for r in [&a, &b] {
@@ -1011,7 +1045,7 @@ fn selectors_never_contain_the_version() {
     assert_ne!(a.node_hash, b.node_hash);
 
     // A version that is no valid label value is only an annotation.
-    let mut obj = hostpath();
+    let mut obj = central();
     obj.spec.version = "v1.18.0+build/7".into();
     let labels = labels::common_labels(&obj, Component::Node);
     assert!(!labels.contains_key(VERSION_LABEL));
@@ -1101,7 +1135,7 @@ fn managed_flags_in_extra_args_are_refused() {
         ),
     ];
     for (field, arg, flag) in cases {
-        let mut obj = hostpath();
+        let mut obj = central();
         field(&mut obj).push(arg.to_string());
         let err = render(&obj, &cfg()).expect_err(arg);
         assert!(matches!(err, RenderError::ManagedFlag { .. }), "{err:?}");
@@ -1110,7 +1144,7 @@ fn managed_flags_in_extra_args_are_refused() {
         assert!(msg.contains("extraArgs"), "{msg}");
     }
     // Flags that merely share a prefix are fine.
-    let mut obj = hostpath();
+    let mut obj = central();
     obj.spec
         .sidecars
         .provisioner
@@ -1122,14 +1156,14 @@ fn managed_flags_in_extra_args_are_refused() {
 
 #[test]
 fn unusable_objects_are_refused_with_a_reason() {
-    let mut obj = hostpath();
+    let mut obj = central();
     obj.metadata.name = Some("a".repeat(42));
     let msg = render(&obj, &cfg()).expect_err("name too long").to_string();
     assert!(msg.contains("52") && msg.contains("41"), "{msg}");
     obj.metadata.name = Some("a".repeat(41));
     must_render(&obj);
 
-    let mut obj = hostpath();
+    let mut obj = central();
     obj.spec.node.driver.image = Some(String::new());
     let msg = render(&obj, &cfg()).expect_err("empty image").to_string();
     assert!(msg.contains("spec.node.image"), "{msg}");
@@ -1138,24 +1172,24 @@ fn unusable_objects_are_refused_with_a_reason() {
         sidecar_image: String::new(),
         ..cfg()
     };
-    let msg = render(&hostpath(), &no_image)
+    let msg = render(&central(), &no_image)
         .expect_err("no sidecar image")
         .to_string();
     assert!(msg.contains("spec.sidecars.image"), "{msg}");
-    let mut obj = hostpath();
+    let mut obj = central();
     obj.spec.sidecars.provisioner.enabled = false;
     obj.spec.sidecars.registrar.enabled = false;
     obj.spec.sidecars.liveness_probe.enabled = false;
     render(&obj, &no_image).expect("no sidecar, no sidecar image needed");
 
-    let mut obj = hostpath();
+    let mut obj = central();
     obj.metadata.uid = None;
     assert!(matches!(
         render(&obj, &cfg()),
         Err(RenderError::MissingMetadata { field: "uid" })
     ));
 
-    let mut obj = hostpath();
+    let mut obj = central();
     obj.spec.node.kubelet_dir = "var/lib/kubelet".into();
     assert!(matches!(
         render(&obj, &cfg()),
@@ -1167,7 +1201,7 @@ fn unusable_objects_are_refused_with_a_reason() {
 
 /// The example without its own volumes and mounts, patched with `patch`.
 fn with_spec(patch: serde_json::Value) -> CSIDriverDeployment {
-    let mut base = hostpath();
+    let mut base = central();
     for pod in [&mut base.spec.controller.pod, &mut base.spec.node.pod] {
         pod.volumes.clear();
     }
@@ -1326,7 +1360,7 @@ fn pod_settings_volumes_mounts_and_security_context_are_rendered() {
         ]
     );
     // Pod settings are pod content: they roll the pods.
-    let base = must_render(&hostpath());
+    let base = must_render(&central());
     assert_ne!(r.node_hash, base.node_hash);
     assert_ne!(r.controller_hash, base.controller_hash);
 }
@@ -1435,12 +1469,26 @@ fn collisions_with_what_the_operator_manages_are_refused_naming_both() {
 
 // ---------------------------------------------------------------- hostpath facts
 
-/// The example runs hostpathplugin as upstream's deploy/kubernetes-1.34
-/// manifest does: the same facts in the rendered pods.
+/// The example runs hostpathplugin as upstream's deploy/kubernetes-distributed
+/// does: one pod per node with the driver, a node-deployment provisioner,
+/// the registrar and the liveness probe; no controller.
 #[test]
 fn hostpath_example_has_what_hostpathplugin_needs() {
-    let r = must_render(&hostpath());
+    let obj = example();
+    let r = must_render(&obj);
+    assert!(r.controller.is_none(), "no controller workload");
+    assert!(r.controller_service_account.is_none());
+    assert!(r.leader_election_role.is_none());
     let node = pod(&r, Component::Node);
+    assert_eq!(
+        container_names(node),
+        [
+            names::CONTAINER_DRIVER,
+            names::CONTAINER_PROVISIONER,
+            names::CONTAINER_REGISTRAR,
+            names::CONTAINER_LIVENESS_PROBE
+        ]
+    );
     let driver = container(node, names::CONTAINER_DRIVER);
 
     assert_eq!(
@@ -1448,9 +1496,9 @@ fn hostpath_example_has_what_hostpathplugin_needs() {
         Some(
             &[
                 "--drivername=hostpath.csi.k8s.io".to_string(),
+                "--v=5".to_string(),
                 "--endpoint=$(CSI_ENDPOINT)".to_string(),
                 "--nodeid=$(KUBE_NODE_NAME)".to_string(),
-                "--v=5".to_string(),
             ][..]
         )
     );
@@ -1458,18 +1506,10 @@ fn hostpath_example_has_what_hostpathplugin_needs() {
         env_value(driver, "CSI_ENDPOINT"),
         Some("unix:///csi/csi.sock")
     );
-    let node_name = driver
-        .env
-        .iter()
-        .flatten()
-        .find(|e| e.name == "KUBE_NODE_NAME")
-        .and_then(|e| e.value_from.as_ref())
-        .and_then(|v| v.field_ref.as_ref())
-        .map(|f| f.field_path.as_str());
-    assert_eq!(node_name, Some("spec.nodeName"));
+    assert_eq!(field_ref(driver, "KUBE_NODE_NAME"), Some("spec.nodeName"));
     assert_eq!(
         driver.image.as_deref(),
-        Some("registry.k8s.io/sig-storage/hostpathplugin:v1.17.0")
+        Some("registry.k8s.io/sig-storage/hostpathplugin:v1.18.0")
     );
     // Privileged: Bidirectional propagation and loop devices need it.
     assert_eq!(
@@ -1477,7 +1517,8 @@ fn hostpath_example_has_what_hostpathplugin_needs() {
         Some(true)
     );
 
-    // Data dir and /dev from the host, at upstream's paths.
+    // Data dir (hostpathplugin's --statedir) and /dev from the host, at
+    // upstream's paths, in the driver only.
     assert_eq!(
         host_path(node, "csi-data-dir"),
         ("/var/lib/csi-hostpath-data/", Some("DirectoryOrCreate"))
@@ -1495,10 +1536,6 @@ fn hostpath_example_has_what_hostpathplugin_needs() {
     // (<kubelet>/plugins), both Bidirectional: covered by the kubelet
     // directory mounted at the same path, Bidirectional.
     assert_eq!(
-        host_path(node, names::VOLUME_KUBELET_DIR),
-        ("/var/lib/kubelet", Some("Directory"))
-    );
-    assert_eq!(
         mounts_of(node, names::VOLUME_KUBELET_DIR),
         [(
             names::CONTAINER_DRIVER,
@@ -1506,63 +1543,447 @@ fn hostpath_example_has_what_hostpathplugin_needs() {
             Some("Bidirectional")
         )]
     );
-    assert_eq!(
-        host_path(node, names::VOLUME_SOCKET_DIR),
-        (
-            "/var/lib/kubelet/plugins/hostpath.csi.k8s.io/",
-            Some("DirectoryOrCreate")
-        )
-    );
-    assert_eq!(
-        host_path(node, names::VOLUME_REGISTRATION_DIR),
-        ("/var/lib/kubelet/plugins_registry/", Some("Directory"))
-    );
     // Its health: kubelet probes the driver through the liveness-probe sidecar.
     let probe = driver.liveness_probe.as_ref().expect("liveness probe");
-    let get = probe.http_get.as_ref().expect("http probe");
-    assert_eq!(get.path.as_deref(), Some("/healthz"));
-    let port = driver
-        .ports
-        .iter()
-        .flatten()
-        .find(|p| p.name.as_deref() == Some("healthz"))
-        .map(|p| p.container_port);
-    assert_eq!(port, Some(csiops_operator::render::HEALTHZ_PORT));
-    assert!(container(node, names::CONTAINER_LIVENESS_PROBE)
-        .args
-        .iter()
-        .flatten()
-        .any(|a| a == &format!("--http-endpoint=:{}", csiops_operator::render::HEALTHZ_PORT)));
-
-    // The controller sees the same data dir.
-    let ctrl = pod(&r, Component::Controller);
     assert_eq!(
-        host_path(ctrl, "csi-data-dir"),
-        ("/var/lib/csi-hostpath-data/", Some("DirectoryOrCreate"))
-    );
-    assert_eq!(
-        mounts_of(ctrl, "csi-data-dir"),
-        [(names::CONTAINER_DRIVER, "/csi-data-dir", None)]
+        probe.http_get.as_ref().and_then(|g| g.path.as_deref()),
+        Some("/healthz")
     );
 
-    // Its StorageClass.
+    // The provisioner of upstream's distributed DaemonSet.
+    let prov = container(node, names::CONTAINER_PROVISIONER);
+    let args = prov.args.clone().unwrap_or_default();
+    for flag in [
+        "--node-deployment",
+        "--strict-topology=true",
+        "--immediate-topology=false",
+        "--enable-capacity",
+        "--capacity-ownerref-level=0",
+    ] {
+        assert!(args.iter().any(|a| a == flag), "{flag} in {args:?}");
+    }
+    assert!(!args.iter().any(|a| a.starts_with("--leader-election")));
+    assert_eq!(field_ref(prov, "NODE_NAME"), Some("spec.nodeName"));
+    assert_eq!(field_ref(prov, "NAMESPACE"), Some("metadata.namespace"));
+    assert_eq!(field_ref(prov, "POD_NAME"), Some("metadata.name"));
+
+    // CSIDriver as upstream's distributed driverinfo; a late-binding class.
+    let csi = &r.csi_driver.spec;
+    assert_eq!(csi.attach_required, Some(false));
+    assert_eq!(csi.storage_capacity, Some(true));
+    assert_eq!(csi.pod_info_on_mount, Some(true));
+    assert_eq!(csi.fs_group_policy.as_deref(), Some("File"));
     let sc = &r.storage_classes[0];
     assert_eq!(sc.metadata.name.as_deref(), Some("csi-hostpath-sc"));
     assert_eq!(sc.provisioner, "hostpath.csi.k8s.io");
-    assert_eq!(sc.reclaim_policy.as_deref(), Some("Delete"));
+    assert_eq!(
+        sc.volume_binding_mode.as_deref(),
+        Some("WaitForFirstConsumer")
+    );
+    assert_eq!(sc.allow_volume_expansion, Some(false));
+}
+
+/// The distributed example maps upstream's flags: its capacity kinds reach
+/// the driver, its classes select them, `--worker-threads=5` the provisioner.
+#[test]
+fn distributed_example_maps_upstreams_capacity_and_classes() {
+    let r = must_render(&distributed());
+    let node = pod(&r, Component::Node);
+    let driver = container(node, names::CONTAINER_DRIVER);
+    let args = driver.args.clone().unwrap_or_default();
+    assert!(args.contains(&"--capacity=slow=10Gi".to_string()));
+    assert!(args.contains(&"--capacity=fast=100Gi".to_string()));
+    let prov = container(node, names::CONTAINER_PROVISIONER);
+    let pargs = prov.args.clone().unwrap_or_default();
+    assert_eq!(pargs.last().map(String::as_str), Some("--worker-threads=5"));
+    assert!(pargs.contains(&"--v=5".to_string()));
+    let kinds: Vec<_> = r
+        .storage_classes
+        .iter()
+        .map(|c| {
+            (
+                c.metadata.name.clone().unwrap_or_default(),
+                c.parameters.clone().unwrap_or_default()["kind"].clone(),
+                c.volume_binding_mode.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            (
+                "csi-hostpath-fast".to_string(),
+                "fast".to_string(),
+                "WaitForFirstConsumer".to_string()
+            ),
+            (
+                "csi-hostpath-slow".to_string(),
+                "slow".to_string(),
+                "WaitForFirstConsumer".to_string()
+            ),
+        ]
+    );
+}
+
+fn field_ref<'a>(c: &'a Container, name: &str) -> Option<&'a str> {
+    c.env
+        .iter()
+        .flatten()
+        .find(|e| e.name == name)
+        .and_then(|e| e.value_from.as_ref())
+        .and_then(|v| v.field_ref.as_ref())
+        .map(|f| f.field_path.as_str())
+}
+
+// ---------------------------------------------------------------- node-local topology
+
+/// The central fixture switched to node-local, without its controller settings.
+fn node_local() -> CSIDriverDeployment {
+    let mut obj = central();
+    obj.spec.topology = csiops_crds::Topology::NodeLocal;
+    obj.spec.controller = Default::default();
+    obj.spec.csi_driver.attach_required = false;
+    obj
+}
+
+fn args_of(c: &Container) -> Vec<String> {
+    c.args.clone().unwrap_or_default()
+}
+
+#[test]
+fn node_local_runs_the_provisioner_in_every_node_pod_and_no_controller() {
+    let mut obj = node_local();
+    obj.spec.sidecars.provisioner.extra_args = vec![
+        "--worker-threads=5".into(),
+        // Upstream's recommendation may be overridden: the user's come last.
+        "--strict-topology=false".into(),
+    ];
+    let r = must_render(&obj);
+    assert!(r.controller.is_none());
+    assert_eq!(r.controller_hash, "");
+    let node = pod(&r, Component::Node);
+    let prov = container(node, names::CONTAINER_PROVISIONER);
+    let args = args_of(prov);
+    assert_eq!(
+        args,
+        [
+            "provisioner",
+            "--csi-address=/csi/csi.sock",
+            "--v=2",
+            "--timeout=60s",
+            "--http-endpoint=:9815",
+            "--node-deployment",
+            "--extra-create-metadata",
+            "--strict-topology=true",
+            "--immediate-topology=false",
+            "--worker-threads=5",
+            "--strict-topology=false",
+        ]
+    );
+    // Its own port: the registrar listens on 9809 in the same pod.
+    let registrar = container(node, names::CONTAINER_REGISTRAR);
+    assert!(args_of(registrar).contains(&"--http-endpoint=:9809".to_string()));
+    // NODE_NAME is what node deployment needs; NAMESPACE as everywhere; no
+    // POD_NAME without capacity.
+    let env: Vec<_> = prov.env.iter().flatten().map(|e| e.name.as_str()).collect();
+    assert_eq!(env, ["NODE_NAME", "NAMESPACE"]);
+    assert_eq!(
+        mounts_of(node, "socket-dir")[1],
+        ("csi-provisioner", "/csi", None)
+    );
+    // The ServiceAccount token stays mounted: the journal's namespace is the
+    // ServiceAccount's, and the provisioner talks to the API.
+    assert_ne!(node.automount_service_account_token, Some(false));
+
+    // Never surges: a second driver on the node's state would fight the first.
+    let rolling = r
+        .daemonset
+        .spec
+        .as_ref()
+        .and_then(|s| s.update_strategy.as_ref())
+        .and_then(|u| u.rolling_update.as_ref())
+        .expect("rolling update");
+    assert_eq!(rolling.max_surge, Some(IntOrString::Int(0)));
+    assert_eq!(rolling.max_unavailable, Some(IntOrString::Int(1)));
+    // A central driver's DaemonSet is rendered as before (no maxSurge).
+    let central_ds = must_render(&central()).daemonset;
+    let rolling = central_ds
+        .spec
+        .as_ref()
+        .and_then(|s| s.update_strategy.as_ref())
+        .and_then(|u| u.rolling_update.as_ref())
+        .expect("rolling update");
+    assert_eq!(rolling.max_surge, None);
+}
+
+#[test]
+fn node_local_grants_the_node_service_account_what_its_provisioner_calls() {
+    let mut obj = node_local();
+    let r = must_render(&obj);
+    // No controller: no controller role, no leader election, no controller SA.
+    assert!(r.controller_service_account.is_none());
+    assert!(r.leader_election_role.is_none());
+    assert!(r.leader_election_role_binding.is_none());
+    let role_names: Vec<_> = r
+        .cluster_roles
+        .iter()
+        .map(|c| c.metadata.name.clone().unwrap_or_default())
+        .collect();
+    assert_eq!(role_names, ["csiops:hostpath.csi.k8s.io:node"]);
+    let node_rules = triples_of(r.cluster_roles[0].rules.as_deref().unwrap_or_default());
+    let want: std::collections::BTreeSet<_> =
+        [rbac::REGISTRAR_GRANTS, rbac::NODE_PROVISIONER_GRANTS]
+            .iter()
+            .flat_map(|set| set.iter())
+            .flat_map(|g| {
+                g.verbs.iter().map(|v| {
+                    (
+                        g.api_group.to_string(),
+                        g.resource.to_string(),
+                        v.to_string(),
+                    )
+                })
+            })
+            .collect();
+    assert_eq!(node_rules, want);
+    let binding = &r.cluster_role_bindings[0];
+    let subject = &binding.subjects.as_ref().expect("subjects")[0];
+    assert_eq!(subject.name, "hostpath-node");
+
+    // Its namespaced Role: the journal only; with capacity, the capacity
+    // objects and its own pod (the owner, level 0). No Leases.
+    let rules = |r: &Rendered| {
+        r.node_role
+            .as_ref()
+            .map(|role| triples_of(role.rules.as_deref().unwrap_or_default()))
+            .unwrap_or_default()
+    };
+    let journal = ["create", "get", "patch"]
+        .map(|v| ("".to_string(), "configmaps".to_string(), v.to_string()));
+    assert_eq!(rules(&r), journal.iter().cloned().collect());
+    let binding = r.node_role_binding.as_ref().expect("node RoleBinding");
+    assert_eq!(binding.metadata.name.as_deref(), Some("hostpath-node"));
+    assert_eq!(binding.role_ref.name, "hostpath-node");
+    assert_eq!(
+        binding.subjects.as_ref().map(|s| s[0].name.as_str()),
+        Some("hostpath-node")
+    );
+    obj.spec.csi_driver.storage_capacity = true;
+    let r = must_render(&obj);
+    let with_capacity = rules(&r);
+    assert!(with_capacity.contains(&("".into(), "pods".into(), "get".into())));
+    assert!(with_capacity.contains(&(
+        "storage.k8s.io".into(),
+        "csistoragecapacities".into(),
+        "create".into()
+    )));
+    assert!(!with_capacity
+        .iter()
+        .any(|(_, res, _)| res == "leases" || res == "replicasets"));
+    let prov = container(pod(&r, Component::Node), names::CONTAINER_PROVISIONER);
+    assert!(args_of(prov).contains(&"--capacity-ownerref-level=0".to_string()));
+    assert_eq!(field_ref(prov, "POD_NAME"), Some("metadata.name"));
+
+    // Without the provisioner the node pods need no namespaced grant.
+    obj.spec.sidecars.provisioner.enabled = false;
+    let r = must_render(&obj);
+    assert!(r.node_role.is_none());
+    assert!(!container_names(pod(&r, Component::Node)).contains(&names::CONTAINER_PROVISIONER));
+    // A central driver has no node Role.
+    assert!(must_render(&central()).node_role.is_none());
+}
+
+fn triples_of(
+    rules: &[k8s_openapi::api::rbac::v1::PolicyRule],
+) -> std::collections::BTreeSet<(String, String, String)> {
+    let mut out = std::collections::BTreeSet::new();
+    for r in rules {
+        for g in r.api_groups.iter().flatten() {
+            for res in r.resources.iter().flatten() {
+                for v in &r.verbs {
+                    out.insert((g.clone(), res.clone(), v.clone()));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn node_deployment_is_a_managed_flag_in_both_topologies() {
+    for mut obj in [central(), node_local()] {
+        obj.spec
+            .sidecars
+            .provisioner
+            .extra_args
+            .push("--node-deployment=false".into());
+        let err = render(&obj, &cfg()).expect_err("managed");
+        assert!(matches!(err, RenderError::ManagedFlag { .. }), "{err:?}");
+        assert!(err.to_string().contains("--node-deployment"), "{err}");
+    }
+    // --leader-election is managed too: node instances elect no leader.
+    let mut obj = node_local();
+    obj.spec
+        .sidecars
+        .provisioner
+        .extra_args
+        .push("--leader-election".into());
+    assert!(render(&obj, &cfg()).is_err());
+    // Its tuning flags are the user's.
+    let mut obj = node_local();
+    obj.spec.sidecars.provisioner.extra_args.extend([
+        "--node-deployment-immediate-binding=false".into(),
+        "--node-deployment-base-delay=5s".into(),
+    ]);
+    must_render(&obj);
+}
+
+#[test]
+fn node_local_refuses_what_needs_controller_pods_naming_the_field() {
+    type Edit = fn(&mut CSIDriverDeployment);
+    let cases: [(Edit, &str); 5] = [
+        (
+            |o| o.spec.csi_driver.attach_required = true,
+            "spec.csiDriver.attachRequired",
+        ),
+        (
+            |o| o.spec.controller.replicas = 2,
+            "spec.controller.replicas",
+        ),
+        (
+            |o| o.spec.controller.pod.host_network = true,
+            "spec.controller.hostNetwork",
+        ),
+        (
+            |o| o.spec.sidecars.snapshotter.enabled = true,
+            "spec.sidecars.snapshotter.enabled",
+        ),
+        (
+            |o| {
+                o.spec.sidecars.extra.push(
+                    serde_json::from_value(serde_json::json!({"name": "x", "image": "x:1"}))
+                        .expect("extra parses"),
+                )
+            },
+            "spec.sidecars.extra[0].pod",
+        ),
+    ];
+    for (edit, field) in cases {
+        let mut obj = node_local();
+        edit(&mut obj);
+        let err = render(&obj, &cfg()).expect_err(field);
+        assert!(matches!(err, RenderError::NodeLocal { .. }), "{err:?}");
+        let msg = err.to_string();
+        assert!(msg.starts_with(field), "{msg}");
+        assert!(msg.contains("NodeLocal"), "{msg}");
+    }
+    // An extra container in the node pods is fine.
+    let mut obj = node_local();
+    obj.spec.sidecars.extra.push(
+        serde_json::from_value(serde_json::json!({"name": "x", "image": "x:1", "pod": "Node"}))
+            .expect("extra parses"),
+    );
+    let r = must_render(&obj);
+    assert!(container_names(pod(&r, Component::Node)).contains(&"x"));
+}
+
+#[test]
+fn a_node_local_provisioners_mounts_name_node_volumes() {
+    let mut obj = node_local();
+    obj.spec.sidecars.provisioner.volume_mounts = vec![serde_json::from_value(
+        serde_json::json!({"name": "csi-data-dir", "mountPath": "/data", "readOnly": true}),
+    )
+    .expect("mount parses")];
+    let r = must_render(&obj);
+    assert!(
+        mounts_of(pod(&r, Component::Node), "csi-data-dir").contains(&(
+            names::CONTAINER_PROVISIONER,
+            "/data",
+            None
+        ))
+    );
+    // A controller volume is no volume of the node pods.
+    obj.spec.sidecars.provisioner.volume_mounts[0].name = "nowhere".into();
+    let err = render(&obj, &cfg()).expect_err("unknown volume");
+    assert!(err.to_string().contains("spec.node.volumes"), "{err}");
+}
+
+#[test]
+fn node_local_monitoring_covers_the_node_provisioner() {
+    let mut obj = node_local();
+    obj.spec.monitoring = Some(
+        serde_json::from_value(
+            serde_json::json!({"metricsAuth": true, "podMonitor": {"enabled": true}}),
+        )
+        .expect("monitoring parses"),
+    );
+    let r = must_render(&obj);
+    let node = pod(&r, Component::Node);
+    let prov = container(node, names::CONTAINER_PROVISIONER);
+    assert_eq!(
+        prov.ports
+            .as_ref()
+            .map(|p| (p[0].name.as_deref(), p[0].container_port)),
+        Some((Some("provisioner"), 9815))
+    );
+    assert!(args_of(prov).contains(&"--metrics-auth".to_string()));
+    // The reviews are granted to the node ServiceAccount, to nobody else.
+    let node_role = triples_of(r.cluster_roles[0].rules.as_deref().unwrap_or_default());
+    assert!(node_role.contains(&(
+        "authentication.k8s.io".into(),
+        "tokenreviews".into(),
+        "create".into()
+    )));
+    assert_eq!(r.cluster_roles.len(), 1);
+    let service = r.metrics_service.as_ref().expect("metrics service");
+    let ports: Vec<_> = service
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p.name.as_deref())
+        .collect();
+    assert!(ports.contains(&"provisioner"), "{ports:?}");
+}
+
+#[test]
+fn node_local_readiness_taint_and_topology_switch() {
+    let mut obj = node_local();
+    obj.spec.node.readiness_taint = true;
+    let r = must_render(&obj);
+    let node = pod(&r, Component::Node);
+    let key = "csiops.dev/driver-not-ready.hostpath.csi.k8s.io";
+    assert!(node
+        .tolerations
+        .iter()
+        .flatten()
+        .any(|t| t.key.as_deref() == Some(key)));
+    assert!(args_of(container(node, names::CONTAINER_REGISTRAR))
+        .contains(&format!("--readiness-taint-key={key}")));
+    // Switching the topology changes the node side (the provisioner comes
+    // or goes), hence a node roll.
+    let mut central_too = central();
+    central_too.spec.csi_driver.attach_required = false;
+    central_too.spec.controller = Default::default();
+    assert_ne!(
+        must_render(&central_too).node_hash,
+        must_render(&node_local()).node_hash
+    );
 }
 
 // ---------------------------------------------------------------- controller kind
 
 #[test]
 fn controller_kind_deployment_renders_the_same_pod_as_a_deployment() {
-    let sts_render = must_render(&hostpath());
-    let mut obj = hostpath();
+    let sts_render = must_render(&central());
+    let mut obj = central();
     obj.spec.controller.kind = csiops_crds::ControllerKind::Deployment;
     obj.spec.controller.replicas = 2;
     let r = must_render(&obj);
-    let deploy = r.controller.deployment().expect("a Deployment");
-    assert!(r.controller.statefulset().is_none());
+    let workload = r.controller.as_ref().expect("a controller workload");
+    let deploy = workload.deployment().expect("a Deployment");
+    assert!(workload.statefulset().is_none());
     assert_eq!(deploy.metadata.name.as_deref(), Some("hostpath-controller"));
     let spec = deploy.spec.as_ref().expect("spec");
     assert_eq!(spec.replicas, Some(2));
@@ -1597,7 +2018,7 @@ fn controller_kind_deployment_renders_the_same_pod_as_a_deployment() {
 /// csi-driver-host-path deploys them), one customised, and a vendor sidecar
 /// in each pod.
 fn with_helpers() -> CSIDriverDeployment {
-    let mut v = serde_json::to_value(hostpath()).expect("serializes");
+    let mut v = serde_json::to_value(central()).expect("serializes");
     json_merge(
         &mut v["spec"]["sidecars"],
         serde_json::json!({
@@ -1751,7 +2172,7 @@ fn helper_rbac_is_upstreams_cluster_role() {
     ];
     // Only the controller sidecars we bundle can be turned off: each helper
     // alone then renders exactly its upstream rules.
-    let mut base = hostpath();
+    let mut base = central();
     base.spec.sidecars.provisioner.enabled = false;
     base.spec.sidecars.attacher.enabled = false;
     for (key, rules) in &upstream {
@@ -1906,9 +2327,9 @@ fn helpers_run_in_the_controller_pod_with_the_standard_flags() {
 /// controller step without touching the DaemonSet.
 #[test]
 fn helpers_change_only_the_controller_hash() {
-    let base = must_render(&hostpath());
+    let base = must_render(&central());
     for key in ["resizer", "snapshotter", "healthMonitor"] {
-        let mut v = serde_json::to_value(hostpath()).expect("serializes");
+        let mut v = serde_json::to_value(central()).expect("serializes");
         v["spec"]["sidecars"][key] = serde_json::json!({"enabled": true});
         let obj: CSIDriverDeployment = serde_json::from_value(v).expect("parses");
         let r = must_render(&obj);
@@ -1924,7 +2345,7 @@ fn helpers_change_only_the_controller_hash() {
         assert_eq!(r2.node_hash, base.node_hash, "{key}");
     }
     // A disabled helper's settings render nothing and change nothing.
-    let mut obj = hostpath();
+    let mut obj = central();
     obj.spec.sidecars.resizer.extra_args = vec!["--workers=3".into()];
     let r = must_render(&obj);
     assert_eq!(r.controller_hash, base.controller_hash);

@@ -2,7 +2,7 @@
 //! tells the story of a rollout. Publishing is best effort: a lost Event never
 //! fails a reconciliation.
 
-use csiops_crds::{CSIDriverDeployment, RolloutKind, RolloutStep};
+use csiops_crds::{CSIDriverDeployment, RolloutKind, RolloutStep, Topology};
 use csiops_runtime::chain;
 use csiops_runtime::error::ellipsize;
 use kube::runtime::events::{Event, EventType, Recorder};
@@ -30,9 +30,14 @@ impl Note {
     }
 }
 
-/// What a step does, in an admin's words.
-pub fn describe_step(step: RolloutStep) -> &'static str {
+/// What a step does, in an admin's words. Without a controller workload
+/// (topology NodeLocal) the controller step removes one left from a
+/// central past.
+pub fn describe_step(step: RolloutStep, topology: Topology) -> &'static str {
     match step {
+        RolloutStep::ControllerRoll if !topology.has_controller() => {
+            "delete the controller workload (topology NodeLocal runs none) and wait until its pods are gone"
+        }
         RolloutStep::NodeInstall => {
             "apply the node DaemonSet and wait until it is available and registered"
         }
@@ -40,9 +45,11 @@ pub fn describe_step(step: RolloutStep) -> &'static str {
             "scale the controller to 0 and wait until its pods are gone"
         }
         RolloutStep::NodeRoll => {
-            "roll the node DaemonSet and wait until every pod is updated, available and registered"
+            "roll the node DaemonSet and wait until every node that can run it runs the new pod, Ready and registered (lost nodes are named, not waited for)"
         }
-        RolloutStep::ControllerRoll => "apply the controller workload and wait until it is ready",
+        RolloutStep::ControllerRoll => {
+            "roll the controller workload (a surge replica first while one serves) and wait until it is ready"
+        }
         RolloutStep::ControllerDelete => {
             "delete the controller workload and wait until its pods are gone"
         }
@@ -51,10 +58,24 @@ pub fn describe_step(step: RolloutStep) -> &'static str {
     }
 }
 
-fn describe_kind(kind: RolloutKind) -> &'static str {
+fn describe_kind(kind: RolloutKind, topology: Topology) -> &'static str {
+    if !topology.has_controller() {
+        return match kind {
+            RolloutKind::Install => "install (node DaemonSet; node-local, no controller)",
+            RolloutKind::Upgrade => {
+                "upgrade (node DaemonSet rolled; node-local: a controller left from topology Central is stopped before the roll and removed after it)"
+            }
+            RolloutKind::ControllerUpdate => {
+                "controller removal (topology NodeLocal runs no controller)"
+            }
+            RolloutKind::Delete => "teardown (node DaemonSet, then cluster-scoped objects)",
+        };
+    }
     match kind {
         RolloutKind::Install => "install (node DaemonSet, then controller)",
-        RolloutKind::Upgrade => "upgrade (controller down, node DaemonSet rolled, controller up)",
+        RolloutKind::Upgrade => {
+            "upgrade (node DaemonSet rolled, then the controller; with rollout.strategy StopController the controller is stopped for the node roll)"
+        }
         RolloutKind::ControllerUpdate => "controller update (only the controller is rolled)",
         RolloutKind::Delete => {
             "teardown (controller, then node DaemonSet, then cluster-scoped objects)"
@@ -67,7 +88,7 @@ fn describe_kind(kind: RolloutKind) -> &'static str {
 /// The recorder folds Events with the same reason and action into one series
 /// and keeps the first note, so the action names the step or rollout kind and
 /// the version: every step of every rollout stays visible in `kubectl describe`.
-pub fn for_transition(t: &Transition, version: &str) -> Note {
+pub fn for_transition(t: &Transition, version: &str, topology: Topology) -> Note {
     let action = match t {
         Transition::RolloutStarted(kind)
         | Transition::RolloutCompleted(kind)
@@ -79,18 +100,22 @@ pub fn for_transition(t: &Transition, version: &str) -> Note {
     let (reason, note) = match t {
         Transition::RolloutStarted(kind) => (
             "RolloutStarted",
-            format!("{} of version {version} started", describe_kind(*kind)),
+            format!(
+                "{} of version {version} started",
+                describe_kind(*kind, topology)
+            ),
         ),
         Transition::RolloutRetargeted { kind, step } => (
             "RolloutRetargeted",
             format!(
                 "spec changed during the {}; continuing with version {version} at step {step}",
-                describe_kind(*kind)
+                describe_kind(*kind, topology)
             ),
         ),
-        Transition::StepStarted(step) => {
-            ("StepStarted", format!("{step}: {}", describe_step(*step)))
-        }
+        Transition::StepStarted(step) => (
+            "StepStarted",
+            format!("{step}: {}", describe_step(*step, topology)),
+        ),
         Transition::StepCompleted(step) => ("StepCompleted", format!("{step} completed")),
         Transition::RolloutCompleted(kind) => (
             "RolloutCompleted",
@@ -137,15 +162,23 @@ mod tests {
 
     #[test]
     fn transitions_read_as_an_admin_expects() {
-        let n = for_transition(&Transition::RolloutStarted(RolloutKind::Upgrade), "v2");
+        let n = for_transition(
+            &Transition::RolloutStarted(RolloutKind::Upgrade),
+            "v2",
+            Topology::Central,
+        );
         assert_eq!(n.reason, "RolloutStarted");
-        assert!(n
-            .note
-            .contains("controller down, node DaemonSet rolled, controller up"));
+        assert!(
+            n.note
+                .contains("node DaemonSet rolled, then the controller"),
+            "{}",
+            n.note
+        );
         assert!(n.note.contains("v2"));
         let n = for_transition(
             &Transition::StepStarted(RolloutStep::ControllerScaleDown),
             "v2",
+            Topology::Central,
         );
         assert_eq!(
             n.note,
@@ -153,10 +186,45 @@ mod tests {
         );
         assert!(!n.warning);
         assert_eq!(n.action, "ControllerScaleDown v2");
-        let again = for_transition(&Transition::StepStarted(RolloutStep::NodeRoll), "v2");
+        let again = for_transition(
+            &Transition::StepStarted(RolloutStep::NodeRoll),
+            "v2",
+            Topology::Central,
+        );
         assert_ne!(
             again.action, n.action,
             "distinct steps must not fold into one series"
+        );
+    }
+
+    #[test]
+    fn node_local_transitions_say_there_is_no_controller() {
+        let n = for_transition(
+            &Transition::RolloutStarted(RolloutKind::Install),
+            "v1",
+            Topology::NodeLocal,
+        );
+        assert!(n.note.contains("no controller"), "{}", n.note);
+        let n = for_transition(
+            &Transition::StepStarted(RolloutStep::ControllerRoll),
+            "v1",
+            Topology::NodeLocal,
+        );
+        assert!(
+            n.note
+                .starts_with("ControllerRoll: delete the controller workload"),
+            "{}",
+            n.note
+        );
+        let central = for_transition(
+            &Transition::StepStarted(RolloutStep::ControllerRoll),
+            "v1",
+            Topology::Central,
+        );
+        assert!(
+            central.note.contains("roll the controller workload"),
+            "{}",
+            central.note
         );
     }
 

@@ -442,7 +442,7 @@ async fn drive(
         driver_name: &spec.driver_name,
         kubelet_dir: &spec.node.kubelet_dir,
         registration_required,
-        controller_replicas: spec.controller.replicas,
+        controller_replicas: spec.controller_replicas(),
         max_unavailable: spec.node.max_unavailable.as_ref(),
         statefulset,
         deployment,
@@ -468,6 +468,7 @@ async fn drive(
     let desired = Desired {
         node_hash: rendered.node_hash.clone(),
         controller_hash: rendered.controller_hash.clone(),
+        controller: rendered.controller.is_some(),
         registration_required,
         step_timeout: Duration::seconds(spec.rollout.step_timeout_seconds),
         paused: spec.paused,
@@ -728,13 +729,13 @@ async fn execute(
             replicas,
             partition,
         } => {
-            if let ControllerWorkload::StatefulSet(sts) = &r.controller {
+            if let Some(ControllerWorkload::StatefulSet(sts)) = &r.controller {
                 let sts = render::controller::with_surge(sts.clone(), replicas, partition);
                 apply(&sts_api, "StatefulSet", sts, owner, Mode::Always, known).await?;
             }
         }
         Action::ApplyController => match &r.controller {
-            ControllerWorkload::StatefulSet(sts) => {
+            Some(ControllerWorkload::StatefulSet(sts)) => {
                 apply(
                     &sts_api,
                     "StatefulSet",
@@ -745,7 +746,7 @@ async fn execute(
                 )
                 .await?;
             }
-            ControllerWorkload::Deployment(deploy) => {
+            Some(ControllerWorkload::Deployment(deploy)) => {
                 let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), owner.namespace);
                 apply(
                     &api,
@@ -757,13 +758,16 @@ async fn execute(
                 )
                 .await?;
             }
+            // Never planned without a controller workload.
+            None => {}
         },
         Action::ScaleControllerToZero => {
             // Replicas only: the old template stays until the node side is rolled.
             let name = names::controller_name(obj);
             let patch = json!({"spec": {"replicas": 0}});
             let params = PatchParams::default();
-            let result = match r.controller.kind() {
+            let kind = obj.spec.controller.kind;
+            let result = match kind {
                 ControllerKind::StatefulSet => sts_api
                     .patch(&name, &params, &Patch::Merge(&patch))
                     .await
@@ -775,12 +779,18 @@ async fn execute(
                         .map(drop)
                 }
             };
-            result.map_err(|e| Error::from_write(r.controller.kind().as_str(), &name, e))?;
+            result.map_err(|e| Error::from_write(kind.as_str(), &name, e))?;
         }
         Action::DeleteStaleController => {
-            let stale = other_kind(r.controller.kind());
+            let stale = other_kind(obj.spec.controller.kind);
             if delete_controller(ctx, obj, owner, stale).await? {
                 info!(object = %owner.name, kind = stale.as_str(), "removed the controller of the previous kind");
+            }
+        }
+        Action::DeleteController => {
+            let kind = obj.spec.controller.kind;
+            if delete_controller(ctx, obj, owner, kind).await? {
+                info!(object = %owner.name, kind = kind.as_str(), "removed the controller workload: topology NodeLocal runs none");
             }
         }
     }
@@ -793,7 +803,7 @@ async fn announce<A>(obj: &CSIDriverDeployment, ctx: &Context, plan: &Plan<A>) {
         if let rollout::Transition::StepStarted(step) = t {
             ctx.metrics.rollout_step(step.as_str());
         }
-        let note = events::for_transition(t, &obj.spec.version);
+        let note = events::for_transition(t, &obj.spec.version, obj.spec.topology);
         info!(object = %obj.name_any(), reason = %note.reason, "{}", note.note);
         publish(&ctx.recorder, obj, &note).await;
     }

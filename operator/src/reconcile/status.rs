@@ -51,6 +51,7 @@ pub(super) fn status_after(
         previous: obj.status.as_ref(),
         generation: obj.metadata.generation.unwrap_or(0),
         spec_version: &obj.spec.version,
+        controller: obj.spec.topology.has_controller(),
         rollout: progress.rollout,
         waiting_for: progress.waiting_for,
         completed: progress.completed,

@@ -26,15 +26,17 @@ pub(super) async fn apply_supporting(
 ) -> Result<(), Error> {
     let c = &ctx.client;
     let sa: Api<ServiceAccount> = Api::namespaced(c.clone(), owner.namespace);
-    apply(
-        &sa,
-        "ServiceAccount",
-        r.controller_service_account.clone(),
-        owner,
-        Mode::IfChanged,
-        &ctx.caches.owned,
-    )
-    .await?;
+    if let Some(controller_sa) = &r.controller_service_account {
+        apply(
+            &sa,
+            "ServiceAccount",
+            controller_sa.clone(),
+            owner,
+            Mode::IfChanged,
+            &ctx.caches.owned,
+        )
+        .await?;
+    }
     apply(
         &sa,
         "ServiceAccount",
@@ -57,6 +59,28 @@ pub(super) async fn apply_supporting(
         .await?;
     }
     if let Some(binding) = &r.leader_election_role_binding {
+        let api: Api<RoleBinding> = Api::namespaced(c.clone(), owner.namespace);
+        apply(
+            &api,
+            "RoleBinding",
+            binding.clone(),
+            owner,
+            Mode::IfChanged,
+            &ctx.caches.owned,
+        )
+        .await?;
+    }
+    for (role, binding) in r.node_role.iter().zip(&r.node_role_binding) {
+        let api: Api<Role> = Api::namespaced(c.clone(), owner.namespace);
+        apply(
+            &api,
+            "Role",
+            role.clone(),
+            owner,
+            Mode::IfChanged,
+            &ctx.caches.owned,
+        )
+        .await?;
         let api: Api<RoleBinding> = Api::namespaced(c.clone(), owner.namespace);
         apply(
             &api,

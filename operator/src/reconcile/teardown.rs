@@ -60,7 +60,7 @@ pub(super) async fn teardown(
         driver_name: &obj.spec.driver_name,
         kubelet_dir: &obj.spec.node.kubelet_dir,
         registration_required: false,
-        controller_replicas: obj.spec.controller.replicas,
+        controller_replicas: obj.spec.controller_replicas(),
         max_unavailable: obj.spec.node.max_unavailable.as_ref(),
         statefulset,
         deployment,

@@ -29,6 +29,10 @@ pub const HEALTHZ_PORT: i32 = 9808;
 pub const HEALTHZ_PORT_NAME: &str = "healthz";
 /// HTTP endpoint (metrics, healthz) of the provisioner in controller pods.
 pub const PROVISIONER_HTTP_PORT: i32 = 9809;
+/// HTTP endpoint (metrics, healthz) of the provisioner in node pods
+/// (topology NodeLocal): the registrar has 9809 there, and the pod's
+/// containers share one network namespace.
+pub const NODE_PROVISIONER_HTTP_PORT: i32 = 9815;
 /// HTTP endpoint (metrics, healthz) of the attacher in controller pods.
 pub const ATTACHER_HTTP_PORT: i32 = 9810;
 /// HTTP endpoint (metrics, leader-election health) of the resizer helper.
@@ -275,17 +279,25 @@ fn controller_sidecar(
 
 /// The provisioner's capacity flags and environment: with
 /// `csiDriver.storageCapacity`, `--enable-capacity` and the owner of the
-/// CSIStorageCapacity objects, the controller workload — one level up from
-/// the pod for a StatefulSet, two for a Deployment (pod → ReplicaSet →
-/// Deployment) — so they outlive a pod and are collected with the driver;
-/// POD_NAME is where the walk starts (NAMESPACE is always set).
+/// CSIStorageCapacity objects. Centrally that is the controller workload —
+/// one level up from the pod for a StatefulSet, two for a Deployment (pod →
+/// ReplicaSet → Deployment) — so they outlive a pod and are collected with
+/// the driver. Node-locally it is the pod itself (level 0, as upstream's
+/// `deploy/kubernetes-distributed`): a node's objects describe that node's
+/// storage and go with its pod, also when the node leaves the cluster (the
+/// DaemonSet would keep a gone node's objects forever). POD_NAME is where
+/// the walk starts (NAMESPACE is always set).
 pub(crate) fn capacity_args_and_env(ctx: &Ctx<'_>) -> (Vec<String>, Vec<EnvVar>) {
     if !ctx.capacity_enabled() {
         return (Vec::new(), Vec::new());
     }
-    let level = match ctx.spec().controller.kind {
-        ControllerKind::StatefulSet => 1,
-        ControllerKind::Deployment => 2,
+    let level = if ctx.node_local() {
+        0
+    } else {
+        match ctx.spec().controller.kind {
+            ControllerKind::StatefulSet => 1,
+            ControllerKind::Deployment => 2,
+        }
     };
     (
         vec![
@@ -319,6 +331,52 @@ pub(crate) fn provisioner_container(ctx: &Ctx<'_>) -> Result<Container, RenderEr
         ctx,
         monitoring::PROVISIONER_PORT_NAME,
         PROVISIONER_HTTP_PORT,
+    );
+    Ok(container)
+}
+
+/// `csi-provisioner` in the node pods (topology NodeLocal), as upstream's
+/// `deploy/kubernetes-distributed` runs it: `--node-deployment` with
+/// `NODE_NAME` from the pod's node, so it provisions only the claims
+/// scheduled to its node through the driver beside it and deletes only the
+/// volumes that driver holds; no leader election (every node's instance
+/// works at once). `--strict-topology=true --immediate-topology=false`,
+/// upstream's recommendation for node deployment, come before the user's
+/// `extraArgs` and may be overridden there; `--node-deployment` itself is
+/// managed. Its intent journal is a ConfigMap per node in the pod's
+/// namespace (its ServiceAccount's: no `--leader-election-namespace`).
+pub(crate) fn node_provisioner_container(ctx: &Ctx<'_>) -> Result<Container, RenderError> {
+    let (capacity_args, capacity_env) = capacity_args_and_env(ctx);
+    let mut args = vec![
+        "provisioner".to_string(),
+        format!("--csi-address={}", ctx.csi_address()),
+        format!("--v={}", ctx.spec().log_level),
+        "--timeout=60s".to_string(),
+        format!("--http-endpoint=:{NODE_PROVISIONER_HTTP_PORT}"),
+        "--node-deployment".to_string(),
+        "--extra-create-metadata".to_string(),
+        "--strict-topology=true".to_string(),
+        "--immediate-topology=false".to_string(),
+    ];
+    args.extend(capacity_args);
+    let mut env = vec![
+        field_env("NODE_NAME", "spec.nodeName"),
+        field_env("NAMESPACE", "metadata.namespace"),
+    ];
+    env.extend(capacity_env);
+    let mut container = sidecar_container(
+        ctx,
+        CONTAINER_PROVISIONER,
+        "provisioner",
+        &ctx.spec().sidecars.provisioner,
+        args,
+        &env,
+        vec![socket_dir_mount()],
+    )?;
+    container.ports = monitoring::metrics_port(
+        ctx,
+        monitoring::PROVISIONER_PORT_NAME,
+        NODE_PROVISIONER_HTTP_PORT,
     );
     Ok(container)
 }

@@ -29,6 +29,11 @@ pub enum RenderError {
         sts_max: usize,
     },
 
+    /// A node-local object asks for something only controller pods could
+    /// run (the CRD refuses it too; this holds if it was bypassed).
+    #[error("{field}: {why}")]
+    NodeLocal { field: String, why: &'static str },
+
     /// An `extraArgs` entry tries to set a flag that the operator wires itself.
     #[error(
         "spec.sidecars.{sidecar}.extraArgs contains {arg:?}, which sets --{flag}; the operator \

@@ -3,6 +3,11 @@
 //! deployment: a controller StatefulSet, a node DaemonSet, the `CSIDriver`
 //! object, least-privilege RBAC and optional StorageClasses.
 //!
+//! With `spec.topology: NodeLocal` there is no controller workload: the node
+//! DaemonSet's pods also run the provisioner in node-deployment mode, and
+//! the node ServiceAccount gets its grants (upstream csi-driver-host-path's
+//! `deploy/kubernetes-distributed`).
+//!
 //! Nothing here talks to the API server: the same object and config always
 //! render the same objects (checked by golden files in
 //! `operator/tests/golden/`). Every object carries `apiVersion` and `kind`
@@ -25,6 +30,7 @@ use std::collections::BTreeMap;
 
 use csiops_crds::{
     CSIDriverDeployment, CSIDriverDeploymentSpec, DnsPolicy, ExtraContainerPod, PodSettings,
+    Topology,
 };
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{LocalObjectReference, PodSpec, Service, ServiceAccount, Volume};
@@ -35,8 +41,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 pub use containers::{
     Helper, ATTACHER_HTTP_PORT, DEFAULT_HEALTH_MONITOR_IMAGE, DEFAULT_RESIZER_IMAGE,
     DEFAULT_SNAPSHOTTER_IMAGE, ENV_CSI_ENDPOINT, ENV_KUBE_NODE_NAME, HEALTHZ_PORT,
-    HEALTHZ_PORT_NAME, HEALTH_MONITOR_HTTP_PORT, PROVISIONER_HTTP_PORT, REGISTRAR_HTTP_PORT,
-    REGISTRAR_PORT_NAME, RESIZER_HTTP_PORT, SNAPSHOTTER_HTTP_PORT,
+    HEALTHZ_PORT_NAME, HEALTH_MONITOR_HTTP_PORT, NODE_PROVISIONER_HTTP_PORT, PROVISIONER_HTTP_PORT,
+    REGISTRAR_HTTP_PORT, REGISTRAR_PORT_NAME, RESIZER_HTTP_PORT, SNAPSHOTTER_HTTP_PORT,
 };
 pub use controller::ControllerWorkload;
 pub use error::RenderError;
@@ -60,7 +66,8 @@ pub struct RenderConfig {
 /// carry [`labels::cluster_owner_labels`] instead.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Rendered {
-    pub controller_service_account: ServiceAccount,
+    /// `None` without a controller workload (topology NodeLocal).
+    pub controller_service_account: Option<ServiceAccount>,
     pub node_service_account: ServiceAccount,
     /// Leases and events in the CR's namespace for the controller sidecars'
     /// and helpers' leader election; `None` when none of them runs (delete a
@@ -68,14 +75,21 @@ pub struct Rendered {
     pub leader_election_role: Option<Role>,
     /// Binds [`Rendered::leader_election_role`] to the controller SA; `None` with it.
     pub leader_election_role_binding: Option<RoleBinding>,
+    /// The node sidecars' grants in the CR's namespace (topology NodeLocal:
+    /// the provisioner's journal and capacity objects); `None` when they
+    /// need none.
+    pub node_role: Option<Role>,
+    /// Binds [`Rendered::node_role`] to the node SA; `None` with it.
+    pub node_role_binding: Option<RoleBinding>,
     /// Controller role (union of the enabled controller sidecars and
     /// helpers), then node role (registrar); a role with no rules is omitted.
     pub cluster_roles: Vec<ClusterRole>,
     /// One binding per entry of `cluster_roles`, same names, same order.
     pub cluster_role_bindings: Vec<ClusterRoleBinding>,
     pub csi_driver: CSIDriver,
-    /// The controller StatefulSet or Deployment (`spec.controller.kind`).
-    pub controller: ControllerWorkload,
+    /// The controller StatefulSet or Deployment (`spec.controller.kind`);
+    /// `None` with topology NodeLocal.
+    pub controller: Option<ControllerWorkload>,
     pub daemonset: DaemonSet,
     pub storage_classes: Vec<StorageClass>,
     /// The headless metrics Service (`spec.monitoring` set); `None`: delete
@@ -84,7 +98,8 @@ pub struct Rendered {
     /// The PodMonitor (`spec.monitoring.podMonitor.enabled`), applied only
     /// where its CRD exists; `None`: delete a leftover one.
     pub pod_monitor: Option<kube::api::DynamicObject>,
-    /// Hash of the controller workload's spec (including replicas and kind).
+    /// Hash of the controller workload's spec (including replicas and kind);
+    /// empty without a controller workload.
     pub controller_hash: String,
     /// Hash of the DaemonSet spec.
     pub node_hash: String,
@@ -103,19 +118,31 @@ pub fn render(obj: &CSIDriverDeployment, cfg: &RenderConfig) -> Result<Rendered,
         cfg,
     };
 
-    let (controller, controller_hash) = controller::controller(&ctx)?;
+    let (controller, controller_hash) = if ctx.node_local() {
+        (None, String::new())
+    } else {
+        let (workload, hash) = controller::controller(&ctx)?;
+        (Some(workload), hash)
+    };
     let (daemonset, node_hash) = node::daemonset(&ctx)?;
     let (leader_election_role, leader_election_role_binding) = match rbac::leader_election(&ctx) {
+        Some((role, binding)) => (Some(role), Some(binding)),
+        None => (None, None),
+    };
+    let (node_role, node_role_binding) = match rbac::node_role(&ctx) {
         Some((role, binding)) => (Some(role), Some(binding)),
         None => (None, None),
     };
     let (cluster_roles, cluster_role_bindings) = rbac::cluster_roles(&ctx);
 
     Ok(Rendered {
-        controller_service_account: rbac::service_account(&ctx, Component::Controller),
+        controller_service_account: (!ctx.node_local())
+            .then(|| rbac::service_account(&ctx, Component::Controller)),
         node_service_account: rbac::service_account(&ctx, Component::Node),
         leader_election_role,
         leader_election_role_binding,
+        node_role,
+        node_role_binding,
         cluster_roles,
         cluster_role_bindings,
         csi_driver: csidriver::csi_driver(&ctx),
@@ -166,6 +193,12 @@ impl Ctx<'_> {
         )
     }
 
+    /// Topology NodeLocal: no controller workload; the provisioner runs in
+    /// the node pods with `--node-deployment`.
+    pub fn node_local(&self) -> bool {
+        self.spec().topology == Topology::NodeLocal
+    }
+
     pub fn provisioner_enabled(&self) -> bool {
         self.spec().sidecars.provisioner.enabled
     }
@@ -178,8 +211,11 @@ impl Ctx<'_> {
 
     /// The attacher only runs when the driver needs attach at all: with
     /// `attachRequired: false` Kubernetes never creates VolumeAttachments.
+    /// Never node-locally, where validation refuses `attachRequired: true`.
     pub fn attacher_enabled(&self) -> bool {
-        self.spec().sidecars.attacher.enabled && self.spec().csi_driver.attach_required
+        !self.node_local()
+            && self.spec().sidecars.attacher.enabled
+            && self.spec().csi_driver.attach_required
     }
 
     pub fn registrar_enabled(&self) -> bool {
@@ -190,8 +226,10 @@ impl Ctx<'_> {
         self.spec().sidecars.liveness_probe.enabled
     }
 
+    /// The helpers run in controller pods only (validation refuses them
+    /// node-locally).
     pub fn helper_enabled(&self, helper: containers::Helper) -> bool {
-        helper.spec(&self.spec().sidecars).enabled
+        !self.node_local() && helper.spec(&self.spec().sidecars).enabled
     }
 
     /// `spec.sidecars.extra` entries for one workload's pods, in spec order.

@@ -76,11 +76,17 @@ pub(crate) fn metrics_auth(ctx: &Ctx<'_>) -> bool {
 /// The grants of `--metrics-auth` for the pods of `component`, when one of
 /// our sidecars runs there.
 pub(crate) fn auth_grants(ctx: &Ctx<'_>, component: Component) -> Option<&'static [Grant]> {
+    let node_provisioner = ctx.node_local() && ctx.provisioner_enabled();
     let ours = match component {
         Component::Controller => {
-            ctx.provisioner_enabled() || ctx.attacher_enabled() || ctx.liveness_probe_enabled()
+            !ctx.node_local()
+                && (ctx.provisioner_enabled()
+                    || ctx.attacher_enabled()
+                    || ctx.liveness_probe_enabled())
         }
-        Component::Node => ctx.registrar_enabled() || ctx.liveness_probe_enabled(),
+        Component::Node => {
+            ctx.registrar_enabled() || ctx.liveness_probe_enabled() || node_provisioner
+        }
     };
     (metrics_auth(ctx) && ours).then_some(METRICS_AUTH_GRANTS)
 }

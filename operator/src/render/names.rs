@@ -89,6 +89,12 @@ pub fn leader_election_role_name(obj: &CSIDriverDeployment) -> String {
     format!("{}-leader-election", cr_name(obj))
 }
 
+/// `<cr-name>-node`: the namespaced Role and RoleBinding of the node
+/// sidecars (topology NodeLocal: the provisioner's journal and capacity).
+pub fn node_role_name(obj: &CSIDriverDeployment) -> String {
+    node_name(obj)
+}
+
 /// `csiops:<driverName>:controller`: ClusterRole of the controller sidecars.
 ///
 /// Keyed by driver name, not CR name, because cluster-scoped objects are

@@ -2,6 +2,12 @@
 //! liveness probe, wired to kubelet through exactly the three hostPath
 //! volumes of the CSI design's "Recommended Mechanism for Deploying CSI
 //! Drivers", all under `spec.node.kubeletDir`.
+//!
+//! With topology NodeLocal the same pods also run the provisioner in
+//! node-deployment mode beside the driver (whose one process then serves
+//! the controller and the node service for its node), and the rolling
+//! update never surges: two instances of a node-local driver on one node
+//! would fight over its state.
 
 use std::collections::BTreeMap;
 
@@ -16,8 +22,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::containers::{
-    driver_container, extra_container, liveness_probe_container, registrar_container,
-    DriverPlacement,
+    driver_container, extra_container, liveness_probe_container, node_provisioner_container,
+    registrar_container, DriverPlacement,
 };
 use super::error::RenderError;
 use super::hash::spec_hash;
@@ -41,8 +47,6 @@ fn host_path(name: &str, path: String, type_: &str) -> Volume {
     }
 }
 
-/// Renders the DaemonSet and returns it with its hash (also set as the
-/// [`TEMPLATE_HASH`] annotation).
 /// The user's tolerations, plus the driver-readiness taint when it is on:
 /// the node pod is what removes that taint, so it must land on a node that
 /// still carries it.
@@ -60,6 +64,8 @@ fn node_tolerations(ctx: &Ctx<'_>) -> Vec<Toleration> {
     tolerations
 }
 
+/// Renders the DaemonSet and returns it with its hash (also set as the
+/// [`TEMPLATE_HASH`] annotation).
 pub(crate) fn daemonset(ctx: &Ctx<'_>) -> Result<(DaemonSet, String), RenderError> {
     let obj = ctx.obj;
     let spec = ctx.spec();
@@ -84,6 +90,9 @@ pub(crate) fn daemonset(ctx: &Ctx<'_>) -> Result<(DaemonSet, String), RenderErro
             privileged: true,
         },
     )];
+    if ctx.node_local() && ctx.provisioner_enabled() {
+        containers.push(node_provisioner_container(ctx)?);
+    }
     if ctx.registrar_enabled() {
         containers.push(registrar_container(ctx)?);
     }
@@ -146,7 +155,11 @@ pub(crate) fn daemonset(ctx: &Ctx<'_>) -> Result<(DaemonSet, String), RenderErro
                         .clone()
                         .unwrap_or(IntOrString::Int(1)),
                 ),
-                ..Default::default()
+                // Node-locally, stated rather than left to the API's
+                // default: a surge pod would start a second driver on the
+                // node's state while the first still runs. (Left out for a
+                // central driver, whose rendered content must not change.)
+                max_surge: ctx.node_local().then_some(IntOrString::Int(0)),
             }),
         }),
         ..Default::default()

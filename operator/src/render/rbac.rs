@@ -19,6 +19,7 @@ use super::monitoring;
 use super::names::{
     controller_cluster_role_binding_name, controller_cluster_role_name, controller_name,
     leader_election_role_name, node_cluster_role_binding_name, node_cluster_role_name, node_name,
+    node_role_name,
 };
 use super::{namespaced_meta, Ctx};
 
@@ -72,6 +73,30 @@ pub const PROVISIONER_GRANTS: &[Grant] = &[
     grant("", "secrets", &["get"]),
     grant("events.k8s.io", "events", &["create", "patch"]),
     // get to restore; list and patch for the source-protection finalizer.
+    grant(SNAPSHOT, "volumesnapshots", &["get", "list", "patch"]),
+    grant(SNAPSHOT, "volumesnapshotcontents", &["get"]),
+    grant("gateway.networking.k8s.io", "referencegrants", &["list"]),
+];
+
+/// The provisioner in node-deployment mode (topology NodeLocal): the
+/// central grants but Nodes and CSINodes, which it never reads (its
+/// topology is its own driver's NodeGetInfo answer; the registrar in the
+/// same pods holds its own grants on them).
+pub const NODE_PROVISIONER_GRANTS: &[Grant] = &[
+    grant(
+        "",
+        "persistentvolumes",
+        &["get", "list", "watch", "create", "delete", "patch"],
+    ),
+    grant(
+        "",
+        "persistentvolumeclaims",
+        &["get", "list", "watch", "update", "patch"],
+    ),
+    grant(STORAGE, "storageclasses", READ),
+    grant(STORAGE, "volumeattachments", READ),
+    grant("", "secrets", &["get"]),
+    grant("events.k8s.io", "events", &["create", "patch"]),
     grant(SNAPSHOT, "volumesnapshots", &["get", "list", "patch"]),
     grant(SNAPSHOT, "volumesnapshotcontents", &["get"]),
     grant("gateway.networking.k8s.io", "referencegrants", &["list"]),
@@ -244,7 +269,7 @@ pub fn merge_rules(sets: &[&[Grant]]) -> Vec<PolicyRule> {
 /// vendor binds its own role to the controller ServiceAccount.)
 fn controller_grants(ctx: &Ctx<'_>) -> Vec<&'static [Grant]> {
     let mut sets = Vec::new();
-    if ctx.provisioner_enabled() {
+    if ctx.provisioner_enabled() && !ctx.node_local() {
         sets.push(PROVISIONER_GRANTS);
     }
     if ctx.attacher_enabled() {
@@ -273,6 +298,45 @@ fn namespaced_grants(ctx: &Ctx<'_>) -> Vec<&'static [Grant]> {
         }
     }
     sets
+}
+
+/// The node provisioner's grants in the CR's namespace (topology
+/// NodeLocal): its per-node intent journal and, with capacity, the
+/// CSIStorageCapacity objects and `get` on its own pod (their owner). No
+/// Leases: node instances elect no leader.
+fn node_namespaced_grants(ctx: &Ctx<'_>) -> Vec<&'static [Grant]> {
+    let mut sets = Vec::new();
+    if ctx.node_local() && ctx.provisioner_enabled() {
+        sets.push(PROVISIONER_NAMESPACED_GRANTS);
+        if ctx.capacity_enabled() {
+            sets.push(CAPACITY_GRANTS);
+        }
+    }
+    sets
+}
+
+/// The node sidecars' Role in the CR's namespace and its binding to the
+/// node ServiceAccount, `<name>-node`; `None` when they need none.
+pub(crate) fn node_role(ctx: &Ctx<'_>) -> Option<(Role, RoleBinding)> {
+    let sets = node_namespaced_grants(ctx);
+    if sets.is_empty() {
+        return None;
+    }
+    let name = node_role_name(ctx.obj);
+    let role = Role {
+        metadata: namespaced_meta(ctx, name.clone(), Component::Node),
+        rules: Some(merge_rules(&sets)),
+    };
+    let binding = RoleBinding {
+        metadata: namespaced_meta(ctx, name.clone(), Component::Node),
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".to_string(),
+            kind: "Role".to_string(),
+            name,
+        },
+        subjects: Some(vec![service_account_subject(ctx, node_name(ctx.obj))]),
+    };
+    Some((role, binding))
 }
 
 pub(crate) fn service_account(ctx: &Ctx<'_>, component: Component) -> ServiceAccount {
@@ -353,8 +417,8 @@ fn cluster_role_and_binding(
 }
 
 /// Controller role (if a controller sidecar runs), then node role (if the
-/// registrar runs, or a sidecar that reviews metrics callers), each with
-/// its binding at the same index.
+/// registrar or, node-locally, the provisioner runs, or a sidecar that
+/// reviews metrics callers), each with its binding at the same index.
 pub(crate) fn cluster_roles(ctx: &Ctx<'_>) -> (Vec<ClusterRole>, Vec<ClusterRoleBinding>) {
     let mut roles = Vec::new();
     let mut bindings = Vec::new();
@@ -375,6 +439,9 @@ pub(crate) fn cluster_roles(ctx: &Ctx<'_>) -> (Vec<ClusterRole>, Vec<ClusterRole
     if ctx.registrar_enabled() {
         node_sets.push(REGISTRAR_GRANTS);
     }
+    if ctx.node_local() && ctx.provisioner_enabled() {
+        node_sets.push(NODE_PROVISIONER_GRANTS);
+    }
     node_sets.extend(monitoring::auth_grants(ctx, Component::Node));
     if !node_sets.is_empty() {
         let (role, binding) = cluster_role_and_binding(
@@ -393,6 +460,21 @@ pub(crate) fn cluster_roles(ctx: &Ctx<'_>) -> (Vec<ClusterRole>, Vec<ClusterRole
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn keys(set: &[Grant]) -> BTreeSet<(&str, &str, &str)> {
+        set.iter()
+            .flat_map(|g| g.verbs.iter().map(|v| (g.api_group, g.resource, *v)))
+            .collect()
+    }
+
+    #[test]
+    fn a_node_provisioner_gets_the_central_grants_but_nodes_and_csinodes() {
+        let central: BTreeSet<_> = keys(PROVISIONER_GRANTS)
+            .into_iter()
+            .filter(|(_, r, _)| *r != "nodes" && *r != "csinodes")
+            .collect();
+        assert_eq!(keys(NODE_PROVISIONER_GRANTS), central);
+    }
 
     #[test]
     fn merge_unions_and_sorts() {

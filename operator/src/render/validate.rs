@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use csiops_crds::{CSIDriverDeployment, DriverOverride, ExtraContainerPod, PodSettings};
+use csiops_crds::{CSIDriverDeployment, DriverOverride, ExtraContainerPod, PodSettings, Topology};
 use k8s_openapi::api::core::v1::VolumeMount;
 
 use super::containers::Helper;
@@ -33,10 +33,15 @@ pub const CONTROLLER_SIDECAR_MANAGED_FLAGS: &[&str] = &[
 ];
 /// Flags the operator sets on the provisioner only, beside the controller
 /// sidecars' ([`CONTROLLER_SIDECAR_MANAGED_FLAGS`]): the capacity switch and
-/// owner level, which follow `csiDriver.storageCapacity` and the controller
-/// kind (refused whether capacity is on or not, so turning it on never
-/// breaks an accepted object).
-pub const PROVISIONER_ONLY_MANAGED_FLAGS: &[&str] = &["enable-capacity", "capacity-ownerref-level"];
+/// owner level, which follow `csiDriver.storageCapacity` and the topology
+/// and controller kind, and `--node-deployment`, which follows
+/// `spec.topology` (each refused whatever the topology and capacity, so
+/// switching either never breaks an accepted object).
+pub const PROVISIONER_ONLY_MANAGED_FLAGS: &[&str] = &[
+    "enable-capacity",
+    "capacity-ownerref-level",
+    "node-deployment",
+];
 /// Flags of the registrar that the operator sets itself (`--health-port`:
 /// refused next to `--http-endpoint`, as upstream).
 pub const REGISTRAR_MANAGED_FLAGS: &[&str] = &[
@@ -112,6 +117,12 @@ pub(crate) fn validate(obj: &CSIDriverDeployment) -> Result<Meta<'_>, RenderErro
     }
 
     let spec = &obj.spec;
+    if let Some(conflict) = spec.node_local_conflicts().into_iter().next() {
+        return Err(RenderError::NodeLocal {
+            field: conflict.field,
+            why: conflict.why,
+        });
+    }
     if spec.driver.image.trim().is_empty() {
         return Err(RenderError::EmptyImage {
             field: "spec.driver.image",
@@ -311,11 +322,6 @@ fn managed_pods<'a>(obj: &'a CSIDriverDeployment, kubelet_dir: &str) -> Vec<Mana
                 user: &spec.controller.driver.volume_mounts,
             },
             sidecar_mounts(
-                "provisioner",
-                &sidecars.provisioner.volume_mounts,
-                vec![socket_mount()],
-            ),
-            sidecar_mounts(
                 "attacher",
                 &sidecars.attacher.volume_mounts,
                 vec![socket_mount()],
@@ -388,6 +394,16 @@ fn managed_pods<'a>(obj: &'a CSIDriverDeployment, kubelet_dir: &str) -> Vec<Mana
     };
     node.containers
         .extend(extra_mounts(obj, ExtraContainerPod::Node));
+    // The provisioner runs where the topology puts it.
+    let provisioner = sidecar_mounts(
+        "provisioner",
+        &sidecars.provisioner.volume_mounts,
+        vec![socket_mount()],
+    );
+    match spec.topology {
+        Topology::Central => controller.containers.insert(1, provisioner),
+        Topology::NodeLocal => node.containers.insert(1, provisioner),
+    }
     vec![controller, node]
 }
 

@@ -40,6 +40,7 @@ fn input<'a>(
         previous,
         generation: 2,
         spec_version: "v1.17.0",
+        controller: true,
         rollout: None,
         waiting_for: None,
         completed: false,
@@ -330,4 +331,49 @@ fn a_lost_node_without_a_transition_time_keeps_the_first_time_it_was_seen() {
         later,
     );
     assert_eq!(other[0].since.as_deref(), Some("2026-11-21T10:30:00Z"));
+}
+
+#[test]
+fn a_node_local_driver_is_available_without_a_controller_and_shows_none() {
+    let h = Health {
+        controller: ControllerCounts::default(),
+        controller_pods: 0,
+        ..healthy()
+    };
+    let mut i = input(&h, None);
+    i.controller = false;
+    i.completed = true;
+    let s = build(&i);
+    assert_eq!(s.phase, Phase::Running);
+    assert_eq!(cond(&s, AVAILABLE).status, "True");
+    assert_eq!(cond(&s, AVAILABLE).reason, "AllReady");
+    assert_eq!(s.summary.controller, "-");
+    assert_eq!(s.message, "node-local: node pods 3/3 available");
+
+    // The same counts for a central driver: no controller is not available.
+    let mut central = input(&h, None);
+    central.completed = true;
+    central.controller = true;
+    let mut h1 = h.clone();
+    h1.controller.desired = 1;
+    central.health = &h1;
+    let s = build(&central);
+    assert_eq!(cond(&s, AVAILABLE).status, "False");
+    assert_eq!(cond(&s, AVAILABLE).reason, "ControllerNotReady");
+    assert_eq!(s.summary.controller, "0/1");
+
+    // A central controller still being removed is counted, not hidden, and
+    // does not make a node-local driver unavailable.
+    let mut h2 = h.clone();
+    h2.controller = ControllerCounts {
+        desired: 1,
+        ready: 0,
+        updated: 0,
+    };
+    let mut leaving = input(&h2, None);
+    leaving.controller = false;
+    leaving.completed = true;
+    let s = build(&leaving);
+    assert_eq!(s.summary.controller, "0/1");
+    assert_eq!(cond(&s, AVAILABLE).status, "True");
 }

@@ -5,7 +5,7 @@
 //! ticks, so it acts on every intermediate state, and the invariants are
 //! checked after every action and every tick.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::*;
 use crate::fleet::{Fleet, Lost, LostReason};
@@ -22,6 +22,7 @@ pub fn desired(n: &str, c: &str) -> Desired {
     Desired {
         node_hash: n.into(),
         controller_hash: c.into(),
+        controller: true,
         registration_required: true,
         step_timeout: Duration::seconds(600),
         paused: false,
@@ -29,6 +30,15 @@ pub fn desired(n: &str, c: &str) -> Desired {
         strategy: RolloutStrategy::NonDisruptive,
         controller_replicas: 1,
         controller_kind: ControllerKind::StatefulSet,
+    }
+}
+
+/// A node-local target (no controller workload) of node hash `n`.
+pub fn node_local(n: &str) -> Desired {
+    Desired {
+        controller_hash: String::new(),
+        controller: false,
+        ..desired(n, "")
     }
 }
 
@@ -82,6 +92,8 @@ pub struct Ds {
     pub observed_generation: i64,
     pub template_generation: i64,
     pub max_unavailable: i32,
+    /// The hash of each template generation.
+    pub hashes: BTreeMap<i64, String>,
 }
 
 /// The simulated cluster and what the operator persisted.
@@ -107,6 +119,9 @@ pub struct Sim {
     pub strategy: RolloutStrategy,
     /// Controller pods of this revision never become Ready (a broken image).
     pub broken_rev: Option<String>,
+    /// Node hashes rendered without a controller (topology NodeLocal): their
+    /// node pods run a provisioner each.
+    pub node_local: BTreeSet<String>,
 }
 
 impl Default for Sim {
@@ -133,6 +148,7 @@ impl Default for Sim {
             min_ready: i32::MAX,
             strategy: RolloutStrategy::NonDisruptive,
             broken_rev: None,
+            node_local: BTreeSet::new(),
         }
     }
 }
@@ -240,6 +256,11 @@ impl Sim {
         self.pairs
             .insert(d.controller_hash.clone(), d.node_hash.clone());
         self.strategy = d.strategy;
+        if !d.controller {
+            self.node_local.insert(d.node_hash.clone());
+            // No controller is wanted: none must serve.
+            self.must_serve = false;
+        }
         let p = plan(d, &self.observed(d), self.rollout.as_ref(), now);
         for a in &p.actions {
             self.apply(*a, d);
@@ -247,7 +268,7 @@ impl Sim {
         self.rollout = p.rollout.clone();
         if p.completed {
             self.completed += 1;
-            if d.strategy == RolloutStrategy::NonDisruptive {
+            if d.strategy == RolloutStrategy::NonDisruptive && d.controller {
                 self.must_serve = true;
             }
         }
@@ -266,6 +287,8 @@ impl Sim {
                     ds.hash = d.node_hash.clone();
                     ds.generation += 1;
                     ds.template_generation += 1;
+                    ds.hashes
+                        .insert(ds.template_generation, d.node_hash.clone());
                 }
             }
             Action::ApplyController => self.apply_controller(d, d.controller_replicas, 0),
@@ -282,6 +305,12 @@ impl Sim {
                 }
             }
             Action::DeleteStaleController => self.stale = false,
+            Action::DeleteController => {
+                // Its pods terminate at the next tick, like the other kind's.
+                if let Some(c) = self.ctrl.take() {
+                    self.stale_pods += c.pods.iter().flatten().count();
+                }
+            }
         }
         self.check();
     }
@@ -327,8 +356,49 @@ impl Sim {
         }
     }
 
+    /// Controller pods that exist, terminating ones included.
+    fn controller_pod_count(&self) -> usize {
+        self.ctrl
+            .as_ref()
+            .map_or(0, |c| c.pods.iter().flatten().count())
+            + self.stale_pods
+    }
+
+    /// Healthy nodes running a node-local pod (a provisioner of their own).
+    fn node_local_pods(&self) -> Vec<String> {
+        let Some(ds) = &self.ds else {
+            return Vec::new();
+        };
+        self.nodes
+            .iter()
+            .filter(|n| !n.lost)
+            .filter(|n| {
+                n.pod
+                    .and_then(|(g, _)| ds.hashes.get(&g))
+                    .is_some_and(|h| self.node_local.contains(h))
+            })
+            .map(|n| n.name.clone())
+            .collect()
+    }
+
+    /// The invariant of topology switches, judged when a pod starts: a
+    /// controller's provisioner never starts beside a healthy node's
+    /// node-local provisioner, nor one of those beside a controller pod.
+    /// (A lost node that returns with its old pod is not a start: nobody
+    /// could replace that pod while it was away.)
+    fn check_start(&self, what: &str) {
+        let controller = self.controller_pod_count();
+        let node_local = self.node_local_pods();
+        assert!(
+            controller == 0 || node_local.is_empty(),
+            "{what} started while {controller} controller pod(s) run beside node-local pods on {node_local:?}; last actions {:?}",
+            &self.log[self.log.len().saturating_sub(8)..]
+        );
+    }
+
     /// One step of the cluster's controllers.
     pub fn tick(&mut self) {
+        let node_local_before = self.node_local_pods();
         if let Some(ds) = &mut self.ds {
             ds.observed_generation = ds.generation;
             let template = ds.template_generation;
@@ -359,6 +429,7 @@ impl Sim {
                 }
             }
         }
+        let mut created_controller_pod = false;
         let broken = self.broken_rev.clone();
         if let Some(c) = &mut self.ctrl {
             c.observed_generation = c.generation;
@@ -377,6 +448,7 @@ impl Sim {
                         };
                         *slot = Some(CtrlPod { rev, ready: false });
                         changed = true;
+                        created_controller_pod = true;
                     }
                     Some(p) if !p.ready && broken.as_deref() != Some(p.rev.as_str()) => {
                         p.ready = true;
@@ -406,6 +478,16 @@ impl Sim {
         }
         if !self.stale {
             self.stale_pods = 0;
+        }
+        let started_node_local = self
+            .node_local_pods()
+            .into_iter()
+            .any(|n| !node_local_before.contains(&n));
+        if started_node_local {
+            self.check_start("a node-local pod");
+        }
+        if created_controller_pod {
+            self.check_start("a controller pod");
         }
         self.check();
     }

@@ -825,3 +825,349 @@ fn random_walks_keep_the_invariants_and_converge() {
         }
     }
 }
+
+// ---------------------------------------------------------------- topology NodeLocal
+
+fn never_controller(log: &[Action]) -> bool {
+    !log.iter().any(|a| {
+        matches!(
+            a,
+            Action::ApplyController | Action::ApplyControllerSurge { .. }
+        )
+    })
+}
+
+#[test]
+fn a_node_local_install_is_node_only() {
+    let d = node_local("L1");
+    let mut sim = Sim::default();
+    let p = sim.run(&d, t0());
+    assert_eq!(p.actions, vec![Action::ApplyNode]);
+    let r = p.rollout.as_ref().expect("install under way");
+    assert_eq!(
+        (r.kind, r.step),
+        (RolloutKind::Install, RolloutStep::NodeInstall)
+    );
+    sim.settle();
+    let p = sim.run(&d, t0());
+    assert!(p.completed, "{:?}", p.waiting_for);
+    assert!(p.rollout.is_none());
+    // No controller step was ever started (no Event about one either).
+    let steps: Vec<_> = p
+        .transitions
+        .iter()
+        .filter_map(|t| match t {
+            Transition::StepStarted(s) => Some(*s),
+            _ => None,
+        })
+        .collect();
+    assert!(steps.is_empty(), "{steps:?}");
+    assert!(p
+        .transitions
+        .contains(&Transition::RolloutCompleted(RolloutKind::Install)));
+    assert!(never_controller(&sim.log), "{:?}", sim.log);
+    assert!(sim.ctrl.is_none());
+
+    // Steady state: the DaemonSet only.
+    let p = sim.run(&d, t0());
+    assert_eq!(p.actions, vec![Action::ApplyNode]);
+    assert!(p.rollout.is_none());
+}
+
+#[test]
+fn a_node_local_install_waits_for_registration_on_every_node() {
+    let d = node_local("L1");
+    let mut sim = Sim::default();
+    sim.run(&d, t0());
+    sim.settle();
+    sim.nodes[2].registered = false;
+    let p = sim.run(&d, t0());
+    assert!(!p.completed);
+    let waiting = p.waiting_for.unwrap_or_default();
+    assert!(waiting.contains("node-2"), "{waiting}");
+}
+
+#[test]
+fn a_node_local_upgrade_rolls_the_nodes_and_ends() {
+    let mut sim = Sim::default();
+    sim.drive(&node_local("L1"), t0());
+    sim.settle();
+    sim.log.clear();
+    let d2 = Desired {
+        ever_completed: true,
+        ..node_local("L2")
+    };
+    let p = sim.run(&d2, t0());
+    let r = p.rollout.as_ref().expect("upgrade");
+    assert_eq!(
+        (r.kind, r.step),
+        (RolloutKind::Upgrade, RolloutStep::NodeRoll)
+    );
+    sim.drive(&d2, t0());
+    sim.settle();
+    assert_eq!(sim.ds_hash(), Some("L2"));
+    assert!(sim
+        .nodes
+        .iter()
+        .all(|n| n.pod.is_some_and(|(g, r)| g == 2 && r)));
+    assert!(never_controller(&sim.log), "{:?}", sim.log);
+    assert!(!sim.log.contains(&Action::ScaleControllerToZero));
+}
+
+/// Central → NodeLocal: the controller stops first (the nodes' provisioners
+/// take over, never beside it), the nodes roll, then the controller
+/// workload is deleted.
+#[test]
+fn becoming_node_local_stops_the_controller_rolls_the_nodes_then_removes_it() {
+    for strategy in [
+        RolloutStrategy::NonDisruptive,
+        RolloutStrategy::StopController,
+    ] {
+        let mut d1 = desired("n1", "c1");
+        d1.strategy = strategy;
+        let mut sim = Sim::installed(&d1);
+        let d2 = Desired {
+            ever_completed: true,
+            strategy,
+            ..node_local("L2")
+        };
+        let p = sim.run(&d2, t0());
+        let r = p.rollout.as_ref().expect("switch under way");
+        assert_eq!(
+            (r.kind, r.step),
+            (RolloutKind::Upgrade, RolloutStep::ControllerScaleDown)
+        );
+        assert_eq!(p.actions, vec![Action::ScaleControllerToZero]);
+        // Pods still terminating: the DaemonSet waits.
+        let p = sim.run(&d2, t0());
+        assert!(!p.actions.contains(&Action::ApplyNode), "{:?}", p.actions);
+        sim.drive(&d2, t0());
+        sim.settle();
+        let log = &sim.log;
+        let scale = first(log, Action::ScaleControllerToZero);
+        let node = first(log, Action::ApplyNode);
+        let delete = first(log, Action::DeleteController);
+        assert!(scale < node && node < delete, "{log:?}");
+        assert!(never_controller(log), "{log:?}");
+        assert!(sim.ctrl.is_none(), "{:?}", sim.ctrl);
+        assert_eq!(sim.stale_pods, 0);
+        assert_eq!(sim.ds_hash(), Some("L2"));
+        assert_eq!(sim.completed, 2);
+        let p = sim.run(&d2, t0());
+        assert!(p.rollout.is_none());
+        assert_eq!(p.actions, vec![Action::ApplyNode]);
+    }
+}
+
+/// The controller workload goes only once every healthy node runs its
+/// node-local pod; lost nodes are not waited for.
+#[test]
+fn a_central_controller_is_removed_after_the_nodes_even_with_a_node_lost() {
+    let mut sim = Sim::installed(&desired("n1", "c1"));
+    sim.nodes[1].lost = true;
+    let d2 = Desired {
+        ever_completed: true,
+        ..node_local("L2")
+    };
+    // Scaled down and gone; the roll is under way.
+    for _ in 0..3 {
+        sim.run(&d2, t0());
+        sim.tick();
+    }
+    assert!(sim.ctrl.as_ref().is_some_and(|c| c.spec_replicas == 0));
+    sim.drive(&d2, t0());
+    sim.settle();
+    assert!(sim.ctrl.is_none());
+    assert_eq!(sim.nodes[1].pod.map(|(g, _)| g), Some(1), "old pod stays");
+    // Back: it gets the node-local pod.
+    sim.nodes[1].lost = false;
+    sim.settle();
+    assert_eq!(sim.nodes[1].pod.map(|(g, _)| g), Some(2));
+}
+
+/// NodeLocal → Central: the nodes roll first (their provisioners go), then
+/// the controller starts, as an install would; never beside a node-local pod.
+#[test]
+fn becoming_central_rolls_the_nodes_then_starts_the_controller() {
+    let mut sim = Sim::default();
+    sim.drive(&node_local("L1"), t0());
+    sim.settle();
+    sim.log.clear();
+    let d2 = upgrade("n2", "c2");
+    let p = sim.run(&d2, t0());
+    let r = p.rollout.as_ref().expect("switch");
+    assert_eq!(
+        (r.kind, r.step),
+        (RolloutKind::Upgrade, RolloutStep::NodeRoll)
+    );
+    sim.drive(&d2, t0());
+    sim.settle();
+    let log = &sim.log;
+    assert!(first(log, Action::ApplyNode) < first(log, Action::ApplyController));
+    // Nothing served, so a plain apply, no surge.
+    assert_eq!(first_surge(log), None);
+    assert_eq!(sim.ctrl_hash(), Some("c2"));
+    assert!(sim
+        .ctrl
+        .as_ref()
+        .is_some_and(|c| c.pods.iter().flatten().all(|p| p.ready)));
+    // Serving from now on, under the usual invariants.
+    assert!(sim.must_serve);
+}
+
+/// A lost status write in the middle of a switch: the next pass decides
+/// from what it sees and still never runs both provisioners.
+#[test]
+fn a_switch_resumes_from_observation_after_the_status_is_lost() {
+    let mut sim = Sim::installed(&desired("n1", "c1"));
+    let d2 = Desired {
+        ever_completed: true,
+        ..node_local("L2")
+    };
+    sim.run(&d2, t0());
+    sim.settle();
+    sim.rollout = None; // status lost: controller at 0, nodes not rolled
+    let p = sim.run(&d2, t0());
+    let r = p.rollout.as_ref().expect("resumed");
+    assert_eq!(r.step, RolloutStep::NodeRoll);
+    sim.drive(&d2, t0());
+    sim.settle();
+    sim.rollout = None; // lost again once done: a stale workload left?
+    let p = sim.run(&d2, t0());
+    assert!(p.rollout.is_none(), "{:?}", p.rollout);
+    assert!(sim.ctrl.is_none());
+
+    // A controller workload left at 0 replicas (the delete never made it)
+    // is removed by a controller step of its own.
+    sim.ctrl = Some(Ctrl {
+        hash: "c1".into(),
+        ..Ctrl::default()
+    });
+    let p = sim.run(&d2, t0());
+    let r = p.rollout.as_ref().expect("removal");
+    assert_eq!(r.step, RolloutStep::ControllerRoll);
+    assert!(p.actions.contains(&Action::DeleteController));
+    sim.drive(&d2, t0());
+    assert!(sim.ctrl.is_none());
+}
+
+/// Switching back to Central in the middle of becoming node-local.
+#[test]
+fn an_edit_back_to_central_mid_switch_ends_central() {
+    let d1 = desired("n1", "c1");
+    let mut sim = Sim::installed(&d1);
+    let d2 = Desired {
+        ever_completed: true,
+        ..node_local("L2")
+    };
+    for _ in 0..4 {
+        sim.run(&d2, t0());
+        sim.tick();
+    }
+    assert_eq!(
+        sim.rollout.as_ref().map(|r| r.step),
+        Some(RolloutStep::NodeRoll)
+    );
+    let d3 = upgrade("n3", "c3");
+    sim.drive(&d3, t0());
+    sim.settle();
+    assert_eq!(sim.ctrl_hash(), Some("c3"));
+    assert_eq!(sim.ds_hash(), Some("n3"));
+    assert!(sim
+        .ctrl
+        .as_ref()
+        .is_some_and(|c| c.spec_replicas == 1 && c.pods.iter().flatten().all(|p| p.ready)));
+}
+
+#[test]
+fn deleting_a_node_local_driver_tears_down_the_node_side() {
+    let mut sim = Sim::default();
+    sim.drive(&node_local("L1"), t0());
+    sim.settle();
+    sim.cluster_scoped_remaining = 3;
+    let p = plan_delete(
+        &sim.observed(&node_local("L1")),
+        None,
+        Duration::seconds(600),
+        t0(),
+    );
+    assert_eq!(p.actions, vec![TeardownAction::DeleteNode]);
+    let r = p.rollout.as_ref().expect("teardown");
+    assert_eq!(r.step, RolloutStep::NodeDelete);
+}
+
+/// Random walks across both topologies: edits that switch topology, node
+/// losses and returns, status loss, at arbitrary moments. The simulator's
+/// invariants hold throughout (a controller pod never runs beside a healthy
+/// node's node-local pod; a central controller is applied only over its
+/// rolled node side) and the rollout ends at the last edit's content.
+#[test]
+fn random_walks_across_topologies_keep_the_invariants_and_converge() {
+    let mut seed: u64 = 0x2545_f491_4f6c_dd1d;
+    let mut next = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    for walk in 0..150 {
+        let strategy = if walk % 4 == 0 {
+            RolloutStrategy::StopController
+        } else {
+            RolloutStrategy::NonDisruptive
+        };
+        let target = |version: usize, central: bool, strategy| {
+            let d = if central {
+                desired(&format!("n{version}"), &format!("c{version}"))
+            } else {
+                node_local(&format!("L{version}"))
+            };
+            Desired {
+                strategy,
+                ever_completed: version > 0,
+                ..d
+            }
+        };
+        let mut d = target(0, walk % 2 == 0, strategy);
+        let mut sim = Sim::with_nodes(5);
+        sim.drive(&d, t0());
+        sim.settle();
+        let mut version = 0;
+        for _ in 0..50 {
+            match next(10) {
+                0 | 1 => {
+                    version += 1;
+                    d = target(version, next(2) == 0, strategy);
+                }
+                2 => {
+                    let i = next(5) as usize;
+                    sim.nodes[i].lost = !sim.nodes[i].lost;
+                }
+                3 => sim.rollout = None,
+                _ => {}
+            }
+            sim.run(&d, t0());
+            for _ in 0..next(3) {
+                sim.tick();
+            }
+        }
+        for n in &mut sim.nodes {
+            n.lost = false;
+        }
+        sim.drive(&d, t0());
+        sim.settle();
+        let p = sim.run(&d, t0());
+        assert!(p.rollout.is_none(), "walk {walk}: {:?}", p.rollout);
+        assert_eq!(sim.ds_hash(), Some(d.node_hash.as_str()), "walk {walk}");
+        if d.controller {
+            assert_eq!(
+                sim.ctrl_hash(),
+                Some(d.controller_hash.as_str()),
+                "walk {walk}"
+            );
+        } else {
+            assert!(sim.ctrl.is_none(), "walk {walk}: {:?}", sim.ctrl);
+            assert_eq!(sim.stale_pods, 0, "walk {walk}");
+        }
+    }
+}
