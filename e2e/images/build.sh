@@ -39,7 +39,8 @@
 #
 # Environment:
 #   CSIOPS_CACHE_DIR        cache root (default: $HOME/.cache/csiops); the musl
-#                           cargo target dir is <cache>/images/cargo-target
+#                           cargo target dir is <cache>/images/cargo-target-<hash
+#                           of the checkout's path>
 #   CSIOPS_IMAGE_REGISTRY   registry/namespace of the csiops images
 #                           (default: ghcr.io/csiops)
 #   CSIOPS_IMAGE_TAG        their tag (default: v<version>)
@@ -194,7 +195,11 @@ build_into() {
   created="$(source_date)"
 
   # --- static binaries -----------------------------------------------------
-  local target_dir="$cache_root/cargo-target"
+  # One target dir per checkout: cargo names a workspace's own crates by
+  # their path inside the workspace, so two checkouts sharing a target dir
+  # would take each other's fresh-looking artifacts into their images.
+  local target_dir
+  target_dir="$cache_root/cargo-target-$(printf '%s' "$ROOT" | sha256sum | cut -c1-12)"
   log "cargo build --release --target $TARGET (operator, sidecar, csi-test-driver) into $target_dir"
   log "(cold: several minutes on two cores; warm: seconds)"
   (cd "$ROOT" && CARGO_TARGET_DIR="$target_dir" cargo build --release --locked --target "$TARGET" \
