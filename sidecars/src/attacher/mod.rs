@@ -32,7 +32,7 @@ use crate::common::controller::{lease_name, ControllerArgs};
 use crate::common::goflags::IGNORED_HEADING;
 use crate::common::kube::KubeArgs;
 use crate::common::metrics::Metrics;
-use crate::common::role::{lead, probe_check, Role, Wait};
+use crate::common::role::{lead, lease_guard, probe_check, Role, Wait};
 use crate::common::workqueue::Backoff;
 use crate::SidecarError;
 
@@ -134,7 +134,9 @@ pub async fn run(args: AttacherArgs) -> Result<(), SidecarError> {
     let (backoff, http_addr) = args.check()?;
     let mut role = Role::start();
     let requests = crate::common::kube::ApiRequests::default();
-    let clients = crate::common::kube::clients(&args.kube, &requests).await?;
+    // No API write without the Lease (see `common::ratelimit`).
+    let guard = lease_guard(&args.controller);
+    let clients = crate::common::kube::clients(&args.kube, &requests, &guard).await?;
     let queues = controller::Queues::new(backoff);
     let writes = metrics::Writes::default();
     let mut registry = Metrics::new();
@@ -200,6 +202,7 @@ pub async fn run(args: AttacherArgs) -> Result<(), SidecarError> {
         &args.kube,
         &args.controller,
         &lease,
+        guard,
         &role.shutdown,
         move || async move { ctrl.run(watches, stop).await.map_err(AttacherError::from) },
     )

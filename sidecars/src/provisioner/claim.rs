@@ -342,7 +342,7 @@ impl Provisioner {
         // 2. The volume.
         let created = {
             let _permit = self.calls.acquire().await;
-            csi::create_volume(&self.driver, request, self.timeout).await
+            self.create_volume(request).await
         };
         let volume = match created {
             Ok(v) => v,
@@ -367,14 +367,7 @@ impl Provisioner {
                 // Too small, or without the content asked for: no PV may
                 // point at it; delete and start over.
                 let _permit = self.calls.acquire().await;
-                return match csi::delete_volume(
-                    &self.driver,
-                    &volume.volume_id,
-                    secrets,
-                    self.timeout,
-                )
-                .await
-                {
+                return match self.delete_volume(&volume.volume_id, secrets).await {
                     Ok(()) => {
                         self.trim(&prepared.name);
                         Err(ClaimError::Unusable { error })
@@ -547,9 +540,9 @@ impl Provisioner {
             .map_err(|e| blocked(chain(&e).to_string()))?;
         let secrets = request.secrets.clone();
         let permit = self.calls.acquire().await;
-        match csi::create_volume(&self.driver, request, self.timeout).await {
+        match self.create_volume(request).await {
             Ok(volume) => {
-                csi::delete_volume(&self.driver, &volume.volume_id, secrets, self.timeout)
+                self.delete_volume(&volume.volume_id, secrets)
                     .await
                     .map_err(|status| ClaimError::CleanUpFailed {
                         volume: pv_name.to_string(),

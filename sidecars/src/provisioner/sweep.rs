@@ -130,9 +130,9 @@ impl Provisioner {
         }
         let secrets = request.secrets.clone();
         let _permit = self.calls.acquire().await;
-        match csi::create_volume(&self.driver, request, self.timeout).await {
+        match self.create_volume(request).await {
             Ok(volume) => {
-                csi::delete_volume(&self.driver, &volume.volume_id, secrets, self.timeout)
+                self.delete_volume(&volume.volume_id, secrets)
                     .await
                     .map_err(|status| SweepError::Failed {
                         volume: name.to_string(),
