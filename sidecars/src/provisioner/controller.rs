@@ -468,11 +468,22 @@ impl Provisioner {
 
     /// One sweep of an intent, its failure logged and retried (there may be
     /// no object left to carry an Event).
-    async fn intent_pass(&self, name: &str) {
-        match self.sync_intent(name).await {
+    pub(super) async fn intent_pass(&self, name: &str) {
+        let result = self.sync_intent(name).await;
+        let blocked = result.as_ref().is_err_and(|e| e.is_blocked());
+        self.metrics.journal.set_blocked(name, blocked);
+        match result {
             Ok(()) => self.intents.forget(&name.to_string()),
             Err(e) => {
                 tracing::warn!(error = %chain(&e), "cleaning up after an abandoned volume failed; will retry");
+                if blocked {
+                    // The claim is gone: the journal is what an admin looks at.
+                    if let Some(journal) = &self.journal {
+                        let note = chain(&e).to_string();
+                        self.warn(&journal.object_ref(), "VolumeCleanupBlocked", note)
+                            .await;
+                    }
+                }
                 self.intents.add_rate_limited(name.to_string());
             }
         }
