@@ -14,7 +14,7 @@ pub mod decide;
 pub mod finalizer;
 pub mod metrics;
 pub mod node;
-pub mod reconcile;
+pub mod published_sync;
 pub mod request;
 pub mod status;
 pub mod sync;
@@ -68,7 +68,7 @@ pub struct AttacherArgs {
     #[arg(long, default_value = "1m", value_parser = parse_duration)]
     pub reconcile_sync: Duration,
 
-    /// Page size of the reconciler's ListVolumes (0: the driver decides).
+    /// Page size of the published sync's ListVolumes (0: the driver decides).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i32).range(0..))]
     pub max_entries: i32,
 
