@@ -260,6 +260,7 @@ async fn registrar_and_liveness_probe_with_a_real_driver() {
         .expect("csinode")
         .metadata
         .resource_version;
+    let passes = node_get_info_count(reg_port, "OK").await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
         csinodes
@@ -270,6 +271,12 @@ async fn registrar_and_liveness_probe_with_a_real_driver() {
             .resource_version,
         rv,
         "no write when nothing changed"
+    );
+    // …and they did run meanwhile (else "no write" would prove nothing).
+    let ran = node_get_info_count(reg_port, "OK").await - passes;
+    assert!(
+        ran >= 2,
+        "only {ran} passes in 2s at --node-info-interval=500ms"
     );
     assert_eq!(healthz(reg_port).await.map(|r| r.0), Some(200));
 
