@@ -121,6 +121,8 @@ pub enum AfterFailure {
 pub struct FailureStreak {
     pub failures: u32,
     pub socket_absent_since: Option<Instant>,
+    /// The driver was found gone and removed (said once per streak).
+    pub removed: bool,
 }
 
 impl FailureStreak {
@@ -257,15 +259,22 @@ impl NodeInfoSync {
         let socket = socket_state(self.driver_socket.as_deref());
         let code = status.code();
         match streak.failed(socket, now, self.gone_after()) {
+            AfterFailure::Keep if streak.removed => {
+                tracing::debug!(?code, message = %status.message(), "NodeGetInfo still fails; the driver stays removed");
+                Ok(Outcome::DriverFailed { code })
+            }
             AfterFailure::Keep => {
                 tracing::warn!(?code, message = %status.message(), failures = streak.failures, ?socket,
                     "NodeGetInfo failed; the driver's CSINode entry stays (kubelet owns the registration) and the call is retried");
                 Ok(Outcome::DriverFailed { code })
             }
             AfterFailure::Remove => {
-                tracing::warn!(?code, message = %status.message(), socket = ?self.driver_socket, gone_for = ?self.gone_after(),
-                    "the driver is gone (its socket is absent and NodeGetInfo fails); removing it from this node");
+                if !streak.removed {
+                    tracing::warn!(?code, message = %status.message(), socket = ?self.driver_socket, gone_for = ?self.gone_after(),
+                        "the driver is gone (its socket is absent and NodeGetInfo fails); removing it from this node");
+                }
                 let wrote = self.uninstall().await?;
+                streak.removed = true;
                 Ok(Outcome::Uninstalled { wrote })
             }
         }
@@ -726,6 +735,13 @@ mod tests {
         assert!(!has_node_id(&objects), "and its node ID");
         let csinode = objects.get(CSINODE).expect("CSINode");
         assert_eq!(csinode["spec"]["drivers"][0]["name"], "other.csi");
+        // Still gone: nothing more to remove.
+        let writes = api_writes(&log).len();
+        assert_eq!(
+            sync.pass(&mut streak, t1 + gone_after * 2).await.ok(),
+            Some(Outcome::Uninstalled { wrote: false })
+        );
+        assert_eq!(api_writes(&log).len(), writes);
     }
 
     #[tokio::test]
