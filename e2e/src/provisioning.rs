@@ -145,6 +145,26 @@ impl ProvisionerBed {
         &self.sidecar_log
     }
 
+    /// The value of counter `name` (all its label sets summed) in the
+    /// provisioner's metrics now; 0 when it does not answer (not serving
+    /// yet) or has none.
+    pub async fn metric_sum(&self, name: &str) -> u64 {
+        let Some((200, text)) =
+            crate::testkit::http_get_async(([127, 0, 0, 1], self.http_port).into(), "/metrics")
+                .await
+        else {
+            return 0;
+        };
+        text.lines()
+            .filter(|l| {
+                l.strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .map(|v| v as u64)
+            .sum()
+    }
+
     /// Volume name → volume ID of the driver's live volumes.
     pub fn driver_volumes(&self) -> Result<BTreeMap<String, String>> {
         let state = self

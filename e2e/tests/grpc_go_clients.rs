@@ -73,6 +73,20 @@ fn registrar(cluster: &Cluster, driver_socket: &Path, registry: &Path, n: usize)
     .expect("registrar starts")
 }
 
+/// Waits until the registrar says its CSINode maintenance runs: only then
+/// can "no entry before kubelet's verdict" fail (before, nothing would
+/// write one anyway).
+async fn maintenance_on(reg: &ManagedProcess) {
+    wait_for(DEADLINE, POLL, || async {
+        std::fs::read_to_string(reg.log_path())
+            .ok()?
+            .contains("CSINode maintenance is on")
+            .then_some(())
+    })
+    .await
+    .unwrap_or_else(|_| panic!("CSINode maintenance never started:\n{}", reg.log_tail(20)));
+}
+
 async fn our_entry(csinodes: &Api<CSINode>) -> Option<String> {
     let c = csinodes.get_opt(NODE).await.expect("get CSINode")?;
     c.spec
@@ -141,6 +155,7 @@ async fn kubelets_grpc_go_client_registers_our_registrar_and_calls_our_driver() 
     let socket = registration_socket(&registry, DRIVER);
     let mut refused = registrar(&cluster, &driver_socket, &registry, 0);
     wait_socket(&socket, &refused).await;
+    maintenance_on(&refused).await;
     tokio::time::sleep(SEVERAL_PASSES).await;
     assert_eq!(
         our_entry(&csinodes).await,
@@ -175,6 +190,7 @@ async fn kubelets_grpc_go_client_registers_our_registrar_and_calls_our_driver() 
     // kubelet accepts: GetInfo, Notify, and only then the CSINode entry.
     let reg = registrar(&cluster, &driver_socket, &registry, 1);
     wait_socket(&socket, &reg).await;
+    maintenance_on(&reg).await;
     tokio::time::sleep(SEVERAL_PASSES).await;
     assert_eq!(
         our_entry(&csinodes).await,

@@ -12,6 +12,8 @@ use kube::api::Api;
 
 const NS: &str = "csi-hostpath";
 const DEADLINE: Duration = Duration::from_secs(90);
+/// How soon after the leader's exit the standby must hold the Lease.
+const TAKEOVER: Duration = Duration::from_secs(3);
 
 async fn http(op: &OperatorProcess, path: &'static str) -> Option<(u16, String)> {
     testkit::http_get_async(op.http_endpoint(), path).await
@@ -98,13 +100,20 @@ async fn a_standby_takes_over_when_the_leader_stops() {
         "leader did not exit on SIGTERM:\n{}",
         leader.log_tail(20)
     );
-    let next = wait_for(
-        Duration::from_secs(15),
-        Duration::from_millis(100),
-        || async { holder().await.filter(|h| h == standby_id) },
-    )
+    // At once: the leader released the Lease before it exited, and the
+    // standby watches the Lease, so it takes a released one at once. A Lease
+    // left to expire would take its duration (15s) from the last renewal the
+    // standby saw; 3s tells the two apart.
+    let next = wait_for(TAKEOVER, Duration::from_millis(50), || async {
+        holder().await.filter(|h| h == standby_id)
+    })
     .await
-    .unwrap_or_else(|_| panic!("standby did not take over:\n{}", standby.log_tail(30)));
+    .unwrap_or_else(|_| {
+        panic!(
+            "standby did not take over within {TAKEOVER:?} of the leader's exit:\n{}",
+            standby.log_tail(30)
+        )
+    });
     assert_eq!(next, standby_id);
 
     // The new leader reconciles: an upgrade goes through.

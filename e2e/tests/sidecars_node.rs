@@ -1,8 +1,9 @@
 //! The node sidecars on a real control plane with a real CSI driver process
 //! (`csi-mock-driver`, Kubernetes' own e2e driver): the registrar registers
 //! through kubelet's plugin-registration API, keeps the CSINode and Node as
-//! kubelet would, removes its entry when the driver fails or on SIGTERM, and
-//! the liveness probe follows the driver.
+//! kubelet would, keeps its entry while the driver hangs or crashes (its
+//! socket left behind), removes it once the driver is gone (its socket
+//! removed) or on SIGTERM, and the liveness probe follows the driver.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -56,6 +57,9 @@ fn registrar(cluster: &Cluster, p: &Paths, port: u16, extra: &[&str], n: usize) 
         format!("--kubeconfig={}", cluster.kubeconfig_path().display()),
         format!("--http-endpoint=127.0.0.1:{port}"),
         "--node-info-interval=500ms".into(),
+        // Upstream's default (ours is 10s): even 1s timeouts, one after the
+        // other, must not unregister a driver that still has its socket.
+        "--timeout=1s".into(),
         "--v=5".into(),
     ];
     args.extend(extra.iter().map(|s| s.to_string()));
@@ -67,6 +71,59 @@ fn registrar(cluster: &Cluster, p: &Paths, port: u16, extra: &[&str], n: usize) 
         &log,
     )
     .expect("registrar starts")
+}
+
+/// How many NodeGetInfo calls of the registrar (metrics on `port`) ended
+/// with `code` (upstream's label value, e.g. `DeadlineExceeded`).
+async fn node_get_info_count(port: u16, code: &str) -> u64 {
+    let needle = format!("method_name=\"/csi.v1.Node/NodeGetInfo\",grpc_status_code=\"{code}\"}}");
+    testkit::http_get_async(([127, 0, 0, 1], port).into(), "/metrics")
+        .await
+        .and_then(|(_, text)| {
+            text.lines()
+                .find(|l| {
+                    l.starts_with("csi_sidecar_operations_seconds_count{") && l.contains(&needle)
+                })
+                .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Waits until the registrar (metrics on `port`) has seen `more` NodeGetInfo
+/// failures with `code` beyond `before`, checking at every poll that the
+/// driver's CSINode entry and node-ID key are still there.
+async fn failures_keep_the_entry(
+    csinodes: &Api<CSINode>,
+    nodes: &Api<Node>,
+    port: u16,
+    code: &str,
+    more: u64,
+    reg: &ManagedProcess,
+) {
+    let before = node_get_info_count(port, code).await;
+    wait_for(DEADLINE, POLL, || async {
+        let c = csinodes.get(NODE).await.ok()?;
+        let n = nodes.get(NODE).await.ok()?;
+        assert!(
+            entry(&c, DRIVER).is_some() && node_ids(&n).contains_key(DRIVER),
+            "the registrar removed a driver whose socket is still there ({code}):\n{}",
+            reg.log_tail(30)
+        );
+        (node_get_info_count(port, code).await >= before + more).then_some(())
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "no {more} NodeGetInfo failures with {code}:\n{}",
+            reg.log_tail(30)
+        )
+    });
+}
+
+fn signal(pid: u32, sig: libc::c_int) {
+    let pid = libc::pid_t::try_from(pid).expect("pid fits");
+    // SAFETY: kill(2) with a pid this test started.
+    assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "kill({pid}, {sig})");
 }
 
 /// SIGTERM, then the exit status as the process reports it.
@@ -203,6 +260,7 @@ async fn registrar_and_liveness_probe_with_a_real_driver() {
         .expect("csinode")
         .metadata
         .resource_version;
+    let passes = node_get_info_count(reg_port, "OK").await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
         csinodes
@@ -213,6 +271,12 @@ async fn registrar_and_liveness_probe_with_a_real_driver() {
             .resource_version,
         rv,
         "no write when nothing changed"
+    );
+    // …and they did run meanwhile (else "no write" would prove nothing).
+    let ran = node_get_info_count(reg_port, "OK").await - passes;
+    assert!(
+        ran >= 2,
+        "only {ran} passes in 2s at --node-info-interval=500ms"
     );
     assert_eq!(healthz(reg_port).await.map(|r| r.0), Some(200));
 
@@ -251,8 +315,53 @@ async fn registrar_and_liveness_probe_with_a_real_driver() {
         .expect("metrics");
     assert!(metrics.1.contains("csi_sidecar_operations_seconds_count{driver_name=\"mock.csi.csiops.dev\",method_name=\"/csi.v1.Identity/Probe\",grpc_status_code=\"OK\"}"), "{}", metrics.1);
 
-    // The driver stops: liveness 500, the entry and key removed.
+    // The driver hangs (SIGSTOP): every NodeGetInfo times out, the socket is
+    // still there — a slow driver, not a gone one. The entry and key stay.
+    signal(driver.pid(), libc::SIGSTOP);
+    failures_keep_the_entry(&csinodes, &nodes, reg_port, "DeadlineExceeded", 3, &reg).await;
+    signal(driver.pid(), libc::SIGCONT);
+
+    // The driver crashes (kill -9): its socket is left behind, NodeGetInfo
+    // is refused — a driver about to be restarted. The entry stays.
+    driver.kill9();
+    assert!(
+        p.driver_socket.exists(),
+        "a killed driver leaves its socket"
+    );
+    failures_keep_the_entry(&csinodes, &nodes, reg_port, "Unavailable", 3, &reg).await;
+    // The restarted driver answers; nothing was removed, nothing to write back.
+    let rv = csinodes
+        .get(NODE)
+        .await
+        .expect("csinode")
+        .metadata
+        .resource_version;
+    let mut driver = start_driver(1);
+    let answered = node_get_info_count(reg_port, "OK").await;
+    wait_for(DEADLINE, POLL, || async {
+        (node_get_info_count(reg_port, "OK").await > answered).then_some(())
+    })
+    .await
+    .unwrap_or_else(|_| panic!("NodeGetInfo never answered again:\n{}", reg.log_tail(20)));
+    assert_eq!(
+        csinodes
+            .get(NODE)
+            .await
+            .expect("csinode")
+            .metadata
+            .resource_version,
+        rv,
+        "the entry was kept, so there was nothing to write back"
+    );
+
+    // The driver stops (SIGTERM: it removes its socket): liveness 500, and
+    // once the socket has stayed away for three intervals the driver is
+    // gone: its entry and key are removed.
     driver.terminate(Duration::from_secs(5));
+    assert!(
+        !p.driver_socket.exists(),
+        "a stopped driver removes its socket"
+    );
     let failing = wait_for(DEADLINE, POLL, || async {
         healthz(live_port).await.filter(|r| r.0 == 500)
     })
@@ -266,7 +375,7 @@ async fn registrar_and_liveness_probe_with_a_real_driver() {
     .await
     .unwrap_or_else(|_| {
         panic!(
-            "entry not removed after NodeGetInfo failed:\n{}",
+            "entry not removed after the driver's socket went:\n{}",
             reg.log_tail(30)
         )
     });
@@ -279,7 +388,7 @@ async fn registrar_and_liveness_probe_with_a_real_driver() {
     assert_eq!(healthz(reg_port).await.map(|r| r.0), Some(200));
 
     // The driver is back: liveness 200, entry back.
-    let driver2 = start_driver(1);
+    let driver2 = start_driver(2);
     wait_for(DEADLINE, POLL, || async {
         healthz(live_port).await.filter(|r| r.0 == 200)
     })

@@ -22,15 +22,30 @@
 //! Usage: [`LeaderElector::acquire`], then run the controller alongside
 //! [`LeaderElector::renew_loop`] and exit the process when the latter returns;
 //! on graceful shutdown call [`LeaderElector::release`].
+//!
+//! **Acting only while leading.** Losing the Lease must stop every action at
+//! once, not at the next renewal: the leader also *watches* its Lease, so a
+//! Lease taken over (an admin, a replica that judged it expired) ends
+//! [`LeaderElector::renew_loop`] as soon as the API server says so, and
+//! [`run_as_leader`] then drops the controller (which must own its tasks, so
+//! that dropping it aborts them). And a [`LeaseGuard`], as kubert's lease
+//! claim, is consulted before each action with effects outside the process
+//! (an API write, a CreateVolume): it is held only while the last renewal is
+//! younger than the renew deadline, and never once leadership is lost.
+//! Standbys watch the Lease too, so a released Lease is taken over at once.
 
 use std::convert::Infallible;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::future::ready;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use futures::stream::BoxStream;
+use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Api, PostParams};
+use kube::runtime::{watcher, WatchStreamExt};
 use kube::Client;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -400,6 +415,139 @@ impl LeaderError {
     }
 }
 
+/// Whether this replica may act as the leader now: consulted before each
+/// action with effects outside the process (an API write, a CreateVolume or
+/// DeleteVolume), as kubert's lease claim is. Cheap to clone; every clone
+/// sees the same state.
+///
+/// Held from each successful Lease write until the renew deadline after it
+/// (the leader gives up then, and standbys wait longer than that), and no
+/// longer once leadership is lost or released. Without election
+/// ([`LeaseGuard::unconditional`]) it is always held.
+#[derive(Clone, Debug)]
+pub struct LeaseGuard(Arc<Mutex<Held>>);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Held {
+    No,
+    Until(Instant),
+    Always,
+}
+
+/// An action refused because this replica does not hold the Lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("not the leader: this replica does not hold the leader Lease (any more)")]
+pub struct NotLeading;
+
+impl Default for LeaseGuard {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LeaseGuard {
+    /// A guard not held until a [`LeaderElector`] made with it leads.
+    pub fn new() -> Self {
+        LeaseGuard(Arc::new(Mutex::new(Held::No)))
+    }
+
+    /// A guard that is always held: a replica that runs without election.
+    pub fn unconditional() -> Self {
+        LeaseGuard(Arc::new(Mutex::new(Held::Always)))
+    }
+
+    fn held(&self) -> MutexGuard<'_, Held> {
+        // Every update is one assignment: a poisoned lock is consistent.
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether this replica may act now.
+    pub fn is_held(&self) -> bool {
+        match *self.held() {
+            Held::No => false,
+            Held::Always => true,
+            Held::Until(t) => Instant::now() < t,
+        }
+    }
+
+    /// `Ok` when this replica may act now.
+    pub fn check(&self) -> Result<(), NotLeading> {
+        if self.is_held() {
+            Ok(())
+        } else {
+            Err(NotLeading)
+        }
+    }
+
+    /// Held until `until` (a renewal); an unconditional guard stays so.
+    fn renewed(&self, until: Instant) {
+        let mut held = self.held();
+        if *held != Held::Always {
+            *held = Held::Until(until);
+        }
+    }
+
+    /// Not held any more (lost or released); an unconditional guard stays so.
+    fn revoke(&self) {
+        let mut held = self.held();
+        if *held != Held::Always {
+            *held = Held::No;
+        }
+    }
+}
+
+#[cfg(any(test, feature = "testing"))]
+impl LeaseGuard {
+    /// A guard held until `until`, as after a renewal (tests of code that
+    /// consults one).
+    pub fn held_until(until: Instant) -> Self {
+        let guard = Self::new();
+        guard.renewed(until);
+        guard
+    }
+
+    /// Leadership lost, as [`LeaderElector`] revokes it (tests).
+    pub fn lose(&self) {
+        self.revoke();
+    }
+}
+
+/// What a watch of the Lease shows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum LeaseSeen {
+    /// Held by this identity.
+    Held(String),
+    /// No holder: released.
+    Free,
+    /// The Lease was deleted.
+    Gone,
+}
+
+/// The holder a watched Lease names.
+fn seen(lease: &Lease) -> LeaseSeen {
+    match lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.as_deref())
+        .filter(|h| !h.is_empty())
+    {
+        Some(h) => LeaseSeen::Held(h.to_owned()),
+        None => LeaseSeen::Free,
+    }
+}
+
+/// Whether a watch failed because it is not allowed (RBAC without `watch`
+/// on Leases): then election goes on by polling alone.
+fn watch_forbidden(error: &watcher::Error) -> bool {
+    match error {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.is_forbidden(),
+        watcher::Error::WatchError(s) => s.is_forbidden(),
+        _ => false,
+    }
+}
+
 /// Result of one acquire-or-renew attempt.
 #[derive(Debug)]
 enum Attempt {
@@ -432,17 +580,35 @@ pub struct LeaderElector {
     api: Api<Lease>,
     cfg: LeaderConfig,
     state: Mutex<State>,
+    guard: LeaseGuard,
 }
 
 impl LeaderElector {
     /// Validates `cfg` and prepares to elect on its Lease.
     pub fn new(client: Client, cfg: LeaderConfig) -> Result<Self, LeaderError> {
+        Self::with_guard(client, cfg, LeaseGuard::new())
+    }
+
+    /// [`new`](Self::new), keeping `guard` held exactly while this replica
+    /// leads (made before, for the clients that consult it).
+    pub fn with_guard(
+        client: Client,
+        cfg: LeaderConfig,
+        guard: LeaseGuard,
+    ) -> Result<Self, LeaderError> {
         cfg.validate()?;
+        guard.revoke();
         Ok(Self {
             api: Api::namespaced(client, &cfg.namespace),
             cfg,
             state: Mutex::new(State::default()),
+            guard,
         })
+    }
+
+    /// The guard held while this replica leads.
+    pub fn guard(&self) -> LeaseGuard {
+        self.guard.clone()
     }
 
     /// The configuration in use.
@@ -461,6 +627,9 @@ impl LeaderElector {
             identity = %self.cfg.identity,
             "waiting to acquire leader lease"
         );
+        // A release (or deletion) of the Lease is acted on at once, not at
+        // the next attempt.
+        let mut changes = self.lease_changes();
         loop {
             match tokio::time::timeout(self.cfg.renew_deadline, self.attempt()).await {
                 Ok(Ok(Attempt::Held)) => return Ok(()),
@@ -476,16 +645,36 @@ impl LeaderElector {
                     tracing::warn!(lease = %self.lease_ref(), "leader lease request timed out, retrying");
                 }
             }
-            tokio::time::sleep(jittered(self.cfg.retry_period)).await;
+            tokio::select! {
+                () = tokio::time::sleep(jittered(self.cfg.retry_period)) => {}
+                () = next_free(&mut changes) => {
+                    tracing::debug!(lease = %self.lease_ref(), "leader lease released; trying to take it now");
+                }
+            }
         }
     }
 
     /// Keeps renewing the lease every `retry_period` while we lead. Returns
     /// only when leadership is lost: another replica took the lease
-    /// ([`LeaderError::Lost`]) or no renewal succeeded within `renew_deadline`
-    /// ([`LeaderError::RenewDeadlineExceeded`]). The caller must then stop
-    /// reconciling at once, normally by exiting the process.
+    /// ([`LeaderError::Lost`]) — seen by a renewal, or at once by the watch
+    /// of the Lease — or no renewal succeeded within `renew_deadline`
+    /// ([`LeaderError::RenewDeadlineExceeded`]). The guard is no longer held
+    /// by then. The caller must stop acting at once, normally by dropping
+    /// the controller and exiting the process.
     pub async fn renew_loop(&self) -> Result<Infallible, LeaderError> {
+        let mut changes = self.lease_changes();
+        tokio::select! {
+            lost = self.renew_periodically() => lost,
+            holder = next_taken(&mut changes, &self.cfg.identity) => {
+                self.forget_leadership();
+                tracing::error!(lease = %self.lease_ref(), %holder, "leadership lost: the Lease was taken over");
+                Err(LeaderError::Lost { holder })
+            }
+        }
+    }
+
+    /// The renewals of [`renew_loop`](Self::renew_loop).
+    async fn renew_periodically(&self) -> Result<Infallible, LeaderError> {
         let mut last_error: Option<LeaderError> = None;
         loop {
             let last_renew = self.state().last_renew.ok_or(LeaderError::NotLeader)?;
@@ -682,13 +871,47 @@ impl LeaderElector {
         state.observed = Some(Observation::update(None, &written, started));
         state.written = Some(written);
         state.observed_holder = Some(self.cfg.identity.clone());
+        // Held until the moment renew_loop would give up: standbys wait a
+        // lease duration (longer) from when they see this write.
+        self.guard.renewed(started + self.cfg.renew_deadline);
         state.last_renew.replace(started).is_some()
     }
 
     fn forget_leadership(&self) {
+        self.guard.revoke();
         let mut state = self.state();
         state.written = None;
         state.last_renew = None;
+    }
+
+    /// What a watch of our Lease shows, change by change; ends (and the
+    /// election goes on by polling alone) when watching is not allowed.
+    /// Other watch errors are retried with backoff.
+    fn lease_changes(&self) -> BoxStream<'static, LeaseSeen> {
+        let config =
+            watcher::Config::default().fields(&format!("metadata.name={}", self.cfg.lease_name));
+        let lease = self.lease_ref();
+        watcher(self.api.clone(), config)
+            .default_backoff()
+            .take_while(move |event| {
+                let forbidden = matches!(event, Err(e) if watch_forbidden(e));
+                if forbidden {
+                    tracing::info!(%lease, "may not watch the leader lease; changes are seen at each attempt only");
+                }
+                ready(!forbidden)
+            })
+            .filter_map(|event| {
+                ready(match event {
+                    Ok(watcher::Event::Apply(l) | watcher::Event::InitApply(l)) => Some(seen(&l)),
+                    Ok(watcher::Event::Delete(_)) => Some(LeaseSeen::Gone),
+                    Ok(_) => None,
+                    Err(e) => {
+                        tracing::debug!(error = %chain(&e), "watch of the leader lease failed; retrying");
+                        None
+                    }
+                })
+            })
+            .boxed()
     }
 
     fn observe_holder(&self, holder: &str) {
@@ -720,6 +943,31 @@ impl LeaderElector {
 
     fn lease_ref(&self) -> String {
         format!("{}/{}", self.cfg.namespace, self.cfg.lease_name)
+    }
+}
+
+/// Waits for a Lease change showing it free (released or deleted); never
+/// returns once the watch ended.
+async fn next_free(changes: &mut BoxStream<'static, LeaseSeen>) {
+    loop {
+        match changes.next().await {
+            Some(LeaseSeen::Free | LeaseSeen::Gone) => return,
+            Some(LeaseSeen::Held(_)) => {}
+            None => std::future::pending::<()>().await,
+        }
+    }
+}
+
+/// Waits for a Lease change showing it not ours any more; returns the new
+/// holder (empty: released or deleted). Never returns once the watch ended.
+async fn next_taken(changes: &mut BoxStream<'static, LeaseSeen>, identity: &str) -> String {
+    loop {
+        match changes.next().await {
+            Some(LeaseSeen::Held(h)) if h == identity => {}
+            Some(LeaseSeen::Held(h)) => return h,
+            Some(LeaseSeen::Free | LeaseSeen::Gone) => return String::new(),
+            None => std::future::pending::<()>().await,
+        }
     }
 }
 
@@ -787,11 +1035,42 @@ where
     Fut: std::future::Future<Output = Result<(), E>>,
     E: std::error::Error + 'static,
 {
+    run_as_leader_guarded(
+        client,
+        election,
+        LeaseGuard::new(),
+        shutdown,
+        role,
+        controller,
+    )
+    .await
+}
+
+/// [`run_as_leader`], keeping `guard` held exactly while `controller` may
+/// act (always without election). On a loss the guard is revoked and the
+/// controller future dropped at once, before anything else: whatever it
+/// spawned must be owned by it (a `JoinSet`, not a detached task or a
+/// `TaskTracker`) so that its dropping aborts it, and whatever acts outside
+/// the process should consult `guard` first.
+pub async fn run_as_leader_guarded<F, Fut, E>(
+    client: Client,
+    election: Option<LeaderConfig>,
+    guard: LeaseGuard,
+    shutdown: &CancellationToken,
+    role: impl Fn(Role),
+    controller: F,
+) -> Result<(), LeadError<E>>
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = Result<(), E>>,
+    E: std::error::Error + 'static,
+{
     let Some(cfg) = election else {
+        *guard.held() = Held::Always;
         role(Role::Leading);
         return controller().await.map_err(LeadError::Controller);
     };
-    let elector = LeaderElector::new(client, cfg)?;
+    let elector = LeaderElector::with_guard(client, cfg, guard)?;
     role(Role::Standby);
     tracing::info!(lease = %elector.lease_ref(), identity = %elector.config().identity, "waiting for leadership");
     tokio::select! {
@@ -1149,6 +1428,65 @@ mod tests {
         let mut c = cfg();
         c.lease_duration = Duration::from_millis(15_500);
         assert_eq!(c.lease_duration_seconds(), 16);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_guard_is_held_from_a_renewal_until_the_renew_deadline() {
+        let guard = LeaseGuard::new();
+        assert_eq!(guard.check(), Err(NotLeading));
+        guard.renewed(Instant::now() + Duration::from_secs(2));
+        let clone = guard.clone();
+        assert!(clone.is_held(), "every clone sees the renewal");
+        tokio::time::advance(Duration::from_millis(1999)).await;
+        assert!(guard.is_held());
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert!(!guard.is_held(), "not renewed within the deadline");
+        guard.renewed(Instant::now() + Duration::from_secs(2));
+        assert!(guard.is_held());
+        clone.revoke();
+        assert!(!guard.is_held(), "a loss ends it at once, in every clone");
+
+        let always = LeaseGuard::unconditional();
+        always.revoke();
+        assert_eq!(always.check(), Ok(()), "no election: always held");
+    }
+
+    fn changes(seen: Vec<LeaseSeen>) -> BoxStream<'static, LeaseSeen> {
+        futures::stream::iter(seen).boxed()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_watch_tells_a_taken_or_freed_lease() {
+        use LeaseSeen::{Free, Gone, Held};
+        let me = || Held(ME.to_string());
+        let other = || Held(OTHER.to_string());
+        // The leader: our own renewals go by, another holder or none ends it.
+        let mut c = changes(vec![me(), me(), other(), me()]);
+        assert_eq!(next_taken(&mut c, ME).await, OTHER);
+        assert_eq!(next_taken(&mut changes(vec![me(), Free]), ME).await, "");
+        assert_eq!(next_taken(&mut changes(vec![Gone]), ME).await, "");
+        // A watch that ended (not allowed) never ends the leadership.
+        let mut only_mine = changes(vec![me()]);
+        let ended = tokio::time::timeout(Duration::from_secs(3600), next_taken(&mut only_mine, ME));
+        assert!(ended.await.is_err());
+
+        // A standby: a holder change is nothing, a release or deletion is.
+        next_free(&mut changes(vec![other(), me(), Free])).await;
+        next_free(&mut changes(vec![other(), Gone])).await;
+        let mut only_held = changes(vec![other()]);
+        let ended = tokio::time::timeout(Duration::from_secs(3600), next_free(&mut only_held));
+        assert!(ended.await.is_err());
+    }
+
+    #[test]
+    fn a_watched_lease_shows_its_holder() {
+        assert_eq!(
+            seen(&lease(Some(ME), None, None)),
+            LeaseSeen::Held(ME.into())
+        );
+        assert_eq!(seen(&lease(None, None, None)), LeaseSeen::Free);
+        assert_eq!(seen(&lease(Some(""), None, None)), LeaseSeen::Free);
+        assert_eq!(seen(&Lease::default()), LeaseSeen::Free);
     }
 
     #[test]

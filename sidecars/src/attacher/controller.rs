@@ -61,10 +61,10 @@ pub struct Config {
     /// Re-queue every attachment this often (0: never), like upstream's `--resync`.
     pub resync: Duration,
     /// `--reconcile-sync`: how often ListVolumes is compared with the
-    /// attachments (0: never; see `reconcile`).
+    /// attachments (0: never; see `published_sync`).
     pub reconcile_sync: Duration,
     /// The driver has LIST_VOLUMES and LIST_VOLUMES_PUBLISHED_NODES (and
-    /// PUBLISH_UNPUBLISH_VOLUME): the reconciler can run.
+    /// PUBLISH_UNPUBLISH_VOLUME): the published sync can run.
     pub list_published: bool,
     /// `--max-entries`: ListVolumes page size (0: the driver's).
     pub max_entries: i32,
@@ -358,7 +358,7 @@ impl Controller {
                 futures::future::join_all(tasks),
                 pv_workers,
                 self.clone().resync(shutdown.clone()),
-                self.clone().reconcile_loop(shutdown.clone())
+                self.clone().published_sync_loop(shutdown.clone())
             );
             Ok(())
         };

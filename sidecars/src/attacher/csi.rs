@@ -60,8 +60,8 @@ pub async fn list_published(
     driver: &Driver,
     timeout: Duration,
     max_entries: i32,
-) -> Result<super::reconcile::Published, Status> {
-    let mut published = super::reconcile::Published::new();
+) -> Result<super::published_sync::Published, Status> {
+    let mut published = super::published_sync::Published::new();
     let mut token = String::new();
     loop {
         let mut c = driver.client().controller();

@@ -14,7 +14,7 @@ pub mod decide;
 pub mod finalizer;
 pub mod metrics;
 pub mod node;
-pub mod reconcile;
+pub mod published_sync;
 pub mod request;
 pub mod status;
 pub mod sync;
@@ -32,7 +32,7 @@ use crate::common::controller::{lease_name, ControllerArgs};
 use crate::common::goflags::IGNORED_HEADING;
 use crate::common::kube::KubeArgs;
 use crate::common::metrics::Metrics;
-use crate::common::role::{lead, probe_check, Role, Wait};
+use crate::common::role::{lead, lease_guard, probe_check, Role, Wait};
 use crate::common::workqueue::Backoff;
 use crate::SidecarError;
 
@@ -68,7 +68,7 @@ pub struct AttacherArgs {
     #[arg(long, default_value = "1m", value_parser = parse_duration)]
     pub reconcile_sync: Duration,
 
-    /// Page size of the reconciler's ListVolumes (0: the driver decides).
+    /// Page size of the published sync's ListVolumes (0: the driver decides).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(i32).range(0..))]
     pub max_entries: i32,
 
@@ -134,7 +134,9 @@ pub async fn run(args: AttacherArgs) -> Result<(), SidecarError> {
     let (backoff, http_addr) = args.check()?;
     let mut role = Role::start();
     let requests = crate::common::kube::ApiRequests::default();
-    let clients = crate::common::kube::clients(&args.kube, &requests).await?;
+    // No API write without the Lease (see `common::ratelimit`).
+    let guard = lease_guard(&args.controller);
+    let clients = crate::common::kube::clients(&args.kube, &requests, &guard).await?;
     let queues = controller::Queues::new(backoff);
     let writes = metrics::Writes::default();
     let mut registry = Metrics::new();
@@ -200,6 +202,7 @@ pub async fn run(args: AttacherArgs) -> Result<(), SidecarError> {
         &args.kube,
         &args.controller,
         &lease,
+        guard,
         &role.shutdown,
         move || async move { ctrl.run(watches, stop).await.map_err(AttacherError::from) },
     )

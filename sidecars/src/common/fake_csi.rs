@@ -1,12 +1,13 @@
-//! A CSI controller service in the test process, for tests of the syncs
-//! against a mocked API server: every call is noted in the same
-//! [`Log`](csiops_runtime::testing::Log) as the API requests (`CSI <method>`),
-//! so a test sees both in one sequence.
+//! A CSI controller service (and a node service, for the registrar) in the
+//! test process, for tests of the syncs against a mocked API server: every
+//! call is noted in the same [`Log`](csiops_runtime::testing::Log) as the
+//! API requests (`CSI <method>`), so a test sees both in one sequence.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use csiops_proto::csi::v1::controller_server::{Controller, ControllerServer};
+use csiops_proto::csi::v1::node_server::{Node, NodeServer};
 use csiops_proto::csi::v1::*;
 use csiops_runtime::testing::Log;
 use tonic::{Request, Response, Status};
@@ -135,5 +136,64 @@ impl Controller for FakeController {
         controller_expand_volume(ControllerExpandVolumeRequest) -> ControllerExpandVolumeResponse;
         controller_get_volume(ControllerGetVolumeRequest) -> ControllerGetVolumeResponse;
         controller_modify_volume(ControllerModifyVolumeRequest) -> ControllerModifyVolumeResponse;
+    }
+}
+
+/// What the fake node service answers to NodeGetInfo: `Ok` answers, `Err`
+/// fails; a test swaps it while the service runs.
+pub type NodeInfoAnswer = Arc<std::sync::Mutex<Result<NodeGetInfoResponse, Status>>>;
+
+/// A CSI node service that answers only NodeGetInfo, with what `info`
+/// holds at the time of the call.
+#[derive(Clone)]
+pub struct FakeNode {
+    pub log: Log,
+    pub info: NodeInfoAnswer,
+}
+
+impl FakeNode {
+    /// Serves on `dir/csi.sock` and connects a [`Driver`] to it whose
+    /// calls time out after `timeout` (the registrar's `--timeout`).
+    pub async fn serve(self, dir: &std::path::Path, timeout: Duration) -> Driver {
+        let path = dir.join("csi.sock");
+        let listener = tokio::net::UnixListener::bind(&path).expect("bind the fake driver");
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(NodeServer::new(self))
+                .serve_with_incoming(csiops_proto::authority::incoming(listener)),
+        );
+        Driver::connect(
+            path.to_str().expect("a UTF-8 path"),
+            timeout,
+            Arc::new(Metrics::new()),
+        )
+        .await
+        .expect("connect to the fake driver")
+    }
+}
+
+#[tonic::async_trait]
+impl Node for FakeNode {
+    async fn node_get_info(
+        &self,
+        _: Request<NodeGetInfoRequest>,
+    ) -> Result<Response<NodeGetInfoResponse>, Status> {
+        self.log.note("CSI", "NodeGetInfo");
+        let answer = self
+            .info
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        answer.map(Response::new)
+    }
+
+    unimplemented_rpcs! {
+        node_stage_volume(NodeStageVolumeRequest) -> NodeStageVolumeResponse;
+        node_unstage_volume(NodeUnstageVolumeRequest) -> NodeUnstageVolumeResponse;
+        node_publish_volume(NodePublishVolumeRequest) -> NodePublishVolumeResponse;
+        node_unpublish_volume(NodeUnpublishVolumeRequest) -> NodeUnpublishVolumeResponse;
+        node_get_volume_stats(NodeGetVolumeStatsRequest) -> NodeGetVolumeStatsResponse;
+        node_expand_volume(NodeExpandVolumeRequest) -> NodeExpandVolumeResponse;
+        node_get_capabilities(NodeGetCapabilitiesRequest) -> NodeGetCapabilitiesResponse;
     }
 }

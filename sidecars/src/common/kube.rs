@@ -20,6 +20,7 @@ use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
 use super::ratelimit::{Limiter, LimiterMetrics, Priority, PriorityLayer};
+use csiops_runtime::leader::LeaseGuard;
 
 /// Flags of the sidecars that talk to the API server.
 #[derive(Debug, Clone, Args)]
@@ -139,8 +140,13 @@ pub struct Clients {
     pub limiter: Limiter,
 }
 
-/// [`Clients`] for `args`.
-pub async fn clients(args: &KubeArgs, requests: &ApiRequests) -> Result<Clients, KubeError> {
+/// [`Clients`] for `args`, whose writes go out only while `lease` is held
+/// (see `ratelimit::Throttled`).
+pub async fn clients(
+    args: &KubeArgs,
+    requests: &ApiRequests,
+    lease: &LeaseGuard,
+) -> Result<Clients, KubeError> {
     let config = config(args).await?;
     let limiter = Limiter::new(
         args.kube_api_qps,
@@ -152,6 +158,7 @@ pub async fn clients(args: &KubeArgs, requests: &ApiRequests) -> Result<Clients,
             limiter: limiter.clone(),
             priority,
             requests: requests.clone(),
+            lease: lease.clone(),
         };
         Ok(kube::client::ClientBuilder::try_from(config.clone())
             .map_err(KubeError::Client)?

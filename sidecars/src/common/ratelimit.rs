@@ -33,6 +33,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::kube::{ApiRequests, TokenBucket};
+use csiops_runtime::leader::{LeaseGuard, NotLeading};
 
 /// A request to the API server, as kube's client stack carries it.
 type Request = http::Request<kube::client::Body>;
@@ -81,17 +82,27 @@ pub enum Refused {
     EventBacklog,
     #[error("the API rate limiter stopped")]
     Stopped,
+    /// A write of a replica that does not hold the leader Lease (any more).
+    #[error("write not sent")]
+    NotLeading(#[from] NotLeading),
 }
 
 /// Whether a kube error is a request this limiter refused to send (an
-/// Event shed under pressure): worth a debug line, not a warning.
+/// Event shed under pressure, or any write once the Lease is lost): worth a
+/// debug line, not a warning.
 pub fn was_shed(error: &kube::Error) -> bool {
     match error {
         kube::Error::Service(e) => e
             .downcast_ref::<Refused>()
-            .is_some_and(|r| *r == Refused::EventBacklog),
+            .is_some_and(|r| matches!(r, Refused::EventBacklog | Refused::NotLeading(_))),
         _ => false,
     }
+}
+
+/// Whether a request changes something: every method but GET (reads,
+/// lists and watches are GETs).
+fn is_write(method: &http::Method) -> bool {
+    method != http::Method::GET
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -278,6 +289,8 @@ pub struct PriorityLayer {
     pub limiter: Limiter,
     pub priority: Priority,
     pub requests: ApiRequests,
+    /// Consulted before every write: none is sent without the Lease.
+    pub lease: LeaseGuard,
 }
 
 impl<S> tower::Layer<S> for PriorityLayer
@@ -299,18 +312,22 @@ where
             limiter: self.limiter.clone(),
             priority: self.priority,
             requests: self.requests.clone(),
+            lease: self.lease.clone(),
         }
     }
 }
 
 /// Waits for a token of its priority (unless the request is [`Prepaid`]),
-/// then sends the request.
+/// then sends the request — a write only while the [`LeaseGuard`] is held,
+/// checked after the wait for the token (which may be long), right before
+/// it goes out.
 #[derive(Clone, Debug)]
 pub struct Throttled<S> {
     inner: S,
     limiter: Limiter,
     priority: Priority,
     requests: ApiRequests,
+    lease: LeaseGuard,
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -331,15 +348,23 @@ where
     }
 
     fn call(&mut self, req: Request) -> Self::Future {
-        let (inner, limiter, priority, requests) = (
+        let (inner, limiter, priority, requests, lease) = (
             self.inner.clone(),
             self.limiter.clone(),
             self.priority,
             self.requests.clone(),
+            self.lease.clone(),
         );
         Box::pin(async move {
+            let write = is_write(req.method());
+            if write {
+                lease.check().map_err(Refused::from)?;
+            }
             if req.extensions().get::<Prepaid>().is_none() {
                 limiter.acquire(priority).await?;
+            }
+            if write {
+                lease.check().map_err(Refused::from)?;
             }
             requests.count(req.method());
             inner.oneshot(req).await.map_err(Into::into)
@@ -497,6 +522,7 @@ mod tests {
                 limiter: limiter.clone(),
                 priority,
                 requests: requests.clone(),
+                lease: LeaseGuard::unconditional(),
             };
             kube::Client::new(tower::Layer::layer(&layer, server.clone()), "default")
         };
@@ -536,6 +562,99 @@ mod tests {
         assert_eq!(throttled, 4);
     }
 
+    /// A server noting `METHOD path` of each request it answers.
+    fn server_of(
+        seen: &Arc<std::sync::Mutex<Vec<String>>>,
+    ) -> impl Service<
+        Request,
+        Response = http::Response<kube::client::Body>,
+        Error = http::Error,
+        Future = impl Future<Output = Result<http::Response<kube::client::Body>, http::Error>> + Send,
+    > + Clone
+           + Send
+           + 'static {
+        let seen = seen.clone();
+        tower::service_fn(move |req: Request| {
+            let seen = seen.clone();
+            async move {
+                if let Ok(mut s) = seen.lock() {
+                    s.push(format!("{} {}", req.method(), req.uri().path()));
+                }
+                http::Response::builder()
+                    .status(200)
+                    .body(kube::client::Body::from(b"{}".to_vec()))
+            }
+        })
+    }
+
+    /// Without the Lease no write goes out (reads do), and a Lease lost
+    /// while a write waits for its token stops it before it is sent.
+    #[tokio::test(start_paused = true)]
+    async fn writes_go_out_only_while_the_lease_is_held() {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let server = server_of(&seen);
+        let requests = ApiRequests::default();
+        let limiter = Limiter::new(1.0, 1, requests.limiter.clone());
+        let lease = LeaseGuard::new();
+        let layer = PriorityLayer {
+            limiter: limiter.clone(),
+            priority: Priority::Normal,
+            requests: requests.clone(),
+            lease: lease.clone(),
+        };
+        let client = kube::Client::new(tower::Layer::layer(&layer, server), "default");
+        let send = |method: &str, path: &str| {
+            let req = http::Request::builder()
+                .method(method)
+                .uri(path)
+                .body(Vec::new())
+                .expect("request");
+            let client = client.clone();
+            async move { client.request_text(req).await }
+        };
+        // Not leading: the read goes, the writes do not.
+        send("GET", "/read").await.expect("a read needs no Lease");
+        for method in ["POST", "PUT", "PATCH", "DELETE"] {
+            let refused = send(method, "/write").await.expect_err(method);
+            assert!(was_shed(&refused), "{method}: {refused:?}");
+        }
+        assert_eq!(
+            requests.get("POST"),
+            0,
+            "refused writes are not counted as sent"
+        );
+
+        // Leading: writes go. One waits for its token (the bucket is
+        // empty) while the Lease is lost: it is stopped before it is sent.
+        let held = LeaseGuard::held_until(Instant::now() + Duration::from_secs(60));
+        let layer = PriorityLayer {
+            lease: held.clone(),
+            ..layer
+        };
+        let client = kube::Client::new(tower::Layer::layer(&layer, server_of(&seen)), "default");
+        let patch = |path: &'static str| {
+            let req = http::Request::patch(path)
+                .body(Vec::new())
+                .expect("request");
+            let client = client.clone();
+            async move { client.request_text(req).await }
+        };
+        patch("/sent").await.expect("a leader's write goes");
+        let waiting = tokio::spawn(patch("/late"));
+        tokio::task::yield_now().await;
+        held.lose();
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let late = waiting
+            .await
+            .expect("task")
+            .expect_err("sent without the Lease");
+        assert!(was_shed(&late), "{late:?}");
+        assert_eq!(
+            seen.lock().map(|s| s.clone()).unwrap_or_default(),
+            ["GET /read", "PATCH /sent"]
+        );
+    }
+
     /// A prepaid request takes no second token, and is still counted.
     #[tokio::test(start_paused = true)]
     async fn a_prepaid_request_is_sent_at_once() {
@@ -550,6 +669,7 @@ mod tests {
             limiter: limiter.clone(),
             priority: Priority::Normal,
             requests: requests.clone(),
+            lease: LeaseGuard::unconditional(),
         };
         let client = kube::Client::new(tower::Layer::layer(&layer, server), "default");
         let start = Instant::now();

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use csiops_runtime::admin::{self, AdminState, HealthCheck};
-use csiops_runtime::leader::{run_as_leader, LeadError};
+use csiops_runtime::leader::{run_as_leader_guarded, LeadError, LeaseGuard};
 use csiops_runtime::shutdown::{on_signals, CancellationToken};
 
 use super::args::CommonArgs;
@@ -130,13 +130,27 @@ pub fn probe_check(driver: &Driver, timeout: Duration) -> HealthCheck {
     })
 }
 
+/// The guard of a controller sidecar's actions: held while it leads with
+/// `--leader-election`, always without.
+pub fn lease_guard(controller_args: &ControllerArgs) -> LeaseGuard {
+    if controller_args.leader_election {
+        LeaseGuard::new()
+    } else {
+        LeaseGuard::unconditional()
+    }
+}
+
 /// Runs `controller` under the Lease `lease` when `--leader-election` is
 /// on (else at once), electing with a client of its own that the QPS limit
-/// does not slow down (see [`kube_client::election_client`]).
+/// does not slow down (see [`kube_client::election_client`]). `guard` (from
+/// [`lease_guard`], given to the clients and the CSI calls before) is held
+/// exactly while the controller may act; on a loss the controller is
+/// dropped at once, aborting the tasks it owns.
 pub async fn lead<F, Fut, E>(
     kube: &KubeArgs,
     controller_args: &ControllerArgs,
     lease: &str,
+    guard: LeaseGuard,
     shutdown: &CancellationToken,
     controller: F,
 ) -> Result<(), SidecarError>
@@ -149,7 +163,7 @@ where
         .leader_election
         .then(|| controller_args.leader_config(lease));
     let client = kube_client::election_client(kube).await?;
-    match run_as_leader(client, election, shutdown, |_| {}, controller).await {
+    match run_as_leader_guarded(client, election, guard, shutdown, |_| {}, controller).await {
         Ok(()) => Ok(()),
         Err(LeadError::Leader(e)) => Err(e.into()),
         Err(LeadError::Controller(e)) => Err(e.into()),

@@ -37,7 +37,7 @@ use tonic::{Code, Status};
 use super::content_source::{ResolveError, SourceKind};
 use super::controller::{ClaimKey, Provisioner};
 use super::decide::{self, ClaimAction};
-use super::journal::{JournalError, Record};
+use super::journal::{JournalError, Record, Recorded};
 use super::metrics::Operation;
 use super::naming::NamingError;
 use super::plan::{self, Cluster, FinishError, PrepareError, Prepared};
@@ -296,7 +296,9 @@ impl Provisioner {
         prepared.request.volume_content_source = resolved.as_ref().map(|r| r.content.clone());
         // 1. The intent first: from here on a volume may exist, and the
         //    journal says so whatever happens to the claim or to us.
-        let claim = match &self.journal {
+        //    Whether one stood already (an earlier attempt of unknown
+        //    outcome) decides what a refusal below proves.
+        let (claim, recorded) = match &self.journal {
             Some(journal) => {
                 let record = Record::new(
                     cached,
@@ -304,16 +306,21 @@ impl Provisioner {
                     &prepared.request,
                     prepared.provisioner_secret.as_ref(),
                 );
-                journal
+                let recorded = journal
                     .record(&prepared.name, record)
                     .await
                     .map_err(|source| ClaimError::Journal {
                         volume: prepared.name.clone(),
                         source,
                     })?;
-                cached.clone()
+                (cached.clone(), recorded)
             }
             None => {
+                let recorded = if decide::claim_has_finalizer(cached, self.claim_finalizer()) {
+                    Recorded::Carried
+                } else {
+                    Recorded::Fresh
+                };
                 let claim = self.set_claim_finalizer(cached, true).await?;
                 if claim.metadata.deletion_timestamp.is_some()
                     || claim
@@ -328,7 +335,7 @@ impl Provisioner {
                     // right decision.
                     return Ok(());
                 }
-                claim
+                (claim, recorded)
             }
         };
         if let Some(resolved) = &resolved {
@@ -342,15 +349,28 @@ impl Provisioner {
         // 2. The volume.
         let created = {
             let _permit = self.calls.acquire().await;
-            csi::create_volume(&self.driver, request, self.timeout).await
+            self.create_volume(request).await
         };
         let volume = match created {
             Ok(v) => v,
             Err(status) => {
-                // A refusal of the request itself proves there is no
-                // volume: nothing for the journal to remember.
-                if csi::proves_no_volume(&status) {
-                    self.trim(&prepared.name);
+                // A refusal of the request itself: this call made nothing.
+                // If no earlier attempt of unknown outcome stood, there is
+                // no volume, and nothing to remember (the claim, still
+                // wanted, is retried). Otherwise an earlier call may have
+                // made it (a driver upgraded since may refuse the same
+                // request): the intent or finalizer stays.
+                if csi::rejects_request(&status) {
+                    match recorded {
+                        Recorded::Fresh if self.journal.is_some() => self.trim(&prepared.name),
+                        Recorded::Fresh => {
+                            self.set_claim_finalizer(&claim, false).await?;
+                        }
+                        Recorded::Carried => tracing::warn!(
+                            volume = %prepared.name, error = %rpc(&status),
+                            "the driver refuses the request, but an earlier attempt may have made the volume: its intent stays"
+                        ),
+                    }
                 }
                 if self.may_reschedule(&claim, &status) {
                     self.reschedule(&claim).await?;
@@ -367,14 +387,7 @@ impl Provisioner {
                 // Too small, or without the content asked for: no PV may
                 // point at it; delete and start over.
                 let _permit = self.calls.acquire().await;
-                return match csi::delete_volume(
-                    &self.driver,
-                    &volume.volume_id,
-                    secrets,
-                    self.timeout,
-                )
-                .await
-                {
+                return match self.delete_volume(&volume.volume_id, secrets).await {
                     Ok(()) => {
                         self.trim(&prepared.name);
                         Err(ClaimError::Unusable { error })
@@ -547,9 +560,9 @@ impl Provisioner {
             .map_err(|e| blocked(chain(&e).to_string()))?;
         let secrets = request.secrets.clone();
         let permit = self.calls.acquire().await;
-        match csi::create_volume(&self.driver, request, self.timeout).await {
+        match self.create_volume(request).await {
             Ok(volume) => {
-                csi::delete_volume(&self.driver, &volume.volume_id, secrets, self.timeout)
+                self.delete_volume(&volume.volume_id, secrets)
                     .await
                     .map_err(|status| ClaimError::CleanUpFailed {
                         volume: pv_name.to_string(),
@@ -562,11 +575,15 @@ impl Provisioner {
             Err(status) if status.code() == Code::AlreadyExists => {
                 return Err(blocked(rpc(&status)));
             }
-            // The driver rejects the request itself: it holds no volume of
-            // that name (it would have returned it). Any other error proves
-            // nothing, and the clean-up is retried.
-            Err(status) if csi::proves_no_volume(&status) => {
-                tracing::info!(pv = %pv_name, error = %rpc(&status), "no volume to clean up");
+            // The driver rejects the request itself: that proves nothing
+            // about the volume the attempt that set the finalizer may have
+            // made (the finalizer comes off at once when an attempt is
+            // refused with nothing before it). Kept, said, and retried.
+            Err(status) if csi::rejects_request(&status) => {
+                return Err(blocked(format!(
+                    "the driver refuses the CreateVolume request that would find it ({}); a driver upgraded since may refuse an older request",
+                    rpc(&status)
+                )));
             }
             Err(status) => {
                 return Err(ClaimError::CleanUpFailed {

@@ -9,6 +9,7 @@
 //! [`super::node_deployment`]), which is all the topology code needs there
 //! and spares every node a watch of every Node.
 
+use std::collections::HashMap;
 use std::fmt::Debug;
 use std::future::Future;
 use std::hash::Hash;
@@ -23,12 +24,14 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
 use crate::common::kube::Clients;
 use crate::common::ratelimit;
+use csiops_proto::csi::v1::{CreateVolumeRequest, Volume};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
+use tonic::Status;
 
 use super::cloning::Cloning;
 use super::decide::{claim_is_for, pv_is_ours};
@@ -42,7 +45,8 @@ use crate::common::watch::drive;
 use crate::common::workqueue::{Backoff, WorkQueue};
 use csiops_runtime::chain;
 use csiops_runtime::error::ellipsize;
-use csiops_runtime::shutdown::{CancellationToken, TaskTracker};
+use csiops_runtime::leader::LeaseGuard;
+use csiops_runtime::shutdown::CancellationToken;
 use tracing::Instrument;
 
 pub type ClaimKey = ObjectRef<PersistentVolumeClaim>;
@@ -121,6 +125,10 @@ pub struct Provisioner {
     pub metrics: Arc<OperationMetrics>,
     /// Node deployment: this node and its races; `None` centrally.
     pub node: Option<Arc<ThisNode>>,
+    /// Held while this replica leads (always on a node): consulted before
+    /// every CreateVolume and DeleteVolume (the clients consult it before
+    /// every write).
+    pub lease: LeaseGuard,
 }
 
 /// What [`Provisioner::new`] needs besides the client.
@@ -134,6 +142,8 @@ pub struct Setup {
     pub metrics: Arc<OperationMetrics>,
     /// Node deployment (`--node-deployment`); `None` centrally.
     pub node: Option<Arc<ThisNode>>,
+    /// See [`Provisioner::lease`].
+    pub lease: LeaseGuard,
 }
 
 /// A reflector whose events also go to `route`; managed fields are dropped
@@ -338,12 +348,15 @@ impl Provisioner {
             recorder,
             metrics: setup.metrics,
             node: setup.node,
+            lease: setup.lease,
         };
         (Arc::new(provisioner), tasks)
     }
 
     /// Starts the watches, waits for every cache, then runs `workers`
-    /// workers per queue until `shutdown`.
+    /// workers per queue until `shutdown`. Every task is owned by this
+    /// future: dropping it (the Lease lost, see `common::role::lead`) aborts
+    /// them all at once, a CSI call in flight included.
     pub async fn run(
         self: Arc<Self>,
         watches: Vec<Task>,
@@ -383,7 +396,7 @@ impl Provisioner {
             background.spawn(journal.clone().run_writer(writer_stop.clone()));
             background.spawn(self.clone().resweep_periodically());
         }
-        let worker_tasks = TaskTracker::new();
+        let mut worker_tasks = JoinSet::new();
         for _ in 0..workers {
             worker_tasks.spawn(self.clone().claim_worker());
             worker_tasks.spawn(self.clone().volume_worker());
@@ -398,7 +411,6 @@ impl Provisioner {
         for _ in 0..self.config.cloning_protection_threads {
             worker_tasks.spawn(self.clone().cloning_worker());
         }
-        worker_tasks.close();
         shutdown.cancelled().await;
         // Workers finish the object in hand (a CSI call ends within
         // --timeout), then see the closed queues.
@@ -406,7 +418,7 @@ impl Provisioner {
         self.volumes.shut_down();
         self.intents.shut_down();
         self.cloning.queue.shut_down();
-        worker_tasks.wait().await;
+        while worker_tasks.join_next().await.is_some() {}
         // Trims not written yet are harmless: the next leader's sweep finds
         // their PVs and trims them.
         writer_stop.cancel();
@@ -456,11 +468,22 @@ impl Provisioner {
 
     /// One sweep of an intent, its failure logged and retried (there may be
     /// no object left to carry an Event).
-    async fn intent_pass(&self, name: &str) {
-        match self.sync_intent(name).await {
+    pub(super) async fn intent_pass(&self, name: &str) {
+        let result = self.sync_intent(name).await;
+        let blocked = result.as_ref().is_err_and(|e| e.is_blocked());
+        self.metrics.journal.set_blocked(name, blocked);
+        match result {
             Ok(()) => self.intents.forget(&name.to_string()),
             Err(e) => {
                 tracing::warn!(error = %chain(&e), "cleaning up after an abandoned volume failed; will retry");
+                if blocked {
+                    // The claim is gone: the journal is what an admin looks at.
+                    if let Some(journal) = &self.journal {
+                        let note = chain(&e).to_string();
+                        self.warn(&journal.object_ref(), "VolumeCleanupBlocked", note)
+                            .await;
+                    }
+                }
                 self.intents.add_rate_limited(name.to_string());
             }
         }
@@ -544,4 +567,31 @@ impl Provisioner {
     pub async fn warn<K: Resource<DynamicType = ()>>(&self, obj: &K, reason: &str, note: String) {
         self.event(obj, EventType::Warning, reason, note).await;
     }
+
+    /// CreateVolume with `--timeout`, only while this replica leads: a
+    /// refusal is `Aborted` (never sent, so nothing is known of the volume:
+    /// the journal keeps its intent).
+    pub async fn create_volume(&self, request: CreateVolumeRequest) -> Result<Volume, Status> {
+        self.leading()?;
+        super::csi::create_volume(&self.driver, request, self.timeout).await
+    }
+
+    /// DeleteVolume with `--timeout`, only while this replica leads.
+    pub async fn delete_volume(
+        &self,
+        volume_id: &str,
+        secrets: HashMap<String, String>,
+    ) -> Result<(), Status> {
+        self.leading()?;
+        super::csi::delete_volume(&self.driver, volume_id, secrets, self.timeout).await
+    }
+
+    fn leading(&self) -> Result<(), Status> {
+        self.lease
+            .check()
+            .map_err(|e| Status::aborted(format!("not sent: {e}")))
+    }
 }
+
+#[cfg(test)]
+mod tests;

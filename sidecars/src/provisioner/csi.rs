@@ -86,13 +86,20 @@ pub fn is_final(status: &Status) -> bool {
     )
 }
 
-/// Whether the error proves that no volume of the request's name exists:
-/// the driver rejected the request itself. Narrower than [`is_final`]:
-/// `Internal`, `Unknown`, `Unauthenticated`… may come from a transport or a
-/// backend that never got as far as looking the name up, and
-/// `AlreadyExists` says the name *is* taken. Only this may let a clean-up
-/// conclude there is nothing to delete.
-pub fn proves_no_volume(status: &Status) -> bool {
+/// Whether the driver rejected the request itself, so that this call made
+/// no volume. Narrower than [`is_final`]: `Internal`, `Unknown`,
+/// `Unauthenticated`… may come from a transport or a backend that never got
+/// as far as looking the name up, and `AlreadyExists` says the name *is*
+/// taken.
+///
+/// It says nothing about a volume an *earlier* call of the same name made:
+/// a driver rejects a request before it looks the name up, and the same
+/// request may be rejected today and have been served yesterday (a driver
+/// upgrade that no longer accepts a parameter). So it lets a claim's sync
+/// forget its intent only when no earlier attempt of unknown outcome stood
+/// (`journal::Recorded::Fresh`), and never lets a clean-up conclude that
+/// there is nothing to delete.
+pub fn rejects_request(status: &Status) -> bool {
     matches!(
         status.code(),
         Code::InvalidArgument | Code::OutOfRange | Code::Unimplemented
@@ -126,9 +133,9 @@ mod tests {
     }
 
     #[test]
-    fn only_a_rejected_request_proves_there_is_no_volume() {
+    fn only_a_rejected_request_made_nothing() {
         for code in [Code::InvalidArgument, Code::OutOfRange, Code::Unimplemented] {
-            assert!(proves_no_volume(&Status::new(code, "x")), "{code:?}");
+            assert!(rejects_request(&Status::new(code, "x")), "{code:?}");
         }
         for code in [
             Code::Internal,
@@ -139,7 +146,7 @@ mod tests {
             Code::DeadlineExceeded,
             Code::Unavailable,
         ] {
-            assert!(!proves_no_volume(&Status::new(code, "x")), "{code:?}");
+            assert!(!rejects_request(&Status::new(code, "x")), "{code:?}");
         }
     }
 }

@@ -85,6 +85,7 @@ impl Fixture {
             ),
             metrics: Arc::new(OperationMetrics::default()),
             node: None,
+            lease: csiops_runtime::leader::LeaseGuard::unconditional(),
         }
     }
 }

@@ -26,8 +26,10 @@
 //!   claim is provisioned again (CreateVolume is idempotent by name, so the
 //!   same volume comes back and gets its PV); for a claim that is gone,
 //!   deleted or bound elsewhere, the stored request is sent again and the
-//!   volume it returns is deleted (or the driver's refusal proves there is
-//!   none), then the intent is trimmed.
+//!   volume it returns is deleted, then the intent is trimmed. A driver
+//!   that refuses the stored request (InvalidArgument after an upgrade,
+//!   say) proves nothing about a volume an earlier call may have made: the
+//!   intent stays and is reported (see `sweep`).
 //! - crash after the PV, before the trim: the sweep finds the PV and trims.
 //!
 //! **Node deployment** (`--node-deployment`): every node's provisioner is
@@ -340,6 +342,19 @@ impl Drop for Hold<'_> {
 
 type Waiter = oneshot::Sender<Result<(), JournalError>>;
 
+/// What [`Journal::record`] found before the intent it recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recorded {
+    /// No intent of the name stood (none, or its trim was on its way: the
+    /// attempt before ended knowing there was no volume, or a PV): only
+    /// the attempt about to be made may make a volume.
+    Fresh,
+    /// An intent of the name stood already: an earlier attempt whose outcome
+    /// is unknown (it timed out, or a leader died during it) may have made
+    /// the volume, whatever the attempt about to be made is answered.
+    Carried,
+}
+
 /// An intent as the ConfigMap holds it.
 struct Written {
     record: Record,
@@ -384,6 +399,9 @@ pub struct Journal {
     limiter: Limiter,
     state: Mutex<State>,
     wake: Notify,
+    /// The names the journal held when this leader opened it, until the
+    /// sweep first looks at them: intents an earlier leader left.
+    inherited: Mutex<BTreeSet<String>>,
 }
 
 /// What one write carries.
@@ -434,6 +452,7 @@ impl Journal {
             Err(e) => return Err(forbidden_or(e, "get", namespace, name)),
         };
         let (entries, bad) = parse_entries(&cm);
+        let inherited = entries.keys().cloned().collect();
         let entries = entries
             .into_iter()
             .map(|(k, r)| (k, Written::new(r)))
@@ -448,12 +467,26 @@ impl Journal {
                 ..Default::default()
             }),
             wake: Notify::new(),
+            inherited: Mutex::new(inherited),
         };
         Ok((Arc::new(journal), bad))
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The ConfigMap as far as an Event about it needs (kind, name,
+    /// namespace).
+    pub fn object_ref(&self) -> ConfigMap {
+        ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(self.name.clone()),
+                namespace: Some(self.namespace.clone()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
     }
 
     /// `namespace/name` of the ConfigMap, for logs.
@@ -485,21 +518,39 @@ impl Journal {
         state.entries.get(name).map(|w| w.record.clone())
     }
 
-    /// Records the intent and returns once it is written. An identical
+    /// Whether `name` was in the journal when this leader opened it and
+    /// has not been asked about before: an intent an earlier leader left.
+    pub fn take_inherited(&self, name: &str) -> bool {
+        self.inherited
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name)
+    }
+
+    /// Records the intent and returns once it is written, with whether an
+    /// intent of the name stood already (see [`Recorded`]). An identical
     /// intent already written returns at once (a retried claim costs no
     /// write).
-    pub async fn record(&self, name: &str, record: Record) -> Result<(), JournalError> {
-        let rx = {
+    pub async fn record(&self, name: &str, record: Record) -> Result<Recorded, JournalError> {
+        let (rx, recorded) = {
             let mut state = self.state();
             if state.closed {
                 return Err(JournalError::Closed);
             }
+            let recorded = if state.entries.contains_key(name)
+                && !state.trims.contains(name)
+                && !state.trimming.contains(name)
+            {
+                Recorded::Carried
+            } else {
+                Recorded::Fresh
+            };
             state.trims.remove(name);
             if state.entries.get(name).is_some_and(|w| w.record == record)
                 && !state.adds.contains_key(name)
                 && !state.trimming.contains(name)
             {
-                return Ok(());
+                return Ok(recorded);
             }
             let (tx, rx) = oneshot::channel();
             let slot = state
@@ -508,10 +559,11 @@ impl Journal {
                 .or_insert_with(|| (record.clone(), Vec::new()));
             slot.0 = record;
             slot.1.push(tx);
-            rx
+            (rx, recorded)
         };
         self.wake.notify_one();
-        rx.await.unwrap_or(Err(JournalError::Closed))
+        rx.await.unwrap_or(Err(JournalError::Closed))?;
+        Ok(recorded)
     }
 
     /// Drops the intent of `name` with a later write; returns at once.

@@ -3,14 +3,20 @@
 //! working: `controller_persistentvolumeclaim_provision_{total,failed_total,
 //! duration_seconds}` and `controller_persistentvolume_delete_{total,
 //! failed_total,duration_seconds}`. Durations count successful operations.
+//! Beside them, the intent journal's own ([`JournalMetrics`]).
 
+use std::collections::BTreeSet;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+
+use super::journal::IntentAction;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ClassLabel {
@@ -34,6 +40,78 @@ pub struct OperationMetrics {
     deleted: Family<ClassLabel, Counter>,
     delete_failed: Family<ClassLabel, Counter>,
     delete_seconds: Histograms,
+    pub journal: JournalMetrics,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ActionLabel {
+    action: &'static str,
+}
+
+/// The intent journal's metrics:
+/// - `csiops_provisioner_journal_recovered_total{action}`: intents an
+///   earlier leader left without a PV (it stopped between the intent and
+///   the PV), by what the sweep did: `provision_again` (the claim is still
+///   wanted), `clean_up` (it is not), `trim` (its PV came and went);
+/// - `csiops_provisioner_journal_blocked_intents`: intents whose volume the
+///   sweep cannot find out about now (the driver refuses the stored
+///   request, or the name is taken): kept, and each needs a look.
+#[derive(Debug, Default)]
+pub struct JournalMetrics {
+    recovered: Family<ActionLabel, Counter>,
+    blocked_intents: Gauge,
+    blocked: Mutex<BTreeSet<String>>,
+}
+
+impl JournalMetrics {
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "csiops_provisioner_journal_recovered",
+            "Intents an earlier leader left without a PV, by what the sweep did with them",
+            self.recovered.clone(),
+        );
+        registry.register(
+            "csiops_provisioner_journal_blocked_intents",
+            "Intents the sweep cannot resolve now: whether their volume exists cannot be told",
+            self.blocked_intents.clone(),
+        );
+    }
+
+    /// The sweep decided `action` for an intent an earlier leader left
+    /// without a PV.
+    pub fn recovered(&self, action: IntentAction) {
+        let action = match action {
+            IntentAction::Keep => "provision_again",
+            IntentAction::Trim => "trim",
+            IntentAction::CleanUp => "clean_up",
+        };
+        self.recovered.get_or_create(&ActionLabel { action }).inc();
+    }
+
+    /// How many inherited intents without a PV the sweep saw, all actions.
+    pub fn recovered_total(&self) -> u64 {
+        ["provision_again", "trim", "clean_up"]
+            .into_iter()
+            .map(|action| self.recovered.get_or_create(&ActionLabel { action }).get())
+            .sum()
+    }
+
+    /// The sweep of `name` is blocked (`true`) or not (any other outcome).
+    pub fn set_blocked(&self, name: &str, blocked: bool) {
+        let mut names = self.blocked.lock().unwrap_or_else(|p| p.into_inner());
+        if blocked {
+            names.insert(name.to_string());
+        } else {
+            names.remove(name);
+        }
+        self.blocked_intents
+            .set(i64::try_from(names.len()).unwrap_or(i64::MAX));
+    }
+
+    /// Intents blocked now.
+    pub fn blocked_intents(&self) -> i64 {
+        self.blocked_intents.get()
+    }
 }
 
 impl Default for OperationMetrics {
@@ -46,6 +124,7 @@ impl Default for OperationMetrics {
             deleted: Family::default(),
             delete_failed: Family::default(),
             delete_seconds: histograms(),
+            journal: JournalMetrics::default(),
         }
     }
 }
@@ -91,6 +170,7 @@ impl OperationMetrics {
             "Latency in seconds to delete persistent volumes",
             self.delete_seconds.clone(),
         );
+        self.journal.register(registry);
     }
 
     pub fn succeeded(&self, op: Operation, class: &str, took: Duration) {
@@ -143,5 +223,31 @@ mod tests {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }
         assert!(!text.contains("controller_persistentvolume_delete_failed_total{"));
+    }
+
+    #[test]
+    fn the_journal_counts_recoveries_and_blocked_intents() {
+        let m = OperationMetrics::default();
+        let mut registry = Registry::default();
+        m.register(&mut registry);
+        m.journal.recovered(IntentAction::Keep);
+        m.journal.recovered(IntentAction::CleanUp);
+        m.journal.recovered(IntentAction::CleanUp);
+        // A name blocked again is counted once; an outcome unblocks it.
+        m.journal.set_blocked("pvc-a", true);
+        m.journal.set_blocked("pvc-a", true);
+        m.journal.set_blocked("pvc-b", true);
+        m.journal.set_blocked("pvc-b", false);
+        assert_eq!(m.journal.recovered_total(), 3);
+        assert_eq!(m.journal.blocked_intents(), 1);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+        for line in [
+            "csiops_provisioner_journal_recovered_total{action=\"provision_again\"} 1",
+            "csiops_provisioner_journal_recovered_total{action=\"clean_up\"} 2",
+            "csiops_provisioner_journal_blocked_intents 1",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
     }
 }

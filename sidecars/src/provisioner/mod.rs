@@ -76,7 +76,7 @@ use crate::common::controller::lease_name;
 use crate::common::driver::{code_name, Driver};
 use crate::common::kube::{self as kube_client, Clients};
 use crate::common::metrics::Metrics;
-use crate::common::role::{lead, Role, Wait};
+use crate::common::role::{lead, lease_guard, Role, Wait};
 use crate::common::workqueue::QueueMetrics;
 use crate::SidecarError;
 use controller::{Provisioner, Queues, Setup};
@@ -212,7 +212,14 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
         "driver ready"
     );
 
-    let clients = match kube_client::clients(&args.kube, &requests).await {
+    // Held while this replica leads (always on a node, which has no
+    // election): every API write and every CreateVolume/DeleteVolume
+    // consults it, and losing the Lease aborts the workers at once.
+    let guard = match &node {
+        Some(_) => csiops_runtime::leader::LeaseGuard::unconditional(),
+        None => lease_guard(&args.controller),
+    };
+    let clients = match kube_client::clients(&args.kube, &requests, &guard).await {
         Ok(clients) => clients,
         Err(e) => return role.finish(Err(e.into())).await,
     };
@@ -228,6 +235,7 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
                 topology: caps.topology,
                 timeout: args.common.timeout,
                 metrics,
+                lease: guard.clone(),
                 managed_by: capacity::objects::managed_by(node_name.as_deref()),
                 fixed_segment: node
                     .as_ref()
@@ -250,6 +258,7 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
         queues,
         metrics: operations,
         node: node.clone(),
+        lease: guard.clone(),
     };
     let stop = role.shutdown.clone();
     let lease = lease_name("", &driver_name);
@@ -293,7 +302,15 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
         // No leader election on a node (see `node_deployment`).
         work().await.map_err(|never| match never {})
     } else {
-        lead(&args.kube, &args.controller, &lease, &role.shutdown, work).await
+        lead(
+            &args.kube,
+            &args.controller,
+            &lease,
+            guard,
+            &role.shutdown,
+            work,
+        )
+        .await
     };
     role.finish(outcome).await
 }

@@ -1,6 +1,17 @@
 //! The journal sweep: for one intent, find out whether the volume it may
 //! stand for is still wanted, and delete it if not (see
 //! [`super::journal`] for when intents are swept and why this is enough).
+//!
+//! The volume is found by sending the stored CreateVolume request again
+//! (idempotent by name: an existing volume comes back). When the driver
+//! cannot answer that — it refuses the request (InvalidArgument,
+//! OutOfRange, Unimplemented: a driver upgraded since may reject an older
+//! request) or the name is taken by another request (AlreadyExists) —
+//! nothing proves that no volume exists: the intent stays, the sweep is
+//! [blocked](SweepError::is_blocked), and that is reported (a warning, a
+//! Warning Event `VolumeCleanupBlocked` on the journal ConfigMap, and the
+//! `csiops_provisioner_journal_blocked_intents` gauge) and retried with
+//! backoff, until the driver answers or an admin removes the key.
 
 use std::time::Duration;
 
@@ -39,6 +50,12 @@ pub enum SweepError {
         claim: String,
         status: Status,
     },
+    #[error("the claim {claim} no longer needs volume {volume:?}, and the driver refuses the stored CreateVolume request that would find it ({}), so whether that volume exists cannot be told (a driver upgraded since may reject an older request). The intent is kept and tried again; if the volume exists, delete it on the storage backend, then remove key {volume:?} from the journal ConfigMap", rpc(.status))]
+    Refused {
+        volume: String,
+        claim: String,
+        status: Status,
+    },
     #[error("the claim {claim} no longer needs volume {volume:?}, and cleaning it up failed: {}", rpc(.status))]
     Failed {
         volume: String,
@@ -49,6 +66,17 @@ pub enum SweepError {
     Affinity(#[from] AffinityError),
     #[error("Kubernetes API")]
     Kube(#[from] kube::Error),
+}
+
+impl SweepError {
+    /// Whether the sweep cannot tell if the volume exists (not a passing
+    /// failure): the intent stays and a human may be needed.
+    pub fn is_blocked(&self) -> bool {
+        matches!(
+            self,
+            SweepError::Blocked { .. } | SweepError::Refused { .. } | SweepError::Corrupt { .. }
+        )
+    }
 }
 
 impl Provisioner {
@@ -91,7 +119,13 @@ impl Provisioner {
                 (seen, Some(node.name()))
             }
         };
-        match intent_action(name, &record, claim.as_ref(), pv, false, node) {
+        let action = intent_action(name, &record, claim.as_ref(), pv, false, node);
+        // An intent an earlier leader left without a PV: it stopped between
+        // the intent and the PV (killed, or the Lease lost).
+        if journal.take_inherited(name) && pv == PvSeen::Absent {
+            self.metrics.journal.recovered(action);
+        }
+        match action {
             IntentAction::Keep => {
                 // The claim's own sync provisions it (again) and trims.
                 self.claims
@@ -112,7 +146,8 @@ impl Provisioner {
 
     /// CreateVolume with the stored request returns the volume if it exists
     /// (and creates it if it did not, which the DeleteVolume that follows
-    /// undoes); the driver's refusal of the request proves there is none.
+    /// undoes). No answer but a volume tells whether it exists: a refusal of
+    /// the request leaves the intent, as AlreadyExists does.
     async fn delete_abandoned(&self, name: &str, record: &Record) -> Result<(), SweepError> {
         let claim = format!("{}/{}", record.claim.namespace, record.claim.name);
         let mut request = record.request().map_err(|source| SweepError::Corrupt {
@@ -130,9 +165,9 @@ impl Provisioner {
         }
         let secrets = request.secrets.clone();
         let _permit = self.calls.acquire().await;
-        match csi::create_volume(&self.driver, request, self.timeout).await {
+        match self.create_volume(request).await {
             Ok(volume) => {
-                csi::delete_volume(&self.driver, &volume.volume_id, secrets, self.timeout)
+                self.delete_volume(&volume.volume_id, secrets)
                     .await
                     .map_err(|status| SweepError::Failed {
                         volume: name.to_string(),
@@ -149,10 +184,13 @@ impl Provisioner {
                 claim,
                 status,
             }),
-            Err(status) if csi::proves_no_volume(&status) => {
-                tracing::info!(%claim, error = %rpc(&status), "no volume to clean up");
-                Ok(())
-            }
+            // This call made nothing, but the call the intent stands for may
+            // have: a driver upgraded since may refuse the older request.
+            Err(status) if csi::rejects_request(&status) => Err(SweepError::Refused {
+                volume: name.to_string(),
+                claim,
+                status,
+            }),
             Err(status) => Err(SweepError::Failed {
                 volume: name.to_string(),
                 claim,

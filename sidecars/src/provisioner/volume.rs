@@ -111,7 +111,7 @@ impl Provisioner {
         };
         {
             let _permit = self.calls.acquire().await;
-            super::csi::delete_volume(&self.driver, &handle, secrets, self.timeout)
+            self.delete_volume(&handle, secrets)
                 .await
                 .map_err(VolumeError::Delete)?;
         }

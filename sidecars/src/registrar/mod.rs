@@ -48,7 +48,13 @@ const SOCKET_CHECK: Duration = Duration::from_secs(2);
 const CLEANUP_DEADLINE: Duration = Duration::from_secs(10);
 
 /// Flags of `registrar` (upstream node-driver-registrar's names, plus CSINode maintenance).
+///
+/// `--timeout` defaults to 10s here (upstream's registrar: 1s, for its
+/// GetPluginInfo only): it is also the deadline of the NodeGetInfo the CSINode
+/// maintenance asks every `--node-info-interval`, and a driver busy for a
+/// second is not a failing one (kubelet gives its own NodeGetInfo minutes).
 #[derive(Debug, Clone, Args)]
+#[command(mut_arg("timeout", |a| a.default_value("10s")))]
 pub struct RegistrarArgs {
     #[command(flatten)]
     pub common: CommonArgs,
@@ -81,8 +87,10 @@ pub struct RegistrarArgs {
     #[arg(long)]
     pub keep_registration_on_exit: bool,
 
-    /// How often NodeGetInfo is re-asked to notice a driver that stopped
-    /// answering (its CSINode entry is then removed until it answers again).
+    /// How often NodeGetInfo is re-asked, so a changed answer reaches
+    /// CSINode. A failing call is retried with backoff and removes nothing;
+    /// the entry goes only once the driver's socket has been absent for three
+    /// intervals (the driver is gone).
     #[arg(long, default_value = "10s", value_parser = crate::common::args::parse_duration)]
     pub node_info_interval: Duration,
 
@@ -212,6 +220,7 @@ pub async fn run(args: RegistrarArgs) -> Result<(), SidecarError> {
         let maintained = maintained.clone();
         let (driver, driver_name) = (driver.clone(), driver_name.clone());
         let (kubeconfig, interval) = (args.kubeconfig.clone(), args.node_info_interval);
+        let driver_socket = csiops_proto::client::socket_path(&args.common.csi_address).ok();
         let kubelet = verdict.clone();
         let taint_key = Some(args.readiness_taint_key.clone()).filter(|k| !k.is_empty());
         let stop = shutdown.clone();
@@ -237,7 +246,8 @@ pub async fn run(args: RegistrarArgs) -> Result<(), SidecarError> {
                         interval,
                         kubelet,
                     )
-                    .with_readiness_taint(taint_key);
+                    .with_readiness_taint(taint_key)
+                    .with_driver_socket(driver_socket);
                     if let Ok(mut slot) = maintained.lock() {
                         *slot = Some(sync.clone());
                     }

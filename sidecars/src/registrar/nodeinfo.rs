@@ -3,7 +3,9 @@
 //!
 //! - CSINode `spec.drivers[]`: `{name, nodeID, topologyKeys (sorted keys of the
 //!   accessible topology), allocatable.count (max_volumes_per_node, if > 0)}`;
-//!   a missing CSINode is created owned by its Node.
+//!   a missing CSINode is created owned by its Node. An entry is up to date
+//!   when its node ID and topology keys are the driver's; its `allocatable`
+//!   is kubelet's to keep (see [`with_driver`]).
 //! - Node label per topology segment.
 //! - Node annotation `csi.volume.kubernetes.io/nodeid`: a JSON object of
 //!   driver name → node ID, other drivers' keys preserved.
@@ -62,12 +64,34 @@ pub fn new_csinode(node: &Node, entry: CSINodeDriver) -> CSINode {
     }
 }
 
+/// Whether `existing` registers what `entry` does: the same node ID and
+/// the same set of topology keys (kubelet compares them as a set too).
+/// `allocatable` is left out on purpose, see [`with_driver`].
+fn same_registration(existing: &CSINodeDriver, entry: &CSINodeDriver) -> bool {
+    let keys = |d: &CSINodeDriver| {
+        d.topology_keys
+            .iter()
+            .flatten()
+            .cloned()
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+    existing.node_id == entry.node_id && keys(existing) == keys(entry)
+}
+
 /// `csinode` with this driver's entry set, or `None` when it already is.
+///
+/// The entry's `allocatable` is written only when this creates the entry
+/// (as kubelet does at registration). An existing entry keeps its
+/// `allocatable` whatever the driver answers now: kubelet owns it. With
+/// KEP-4876 (MutableCSINodeAllocatableCount, GA in 1.36) kubelet re-asks
+/// NodeGetInfo every `nodeAllocatableUpdatePeriodSeconds` of the CSIDriver,
+/// and after a ResourceExhausted attach, and updates `allocatable.count`
+/// itself; a second writer with its own timing would overwrite kubelet's
+/// newer count with an older one, back and forth. Without that feature the
+/// API server refuses any change of an existing entry (it is immutable), so
+/// writing it could only fail. Keeping kubelet's value needs no read of the
+/// CSIDriver (and no permission for it), and is right in both cases.
 pub fn with_driver(csinode: &CSINode, entry: &CSINodeDriver) -> Option<CSINode> {
-    let drivers = &csinode.spec.drivers;
-    if drivers.iter().any(|d| d == entry) {
-        return None;
-    }
     let mut updated = csinode.clone();
     match updated
         .spec
@@ -75,7 +99,14 @@ pub fn with_driver(csinode: &CSINode, entry: &CSINodeDriver) -> Option<CSINode> 
         .iter_mut()
         .find(|d| d.name == entry.name)
     {
-        Some(d) => *d = entry.clone(),
+        Some(d) if same_registration(d, entry) => return None,
+        Some(d) => {
+            let allocatable = d.allocatable.take();
+            *d = CSINodeDriver {
+                allocatable,
+                ..entry.clone()
+            };
+        }
         None => updated.spec.drivers.push(entry.clone()),
     }
     Some(updated)
@@ -266,6 +297,48 @@ mod tests {
         let removed = without_driver(&updated, "hostpath.csi.k8s.io").expect("removed");
         assert_eq!(removed.spec.drivers, vec![other]);
         assert!(without_driver(&removed, "hostpath.csi.k8s.io").is_none());
+    }
+
+    fn with_count(mut info: DriverNodeInfo, count: i64) -> DriverNodeInfo {
+        info.max_volumes_per_node = count;
+        info
+    }
+
+    #[test]
+    fn allocatable_of_an_existing_entry_is_kubelets() {
+        let driver = "hostpath.csi.k8s.io";
+        let n = node(None, &[]);
+        // Created by us: the driver's count, as kubelet would write it.
+        let created = new_csinode(&n, driver_entry(driver, &with_count(hostpath_info(), 7)));
+        let count = |c: &CSINode| c.spec.drivers[0].allocatable.as_ref().and_then(|a| a.count);
+        assert_eq!(count(&created), Some(7));
+        // kubelet updated it (KEP-4876) to 5, or the driver now says 9 or
+        // nothing: no write either way.
+        let mut kubelets = created.clone();
+        kubelets.spec.drivers[0].allocatable = Some(VolumeNodeResources { count: Some(5) });
+        for answer in [7, 9, 0] {
+            let entry = driver_entry(driver, &with_count(hostpath_info(), answer));
+            assert!(
+                with_driver(&kubelets, &entry).is_none(),
+                "the driver answering {answer} must not overwrite kubelet's 5"
+            );
+        }
+        // Topology keys are compared as a set, as kubelet does.
+        let mut reordered = kubelets.clone();
+        reordered.spec.drivers[0].topology_keys =
+            Some(vec!["b/zone".to_string(), "a/zone".to_string()]);
+        let mut two_keys = hostpath_info();
+        two_keys.topology = BTreeMap::from([
+            ("a/zone".to_string(), "1".to_string()),
+            ("b/zone".to_string(), "2".to_string()),
+        ]);
+        assert!(with_driver(&reordered, &driver_entry(driver, &two_keys)).is_none());
+        // A new node ID is written, with kubelet's count kept.
+        let mut moved = with_count(hostpath_info(), 9);
+        moved.node_id = "node-1b".into();
+        let updated = with_driver(&kubelets, &driver_entry(driver, &moved)).expect("changed");
+        assert_eq!(updated.spec.drivers[0].node_id, "node-1b");
+        assert_eq!(count(&updated), Some(5));
     }
 
     #[test]

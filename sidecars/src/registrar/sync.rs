@@ -9,8 +9,29 @@
 //! REGISTERED counts, so it must not claim a driver kubelet cannot use. While
 //! kubelet has not (yet) accepted, an entry already there is left alone too:
 //! it may be kubelet's own, or kept by `--keep-registration-on-exit`.
+//!
+//! **A failing driver keeps its entry.** kubelet owns the registration: it
+//! removes the entry itself when it deregisters the driver (our registration
+//! socket gone, which we notice and answer with a new socket, and nothing is
+//! written until kubelet registers it again), and upstream's
+//! node-driver-registrar never removes it. A NodeGetInfo that fails or times
+//! out — a slow driver, one restarting, one rolling out — is retried with
+//! backoff and nothing is removed: dropping the entry on one failed call
+//! would make CSINode flap on every node at once, fail attaches to the node
+//! meanwhile and stall rollouts that wait for REGISTERED. The entry and the
+//! annotation key go only when the driver is gone: its socket file absent at
+//! every failed pass for [`GONE_AFTER_INTERVALS`] intervals (a driver that
+//! is shut down removes its socket; one that restarts binds it again within
+//! moments, and a crashed one leaves it behind). SIGTERM removes them too
+//! (see the module above), unless `--keep-registration-on-exit`.
+//!
+//! **allocatable.** An existing entry's `allocatable` is never changed here
+//! (see `nodeinfo::with_driver`): kubelet keeps it (KEP-4876, and it is
+//! immutable without that feature), so only an entry this registrar creates
+//! carries the driver's `max_volumes_per_node`, as kubelet's would.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use futures::{stream, StreamExt};
@@ -20,6 +41,8 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::Client;
 use tokio::sync::watch;
+use tokio::time::Instant;
+use tonic::Status;
 
 use super::nodeinfo::{self, DriverNodeInfo};
 use super::server::Verdict;
@@ -37,17 +60,98 @@ pub enum SyncError {
     NoNode(String),
 }
 
+/// For how many `--node-info-interval`s the driver's socket must be seen
+/// absent (at every failed pass) before its entry is removed.
+pub const GONE_AFTER_INTERVALS: u32 = 3;
+
 /// What a pass did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
     Installed {
         wrote: bool,
     },
+    /// The driver is gone (see [`FailureStreak`]): its entry and key were
+    /// removed (`wrote`: there was something to remove).
     Uninstalled {
         wrote: bool,
     },
+    /// NodeGetInfo failed and the driver is not known to be gone: nothing
+    /// was written; the pass is retried with backoff.
+    DriverFailed {
+        code: tonic::Code,
+    },
     /// kubelet has not accepted the registration: nothing was done.
     AwaitingKubelet,
+}
+
+/// Whether the driver's socket file exists, as the registrar sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SocketState {
+    Present,
+    Absent,
+    /// It cannot be told (no path, or an error other than "not found"):
+    /// never taken as proof that the driver is gone.
+    Unknown,
+}
+
+/// The state of the socket at `path` (`None`: the address is not a path).
+pub fn socket_state(path: Option<&Path>) -> SocketState {
+    let Some(path) = path else {
+        return SocketState::Unknown;
+    };
+    match std::fs::symlink_metadata(path) {
+        Ok(_) => SocketState::Present,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => SocketState::Absent,
+        Err(_) => SocketState::Unknown,
+    }
+}
+
+/// What to do after a failed NodeGetInfo.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AfterFailure {
+    /// Keep the entry and ask again (with backoff).
+    Keep,
+    /// The driver is gone: remove its entry and annotation key.
+    Remove,
+}
+
+/// The failed NodeGetInfo calls since the last answer: how many, and since
+/// when the driver's socket has been absent at every one of them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FailureStreak {
+    pub failures: u32,
+    pub socket_absent_since: Option<Instant>,
+    /// The driver was found gone and removed (said once per streak).
+    pub removed: bool,
+}
+
+impl FailureStreak {
+    /// Notes a failed call at `now` with the socket in state `socket`, and
+    /// decides: the entry goes only once the socket has been absent at every
+    /// failure for `gone_after`. A socket seen present (a driver restarting,
+    /// slow, or crashed with its socket left behind) starts the count again.
+    pub fn failed(
+        &mut self,
+        socket: SocketState,
+        now: Instant,
+        gone_after: Duration,
+    ) -> AfterFailure {
+        self.failures = self.failures.saturating_add(1);
+        match socket {
+            SocketState::Absent => {
+                let since = *self.socket_absent_since.get_or_insert(now);
+                if now.saturating_duration_since(since) >= gone_after {
+                    AfterFailure::Remove
+                } else {
+                    AfterFailure::Keep
+                }
+            }
+            SocketState::Present | SocketState::Unknown => {
+                self.socket_absent_since = None;
+                AfterFailure::Keep
+            }
+        }
+    }
 }
 
 /// The maintainer of one node's registration of one driver.
@@ -58,9 +162,12 @@ pub struct NodeInfoSync {
     pub node_name: String,
     pub driver_name: String,
     pub driver: Driver,
-    /// How often NodeGetInfo is asked even when nothing changed: a driver that
-    /// stops answering is noticed within this time.
+    /// How often NodeGetInfo is asked even when nothing changed: a changed
+    /// answer (node ID, topology) is written within this time.
     pub interval: Duration,
+    /// The driver's socket (`--csi-address`), whose absence tells that the
+    /// driver is gone; `None`: never removed for a failing driver.
+    pub driver_socket: Option<PathBuf>,
     /// kubelet's verdict on the registration.
     pub kubelet: watch::Receiver<Verdict>,
     /// The readiness taint key to remove from this node once registered
@@ -84,9 +191,21 @@ impl NodeInfoSync {
             driver_name,
             driver,
             interval,
+            driver_socket: None,
             kubelet,
             readiness_taint: None,
         }
+    }
+
+    /// The driver's socket, whose absence means the driver is gone.
+    pub fn with_driver_socket(mut self, path: Option<PathBuf>) -> Self {
+        self.driver_socket = path;
+        self
+    }
+
+    /// How long the driver's socket must stay absent before the entry goes.
+    pub fn gone_after(&self) -> Duration {
+        self.interval.saturating_mul(GONE_AFTER_INTERVALS)
     }
 
     /// Removes `key` from this node's taints once the driver is registered.
@@ -95,14 +214,23 @@ impl NodeInfoSync {
         self
     }
 
-    /// One pass: once kubelet accepted the registration, NodeGetInfo, then
-    /// install or (if the driver fails) uninstall.
-    pub async fn reconcile(&self) -> Result<Outcome, SyncError> {
+    /// One pass at `now`: once kubelet accepted the registration,
+    /// NodeGetInfo, then install; a failure is noted in `streak`, and only a
+    /// driver that is gone (see [`FailureStreak::failed`]) is uninstalled.
+    pub async fn pass(
+        &self,
+        streak: &mut FailureStreak,
+        now: Instant,
+    ) -> Result<Outcome, SyncError> {
         if *self.kubelet.borrow() != Verdict::Registered {
             return Ok(Outcome::AwaitingKubelet);
         }
         match self.driver.node_get_info().await {
             Ok(resp) => {
+                if streak.failures > 0 {
+                    tracing::info!(failures = streak.failures, "NodeGetInfo answers again");
+                }
+                *streak = FailureStreak::default();
                 let info = DriverNodeInfo {
                     node_id: resp.node_id,
                     max_volumes_per_node: resp.max_volumes_per_node,
@@ -117,9 +245,36 @@ impl NodeInfoSync {
                 wrote |= self.remove_readiness_taint(&node).await?;
                 Ok(Outcome::Installed { wrote })
             }
-            Err(status) => {
-                tracing::warn!(code = ?status.code(), message = %status.message(), "NodeGetInfo failed; removing this driver from the node");
+            Err(status) => self.driver_failed(status, streak, now).await,
+        }
+    }
+
+    /// A failed NodeGetInfo: kept and retried, unless the driver is gone.
+    async fn driver_failed(
+        &self,
+        status: Status,
+        streak: &mut FailureStreak,
+        now: Instant,
+    ) -> Result<Outcome, SyncError> {
+        let socket = socket_state(self.driver_socket.as_deref());
+        let code = status.code();
+        match streak.failed(socket, now, self.gone_after()) {
+            AfterFailure::Keep if streak.removed => {
+                tracing::debug!(?code, message = %status.message(), "NodeGetInfo still fails; the driver stays removed");
+                Ok(Outcome::DriverFailed { code })
+            }
+            AfterFailure::Keep => {
+                tracing::warn!(?code, message = %status.message(), failures = streak.failures, ?socket,
+                    "NodeGetInfo failed; the driver's CSINode entry stays (kubelet owns the registration) and the call is retried");
+                Ok(Outcome::DriverFailed { code })
+            }
+            AfterFailure::Remove => {
+                if !streak.removed {
+                    tracing::warn!(?code, message = %status.message(), socket = ?self.driver_socket, gone_for = ?self.gone_after(),
+                        "the driver is gone (its socket is absent and NodeGetInfo fails); removing it from this node");
+                }
                 let wrote = self.uninstall().await?;
+                streak.removed = true;
                 Ok(Outcome::Uninstalled { wrote })
             }
         }
@@ -242,7 +397,9 @@ impl NodeInfoSync {
     }
 
     /// Runs until `shutdown`: a pass at start, on each change of this Node or
-    /// CSINode, and every `interval`; failed passes retry with backoff (1s → 30s).
+    /// CSINode, and every `interval`; passes whose API requests failed retry
+    /// with backoff (1s → 30s), those whose NodeGetInfo failed too (1s →
+    /// `interval`).
     pub async fn run(&self, shutdown: &CancellationToken) {
         let by_name =
             watcher::Config::default().fields(&format!("metadata.name={}", self.node_name));
@@ -251,6 +408,9 @@ impl NodeInfoSync {
         let mut changes = stream::select(node_events, csinode_events).boxed();
         let mut kubelet = self.kubelet.clone();
         let mut backoff = Duration::from_secs(1);
+        let first_retry = Duration::from_secs(1).min(self.interval);
+        let mut driver_backoff = first_retry;
+        let mut streak = FailureStreak::default();
         let mut next = tokio::time::Instant::now();
         loop {
             tokio::select! {
@@ -262,9 +422,15 @@ impl NodeInfoSync {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             }
-            match self.reconcile().await {
-                Ok(_) => {
+            match self.pass(&mut streak, Instant::now()).await {
+                Ok(Outcome::DriverFailed { .. } | Outcome::Uninstalled { .. }) => {
                     backoff = Duration::from_secs(1);
+                    next = tokio::time::Instant::now() + driver_backoff;
+                    driver_backoff = (driver_backoff * 2).min(self.interval).max(first_retry);
+                }
+                Ok(Outcome::Installed { .. } | Outcome::AwaitingKubelet) => {
+                    backoff = Duration::from_secs(1);
+                    driver_backoff = first_retry;
                     next = tokio::time::Instant::now() + self.interval;
                 }
                 // Permission revoked while running (it was there at start,
@@ -289,83 +455,365 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
 
-    use super::*;
-    use crate::common::metrics::Metrics;
+    use csiops_proto::csi::v1::{NodeGetInfoResponse, Topology};
+    use csiops_runtime::testing::{self, Log, Objects};
+    use serde_json::json;
 
-    /// A sync whose API server answers every request with `code` and counts
-    /// them, and whose driver accepts connections but never answers.
-    async fn sync_counting_requests(
-        dir: &std::path::Path,
-        code: u16,
-    ) -> (
-        NodeInfoSync,
-        watch::Sender<Verdict>,
-        Arc<AtomicUsize>,
-        std::os::unix::net::UnixListener,
-    ) {
-        let socket = dir.join("csi.sock");
-        // Never accepted: connecting succeeds, calls time out.
-        let listener = std::os::unix::net::UnixListener::bind(&socket).expect("bind");
-        let driver = Driver::connect(
-            &socket.to_string_lossy(),
-            Duration::from_millis(200),
-            Arc::new(Metrics::new()),
-        )
-        .await
-        .expect("driver socket connects");
-        let requests = Arc::new(AtomicUsize::new(0));
-        let counted = requests.clone();
-        let api = tower::service_fn(move |_: http::Request<kube::client::Body>| {
-            counted.fetch_add(1, Ordering::SeqCst);
-            let status = serde_json::json!({"kind": "Status", "apiVersion": "v1",
-                "status": "Failure", "code": code, "message": "refused"});
-            async move {
-                http::Response::builder()
-                    .status(code)
-                    .body(kube::client::Body::from(
-                        serde_json::to_vec(&status).unwrap_or_default(),
-                    ))
-            }
-        });
-        let (verdict, kubelet) = watch::channel(Verdict::Pending);
+    use super::*;
+    use crate::common::fake_csi::{FakeNode, NodeInfoAnswer};
+
+    const NODE: &str = "/api/v1/nodes/node-a";
+    const CSINODE: &str = "/apis/storage.k8s.io/v1/csinodes/node-a";
+    const DRIVER: &str = "csi.example.com";
+
+    fn answer(info: Result<NodeGetInfoResponse, Status>) -> NodeInfoAnswer {
+        Arc::new(std::sync::Mutex::new(info))
+    }
+
+    fn info(max_volumes: i64) -> NodeGetInfoResponse {
+        NodeGetInfoResponse {
+            node_id: "id-a".into(),
+            max_volumes_per_node: max_volumes,
+            accessible_topology: Some(Topology {
+                segments: [("example.com/zone".to_string(), "z1".to_string())].into(),
+            }),
+        }
+    }
+
+    /// A sync of `node-a` against a fake driver answering `info` on
+    /// `dir/csi.sock` and an API server answering `api`, kubelet's verdict
+    /// given.
+    async fn sync_with(
+        dir: &Path,
+        log: &Log,
+        info: NodeInfoAnswer,
+        api: impl Fn(&testing::Call) -> testing::Reply + Send + Sync + 'static,
+        verdict: Verdict,
+    ) -> (NodeInfoSync, watch::Sender<Verdict>) {
+        let driver = FakeNode {
+            log: log.clone(),
+            info,
+        }
+        .serve(dir, Duration::from_secs(2))
+        .await;
+        let (tx, kubelet) = watch::channel(verdict);
         let sync = NodeInfoSync::new(
-            Client::new(api, "default"),
+            testing::client(log, api),
             "node-a".into(),
-            "csi.example.com".into(),
+            DRIVER.into(),
             driver,
             Duration::from_secs(10),
             kubelet,
-        );
-        (sync, verdict, requests, listener)
+        )
+        .with_driver_socket(Some(dir.join("csi.sock")));
+        (sync, tx)
+    }
+
+    /// `node-a` as kubelet left it: our entry in CSINode (allocatable 5),
+    /// our node ID in the annotation, beside another driver's.
+    fn registered_node() -> Objects {
+        Objects::new([
+            (
+                NODE,
+                json!({"apiVersion": "v1", "kind": "Node", "metadata": {
+                    "name": "node-a", "uid": "u-a", "resourceVersion": "1",
+                    "labels": {"example.com/zone": "z1"},
+                    "annotations": {nodeinfo::NODE_ID_ANNOTATION:
+                        format!(r#"{{"{DRIVER}":"id-a","other.csi":"x"}}"#)}}}),
+            ),
+            (
+                CSINODE,
+                json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSINode",
+                    "metadata": {"name": "node-a", "resourceVersion": "1"},
+                    "spec": {"drivers": [
+                        {"name": "other.csi", "nodeID": "x"},
+                        {"name": DRIVER, "nodeID": "id-a",
+                         "topologyKeys": ["example.com/zone"],
+                         "allocatable": {"count": 5}}]}}),
+            ),
+        ])
+    }
+
+    fn has_entry(objects: &Objects) -> bool {
+        objects.get(CSINODE).expect("CSINode")["spec"]["drivers"]
+            .as_array()
+            .is_some_and(|d| d.iter().any(|e| e["name"] == DRIVER))
+    }
+
+    fn has_node_id(objects: &Objects) -> bool {
+        let node = objects.get(NODE).expect("Node");
+        let ids = node["metadata"]["annotations"][nodeinfo::NODE_ID_ANNOTATION]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        ids.contains(DRIVER)
+    }
+
+    /// The API writes (not the driver calls noted in the same log).
+    fn api_writes(log: &Log) -> Vec<String> {
+        log.writes()
+            .into_iter()
+            .filter(|w| !w.starts_with("CSI "))
+            .collect()
+    }
+
+    fn calls_of(log: &Log, method: &str) -> usize {
+        log.lines()
+            .iter()
+            .filter(|l| *l == &format!("CSI {method}"))
+            .count()
     }
 
     #[tokio::test]
     async fn nothing_is_written_before_kubelet_accepts_nor_after_it_refuses() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (sync, verdict, requests, _driver) = sync_counting_requests(dir.path(), 500).await;
-
-        assert_eq!(sync.reconcile().await.ok(), Some(Outcome::AwaitingKubelet));
+        let log = Log::default();
+        let (sync, verdict) = sync_with(
+            dir.path(),
+            &log,
+            answer(Ok(info(0))),
+            |_| testing::status(500, "InternalError", "refused"),
+            Verdict::Pending,
+        )
+        .await;
+        let mut streak = FailureStreak::default();
+        let now = Instant::now();
+        assert_eq!(
+            sync.pass(&mut streak, now).await.ok(),
+            Some(Outcome::AwaitingKubelet)
+        );
         verdict.send_replace(Verdict::Refused("incompatible version".into()));
-        assert_eq!(sync.reconcile().await.ok(), Some(Outcome::AwaitingKubelet));
-        assert_eq!(requests.load(Ordering::SeqCst), 0, "no API request at all");
+        assert_eq!(
+            sync.pass(&mut streak, now).await.ok(),
+            Some(Outcome::AwaitingKubelet)
+        );
+        assert!(log.lines().is_empty(), "no call at all: {:?}", log.lines());
 
-        // Accepted: the pass goes to the driver (which times out) and then to
-        // the API server (which fails), so the gate was what held it back.
+        // Accepted: the pass asks the driver and then the API server (which
+        // fails), so the gate was what held it back.
         verdict.send_replace(Verdict::Registered);
-        assert!(matches!(sync.reconcile().await, Err(SyncError::Kube(_))));
-        assert!(requests.load(Ordering::SeqCst) > 0);
+        assert!(matches!(
+            sync.pass(&mut streak, now).await,
+            Err(SyncError::Kube(_))
+        ));
+        assert_eq!(calls_of(&log, "NodeGetInfo"), 1);
+        assert!(
+            log.lines().iter().any(|l| l.starts_with("GET ")),
+            "{:?}",
+            log.lines()
+        );
     }
 
     #[tokio::test]
     async fn a_forbidden_answer_stops_the_maintenance_instead_of_retrying() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (sync, verdict, requests, _driver) = sync_counting_requests(dir.path(), 403).await;
-        verdict.send_replace(Verdict::Registered);
+        let log = Log::default();
+        let requests = Arc::new(AtomicUsize::new(0));
+        let counted = requests.clone();
+        let (sync, _verdict) = sync_with(
+            dir.path(),
+            &log,
+            answer(Ok(info(0))),
+            move |_| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                testing::status(403, "Forbidden", "refused")
+            },
+            Verdict::Registered,
+        )
+        .await;
         let stop = CancellationToken::new();
         // A 500 would be retried with backoff until shutdown; a 403 ends it.
         tokio::time::timeout(Duration::from_secs(10), sync.run(&stop))
             .await
             .expect("run returns on 403 without a shutdown");
         assert!(requests.load(Ordering::SeqCst) > 0);
+    }
+
+    #[tokio::test]
+    async fn a_failing_driver_keeps_its_entry_and_is_asked_again() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = Log::default();
+        let objects = registered_node();
+        let api = objects.clone();
+        let failing = answer(Err(Status::unavailable("driver restarting")));
+        let (mut sync, _verdict) = sync_with(
+            dir.path(),
+            &log,
+            failing.clone(),
+            move |c| api.answer(c),
+            Verdict::Registered,
+        )
+        .await;
+        sync.interval = Duration::from_millis(200);
+        let stop = CancellationToken::new();
+        let run = {
+            let (sync, stop) = (sync.clone(), stop.clone());
+            tokio::spawn(async move { sync.run(&stop).await })
+        };
+        // Passes retried with backoff while the driver fails: a second,
+        // a third… NodeGetInfo, and nothing removed meanwhile.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while calls_of(&log, "NodeGetInfo") < 3 {
+            assert!(
+                Instant::now() < deadline,
+                "NodeGetInfo not retried: {:?}",
+                log.lines()
+            );
+            assert!(
+                has_entry(&objects) && has_node_id(&objects),
+                "removed after {:?}",
+                log.lines()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(api_writes(&log).is_empty(), "wrote {:?}", api_writes(&log));
+        assert!(
+            has_entry(&objects),
+            "the entry stays while the driver's socket is there"
+        );
+        assert!(has_node_id(&objects), "the node ID stays too");
+        // The driver answers again (with kubelet's count): still nothing to write.
+        *failing.lock().expect("lock") = Ok(info(5));
+        let answered = calls_of(&log, "NodeGetInfo");
+        while calls_of(&log, "NodeGetInfo") == answered {
+            assert!(
+                Instant::now() < deadline,
+                "not asked again: {:?}",
+                log.lines()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        stop.cancel();
+        run.await.expect("run ends");
+        assert!(api_writes(&log).is_empty(), "wrote {:?}", api_writes(&log));
+    }
+
+    #[tokio::test]
+    async fn the_entry_goes_once_the_drivers_socket_has_been_gone_long_enough() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = Log::default();
+        let objects = registered_node();
+        let api = objects.clone();
+        let (sync, _verdict) = sync_with(
+            dir.path(),
+            &log,
+            answer(Err(Status::deadline_exceeded("slow"))),
+            move |c| api.answer(c),
+            Verdict::Registered,
+        )
+        .await;
+        let mut streak = FailureStreak::default();
+        let t0 = Instant::now();
+        let gone_after = sync.gone_after();
+        // Failing for longer than the grace, socket there: kept.
+        for at in [t0, t0 + gone_after, t0 + gone_after * 2] {
+            assert_eq!(
+                sync.pass(&mut streak, at).await.ok(),
+                Some(Outcome::DriverFailed {
+                    code: tonic::Code::DeadlineExceeded
+                })
+            );
+        }
+        assert!(api_writes(&log).is_empty() && has_entry(&objects));
+        // The socket goes (the connection made before stays up and fails).
+        std::fs::remove_file(dir.path().join("csi.sock")).expect("remove the socket");
+        let t1 = t0 + gone_after * 3;
+        for at in [t1, t1 + gone_after - Duration::from_millis(1)] {
+            assert_eq!(
+                sync.pass(&mut streak, at).await.ok(),
+                Some(Outcome::DriverFailed {
+                    code: tonic::Code::DeadlineExceeded
+                })
+            );
+        }
+        assert!(api_writes(&log).is_empty() && has_entry(&objects));
+        assert_eq!(
+            sync.pass(&mut streak, t1 + gone_after).await.ok(),
+            Some(Outcome::Uninstalled { wrote: true })
+        );
+        assert!(!has_entry(&objects), "the entry of a gone driver goes");
+        assert!(!has_node_id(&objects), "and its node ID");
+        let csinode = objects.get(CSINODE).expect("CSINode");
+        assert_eq!(csinode["spec"]["drivers"][0]["name"], "other.csi");
+        // Still gone: nothing more to remove.
+        let writes = api_writes(&log).len();
+        assert_eq!(
+            sync.pass(&mut streak, t1 + gone_after * 2).await.ok(),
+            Some(Outcome::Uninstalled { wrote: false })
+        );
+        assert_eq!(api_writes(&log).len(), writes);
+    }
+
+    #[tokio::test]
+    async fn kubelets_allocatable_is_never_overwritten() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = Log::default();
+        let objects = registered_node();
+        let api = objects.clone();
+        // kubelet wrote 5 (KEP-4876); the driver answers 7 now.
+        let (sync, _verdict) = sync_with(
+            dir.path(),
+            &log,
+            answer(Ok(info(7))),
+            move |c| api.answer(c),
+            Verdict::Registered,
+        )
+        .await;
+        let mut streak = FailureStreak::default();
+        assert_eq!(
+            sync.pass(&mut streak, Instant::now()).await.ok(),
+            Some(Outcome::Installed { wrote: false })
+        );
+        assert!(api_writes(&log).is_empty(), "wrote {:?}", api_writes(&log));
+        let csinode = objects.get(CSINODE).expect("CSINode");
+        assert_eq!(csinode["spec"]["drivers"][1]["allocatable"]["count"], 5);
+    }
+
+    #[test]
+    fn only_a_socket_absent_for_the_whole_grace_removes_the_entry() {
+        use AfterFailure::{Keep, Remove};
+        use SocketState::{Absent, Present, Unknown};
+        let grace = Duration::from_secs(30);
+        let t0 = Instant::now();
+        let s = |secs: u64| t0 + Duration::from_secs(secs);
+        // (socket state and time of each failure, decision at the last)
+        let cases: &[(&[(SocketState, u64)], AfterFailure)] = &[
+            (&[(Present, 0)], Keep),
+            (&[(Present, 0), (Present, 100)], Keep),
+            (&[(Unknown, 0), (Unknown, 100)], Keep),
+            (&[(Absent, 0)], Keep),
+            (&[(Absent, 0), (Absent, 29)], Keep),
+            (&[(Absent, 0), (Absent, 30)], Remove),
+            (&[(Absent, 0), (Absent, 10), (Absent, 31)], Remove),
+            // Seen again in between: the count starts again.
+            (
+                &[(Absent, 0), (Present, 10), (Absent, 20), (Absent, 45)],
+                Keep,
+            ),
+            (
+                &[(Absent, 0), (Unknown, 10), (Absent, 20), (Absent, 50)],
+                Remove,
+            ),
+            (&[(Present, 0), (Absent, 5), (Absent, 35)], Remove),
+        ];
+        for (failures, want) in cases {
+            let mut streak = FailureStreak::default();
+            let mut got = Keep;
+            for (state, at) in failures.iter() {
+                got = streak.failed(*state, s(*at), grace);
+            }
+            assert_eq!(got, *want, "{failures:?}");
+            assert_eq!(streak.failures as usize, failures.len());
+        }
+    }
+
+    #[test]
+    fn the_socket_state_is_read_from_the_file_system() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("csi.sock");
+        assert_eq!(socket_state(Some(&path)), SocketState::Absent);
+        std::fs::write(&path, "").expect("write");
+        assert_eq!(socket_state(Some(&path)), SocketState::Present);
+        assert_eq!(socket_state(None), SocketState::Unknown);
     }
 }

@@ -302,5 +302,53 @@ mod tests {
             refusal(&Ok(Verdict::Forbidden)).unwrap().status(),
             StatusCode::FORBIDDEN
         );
+        // The API server did not answer the review: not the caller's fault.
+        let down = kube::Error::Api(Box::new(
+            kube::core::Status::failure("etcdserver: request timed out", "Timeout").with_code(504),
+        ));
+        let r = refusal(&Err(ReviewError::TokenReview(down))).unwrap();
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(!r.headers().contains_key(header::WWW_AUTHENTICATE));
+    }
+
+    /// Fails its first review (the API server is down), then allows.
+    #[derive(Default)]
+    struct Flaky(AtomicUsize);
+
+    impl Reviewer for Flaky {
+        fn review<'a>(&'a self, _: &'a str, _: &'a str) -> ReviewFuture<'a> {
+            let n = self.0.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async move {
+                if n == 0 {
+                    Err(ReviewError::SubjectAccessReview(kube::Error::Api(
+                        Box::new(
+                            kube::core::Status::failure("unavailable", "ServiceUnavailable")
+                                .with_code(503),
+                        ),
+                    )))
+                } else {
+                    Ok(Verdict::Allowed)
+                }
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_review_is_answered_503_and_not_remembered() {
+        let fake = Arc::new(Flaky::default());
+        let gate = MetricsGate::new(fake.clone());
+        let good = headers("Bearer good");
+        let first = gate.check(&good, "/metrics").await;
+        assert!(first.is_err());
+        assert_eq!(
+            refusal(&first).map(|r| r.status()),
+            Some(StatusCode::SERVICE_UNAVAILABLE)
+        );
+        // Asked again, not answered from memory.
+        assert_eq!(
+            gate.check(&good, "/metrics").await.unwrap(),
+            Verdict::Allowed
+        );
+        assert_eq!(fake.0.load(Ordering::SeqCst), 2);
     }
 }

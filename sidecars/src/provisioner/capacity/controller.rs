@@ -49,9 +49,11 @@ use crate::common::ratelimit::{Limiter, Priority, PriorityLayer};
 use crate::common::watch::drive;
 use crate::common::workqueue::{Backoff, QueueMetrics, WorkQueue};
 use csiops_runtime::chain;
-use csiops_runtime::shutdown::{CancellationToken, TaskTracker};
+use csiops_runtime::leader::LeaseGuard;
+use csiops_runtime::shutdown::CancellationToken;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use tokio::task::JoinSet;
 
 /// How often the planner compares desired and existing objects.
 const PLAN_EVERY: Duration = Duration::from_secs(1);
@@ -146,6 +148,8 @@ pub struct CapacitySetup<'a> {
     /// `--timeout` of each GetCapacity.
     pub timeout: Duration,
     pub metrics: CapacityMetrics,
+    /// Held while this replica leads: no write without it.
+    pub lease: LeaseGuard,
     /// The managed-by label value ([`objects::managed_by`]).
     pub managed_by: String,
     /// Node deployment: the one segment to publish for (this node's, empty
@@ -218,6 +222,7 @@ impl CapacityController {
             ),
             priority: Priority::Normal,
             requests: s.requests.clone(),
+            lease: s.lease.clone(),
         };
         let client = kube::client::ClientBuilder::try_from(config)
             .map_err(kube_client::KubeError::Client)?
@@ -286,7 +291,10 @@ impl CapacityController {
         .default_backoff()
         .modify(|o| o.managed_fields_mut().clear())
         .reflect(writer);
-        let watch = tokio::spawn(drive(stream, "CSIStorageCapacity", |_| {}));
+        // Owned by this future, as the workers below: dropping it (a lost
+        // Lease) aborts them all at once.
+        let mut tasks = JoinSet::new();
+        tasks.spawn(drive(stream, "CSIStorageCapacity", |_| {}));
 
         let ready = async {
             ready(&store).await;
@@ -297,18 +305,14 @@ impl CapacityController {
         };
         tokio::select! {
             () = ready => {}
-            () = shutdown.cancelled() => {
-                watch.abort();
-                return;
-            }
+            () = shutdown.cancelled() => return,
         }
         tracing::info!(existing = store.len(), "capacity caches synced; publishing");
 
-        let workers = TaskTracker::new();
+        let mut workers = JoinSet::new();
         for _ in 0..self.threads {
             workers.spawn(self.clone().worker());
         }
-        workers.close();
 
         let mut poll = tokio::time::interval(self.poll);
         poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -324,8 +328,8 @@ impl CapacityController {
             self.plan_pass(&caches, &store, &mut seen, all);
         }
         self.queue.shut_down();
-        workers.wait().await;
-        watch.abort();
+        while workers.join_next().await.is_some() {}
+        tasks.abort_all();
     }
 
     /// One planner pass; `all` queues every desired pair (the poll).
@@ -606,6 +610,7 @@ mod tests {
             topology: true,
             timeout: Duration::from_secs(5),
             metrics: CapacityMetrics::new(backoff),
+            lease: LeaseGuard::unconditional(),
             managed_by: objects::MANAGED_BY.into(),
             fixed_segment: None,
         })

@@ -13,6 +13,7 @@ use super::super::decide::STORAGE_PROVISIONER_ANNOTATION;
 use super::super::fixture::{self, Fixture};
 use super::super::journal::{test_limiter, Journal};
 use super::super::plan::{DriverCapabilities, ProvisionerConfig};
+use super::ClaimError;
 use crate::common::fake_csi::FakeController;
 use csiops_runtime::shutdown::CancellationToken;
 
@@ -70,6 +71,17 @@ async fn provisioner_with(
     objects: testing::Objects,
     journal: Option<Arc<Journal>>,
 ) -> Provisioner {
+    provisioner_of(log, dir, claim(), objects, journal).await
+}
+
+/// [`provisioner_with`], its cache holding `cached` as the claim.
+async fn provisioner_of(
+    log: &Log,
+    dir: &std::path::Path,
+    cached: Value,
+    objects: testing::Objects,
+    journal: Option<Arc<Journal>>,
+) -> Provisioner {
     let client = testing::client(log, move |call| objects.answer(call));
     Fixture {
         client,
@@ -80,7 +92,7 @@ async fn provisioner_with(
             ..Default::default()
         },
         caps: DriverCapabilities::default(),
-        claims: fixture::store(&[claim()]),
+        claims: fixture::store(&[cached]),
         classes: fixture::store(&[class()]),
         volumes: fixture::store(&[]),
         journal,
@@ -226,6 +238,176 @@ async fn with_the_journal_a_failed_create_keeps_the_intent_unless_the_driver_pro
             "no PV without a volume"
         );
     }
+}
+
+/// A driver that answers CreateVolume with each of `answers` in turn (the
+/// last one from then on), served beside the provisioner's in `dir`.
+async fn driver_answering(
+    log: &Log,
+    dir: &std::path::Path,
+    answers: Vec<Result<(), tonic::Status>>,
+) -> crate::common::driver::Driver {
+    let second = dir.join("second");
+    std::fs::create_dir(&second).expect("dir");
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    FakeController {
+        create: Arc::new(move || {
+            let n = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            match &answers[n.min(answers.len() - 1)] {
+                Ok(()) => (FakeController::new(Log::default()).create)(),
+                Err(status) => Err(status.clone()),
+            }
+        }),
+        ..FakeController::new(log.clone())
+    }
+    .serve(&second)
+    .await
+}
+
+#[tokio::test]
+async fn a_refusal_after_an_attempt_of_unknown_outcome_keeps_the_intent() {
+    let log = Log::default();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let objects = testing::Objects::new([(CLAIM, claim())]);
+    let mut p = journaled(&log, dir.path(), objects.clone()).await;
+    // The first CreateVolume times out (the volume may exist); the driver,
+    // upgraded since, refuses the same request.
+    p.driver = driver_answering(
+        &log,
+        dir.path(),
+        vec![
+            Err(tonic::Status::deadline_exceeded("slow")),
+            Err(tonic::Status::invalid_argument("unknown parameter")),
+        ],
+    )
+    .await;
+    let journal = p.journal.clone().expect("journal");
+    p.sync_claim(&key()).await.expect_err("timed out");
+    let name = journal.names().pop().expect("the intent stays");
+    p.sync_claim(&key()).await.expect_err("refused");
+    assert_eq!(
+        journal.names(),
+        vec![name.clone()],
+        "the refusal proves nothing about the first call's volume"
+    );
+    assert!(journal.get(&name).is_some(), "and no trim is on its way");
+}
+
+#[tokio::test]
+async fn the_sweep_keeps_and_reports_an_intent_whose_request_the_driver_now_refuses() {
+    let log = Log::default();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let objects = testing::Objects::new([(CLAIM, claim())]);
+    let mut p = journaled(&log, dir.path(), objects.clone()).await;
+    p.driver = driver_answering(
+        &log,
+        dir.path(),
+        vec![
+            Err(tonic::Status::deadline_exceeded("slow")),
+            Err(tonic::Status::invalid_argument("unknown parameter")),
+        ],
+    )
+    .await;
+    p.sync_claim(&key()).await.expect_err("timed out");
+    let journal = p.journal.clone().expect("journal");
+    let name = journal.names().pop().expect("the intent stays");
+    // The claim goes; the sweep sends the stored request to a driver that
+    // refuses it now.
+    objects.remove(CLAIM);
+    log.clear();
+    let p = Arc::new(p);
+    p.intent_pass(&name).await;
+    assert!(
+        log.lines().contains(&"CSI CreateVolume".to_string()),
+        "{:?}",
+        log.lines()
+    );
+    assert!(
+        !log.lines().contains(&"CSI DeleteVolume".to_string()),
+        "nothing was found to delete"
+    );
+    assert!(journal.get(&name).is_some(), "the intent stays");
+    assert_eq!(p.metrics.journal.blocked_intents(), 1);
+    // Reported on the journal ConfigMap, the claim being gone.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let event = loop {
+        let found = log
+            .calls()
+            .into_iter()
+            .find(|c| c.method == "POST" && c.path.ends_with("/events"));
+        if let Some(c) = found {
+            break c.body;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no Event: {:?}",
+            log.lines()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(event["reason"], "VolumeCleanupBlocked");
+    assert_eq!(event["regarding"]["kind"], "ConfigMap");
+    assert_eq!(event["regarding"]["name"], "journal");
+    let note = event["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains("unknown parameter") && note.contains(&name),
+        "{note}"
+    );
+    let err = p.sync_intent(&name).await.expect_err("still blocked");
+    assert!(err.is_blocked(), "{err}");
+}
+
+#[tokio::test]
+async fn without_the_journal_a_refused_first_attempt_takes_the_finalizer_off() {
+    let log = Log::default();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut p = provisioner(&log, dir.path()).await;
+    p.driver = driver_answering(
+        &log,
+        dir.path(),
+        vec![Err(tonic::Status::invalid_argument("bad parameter"))],
+    )
+    .await;
+    p.sync_claim(&key()).await.expect_err("refused");
+    let writes: Vec<String> = log
+        .writes()
+        .into_iter()
+        .filter(|w| !w.contains("/events"))
+        .collect();
+    assert_eq!(
+        writes,
+        vec![
+            format!("PATCH {CLAIM}"),
+            "CSI CreateVolume".to_string(),
+            format!("PATCH {CLAIM}"),
+        ],
+        "nothing was made: the finalizer comes off, and a deletion needs no clean-up"
+    );
+}
+
+#[tokio::test]
+async fn the_clean_up_of_a_claim_whose_request_is_now_refused_keeps_the_finalizer() {
+    let log = Log::default();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut deleted = claim();
+    deleted["metadata"]["finalizers"] = json!([super::super::decide::CLAIM_FINALIZER]);
+    deleted["metadata"]["deletionTimestamp"] = json!("2025-01-01T00:00:00Z");
+    let objects = testing::Objects::new([(CLAIM, deleted.clone())]);
+    let mut p = provisioner_of(&log, dir.path(), deleted, objects.clone(), None).await;
+    p.driver = driver_answering(
+        &log,
+        dir.path(),
+        vec![Err(tonic::Status::invalid_argument("unknown parameter"))],
+    )
+    .await;
+    let err = p.sync_claim(&key()).await.expect_err("blocked");
+    assert!(matches!(err, ClaimError::CleanUpBlocked { .. }), "{err}");
+    assert!(err.to_string().contains("unknown parameter"), "{err}");
+    assert_eq!(
+        objects.get(CLAIM).expect("claim")["metadata"]["finalizers"],
+        json!([super::super::decide::CLAIM_FINALIZER]),
+        "the finalizer stays: the volume may exist"
+    );
 }
 
 #[tokio::test]

@@ -230,6 +230,40 @@ async fn open_creates_an_empty_journal_once() {
     assert_eq!(log.lines(), vec![format!("GET {CM}")]);
     assert_eq!(journal.names(), vec!["pvc-u1".to_string()]);
     assert_eq!(journal.get("pvc-u1"), Some(record("u1")));
+    // What the first left is inherited, once.
+    assert!(journal.take_inherited("pvc-u1"));
+    assert!(!journal.take_inherited("pvc-u1"));
+    assert!(!journal.take_inherited("pvc-u2"));
+}
+
+#[tokio::test]
+async fn record_tells_whether_an_earlier_attempt_stood() {
+    let log = Log::default();
+    let objects = testing::Objects::default();
+    let journal = open(&log, objects.clone()).await;
+    tokio::spawn(journal.clone().run_writer(CancellationToken::new()));
+    let rec = |name: &'static str| journal.record(name, record("a"));
+    assert_eq!(rec("pvc-a").await.expect("a"), Recorded::Fresh);
+    // Not trimmed (the attempt's outcome is unknown): the next one is not
+    // the only one that may have made the volume.
+    assert_eq!(rec("pvc-a").await.expect("a"), Recorded::Carried);
+    // Trimmed (refused, or its PV exists): the next attempt starts afresh,
+    // whether the trim was written yet or not.
+    journal.trim("pvc-a");
+    assert_eq!(rec("pvc-a").await.expect("a"), Recorded::Fresh);
+    assert_eq!(rec("pvc-a").await.expect("a"), Recorded::Carried);
+    journal.trim("pvc-a");
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while objects
+            .get(CM)
+            .is_some_and(|cm| !cm["data"]["pvc-a"].is_null())
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the trim written");
+    assert_eq!(rec("pvc-a").await.expect("a"), Recorded::Fresh);
 }
 
 #[tokio::test]

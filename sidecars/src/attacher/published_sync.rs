@@ -1,4 +1,6 @@
-//! `--reconcile-sync`: attachments the driver no longer has.
+//! The published sync (`--reconcile-sync`, upstream's name for it):
+//! attachments the driver no longer has. (Not a reconcile in the
+//! operator's sense: a periodic comparison with ListVolumes.)
 //!
 //! A VolumeAttachment says `attached: true` from the moment
 //! ControllerPublishVolume succeeded; the storage backend can still lose the
@@ -10,7 +12,7 @@
 //! path then publishes it again (its finalizers are already in place).
 //!
 //! The decision is [`lost_attachments`], a pure function of the caches and
-//! the driver's answer; [`Controller::reconcile_published`] does the I/O.
+//! the driver's answer; [`Controller::sync_published`] does the I/O.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -83,7 +85,7 @@ impl Controller {
     /// Every `--reconcile-sync`: ListVolumes, then re-attach what it lost.
     /// Does nothing (but wait) when the interval is 0 or the driver cannot
     /// say where volumes are published.
-    pub(super) async fn reconcile_loop(self: Arc<Self>, shutdown: CancellationToken) {
+    pub(super) async fn published_sync_loop(self: Arc<Self>, shutdown: CancellationToken) {
         if self.cfg.reconcile_sync.is_zero() || !self.cfg.list_published {
             return shutdown.cancelled().await;
         }
@@ -95,14 +97,14 @@ impl Controller {
                 _ = tick.tick() => {}
                 () = shutdown.cancelled() => return,
             }
-            if let Err(status) = self.reconcile_published().await {
+            if let Err(status) = self.sync_published().await {
                 tracing::warn!(code = ?status.code(), message = %status.message(), "ListVolumes failed; attachments are checked again at the next --reconcile-sync");
             }
         }
     }
 
     /// One pass; the number of attachments marked detached.
-    pub(super) async fn reconcile_published(&self) -> Result<usize, Status> {
+    pub(super) async fn sync_published(&self) -> Result<usize, Status> {
         let published =
             super::csi::list_published(&self.driver, self.cfg.timeout, self.cfg.max_entries)
                 .await?;
