@@ -59,6 +59,8 @@ use csiops_crds::{ControllerKind, RolloutKind, RolloutStatus, RolloutStep, Rollo
 
 use crate::fleet::Fleet;
 
+pub mod observe;
+
 /// What the object asks for, reduced to what the state machine needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Desired {

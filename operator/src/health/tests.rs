@@ -295,38 +295,6 @@ fn workload_counts_and_observations_come_from_the_live_objects() {
         ),
         (2, 1, 2)
     );
-    let c = controller_obs(&sts, "h");
-    assert_eq!(c.hash.as_deref(), Some("abc"));
-    assert_eq!(
-        (
-            c.generation,
-            c.observed_generation,
-            c.spec_replicas,
-            c.partition
-        ),
-        (4, 3, 2, 1)
-    );
-
-    // The surge replica's progress: Ready pods at the update revision.
-    let at = |name: &str, rev: &str, ready: bool| -> PodView {
-        let mut p = pod(
-            name,
-            "controller",
-            "n1",
-            json!({"conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"}}]}),
-        );
-        p.metadata
-            .labels
-            .get_or_insert_with(Default::default)
-            .insert("controller-revision-hash".into(), rev.into());
-        p
-    };
-    let pods = [
-        at("x-controller-0", "x-controller-old", true),
-        at("x-controller-1", "x-controller-new", true),
-        at("x-controller-2", "x-controller-new", false),
-    ];
-    assert_eq!(statefulset_updated_ready(&sts, &pods), 1);
 
     // A StatefulSet scaled to zero for a node roll is not "0/0 ready".
     let mut scaled: StatefulSet = sts.clone();

@@ -6,9 +6,13 @@ use csiops_crds::{CSIDriverDeployment, RolloutKind, RolloutStep, Topology};
 use csiops_runtime::chain;
 use csiops_runtime::error::ellipsize;
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::Resource;
+use kube::{Resource, ResourceExt};
 
-use crate::rollout::Transition;
+use tracing::info;
+
+use super::Context;
+use crate::report;
+use crate::rollout::{self, Plan, Transition};
 
 /// One Event to publish.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -155,6 +159,33 @@ pub async fn publish(recorder: &Recorder, obj: &CSIDriverDeployment, note: &Note
 
 /// Events carry at most 1 KiB of note.
 const NOTE_MAX: usize = 1000;
+
+/// Events (and metrics) for the plan's transitions.
+pub(super) async fn announce<A>(obj: &CSIDriverDeployment, ctx: &Context, plan: &Plan<A>) {
+    for t in &plan.transitions {
+        if let rollout::Transition::StepStarted(step) = t {
+            ctx.metrics.rollout_step(step.as_str());
+        }
+        let note = for_transition(t, &obj.spec.version, obj.spec.topology);
+        info!(object = %obj.name_any(), reason = %note.reason, "{}", note.note);
+        publish(&ctx.recorder, obj, &note).await;
+    }
+    if let Some(why) = &plan.overdue {
+        let already = obj
+            .status
+            .as_ref()
+            .and_then(|s| s.condition(report::DEGRADED))
+            .is_some_and(|c| c.reason == "RolloutStepTimeout" && c.status == "True");
+        if !already {
+            publish(
+                &ctx.recorder,
+                obj,
+                &Note::warning("RolloutStepTimeout", why.clone()),
+            )
+            .await;
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -16,6 +16,7 @@ pub mod conflict;
 pub mod csinodes;
 pub mod error;
 pub mod events;
+mod finalizer;
 mod monitoring;
 pub mod namespaced;
 pub mod nodes;
@@ -29,6 +30,7 @@ pub mod sync;
 mod teardown;
 #[cfg(test)]
 mod tests;
+mod workloads;
 
 use std::sync::Arc;
 use std::time::Duration as StdDuration;
@@ -39,7 +41,7 @@ use csiops_crds::ControllerKind;
 use std::collections::BTreeSet;
 
 use futures::StreamExt;
-use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{Api, Patch, PatchParams};
@@ -51,27 +53,28 @@ use kube::{Client, ResourceExt};
 use serde_json::json;
 use tracing::{info, warn};
 
-use self::apply::{apply, delete_owned, owned_only, Mode, Owner};
+use self::apply::{apply, owned_only, Mode, Owner};
 use self::cluster::ClusterScoped;
 use self::error::Error;
+use self::events::announce;
 use self::events::{publish, Note};
+use self::finalizer::ensure_finalizer;
+pub use self::finalizer::FINALIZER;
 use self::status::{status_after, warn_once, write_problem, write_status, Progress};
 use self::supporting::apply_supporting;
 use self::teardown::teardown;
+use self::workloads::{
+    delete_controller, observe, other_kind, pods_of, workload_apis, LiveController,
+};
 use crate::health::{self, Health, HealthInput};
 use crate::metrics::Metrics;
 use crate::pods::PodView;
 use crate::render::labels::{self, INSTANCE};
 use crate::render::{self, names, ControllerWorkload, RenderConfig, Rendered};
 use crate::report::{self, Problem};
-use crate::rollout::{self, Action, Desired, Observed, Plan};
+use crate::rollout::{self, Action, Desired};
 use csiops_runtime::chain;
 
-/// Finalizer that holds a deleted object until its ordered teardown is done.
-pub const FINALIZER: &str = "csiops.dev/teardown";
-
-/// How often an object is looked at while a rollout runs, besides watch events
-/// (the step deadline must be noticed even if nothing changes).
 const ROLLOUT_REQUEUE: StdDuration = StdDuration::from_secs(10);
 /// Resync of a settled object.
 const IDLE_REQUEUE: StdDuration = StdDuration::from_secs(300);
@@ -519,125 +522,6 @@ async fn drive(
     })
 }
 
-fn workload_apis(ctx: &Context, ns: &str) -> (Api<StatefulSet>, Api<DaemonSet>) {
-    (
-        Api::namespaced(ctx.client.clone(), ns),
-        Api::namespaced(ctx.client.clone(), ns),
-    )
-}
-
-/// This object's pods from the shared cache.
-fn pods_of(ctx: &Context, owner: Owner<'_>) -> Vec<PodView> {
-    ctx.caches.pods_of(owner.namespace, owner.name)
-}
-
-/// The live controller workloads of both kinds (normally at most one exists;
-/// both while `spec.controller.kind` is being switched).
-struct LiveController {
-    statefulset: Option<StatefulSet>,
-    deployment: Option<Deployment>,
-}
-
-impl LiveController {
-    /// Both kinds from the caches, ownership-checked.
-    fn cached(ctx: &Context, obj: &CSIDriverDeployment, owner: Owner<'_>) -> Result<Self, Error> {
-        let name = names::controller_name(obj);
-        let c = &ctx.caches;
-        Ok(Self {
-            statefulset: owned_only(
-                caches::Caches::get(&c.statefulsets, owner.namespace, &name),
-                "StatefulSet",
-                owner,
-            )?,
-            deployment: owned_only(
-                caches::Caches::get(&c.deployments, owner.namespace, &name),
-                "Deployment",
-                owner,
-            )?,
-        })
-    }
-
-    /// The workload of `kind` as (StatefulSet, Deployment), the other `None`.
-    fn current(&self, kind: ControllerKind) -> (Option<&StatefulSet>, Option<&Deployment>) {
-        match kind {
-            ControllerKind::StatefulSet => (self.statefulset.as_ref(), None),
-            ControllerKind::Deployment => (None, self.deployment.as_ref()),
-        }
-    }
-
-    fn obs(&self, kind: ControllerKind) -> Option<rollout::ControllerObs> {
-        match kind {
-            ControllerKind::StatefulSet => self
-                .statefulset
-                .as_ref()
-                .map(|s| health::controller_obs(s, labels::TEMPLATE_HASH)),
-            ControllerKind::Deployment => self
-                .deployment
-                .as_ref()
-                .map(|d| health::deployment_obs(d, labels::TEMPLATE_HASH)),
-        }
-    }
-
-    fn exists(&self, kind: ControllerKind) -> bool {
-        match kind {
-            ControllerKind::StatefulSet => self.statefulset.is_some(),
-            ControllerKind::Deployment => self.deployment.is_some(),
-        }
-    }
-}
-
-fn other_kind(kind: ControllerKind) -> ControllerKind {
-    match kind {
-        ControllerKind::StatefulSet => ControllerKind::Deployment,
-        ControllerKind::Deployment => ControllerKind::StatefulSet,
-    }
-}
-
-/// Deletes the controller workload of `kind`, if it exists and is ours.
-async fn delete_controller(
-    ctx: &Context,
-    obj: &CSIDriverDeployment,
-    owner: Owner<'_>,
-    kind: ControllerKind,
-) -> Result<bool, Error> {
-    let name = names::controller_name(obj);
-    match kind {
-        ControllerKind::StatefulSet => {
-            let api: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), owner.namespace);
-            delete_owned(&api, "StatefulSet", &name, owner, &ctx.caches.owned).await
-        }
-        ControllerKind::Deployment => {
-            let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), owner.namespace);
-            delete_owned(&api, "Deployment", &name, owner, &ctx.caches.owned).await
-        }
-    }
-}
-
-/// What the state machine needs from the live objects.
-fn observe(
-    controller: &LiveController,
-    kind: ControllerKind,
-    ds: Option<&DaemonSet>,
-    health: &Health,
-    pods: &[PodView],
-) -> Observed {
-    let mut live = controller.obs(kind);
-    if let (Some(obs), Some(sts)) = (live.as_mut(), controller.statefulset.as_ref()) {
-        if kind == ControllerKind::StatefulSet {
-            obs.updated_ready = health::statefulset_updated_ready(sts, pods);
-        }
-    }
-    Observed {
-        controller: live,
-        stale_controller: controller.exists(other_kind(kind)),
-        controller_pods: health.controller_pods,
-        node: ds.map(|d| health::node_obs(d, labels::TEMPLATE_HASH)),
-        node_pods: health.node_pods,
-        fleet: health.fleet.clone(),
-        cluster_scoped_remaining: 0,
-    }
-}
-
 /// Degraded when a node has been lost for longer than the step deadline:
 /// the driver serves nothing there. It holds no rollout back.
 fn lost_nodes_problem(
@@ -795,66 +679,4 @@ async fn execute(
         }
     }
     Ok(())
-}
-
-/// Events (and metrics) for the plan's transitions.
-async fn announce<A>(obj: &CSIDriverDeployment, ctx: &Context, plan: &Plan<A>) {
-    for t in &plan.transitions {
-        if let rollout::Transition::StepStarted(step) = t {
-            ctx.metrics.rollout_step(step.as_str());
-        }
-        let note = events::for_transition(t, &obj.spec.version, obj.spec.topology);
-        info!(object = %obj.name_any(), reason = %note.reason, "{}", note.note);
-        publish(&ctx.recorder, obj, &note).await;
-    }
-    if let Some(why) = &plan.overdue {
-        let already = obj
-            .status
-            .as_ref()
-            .and_then(|s| s.condition(report::DEGRADED))
-            .is_some_and(|c| c.reason == "RolloutStepTimeout" && c.status == "True");
-        if !already {
-            publish(
-                &ctx.recorder,
-                obj,
-                &Note::warning("RolloutStepTimeout", why.clone()),
-            )
-            .await;
-        }
-    }
-}
-
-async fn ensure_finalizer(
-    obj: &CSIDriverDeployment,
-    api: &Api<CSIDriverDeployment>,
-) -> Result<(), Error> {
-    if obj.finalizers().iter().any(|f| f == FINALIZER) {
-        return Ok(());
-    }
-    let mut finalizers = obj.finalizers().to_vec();
-    finalizers.push(FINALIZER.to_string());
-    patch_finalizers(obj, api, finalizers).await
-}
-
-/// The resourceVersion makes the merge patch conditional: another writer's
-/// finalizer is never dropped by a stale list.
-async fn patch_finalizers(
-    obj: &CSIDriverDeployment,
-    api: &Api<CSIDriverDeployment>,
-    finalizers: Vec<String>,
-) -> Result<(), Error> {
-    let patch =
-        json!({"metadata": {"finalizers": finalizers, "resourceVersion": obj.resource_version()}});
-    match api
-        .patch(
-            &obj.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
-        Err(e) => Err(Error::Kube(e)),
-    }
 }

@@ -8,17 +8,18 @@ use csiops_crds::CSIDriverDeployment;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::Api;
 use kube::runtime::controller::Action as Requeue;
-use kube::ResourceExt;
 use tracing::info;
 
 use super::apply::{delete_owned, get_owned, Owner};
 use super::cluster::ClusterScoped;
 use super::error::Error;
+use super::events::announce;
+use super::finalizer;
 use super::status::{status_after, write_status, Progress};
-use super::{
-    announce, delete_controller, observe, other_kind, patch_finalizers, pods_of, workload_apis,
-    Context, LiveController, FINALIZER,
+use super::workloads::{
+    delete_controller, observe, other_kind, pods_of, workload_apis, LiveController,
 };
+use super::Context;
 use crate::health::{self, HealthInput};
 use crate::render::{labels, names};
 use crate::report::Problem;
@@ -106,7 +107,7 @@ pub(super) async fn teardown(
             }
             TeardownAction::RemoveFinalizer => {
                 announce(obj, ctx, &plan).await;
-                remove_finalizer(obj, api).await?;
+                finalizer::release(obj, api).await?;
                 info!(object = %owner.name, namespace = %owner.namespace, "teardown complete");
                 return Ok(Requeue::await_change());
             }
@@ -127,17 +128,4 @@ fn ignore_not_owned<K>(e: Error) -> Result<Option<K>, Error> {
         Error::NotOwned { .. } => Ok(None),
         other => Err(other),
     }
-}
-
-async fn remove_finalizer(
-    obj: &CSIDriverDeployment,
-    api: &Api<CSIDriverDeployment>,
-) -> Result<(), Error> {
-    let finalizers: Vec<String> = obj
-        .finalizers()
-        .iter()
-        .filter(|f| *f != FINALIZER)
-        .cloned()
-        .collect();
-    patch_finalizers(obj, api, finalizers).await
 }
