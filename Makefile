@@ -5,7 +5,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 CARGO ?= cargo
 
-.PHONY: all build test unit e2e lint fmt crds manifests cluster-bins node-prereqs images demo toolchain clean-cache bench-attacher
+.PHONY: all build test unit e2e lint fmt crds api-docs manifests cluster-bins node-prereqs images demo toolchain clean-cache bench-attacher
 
 all: build
 
@@ -21,6 +21,10 @@ build: toolchain
 ## Regenerate the checked-in CRD YAML from crds/src.
 crds:
 	$(CARGO) run -q -p csiops-crds --bin crdgen > crds/csidriverdeployments.csiops.dev.yaml
+
+## Regenerate docs/api-reference.md from the same Rust types (a test fails when it is stale).
+api-docs:
+	$(CARGO) run -q -p csiops-crds --bin apidoc > docs/api-reference.md
 
 ## Regenerate manifests/install.yaml and the Helm chart (manifests/helm/csiops)
 ## from operator/src/install.rs and operator/src/helm.rs.

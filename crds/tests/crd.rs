@@ -452,3 +452,16 @@ fn node_local_refuses_the_controller_helpers_and_extra_containers_of_controller_
     let spec: CSIDriverDeploymentSpec = serde_json::from_value(json).expect("extra");
     assert_node_local_refused(spec, "spec.sidecars.extra[1].pod", topology::EXTRA_MESSAGE);
 }
+
+#[test]
+fn api_reference_is_up_to_date() {
+    let generated = csiops_crds::apidoc::api_reference();
+    let path = workspace_file(csiops_crds::apidoc::API_REFERENCE_FILE);
+    let on_disk = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}; run `make api-docs`", path.display()));
+    assert!(
+        on_disk == generated,
+        "{} is out of date with crds/src; run `make api-docs` and commit the result",
+        path.display()
+    );
+}
