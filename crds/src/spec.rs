@@ -228,14 +228,22 @@ pub struct DriverSpec {
     /// Image of the driver, for example `registry.k8s.io/sig-storage/hostpathplugin:v1.17.0`.
     #[schemars(length(min = 1))]
     pub image: String,
+    /// Pull policy of the driver image; unset: Kubernetes' default
+    /// (`IfNotPresent` for a tagged image, `Always` for `:latest`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pull_policy: Option<PullPolicy>,
     /// Arguments of the driver. `$(CSI_ENDPOINT)` and `$(KUBE_NODE_NAME)` are
     /// set by the operator in every driver container.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub args: Vec<String>,
+    /// Environment of the driver container, after `CSI_ENDPOINT` and
+    /// `KUBE_NODE_NAME`, which the operator sets (a variable of the same
+    /// name replaces the operator's).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<EnvVar>,
+    /// Resource requests and limits of the driver container, in controller
+    /// and node pods (`controller.resources` and `node.resources` replace
+    /// them per workload).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
     /// File name of the CSI socket the driver listens on (no slashes).
@@ -368,12 +376,17 @@ pub struct ControllerSpec {
     #[serde(default = "default_replicas")]
     #[schemars(range(min = 0, max = 10))]
     pub replicas: i32,
+    /// Node labels the controller pods must match to be scheduled.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_selector: BTreeMap<String, String>,
+    /// Tolerations of the controller pods.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tolerations: Vec<Toleration>,
+    /// Affinity of the controller pods, e.g. anti-affinity to spread the
+    /// replicas over nodes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub affinity: Option<Affinity>,
+    /// PriorityClass of the controller pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_class_name: Option<String>,
     /// Overrides of the driver container in controller pods.
@@ -407,8 +420,13 @@ impl Default for ControllerSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeSpec {
+    /// Node labels a node must carry to run the driver's node pod. A
+    /// selector no node matches makes the object Degraded
+    /// (`NoMatchingNodes`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_selector: BTreeMap<String, String>,
+    /// Tolerations of the node pods: add the taints of the nodes that must
+    /// run the driver (with `readinessTaint`, the operator adds its own).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tolerations: Vec<Toleration>,
     /// Kubelet root directory on the nodes. Some distributions move it
@@ -428,6 +446,7 @@ pub struct NodeSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = kube::core::Rule::new("type(self) == int ? self >= 1 : self.matches('^(100|[1-9][0-9]?)%$')").message("maxUnavailable must be a count of at least 1 or a percentage from 1% to 100% (for example 10%)"))]
     pub max_unavailable: Option<IntOrString>,
+    /// PriorityClass of the node pods (for example `system-node-critical`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_class_name: Option<String>,
     /// Driver-readiness taint. When true, nodes may carry the taint
@@ -475,14 +494,29 @@ pub struct SidecarsSpec {
     /// the same version as the operator.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// Pull policy of the `csiops-sidecar` containers; unset: Kubernetes'
+    /// default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pull_policy: Option<PullPolicy>,
+    /// The provisioner (`csi-provisioner`): creates and deletes volumes for
+    /// PVCs of the driver's StorageClasses. Runs in the controller pods, or
+    /// with topology `NodeLocal` in every node pod (`--node-deployment`).
     #[serde(default)]
     pub provisioner: SidecarSpec,
+    /// The attacher (`csi-attacher`): ControllerPublish/Unpublish for
+    /// VolumeAttachments. Runs in the controller pods, only when
+    /// `csiDriver.attachRequired` is true.
     #[serde(default)]
     pub attacher: SidecarSpec,
+    /// The node registrar (`node-driver-registrar`): registers the driver
+    /// with kubelet on every node and keeps the node's CSINode entry.
+    /// Without it the driver is never registered and `readinessTaint`
+    /// cannot be used.
     #[serde(default)]
     pub registrar: SidecarSpec,
+    /// The liveness probe (`liveness-probe`): `/healthz` calls the driver's
+    /// Probe; the driver container's liveness probe uses it. In controller
+    /// and node pods.
     #[serde(default)]
     pub liveness_probe: SidecarSpec,
     /// Upstream `csi-resizer` in controller pods: expands volumes
@@ -512,15 +546,17 @@ pub struct SidecarsSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HelperSpec {
+    /// Run this helper in the controller pods.
     #[serde(default)]
     pub enabled: bool,
     /// Image of the helper. Default: the upstream
     /// `registry.k8s.io/sig-storage` image at the tag this operator version
-    /// pins (see the README); left unset, an operator upgrade moves to its
-    /// newer pin.
+    /// pins (see docs/writing-a-deployment.md); left unset, an operator
+    /// upgrade moves to its newer pin.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1))]
     pub image: Option<String>,
+    /// Pull policy of the helper's image; unset: Kubernetes' default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pull_policy: Option<PullPolicy>,
     /// Extra flags, appended after the operator's. Flags the operator manages
@@ -528,8 +564,10 @@ pub struct HelperSpec {
     /// `--http-endpoint`, `--metrics-address`, `--v`) are refused.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub extra_args: Vec<String>,
+    /// Environment of the helper container.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<EnvVar>,
+    /// Resource requests and limits of the helper container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
     /// Mounts after `socket-dir`; each names a volume of the controller pods.
@@ -558,17 +596,22 @@ pub struct ExtraContainer {
     /// `Controller` (default) or `Node`.
     #[serde(default)]
     pub pod: ExtraContainerPod,
+    /// Image of the container.
     #[schemars(length(min = 1))]
     pub image: String,
+    /// Pull policy of the image; unset: Kubernetes' default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pull_policy: Option<PullPolicy>,
     /// Replaces the image's entrypoint.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub command: Vec<String>,
+    /// Arguments of the container, as written.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub args: Vec<String>,
+    /// Environment of the container, as written (the operator sets none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<EnvVar>,
+    /// Resource requests and limits of the container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
     /// Mounts after `socket-dir` at `/csi`; each names a volume of the pods
@@ -585,14 +628,18 @@ pub struct ExtraContainer {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SidecarSpec {
+    /// Run this sidecar.
     #[serde(default = "default_true")]
     pub enabled: bool,
     /// Extra flags, appended after the operator's. Flags the operator manages
     /// (`--csi-address`, `--kubelet-registration-path`, …) are refused.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub extra_args: Vec<String>,
+    /// Environment of the sidecar container, after the variables the
+    /// operator sets (a variable of the same name replaces the operator's).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<EnvVar>,
+    /// Resource requests and limits of the sidecar container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
     /// Mounts after `socket-dir` (and, in the registrar, `registration-dir`);
@@ -727,19 +774,33 @@ impl VolumeBindingMode {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct StorageClassSpec {
+    /// Name of the StorageClass (cluster-scoped; its provisioner is
+    /// `driverName`).
     #[schemars(
         length(min = 1, max = 253),
         pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
     )]
     pub name: String,
+    /// Parameters passed to the driver's CreateVolume; the
+    /// `csi.storage.k8s.io/` keys (secrets, fstype) are read by the
+    /// provisioner and not passed on. A change re-creates the class
+    /// (parameters are immutable); existing volumes are not affected.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub parameters: BTreeMap<String, String>,
+    /// What happens to a volume when its claim is deleted: `Delete`
+    /// (DeleteVolume) or `Retain`.
     #[serde(default)]
     pub reclaim_policy: ReclaimPolicy,
+    /// `Immediate`: provisioned when the claim is created.
+    /// `WaitForFirstConsumer`: once a pod using it is scheduled, with that
+    /// node's topology (needed by node-local drivers).
     #[serde(default)]
     pub volume_binding_mode: VolumeBindingMode,
+    /// Whether claims of this class may be expanded (needs the `resizer`
+    /// helper and a driver that can expand).
     #[serde(default)]
     pub allow_volume_expansion: bool,
+    /// Mount options of the volumes of this class.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mount_options: Vec<String>,
     /// Marks the class as the cluster default.
@@ -876,11 +937,13 @@ pub struct PodMonitorSpec {
 /// One key of a Secret in the object's namespace.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 pub struct SecretKeyRef {
+    /// Name of the Secret.
     #[schemars(
         length(min = 1, max = 253),
         pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
     )]
     pub name: String,
+    /// Key in the Secret's data.
     #[schemars(length(min = 1, max = 253), pattern(r"^[-._a-zA-Z0-9]+$"))]
     pub key: String,
 }

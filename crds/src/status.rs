@@ -94,7 +94,10 @@ impl std::fmt::Display for RolloutStep {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RolloutStatus {
+    /// What the rollout does: `Install`, `Upgrade` (a node-side change),
+    /// `ControllerUpdate` or `Delete`.
     pub kind: RolloutKind,
+    /// The step it is at; kept here so a restarted operator resumes it.
     pub step: RolloutStep,
     /// When the rollout started (RFC 3339).
     pub started_at: String,
@@ -117,10 +120,15 @@ pub struct Condition {
     pub type_: String,
     /// `True`, `False` or `Unknown`.
     pub status: String,
+    /// CamelCase reason, e.g. `AllReady`, `RolloutInProgress`,
+    /// `RenderFailed`.
     pub reason: String,
+    /// What the reason means for this object, in words.
     pub message: String,
+    /// The `metadata.generation` the condition was computed for.
     #[serde(default)]
     pub observed_generation: i64,
+    /// When `status` last changed (RFC 3339).
     pub last_transition_time: String,
 }
 
@@ -128,8 +136,12 @@ pub struct Condition {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ControllerCounts {
+    /// Replicas asked for (`spec.controller.replicas`), one more while a
+    /// surge replica runs.
     pub desired: i32,
+    /// Controller replicas that are Ready.
     pub ready: i32,
+    /// Controller replicas at the current template.
     pub updated: i32,
 }
 
@@ -139,9 +151,13 @@ pub struct ControllerCounts {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeCounts {
+    /// Nodes that should run the driver, lost ones included.
     pub desired: i32,
+    /// Healthy nodes whose node pod is Ready.
     pub ready: i32,
+    /// Healthy nodes whose node pod runs the current template.
     pub updated: i32,
+    /// Healthy nodes whose node pod runs the current template and is Ready.
     pub available: i32,
     /// Nodes that should run the driver but are lost (see `lostNodes`).
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -153,6 +169,7 @@ pub struct NodeCounts {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LostNode {
+    /// Name of the Node.
     pub name: String,
     /// `NotReady`, `Unreachable` (its kubelet stopped reporting), `Cordoned`
     /// (unschedulable, and its node pod is not up) or `Deleted` (the Node
@@ -161,7 +178,7 @@ pub struct LostNode {
     /// Since when (RFC 3339), when known: the Node's Ready transition.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub since: Option<String>,
-    /// The node pod on it, if any, and what keeps it from working.
+    /// Name of the node pod on it, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<String>,
     /// Whether its node pod runs the current template (`false`: it gets
@@ -177,8 +194,12 @@ pub const MAX_LOST_NODES_LISTED: usize = 20;
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Summary {
+    /// `ready/desired` controller replicas (CONTROLLER column); `-` for a
+    /// `NodeLocal` driver, which has no controller.
     pub controller: String,
+    /// `ready/desired` node pods (NODES column).
     pub nodes: String,
+    /// `registered/desired` nodes (REGISTERED column).
     pub registered: String,
 }
 
@@ -186,11 +207,15 @@ pub struct Summary {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct UnhealthyPod {
+    /// Name of the pod.
     pub name: String,
+    /// Node it runs on, if scheduled.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
     /// `CrashLoopBackOff`, `ImagePullBackOff`, `NotRegistered`, `Unschedulable`, …
     pub reason: String,
+    /// kubelet's or the scheduler's message, or what to check (for
+    /// `NotRegistered` and `FailedMount`: `spec.node.kubeletDir`).
     pub message: String,
 }
 
@@ -198,13 +223,19 @@ pub struct UnhealthyPod {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CSIDriverDeploymentStatus {
+    /// `Pending`, `Deploying`, `Upgrading`, `Running`, `Degraded` or
+    /// `Deleting` (the PHASE column).
     #[serde(default)]
     pub phase: Phase,
     /// One-line explanation of the phase.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
+    /// `Available` (the driver serves: `kubectl wait
+    /// --for=condition=Available`), `Progressing` (a rollout runs) and
+    /// `Degraded` (something needs attention; its reason says what).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// The `metadata.generation` this status describes.
     #[serde(default)]
     pub observed_generation: i64,
     /// Version fully rolled out.
@@ -216,11 +247,15 @@ pub struct CSIDriverDeploymentStatus {
     /// The rollout in progress, absent when none is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<RolloutStatus>,
+    /// Controller replicas: desired, ready, updated.
     #[serde(default)]
     pub controller: ControllerCounts,
+    /// The node side, counted per node: desired, ready, updated,
+    /// available, lost.
     #[serde(default)]
     pub node: NodeCounts,
-    /// Nodes whose CSINode lists this driver.
+    /// Healthy nodes running a node pod whose CSINode lists this driver
+    /// (never more than `node.desired`).
     #[serde(default)]
     pub registered_nodes: i32,
     /// Nodes still carrying this driver's readiness taint
@@ -228,8 +263,11 @@ pub struct CSIDriverDeploymentStatus {
     /// `spec.node.readinessTaint`); absent when none does.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub tainted_nodes: i32,
+    /// The counts as `kubectl get csidd` prints them.
     #[serde(default)]
     pub summary: Summary,
+    /// Pods of this driver that are not healthy, with the reason (pods on
+    /// lost nodes are in `lostNodes` instead).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unhealthy_pods: Vec<UnhealthyPod>,
     /// Nodes that should run the driver but are lost, sorted by name; at
