@@ -36,7 +36,7 @@ const ALLOWED: &str = "prometheus";
 const STRANGER: &str = "stranger";
 
 /// The scrapers and the RBAC a storage admin writes for the allowed one
-/// (the README's example).
+/// (docs/metrics.md's example).
 fn scrapers_yaml() -> String {
     format!(
         r#"apiVersion: v1

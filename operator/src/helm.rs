@@ -66,7 +66,7 @@ pub fn chart() -> Result<Vec<ChartFile>, HelmError> {
         },
         ChartFile {
             // Helm installs crds/ before the templates and never upgrades or
-            // deletes them (see the README).
+            // deletes them (see docs/install.md).
             path: "crds/csidriverdeployments.csiops.dev.yaml",
             content: serde_yaml::to_string(&csiops_crds::crd())?,
         },
@@ -173,7 +173,7 @@ fn values_yaml(d: &k8s_openapi::api::apps::v1::Deployment) -> Result<String, Hel
          \x20 name: \"\"\n\
          \x20 # Default: the release's namespace.\n\
          \x20 namespace: \"\"\n\
-         \x20 # The CSIDriverDeployment's spec (see the README's API section).\n\
+         \x20 # The CSIDriverDeployment's spec (see docs/api-reference.md).\n\
          \x20 spec: {}\n",
     );
     Ok(out)

@@ -48,7 +48,7 @@ pub fn start(parsed: &Parsed) -> Result<(), ExitCode> {
     }
     if !parsed.ignored.is_empty() {
         tracing::warn!(
-            "accepted for compatibility with upstream and ignored (see README, \"Upstream flags\"): {}",
+            "accepted for compatibility with upstream and ignored (see docs/sidecars.md, \"Upstream flags\"): {}",
             parsed.ignored.join(" ")
         );
     }

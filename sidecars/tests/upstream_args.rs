@@ -262,15 +262,15 @@ fn version_prints_and_exits_zero_in_every_form() {
 }
 
 #[test]
-fn ignored_flags_are_listed_in_the_readme() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
-        .expect("README");
+fn ignored_flags_are_listed_in_the_sidecar_docs() {
+    let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/sidecars.md"))
+        .expect("docs/sidecars.md");
     for (role, flags, _) in roles() {
         for (name, _, ignored) in flags {
             if ignored == Yes {
                 assert!(
-                    readme.contains(&format!("`--{name}`")),
-                    "{role}: --{name} is ignored but not in the README"
+                    docs.contains(&format!("`--{name}`")),
+                    "{role}: --{name} is ignored but not in docs/sidecars.md"
                 );
             }
         }
@@ -517,7 +517,7 @@ fn manifests() -> Vec<Manifest> {
 #[test]
 fn the_argument_sets_of_real_manifests_parse_and_start() {
     let sets = manifests();
-    // The README counts them: an entry dropped by mistake shows here.
+    // docs/sidecars.md counts them: an entry dropped by mistake shows here.
     assert_eq!(sets.len(), 19, "{} sets", sets.len());
     for m in sets {
         let mut argv: Vec<OsString> = vec!["csiops-sidecar".into()];
