@@ -6,7 +6,9 @@
 //! operator with `csiDriver.nodeAllocatableUpdatePeriodSeconds: 10` and
 //! reads its `max_volumes_per_node` from a file on the host at every
 //! NodeGetInfo; its registrar re-asks NodeGetInfo every 2 s, five times as
-//! often as kubelet. The limit is changed live (5 → 9 → 3), and:
+//! often as kubelet. The limit is changed live (5 → 9 → 3, and on until the
+//! registrar has asked NodeGetInfo between a change and kubelet's write of
+//! it at least once), and:
 //!
 //! - kubelet updates the count (within four periods), and the count sticks:
 //!   no write of the CSINode at all while the registrar asks NodeGetInfo ten
@@ -209,16 +211,36 @@ async fn kubelet_keeps_the_allocatable_count_and_the_registrar_never_writes_it()
         .and_then(|s| s.pod_ip)
         .expect("the node pod's IP");
 
-    // --- The driver's limit changes while it runs: up, then down. -----------
-    for (from, to) in [(5, 9), (9, 3)] {
+    // --- The driver's limit changes while it runs: up, then down, and on ----
+    // until the registrar has asked NodeGetInfo at least once between a change
+    // and kubelet's write of it (the driver then says another count than the
+    // CSINode: the moment a second writer would write). kubelet's ticks are
+    // not ours to time, so that window is 0–10 s long.
+    let limits = [5, 9, 3, 7, 4, 8, 2];
+    let mut raced = 0;
+    for (step, pair) in limits.windows(2).enumerate() {
+        let (from, to) = (pair[0], pair[1]);
+        if step >= 2 && raced > 0 {
+            break;
+        }
         let calls_before = registrar_node_get_info_calls(&pod_ip)
             .await
             .expect("the registrar's metrics");
         let writes_before = history.lock().map(|h| h.len()).unwrap_or_default();
         let t0 = Instant::now();
         set_limit(to);
+        // The registrar's calls seen while the CSINode still had the old count.
+        let window_calls = Mutex::new(calls_before);
         let updated = wait_for(PERIOD * 4, Duration::from_millis(100), || async {
-            latest().filter(|s| s.count == Some(to))
+            if let Some(s) = latest().filter(|s| s.count == Some(to)) {
+                return Some(s);
+            }
+            if let Some(calls) = registrar_node_get_info_calls(&pod_ip).await {
+                if let Ok(mut w) = window_calls.lock() {
+                    *w = calls;
+                }
+            }
+            None
         })
         .await
         .unwrap_or_else(|_| {
@@ -233,10 +255,11 @@ async fn kubelet_keeps_the_allocatable_count_and_the_registrar_never_writes_it()
         let calls_at_update = registrar_node_get_info_calls(&pod_ip)
             .await
             .expect("the registrar's metrics");
+        let in_window = window_calls.lock().map(|w| *w).unwrap_or(calls_before) - calls_before;
         eprintln!(
-            "allocatable.count {from} -> {to}: written by kubelet {took:?} after the driver changed; the registrar had asked NodeGetInfo {} times meanwhile",
-            calls_at_update - calls_before
+            "allocatable.count {from} -> {to}: written by kubelet {took:?} after the driver changed; the registrar had asked NodeGetInfo {in_window} times meanwhile"
         );
+        raced += in_window;
 
         // It sticks: while the registrar asks NodeGetInfo ten more times
         // (about 20 s, two kubelet periods), nobody writes the CSINode.
@@ -289,6 +312,11 @@ async fn kubelet_keeps_the_allocatable_count_and_the_registrar_never_writes_it()
         );
     }
     watch.abort();
+    assert!(
+        raced > 0,
+        "in {} changes the registrar never asked NodeGetInfo before kubelet wrote the new count",
+        limits.len() - 1
+    );
 
     let log = testkit::kubectl_text(
         &cluster,
