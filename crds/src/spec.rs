@@ -698,8 +698,10 @@ impl VolumeLifecycleMode {
     }
 }
 
-/// The cluster's `CSIDriver` object for this driver.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+/// The cluster's `CSIDriver` object for this driver. Each field is the
+/// `CSIDriver.spec` field of the same name (Kubernetes 1.34 API), with the
+/// API server's own limits written into the schema.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CsiDriverObjectSpec {
     /// Whether volumes need ControllerPublish (attach). When false the
@@ -720,6 +722,25 @@ pub struct CsiDriverObjectSpec {
     pub requires_republish: bool,
     #[serde(default)]
     pub se_linux_mount: bool,
+    /// Service account tokens kubelet requests for the pod whose volume it
+    /// mounts and passes to NodePublishVolume (volume context key
+    /// `csi.storage.k8s.io/serviceAccount.tokens`). Audiences must differ
+    /// (at most one empty: the API server's audiences); the list is keyed
+    /// by audience, so the API server refuses a duplicate. Pair it with
+    /// `requiresRepublish: true` for a fresh token before expiry.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["audience"]))]
+    pub token_requests: Vec<TokenRequestSpec>,
+    /// KEP-4876: kubelet re-asks the driver's NodeGetInfo this often (and
+    /// after an attach fails for lack of room) and updates the node's
+    /// CSINode `allocatable.count`. At least 10 seconds. Needs the
+    /// `MutableCSINodeAllocatableCount` feature gate on kube-apiserver and
+    /// kubelet (beta and off by default in Kubernetes 1.34); where the API
+    /// server has it off, it does not store the field, and the operator
+    /// says so with a Warning Event.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 10))]
+    pub node_allocatable_update_period_seconds: Option<i64>,
 }
 
 impl Default for CsiDriverObjectSpec {
@@ -732,8 +753,23 @@ impl Default for CsiDriverObjectSpec {
             storage_capacity: false,
             requires_republish: false,
             se_linux_mount: false,
+            token_requests: Vec::new(),
+            node_allocatable_update_period_seconds: None,
         }
     }
+}
+
+/// `CSIDriver.spec.tokenRequests` entry.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TokenRequestSpec {
+    /// The token's audience; empty: the API server's own audiences.
+    pub audience: String,
+    /// How long the token is valid: 10 minutes to 2^32 seconds, as the API
+    /// server allows. Unset: the TokenRequest API's default (1 hour).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 600, max = 4_294_967_296_i64))]
+    pub expiration_seconds: Option<i64>,
 }
 
 /// `StorageClass.reclaimPolicy`.

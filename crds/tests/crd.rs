@@ -465,3 +465,55 @@ fn api_reference_is_up_to_date() {
         path.display()
     );
 }
+
+/// `csiDriver.tokenRequests` and `nodeAllocatableUpdatePeriodSeconds` carry
+/// the API server's own limits (Kubernetes 1.34 `validateTokenRequests`,
+/// `validateNodeAllocatableUpdatePeriodSeconds`), so `kubectl apply` refuses
+/// what the CSIDriver could not take, and round-trip through the types.
+#[test]
+fn csidriver_token_requests_and_allocatable_period_carry_the_api_limits() {
+    let s = schema_json();
+    let csi = &s["openAPIV3Schema"]["properties"]["spec"]["properties"]["csiDriver"]["properties"];
+    let period = &csi["nodeAllocatableUpdatePeriodSeconds"];
+    assert_eq!(period["minimum"], 10.0, "{period}");
+    assert_eq!(period["type"], "integer");
+    let tokens = &csi["tokenRequests"];
+    // Keyed by audience: the API server refuses a duplicate audience.
+    assert_eq!(tokens["x-kubernetes-list-type"], "map", "{tokens}");
+    assert_eq!(
+        tokens["x-kubernetes-list-map-keys"],
+        serde_json::json!(["audience"])
+    );
+    assert_eq!(tokens["items"]["required"], serde_json::json!(["audience"]));
+    let expiry = &tokens["items"]["properties"]["expirationSeconds"];
+    assert_eq!(expiry["minimum"], 600.0, "{expiry}");
+    assert_eq!(expiry["maximum"], 4_294_967_296.0, "{expiry}");
+
+    let spec: CSIDriverDeploymentSpec = serde_json::from_value(serde_json::json!({
+        "driverName": "hostpath.csi.k8s.io",
+        "version": "v1",
+        "driver": {"image": "x"},
+        "csiDriver": {
+            "tokenRequests": [{"audience": "vault", "expirationSeconds": 3600}, {"audience": ""}],
+            "nodeAllocatableUpdatePeriodSeconds": 30
+        }
+    }))
+    .expect("parses");
+    assert_eq!(spec.csi_driver.token_requests.len(), 2);
+    assert_eq!(spec.csi_driver.token_requests[1].expiration_seconds, None);
+    assert_eq!(
+        spec.csi_driver.node_allocatable_update_period_seconds,
+        Some(30)
+    );
+    let back = serde_json::to_value(&spec.csi_driver).expect("serializes");
+    assert_eq!(
+        back["tokenRequests"][1],
+        serde_json::json!({"audience": ""})
+    );
+    // Unset: left out, as the CSIDriver field is.
+    let unset = serde_json::to_value(&base_spec().csi_driver).expect("serializes");
+    assert!(
+        unset.get("tokenRequests").is_none()
+            && unset.get("nodeAllocatableUpdatePeriodSeconds").is_none()
+    );
+}

@@ -46,7 +46,18 @@ pub struct ClusterOptions {
     /// Taints the real node registers with (kubelet's
     /// `--register-with-taints`, `key[=value]:Effect`).
     pub real_node_taints: Vec<String>,
+    /// Feature gates set on kube-apiserver and the real node's kubelet
+    /// (`--feature-gates`, KubeletConfiguration `featureGates`), e.g.
+    /// [`ALLOCATABLE_COUNT_GATE`]. Empty: the pinned release's defaults, as
+    /// on a stock cluster.
+    pub feature_gates: Vec<(&'static str, bool)>,
 }
+
+/// KEP-4876's gate, beta and off by default in Kubernetes 1.34: with it,
+/// kube-apiserver stores `CSIDriver.spec.nodeAllocatableUpdatePeriodSeconds`
+/// and lets `CSINode` `allocatable.count` change, and kubelet updates the
+/// count from NodeGetInfo.
+pub const ALLOCATABLE_COUNT_GATE: (&str, bool) = ("MutableCSINodeAllocatableCount", true);
 
 impl Default for ClusterOptions {
     fn default() -> Self {
@@ -54,6 +65,7 @@ impl Default for ClusterOptions {
             nodes: 3,
             real_node: false,
             real_node_taints: Vec::new(),
+            feature_gates: Vec::new(),
         }
     }
 }
@@ -166,7 +178,7 @@ impl Cluster {
         .await?;
         let (etcd, apiserver, kcm, scheduler) = (
             components::etcd(&w),
-            components::kube_apiserver(&w),
+            components::kube_apiserver(&w, &opts.feature_gates),
             components::kube_controller_manager(&w),
             components::kube_scheduler(&w),
         );
@@ -263,9 +275,7 @@ impl Cluster {
             .await?;
 
         if let (Some(net), Some(images)) = (net, images) {
-            cluster
-                .start_real_node(net, images, opts.real_node_taints.clone(), deadline)
-                .await?;
+            cluster.start_real_node(net, images, opts, deadline).await?;
         }
 
         cluster.started_in = t0.elapsed();
@@ -282,7 +292,7 @@ impl Cluster {
         &mut self,
         net: HostNetwork,
         images: ImageSet,
-        taints: Vec<String>,
+        opts: &ClusterOptions,
         deadline: Instant,
     ) -> Result<()> {
         let (root, bin_dir, kubeconfig, logs) = (
@@ -291,8 +301,18 @@ impl Cluster {
             self.kubeconfig.clone(),
             self.logs.clone(),
         );
+        let (taints, gates) = (opts.real_node_taints.clone(), opts.feature_gates.clone());
         let node = blocking("starting the real node", move || {
-            RealNode::start(net, &root, &bin_dir, &kubeconfig, &logs, images, taints)
+            RealNode::start(
+                net,
+                &root,
+                &bin_dir,
+                &kubeconfig,
+                &logs,
+                images,
+                taints,
+                gates,
+            )
         })
         .await?;
         self.real = Some(node);

@@ -32,7 +32,15 @@ pub(crate) fn etcd(w: &WorkDir) -> Vec<String> {
     ]
 }
 
-pub(crate) fn kube_apiserver(w: &WorkDir) -> Vec<String> {
+/// `--feature-gates=A=true,B=false`, or nothing for no gates.
+pub(crate) fn feature_gates_flag(gates: &[(&str, bool)]) -> Option<String> {
+    (!gates.is_empty()).then(|| {
+        let list: Vec<String> = gates.iter().map(|(g, on)| format!("{g}={on}")).collect();
+        format!("--feature-gates={}", list.join(","))
+    })
+}
+
+pub(crate) fn kube_apiserver(w: &WorkDir, feature_gates: &[(&str, bool)]) -> Vec<String> {
     let pki = &w.pki;
     let mut args = vec![
         format!("--etcd-servers={}", etcd_url(w)),
@@ -55,6 +63,7 @@ pub(crate) fn kube_apiserver(w: &WorkDir) -> Vec<String> {
         format!("--cert-dir={}", p(&w.serving_certs.join("kube-apiserver"))),
         "--profiling=false".into(),
     ];
+    args.extend(feature_gates_flag(feature_gates));
     if w.host.is_loopback() {
         // The `kubernetes` Endpoints would point at 127.0.0.1, which
         // Endpoints validation rejects (loopback); no pod runs for real.
@@ -116,7 +125,7 @@ mod tests {
         let root = w.root.display().to_string();
         for args in [
             etcd(&w),
-            kube_apiserver(&w),
+            kube_apiserver(&w, &[]),
             kube_controller_manager(&w),
             kube_scheduler(&w),
         ] {
@@ -139,5 +148,23 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn feature_gates_reach_the_apiserver_only_when_asked_for() {
+        let w = WorkDir::create(std::net::Ipv4Addr::LOCALHOST).unwrap();
+        assert!(!kube_apiserver(&w, &[])
+            .iter()
+            .any(|a| a.starts_with("--feature-gates")));
+        let args = kube_apiserver(
+            &w,
+            &[("MutableCSINodeAllocatableCount", true), ("X", false)],
+        );
+        assert!(
+            args.contains(
+                &"--feature-gates=MutableCSINodeAllocatableCount=true,X=false".to_string()
+            ),
+            "{args:?}"
+        );
     }
 }

@@ -23,7 +23,7 @@ pub const DRIVER: &str = "hostpath.csiops.dev";
 /// The StorageClass the CSIDriverDeployment creates.
 pub const STORAGE_CLASS: &str = "csiops-hostpath";
 /// Where the host's data dir appears in the driver containers.
-const DATA_MOUNT: &str = "/csi-data";
+pub const DATA_MOUNT: &str = "/csi-data";
 
 /// Applies `manifests/install.yaml` unmodified and waits until the
 /// operator's Deployment is ready.

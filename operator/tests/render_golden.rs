@@ -143,6 +143,11 @@ spec:
     attachRequired: true
     fsGroupPolicy: ReadWriteOnceWithFSType
     storageCapacity: true
+    requiresRepublish: true
+    tokenRequests:
+      - {audience: vault.example.com, expirationSeconds: 3600}
+      - {audience: ""}
+    nodeAllocatableUpdatePeriodSeconds: 60
   storageClasses:
     - name: block-fast
       isDefault: true
@@ -977,6 +982,39 @@ fn hash_follows_the_driver_image_not_storage_classes() {
     assert_eq!(r.controller_hash, base.controller_hash);
     assert_eq!(r.node_hash, base.node_hash);
     assert_eq!(r.storage_classes.len(), 2);
+}
+
+/// `csiDriver.tokenRequests` and `nodeAllocatableUpdatePeriodSeconds` reach
+/// the CSIDriver as written, are left out when unset, and change no pod
+/// (the CSIDriver is read by kubelet, not by the driver's pods).
+#[test]
+fn token_requests_and_the_allocatable_period_reach_only_the_csidriver() {
+    let base = must_render(&central());
+    assert_eq!(base.csi_driver.spec.token_requests, None);
+    assert_eq!(
+        base.csi_driver.spec.node_allocatable_update_period_seconds,
+        None
+    );
+    let r = must_render(&custom());
+    let tokens = r.csi_driver.spec.token_requests.clone().expect("tokens");
+    let pairs: Vec<(&str, Option<i64>)> = tokens
+        .iter()
+        .map(|t| (t.audience.as_str(), t.expiration_seconds))
+        .collect();
+    assert_eq!(pairs, [("vault.example.com", Some(3600)), ("", None)]);
+    assert_eq!(
+        r.csi_driver.spec.node_allocatable_update_period_seconds,
+        Some(60)
+    );
+    assert_eq!(r.csi_driver.spec.requires_republish, Some(true));
+
+    let mut obj = central();
+    obj.spec.csi_driver.node_allocatable_update_period_seconds = Some(10);
+    obj.spec.csi_driver.token_requests = custom().spec.csi_driver.token_requests;
+    let changed = must_render(&obj);
+    assert_ne!(changed.csi_driver, base.csi_driver);
+    assert_eq!(changed.controller_hash, base.controller_hash);
+    assert_eq!(changed.node_hash, base.node_hash);
 }
 
 #[test]

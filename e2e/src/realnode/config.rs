@@ -182,7 +182,21 @@ pub fn cni_conflist(l: &Layout) -> String {
 /// oomScoreAdj 0) and every listener on the bridge address or loopback.
 /// The apiserver reaches kubelet (logs, exec) anonymously: a throwaway node
 /// on a private bridge.
-pub fn kubelet_yaml(l: &Layout, healthz_port: u16, kubelet_port: u16) -> String {
+pub fn kubelet_yaml(
+    l: &Layout,
+    healthz_port: u16,
+    kubelet_port: u16,
+    feature_gates: &[(&str, bool)],
+) -> String {
+    let gates: String = if feature_gates.is_empty() {
+        String::new()
+    } else {
+        let each: String = feature_gates
+            .iter()
+            .map(|(g, on)| format!("\n  {g}: {on}"))
+            .collect();
+        format!("featureGates:{each}\n")
+    };
     format!(
         r#"apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -216,7 +230,7 @@ evictionHard:
   imagefs.available: "1%"
 syncFrequency: 10s
 fileCheckFrequency: 5s
-"#,
+{gates}"#,
         host = HOST_IP,
         socket = d(&l.containerd_socket()),
         pod_logs = d(&l.pod_logs()),
@@ -304,7 +318,13 @@ mod tests {
     #[test]
     fn kubelet_has_the_settings_this_vm_needs() {
         let l = layout();
-        let y = kubelet_yaml(&l, 1, 2);
+        let y = kubelet_yaml(&l, 1, 2, &[]);
+        assert!(!y.contains("featureGates"), "{y}");
+        let gated = kubelet_yaml(&l, 1, 2, &[("MutableCSINodeAllocatableCount", true)]);
+        assert!(
+            gated.ends_with("featureGates:\n  MutableCSINodeAllocatableCount: true\n"),
+            "{gated}"
+        );
         for want in [
             "cgroupDriver: cgroupfs",
             "failSwapOn: false",

@@ -82,8 +82,10 @@ pub struct RealNode {
 }
 
 impl RealNode {
-    /// Starts containerd, imports `images`, starts kubelet and kube-proxy.
-    /// The caller waits for the Node to become Ready.
+    /// Starts containerd, imports `images`, starts kubelet (registering
+    /// with `taints`, with `feature_gates` set) and kube-proxy. The caller
+    /// waits for the Node to become Ready.
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         net: HostNetwork,
         root: &Path,
@@ -92,6 +94,7 @@ impl RealNode {
         logs: &Path,
         images: ImageSet,
         taints: Vec<String>,
+        feature_gates: Vec<(&'static str, bool)>,
     ) -> Result<RealNode> {
         let layout = Layout::new(root);
         for d in layout.dirs() {
@@ -114,7 +117,7 @@ impl RealNode {
         let p = crate::ports::free_ports(4)?;
         write(
             &layout.kubelet_config(),
-            &config::kubelet_yaml(&layout, p[0], p[1]),
+            &config::kubelet_yaml(&layout, p[0], p[1], &feature_gates),
         )?;
 
         let mut node = RealNode {

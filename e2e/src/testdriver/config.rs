@@ -97,6 +97,12 @@ pub struct Config {
     #[arg(long, default_value_t = 0)]
     pub max_volumes_per_node: i64,
 
+    /// A file holding `max_volumes_per_node` (a decimal count), read at
+    /// every NodeGetInfo and ControllerPublishVolume: tests change the
+    /// limit while the driver runs. Absent file: `--max-volumes-per-node`.
+    #[arg(long)]
+    pub max_volumes_per_node_file: Option<PathBuf>,
+
     /// Topology key of NodeGetInfo: `{<key>: <nodeid>}`.
     #[arg(long, default_value = DEFAULT_TOPOLOGY_KEY)]
     pub topology_key: String,
@@ -149,6 +155,7 @@ impl Config {
             node_local: false,
             ignore_accessibility_requirements: false,
             max_volumes_per_node: 0,
+            max_volumes_per_node_file: None,
             topology_key: DEFAULT_TOPOLOGY_KEY.to_owned(),
             enable_attach: false,
             capacity: DEFAULT_CAPACITY,

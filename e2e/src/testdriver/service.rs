@@ -57,6 +57,8 @@ pub struct Driver {
     pub node_id: String,
     pub topology_key: String,
     pub max_volumes_per_node: i64,
+    /// `--max-volumes-per-node-file`: read at every use (see [`Driver::max_volumes`]).
+    max_volumes_per_node_file: Option<PathBuf>,
     pub capacity: i64,
     pub enable_attach: bool,
     store: StateStore,
@@ -135,6 +137,7 @@ impl Driver {
             node_id,
             topology_key: cfg.topology_key.clone(),
             max_volumes_per_node: cfg.max_volumes_per_node,
+            max_volumes_per_node_file: cfg.max_volumes_per_node_file.clone(),
             capacity: cfg.capacity,
             enable_attach: cfg.enable_attach,
             store,
@@ -148,6 +151,31 @@ impl Driver {
             delay_after: cfg.delay_after.clone(),
             failure_numbers: cfg.numbered_failures.then(|| AtomicU64::new(0)),
         })
+    }
+
+    /// The limit of volumes per node now: the count in
+    /// `--max-volumes-per-node-file` if that file exists, else
+    /// `--max-volumes-per-node` (0: none).
+    pub fn max_volumes(&self) -> Result<i64, Status> {
+        let Some(path) = &self.max_volumes_per_node_file else {
+            return Ok(self.max_volumes_per_node);
+        };
+        match std::fs::read_to_string(path) {
+            Ok(text) => text
+                .trim()
+                .parse::<i64>()
+                .ok()
+                .filter(|n| *n >= 0)
+                .ok_or_else(|| {
+                    Status::internal(format!(
+                        "{} holds {:?}, not a count of volumes",
+                        path.display(),
+                        text.trim()
+                    ))
+                }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(self.max_volumes_per_node),
+            Err(e) => Err(Status::internal(format!("reading {}: {e}", path.display()))),
+        }
     }
 
     /// The canonical state dir.
@@ -551,7 +579,7 @@ impl Driver {
             .and_then(capability)?;
         // Node-local: checked before the volume, as hostpathplugin does.
         self.require_this_node(&req.node_id)?;
-        let max = self.max_volumes_per_node;
+        let max = self.max_volumes()?;
         self.tx(|s| {
             let attached_to_node = s
                 .volumes
@@ -1320,7 +1348,7 @@ impl Driver {
     fn node_info(&self, _: NodeGetInfoRequest) -> Result<NodeGetInfoResponse, Status> {
         Ok(NodeGetInfoResponse {
             node_id: self.node_id.clone(),
-            max_volumes_per_node: self.max_volumes_per_node,
+            max_volumes_per_node: self.max_volumes()?,
             accessible_topology: Some(self.this_node_topology()),
         })
     }
@@ -1482,6 +1510,29 @@ mod tests {
         // The node ID is recorded as known.
         let s = super::super::state::load_state(dir.path()).unwrap();
         assert!(s.nodes.contains("n1"));
+    }
+
+    #[test]
+    fn the_volume_limit_file_is_read_at_every_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("max-volumes");
+        let mut cfg = Config::new("/unused.sock", "n1", &dir.path().join("state"));
+        cfg.max_volumes_per_node = 3;
+        cfg.max_volumes_per_node_file = Some(file.clone());
+        let d = Driver::new(&cfg).unwrap();
+        assert_eq!(d.max_volumes().unwrap(), 3, "no file: the flag");
+        std::fs::write(&file, "7\n").unwrap();
+        assert_eq!(d.max_volumes().unwrap(), 7);
+        std::fs::write(&file, "5").unwrap();
+        assert_eq!(d.max_volumes().unwrap(), 5, "changed while running");
+        let info = d.node_info(NodeGetInfoRequest {}).unwrap();
+        assert_eq!(info.max_volumes_per_node, 5);
+        for bad in ["many", "-1", ""] {
+            std::fs::write(&file, bad).unwrap();
+            let err = d.max_volumes().unwrap_err();
+            assert_eq!(err.code(), tonic::Code::Internal, "{bad:?}");
+            assert!(err.message().contains("not a count"), "{err:?}");
+        }
     }
 
     fn node_local_cfg(node: &str, dir: &Path) -> Config {

@@ -95,11 +95,60 @@ pub enum Mode {
 pub async fn apply<K>(
     api: &Api<K>,
     kind: &'static str,
-    mut desired: K,
+    desired: K,
     owner: Owner<'_>,
     mode: Mode,
     known: &Owned,
 ) -> Result<Applied, Error>
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + Debug,
+{
+    Ok(apply_inner(api, kind, desired, owner, mode, known, None)
+        .await?
+        .0)
+}
+
+/// The fields of a desired object (first) that the API server would not
+/// store (second: what a server-side dry run returned), e.g. a field behind
+/// a feature gate that is off, which the API server drops without an error.
+pub type Unstored<K> = fn(&K, &K) -> Vec<String>;
+
+/// Suffix of an [`APPLIED_HASH`] whose object the API server did not store
+/// whole: it never equals a hash, so the object is applied again.
+pub const INCOMPLETE: &str = "-incomplete";
+
+/// [`apply`], asking the API server first (a server-side dry run) what it
+/// would store of a changed object. When `unstored` names fields it would
+/// drop, the object is applied all the same but stamped with an applied
+/// hash that never matches (`<hash>-incomplete`): each reconcile asks
+/// again — a write of the same content, which changes nothing on the
+/// server — and once the server stores the fields (its feature gate turned
+/// on) the object is applied whole and settles. Also returns the fields the
+/// server dropped (empty when none, or when nothing had to be applied).
+pub async fn apply_checked<K>(
+    api: &Api<K>,
+    kind: &'static str,
+    desired: K,
+    owner: Owner<'_>,
+    mode: Mode,
+    known: &Owned,
+    unstored: Unstored<K>,
+) -> Result<(Applied, Vec<String>), Error>
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + Debug,
+{
+    apply_inner(api, kind, desired, owner, mode, known, Some(unstored)).await
+}
+
+async fn apply_inner<K>(
+    api: &Api<K>,
+    kind: &'static str,
+    mut desired: K,
+    owner: Owner<'_>,
+    mode: Mode,
+    known: &Owned,
+    unstored: Option<Unstored<K>>,
+) -> Result<(Applied, Vec<String>), Error>
 where
     K: Resource + Clone + DeserializeOwned + Serialize + Debug,
 {
@@ -116,7 +165,7 @@ where
         // last apply left: its generation moves with any spec edit.
         let untouched = k.applied_generation.is_some() && k.generation == k.applied_generation;
         if same && (mode != Mode::Always || untouched) {
-            return Ok(Applied::Unchanged);
+            return Ok((Applied::Unchanged, Vec::new()));
         }
     }
     let live = api
@@ -134,7 +183,7 @@ where
         let unchanged = live.annotations().get(APPLIED_HASH) == Some(&hash);
         if unchanged && mode != Mode::Always {
             known.applied(kind, live.meta());
-            return Ok(Applied::Unchanged);
+            return Ok((Applied::Unchanged, Vec::new()));
         }
     }
     let mut outcome = if live.is_some() {
@@ -159,14 +208,29 @@ where
     }
     desired
         .annotations_mut()
-        .insert(APPLIED_HASH.to_string(), hash);
+        .insert(APPLIED_HASH.to_string(), hash.clone());
     let params = PatchParams::apply(FIELD_MANAGER).force();
+    let mut dropped = Vec::new();
+    if let Some(unstored) = unstored {
+        let mut dry_run = params.clone();
+        dry_run.dry_run = true;
+        let would_store = api
+            .patch(&name, &dry_run, &Patch::Apply(&desired))
+            .await
+            .map_err(|e| Error::from_write(kind, &name, e))?;
+        dropped = unstored(&desired, &would_store);
+        if !dropped.is_empty() {
+            desired
+                .annotations_mut()
+                .insert(APPLIED_HASH.to_string(), format!("{hash}{INCOMPLETE}"));
+        }
+    }
     let written = api
         .patch(&name, &params, &Patch::Apply(&desired))
         .await
         .map_err(|e| Error::from_write(kind, &name, e))?;
     known.applied(kind, written.meta());
-    Ok(outcome)
+    Ok((outcome, dropped))
 }
 
 /// Deletes the named object if it exists and is ours; `Ok(false)` if absent.

@@ -8,13 +8,13 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBind
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
 use kube::api::Api;
 use kube::ResourceExt;
-use tracing::info;
+use tracing::{info, warn};
 
-use super::apply::{apply, delete_owned, Applied, Mode, Owner};
+use super::apply::{apply, apply_checked, delete_owned, Applied, Mode, Owner};
 use super::error::Error;
 use super::events::{publish, Note};
 use super::Context;
-use crate::render::Rendered;
+use crate::render::{csidriver, Rendered};
 
 /// ServiceAccounts, RBAC, the CSIDriver and StorageClasses: applied before any
 /// workload so pods never start without their permissions.
@@ -119,14 +119,18 @@ pub(super) async fn apply_supporting(
 
     // Some CSIDriver fields are immutable: when the API refuses the change,
     // the object is re-created (running volumes keep working meanwhile).
+    // Some are dropped by an API server whose feature gate is off: said
+    // with a Warning Event, and applied again until they are stored.
     let drivers: Api<CSIDriver> = Api::all(c.clone());
-    match apply(
+    let name = r.csi_driver.name_any();
+    let dropped = match apply_checked(
         &drivers,
         "CSIDriver",
         r.csi_driver.clone(),
         owner,
         Mode::IfChanged,
         &ctx.caches.owned,
+        csidriver::unstored_fields,
     )
     .await
     {
@@ -135,15 +139,15 @@ pub(super) async fn apply_supporting(
                 Error::Rejected { message, .. } => message.clone(),
                 other => other.to_string(),
             };
-            let name = r.csi_driver.name_any();
             delete_owned(&drivers, "CSIDriver", &name, owner, &ctx.caches.owned).await?;
-            apply(
+            let (_, dropped) = apply_checked(
                 &drivers,
                 "CSIDriver",
                 r.csi_driver.clone(),
                 owner,
                 Mode::IfChanged,
                 &ctx.caches.owned,
+                csidriver::unstored_fields,
             )
             .await?;
             let note =
@@ -154,10 +158,19 @@ pub(super) async fn apply_supporting(
                 &Note::warning("CSIDriverRecreated", note),
             )
             .await;
+            dropped
         }
-        other => {
-            other?;
-        }
+        other => other?.1,
+    };
+    if !dropped.is_empty() {
+        let note = csidriver::unstored_note(&name, &dropped);
+        warn!(csidriver = %name, fields = ?dropped, "{note}");
+        publish(
+            &ctx.recorder,
+            obj,
+            &Note::warning("CSIDriverFieldNotStored", note),
+        )
+        .await;
     }
 
     // StorageClass parameters, provisioner, reclaimPolicy and binding mode are

@@ -383,3 +383,94 @@ async fn a_rival_only_the_api_server_knows_of_wins_and_nothing_cluster_scoped_is
         "{status}"
     );
 }
+
+#[tokio::test]
+async fn a_csidriver_field_the_api_server_drops_is_warned_about_and_applied_again() {
+    // A 1.34 API server with MutableCSINodeAllocatableCount off clears
+    // nodeAllocatableUpdatePeriodSeconds without an error; `gate` turns it on.
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let gate = Arc::new(AtomicBool::new(false));
+    let on = gate.clone();
+    let fx = Fixture::answering(
+        cdd(
+            json!({}),
+            json!({"csiDriver": {"nodeAllocatableUpdatePeriodSeconds": 10}}),
+        ),
+        [],
+        move |call| {
+            (call.method == "PATCH" && call.path.starts_with("/apis/storage.k8s.io/v1/csidrivers/"))
+                .then(|| {
+                    let mut stored = call.body.clone();
+                    if !on.load(Ordering::SeqCst) {
+                        if let Some(spec) = stored["spec"].as_object_mut() {
+                            spec.remove("nodeAllocatableUpdatePeriodSeconds");
+                        }
+                    }
+                    stored["metadata"]["resourceVersion"] = json!("7");
+                    (200, stored)
+                })
+        },
+    );
+    let csidriver_patches = |log: &Log| -> Vec<testing::Call> {
+        log.calls()
+            .into_iter()
+            .filter(|c| c.method == "PATCH" && c.path.contains("/csidrivers/"))
+            .collect()
+    };
+    let warnings = |log: &Log| -> Vec<String> {
+        log.calls()
+            .into_iter()
+            .filter(|c| c.path.ends_with("/events") && c.body["type"] == "Warning")
+            .map(|c| format!("{} {}", c.body["reason"], c.body["note"]))
+            .collect()
+    };
+    let hash = |c: &testing::Call| {
+        c.body["metadata"]["annotations"]["csiops.dev/applied-hash"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+
+    fx.reconcile().await.expect("reconciled");
+    let patches = csidriver_patches(&fx.log);
+    assert_eq!(patches.len(), 2, "a dry run, then the write: {patches:#?}");
+    assert!(patches[0].is_dry_run() && !patches[1].is_dry_run());
+    assert_eq!(
+        patches[1].body["spec"]["nodeAllocatableUpdatePeriodSeconds"],
+        10
+    );
+    let first = hash(&patches[1]);
+    assert!(first.ends_with("-incomplete"), "{first}");
+    let first_body = patches[1].body.clone();
+    let said = warnings(&fx.log);
+    assert!(
+        said.iter().any(|w| w.contains("CSIDriverFieldNotStored")
+            && w.contains("spec.nodeAllocatableUpdatePeriodSeconds")
+            && w.contains("MutableCSINodeAllocatableCount")),
+        "{said:#?}"
+    );
+
+    // Nothing changed: applied again all the same (the same content, a
+    // no-op for the API server), not skipped as settled as the watch's
+    // record of the last apply would have it.
+    fx.log.clear();
+    fx.reconcile().await.expect("reconciled");
+    let patches = csidriver_patches(&fx.log);
+    assert_eq!(patches.len(), 2, "{patches:#?}");
+    assert_eq!(patches[1].body, first_body);
+
+    // The gate is turned on: stored whole, the real hash, no warning.
+    gate.store(true, Ordering::SeqCst);
+    fx.log.clear();
+    fx.reconcile().await.expect("reconciled");
+    let patches = csidriver_patches(&fx.log);
+    assert_eq!(patches.len(), 2, "{patches:#?}");
+    assert_eq!(format!("{}-incomplete", hash(&patches[1])), first);
+    assert!(
+        !warnings(&fx.log)
+            .iter()
+            .any(|w| w.contains("CSIDriverFieldNotStored")),
+        "{:#?}",
+        warnings(&fx.log)
+    );
+}

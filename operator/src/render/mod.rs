@@ -15,7 +15,7 @@
 
 mod containers;
 pub mod controller;
-mod csidriver;
+pub(crate) mod csidriver;
 mod error;
 pub mod hash;
 pub mod labels;

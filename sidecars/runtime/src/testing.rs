@@ -29,6 +29,11 @@ impl Call {
     pub fn line(&self) -> String {
         format!("{} {}", self.method, self.path)
     }
+
+    /// A server-side dry run (`dryRun=All`): answered, never stored.
+    pub fn is_dry_run(&self) -> bool {
+        self.query.split('&').any(|q| q == "dryRun=All")
+    }
 }
 
 /// The calls so far, shared between the fake server and the test.
@@ -67,11 +72,12 @@ impl Log {
         self.calls().iter().map(Call::line).collect()
     }
 
-    /// The calls that change something (not GET), as `METHOD path`.
+    /// The calls that change something (not GET, not a dry run), as
+    /// `METHOD path`.
     pub fn writes(&self) -> Vec<String> {
         self.calls()
             .iter()
-            .filter(|c| c.method != "GET")
+            .filter(|c| c.method != "GET" && !c.is_dry_run())
             .map(Call::line)
             .collect()
     }
@@ -147,7 +153,8 @@ pub fn client(log: &Log, answer: impl Fn(&Call) -> Reply + Send + Sync + 'static
 ///   into the stored object; an apply of a whole object (with `kind`)
 ///   creates it; anything else is 404;
 /// - `POST` stores a new object (409 if it exists), an Event is accepted
-///   and not stored; `PUT` replaces an object, refused with a 409
+///   and not stored; a dry run (`dryRun=All`) is answered as its write
+///   would be, and not stored; `PUT` replaces an object, refused with a 409
 ///   `Conflict` when the body's resourceVersion is not the stored one (the
 ///   API server's optimistic lock); `DELETE` removes.
 ///
@@ -282,6 +289,9 @@ impl Objects {
             _ => return not_found(),
         };
         let (path, code, mut new) = written;
+        if call.is_dry_run() {
+            return (code, new);
+        }
         state.version += 1;
         new["metadata"]["resourceVersion"] = json!(state.version.to_string());
         if new["metadata"]["uid"].is_null() {

@@ -1,0 +1,376 @@
+//! KEP-4876 on the real node: kubelet keeps CSINode `allocatable.count`, and
+//! our registrar never fights it.
+//!
+//! kube-apiserver and kubelet run with `MutableCSINodeAllocatableCount` on
+//! (beta, off by default in 1.34). csi-test-driver is deployed through the
+//! operator with `csiDriver.nodeAllocatableUpdatePeriodSeconds: 10` and
+//! reads its `max_volumes_per_node` from a file on the host at every
+//! NodeGetInfo; its registrar re-asks NodeGetInfo every 2 s, five times as
+//! often as kubelet. The limit is changed live (5 → 9 → 3, and on until the
+//! registrar has asked NodeGetInfo between a change and kubelet's write of
+//! it at least once), and:
+//!
+//! - kubelet updates the count (within four periods), and the count sticks:
+//!   no write of the CSINode at all while the registrar asks NodeGetInfo ten
+//!   more times (its own metrics; about two kubelet periods), and never a
+//!   step back to an older count (a watch sees every write);
+//! - the registrar, which saw the new limit too, wrote nothing: the
+//!   CSINode's only field manager is `kubelet`, and the registrar never logs
+//!   a CSINode write.
+//!
+//! Needs root and `make node-prereqs`, like `real_node.rs`.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use csiops_e2e::cluster::ALLOCATABLE_COUNT_GATE;
+use csiops_e2e::realnode::{images, NODE_NAME};
+use csiops_e2e::walkthrough::{self, VolumeDriver, DATA_MOUNT, DRIVER, NAME, NS};
+use csiops_e2e::{testkit, wait_for, Cluster, ClusterOptions};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::storage::v1::{CSIDriver, CSINode};
+use kube::api::{Api, ListParams};
+use kube::runtime::{watcher, WatchStreamExt};
+
+const DEADLINE: Duration = Duration::from_secs(180);
+/// `csiDriver.nodeAllocatableUpdatePeriodSeconds` (the API's minimum).
+const PERIOD: Duration = Duration::from_secs(10);
+/// The registrar's `--node-info-interval`.
+const REGISTRAR_INTERVAL: &str = "2s";
+/// The file, in the driver's data dir, holding its `max_volumes_per_node`.
+const LIMIT_FILE: &str = "max-volumes";
+/// The registrar's metrics port (`--http-endpoint=:9809`).
+const REGISTRAR_PORT: u16 = 9809;
+
+/// One write of the CSINode as the watch saw it.
+#[derive(Clone, Debug)]
+struct Seen {
+    at: Instant,
+    resource_version: String,
+    count: Option<i32>,
+    managers: Vec<String>,
+}
+
+fn seen(c: &CSINode) -> Seen {
+    Seen {
+        at: Instant::now(),
+        resource_version: c.metadata.resource_version.clone().unwrap_or_default(),
+        count: c
+            .spec
+            .drivers
+            .iter()
+            .find(|d| d.name == DRIVER)
+            .and_then(|d| d.allocatable.as_ref())
+            .and_then(|a| a.count),
+        managers: c
+            .metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .map(|m| {
+                format!(
+                    "{}/{}",
+                    m.manager.clone().unwrap_or_default(),
+                    m.operation.clone().unwrap_or_default()
+                )
+            })
+            .collect(),
+    }
+}
+
+/// The count of NodeGetInfo calls the registrar made, from its metrics.
+async fn registrar_node_get_info_calls(pod_ip: &str) -> Option<u64> {
+    let addr: std::net::SocketAddr = format!("{pod_ip}:{REGISTRAR_PORT}").parse().ok()?;
+    let (code, body) = testkit::http_get_async(addr, "/metrics").await?;
+    if code != 200 {
+        return None;
+    }
+    Some(
+        body.lines()
+            .filter(|l| {
+                l.starts_with("csi_sidecar_operations_seconds_count{")
+                    && l.contains("method_name=\"/csi.v1.Node/NodeGetInfo\"")
+            })
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum::<f64>() as u64,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_keeps_the_allocatable_count_and_the_registrar_never_writes_it() {
+    let cluster = Cluster::start(ClusterOptions {
+        nodes: 0,
+        real_node: true,
+        feature_gates: vec![ALLOCATABLE_COUNT_GATE],
+        ..ClusterOptions::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("cluster with a real node starts: {e}"));
+    let client = cluster.client().expect("client");
+    let node = cluster.real_node().expect("a real node");
+    let driver_image = node
+        .images()
+        .reference(images::TEST_DRIVER)
+        .expect("driver image")
+        .to_string();
+    let (kubelet_dir, data_dir) = (
+        node.layout().kubelet_dir(),
+        node.layout().root.join("csi-data"),
+    );
+    std::fs::create_dir_all(&data_dir).expect("data dir");
+    let limit_file = data_dir.join(LIMIT_FILE);
+    let set_limit = |n: i32| std::fs::write(&limit_file, format!("{n}\n")).expect("limit file");
+    set_limit(5);
+
+    walkthrough::install_operator(&cluster)
+        .await
+        .unwrap_or_else(|e| panic!("operator ready: {e}\n{}", diagnostics(&cluster)));
+
+    // --- csi-test-driver with the period, through the operator. -------------
+    let limit_arg = format!("--max-volumes-per-node-file={DATA_MOUNT}/{LIMIT_FILE}");
+    let driver = VolumeDriver {
+        image: &driver_image,
+        version: "v0.1.0",
+        kubelet_dir: &kubelet_dir,
+        data_dir: &data_dir,
+        on_simulated_nodes: false,
+        controller_args: &[],
+        node_args: &[&limit_arg],
+        node_fields: "",
+    };
+    let csi_driver = "  csiDriver:\n    attachRequired: true\n";
+    let base = driver.yaml();
+    assert!(base.contains(csi_driver), "{base}");
+    let yaml = format!(
+        "{}  sidecars:\n    registrar:\n      extraArgs: [\"--node-info-interval={REGISTRAR_INTERVAL}\"]\n",
+        base.replace(
+            csi_driver,
+            &format!(
+                "{csi_driver}    nodeAllocatableUpdatePeriodSeconds: {}\n",
+                PERIOD.as_secs()
+            )
+        )
+    );
+    testkit::apply_ok(&cluster, "driver", &yaml).await;
+    testkit::wait_running(&cluster, NS, NAME, "v0.1.0", 1, DEADLINE)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", diagnostics(&cluster)));
+    let csidriver = Api::<CSIDriver>::all(client.clone())
+        .get(DRIVER)
+        .await
+        .expect("CSIDriver");
+    assert_eq!(
+        csidriver.spec.node_allocatable_update_period_seconds,
+        Some(PERIOD.as_secs() as i64),
+        "the API server stored the period"
+    );
+
+    // --- Every write of the CSINode from now on, as a watch sees it. --------
+    let csinodes: Api<CSINode> = Api::all(client.clone());
+    let history: Arc<Mutex<Vec<Seen>>> = Arc::default();
+    let watch = {
+        let history = history.clone();
+        let config = watcher::Config::default().fields(&format!("metadata.name={NODE_NAME}"));
+        let stream = watcher::watcher(csinodes.clone(), config).applied_objects();
+        tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(item) = stream.next().await {
+                if let Ok(c) = item {
+                    if let Ok(mut h) = history.lock() {
+                        h.push(seen(&c));
+                    }
+                }
+            }
+        })
+    };
+    let latest = || history.lock().ok().and_then(|h| h.last().cloned());
+    wait_for(DEADLINE, Duration::from_millis(200), || async {
+        latest().filter(|s| s.count == Some(5)).map(drop)
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "kubelet registered the driver with count 5: {:?}\n{}",
+            latest(),
+            diagnostics(&cluster)
+        )
+    });
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let node_pod = pods
+        .list(&ListParams::default().labels(&testkit::node_pod_selector(NAME)))
+        .await
+        .expect("node pods")
+        .items
+        .into_iter()
+        .next()
+        .expect("a node pod");
+    let pod_ip = node_pod
+        .status
+        .and_then(|s| s.pod_ip)
+        .expect("the node pod's IP");
+
+    // --- The driver's limit changes while it runs: up, then down, and on ----
+    // until the registrar has asked NodeGetInfo at least once between a change
+    // and kubelet's write of it (the driver then says another count than the
+    // CSINode: the moment a second writer would write). kubelet's ticks are
+    // not ours to time, so that window is 0–10 s long.
+    let limits = [5, 9, 3, 7, 4, 8, 2];
+    let mut raced = 0;
+    for (step, pair) in limits.windows(2).enumerate() {
+        let (from, to) = (pair[0], pair[1]);
+        if step >= 2 && raced > 0 {
+            break;
+        }
+        let calls_before = registrar_node_get_info_calls(&pod_ip)
+            .await
+            .expect("the registrar's metrics");
+        let writes_before = history.lock().map(|h| h.len()).unwrap_or_default();
+        let t0 = Instant::now();
+        set_limit(to);
+        // The registrar's calls seen while the CSINode still had the old count.
+        let window_calls = Mutex::new(calls_before);
+        let updated = wait_for(PERIOD * 4, Duration::from_millis(100), || async {
+            if let Some(s) = latest().filter(|s| s.count == Some(to)) {
+                return Some(s);
+            }
+            if let Some(calls) = registrar_node_get_info_calls(&pod_ip).await {
+                if let Ok(mut w) = window_calls.lock() {
+                    *w = calls;
+                }
+            }
+            None
+        })
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "kubelet did not update allocatable.count {from} -> {to} within {:?}: {:#?}\n{}",
+                PERIOD * 4,
+                history.lock().map(|h| h.clone()).unwrap_or_default(),
+                diagnostics(&cluster)
+            )
+        });
+        let took = updated.at.duration_since(t0);
+        let calls_at_update = registrar_node_get_info_calls(&pod_ip)
+            .await
+            .expect("the registrar's metrics");
+        let in_window = window_calls.lock().map(|w| *w).unwrap_or(calls_before) - calls_before;
+        eprintln!(
+            "allocatable.count {from} -> {to}: written by kubelet {took:?} after the driver changed; the registrar had asked NodeGetInfo {in_window} times meanwhile"
+        );
+        raced += in_window;
+
+        // It sticks: while the registrar asks NodeGetInfo ten more times
+        // (about 20 s, two kubelet periods), nobody writes the CSINode.
+        let asked = wait_for(PERIOD * 9, Duration::from_millis(500), || async {
+            let calls = registrar_node_get_info_calls(&pod_ip).await?;
+            (calls >= calls_at_update + 10).then_some(calls)
+        })
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "the registrar did not ask NodeGetInfo ten times (--node-info-interval={REGISTRAR_INTERVAL})\n{}",
+                diagnostics(&cluster)
+            )
+        });
+        let h = history.lock().map(|h| h.clone()).unwrap_or_default();
+        let after = &h[writes_before..];
+        let counts: Vec<Option<i32>> = after.iter().map(|s| s.count).collect();
+        assert_eq!(
+            counts.last(),
+            Some(&Some(to)),
+            "the count stayed {to}: {after:#?}"
+        );
+        // Every write of this step: the old count, then the new one, never back.
+        let first_new = counts
+            .iter()
+            .position(|c| *c == Some(to))
+            .expect("the new count was seen");
+        assert!(
+            counts[..first_new].iter().all(|c| *c == Some(from))
+                && counts[first_new..].iter().all(|c| *c == Some(to)),
+            "a count went back: {after:#?}"
+        );
+        let last = after.last().expect("a write");
+        assert_eq!(
+            last.resource_version, updated.resource_version,
+            "no write of the CSINode after kubelet's: {after:#?}"
+        );
+        let managers: std::collections::BTreeSet<&str> =
+            last.managers.iter().map(String::as_str).collect();
+        assert_eq!(
+            managers,
+            ["kubelet/Update"].into(),
+            "only kubelet ever wrote the CSINode"
+        );
+
+        eprintln!(
+            "registrar: {} NodeGetInfo calls in {:?}, no CSINode write",
+            asked - calls_before,
+            t0.elapsed()
+        );
+    }
+    watch.abort();
+    assert!(
+        raced > 0,
+        "in {} changes the registrar never asked NodeGetInfo before kubelet wrote the new count",
+        limits.len() - 1
+    );
+
+    let log = testkit::kubectl_text(
+        &cluster,
+        &[
+            "-n",
+            NS,
+            "logs",
+            &format!("daemonset/{NAME}-node"),
+            "-c",
+            "node-driver-registrar",
+        ],
+    );
+    assert!(
+        log.contains("CSINode maintenance is on"),
+        "registrar log:\n{log}"
+    );
+    assert!(
+        !log.contains("driver registered in CSINode"),
+        "the registrar wrote the CSINode:\n{log}"
+    );
+
+    // Teardown through the operator; the cluster then stops clean.
+    cluster
+        .kubectl_ok([
+            "-n",
+            NS,
+            "delete",
+            "csidriverdeployment",
+            NAME,
+            "--timeout=120s",
+        ])
+        .await
+        .unwrap_or_else(|e| panic!("teardown: {e}\n{}", diagnostics(&cluster)));
+    let left = cluster.stop_and_report().await.expect("cluster stops");
+    assert!(left.is_empty(), "left on the host: {left:?}");
+}
+
+fn diagnostics(cluster: &Cluster) -> String {
+    format!(
+        "--- status\n{}\n--- pods\n{}\n--- csinode\n{}\n--- registrar\n{}\n--- operator\n{}\n--- node\n{}",
+        testkit::kubectl_text(
+            cluster,
+            &["-n", NS, "get", "csidriverdeployment", NAME, "-o", "jsonpath={.status}"]
+        ),
+        testkit::kubectl_text(cluster, &["get", "pods", "-A", "-o", "wide"]),
+        testkit::kubectl_text(cluster, &["get", "csinode", NODE_NAME, "-o", "yaml"]),
+        testkit::kubectl_text(
+            cluster,
+            &["-n", NS, "logs", &format!("daemonset/{NAME}-node"), "-c", "node-driver-registrar", "--tail=40"]
+        ),
+        testkit::operator_log(cluster),
+        cluster
+            .real_node()
+            .map(|n| n.log_tails(30))
+            .unwrap_or_default(),
+    )
+}

@@ -1,0 +1,327 @@
+//! `spec.csiDriver` round-trips through a real kube-apiserver (v1.34) into
+//! the cluster's `CSIDriver` object: every field, `tokenRequests` and
+//! `nodeAllocatableUpdatePeriodSeconds` (KEP-4876) included.
+//!
+//! - The CRD refuses what the CSIDriver API would (a period under 10 s, a
+//!   token shorter than 10 minutes or longer than 2^32 s, an audience twice),
+//!   naming the field.
+//! - A change of a mutable field updates the CSIDriver in place (same UID),
+//!   unsetting a field removes it; a change of an immutable one
+//!   (`attachRequired`) re-creates it, with a `CSIDriverRecreated` Event.
+//! - On an API server whose `MutableCSINodeAllocatableCount` gate is off (the
+//!   1.34 default), the period is not stored: the operator says so with a
+//!   `CSIDriverFieldNotStored` Warning naming the gate, and the rest of the
+//!   CSIDriver is applied.
+//!
+//! The operator runs as a local process; no driver pod needs to run (the
+//! CSIDriver is applied before any workload).
+
+use std::time::Duration;
+
+use csiops_e2e::cluster::ALLOCATABLE_COUNT_GATE;
+use csiops_e2e::{operator_bin, testkit, wait_for, Cluster, ClusterOptions};
+use k8s_openapi::api::storage::v1::CSIDriver;
+use kube::api::Api;
+use kube::ResourceExt;
+use serde_json::{json, Value};
+
+const NS: &str = "csi-fields";
+const NAME: &str = "fields";
+const DRIVER: &str = "fields.csi.example.com";
+const DEADLINE: Duration = Duration::from_secs(60);
+const POLL: Duration = Duration::from_millis(250);
+
+/// The Namespace and a CSIDriverDeployment whose `spec.csiDriver` is `csi`
+/// (YAML lines indented by four spaces).
+fn object(csi: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Namespace
+metadata:
+  name: {NS}
+---
+apiVersion: csiops.dev/v1alpha1
+kind: CSIDriverDeployment
+metadata:
+  name: {NAME}
+  namespace: {NS}
+spec:
+  driverName: {DRIVER}
+  version: v1.0.0
+  driver:
+    image: registry.example.com/fields-driver:v1.0.0
+  csiDriver:
+{csi}"#
+    )
+}
+
+/// Every field of `spec.csiDriver` set away from its default.
+const ALL_FIELDS: &str = r#"    attachRequired: true
+    podInfoOnMount: true
+    fsGroupPolicy: File
+    volumeLifecycleModes: [Persistent, Ephemeral]
+    storageCapacity: true
+    requiresRepublish: true
+    seLinuxMount: true
+    tokenRequests:
+    - {audience: vault.example.com, expirationSeconds: 3600}
+    - {audience: ""}
+    nodeAllocatableUpdatePeriodSeconds: 10
+"#;
+
+/// The CSIDriver's spec as the API server stores it, and its UID.
+async fn stored(api: &Api<CSIDriver>) -> Option<(Value, String)> {
+    let d = api.get_opt(DRIVER).await.ok()??;
+    let uid = d.uid()?;
+    Some((serde_json::to_value(&d.spec).ok()?, uid))
+}
+
+/// Waits until the stored spec satisfies `want`; its spec and UID.
+async fn wait_spec(
+    api: &Api<CSIDriver>,
+    cluster: &Cluster,
+    what: &str,
+    want: impl Fn(&Value) -> bool,
+) -> (Value, String) {
+    let want = &want;
+    let found = wait_for(DEADLINE, POLL, || async move {
+        stored(api).await.filter(|(spec, _)| want(spec))
+    })
+    .await;
+    match found {
+        Ok(v) => v,
+        Err(_) => panic!(
+            "CSIDriver {DRIVER}: {what} within {DEADLINE:?}; it is {:?}\n--- events\n{}",
+            stored(api).await,
+            testkit::kubectl_text(cluster, &["-n", NS, "get", "events"]),
+        ),
+    }
+}
+
+async fn patch_spec(cluster: &Cluster, patch: Value) {
+    cluster
+        .kubectl_ok([
+            "-n",
+            NS,
+            "patch",
+            "csidd",
+            NAME,
+            "--type=merge",
+            "-p",
+            &json!({ "spec": { "csiDriver": patch } }).to_string(),
+        ])
+        .await
+        .unwrap_or_else(|e| panic!("kubectl patch {patch}: {e}"));
+}
+
+async fn events(cluster: &Cluster) -> Vec<String> {
+    testkit::event_lines(cluster, NS, NAME).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_csidriver_field_round_trips_and_changes_in_place_or_by_re_creation() {
+    let cluster = Cluster::start(ClusterOptions {
+        nodes: 1,
+        feature_gates: vec![ALLOCATABLE_COUNT_GATE],
+        ..ClusterOptions::default()
+    })
+    .await
+    .expect("cluster starts");
+    testkit::install_crd(&cluster).await.expect("CRD installs");
+    let mut operator = cluster
+        .run_operator(&operator_bin().expect("operator built"))
+        .expect("operator starts");
+    let api: Api<CSIDriver> = Api::all(cluster.client().expect("client"));
+
+    // --- The CRD refuses what the CSIDriver API would, naming the field. ----
+    for (csi, expect) in [
+        (
+            "    nodeAllocatableUpdatePeriodSeconds: 9\n",
+            "spec.csiDriver.nodeAllocatableUpdatePeriodSeconds",
+        ),
+        (
+            "    tokenRequests:\n    - {audience: a, expirationSeconds: 599}\n",
+            "spec.csiDriver.tokenRequests[0].expirationSeconds",
+        ),
+        (
+            "    tokenRequests:\n    - {audience: a, expirationSeconds: 4294967297}\n",
+            "spec.csiDriver.tokenRequests[0].expirationSeconds",
+        ),
+        (
+            "    tokenRequests:\n    - {audience: a}\n    - {audience: a, expirationSeconds: 600}\n",
+            "Duplicate value",
+        ),
+        (
+            "    tokenRequests:\n    - {expirationSeconds: 600}\n",
+            "spec.csiDriver.tokenRequests[0].audience",
+        ),
+    ] {
+        let out = testkit::apply_yaml(&cluster, "bad", &object(csi))
+            .await
+            .expect("kubectl runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{csi:?} must be refused");
+        assert!(stderr.contains(expect), "{csi:?} refused naming {expect:?}: {stderr}");
+    }
+
+    // --- Every field reaches the CSIDriver. ----------------------------------
+    testkit::apply_ok(&cluster, "all", &object(ALL_FIELDS)).await;
+    let (spec, uid) = wait_spec(&api, &cluster, "carries every field", |s| {
+        s["nodeAllocatableUpdatePeriodSeconds"] == 10
+    })
+    .await;
+    assert_eq!(
+        spec,
+        json!({
+            "attachRequired": true,
+            "podInfoOnMount": true,
+            "fsGroupPolicy": "File",
+            "volumeLifecycleModes": ["Persistent", "Ephemeral"],
+            "storageCapacity": true,
+            "requiresRepublish": true,
+            "seLinuxMount": true,
+            "tokenRequests": [
+                {"audience": "vault.example.com", "expirationSeconds": 3600},
+                {"audience": ""}
+            ],
+            "nodeAllocatableUpdatePeriodSeconds": 10
+        }),
+        "the CSIDriver as the API server stores it"
+    );
+
+    // --- Mutable fields change in place. --------------------------------------
+    patch_spec(
+        &cluster,
+        json!({
+            "podInfoOnMount": false,
+            "fsGroupPolicy": "None",
+            "storageCapacity": false,
+            "requiresRepublish": false,
+            "seLinuxMount": false,
+            "tokenRequests": [{"audience": "other.example.com", "expirationSeconds": 7200}],
+            "nodeAllocatableUpdatePeriodSeconds": 30
+        }),
+    )
+    .await;
+    let (spec, same) = wait_spec(&api, &cluster, "takes the mutable changes", |s| {
+        s["nodeAllocatableUpdatePeriodSeconds"] == 30
+    })
+    .await;
+    assert_eq!(same, uid, "updated in place, not re-created");
+    assert_eq!(
+        spec["tokenRequests"],
+        json!([{"audience": "other.example.com", "expirationSeconds": 7200}])
+    );
+    for (field, value) in [
+        ("podInfoOnMount", json!(false)),
+        ("fsGroupPolicy", json!("None")),
+        ("storageCapacity", json!(false)),
+        ("requiresRepublish", json!(false)),
+        ("seLinuxMount", json!(false)),
+    ] {
+        assert_eq!(spec[field], value, "{field} in {spec}");
+    }
+
+    // --- Unset, they are gone from the CSIDriver (still in place). ------------
+    patch_spec(
+        &cluster,
+        json!({"tokenRequests": null, "nodeAllocatableUpdatePeriodSeconds": null}),
+    )
+    .await;
+    let (spec, same) = wait_spec(&api, &cluster, "loses the unset fields", |s| {
+        s.get("nodeAllocatableUpdatePeriodSeconds").is_none() && s.get("tokenRequests").is_none()
+    })
+    .await;
+    assert_eq!(same, uid, "updated in place, not re-created");
+    assert_eq!(spec["attachRequired"], true);
+    assert!(
+        !events(&cluster).await.iter().any(
+            |e| e.starts_with("CSIDriverRecreated") || e.starts_with("CSIDriverFieldNotStored")
+        ),
+        "{:#?}",
+        events(&cluster).await
+    );
+
+    // --- An immutable field: re-created, the others kept. ---------------------
+    patch_spec(
+        &cluster,
+        json!({"attachRequired": false, "nodeAllocatableUpdatePeriodSeconds": 20}),
+    )
+    .await;
+    let (spec, new_uid) = wait_spec(&api, &cluster, "is re-created without attach", |s| {
+        s["attachRequired"] == false
+    })
+    .await;
+    assert_ne!(new_uid, uid, "attachRequired is immutable: a new object");
+    assert_eq!(spec["nodeAllocatableUpdatePeriodSeconds"], 20);
+    assert_eq!(
+        spec["volumeLifecycleModes"],
+        json!(["Persistent", "Ephemeral"])
+    );
+    let said = events(&cluster).await;
+    assert!(
+        said.iter()
+            .any(|e| e.starts_with("CSIDriverRecreated|") && e.contains("field is immutable")),
+        "{said:#?}"
+    );
+
+    operator.check_running().expect("operator still running");
+    operator.stop().await;
+    cluster.stop().await.expect("cluster stops");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_period_the_api_server_does_not_store_is_warned_about() {
+    // A stock 1.34 API server: MutableCSINodeAllocatableCount is off.
+    let cluster = Cluster::start(ClusterOptions::kwok(1))
+        .await
+        .expect("cluster starts");
+    testkit::install_crd(&cluster).await.expect("CRD installs");
+    let mut operator = cluster
+        .run_operator(&operator_bin().expect("operator built"))
+        .expect("operator starts");
+    let api: Api<CSIDriver> = Api::all(cluster.client().expect("client"));
+
+    testkit::apply_ok(&cluster, "all", &object(ALL_FIELDS)).await;
+    let (spec, _) = wait_spec(&api, &cluster, "exists", |s| s["requiresRepublish"] == true).await;
+    assert!(
+        spec.get("nodeAllocatableUpdatePeriodSeconds").is_none(),
+        "the gate is off: the API server drops the period: {spec}"
+    );
+    assert_eq!(
+        spec["tokenRequests"][0]["audience"], "vault.example.com",
+        "the rest is applied: {spec}"
+    );
+    let warning = wait_for(DEADLINE, POLL, || async {
+        events(&cluster)
+            .await
+            .into_iter()
+            .find(|e| e.starts_with("CSIDriverFieldNotStored|"))
+    })
+    .await;
+    let Ok(warning) = warning else {
+        panic!(
+            "no CSIDriverFieldNotStored warning: {:#?}\n{}",
+            events(&cluster).await,
+            operator.log_tail(30)
+        );
+    };
+    assert!(
+        warning.contains("spec.nodeAllocatableUpdatePeriodSeconds")
+            && warning.contains("MutableCSINodeAllocatableCount")
+            && warning.contains(DRIVER),
+        "{warning}"
+    );
+    // Stamped so that it is applied again (and checked) at every reconcile.
+    let d = api.get(DRIVER).await.expect("CSIDriver");
+    let hash = d
+        .annotations()
+        .get("csiops.dev/applied-hash")
+        .cloned()
+        .unwrap_or_default();
+    assert!(hash.ends_with("-incomplete"), "{hash}");
+
+    operator.check_running().expect("operator still running");
+    operator.stop().await;
+    cluster.stop().await.expect("cluster stops");
+}
