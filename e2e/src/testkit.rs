@@ -63,6 +63,64 @@ pub async fn install_crd(cluster: &Cluster) -> Result<()> {
     })
 }
 
+/// The operator's namespace and ServiceAccount in `manifests/install.yaml`.
+pub const OPERATOR_NAMESPACE: &str = "csiops-system";
+pub const OPERATOR_ACCOUNT: &str = "csiops-operator";
+
+/// Applies what `manifests/install.yaml` installs but the operator's
+/// Deployment: its Namespace, the CRD (waited for), its ServiceAccount and
+/// RBAC, and the sidecars' shipped roles. With
+/// [`Cluster::run_operator_as`] a local operator then runs with exactly
+/// the permissions a real installation gives it.
+pub async fn install_operator_rbac(cluster: &Cluster) -> Result<()> {
+    let text = std::fs::read_to_string(workspace_root().join("manifests/install.yaml"))
+        .map_err(|e| Error::Other(format!("reading manifests/install.yaml: {e}")))?;
+    let mut kept = Vec::new();
+    for doc in text.split("\n---\n") {
+        let kind = doc
+            .lines()
+            .find_map(|l| l.strip_prefix("kind: "))
+            .unwrap_or_default()
+            .trim();
+        if kind != "Deployment" && kind != "CustomResourceDefinition" && !kind.is_empty() {
+            kept.push(doc.trim_start_matches("---\n"));
+        }
+    }
+    install_crd(cluster).await?;
+    let out = apply_yaml(cluster, "install-rbac", &kept.join("\n---\n")).await?;
+    if !out.status.success() {
+        return Err(Error::Other(format!(
+            "applying install.yaml's RBAC: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    Ok(())
+}
+
+/// `kubectl auth can-i <args> --as <user>`: whether the API server's
+/// authorizer allows it. A ServiceAccount user gets its groups too.
+pub async fn can_i(cluster: &Cluster, user: &str, args: &[&str]) -> bool {
+    let mut full = vec!["auth".to_string(), "can-i".to_string()];
+    full.extend(args.iter().map(|a| a.to_string()));
+    full.push(format!("--as={user}"));
+    if let Some(ns) = user
+        .strip_prefix("system:serviceaccount:")
+        .and_then(|rest| rest.split(':').next())
+    {
+        for group in [
+            "system:serviceaccounts".to_string(),
+            format!("system:serviceaccounts:{ns}"),
+            "system:authenticated".to_string(),
+        ] {
+            full.push(format!("--as-group={group}"));
+        }
+    }
+    match cluster.kubectl(&full).await {
+        Ok(out) => String::from_utf8_lossy(&out.stdout).trim() == "yes",
+        Err(e) => panic!("kubectl auth can-i {full:?}: {e}"),
+    }
+}
+
 /// `kubectl apply -f -` of a YAML text (through a file in the cluster's dir).
 pub async fn apply_yaml(cluster: &Cluster, name: &str, yaml: &str) -> Result<std::process::Output> {
     let path = cluster.work_dir().join(format!("{name}.yaml"));

@@ -75,6 +75,16 @@ pub fn chart() -> Result<Vec<ChartFile>, HelmError> {
             content: namespaced(&o.service_account)?,
         },
         ChartFile {
+            // The sidecars' roles, which the operator may only bind.
+            path: "templates/sidecar-roles.yaml",
+            content: o
+                .shipped_roles
+                .iter()
+                .map(namespaced)
+                .collect::<Result<Vec<_>, _>>()?
+                .join("---\n"),
+        },
+        ChartFile {
             path: "templates/rbac.yaml",
             content: [
                 namespaced(&o.cluster_role)?,

@@ -22,6 +22,7 @@ use csiops_operator::render::{
     names, rbac, render, ControllerWorkload, RenderConfig, RenderError, Rendered,
 };
 use k8s_openapi::api::core::v1::{Container, PodSpec};
+use k8s_openapi::api::rbac::v1::PolicyRule;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Deserialize;
 use serde_json::Value;
@@ -166,6 +167,17 @@ fn must_render(obj: &CSIDriverDeployment) -> Rendered {
 
 // ---------------------------------------------------------------- goldens
 
+/// The cluster-wide rules of `component`'s ServiceAccount, resolved from
+/// the bindings and the shipped roles.
+fn cluster_rules(r: &Rendered, component: Component) -> Vec<PolicyRule> {
+    rbac::effective_rules(r, component).0
+}
+
+/// The rules of `component`'s ServiceAccount in the driver's namespace.
+fn namespace_rules(r: &Rendered, component: Component) -> Vec<PolicyRule> {
+    rbac::effective_rules(r, component).1
+}
+
 /// Every rendered object as JSON, in apply order.
 fn objects(r: &Rendered) -> Vec<Value> {
     fn v<T: serde::Serialize>(t: &T) -> Value {
@@ -173,11 +185,7 @@ fn objects(r: &Rendered) -> Vec<Value> {
     }
     let mut out: Vec<Value> = r.controller_service_account.iter().map(v).collect();
     out.push(v(&r.node_service_account));
-    out.extend(r.leader_election_role.iter().map(v));
-    out.extend(r.leader_election_role_binding.iter().map(v));
-    out.extend(r.node_role.iter().map(v));
-    out.extend(r.node_role_binding.iter().map(v));
-    out.extend(r.cluster_roles.iter().map(v));
+    out.extend(r.role_bindings.iter().map(v));
     out.extend(r.cluster_role_bindings.iter().map(v));
     out.push(v(&r.csi_driver));
     out.extend(r.storage_classes.iter().map(v));
@@ -344,8 +352,10 @@ fn without_monitoring_nothing_of_it_is_rendered() {
             );
         }
     }
-    let rules = serde_json::to_string(&r.cluster_roles).expect("json");
-    assert!(!rules.contains("tokenreviews"), "{rules}");
+    for component in [Component::Controller, Component::Node] {
+        let rules = serde_json::to_string(&cluster_rules(&r, component)).expect("json");
+        assert!(!rules.contains("tokenreviews"), "{rules}");
+    }
 }
 
 #[test]
@@ -391,9 +401,8 @@ fn metrics_auth_reaches_every_bundled_sidecar_its_probes_and_its_rbac() {
         assert_eq!(tls, Some("hostpath-metrics-tls"));
     }
     // Both ServiceAccounts may review callers.
-    assert_eq!(r.cluster_roles.len(), 2);
-    for role in &r.cluster_roles {
-        let rules = serde_json::to_string(&role.rules).expect("json");
+    for component in [Component::Controller, Component::Node] {
+        let rules = serde_json::to_string(&cluster_rules(&r, component)).expect("json");
         assert!(rules.contains("tokenreviews"), "{rules}");
         assert!(rules.contains("subjectaccessreviews"), "{rules}");
     }
@@ -668,7 +677,7 @@ fn attacher_only_when_attach_required() {
         container_names(pod(&r, Component::Controller)),
         ["csi-driver", "csi-provisioner", "liveness-probe"]
     );
-    let rules = serde_json::to_string(&r.cluster_roles).expect("json");
+    let rules = serde_json::to_string(&cluster_rules(&r, Component::Controller)).expect("json");
     assert!(
         !rules.contains("volumeattachments/status"),
         "attacher RBAC without attacher"
@@ -737,8 +746,7 @@ fn disabled_sidecars_are_absent() {
         ["csi-driver"]
     );
     assert_eq!(container_names(pod(&r, Component::Node)), ["csi-driver"]);
-    assert!(r.cluster_roles.is_empty() && r.cluster_role_bindings.is_empty());
-    assert!(r.leader_election_role.is_none() && r.leader_election_role_binding.is_none());
+    assert!(r.cluster_role_bindings.is_empty() && r.role_bindings.is_empty());
     let vols: Vec<_> = pod(&r, Component::Node)
         .volumes
         .iter()
@@ -799,12 +807,11 @@ fn sidecar_args_start_with_role_and_end_with_extra_args() {
     );
 }
 
-/// (apiGroup, resource, verbs joined) of a Role's rules.
+/// (apiGroup, resource, verbs joined) of the controller's rules in the
+/// driver's namespace.
 fn role_rules(r: &Rendered) -> Vec<(String, String, String)> {
-    let role = r.leader_election_role.as_ref().expect("a namespaced Role");
-    role.rules
+    namespace_rules(r, Component::Controller)
         .iter()
-        .flatten()
         .map(|rule| {
             (
                 rule.api_groups.clone().unwrap_or_default().join(","),
@@ -902,7 +909,7 @@ fn storage_capacity_turns_on_publishing_with_its_owner_env_and_rbac() {
     // Without the provisioner nothing publishes, so nothing is granted.
     obj.spec.sidecars.provisioner.enabled = false;
     let r = must_render(&obj);
-    if r.leader_election_role.is_some() {
+    if !r.role_bindings.is_empty() {
         assert_eq!(role_rules(&r), owned(&[EVENTS, LEASES]));
     }
 }
@@ -1091,8 +1098,8 @@ fn ownership_of_namespaced_and_cluster_objects() {
         .collect();
     assert_eq!(default, ["block-fast"]);
     assert_eq!(
-        names::controller_cluster_role_name(&custom()),
-        "csiops:block.csi.example.com:controller"
+        names::cluster_role_binding_name(&custom(), "provisioner"),
+        "csiops:block.csi.example.com:provisioner"
     );
 }
 
@@ -1478,7 +1485,7 @@ fn hostpath_example_has_what_hostpathplugin_needs() {
     let r = must_render(&obj);
     assert!(r.controller.is_none(), "no controller workload");
     assert!(r.controller_service_account.is_none());
-    assert!(r.leader_election_role.is_none());
+    assert!(namespace_rules(&r, Component::Controller).is_empty());
     let node = pod(&r, Component::Node);
     assert_eq!(
         container_names(node),
@@ -1722,15 +1729,34 @@ fn node_local_grants_the_node_service_account_what_its_provisioner_calls() {
     let r = must_render(&obj);
     // No controller: no controller role, no leader election, no controller SA.
     assert!(r.controller_service_account.is_none());
-    assert!(r.leader_election_role.is_none());
-    assert!(r.leader_election_role_binding.is_none());
-    let role_names: Vec<_> = r
-        .cluster_roles
+    assert!(!r
+        .role_bindings
         .iter()
-        .map(|c| c.metadata.name.clone().unwrap_or_default())
+        .any(|b| b.role_ref.name == rbac::LEADER_ELECTION_ROLE.name));
+    let role_names: Vec<_> = r
+        .cluster_role_bindings
+        .iter()
+        .map(|c| {
+            (
+                c.metadata.name.clone().unwrap_or_default(),
+                c.role_ref.name.clone(),
+            )
+        })
         .collect();
-    assert_eq!(role_names, ["csiops:hostpath.csi.k8s.io:node"]);
-    let node_rules = triples_of(r.cluster_roles[0].rules.as_deref().unwrap_or_default());
+    assert_eq!(
+        role_names,
+        [
+            (
+                "csiops:hostpath.csi.k8s.io:node-provisioner".to_string(),
+                "csiops:node-provisioner".to_string()
+            ),
+            (
+                "csiops:hostpath.csi.k8s.io:registrar".to_string(),
+                "csiops:registrar".to_string()
+            )
+        ]
+    );
+    let node_rules = triples_of(&cluster_rules(&r, Component::Node));
     let want: std::collections::BTreeSet<_> =
         [rbac::REGISTRAR_GRANTS, rbac::NODE_PROVISIONER_GRANTS]
             .iter()
@@ -1750,20 +1776,17 @@ fn node_local_grants_the_node_service_account_what_its_provisioner_calls() {
     let subject = &binding.subjects.as_ref().expect("subjects")[0];
     assert_eq!(subject.name, "hostpath-node");
 
-    // Its namespaced Role: the journal only; with capacity, the capacity
+    // Its namespaced grants: the journal only; with capacity, the capacity
     // objects and its own pod (the owner, level 0). No Leases.
-    let rules = |r: &Rendered| {
-        r.node_role
-            .as_ref()
-            .map(|role| triples_of(role.rules.as_deref().unwrap_or_default()))
-            .unwrap_or_default()
-    };
+    let rules = |r: &Rendered| triples_of(&namespace_rules(r, Component::Node));
     let journal = ["create", "get", "patch"]
         .map(|v| ("".to_string(), "configmaps".to_string(), v.to_string()));
     assert_eq!(rules(&r), journal.iter().cloned().collect());
-    let binding = r.node_role_binding.as_ref().expect("node RoleBinding");
-    assert_eq!(binding.metadata.name.as_deref(), Some("hostpath-node"));
-    assert_eq!(binding.role_ref.name, "hostpath-node");
+    assert_eq!(r.role_bindings.len(), 1);
+    let binding = &r.role_bindings[0];
+    assert_eq!(binding.metadata.name.as_deref(), Some("hostpath-journal"));
+    assert_eq!(binding.role_ref.name, "csiops:provisioner-journal");
+    assert_eq!(binding.role_ref.kind, "ClusterRole");
     assert_eq!(
         binding.subjects.as_ref().map(|s| s[0].name.as_str()),
         Some("hostpath-node")
@@ -1787,10 +1810,10 @@ fn node_local_grants_the_node_service_account_what_its_provisioner_calls() {
     // Without the provisioner the node pods need no namespaced grant.
     obj.spec.sidecars.provisioner.enabled = false;
     let r = must_render(&obj);
-    assert!(r.node_role.is_none());
+    assert!(r.role_bindings.is_empty());
     assert!(!container_names(pod(&r, Component::Node)).contains(&names::CONTAINER_PROVISIONER));
-    // A central driver has no node Role.
-    assert!(must_render(&central()).node_role.is_none());
+    // A central driver grants its node pods nothing in the namespace.
+    assert!(namespace_rules(&must_render(&central()), Component::Node).is_empty());
 }
 
 fn triples_of(
@@ -1928,13 +1951,24 @@ fn node_local_monitoring_covers_the_node_provisioner() {
     );
     assert!(args_of(prov).contains(&"--metrics-auth".to_string()));
     // The reviews are granted to the node ServiceAccount, to nobody else.
-    let node_role = triples_of(r.cluster_roles[0].rules.as_deref().unwrap_or_default());
+    let node_role = triples_of(&cluster_rules(&r, Component::Node));
     assert!(node_role.contains(&(
         "authentication.k8s.io".into(),
         "tokenreviews".into(),
         "create".into()
     )));
-    assert_eq!(r.cluster_roles.len(), 1);
+    let auth = r
+        .cluster_role_bindings
+        .iter()
+        .find(|b| b.role_ref.name == rbac::METRICS_AUTH_ROLE.name)
+        .expect("metrics-auth binding");
+    let subjects: Vec<_> = auth
+        .subjects
+        .iter()
+        .flatten()
+        .map(|s| s.name.as_str())
+        .collect();
+    assert_eq!(subjects, ["hostpath-node"]);
     let service = r.metrics_service.as_ref().expect("metrics service");
     let ports: Vec<_> = service
         .spec
@@ -2059,20 +2093,12 @@ fn golden_helpers() {
     check_golden("helpers", &with_helpers());
 }
 
-/// (apiGroup, resource, verb) triples of the controller ClusterRole.
+/// (apiGroup, resource, verb) triples of the controller's cluster-wide rules.
 fn controller_rule_triples(r: &Rendered) -> std::collections::BTreeSet<(String, String, String)> {
-    let role = r
-        .cluster_roles
-        .iter()
-        .find(|c| {
-            c.metadata
-                .name
-                .as_deref()
-                .is_some_and(|n| n.ends_with(":controller"))
-        })
-        .expect("a controller ClusterRole");
+    let rules = cluster_rules(r, Component::Controller);
+    assert!(!rules.is_empty(), "the controller is granted something");
     let mut out = std::collections::BTreeSet::new();
-    for rule in role.rules.iter().flatten() {
+    for rule in &rules {
         for g in rule.api_groups.iter().flatten() {
             for res in rule.resources.iter().flatten() {
                 for verb in &rule.verbs {
@@ -2181,8 +2207,11 @@ fn helper_rbac_is_upstreams_cluster_role() {
         let obj: CSIDriverDeployment = serde_json::from_value(v).expect("parses");
         let r = must_render(&obj);
         assert_eq!(controller_rule_triples(&r), triples(rules), "{key}");
-        // Helpers elect a leader too: the Role exists with only a helper on.
-        assert!(r.leader_election_role.is_some(), "{key}");
+        // Helpers elect a leader too: leases are granted with only a helper on.
+        assert!(
+            role_rules(&r).iter().any(|(_, res, _)| res == "leases"),
+            "{key}"
+        );
     }
     // With the bundled sidecars, the role is the union.
     let r = must_render(&with_helpers());
@@ -2192,7 +2221,7 @@ fn helper_rbac_is_upstreams_cluster_role() {
         assert!(missing.is_empty(), "{key}: {missing:?}");
     }
     // Nothing of the helpers reaches the node's role.
-    let node_role = serde_json::to_string(&r.cluster_roles[1]).expect("json");
+    let node_role = serde_json::to_string(&cluster_rules(&r, Component::Node)).expect("json");
     assert!(!node_role.contains("snapshot"), "{node_role}");
 }
 
