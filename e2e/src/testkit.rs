@@ -97,27 +97,72 @@ pub async fn install_operator_rbac(cluster: &Cluster) -> Result<()> {
     Ok(())
 }
 
-/// `kubectl auth can-i <args> --as <user>`: whether the API server's
-/// authorizer allows it. A ServiceAccount user gets its groups too.
+/// Whether the API server's authorizer lets `user` do what `args` say, in
+/// `kubectl auth can-i` words: `verb resource[.group][/name]`, then `-n NS`,
+/// `-A` (any namespace, the default) and `--subresource=S`. Asked with a
+/// SubjectAccessReview (kubectl resolves resources through discovery and
+/// answers "no" for a subresource of a CRD it does not know); a
+/// ServiceAccount user gets the groups the API server would give it.
 pub async fn can_i(cluster: &Cluster, user: &str, args: &[&str]) -> bool {
-    let mut full = vec!["auth".to_string(), "can-i".to_string()];
-    full.extend(args.iter().map(|a| a.to_string()));
-    full.push(format!("--as={user}"));
-    if let Some(ns) = user
-        .strip_prefix("system:serviceaccount:")
-        .and_then(|rest| rest.split(':').next())
-    {
-        for group in [
-            "system:serviceaccounts".to_string(),
-            format!("system:serviceaccounts:{ns}"),
-            "system:authenticated".to_string(),
-        ] {
-            full.push(format!("--as-group={group}"));
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+    };
+    let (verb, target) = match args {
+        [verb, target, ..] => (*verb, *target),
+        _ => panic!("can_i needs a verb and a resource: {args:?}"),
+    };
+    let (resource_group, name) = match target.split_once('/') {
+        Some((rg, name)) => (rg, Some(name.to_string())),
+        None => (target, None),
+    };
+    let (resource, group) = resource_group
+        .split_once('.')
+        .unwrap_or((resource_group, ""));
+    let mut namespace = None;
+    let mut subresource = None;
+    let mut rest = args[2..].iter();
+    while let Some(flag) = rest.next() {
+        match *flag {
+            "-n" => namespace = rest.next().map(|n| n.to_string()),
+            "-A" => namespace = None,
+            f if f.starts_with("--subresource=") => {
+                subresource = f.strip_prefix("--subresource=").map(str::to_string)
+            }
+            other => panic!("can_i: unknown flag {other}"),
         }
     }
-    match cluster.kubectl(&full).await {
-        Ok(out) => String::from_utf8_lossy(&out.stdout).trim() == "yes",
-        Err(e) => panic!("kubectl auth can-i {full:?}: {e}"),
+    let groups = user
+        .strip_prefix("system:serviceaccount:")
+        .and_then(|rest| rest.split(':').next())
+        .map(|ns| {
+            vec![
+                "system:serviceaccounts".to_string(),
+                format!("system:serviceaccounts:{ns}"),
+                "system:authenticated".to_string(),
+            ]
+        });
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(user.to_string()),
+            groups,
+            resource_attributes: Some(ResourceAttributes {
+                verb: Some(verb.to_string()),
+                group: Some(group.to_string()),
+                resource: Some(resource.to_string()),
+                subresource,
+                name,
+                namespace,
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let client = cluster.client().expect("client");
+    let api: kube::Api<SubjectAccessReview> = kube::Api::all(client);
+    match api.create(&Default::default(), &review).await {
+        Ok(answer) => answer.status.is_some_and(|s| s.allowed),
+        Err(e) => panic!("SubjectAccessReview of {user} {args:?}: {e}"),
     }
 }
 

@@ -167,10 +167,14 @@ async fn install_upgrade_and_delete_in_order() {
     for (who, args, allowed) in [
         (&controller, vec!["get", "secrets", "-A"], true),
         (&controller, vec!["create", "persistentvolumes"], true),
-        (&controller, vec!["create", "leases", "-n", NS], true),
         (
             &controller,
-            vec!["create", "leases", "-n", "default"],
+            vec!["create", "leases.coordination.k8s.io", "-n", NS],
+            true,
+        ),
+        (
+            &controller,
+            vec!["create", "leases.coordination.k8s.io", "-n", "default"],
             false,
         ),
         (&controller, vec!["patch", "nodes"], false),
@@ -182,20 +186,42 @@ async fn install_upgrade_and_delete_in_order() {
         (&operator_sa, vec!["create", "persistentvolumes"], false),
         (&operator_sa, vec!["delete", "persistentvolumes"], false),
         (&operator_sa, vec!["create", "configmaps", "-n", NS], false),
-        (&operator_sa, vec!["create", "leases", "-n", NS], false),
-        (&operator_sa, vec!["create", "clusterroles"], false),
-        (&operator_sa, vec!["escalate", "clusterroles"], false),
         (
             &operator_sa,
-            vec!["bind", "clusterroles/cluster-admin"],
+            vec!["create", "leases.coordination.k8s.io", "-n", NS],
             false,
         ),
         (
             &operator_sa,
-            vec!["bind", "clusterroles/csiops:provisioner"],
+            vec!["create", "clusterroles.rbac.authorization.k8s.io"],
+            false,
+        ),
+        (
+            &operator_sa,
+            vec!["escalate", "clusterroles.rbac.authorization.k8s.io"],
+            false,
+        ),
+        (
+            &operator_sa,
+            vec![
+                "bind",
+                "clusterroles.rbac.authorization.k8s.io/cluster-admin",
+            ],
+            false,
+        ),
+        (
+            &operator_sa,
+            vec![
+                "bind",
+                "clusterroles.rbac.authorization.k8s.io/csiops:provisioner",
+            ],
             true,
         ),
-        (&operator_sa, vec!["create", "clusterrolebindings"], true),
+        (
+            &operator_sa,
+            vec!["create", "clusterrolebindings.rbac.authorization.k8s.io"],
+            true,
+        ),
     ] {
         assert_eq!(
             testkit::can_i(&cluster, who, &args).await,
@@ -456,22 +482,24 @@ async fn install_upgrade_and_delete_in_order() {
     drop(helpers);
     // Their upstream RBAC is granted to the controller's ServiceAccount
     // (through the shipped helper roles), as the API server authorizes it.
-    for (resource, verb) in [
-        ("persistentvolumeclaims/status", "patch"),
-        ("volumeattributesclasses.storage.k8s.io", "watch"),
-        (
-            "volumesnapshotcontents.snapshot.storage.k8s.io/status",
+    for args in [
+        ["patch", "persistentvolumeclaims", "--subresource=status"],
+        ["watch", "volumeattributesclasses.storage.k8s.io", "-A"],
+        [
             "update",
-        ),
-        (
-            "volumegroupsnapshotcontents.groupsnapshot.storage.k8s.io",
+            "volumesnapshotcontents.snapshot.storage.k8s.io",
+            "--subresource=status",
+        ],
+        [
             "patch",
-        ),
-        ("pods", "list"),
+            "volumegroupsnapshotcontents.groupsnapshot.storage.k8s.io",
+            "-A",
+        ],
+        ["list", "pods", "-A"],
     ] {
         assert!(
-            testkit::can_i(&cluster, &controller, &[verb, resource, "-A"]).await,
-            "{controller} may not {verb} {resource}"
+            testkit::can_i(&cluster, &controller, &args).await,
+            "{controller} may not {args:?}"
         );
     }
 
