@@ -19,7 +19,7 @@ use csiops_operator::render::labels::{
     VERSION_LABEL,
 };
 use csiops_operator::render::{
-    names, rbac, render, ControllerWorkload, RenderConfig, RenderError, Rendered,
+    names, rbac, render, ControllerWorkload, RenderConfig, RenderError, Rendered, API_ACCESS_MOUNT,
 };
 use k8s_openapi::api::core::v1::{Container, PodSpec};
 use k8s_openapi::api::rbac::v1::PolicyRule;
@@ -1315,6 +1315,7 @@ fn pod_settings_volumes_mounts_and_security_context_are_rendered() {
             names::VOLUME_SOCKET_DIR,
             names::VOLUME_REGISTRATION_DIR,
             names::VOLUME_KUBELET_DIR,
+            names::VOLUME_API_ACCESS,
             "dev-dir",
             "modules"
         ]
@@ -1698,9 +1699,15 @@ fn node_local_runs_the_provisioner_in_every_node_pod_and_no_controller() {
         mounts_of(node, "socket-dir")[1],
         ("csi-provisioner", "/csi", None)
     );
-    // The ServiceAccount token stays mounted: the journal's namespace is the
-    // ServiceAccount's, and the provisioner talks to the API.
-    assert_ne!(node.automount_service_account_token, Some(false));
+    // The provisioner gets the ServiceAccount token (the journal's
+    // namespace is the ServiceAccount's, read from it); the driver does not.
+    assert_eq!(
+        mounts_of(node, names::VOLUME_API_ACCESS),
+        [
+            (names::CONTAINER_PROVISIONER, API_ACCESS_MOUNT, None),
+            (names::CONTAINER_REGISTRAR, API_ACCESS_MOUNT, None),
+        ]
+    );
 
     // Never surges: a second driver on the node's state would fight the first.
     let rolling = r
@@ -2479,4 +2486,131 @@ fn helper_and_extra_container_mistakes_are_refused_naming_them() {
     let obj = with_spec(serde_json::json!({"sidecars": {"extra": [
         {"name": "vendor", "image": "x"}, {"name": "vendor", "image": "x", "pod": "Node"}]}}));
     must_render(&obj);
+}
+
+// ---------------------------------------------------------------- tokens
+
+/// Names of the containers of `p` that see the ServiceAccount token.
+fn token_holders(p: &PodSpec) -> Vec<&str> {
+    p.containers
+        .iter()
+        .filter(|c| {
+            c.volume_mounts
+                .iter()
+                .flatten()
+                .any(|m| m.mount_path == API_ACCESS_MOUNT)
+        })
+        .map(|c| c.name.as_str())
+        .collect()
+}
+
+#[test]
+fn only_the_containers_that_call_the_api_get_a_service_account_token() {
+    let mut obj = with_helpers();
+    obj.spec.sidecars.extra = serde_json::from_value(serde_json::json!([
+        {"name": "vendor-ctl", "image": "vendor:1"},
+        {"name": "vendor-node", "image": "vendor:1", "pod": "Node"},
+    ]))
+    .expect("extras parse");
+    let r = must_render(&obj);
+    for component in [Component::Controller, Component::Node] {
+        let p = pod(&r, component);
+        // Nothing is mounted behind the pod's back.
+        assert_eq!(p.automount_service_account_token, Some(false));
+        let volume = p
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == names::VOLUME_API_ACCESS)
+            .and_then(|v| v.projected.as_ref())
+            .expect("the projected token volume");
+        let sources = serde_json::to_string(&volume.sources).expect("json");
+        for part in [
+            "serviceAccountToken",
+            "kube-root-ca.crt",
+            "metadata.namespace",
+        ] {
+            assert!(sources.contains(part), "{sources}");
+        }
+        // Read-only everywhere it is mounted.
+        for c in &p.containers {
+            for m in c.volume_mounts.iter().flatten() {
+                if m.name == names::VOLUME_API_ACCESS {
+                    assert_eq!(m.read_only, Some(true), "{}", c.name);
+                }
+            }
+        }
+    }
+    assert_eq!(
+        token_holders(pod(&r, Component::Controller)),
+        [
+            names::CONTAINER_PROVISIONER,
+            names::CONTAINER_RESIZER,
+            names::CONTAINER_SNAPSHOTTER,
+            names::CONTAINER_HEALTH_MONITOR,
+        ]
+    );
+    assert_eq!(
+        token_holders(pod(&r, Component::Node)),
+        [names::CONTAINER_REGISTRAR]
+    );
+
+    // Asked for: the driver (both pods) and the one extra container.
+    obj.spec.driver.mount_service_account_token = true;
+    obj.spec.sidecars.extra[1].mount_service_account_token = true;
+    let r = must_render(&obj);
+    assert!(token_holders(pod(&r, Component::Controller)).contains(&names::CONTAINER_DRIVER));
+    assert!(!token_holders(pod(&r, Component::Controller)).contains(&"vendor-ctl"));
+    assert_eq!(
+        token_holders(pod(&r, Component::Node)),
+        [
+            names::CONTAINER_DRIVER,
+            names::CONTAINER_REGISTRAR,
+            "vendor-node"
+        ]
+    );
+
+    // The liveness probe calls the API only to review metrics callers.
+    let r = must_render(&monitored());
+    assert!(token_holders(pod(&r, Component::Node)).contains(&names::CONTAINER_LIVENESS_PROBE));
+
+    // Nothing calls the API: no volume at all.
+    let mut quiet = custom();
+    quiet.spec.sidecars.provisioner.enabled = false;
+    quiet.spec.sidecars.attacher.enabled = false;
+    quiet.spec.sidecars.registrar.enabled = false;
+    let r = must_render(&quiet);
+    for component in [Component::Controller, Component::Node] {
+        let p = pod(&r, component);
+        assert!(token_holders(p).is_empty());
+        assert!(!p
+            .volumes
+            .iter()
+            .flatten()
+            .any(|v| v.name == names::VOLUME_API_ACCESS));
+    }
+}
+
+#[test]
+fn the_token_cannot_be_mounted_around_the_switch() {
+    let cases = [
+        // A mount of the token volume, by the driver or an extra container.
+        serde_json::json!({"node": {"volumeMounts": [{"name": "kube-api-access", "mountPath": "/tok"}]}}),
+        serde_json::json!({"sidecars": {"extra": [{"name": "x", "image": "x:1",
+            "volumeMounts": [{"name": "kube-api-access", "mountPath": "/tok"}]}]}}),
+        // Another volume at the token's path.
+        serde_json::json!({"controller": {"volumes": [{"name": "t", "emptyDir": {}}],
+            "volumeMounts": [{"name": "t", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount/"}]}}),
+        // A volume of the same name.
+        serde_json::json!({"node": {"volumes": [{"name": "kube-api-access", "emptyDir": {}}]}}),
+    ];
+    for patch in cases {
+        let obj = with_spec(patch.clone());
+        let err = render(&obj, &cfg()).expect_err(&patch.to_string());
+        let message = err.to_string();
+        assert!(
+            message.contains("ServiceAccount token"),
+            "{patch}: {message}"
+        );
+    }
 }

@@ -13,6 +13,7 @@
 //! `operator/tests/golden/`). Every object carries `apiVersion` and `kind`
 //! when serialized, ready for server-side apply.
 
+mod api_access;
 mod containers;
 pub mod controller;
 mod csidriver;
@@ -38,6 +39,7 @@ use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+pub use api_access::{API_ACCESS_MOUNT, TOKEN_EXPIRATION_SECONDS};
 pub use containers::{
     Helper, ATTACHER_HTTP_PORT, DEFAULT_HEALTH_MONITOR_IMAGE, DEFAULT_RESIZER_IMAGE,
     DEFAULT_SNAPSHOTTER_IMAGE, ENV_CSI_ENDPOINT, ENV_KUBE_NODE_NAME, HEALTHZ_PORT,

@@ -53,6 +53,9 @@ pub const VOLUME_SOCKET_DIR: &str = "socket-dir";
 pub const VOLUME_REGISTRATION_DIR: &str = "registration-dir";
 /// Node-only: kubelet's root directory (driver only, bidirectional).
 pub const VOLUME_KUBELET_DIR: &str = "kubelet-dir";
+/// The projected ServiceAccount token, CA and namespace, mounted only into
+/// the containers that call the API (see `render::api_access`).
+pub const VOLUME_API_ACCESS: &str = "kube-api-access";
 /// Where every container sees the socket directory.
 pub const SOCKET_DIR_MOUNT: &str = "/csi";
 /// Where the registrar sees kubelet's plugin registration directory.

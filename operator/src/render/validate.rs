@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use csiops_crds::{CSIDriverDeployment, DriverOverride, ExtraContainerPod, PodSettings, Topology};
 use k8s_openapi::api::core::v1::VolumeMount;
 
+use super::api_access::API_ACCESS_MOUNT;
 use super::containers::Helper;
 use super::error::RenderError;
 use super::labels::{
@@ -14,7 +15,8 @@ use super::labels::{
 };
 use super::names::{
     MANAGED_CONTAINERS, MAX_CR_NAME_LEN, MAX_STATEFULSET_NAME_LEN, REGISTRATION_DIR_MOUNT,
-    SOCKET_DIR_MOUNT, VOLUME_KUBELET_DIR, VOLUME_REGISTRATION_DIR, VOLUME_SOCKET_DIR,
+    SOCKET_DIR_MOUNT, VOLUME_API_ACCESS, VOLUME_KUBELET_DIR, VOLUME_REGISTRATION_DIR,
+    VOLUME_SOCKET_DIR,
 };
 
 /// Flags of the provisioner and attacher that the operator sets itself.
@@ -298,6 +300,10 @@ fn is_dns_label(name: &str) -> bool {
         && bytes.last() != Some(&b'-')
 }
 
+/// What the token volume is, in messages.
+const API_ACCESS_WHAT: &str =
+    "the ServiceAccount token the operator mounts only into the containers that call the API";
+
 fn socket_mount() -> (String, &'static str) {
     (SOCKET_DIR_MOUNT.to_string(), "the CSI socket directory")
 }
@@ -314,7 +320,10 @@ fn managed_pods<'a>(obj: &'a CSIDriverDeployment, kubelet_dir: &str) -> Vec<Mana
         driver: &spec.controller.driver,
         driver_privileged_by_default: false,
         driver_managed_mounts: vec![(SOCKET_DIR_MOUNT.to_string(), None)],
-        volumes: vec![(VOLUME_SOCKET_DIR, "the CSI socket directory")],
+        volumes: vec![
+            (VOLUME_SOCKET_DIR, "the CSI socket directory"),
+            (VOLUME_API_ACCESS, API_ACCESS_WHAT),
+        ],
         containers: vec![
             ContainerMounts {
                 field: "spec.controller.volumeMounts".into(),
@@ -361,6 +370,7 @@ fn managed_pods<'a>(obj: &'a CSIDriverDeployment, kubelet_dir: &str) -> Vec<Mana
                 "kubelet's plugin registration directory",
             ),
             (VOLUME_KUBELET_DIR, "the kubelet directory"),
+            (VOLUME_API_ACCESS, API_ACCESS_WHAT),
         ],
         containers: vec![
             ContainerMounts {
@@ -444,6 +454,24 @@ fn check_pod(pod: &ManagedPod<'_>) -> Result<(), RenderError> {
     for c in &pod.containers {
         let mut paths: BTreeMap<&str, usize> = BTreeMap::new();
         for (i, m) in c.user.iter().enumerate() {
+            // The token goes only where mountServiceAccountToken says: not
+            // by a mount of its volume, nor by another at its path.
+            if m.name == VOLUME_API_ACCESS {
+                return Err(collision(
+                    format!("{}[{i}].name", c.field),
+                    &m.name,
+                    format!("{API_ACCESS_WHAT} (set mountServiceAccountToken instead)"),
+                    "volume",
+                ));
+            }
+            if m.mount_path.trim_end_matches('/') == API_ACCESS_MOUNT {
+                return Err(collision(
+                    format!("{}[{i}].mountPath", c.field),
+                    &m.mount_path,
+                    format!("the path of {API_ACCESS_WHAT} (set mountServiceAccountToken instead)"),
+                    "path",
+                ));
+            }
             let known = user_volumes.contains_key(m.name.as_str())
                 || pod.volumes.iter().any(|(name, _)| *name == m.name);
             if !known {
