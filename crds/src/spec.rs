@@ -110,6 +110,7 @@ pub const MAX_NAME_LEN: usize = 41;
 #[x_kube(validation = crate::topology::controller_fields_rule())]
 #[x_kube(validation = crate::topology::helpers_rule())]
 #[x_kube(validation = crate::topology::extra_rule())]
+#[x_kube(validation = crate::security::registrar_env_rule())]
 #[x_kube(validation = kube::core::Rule::new(
     "!has(self.storageClasses) || self.storageClasses.all(a, self.storageClasses.exists_one(b, b.name == a.name))"
 ).message("storageClasses names must be unique"))]

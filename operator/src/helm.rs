@@ -85,6 +85,16 @@ pub fn chart() -> Result<Vec<ChartFile>, HelmError> {
                 .join("---\n"),
         },
         ChartFile {
+            // Checks the API server makes whatever the operator does.
+            path: "templates/admission-policies.yaml",
+            content: o
+                .policies
+                .iter()
+                .flat_map(|(p, b)| [namespaced(p), namespaced(b)])
+                .collect::<Result<Vec<_>, _>>()?
+                .join("---\n"),
+        },
+        ChartFile {
             path: "templates/rbac.yaml",
             content: [
                 namespaced(&o.cluster_role)?,

@@ -12,6 +12,9 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, Namespace,
@@ -343,6 +346,8 @@ pub struct Objects {
     pub service_account: ServiceAccount,
     /// The sidecars' roles, which the operator binds (`rbac::SHIPPED_ROLES`).
     pub shipped_roles: Vec<ClusterRole>,
+    /// Admission policies and their bindings (`crate::policy`).
+    pub policies: Vec<(ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding)>,
     pub cluster_role: ClusterRole,
     pub cluster_role_binding: ClusterRoleBinding,
     pub lease_role: Role,
@@ -363,6 +368,7 @@ pub fn objects() -> Objects {
             ..ServiceAccount::default()
         },
         shipped_roles: rbac::shipped_cluster_roles(&labels()),
+        policies: vec![crate::policy::registrar_own_node(&labels())],
         cluster_role: ClusterRole {
             metadata: meta(NAME, false),
             rules: Some(operator_rules()),
@@ -405,6 +411,10 @@ pub fn manifest() -> Result<String, serde_yaml::Error> {
     let mut parts = vec![doc(&o.namespace)?, crd, doc(&o.service_account)?];
     for role in &o.shipped_roles {
         parts.push(doc(role)?);
+    }
+    for (policy, binding) in &o.policies {
+        parts.push(doc(policy)?);
+        parts.push(doc(binding)?);
     }
     parts.extend([
         doc(&o.cluster_role)?,

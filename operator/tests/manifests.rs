@@ -252,6 +252,44 @@ fn the_operator_holds_no_data_plane_verb() {
     };
     assert!(role("csiops:provisioner").contains(&("".into(), "secrets".into(), "get".into())));
     assert!(role("csiops:registrar").contains(&("".into(), "nodes".into(), "patch".into())));
+    // The registrar role carries the marker its admission policy keys on,
+    // and nothing shipped carries the exemption.
+    let marker = |verb: &str| {
+        (
+            csiops_operator::policy::MARKER_GROUP.to_string(),
+            csiops_operator::policy::MARKER_RESOURCE.to_string(),
+            verb.to_string(),
+        )
+    };
+    assert!(role("csiops:registrar").contains(&marker(csiops_operator::policy::OWN_NODE_VERB)));
+    for r in &o.shipped_roles {
+        let name = r.metadata.name.clone().unwrap_or_default();
+        let t = role(&name);
+        assert!(
+            !t.contains(&marker(csiops_operator::policy::ANY_NODE_VERB)),
+            "{name}"
+        );
+        if name != "csiops:registrar" {
+            assert!(
+                !t.contains(&marker(csiops_operator::policy::OWN_NODE_VERB)),
+                "{name}"
+            );
+        }
+    }
+    // The policy is shipped with a Deny binding.
+    let (policy, binding) = o
+        .policies
+        .iter()
+        .find(|(p, _)| {
+            p.metadata.name.as_deref() == Some(csiops_operator::policy::REGISTRAR_POLICY)
+        })
+        .expect("the registrar policy");
+    let spec = binding.spec.as_ref().expect("binding spec");
+    assert_eq!(spec.policy_name.as_deref(), policy.metadata.name.as_deref());
+    assert_eq!(
+        spec.validation_actions.as_deref(),
+        Some(&["Deny".to_string()][..])
+    );
 }
 
 #[test]

@@ -1108,7 +1108,7 @@ fn ownership_of_namespaced_and_cluster_objects() {
 #[test]
 fn managed_flags_in_extra_args_are_refused() {
     type Setter = fn(&mut CSIDriverDeployment) -> &mut Vec<String>;
-    let cases: [(Setter, &str, &str); 7] = [
+    let cases: [(Setter, &str, &str); 9] = [
         (
             |o| &mut o.spec.sidecars.provisioner.extra_args,
             "--csi-address=/tmp/x.sock",
@@ -1139,6 +1139,17 @@ fn managed_flags_in_extra_args_are_refused() {
             |o| &mut o.spec.sidecars.attacher.extra_args,
             "--metrics-address=:8080",
             "metrics-address",
+        ),
+        // The registrar's node is its pod's.
+        (
+            |o| &mut o.spec.sidecars.registrar.extra_args,
+            "--node-name=other-node",
+            "node-name",
+        ),
+        (
+            |o| &mut o.spec.sidecars.registrar.extra_args,
+            "-node-name",
+            "node-name",
         ),
     ];
     for (field, arg, flag) in cases {
@@ -2611,6 +2622,32 @@ fn the_token_cannot_be_mounted_around_the_switch() {
         assert!(
             message.contains("ServiceAccount token"),
             "{patch}: {message}"
+        );
+    }
+}
+
+#[test]
+fn the_registrar_writes_only_its_own_node() {
+    let r = must_render(&central());
+    let registrar = container(pod(&r, Component::Node), names::CONTAINER_REGISTRAR);
+    assert!(args_of(registrar).contains(&"--node-name=$(NODE_NAME)".to_string()));
+    assert_eq!(field_ref(registrar, "NODE_NAME"), Some("spec.nodeName"));
+    // Neither variable that names a node may come from the spec, in the
+    // registrar or the (node) provisioner.
+    for (sidecar, var) in [
+        ("registrar", "NODE_NAME"),
+        ("registrar", "KUBE_NODE_NAME"),
+        ("provisioner", "NODE_NAME"),
+    ] {
+        let obj = with_spec(serde_json::json!({"sidecars": {sidecar: {"env": [
+            {"name": "LOG", "value": "1"}, {"name": var, "value": "other-node"}]}}}));
+        let err = render(&obj, &cfg()).expect_err(var);
+        assert!(matches!(err, RenderError::ManagedEnv { .. }), "{err:?}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains(&format!("spec.sidecars.{sidecar}.env sets {var}"))
+                && msg.contains("spec.nodeName"),
+            "{msg}"
         );
     }
 }

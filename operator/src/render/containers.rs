@@ -521,6 +521,9 @@ pub(crate) fn registrar_container(ctx: &Ctx<'_>) -> Result<Container, RenderErro
         format!("--plugin-registration-path={REGISTRATION_DIR_MOUNT}"),
         format!("--http-endpoint=:{REGISTRAR_HTTP_PORT}"),
         format!("--v={}", ctx.spec().log_level),
+        // Its own node, from the pod (kubelet expands the variable): the
+        // only Node and CSINode it may write.
+        "--node-name=$(NODE_NAME)".to_string(),
     ];
     if ctx.spec().node.readiness_taint {
         args.push(format!(

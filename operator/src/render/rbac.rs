@@ -208,6 +208,17 @@ pub const REGISTRAR_GRANTS: &[Grant] = &[
     ),
     grant("", "nodes", &["get", "list", "watch", "patch"]),
     grant("", "events", &["create", "patch"]),
+    // The Warning Event of a refused topology (its recorder writes
+    // events.k8s.io, as the other sidecars').
+    grant("events.k8s.io", "events", &["create", "patch"]),
+    // Not a permission: the marker by which the shipped admission policy
+    // limits this role's Node and CSINode writes to the pod's own node
+    // (see `crate::policy`).
+    grant(
+        crate::policy::MARKER_GROUP,
+        crate::policy::MARKER_RESOURCE,
+        &[crate::policy::OWN_NODE_VERB],
+    ),
 ];
 
 /// Leader election of the controller sidecars, in the CR's namespace only.

@@ -57,7 +57,14 @@ pub const REGISTRAR_MANAGED_FLAGS: &[&str] = &[
     // Set from `spec.node.readinessTaint`.
     "readiness-taint-key",
     "health-port",
+    // The node whose Node and CSINode the registrar writes: always its own
+    // (`spec.nodeName`), never one the spec names.
+    "node-name",
 ];
+/// Environment variables of the registrar that name its node (read when
+/// `--node-name` is unset, and by the node provisioner): the operator sets
+/// them from `spec.nodeName` and refuses them in `env`.
+pub const NODE_NAME_ENV: &[&str] = &["NODE_NAME", "KUBE_NODE_NAME"];
 /// Flags of the liveness probe that the operator sets itself
 /// (`--health-port`, `--metrics-address`: refused next to
 /// `--http-endpoint`, as upstream).
@@ -162,6 +169,20 @@ pub(crate) fn validate(obj: &CSIDriverDeployment) -> Result<Meta<'_>, RenderErro
         &sidecars.registrar.extra_args,
         REGISTRAR_MANAGED_FLAGS,
     )?;
+    for (sidecar, env) in [
+        ("registrar", &sidecars.registrar.env),
+        ("provisioner", &sidecars.provisioner.env),
+    ] {
+        if let Some(var) = env
+            .iter()
+            .find(|e| NODE_NAME_ENV.contains(&e.name.as_str()))
+        {
+            return Err(RenderError::ManagedEnv {
+                sidecar,
+                name: var.name.clone(),
+            });
+        }
+    }
     check_extra_args(
         "livenessProbe",
         &sidecars.liveness_probe.extra_args,
