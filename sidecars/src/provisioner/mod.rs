@@ -30,7 +30,8 @@
 //! a clone's source claim once no clone of it is pending.
 //!
 //! Around it: [`controller`] (caches, queues, workers), [`claim`],
-//! [`volume`] and [`sweep`] (the syncs), [`csi`], [`secrets`], [`metrics`],
+//! [`volume`] and [`sweep`] (the syncs; [`trust`]: what the sweep checks
+//! before it acts on an intent), [`csi`], [`secrets`], [`metrics`],
 //! [`args`]; [`capacity`] publishes CSIStorageCapacity objects
 //! (`--enable-capacity`).
 
@@ -59,6 +60,7 @@ pub mod secrets;
 pub mod snapshot_protection;
 pub mod sweep;
 pub mod topology;
+pub mod trust;
 pub mod volume;
 
 use std::sync::Arc;
