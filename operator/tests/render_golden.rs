@@ -796,7 +796,12 @@ fn sidecar_args_start_with_role_and_end_with_extra_args() {
     );
     assert_eq!(att.image_pull_policy.as_deref(), Some("Always"));
     let env: Vec<_> = att.env.iter().flatten().map(|e| e.name.as_str()).collect();
-    assert_eq!(env, ["NAMESPACE", "RUST_LOG"]);
+    assert_eq!(env, ["CSIOPS_DRIVER_NAME", "NAMESPACE", "RUST_LOG"]);
+    // The name the driver must answer GetPluginInfo with.
+    assert_eq!(
+        env_value(att, "CSIOPS_DRIVER_NAME"),
+        Some("block.csi.example.com")
+    );
 
     // Without spec.sidecars.image the operator's image is used.
     let r = must_render(&central());
@@ -852,7 +857,7 @@ fn storage_capacity_turns_on_publishing_with_its_owner_env_and_rbac() {
     let args = prov.args.clone().unwrap_or_default();
     assert!(!args.iter().any(|a| a.contains("capacity")), "{args:?}");
     let env: Vec<_> = prov.env.iter().flatten().map(|e| e.name.as_str()).collect();
-    assert_eq!(env, ["NAMESPACE"]);
+    assert_eq!(env, ["CSIOPS_DRIVER_NAME", "NAMESPACE"]);
     assert_eq!(role_rules(&r), owned(&[JOURNAL, EVENTS, LEASES]));
 
     // On with a StatefulSet: owner one level up, pods readable.
@@ -870,9 +875,9 @@ fn storage_capacity_turns_on_publishing_with_its_owner_env_and_rbac() {
     let env: Vec<_> = prov.env.iter().flatten().collect();
     assert_eq!(
         env.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(),
-        ["NAMESPACE", "POD_NAME"]
+        ["CSIOPS_DRIVER_NAME", "NAMESPACE", "POD_NAME"]
     );
-    let pod_name = env[1]
+    let pod_name = env[2]
         .value_from
         .as_ref()
         .and_then(|v| v.field_ref.as_ref())
@@ -1705,7 +1710,7 @@ fn node_local_runs_the_provisioner_in_every_node_pod_and_no_controller() {
     // NODE_NAME is what node deployment needs; NAMESPACE as everywhere; no
     // POD_NAME without capacity.
     let env: Vec<_> = prov.env.iter().flatten().map(|e| e.name.as_str()).collect();
-    assert_eq!(env, ["NODE_NAME", "NAMESPACE"]);
+    assert_eq!(env, ["CSIOPS_DRIVER_NAME", "NODE_NAME", "NAMESPACE"]);
     assert_eq!(
         mounts_of(node, "socket-dir")[1],
         ("csi-provisioner", "/csi", None)

@@ -94,6 +94,8 @@ pub enum ProvisionerError {
         code: &'static str,
         message: String,
     },
+    #[error(transparent)]
+    DriverName(#[from] crate::common::driver::NameMismatch),
     #[error("the driver answered GetPluginInfo with an empty name")]
     NoName,
     #[error("driver {driver:?} does not provide the controller service with CREATE_DELETE_VOLUME; the provisioner cannot work with it")]
@@ -369,6 +371,7 @@ async fn driver_facts(driver: &Driver) -> Result<(String, DriverCapabilities), P
     if info.name.is_empty() {
         return Err(ProvisionerError::NoName);
     }
+    crate::common::driver::check_name_from_env(&info.name)?;
     let plugin = driver
         .plugin_capabilities()
         .await
