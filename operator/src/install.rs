@@ -368,7 +368,10 @@ pub fn objects() -> Objects {
             ..ServiceAccount::default()
         },
         shipped_roles: rbac::shipped_cluster_roles(&labels()),
-        policies: vec![crate::policy::registrar_own_node(&labels())],
+        policies: vec![
+            crate::policy::registrar_own_node(&labels()),
+            crate::policy::host_access(&labels()),
+        ],
         cluster_role: ClusterRole {
             metadata: meta(NAME, false),
             rules: Some(operator_rules()),

@@ -2,6 +2,24 @@
 //! the Helm chart): checks RBAC cannot express, enforced by the API server
 //! itself, so they hold whatever the operator or a driver's pods do.
 //!
+//! **Host access is a cluster admin's to grant** ([`host_access`]). Every
+//! CSIDriverDeployment runs its driver privileged on every node, with the
+//! kubelet directory, and with what its spec says: images, host namespaces,
+//! volumes (hostPath included), security contexts, extra containers,
+//! ServiceAccount tokens, StorageClasses (a cluster default, provisioner
+//! Secrets of any namespace). The operator does all that with its own
+//! rights, so without this policy "may create a CSIDriverDeployment in some
+//! namespace" would mean "root on every node". The policy lets a requester
+//! create one, or change its spec beyond [`HARMLESS_FIELDS`], only when a
+//! cluster admin allowed it through one of two documented switches: the
+//! verb [`HOST_ACCESS_VERB`] on `csidriverdeployments.csiops.dev` granted
+//! **cluster-wide** (a ClusterRoleBinding; a RoleBinding in the namespace
+//! does not count, so a namespace admin's wildcard Role does not either),
+//! or the label [`HOST_ACCESS_LABEL`]`=allowed` on the object's namespace
+//! (Namespaces are cluster-scoped: only who may patch them sets it).
+//! Deleting, and updates that leave the spec alone (the operator's
+//! finalizer, labels), stay open.
+//!
 //! **Each registrar writes only its own node.** RBAC can grant `patch` on
 //! Nodes and writes on CSINodes only for all of them. Since Kubernetes 1.30
 //! (`ServiceAccountTokenPodNodeInfo`, beta and on by default in 1.30, GA in
@@ -143,4 +161,167 @@ pub fn registrar_own_node(
         }),
     };
     (policy, binding)
+}
+
+/// Name of the host-access policy and its binding.
+pub const HOST_ACCESS_POLICY: &str = "csiops-driver-host-access";
+/// The verb on `csidriverdeployments.csiops.dev` that allows host access
+/// when granted cluster-wide (no such request is ever made; RBAC and the
+/// authorizer need none).
+pub const HOST_ACCESS_VERB: &str = "host-access";
+/// The namespace label that allows host access to every requester in it.
+pub const HOST_ACCESS_LABEL: &str = "csiops.dev/host-access";
+/// Its value.
+pub const HOST_ACCESS_LABEL_VALUE: &str = "allowed";
+/// Spec fields anyone who may update the object may change: holding the
+/// rollout, its pace, the sidecars' verbosity, the version label (the
+/// images stay what an admin set).
+pub const HARMLESS_FIELDS: &[&str] = &["paused", "rollout", "logLevel", "version"];
+
+/// The spec fields of the CRD (every one but [`HARMLESS_FIELDS`] needs
+/// host access to change), read from the generated schema so a new field
+/// is covered the day it is added.
+pub fn guarded_spec_fields() -> Vec<String> {
+    let crd = csiops_crds::crd();
+    let props = crd
+        .spec
+        .versions
+        .first()
+        .and_then(|v| v.schema.as_ref())
+        .and_then(|s| s.open_api_v3_schema.as_ref())
+        .and_then(|s| s.properties.as_ref())
+        .and_then(|p| p.get("spec"))
+        .and_then(|s| s.properties.as_ref());
+    props
+        .map(|p| {
+            p.keys()
+                .filter(|k| !HARMLESS_FIELDS.contains(&k.as_str()))
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The host-access policy and its binding (Deny).
+pub fn host_access(
+    labels: &BTreeMap<String, String>,
+) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
+    let allowed = format!(
+        "authorizer.group('{MARKER_GROUP}').resource('csidriverdeployments').check('{HOST_ACCESS_VERB}').allowed() || \
+         (has(namespaceObject.metadata.labels) && '{HOST_ACCESS_LABEL}' in namespaceObject.metadata.labels && \
+         namespaceObject.metadata.labels['{HOST_ACCESS_LABEL}'] == '{HOST_ACCESS_LABEL_VALUE}')"
+    );
+    // The guarded fields that differ, by name (for the message).
+    let changed = guarded_spec_fields()
+        .iter()
+        .map(|f| {
+            format!(
+                "((has(object.spec.{f}) != has(oldObject.spec.{f})) || \
+                 (has(object.spec.{f}) && object.spec.{f} != oldObject.spec.{f}) ? ['{f}'] : [])"
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" + ");
+    let switch = format!(
+        "the verb {HOST_ACCESS_VERB} on csidriverdeployments.csiops.dev granted cluster-wide \
+         (a ClusterRoleBinding), or the label {HOST_ACCESS_LABEL}={HOST_ACCESS_LABEL_VALUE} on \
+         the namespace (see the README, Security model)"
+    );
+    let policy = ValidatingAdmissionPolicy {
+        metadata: meta(HOST_ACCESS_POLICY, labels),
+        spec: Some(ValidatingAdmissionPolicySpec {
+            failure_policy: Some("Fail".into()),
+            match_constraints: Some(MatchResources {
+                resource_rules: Some(vec![rule(
+                    MARKER_GROUP,
+                    "csidriverdeployments",
+                    &["CREATE", "UPDATE"],
+                )]),
+                ..Default::default()
+            }),
+            variables: Some(vec![
+                Variable {
+                    name: "allowed".into(),
+                    expression: allowed,
+                },
+                Variable {
+                    name: "changed".into(),
+                    expression: format!(
+                        "request.operation == 'UPDATE' ? ({changed}) : []"
+                    ),
+                },
+            ]),
+            validations: Some(vec![
+                Validation {
+                    expression: "request.operation != 'CREATE' || variables.allowed".into(),
+                    message_expression: Some(format!(
+                        "request.userInfo.username + ' may not create CSIDriverDeployment ' + \
+                         request.namespace + '/' + request.name + ': it runs its driver \
+                         privileged on every node, with the kubelet directory and the images, \
+                         host namespaces, volumes and StorageClasses its spec names; that needs {switch}'"
+                    )),
+                    reason: Some("Forbidden".into()),
+                    ..Default::default()
+                },
+                Validation {
+                    expression: "variables.allowed || size(variables.changed) == 0".into(),
+                    message_expression: Some(format!(
+                        "request.userInfo.username + ' may not change spec.' + \
+                         variables.changed.join(', spec.') + ' of CSIDriverDeployment ' + \
+                         request.namespace + '/' + request.name + ': without host access only \
+                         spec.{} may change; anything else is what its privileged pods run, which needs {switch}'",
+                        HARMLESS_FIELDS.join(", spec.")
+                    )),
+                    reason: Some("Forbidden".into()),
+                    ..Default::default()
+                },
+            ]),
+            ..Default::default()
+        }),
+        status: None,
+    };
+    let binding = ValidatingAdmissionPolicyBinding {
+        metadata: meta(HOST_ACCESS_POLICY, labels),
+        spec: Some(ValidatingAdmissionPolicyBindingSpec {
+            policy_name: Some(HOST_ACCESS_POLICY.into()),
+            validation_actions: Some(vec!["Deny".into()]),
+            ..Default::default()
+        }),
+    };
+    (policy, binding)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_spec_field_but_the_harmless_ones_is_guarded() {
+        let guarded = guarded_spec_fields();
+        for field in [
+            "driver",
+            "node",
+            "controller",
+            "sidecars",
+            "storageClasses",
+            "csiDriver",
+            "imagePullSecrets",
+            "monitoring",
+            "topology",
+            "driverName",
+        ] {
+            assert!(guarded.iter().any(|g| g == field), "{field}: {guarded:?}");
+        }
+        for field in HARMLESS_FIELDS {
+            assert!(!guarded.iter().any(|g| g == field), "{field}");
+        }
+        let (policy, _) = host_access(&BTreeMap::new());
+        let changed = &policy.spec.as_ref().unwrap().variables.as_ref().unwrap()[1].expression;
+        for field in &guarded {
+            assert!(
+                changed.contains(&format!("object.spec.{field} != oldObject.spec.{field}")),
+                "{field}"
+            );
+        }
+    }
 }

@@ -68,6 +68,7 @@ impl Fixture {
                 },
             ),
             metrics: Arc::new(Metrics::new()),
+            scope: Default::default(),
             render_cfg: RenderConfig {
                 sidecar_image: "example.com/sidecar:v1".into(),
                 operator_version: "0.1.0".into(),
@@ -400,4 +401,18 @@ async fn a_rival_only_the_api_server_knows_of_wins_and_nothing_cluster_scoped_is
         status.contains("Conflict") && status.contains("other/hp2"),
         "{status}"
     );
+}
+
+#[tokio::test]
+async fn an_object_outside_watch_namespaces_is_left_alone() {
+    let mut fx = Fixture::new(cdd(json!({}), json!({})));
+    let ctx = Arc::get_mut(&mut fx.ctx).expect("one owner");
+    ctx.scope = super::scope::Namespaces::from_list(["storage-system"]);
+    fx.reconcile().await.expect("nothing to do");
+    assert!(fx.log.calls().is_empty(), "{:#?}", fx.log.lines());
+    // In scope: the same object is acted on.
+    let ctx = Arc::get_mut(&mut fx.ctx).expect("one owner");
+    ctx.scope = super::scope::Namespaces::from_list(["storage-system", NS]);
+    fx.reconcile().await.expect("reconciled");
+    assert!(!fx.writes().is_empty());
 }
