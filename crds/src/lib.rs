@@ -7,6 +7,7 @@
 #![allow(clippy::duplicated_attributes)] // kube(printcolumn(..)) repeats keys by design
 
 pub mod apidoc;
+pub mod security;
 pub mod spec;
 pub mod status;
 pub mod topology;

@@ -110,6 +110,7 @@ pub const MAX_NAME_LEN: usize = 41;
 #[x_kube(validation = crate::topology::controller_fields_rule())]
 #[x_kube(validation = crate::topology::helpers_rule())]
 #[x_kube(validation = crate::topology::extra_rule())]
+#[x_kube(validation = crate::security::registrar_env_rule())]
 #[x_kube(validation = kube::core::Rule::new(
     "!has(self.storageClasses) || self.storageClasses.all(a, self.storageClasses.exists_one(b, b.name == a.name))"
 ).message("storageClasses names must be unique"))]
@@ -250,6 +251,16 @@ pub struct DriverSpec {
     #[serde(default = "default_socket_name")]
     #[schemars(length(min = 1, max = 64), pattern(r"^[A-Za-z0-9._-]+$"))]
     pub socket_name: String,
+    /// Mount the pod's ServiceAccount token (with the cluster CA and the
+    /// namespace, at `/var/run/secrets/kubernetes.io/serviceaccount`) into
+    /// the driver container, in controller and node pods, for drivers that
+    /// call the Kubernetes API. Default false: the pods mount no token
+    /// automatically and only the operator's sidecars and helpers get one.
+    /// The token carries every grant of the pod's ServiceAccount (the
+    /// provisioner's `get` on Secrets in controller pods, the registrar's
+    /// Node and CSINode writes in node pods).
+    #[serde(default)]
+    pub mount_service_account_token: bool,
 }
 
 fn default_socket_name() -> String {
@@ -622,6 +633,10 @@ pub struct ExtraContainer {
     /// The container's securityContext; none by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub security_context: Option<SecurityContext>,
+    /// Mount the pod's ServiceAccount token (as `driver.mountServiceAccountToken`
+    /// does for the driver). Default false: no token.
+    #[serde(default)]
+    pub mount_service_account_token: bool,
 }
 
 /// One sidecar.

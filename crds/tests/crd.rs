@@ -517,3 +517,30 @@ fn csidriver_token_requests_and_allocatable_period_carry_the_api_limits() {
             && unset.get("nodeAllocatableUpdatePeriodSeconds").is_none()
     );
 }
+
+#[test]
+fn the_registrars_node_is_not_the_specs_to_choose() {
+    let refused = |edit: &dyn Fn(&mut CSIDriverDeploymentSpec)| {
+        let mut spec = base_spec();
+        edit(&mut spec);
+        let err = validate_cel(&object(spec)).expect_err("refused");
+        assert!(
+            format!("{err:?}").contains(csiops_crds::security::REGISTRAR_NODE_MESSAGE),
+            "{err:?}"
+        );
+    };
+    for var in ["NODE_NAME", "KUBE_NODE_NAME"] {
+        refused(&|s| {
+            s.sidecars.registrar.env =
+                serde_json::from_value(serde_json::json!([{"name": var, "value": "other-node"}]))
+                    .expect("env parses")
+        });
+    }
+    // Other variables, and these elsewhere, are fine (`--node-name` in
+    // extraArgs is the operator's to refuse, as every managed flag).
+    let mut spec = base_spec();
+    spec.sidecars.registrar.env =
+        serde_json::from_value(serde_json::json!([{"name": "NODE_NAMES", "value": "x"}]))
+            .expect("env parses");
+    assert!(validate_cel(&object(spec)).is_ok());
+}

@@ -523,6 +523,45 @@ impl Cluster {
         OperatorProcess::spawn(operator_bin, &self.kubeconfig, &log, extra_args)
     }
 
+    /// Starts `csiops-operator` as the ServiceAccount `namespace/name`: the
+    /// admin credentials impersonate it (user and the groups the API server
+    /// gives a ServiceAccount), so every call the operator makes is
+    /// authorized by that account's RBAC alone (apply install.yaml's RBAC
+    /// first: [`crate::testkit::install_operator_rbac`]).
+    pub fn run_operator_as(
+        &self,
+        operator_bin: &Path,
+        namespace: &str,
+        name: &str,
+        extra_args: &[String],
+    ) -> Result<OperatorProcess> {
+        let kubeconfig = self.impersonating_kubeconfig(namespace, name)?;
+        let n = self.operator_runs.fetch_add(1, Ordering::Relaxed);
+        let log = self.log_dir().join(format!("csiops-operator-{n}.log"));
+        OperatorProcess::spawn(operator_bin, &kubeconfig, &log, extra_args)
+    }
+
+    /// A copy of the admin kubeconfig that impersonates the ServiceAccount
+    /// `namespace/name`; its path.
+    pub fn impersonating_kubeconfig(&self, namespace: &str, name: &str) -> Result<PathBuf> {
+        let mut config = Kubeconfig::read_from(&self.kubeconfig)?;
+        for named in &mut config.auth_infos {
+            if let Some(auth) = named.auth_info.as_mut() {
+                auth.impersonate = Some(format!("system:serviceaccount:{namespace}:{name}"));
+                auth.impersonate_groups = Some(vec![
+                    "system:serviceaccounts".into(),
+                    format!("system:serviceaccounts:{namespace}"),
+                    "system:authenticated".into(),
+                ]);
+            }
+        }
+        let path = self.root.join(format!("kubeconfig-{namespace}-{name}"));
+        let yaml = serde_yaml::to_string(&config)
+            .map_err(|e| Error::Other(format!("serializing a kubeconfig: {e}")))?;
+        std::fs::write(&path, yaml).map_err(io("writing", path.clone()))?;
+        Ok(path)
+    }
+
     /// Stops every process (SIGTERM, SIGKILL after a grace period) and
     /// removes the temp dir. Dropping the cluster does the same, blocking.
     pub async fn stop(self) -> Result<()> {

@@ -63,6 +63,109 @@ pub async fn install_crd(cluster: &Cluster) -> Result<()> {
     })
 }
 
+/// The operator's namespace and ServiceAccount in `manifests/install.yaml`.
+pub const OPERATOR_NAMESPACE: &str = "csiops-system";
+pub const OPERATOR_ACCOUNT: &str = "csiops-operator";
+
+/// Applies what `manifests/install.yaml` installs but the operator's
+/// Deployment: its Namespace, the CRD (waited for), its ServiceAccount and
+/// RBAC, and the sidecars' shipped roles. With
+/// [`Cluster::run_operator_as`] a local operator then runs with exactly
+/// the permissions a real installation gives it.
+pub async fn install_operator_rbac(cluster: &Cluster) -> Result<()> {
+    let text = std::fs::read_to_string(workspace_root().join("manifests/install.yaml"))
+        .map_err(|e| Error::Other(format!("reading manifests/install.yaml: {e}")))?;
+    let mut kept = Vec::new();
+    for doc in text.split("\n---\n") {
+        let kind = doc
+            .lines()
+            .find_map(|l| l.strip_prefix("kind: "))
+            .unwrap_or_default()
+            .trim();
+        if kind != "Deployment" && kind != "CustomResourceDefinition" && !kind.is_empty() {
+            kept.push(doc.trim_start_matches("---\n"));
+        }
+    }
+    install_crd(cluster).await?;
+    let out = apply_yaml(cluster, "install-rbac", &kept.join("\n---\n")).await?;
+    if !out.status.success() {
+        return Err(Error::Other(format!(
+            "applying install.yaml's RBAC: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    Ok(())
+}
+
+/// Whether the API server's authorizer lets `user` do what `args` say, in
+/// `kubectl auth can-i` words: `verb resource[.group][/name]`, then `-n NS`,
+/// `-A` (any namespace, the default) and `--subresource=S`. Asked with a
+/// SubjectAccessReview (kubectl resolves resources through discovery and
+/// answers "no" for a subresource of a CRD it does not know); a
+/// ServiceAccount user gets the groups the API server would give it.
+pub async fn can_i(cluster: &Cluster, user: &str, args: &[&str]) -> bool {
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+    };
+    let (verb, target) = match args {
+        [verb, target, ..] => (*verb, *target),
+        _ => panic!("can_i needs a verb and a resource: {args:?}"),
+    };
+    let (resource_group, name) = match target.split_once('/') {
+        Some((rg, name)) => (rg, Some(name.to_string())),
+        None => (target, None),
+    };
+    let (resource, group) = resource_group
+        .split_once('.')
+        .unwrap_or((resource_group, ""));
+    let mut namespace = None;
+    let mut subresource = None;
+    let mut rest = args[2..].iter();
+    while let Some(flag) = rest.next() {
+        match *flag {
+            "-n" => namespace = rest.next().map(|n| n.to_string()),
+            "-A" => namespace = None,
+            f if f.starts_with("--subresource=") => {
+                subresource = f.strip_prefix("--subresource=").map(str::to_string)
+            }
+            other => panic!("can_i: unknown flag {other}"),
+        }
+    }
+    let groups = user
+        .strip_prefix("system:serviceaccount:")
+        .and_then(|rest| rest.split(':').next())
+        .map(|ns| {
+            vec![
+                "system:serviceaccounts".to_string(),
+                format!("system:serviceaccounts:{ns}"),
+                "system:authenticated".to_string(),
+            ]
+        });
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(user.to_string()),
+            groups,
+            resource_attributes: Some(ResourceAttributes {
+                verb: Some(verb.to_string()),
+                group: Some(group.to_string()),
+                resource: Some(resource.to_string()),
+                subresource,
+                name,
+                namespace,
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let client = cluster.client().expect("client");
+    let api: kube::Api<SubjectAccessReview> = kube::Api::all(client);
+    match api.create(&Default::default(), &review).await {
+        Ok(answer) => answer.status.is_some_and(|s| s.allowed),
+        Err(e) => panic!("SubjectAccessReview of {user} {args:?}: {e}"),
+    }
+}
+
 /// `kubectl apply -f -` of a YAML text (through a file in the cluster's dir).
 pub async fn apply_yaml(cluster: &Cluster, name: &str, yaml: &str) -> Result<std::process::Output> {
     let path = cluster.work_dir().join(format!("{name}.yaml"));

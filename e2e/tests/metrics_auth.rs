@@ -286,21 +286,20 @@ async fn the_operator_and_a_sidecar_let_in_only_callers_rbac_allows() {
     })
     .await
     .unwrap_or_else(|_| panic!("no metrics Service\n{}", operator.log_tail(60)));
-    // The pods' ServiceAccounts may review callers.
-    let node_role = cluster
-        .kubectl_ok([
-            "get",
-            "clusterrole",
-            &format!("csiops:{DRIVER}:node"),
-            "-o",
-            "yaml",
-        ])
-        .await
-        .expect("node ClusterRole");
-    assert!(
-        node_role.contains("tokenreviews") && node_role.contains("subjectaccessreviews"),
-        "{node_role}"
-    );
+    // The pods' ServiceAccounts may review callers (the shipped role,
+    // bound to them).
+    for sa in ["testdriver-controller", "testdriver-node"] {
+        let user = format!("system:serviceaccount:{NS}:{sa}");
+        for what in [
+            "tokenreviews.authentication.k8s.io",
+            "subjectaccessreviews.authorization.k8s.io",
+        ] {
+            assert!(
+                testkit::can_i(&cluster, &user, &["create", what]).await,
+                "{user} may not create {what}"
+            );
+        }
+    }
     // No PodMonitor kind, no PodMonitor, and no error for it.
     assert!(!exists(&cluster, &["get", "podmonitors", "-A"]).await);
     let log = operator.log_tail(10_000);

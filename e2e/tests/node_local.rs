@@ -35,7 +35,7 @@ use csiops_e2e::walkthrough::{self, Use};
 use csiops_e2e::{testkit, wait_for, Cluster, ClusterOptions};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolume, Pod, ServiceAccount};
-use k8s_openapi::api::rbac::v1::Role;
+use k8s_openapi::api::rbac::v1::RoleBinding;
 use k8s_openapi::api::storage::v1::CSIStorageCapacity;
 use kube::api::{Api, DeleteParams, ListParams};
 use kube::ResourceExt;
@@ -355,22 +355,29 @@ async fn deployed_centrally_it_fails_to_mount_until_it_becomes_node_local() {
     drop(timeline);
     // What only the controller used is gone too.
     let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), NS);
-    let roles: Api<Role> = Api::namespaced(client.clone(), NS);
+    let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), NS);
     assert!(sas
         .get_opt(&format!("{NAME}-controller"))
         .await
         .expect("get")
         .is_none());
-    assert!(roles
-        .get_opt(&format!("{NAME}-leader-election"))
+    assert!(bindings
+        .get_opt(&format!("{NAME}-leases"))
         .await
         .expect("get")
         .is_none());
-    assert!(roles
-        .get_opt(&format!("{NAME}-node"))
+    // The journal's binding now names the node ServiceAccount.
+    let journal = bindings
+        .get(&format!("{NAME}-journal"))
         .await
-        .expect("get")
-        .is_some());
+        .expect("journal RoleBinding");
+    let subjects: Vec<_> = journal
+        .subjects
+        .iter()
+        .flatten()
+        .map(|s| s.name.clone())
+        .collect();
+    assert_eq!(subjects, [format!("{NAME}-node")]);
 
     // The pending block claim is now the node's to provision, and mounts.
     wait_pod_running(cluster, "block").await;

@@ -2,6 +2,11 @@
 //! driver (the fixture `e2e/fixtures/hostpath-central.yaml`), an ordered
 //! upgrade, and an ordered teardown that leaves nothing.
 //!
+//! The operator runs as its ServiceAccount with install.yaml's RBAC (the
+//! admin credentials impersonate it), so every object it writes proves that
+//! RBAC is enough: it binds the shipped sidecar roles without holding their
+//! verbs.
+//!
 //! One cluster for the whole file: the steps build on each other, as a storage
 //! admin's day would. kwok pods run nothing, so the node side is played per
 //! node once its node pod is Ready: a real CSI driver process and the csiops
@@ -15,7 +20,7 @@ use csiops_e2e::timeline::{Entry, Timeline};
 use csiops_e2e::{operator_bin, wait_for, Cluster, ClusterOptions};
 use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
 use kube::api::{Api, ListParams};
 
@@ -40,8 +45,11 @@ async fn install_upgrade_and_delete_in_order() {
         .expect("cluster starts");
     let client = cluster.client().expect("client");
 
-    // The CRD installs and kubectl knows the resource and its short name.
-    testkit::install_crd(&cluster).await.expect("CRD installs");
+    // The CRD installs (with install.yaml's RBAC) and kubectl knows the
+    // resource and its short name.
+    testkit::install_operator_rbac(&cluster)
+        .await
+        .expect("install.yaml's CRD and RBAC apply");
     let out = cluster
         .kubectl(["get", "csidriverdeployments", "-A"])
         .await
@@ -62,7 +70,12 @@ async fn install_upgrade_and_delete_in_order() {
     );
 
     let mut operator = cluster
-        .run_operator(&operator_bin().expect("operator built"))
+        .run_operator_as(
+            &operator_bin().expect("operator built"),
+            testkit::OPERATOR_NAMESPACE,
+            testkit::OPERATOR_ACCOUNT,
+            &[],
+        )
         .expect("operator starts");
     let _nodes = testkit::node_side(&cluster, NS, NAME, DRIVER).expect("node side starts");
 
@@ -106,25 +119,114 @@ async fn install_upgrade_and_delete_in_order() {
             "ServiceAccount {sa}"
         );
     }
-    let roles: Api<Role> = Api::namespaced(client.clone(), NS);
-    assert!(roles
-        .get_opt("hostpath-leader-election")
-        .await
-        .expect("get role")
-        .is_some());
+    // RBAC: bindings of the shipped roles only; the operator made no role.
+    let role_bindings: Api<RoleBinding> = Api::namespaced(client.clone(), NS);
+    for (name, role) in [
+        ("hostpath-leases", "csiops:leader-election"),
+        ("hostpath-journal", "csiops:provisioner-journal"),
+    ] {
+        let binding = role_bindings.get(name).await.expect("RoleBinding");
+        assert_eq!(binding.role_ref.name, role);
+    }
     let cluster_roles: Api<ClusterRole> = Api::all(client.clone());
     let cluster_bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
-    for name in [
-        "csiops:hostpath.csi.k8s.io:controller",
-        "csiops:hostpath.csi.k8s.io:node",
+    for (name, role) in [
+        (
+            "csiops:hostpath.csi.k8s.io:provisioner",
+            "csiops:provisioner",
+        ),
+        ("csiops:hostpath.csi.k8s.io:registrar", "csiops:registrar"),
     ] {
-        assert!(
-            cluster_roles.get_opt(name).await.expect("get").is_some(),
-            "ClusterRole {name}"
-        );
-        assert!(
-            cluster_bindings.get_opt(name).await.expect("get").is_some(),
-            "ClusterRoleBinding {name}"
+        let binding = cluster_bindings
+            .get(name)
+            .await
+            .expect("ClusterRoleBinding");
+        assert_eq!(binding.role_ref.name, role);
+    }
+    let owned = ListParams::default().labels("app.kubernetes.io/managed-by=csiops-operator");
+    assert!(cluster_roles
+        .list(&owned)
+        .await
+        .expect("list")
+        .items
+        .is_empty());
+    assert!(Api::<Role>::namespaced(client.clone(), NS)
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .items
+        .is_empty());
+    // What each account may do, as the API server's authorizer answers.
+    let controller = format!("system:serviceaccount:{NS}:hostpath-controller");
+    let node = format!("system:serviceaccount:{NS}:hostpath-node");
+    let operator_sa = format!(
+        "system:serviceaccount:{}:{}",
+        testkit::OPERATOR_NAMESPACE,
+        testkit::OPERATOR_ACCOUNT
+    );
+    for (who, args, allowed) in [
+        (&controller, vec!["get", "secrets", "-A"], true),
+        (&controller, vec!["create", "persistentvolumes"], true),
+        (
+            &controller,
+            vec!["create", "leases.coordination.k8s.io", "-n", NS],
+            true,
+        ),
+        (
+            &controller,
+            vec!["create", "leases.coordination.k8s.io", "-n", "default"],
+            false,
+        ),
+        (&controller, vec!["patch", "nodes"], false),
+        (&node, vec!["patch", "nodes"], true),
+        (&node, vec!["get", "secrets", "-A"], false),
+        (&operator_sa, vec!["get", "secrets", "-A"], false),
+        (&operator_sa, vec!["list", "secrets", "-n", NS], false),
+        (&operator_sa, vec!["patch", "nodes"], false),
+        (&operator_sa, vec!["create", "persistentvolumes"], false),
+        (&operator_sa, vec!["delete", "persistentvolumes"], false),
+        (&operator_sa, vec!["create", "configmaps", "-n", NS], false),
+        (
+            &operator_sa,
+            vec!["create", "leases.coordination.k8s.io", "-n", NS],
+            false,
+        ),
+        (
+            &operator_sa,
+            vec!["create", "clusterroles.rbac.authorization.k8s.io"],
+            false,
+        ),
+        (
+            &operator_sa,
+            vec!["escalate", "clusterroles.rbac.authorization.k8s.io"],
+            false,
+        ),
+        (
+            &operator_sa,
+            vec![
+                "bind",
+                "clusterroles.rbac.authorization.k8s.io/cluster-admin",
+            ],
+            false,
+        ),
+        (
+            &operator_sa,
+            vec![
+                "bind",
+                "clusterroles.rbac.authorization.k8s.io/csiops:provisioner",
+            ],
+            true,
+        ),
+        (
+            &operator_sa,
+            vec!["create", "clusterrolebindings.rbac.authorization.k8s.io"],
+            true,
+        ),
+    ] {
+        assert_eq!(
+            testkit::can_i(&cluster, who, &args).await,
+            allowed,
+            "{who} {args:?}"
         );
     }
     let csidriver = Api::<CSIDriver>::all(client.clone())
@@ -378,25 +480,27 @@ async fn install_upgrade_and_delete_in_order() {
         "a controller-only change rolls with a surge replica:\n{dump}"
     );
     drop(helpers);
-    // Their upstream RBAC is in the controller's ClusterRole, as applied by
-    // the API server.
-    let role = cluster_roles
-        .get("csiops:hostpath.csi.k8s.io:controller")
-        .await
-        .expect("controller ClusterRole");
-    let has = |resource: &str, verb: &str| {
-        role.rules.iter().flatten().any(|r| {
-            r.resources.iter().flatten().any(|x| x == resource) && r.verbs.iter().any(|v| v == verb)
-        })
-    };
-    for (resource, verb) in [
-        ("persistentvolumeclaims/status", "patch"),
-        ("volumeattributesclasses", "watch"),
-        ("volumesnapshotcontents/status", "update"),
-        ("volumegroupsnapshotcontents", "patch"),
-        ("pods", "list"),
+    // Their upstream RBAC is granted to the controller's ServiceAccount
+    // (through the shipped helper roles), as the API server authorizes it.
+    for args in [
+        ["patch", "persistentvolumeclaims", "--subresource=status"],
+        ["watch", "volumeattributesclasses.storage.k8s.io", "-A"],
+        [
+            "update",
+            "volumesnapshotcontents.snapshot.storage.k8s.io",
+            "--subresource=status",
+        ],
+        [
+            "patch",
+            "volumegroupsnapshotcontents.groupsnapshot.storage.k8s.io",
+            "-A",
+        ],
+        ["list", "pods", "-A"],
     ] {
-        assert!(has(resource, verb), "no {verb} on {resource} in {role:?}");
+        assert!(
+            testkit::can_i(&cluster, &controller, &args).await,
+            "{controller} may not {args:?}"
+        );
     }
 
     // --- ordered teardown ----------------------------------------------------

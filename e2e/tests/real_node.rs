@@ -183,6 +183,19 @@ async fn install_yaml_and_a_driver_run_for_real() {
             "container {}: runs {argv:?}, rendered {want:?}",
             c.name
         );
+        // Only the registrar sees a ServiceAccount token (read from the
+        // OCI spec runc started): the driver gets none.
+        let token_mounted = info["Spec"]["mounts"]
+            .as_array()
+            .expect("mounts")
+            .iter()
+            .any(|m| m["destination"] == csiops_operator_token_path());
+        assert_eq!(
+            token_mounted,
+            c.name == "node-driver-registrar",
+            "container {}: token mounted {token_mounted}",
+            c.name
+        );
     }
 
     // Our registrar registered with the real kubelet's plugin watcher.
@@ -378,6 +391,11 @@ async fn install_yaml_and_a_driver_run_for_real() {
 
     let left = cluster.stop_and_report().await.expect("cluster stops");
     assert!(left.is_empty(), "left behind: {left:#?}");
+}
+
+/// Where in-cluster clients find the ServiceAccount token.
+fn csiops_operator_token_path() -> &'static str {
+    "/var/run/secrets/kubernetes.io/serviceaccount"
 }
 
 fn driver_yaml(name: &str, driver: &str, image: &str, version: &str, kubelet_dir: &Path) -> String {

@@ -59,6 +59,11 @@ pub struct Args {
     #[arg(long, default_value = "info")]
     pub log_level: String,
 
+    /// Namespaces whose CSIDriverDeployments are acted on, comma-separated;
+    /// empty: every namespace. Objects elsewhere are left alone.
+    #[arg(long, value_delimiter = ',')]
+    pub watch_namespaces: Vec<String>,
+
     /// `--metrics-auth` (HTTPS, callers checked by TokenReview and
     /// SubjectAccessReview) and its certificate, as in every sidecar.
     #[command(flatten)]

@@ -75,6 +75,26 @@ pub fn chart() -> Result<Vec<ChartFile>, HelmError> {
             content: namespaced(&o.service_account)?,
         },
         ChartFile {
+            // The sidecars' roles, which the operator may only bind.
+            path: "templates/sidecar-roles.yaml",
+            content: o
+                .shipped_roles
+                .iter()
+                .map(namespaced)
+                .collect::<Result<Vec<_>, _>>()?
+                .join("---\n"),
+        },
+        ChartFile {
+            // Checks the API server makes whatever the operator does.
+            path: "templates/admission-policies.yaml",
+            content: o
+                .policies
+                .iter()
+                .flat_map(|(p, b)| [namespaced(p), namespaced(b)])
+                .collect::<Result<Vec<_>, _>>()?
+                .join("---\n"),
+        },
+        ChartFile {
             path: "templates/rbac.yaml",
             content: [
                 namespaced(&o.cluster_role)?,

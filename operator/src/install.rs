@@ -2,13 +2,19 @@
 //! RBAC, and its Deployment — generated here so it cannot drift from the code
 //! (a test compares the checked-in file).
 //!
-//! Kubernetes refuses to let anyone grant permissions they do not hold, so the
-//! operator's ClusterRole includes every rule it renders for the sidecars and
-//! the upstream helpers (`render::rbac::*_GRANTS`); a test checks that it
-//! covers them.
+//! The sidecars' and helpers' permissions are shipped here as fixed
+//! ClusterRoles, one per role (`render::rbac::SHIPPED_ROLES`). The operator
+//! holds none of their verbs: Kubernetes lets it bind a role it does not hold
+//! when it has `bind` on that role, which it has on exactly these names.
+//! So a compromised operator cannot read a Secret, patch a Node or create a
+//! PersistentVolume through the API itself (see the README's Security model
+//! for what it can still do through the pods it creates).
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, Namespace,
@@ -92,19 +98,10 @@ const OPERATOR_GRANTS: &[Grant] = &[
         resource: "serviceaccounts",
         verbs: WRITE,
     },
-    Grant {
-        api_group: "rbac.authorization.k8s.io",
-        resource: "roles",
-        verbs: WRITE,
-    },
+    // Bindings of the shipped roles (never roles: see `bind_rule`).
     Grant {
         api_group: "rbac.authorization.k8s.io",
         resource: "rolebindings",
-        verbs: WRITE,
-    },
-    Grant {
-        api_group: "rbac.authorization.k8s.io",
-        resource: "clusterroles",
         verbs: WRITE,
     },
     Grant {
@@ -158,28 +155,36 @@ const OPERATOR_GRANTS: &[Grant] = &[
     },
 ];
 
-/// The operator's ClusterRole rules: its own needs plus everything it grants.
+/// `bind` on the shipped roles, by name: what lets the operator create a
+/// (Cluster)RoleBinding to a role whose verbs it does not hold. Kubernetes
+/// checks it against the binding's namespace, so this one cluster-wide rule
+/// covers the RoleBindings of the namespaced roles in every namespace.
+pub fn bind_rule() -> PolicyRule {
+    PolicyRule {
+        api_groups: Some(vec!["rbac.authorization.k8s.io".into()]),
+        resources: Some(vec!["clusterroles".into()]),
+        resource_names: Some(
+            rbac::SHIPPED_ROLES
+                .iter()
+                .map(|r| r.name.to_string())
+                .collect(),
+        ),
+        verbs: vec!["bind".into()],
+        ..PolicyRule::default()
+    }
+}
+
+/// The operator's ClusterRole rules: its own needs and `bind` on the
+/// shipped roles; none of the sidecars' verbs.
 pub fn operator_rules() -> Vec<PolicyRule> {
-    rbac::merge_rules(&[
+    let mut rules = rbac::merge_rules(&[
         OPERATOR_GRANTS,
-        rbac::PROVISIONER_GRANTS,
-        // Topology NodeLocal: the node ServiceAccount's (a subset).
-        rbac::NODE_PROVISIONER_GRANTS,
-        rbac::ATTACHER_GRANTS,
-        rbac::REGISTRAR_GRANTS,
-        rbac::LEADER_ELECTION_GRANTS,
-        rbac::PROVISIONER_NAMESPACED_GRANTS,
-        // Granted with csiDriver.storageCapacity (RBAC lets the operator
-        // grant only what it holds).
-        rbac::CAPACITY_GRANTS,
-        rbac::CAPACITY_DEPLOYMENT_GRANTS,
-        rbac::RESIZER_GRANTS,
-        rbac::SNAPSHOTTER_GRANTS,
-        rbac::HEALTH_MONITOR_GRANTS,
-        // Granted to drivers with spec.monitoring.metricsAuth, and what the
-        // operator's own --metrics-auth calls.
+        // The operator's own --metrics-auth (TokenReview and
+        // SubjectAccessReview, as system:auth-delegator grants).
         crate::render::monitoring::METRICS_AUTH_GRANTS,
-    ])
+    ]);
+    rules.push(bind_rule());
+    rules
 }
 
 fn meta(name: &str, namespaced: bool) -> ObjectMeta {
@@ -339,6 +344,10 @@ fn doc<T: Serialize>(obj: &T) -> Result<String, serde_yaml::Error> {
 pub struct Objects {
     pub namespace: Namespace,
     pub service_account: ServiceAccount,
+    /// The sidecars' roles, which the operator binds (`rbac::SHIPPED_ROLES`).
+    pub shipped_roles: Vec<ClusterRole>,
+    /// Admission policies and their bindings (`crate::policy`).
+    pub policies: Vec<(ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding)>,
     pub cluster_role: ClusterRole,
     pub cluster_role_binding: ClusterRoleBinding,
     pub lease_role: Role,
@@ -358,6 +367,11 @@ pub fn objects() -> Objects {
             metadata: meta(NAME, true),
             ..ServiceAccount::default()
         },
+        shipped_roles: rbac::shipped_cluster_roles(&labels()),
+        policies: vec![
+            crate::policy::registrar_own_node(&labels()),
+            crate::policy::host_access(&labels()),
+        ],
         cluster_role: ClusterRole {
             metadata: meta(NAME, false),
             rules: Some(operator_rules()),
@@ -397,16 +411,21 @@ pub fn objects() -> Objects {
 pub fn manifest() -> Result<String, serde_yaml::Error> {
     let o = objects();
     let crd = serde_yaml::to_string(&csiops_crds::crd())?;
-    let parts = [
-        doc(&o.namespace)?,
-        crd,
-        doc(&o.service_account)?,
+    let mut parts = vec![doc(&o.namespace)?, crd, doc(&o.service_account)?];
+    for role in &o.shipped_roles {
+        parts.push(doc(role)?);
+    }
+    for (policy, binding) in &o.policies {
+        parts.push(doc(policy)?);
+        parts.push(doc(binding)?);
+    }
+    parts.extend([
         doc(&o.cluster_role)?,
         doc(&o.cluster_role_binding)?,
         doc(&o.lease_role)?,
         doc(&o.lease_role_binding)?,
         doc(&o.deployment)?,
-    ];
+    ]);
     let mut out = String::from(
         "# csiops: the CSIDriverDeployment CRD and the operator.\n\
          # Generated by `make manifests` from operator/src/install.rs; do not edit by hand.\n\

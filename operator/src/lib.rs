@@ -6,6 +6,7 @@ pub mod helm;
 pub mod install;
 pub mod metrics;
 pub mod pods;
+pub mod policy;
 pub mod reconcile;
 pub mod render;
 pub mod report;

@@ -52,6 +52,9 @@ async fn run(args: Args) -> Result<(), MainError> {
     info!(
         operator = env!("CARGO_PKG_VERSION"),
         apiserver = %version.git_version,
+        watch_namespaces = ?reconcile::scope::Namespaces::from_list(&args.watch_namespaces)
+            .listed()
+            .unwrap_or_else(|| vec!["(all)"]),
         "csiops-operator starting"
     );
 
@@ -93,6 +96,7 @@ async fn run(args: Args) -> Result<(), MainError> {
         },
         concurrency: args.concurrency,
         instance: Some(identity),
+        scope: reconcile::scope::Namespaces::from_list(&args.watch_namespaces),
     };
     let controller_client = client.clone();
     let controller_metrics = metrics.clone();

@@ -157,15 +157,23 @@ struct RawWaiting {
 
 #[derive(Deserialize, Default)]
 #[serde(default)]
-struct RawState {
-    waiting: Option<RawWaiting>,
+struct RawTerminated {
+    message: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
 #[serde(default)]
+struct RawState {
+    waiting: Option<RawWaiting>,
+    terminated: Option<RawTerminated>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
 struct RawContainerStatus {
     name: String,
     state: Option<RawState>,
+    last_state: Option<RawState>,
 }
 
 #[derive(Deserialize, Default)]
@@ -233,12 +241,27 @@ impl From<RawPod> for PodView {
             let Some(w) = cs.state.and_then(|s| s.waiting) else {
                 continue;
             };
+            // A crash-looping container's own words (its termination
+            // message: what a sidecar that refuses its driver writes) say
+            // more than kubelet's "back-off 5m0s".
+            let last_words = cs
+                .last_state
+                .and_then(|s| s.terminated)
+                .and_then(|t| t.message)
+                .map(|m| m.trim().to_string())
+                .filter(|m| !m.is_empty());
             match w.reason.as_deref() {
                 Some("ContainerCreating") => view.creating += 1,
                 Some(reason) => view.waiting.push(Waiting {
                     container: cs.name,
                     reason: reason.to_string(),
-                    message: w.message,
+                    message: match (reason, last_words) {
+                        ("CrashLoopBackOff", Some(words)) => Some(match w.message {
+                            Some(m) => format!("{words} ({m})"),
+                            None => words,
+                        }),
+                        _ => w.message,
+                    },
                 }),
                 None => {}
             }
@@ -296,6 +319,28 @@ mod tests {
             }]
         );
         assert_eq!(<PodView as kube::Resource>::plural(&()), "pods");
+    }
+
+    #[test]
+    fn a_crash_looping_container_is_reported_in_its_own_words() {
+        let pod: PodView = serde_json::from_value(json!({
+            "metadata": {"name": "p"},
+            "status": {"containerStatuses": [
+                {"name": "node-driver-registrar",
+                 "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 20s"}},
+                 "lastState": {"terminated": {"exitCode": 1,
+                    "message": "the driver reports the name \"a\" (GetPluginInfo) but its CSIDriverDeployment's spec.driverName is \"b\"\n"}}},
+                {"name": "csi-driver",
+                 "state": {"waiting": {"reason": "ImagePullBackOff", "message": "pull failed"}},
+                 "lastState": {"terminated": {"message": "old words"}}}]}
+        }))
+        .expect("parses");
+        assert_eq!(
+            pod.waiting[0].message.as_deref(),
+            Some("the driver reports the name \"a\" (GetPluginInfo) but its CSIDriverDeployment's spec.driverName is \"b\" (back-off 20s)")
+        );
+        // Only a crash loop takes the last words; other waits keep kubelet's.
+        assert_eq!(pod.waiting[1].message.as_deref(), Some("pull failed"));
     }
 
     #[test]

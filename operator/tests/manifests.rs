@@ -128,44 +128,168 @@ fn triples(rules: &[k8s_openapi::api::rbac::v1::PolicyRule]) -> BTreeSet<(String
     out
 }
 
-#[test]
-fn operator_holds_every_permission_it_grants() {
-    let held = triples(&install::operator_rules());
+/// Specs that together render every binding: a central driver with every
+/// sidecar and helper, capacity from a Deployment and authenticated
+/// metrics, and a node-local one with capacity and authenticated metrics.
+fn every_binding() -> Vec<CSIDriverDeployment> {
     let mut obj = central();
-    // Every sidecar and helper on, so every grant is rendered.
     obj.spec.csi_driver.attach_required = true;
     obj.spec.sidecars.resizer.enabled = true;
     obj.spec.sidecars.snapshotter.enabled = true;
     obj.spec.sidecars.health_monitor.enabled = true;
-    // Capacity publishing from a Deployment: its Role's rules too.
     obj.spec.csi_driver.storage_capacity = true;
     obj.spec.controller.kind = csiops_crds::ControllerKind::Deployment;
-    let cfg = RenderConfig {
-        sidecar_image: "ghcr.io/csiops/csiops-sidecar:v0.1.0".into(),
-        operator_version: "0.1.0".into(),
-    };
-    // And a node-local driver with capacity and authenticated metrics: the
-    // node ServiceAccount's grants.
+    obj.spec.monitoring =
+        Some(serde_json::from_value(serde_json::json!({"metricsAuth": true})).expect("parses"));
     let mut node_local = example();
     node_local.spec.csi_driver.storage_capacity = true;
     node_local.spec.monitoring =
         Some(serde_json::from_value(serde_json::json!({"metricsAuth": true})).expect("parses"));
-    for obj in [obj, node_local] {
-        let r = render(&obj, &cfg).expect("object renders");
-        let mut granted = BTreeSet::new();
-        for role in &r.cluster_roles {
-            granted.extend(triples(role.rules.as_deref().unwrap_or_default()));
-        }
-        for role in r.leader_election_role.iter().chain(&r.node_role) {
-            granted.extend(triples(role.rules.as_deref().unwrap_or_default()));
-        }
-        assert!(
-            granted.len() > 20,
-            "expected a real rule set, got {granted:?}"
-        );
-        let missing: Vec<_> = granted.difference(&held).collect();
-        assert!(missing.is_empty(), "operator cannot grant {missing:?}");
+    vec![obj, node_local]
+}
+
+fn cfg() -> RenderConfig {
+    RenderConfig {
+        sidecar_image: "ghcr.io/csiops/csiops-sidecar:v0.1.0".into(),
+        operator_version: "0.1.0".into(),
     }
+}
+
+#[test]
+fn every_binding_the_operator_renders_names_a_shipped_role_it_may_bind() {
+    let bind = install::bind_rule();
+    let bindable: BTreeSet<String> = bind
+        .resource_names
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
+    let shipped: BTreeSet<String> = install::objects()
+        .shipped_roles
+        .iter()
+        .filter_map(|r| r.metadata.name.clone())
+        .collect();
+    assert_eq!(bindable, shipped, "bind covers exactly the shipped roles");
+    let mut referenced = BTreeSet::new();
+    for obj in every_binding() {
+        let r = render(&obj, &cfg()).expect("object renders");
+        for role_ref in r
+            .cluster_role_bindings
+            .iter()
+            .map(|b| &b.role_ref)
+            .chain(r.role_bindings.iter().map(|b| &b.role_ref))
+        {
+            assert_eq!(role_ref.kind, "ClusterRole", "{role_ref:?}");
+            assert!(
+                bindable.contains(&role_ref.name),
+                "{} is not a shipped role the operator may bind",
+                role_ref.name
+            );
+            referenced.insert(role_ref.name.clone());
+        }
+    }
+    // Every shipped role is used by some spec (no dead role in install.yaml).
+    assert_eq!(referenced, shipped);
+}
+
+#[test]
+fn the_operator_holds_no_data_plane_verb() {
+    let rules = install::operator_rules();
+    let held = triples(&rules);
+    assert!(held.len() > 20, "expected a real rule set, got {held:?}");
+    for (group, resource, verb) in &held {
+        assert!(
+            group != "*" && resource != "*" && verb != "*",
+            "wildcard in the operator's rules: {group}/{resource} {verb}"
+        );
+        assert!(resource != "secrets", "the operator may {verb} secrets");
+        assert!(
+            resource != "configmaps",
+            "the operator may {verb} configmaps"
+        );
+        assert!(
+            resource != "nodes" || ["get", "list", "watch"].contains(&verb.as_str()),
+            "the operator may {verb} nodes"
+        );
+        assert!(
+            !(resource.starts_with("persistentvolume")
+                && ["create", "delete", "update", "patch"].contains(&verb.as_str())),
+            "the operator may {verb} {resource}"
+        );
+        assert!(
+            !["escalate", "impersonate"].contains(&verb.as_str()),
+            "the operator may {verb} {group}/{resource}"
+        );
+        assert!(
+            !(resource == "roles" || resource == "clusterroles") || verb == "bind",
+            "the operator may {verb} {resource}"
+        );
+        assert!(
+            resource != "leases",
+            "leases are the operator's own Role's, in its namespace only"
+        );
+    }
+    // `bind` only on the shipped roles, by name.
+    for rule in &rules {
+        if rule.verbs.iter().any(|v| v == "bind") {
+            assert_eq!(rule.verbs, ["bind"]);
+            let names = rule.resource_names.as_deref().unwrap_or_default();
+            assert!(!names.is_empty(), "bind restricted by resourceNames");
+            assert!(names.iter().all(|n| n.starts_with("csiops:")), "{names:?}");
+        }
+    }
+    // And the shipped roles hold what the sidecars need (they are the
+    // data plane): the provisioner reads Secrets, the registrar patches Nodes.
+    let o = install::objects();
+    let role = |name: &str| {
+        triples(
+            o.shipped_roles
+                .iter()
+                .find(|r| r.metadata.name.as_deref() == Some(name))
+                .and_then(|r| r.rules.as_deref())
+                .unwrap_or_default(),
+        )
+    };
+    assert!(role("csiops:provisioner").contains(&("".into(), "secrets".into(), "get".into())));
+    assert!(role("csiops:registrar").contains(&("".into(), "nodes".into(), "patch".into())));
+    // The registrar role carries the marker its admission policy keys on,
+    // and nothing shipped carries the exemption.
+    let marker = |verb: &str| {
+        (
+            csiops_operator::policy::MARKER_GROUP.to_string(),
+            csiops_operator::policy::MARKER_RESOURCE.to_string(),
+            verb.to_string(),
+        )
+    };
+    assert!(role("csiops:registrar").contains(&marker(csiops_operator::policy::OWN_NODE_VERB)));
+    for r in &o.shipped_roles {
+        let name = r.metadata.name.clone().unwrap_or_default();
+        let t = role(&name);
+        assert!(
+            !t.contains(&marker(csiops_operator::policy::ANY_NODE_VERB)),
+            "{name}"
+        );
+        if name != "csiops:registrar" {
+            assert!(
+                !t.contains(&marker(csiops_operator::policy::OWN_NODE_VERB)),
+                "{name}"
+            );
+        }
+    }
+    // The policy is shipped with a Deny binding.
+    let (policy, binding) = o
+        .policies
+        .iter()
+        .find(|(p, _)| {
+            p.metadata.name.as_deref() == Some(csiops_operator::policy::REGISTRAR_POLICY)
+        })
+        .expect("the registrar policy");
+    let spec = binding.spec.as_ref().expect("binding spec");
+    assert_eq!(spec.policy_name.as_deref(), policy.metadata.name.as_deref());
+    assert_eq!(
+        spec.validation_actions.as_deref(),
+        Some(&["Deny".to_string()][..])
+    );
 }
 
 #[test]

@@ -19,9 +19,10 @@ use csiops_operator::render::labels::{
     VERSION_LABEL,
 };
 use csiops_operator::render::{
-    names, rbac, render, ControllerWorkload, RenderConfig, RenderError, Rendered,
+    names, rbac, render, ControllerWorkload, RenderConfig, RenderError, Rendered, API_ACCESS_MOUNT,
 };
 use k8s_openapi::api::core::v1::{Container, PodSpec};
+use k8s_openapi::api::rbac::v1::PolicyRule;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Deserialize;
 use serde_json::Value;
@@ -171,6 +172,17 @@ fn must_render(obj: &CSIDriverDeployment) -> Rendered {
 
 // ---------------------------------------------------------------- goldens
 
+/// The cluster-wide rules of `component`'s ServiceAccount, resolved from
+/// the bindings and the shipped roles.
+fn cluster_rules(r: &Rendered, component: Component) -> Vec<PolicyRule> {
+    rbac::effective_rules(r, component).0
+}
+
+/// The rules of `component`'s ServiceAccount in the driver's namespace.
+fn namespace_rules(r: &Rendered, component: Component) -> Vec<PolicyRule> {
+    rbac::effective_rules(r, component).1
+}
+
 /// Every rendered object as JSON, in apply order.
 fn objects(r: &Rendered) -> Vec<Value> {
     fn v<T: serde::Serialize>(t: &T) -> Value {
@@ -178,11 +190,7 @@ fn objects(r: &Rendered) -> Vec<Value> {
     }
     let mut out: Vec<Value> = r.controller_service_account.iter().map(v).collect();
     out.push(v(&r.node_service_account));
-    out.extend(r.leader_election_role.iter().map(v));
-    out.extend(r.leader_election_role_binding.iter().map(v));
-    out.extend(r.node_role.iter().map(v));
-    out.extend(r.node_role_binding.iter().map(v));
-    out.extend(r.cluster_roles.iter().map(v));
+    out.extend(r.role_bindings.iter().map(v));
     out.extend(r.cluster_role_bindings.iter().map(v));
     out.push(v(&r.csi_driver));
     out.extend(r.storage_classes.iter().map(v));
@@ -349,8 +357,10 @@ fn without_monitoring_nothing_of_it_is_rendered() {
             );
         }
     }
-    let rules = serde_json::to_string(&r.cluster_roles).expect("json");
-    assert!(!rules.contains("tokenreviews"), "{rules}");
+    for component in [Component::Controller, Component::Node] {
+        let rules = serde_json::to_string(&cluster_rules(&r, component)).expect("json");
+        assert!(!rules.contains("tokenreviews"), "{rules}");
+    }
 }
 
 #[test]
@@ -396,9 +406,8 @@ fn metrics_auth_reaches_every_bundled_sidecar_its_probes_and_its_rbac() {
         assert_eq!(tls, Some("hostpath-metrics-tls"));
     }
     // Both ServiceAccounts may review callers.
-    assert_eq!(r.cluster_roles.len(), 2);
-    for role in &r.cluster_roles {
-        let rules = serde_json::to_string(&role.rules).expect("json");
+    for component in [Component::Controller, Component::Node] {
+        let rules = serde_json::to_string(&cluster_rules(&r, component)).expect("json");
         assert!(rules.contains("tokenreviews"), "{rules}");
         assert!(rules.contains("subjectaccessreviews"), "{rules}");
     }
@@ -673,7 +682,7 @@ fn attacher_only_when_attach_required() {
         container_names(pod(&r, Component::Controller)),
         ["csi-driver", "csi-provisioner", "liveness-probe"]
     );
-    let rules = serde_json::to_string(&r.cluster_roles).expect("json");
+    let rules = serde_json::to_string(&cluster_rules(&r, Component::Controller)).expect("json");
     assert!(
         !rules.contains("volumeattachments/status"),
         "attacher RBAC without attacher"
@@ -742,8 +751,7 @@ fn disabled_sidecars_are_absent() {
         ["csi-driver"]
     );
     assert_eq!(container_names(pod(&r, Component::Node)), ["csi-driver"]);
-    assert!(r.cluster_roles.is_empty() && r.cluster_role_bindings.is_empty());
-    assert!(r.leader_election_role.is_none() && r.leader_election_role_binding.is_none());
+    assert!(r.cluster_role_bindings.is_empty() && r.role_bindings.is_empty());
     let vols: Vec<_> = pod(&r, Component::Node)
         .volumes
         .iter()
@@ -793,7 +801,12 @@ fn sidecar_args_start_with_role_and_end_with_extra_args() {
     );
     assert_eq!(att.image_pull_policy.as_deref(), Some("Always"));
     let env: Vec<_> = att.env.iter().flatten().map(|e| e.name.as_str()).collect();
-    assert_eq!(env, ["NAMESPACE", "RUST_LOG"]);
+    assert_eq!(env, ["CSIOPS_DRIVER_NAME", "NAMESPACE", "RUST_LOG"]);
+    // The name the driver must answer GetPluginInfo with.
+    assert_eq!(
+        env_value(att, "CSIOPS_DRIVER_NAME"),
+        Some("block.csi.example.com")
+    );
 
     // Without spec.sidecars.image the operator's image is used.
     let r = must_render(&central());
@@ -804,12 +817,11 @@ fn sidecar_args_start_with_role_and_end_with_extra_args() {
     );
 }
 
-/// (apiGroup, resource, verbs joined) of a Role's rules.
+/// (apiGroup, resource, verbs joined) of the controller's rules in the
+/// driver's namespace.
 fn role_rules(r: &Rendered) -> Vec<(String, String, String)> {
-    let role = r.leader_election_role.as_ref().expect("a namespaced Role");
-    role.rules
+    namespace_rules(r, Component::Controller)
         .iter()
-        .flatten()
         .map(|rule| {
             (
                 rule.api_groups.clone().unwrap_or_default().join(","),
@@ -850,7 +862,7 @@ fn storage_capacity_turns_on_publishing_with_its_owner_env_and_rbac() {
     let args = prov.args.clone().unwrap_or_default();
     assert!(!args.iter().any(|a| a.contains("capacity")), "{args:?}");
     let env: Vec<_> = prov.env.iter().flatten().map(|e| e.name.as_str()).collect();
-    assert_eq!(env, ["NAMESPACE"]);
+    assert_eq!(env, ["CSIOPS_DRIVER_NAME", "NAMESPACE"]);
     assert_eq!(role_rules(&r), owned(&[JOURNAL, EVENTS, LEASES]));
 
     // On with a StatefulSet: owner one level up, pods readable.
@@ -868,9 +880,9 @@ fn storage_capacity_turns_on_publishing_with_its_owner_env_and_rbac() {
     let env: Vec<_> = prov.env.iter().flatten().collect();
     assert_eq!(
         env.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(),
-        ["NAMESPACE", "POD_NAME"]
+        ["CSIOPS_DRIVER_NAME", "NAMESPACE", "POD_NAME"]
     );
-    let pod_name = env[1]
+    let pod_name = env[2]
         .value_from
         .as_ref()
         .and_then(|v| v.field_ref.as_ref())
@@ -907,7 +919,7 @@ fn storage_capacity_turns_on_publishing_with_its_owner_env_and_rbac() {
     // Without the provisioner nothing publishes, so nothing is granted.
     obj.spec.sidecars.provisioner.enabled = false;
     let r = must_render(&obj);
-    if r.leader_election_role.is_some() {
+    if !r.role_bindings.is_empty() {
         assert_eq!(role_rules(&r), owned(&[EVENTS, LEASES]));
     }
 }
@@ -1129,8 +1141,8 @@ fn ownership_of_namespaced_and_cluster_objects() {
         .collect();
     assert_eq!(default, ["block-fast"]);
     assert_eq!(
-        names::controller_cluster_role_name(&custom()),
-        "csiops:block.csi.example.com:controller"
+        names::cluster_role_binding_name(&custom(), "provisioner"),
+        "csiops:block.csi.example.com:provisioner"
     );
 }
 
@@ -1139,7 +1151,7 @@ fn ownership_of_namespaced_and_cluster_objects() {
 #[test]
 fn managed_flags_in_extra_args_are_refused() {
     type Setter = fn(&mut CSIDriverDeployment) -> &mut Vec<String>;
-    let cases: [(Setter, &str, &str); 7] = [
+    let cases: [(Setter, &str, &str); 9] = [
         (
             |o| &mut o.spec.sidecars.provisioner.extra_args,
             "--csi-address=/tmp/x.sock",
@@ -1170,6 +1182,17 @@ fn managed_flags_in_extra_args_are_refused() {
             |o| &mut o.spec.sidecars.attacher.extra_args,
             "--metrics-address=:8080",
             "metrics-address",
+        ),
+        // The registrar's node is its pod's.
+        (
+            |o| &mut o.spec.sidecars.registrar.extra_args,
+            "--node-name=other-node",
+            "node-name",
+        ),
+        (
+            |o| &mut o.spec.sidecars.registrar.extra_args,
+            "-node-name",
+            "node-name",
         ),
     ];
     for (field, arg, flag) in cases {
@@ -1346,6 +1369,7 @@ fn pod_settings_volumes_mounts_and_security_context_are_rendered() {
             names::VOLUME_SOCKET_DIR,
             names::VOLUME_REGISTRATION_DIR,
             names::VOLUME_KUBELET_DIR,
+            names::VOLUME_API_ACCESS,
             "dev-dir",
             "modules"
         ]
@@ -1516,7 +1540,7 @@ fn hostpath_example_has_what_hostpathplugin_needs() {
     let r = must_render(&obj);
     assert!(r.controller.is_none(), "no controller workload");
     assert!(r.controller_service_account.is_none());
-    assert!(r.leader_election_role.is_none());
+    assert!(namespace_rules(&r, Component::Controller).is_empty());
     let node = pod(&r, Component::Node);
     assert_eq!(
         container_names(node),
@@ -1724,14 +1748,20 @@ fn node_local_runs_the_provisioner_in_every_node_pod_and_no_controller() {
     // NODE_NAME is what node deployment needs; NAMESPACE as everywhere; no
     // POD_NAME without capacity.
     let env: Vec<_> = prov.env.iter().flatten().map(|e| e.name.as_str()).collect();
-    assert_eq!(env, ["NODE_NAME", "NAMESPACE"]);
+    assert_eq!(env, ["CSIOPS_DRIVER_NAME", "NODE_NAME", "NAMESPACE"]);
     assert_eq!(
         mounts_of(node, "socket-dir")[1],
         ("csi-provisioner", "/csi", None)
     );
-    // The ServiceAccount token stays mounted: the journal's namespace is the
-    // ServiceAccount's, and the provisioner talks to the API.
-    assert_ne!(node.automount_service_account_token, Some(false));
+    // The provisioner gets the ServiceAccount token (the journal's
+    // namespace is the ServiceAccount's, read from it); the driver does not.
+    assert_eq!(
+        mounts_of(node, names::VOLUME_API_ACCESS),
+        [
+            (names::CONTAINER_PROVISIONER, API_ACCESS_MOUNT, None),
+            (names::CONTAINER_REGISTRAR, API_ACCESS_MOUNT, None),
+        ]
+    );
 
     // Never surges: a second driver on the node's state would fight the first.
     let rolling = r
@@ -1760,15 +1790,34 @@ fn node_local_grants_the_node_service_account_what_its_provisioner_calls() {
     let r = must_render(&obj);
     // No controller: no controller role, no leader election, no controller SA.
     assert!(r.controller_service_account.is_none());
-    assert!(r.leader_election_role.is_none());
-    assert!(r.leader_election_role_binding.is_none());
-    let role_names: Vec<_> = r
-        .cluster_roles
+    assert!(!r
+        .role_bindings
         .iter()
-        .map(|c| c.metadata.name.clone().unwrap_or_default())
+        .any(|b| b.role_ref.name == rbac::LEADER_ELECTION_ROLE.name));
+    let role_names: Vec<_> = r
+        .cluster_role_bindings
+        .iter()
+        .map(|c| {
+            (
+                c.metadata.name.clone().unwrap_or_default(),
+                c.role_ref.name.clone(),
+            )
+        })
         .collect();
-    assert_eq!(role_names, ["csiops:hostpath.csi.k8s.io:node"]);
-    let node_rules = triples_of(r.cluster_roles[0].rules.as_deref().unwrap_or_default());
+    assert_eq!(
+        role_names,
+        [
+            (
+                "csiops:hostpath.csi.k8s.io:node-provisioner".to_string(),
+                "csiops:node-provisioner".to_string()
+            ),
+            (
+                "csiops:hostpath.csi.k8s.io:registrar".to_string(),
+                "csiops:registrar".to_string()
+            )
+        ]
+    );
+    let node_rules = triples_of(&cluster_rules(&r, Component::Node));
     let want: std::collections::BTreeSet<_> =
         [rbac::REGISTRAR_GRANTS, rbac::NODE_PROVISIONER_GRANTS]
             .iter()
@@ -1788,20 +1837,17 @@ fn node_local_grants_the_node_service_account_what_its_provisioner_calls() {
     let subject = &binding.subjects.as_ref().expect("subjects")[0];
     assert_eq!(subject.name, "hostpath-node");
 
-    // Its namespaced Role: the journal only; with capacity, the capacity
+    // Its namespaced grants: the journal only; with capacity, the capacity
     // objects and its own pod (the owner, level 0). No Leases.
-    let rules = |r: &Rendered| {
-        r.node_role
-            .as_ref()
-            .map(|role| triples_of(role.rules.as_deref().unwrap_or_default()))
-            .unwrap_or_default()
-    };
+    let rules = |r: &Rendered| triples_of(&namespace_rules(r, Component::Node));
     let journal = ["create", "get", "patch"]
         .map(|v| ("".to_string(), "configmaps".to_string(), v.to_string()));
     assert_eq!(rules(&r), journal.iter().cloned().collect());
-    let binding = r.node_role_binding.as_ref().expect("node RoleBinding");
-    assert_eq!(binding.metadata.name.as_deref(), Some("hostpath-node"));
-    assert_eq!(binding.role_ref.name, "hostpath-node");
+    assert_eq!(r.role_bindings.len(), 1);
+    let binding = &r.role_bindings[0];
+    assert_eq!(binding.metadata.name.as_deref(), Some("hostpath-journal"));
+    assert_eq!(binding.role_ref.name, "csiops:provisioner-journal");
+    assert_eq!(binding.role_ref.kind, "ClusterRole");
     assert_eq!(
         binding.subjects.as_ref().map(|s| s[0].name.as_str()),
         Some("hostpath-node")
@@ -1825,10 +1871,10 @@ fn node_local_grants_the_node_service_account_what_its_provisioner_calls() {
     // Without the provisioner the node pods need no namespaced grant.
     obj.spec.sidecars.provisioner.enabled = false;
     let r = must_render(&obj);
-    assert!(r.node_role.is_none());
+    assert!(r.role_bindings.is_empty());
     assert!(!container_names(pod(&r, Component::Node)).contains(&names::CONTAINER_PROVISIONER));
-    // A central driver has no node Role.
-    assert!(must_render(&central()).node_role.is_none());
+    // A central driver grants its node pods nothing in the namespace.
+    assert!(namespace_rules(&must_render(&central()), Component::Node).is_empty());
 }
 
 fn triples_of(
@@ -1966,13 +2012,24 @@ fn node_local_monitoring_covers_the_node_provisioner() {
     );
     assert!(args_of(prov).contains(&"--metrics-auth".to_string()));
     // The reviews are granted to the node ServiceAccount, to nobody else.
-    let node_role = triples_of(r.cluster_roles[0].rules.as_deref().unwrap_or_default());
+    let node_role = triples_of(&cluster_rules(&r, Component::Node));
     assert!(node_role.contains(&(
         "authentication.k8s.io".into(),
         "tokenreviews".into(),
         "create".into()
     )));
-    assert_eq!(r.cluster_roles.len(), 1);
+    let auth = r
+        .cluster_role_bindings
+        .iter()
+        .find(|b| b.role_ref.name == rbac::METRICS_AUTH_ROLE.name)
+        .expect("metrics-auth binding");
+    let subjects: Vec<_> = auth
+        .subjects
+        .iter()
+        .flatten()
+        .map(|s| s.name.as_str())
+        .collect();
+    assert_eq!(subjects, ["hostpath-node"]);
     let service = r.metrics_service.as_ref().expect("metrics service");
     let ports: Vec<_> = service
         .spec
@@ -2097,20 +2154,12 @@ fn golden_helpers() {
     check_golden("helpers", &with_helpers());
 }
 
-/// (apiGroup, resource, verb) triples of the controller ClusterRole.
+/// (apiGroup, resource, verb) triples of the controller's cluster-wide rules.
 fn controller_rule_triples(r: &Rendered) -> std::collections::BTreeSet<(String, String, String)> {
-    let role = r
-        .cluster_roles
-        .iter()
-        .find(|c| {
-            c.metadata
-                .name
-                .as_deref()
-                .is_some_and(|n| n.ends_with(":controller"))
-        })
-        .expect("a controller ClusterRole");
+    let rules = cluster_rules(r, Component::Controller);
+    assert!(!rules.is_empty(), "the controller is granted something");
     let mut out = std::collections::BTreeSet::new();
-    for rule in role.rules.iter().flatten() {
+    for rule in &rules {
         for g in rule.api_groups.iter().flatten() {
             for res in rule.resources.iter().flatten() {
                 for verb in &rule.verbs {
@@ -2219,8 +2268,11 @@ fn helper_rbac_is_upstreams_cluster_role() {
         let obj: CSIDriverDeployment = serde_json::from_value(v).expect("parses");
         let r = must_render(&obj);
         assert_eq!(controller_rule_triples(&r), triples(rules), "{key}");
-        // Helpers elect a leader too: the Role exists with only a helper on.
-        assert!(r.leader_election_role.is_some(), "{key}");
+        // Helpers elect a leader too: leases are granted with only a helper on.
+        assert!(
+            role_rules(&r).iter().any(|(_, res, _)| res == "leases"),
+            "{key}"
+        );
     }
     // With the bundled sidecars, the role is the union.
     let r = must_render(&with_helpers());
@@ -2230,7 +2282,7 @@ fn helper_rbac_is_upstreams_cluster_role() {
         assert!(missing.is_empty(), "{key}: {missing:?}");
     }
     // Nothing of the helpers reaches the node's role.
-    let node_role = serde_json::to_string(&r.cluster_roles[1]).expect("json");
+    let node_role = serde_json::to_string(&cluster_rules(&r, Component::Node)).expect("json");
     assert!(!node_role.contains("snapshot"), "{node_role}");
 }
 
@@ -2488,4 +2540,157 @@ fn helper_and_extra_container_mistakes_are_refused_naming_them() {
     let obj = with_spec(serde_json::json!({"sidecars": {"extra": [
         {"name": "vendor", "image": "x"}, {"name": "vendor", "image": "x", "pod": "Node"}]}}));
     must_render(&obj);
+}
+
+// ---------------------------------------------------------------- tokens
+
+/// Names of the containers of `p` that see the ServiceAccount token.
+fn token_holders(p: &PodSpec) -> Vec<&str> {
+    p.containers
+        .iter()
+        .filter(|c| {
+            c.volume_mounts
+                .iter()
+                .flatten()
+                .any(|m| m.mount_path == API_ACCESS_MOUNT)
+        })
+        .map(|c| c.name.as_str())
+        .collect()
+}
+
+#[test]
+fn only_the_containers_that_call_the_api_get_a_service_account_token() {
+    let mut obj = with_helpers();
+    obj.spec.sidecars.extra = serde_json::from_value(serde_json::json!([
+        {"name": "vendor-ctl", "image": "vendor:1"},
+        {"name": "vendor-node", "image": "vendor:1", "pod": "Node"},
+    ]))
+    .expect("extras parse");
+    let r = must_render(&obj);
+    for component in [Component::Controller, Component::Node] {
+        let p = pod(&r, component);
+        // Nothing is mounted behind the pod's back.
+        assert_eq!(p.automount_service_account_token, Some(false));
+        let volume = p
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == names::VOLUME_API_ACCESS)
+            .and_then(|v| v.projected.as_ref())
+            .expect("the projected token volume");
+        let sources = serde_json::to_string(&volume.sources).expect("json");
+        for part in [
+            "serviceAccountToken",
+            "kube-root-ca.crt",
+            "metadata.namespace",
+        ] {
+            assert!(sources.contains(part), "{sources}");
+        }
+        // Read-only everywhere it is mounted.
+        for c in &p.containers {
+            for m in c.volume_mounts.iter().flatten() {
+                if m.name == names::VOLUME_API_ACCESS {
+                    assert_eq!(m.read_only, Some(true), "{}", c.name);
+                }
+            }
+        }
+    }
+    assert_eq!(
+        token_holders(pod(&r, Component::Controller)),
+        [
+            names::CONTAINER_PROVISIONER,
+            names::CONTAINER_RESIZER,
+            names::CONTAINER_SNAPSHOTTER,
+            names::CONTAINER_HEALTH_MONITOR,
+        ]
+    );
+    assert_eq!(
+        token_holders(pod(&r, Component::Node)),
+        [names::CONTAINER_REGISTRAR]
+    );
+
+    // Asked for: the driver (both pods) and the one extra container.
+    obj.spec.driver.mount_service_account_token = true;
+    obj.spec.sidecars.extra[1].mount_service_account_token = true;
+    let r = must_render(&obj);
+    assert!(token_holders(pod(&r, Component::Controller)).contains(&names::CONTAINER_DRIVER));
+    assert!(!token_holders(pod(&r, Component::Controller)).contains(&"vendor-ctl"));
+    assert_eq!(
+        token_holders(pod(&r, Component::Node)),
+        [
+            names::CONTAINER_DRIVER,
+            names::CONTAINER_REGISTRAR,
+            "vendor-node"
+        ]
+    );
+
+    // The liveness probe calls the API only to review metrics callers.
+    let r = must_render(&monitored());
+    assert!(token_holders(pod(&r, Component::Node)).contains(&names::CONTAINER_LIVENESS_PROBE));
+
+    // Nothing calls the API: no volume at all.
+    let mut quiet = custom();
+    quiet.spec.sidecars.provisioner.enabled = false;
+    quiet.spec.sidecars.attacher.enabled = false;
+    quiet.spec.sidecars.registrar.enabled = false;
+    let r = must_render(&quiet);
+    for component in [Component::Controller, Component::Node] {
+        let p = pod(&r, component);
+        assert!(token_holders(p).is_empty());
+        assert!(!p
+            .volumes
+            .iter()
+            .flatten()
+            .any(|v| v.name == names::VOLUME_API_ACCESS));
+    }
+}
+
+#[test]
+fn the_token_cannot_be_mounted_around_the_switch() {
+    let cases = [
+        // A mount of the token volume, by the driver or an extra container.
+        serde_json::json!({"node": {"volumeMounts": [{"name": "kube-api-access", "mountPath": "/tok"}]}}),
+        serde_json::json!({"sidecars": {"extra": [{"name": "x", "image": "x:1",
+            "volumeMounts": [{"name": "kube-api-access", "mountPath": "/tok"}]}]}}),
+        // Another volume at the token's path.
+        serde_json::json!({"controller": {"volumes": [{"name": "t", "emptyDir": {}}],
+            "volumeMounts": [{"name": "t", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount/"}]}}),
+        // A volume of the same name.
+        serde_json::json!({"node": {"volumes": [{"name": "kube-api-access", "emptyDir": {}}]}}),
+    ];
+    for patch in cases {
+        let obj = with_spec(patch.clone());
+        let err = render(&obj, &cfg()).expect_err(&patch.to_string());
+        let message = err.to_string();
+        assert!(
+            message.contains("ServiceAccount token"),
+            "{patch}: {message}"
+        );
+    }
+}
+
+#[test]
+fn the_registrar_writes_only_its_own_node() {
+    let r = must_render(&central());
+    let registrar = container(pod(&r, Component::Node), names::CONTAINER_REGISTRAR);
+    assert!(args_of(registrar).contains(&"--node-name=$(NODE_NAME)".to_string()));
+    assert_eq!(field_ref(registrar, "NODE_NAME"), Some("spec.nodeName"));
+    // Neither variable that names a node may come from the spec, in the
+    // registrar or the (node) provisioner.
+    for (sidecar, var) in [
+        ("registrar", "NODE_NAME"),
+        ("registrar", "KUBE_NODE_NAME"),
+        ("provisioner", "NODE_NAME"),
+    ] {
+        let obj = with_spec(serde_json::json!({"sidecars": {sidecar: {"env": [
+            {"name": "LOG", "value": "1"}, {"name": var, "value": "other-node"}]}}}));
+        let err = render(&obj, &cfg()).expect_err(var);
+        assert!(matches!(err, RenderError::ManagedEnv { .. }), "{err:?}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains(&format!("spec.sidecars.{sidecar}.env sets {var}"))
+                && msg.contains("spec.nodeName"),
+            "{msg}"
+        );
+    }
 }

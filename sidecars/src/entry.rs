@@ -64,8 +64,29 @@ pub fn finish(res: Result<(), SidecarError>) -> ExitCode {
         }
         Err(e) => {
             tracing::error!(error = %chain(&e), "stopped with an error");
+            write_termination_message(Path::new(TERMINATION_LOG), &chain(&e).to_string());
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Where kubelet reads a container's termination message from (the
+/// default `terminationMessagePath`); it shows in the pod's
+/// `lastState.terminated.message`, which the operator reports.
+pub const TERMINATION_LOG: &str = "/dev/termination-log";
+
+/// Writes `message` (at most kubelet's 4096 bytes) to `path` if that file
+/// exists (outside a pod it does not: nothing is written).
+pub fn write_termination_message(path: &Path, message: &str) {
+    if !path.exists() {
+        return;
+    }
+    let mut end = message.len().min(4096);
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    if let Err(e) = std::fs::write(path, &message[..end]) {
+        tracing::debug!(error = %e, "cannot write the termination message");
     }
 }
 
@@ -109,6 +130,29 @@ pub fn exec_node(node: &Path, argv: &[OsString]) -> std::io::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_reason_of_a_failure_is_left_where_kubelet_reads_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("termination-log");
+        // Outside a pod the file does not exist: nothing is created.
+        write_termination_message(&log, "x");
+        assert!(!log.exists());
+        std::fs::write(&log, "").unwrap();
+        write_termination_message(&log, "the driver reports the name \"a\"");
+        assert_eq!(
+            std::fs::read_to_string(&log).unwrap(),
+            "the driver reports the name \"a\""
+        );
+        // Cut to kubelet's 4096 bytes, on a character boundary.
+        write_termination_message(&log, &"é".repeat(3000));
+        let kept = std::fs::read_to_string(&log).unwrap();
+        assert!(
+            kept.len() <= 4096 && kept.chars().all(|c| c == 'é'),
+            "{}",
+            kept.len()
+        );
+    }
     use crate::cli;
 
     fn role(args: &[&str]) -> Role {

@@ -28,6 +28,8 @@ pub enum SidecarError {
     Attacher(#[from] attacher::AttacherError),
     #[error(transparent)]
     Provisioner(#[from] provisioner::ProvisionerError),
+    #[error(transparent)]
+    DriverName(#[from] common::driver::NameMismatch),
 }
 
 impl From<std::convert::Infallible> for SidecarError {

@@ -16,7 +16,7 @@
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{Service, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
@@ -182,17 +182,7 @@ impl Caches {
             )
             .boxed(),
             meta(
-                Box::pin(owned.watch_meta::<Role>(client, "Role")),
-                synced.flag(),
-            )
-            .boxed(),
-            meta(
                 Box::pin(owned.watch_meta::<RoleBinding>(client, "RoleBinding")),
-                synced.flag(),
-            )
-            .boxed(),
-            meta(
-                Box::pin(owned.watch_meta::<ClusterRole>(client, "ClusterRole")),
                 synced.flag(),
             )
             .boxed(),

@@ -1,12 +1,12 @@
-//! The cluster-scoped objects of a driver (CSIDriver, ClusterRoles,
-//! ClusterRoleBindings, StorageClasses): they cannot carry an owner reference
+//! The cluster-scoped objects of a driver (CSIDriver, ClusterRoleBindings,
+//! StorageClasses): they cannot carry an owner reference
 //! to a namespaced object, so they are found by our owner-uid label, pruned
 //! when the spec stops rendering them, and deleted in the last teardown step.
 
 use std::collections::BTreeSet;
 use std::fmt::Debug;
 
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
 use kube::api::{Api, DeleteParams, ListParams, Preconditions};
 use kube::{Client, Resource, ResourceExt};
@@ -71,10 +71,10 @@ where
     Ok(deleted)
 }
 
-/// The four kinds, addressed by one owner selector.
+/// The three kinds, addressed by one owner selector. (No ClusterRoles: the
+/// roles are shipped with the operator, which cannot write any.)
 pub struct ClusterScoped {
     csidrivers: Api<CSIDriver>,
-    cluster_roles: Api<ClusterRole>,
     cluster_role_bindings: Api<ClusterRoleBinding>,
     storage_classes: Api<StorageClass>,
     selector: String,
@@ -84,7 +84,6 @@ impl ClusterScoped {
     pub fn new(client: &Client, selector: String) -> Self {
         Self {
             csidrivers: Api::all(client.clone()),
-            cluster_roles: Api::all(client.clone()),
             cluster_role_bindings: Api::all(client.clone()),
             storage_classes: Api::all(client.clone()),
             selector,
@@ -97,9 +96,6 @@ impl ClusterScoped {
         Ok(owned_names(&self.csidrivers, "CSIDriver", sel, None)
             .await?
             .len()
-            + owned_names(&self.cluster_roles, "ClusterRole", sel, None)
-                .await?
-                .len()
             + owned_names(&self.cluster_role_bindings, "ClusterRoleBinding", sel, None)
                 .await?
                 .len()
@@ -110,36 +106,27 @@ impl ClusterScoped {
 
     /// Deletes every one of ours (teardown).
     pub async fn delete_all(&self) -> Result<usize, Error> {
-        self.delete_except(
-            &BTreeSet::new(),
-            &BTreeSet::new(),
-            &BTreeSet::new(),
-            &BTreeSet::new(),
-        )
-        .await
+        self.delete_except(&BTreeSet::new(), &BTreeSet::new(), &BTreeSet::new())
+            .await
     }
 
     /// Deletes ours that the current spec no longer renders (a StorageClass
-    /// removed from the list, the node role of a disabled registrar).
+    /// removed from the list, the registrar's binding once it is disabled).
     pub async fn prune(&self, rendered: &Rendered) -> Result<usize, Error> {
         let names = |it: &mut dyn Iterator<Item = String>| it.collect::<BTreeSet<String>>();
         let classes = names(&mut rendered.storage_classes.iter().map(|o| o.name_any()));
         let bindings = names(&mut rendered.cluster_role_bindings.iter().map(|o| o.name_any()));
-        let roles = names(&mut rendered.cluster_roles.iter().map(|o| o.name_any()));
         let drivers = names(&mut std::iter::once(rendered.csi_driver.name_any()));
-        self.delete_except(&classes, &bindings, &roles, &drivers)
-            .await
+        self.delete_except(&classes, &bindings, &drivers).await
     }
 
     async fn delete_except(
         &self,
         classes: &BTreeSet<String>,
         bindings: &BTreeSet<String>,
-        roles: &BTreeSet<String>,
         drivers: &BTreeSet<String>,
     ) -> Result<usize, Error> {
         let sel = self.selector.as_str();
-        // Bindings before roles, so no binding ever points at a missing role.
         Ok(
             delete_all(&self.storage_classes, "StorageClass", sel, None, classes).await?
                 + delete_all(
@@ -150,7 +137,6 @@ impl ClusterScoped {
                     bindings,
                 )
                 .await?
-                + delete_all(&self.cluster_roles, "ClusterRole", sel, None, roles).await?
                 + delete_all(&self.csidrivers, "CSIDriver", sel, None, drivers).await?,
         )
     }

@@ -24,6 +24,7 @@ pub mod owned;
 pub mod pace;
 pub mod pod_events;
 pub mod retry;
+pub mod scope;
 mod status;
 mod supporting;
 pub mod sync;
@@ -51,7 +52,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde_json::json;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use self::apply::{apply, owned_only, Mode, Owner};
 use self::cluster::ClusterScoped;
@@ -95,6 +96,8 @@ pub struct Context {
     pub failures: retry::Failures,
     /// At most one reconcile per object a second.
     pub pacer: pace::Pacer,
+    /// `--watch-namespaces`: where objects are acted on.
+    pub scope: scope::Namespaces,
 }
 
 /// Options of [`run`].
@@ -104,6 +107,8 @@ pub struct RunConfig {
     pub concurrency: u16,
     /// Reporter instance in Events (the pod name).
     pub instance: Option<String>,
+    /// `--watch-namespaces`.
+    pub scope: scope::Namespaces,
 }
 
 /// Runs the controller until `shutdown` resolves. `on_ready` is called once
@@ -136,6 +141,7 @@ pub async fn run(
         deployments: deployments.clone(),
         failures: retry::Failures::default(),
         pacer: pace::Pacer::default(),
+        scope: cfg.scope,
     });
 
     // Readiness once every cache has its first full list.
@@ -242,6 +248,12 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
     };
     let api: Api<CSIDriverDeployment> = Api::namespaced(ctx.client.clone(), &ns);
 
+    // Outside --watch-namespaces: not ours to act on, whatever it asks.
+    if !ctx.scope.allows(&ns) {
+        debug!(object = %name, namespace = %ns, "not in --watch-namespaces; left alone");
+        return Ok(Requeue::await_change());
+    }
+
     // Nothing is judged on caches still filling (every node would look
     // lost, every workload missing).
     if !ctx.caches.synced.ready() {
@@ -282,7 +294,9 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
     // object's CSIDriver exists under its name, the API server itself, so
     // two objects created together never both write cluster-scoped objects.
     let all = ctx.deployments.state();
-    let cached_rival = conflict::rival(&obj, all.iter().map(|d| d.as_ref())).cloned();
+    let in_scope = |d: &&CSIDriverDeployment| ctx.scope.allows(&d.namespace().unwrap_or_default());
+    let cached_rival =
+        conflict::rival(&obj, all.iter().map(|d| d.as_ref()).filter(in_scope)).cloned();
     let rival = match cached_rival {
         Some(r) => Some(r),
         None => match claim_driver_name(&obj, &ctx).await? {
@@ -386,10 +400,13 @@ async fn claim_driver_name(obj: &CSIDriverDeployment, ctx: &Context) -> Result<C
         .list(&kube::api::ListParams::default())
         .await
         .map_err(|e| Error::read("list", "CSIDriverDeployments", e))?;
-    Ok(match conflict::rival(obj, live.items.iter()) {
-        Some(r) => Claim::Rival(Box::new(r.clone())),
-        None => Claim::Ours,
-    })
+    let in_scope = |d: &&CSIDriverDeployment| ctx.scope.allows(&d.namespace().unwrap_or_default());
+    Ok(
+        match conflict::rival(obj, live.items.iter().filter(in_scope)) {
+            Some(r) => Claim::Rival(Box::new(r.clone())),
+            None => Claim::Ours,
+        },
+    )
 }
 
 /// Steps 4–6 of a live object.

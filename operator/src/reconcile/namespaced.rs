@@ -1,16 +1,20 @@
 //! The namespaced supporting objects of a driver (ServiceAccounts, the
-//! leader-election and node Roles and RoleBindings, the metrics Service)
-//! that the current spec no longer renders (the controller's ServiceAccount
-//! and leader-election Role once a driver is node-local, the node Role once
-//! it is central again): found by the driver's selector labels and
-//! our owner reference, and deleted when the spec changes, as their
-//! cluster-scoped siblings are (see [`super::cluster`]). The workloads are
-//! the rollout's, and the PodMonitor is [`super::monitoring`]'s.
+//! RoleBindings of the shipped namespaced roles, the metrics Service) that
+//! the current spec no longer renders (the controller's ServiceAccount and
+//! leader-election binding once a driver is node-local): found by the
+//! driver's selector labels and our owner reference, and deleted when the
+//! spec changes, as their cluster-scoped siblings are (see
+//! [`super::cluster`]). The workloads are the rollout's, and the
+//! PodMonitor is [`super::monitoring`]'s.
+//!
+//! No Roles: the operator writes none (the roles are shipped ClusterRoles
+//! it may only bind). Roles an earlier version made carry our owner
+//! reference and go with the object; unbound, they grant nothing.
 
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::{Service, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::Api;
 use kube::{Client, ResourceExt};
 
@@ -24,7 +28,6 @@ use crate::render::Rendered;
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Keep {
     pub service_accounts: BTreeSet<String>,
-    pub roles: BTreeSet<String>,
     pub role_bindings: BTreeSet<String>,
     pub services: BTreeSet<String>,
 }
@@ -39,16 +42,9 @@ impl Keep {
                 .chain(std::iter::once(&rendered.node_service_account))
                 .map(|sa| sa.name_any())
                 .collect(),
-            roles: rendered
-                .leader_election_role
-                .iter()
-                .chain(&rendered.node_role)
-                .map(|r| r.name_any())
-                .collect(),
             role_bindings: rendered
-                .leader_election_role_binding
+                .role_bindings
                 .iter()
-                .chain(&rendered.node_role_binding)
                 .map(|r| r.name_any())
                 .collect(),
             services: rendered
@@ -67,13 +63,10 @@ pub async fn prune(client: &Client, owner: Owner<'_>, keep: &Keep) -> Result<usi
     let sel = selector.as_str();
     let o = Some(owner);
     let role_bindings: Api<RoleBinding> = Api::namespaced(client.clone(), ns);
-    let roles: Api<Role> = Api::namespaced(client.clone(), ns);
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
     let services: Api<Service> = Api::namespaced(client.clone(), ns);
-    // Bindings before roles, so no binding ever points at a missing role.
     Ok(
         delete_all(&role_bindings, "RoleBinding", sel, o, &keep.role_bindings).await?
-            + delete_all(&roles, "Role", sel, o, &keep.roles).await?
             + delete_all(&accounts, "ServiceAccount", sel, o, &keep.service_accounts).await?
             + delete_all(&services, "Service", sel, o, &keep.services).await?,
     )
@@ -115,22 +108,20 @@ mod tests {
     fn a_node_local_spec_keeps_no_controller_objects() {
         let k = kept("NodeLocal", |_| {});
         assert_eq!(k.service_accounts, names(&["hp-node"]));
-        assert_eq!(k.roles, names(&["hp-node"]));
-        assert_eq!(k.role_bindings, names(&["hp-node"]));
+        assert_eq!(k.role_bindings, names(&["hp-journal"]));
     }
 
     #[test]
     fn a_central_spec_keeps_no_node_role() {
         let k = kept("Central", |_| {});
         assert_eq!(k.service_accounts, names(&["hp-controller", "hp-node"]));
-        assert_eq!(k.roles, names(&["hp-leader-election"]));
-        assert_eq!(k.role_bindings, names(&["hp-leader-election"]));
-        // Without any controller sidecar the leader-election Role goes too.
+        assert_eq!(k.role_bindings, names(&["hp-journal", "hp-leases"]));
+        // Without any controller sidecar the leader-election binding goes too.
         let k = kept("Central", |o| {
             o.spec.sidecars.provisioner.enabled = false;
             o.spec.sidecars.liveness_probe.enabled = false;
         });
-        assert!(k.roles.is_empty(), "{:?}", k.roles);
+        assert!(k.role_bindings.is_empty(), "{:?}", k.role_bindings);
         assert!(k.services.is_empty());
     }
 }

@@ -1,10 +1,10 @@
 //! The objects a driver's pods need before they start: ServiceAccounts,
-//! RBAC, the CSIDriver and StorageClasses, applied ownership-checked; the
+//! RBAC bindings, the CSIDriver and StorageClasses, applied ownership-checked; the
 //! immutable CSIDriver and StorageClasses re-created when they change.
 
 use csiops_crds::CSIDriverDeployment;
 use k8s_openapi::api::core::v1::ServiceAccount;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
 use kube::api::Api;
 use kube::ResourceExt;
@@ -46,58 +46,14 @@ pub(super) async fn apply_supporting(
         &ctx.caches.owned,
     )
     .await?;
-    if let Some(role) = &r.leader_election_role {
-        let api: Api<Role> = Api::namespaced(c.clone(), owner.namespace);
+    // Bindings only: the roles are shipped with the operator (install.yaml),
+    // which may bind them by name but holds none of their verbs.
+    let role_bindings: Api<RoleBinding> = Api::namespaced(c.clone(), owner.namespace);
+    for binding in &r.role_bindings {
         apply(
-            &api,
-            "Role",
-            role.clone(),
-            owner,
-            Mode::IfChanged,
-            &ctx.caches.owned,
-        )
-        .await?;
-    }
-    if let Some(binding) = &r.leader_election_role_binding {
-        let api: Api<RoleBinding> = Api::namespaced(c.clone(), owner.namespace);
-        apply(
-            &api,
+            &role_bindings,
             "RoleBinding",
             binding.clone(),
-            owner,
-            Mode::IfChanged,
-            &ctx.caches.owned,
-        )
-        .await?;
-    }
-    for (role, binding) in r.node_role.iter().zip(&r.node_role_binding) {
-        let api: Api<Role> = Api::namespaced(c.clone(), owner.namespace);
-        apply(
-            &api,
-            "Role",
-            role.clone(),
-            owner,
-            Mode::IfChanged,
-            &ctx.caches.owned,
-        )
-        .await?;
-        let api: Api<RoleBinding> = Api::namespaced(c.clone(), owner.namespace);
-        apply(
-            &api,
-            "RoleBinding",
-            binding.clone(),
-            owner,
-            Mode::IfChanged,
-            &ctx.caches.owned,
-        )
-        .await?;
-    }
-    let roles: Api<ClusterRole> = Api::all(c.clone());
-    for role in &r.cluster_roles {
-        apply(
-            &roles,
-            "ClusterRole",
-            role.clone(),
             owner,
             Mode::IfChanged,
             &ctx.caches.owned,

@@ -68,6 +68,7 @@ impl Fixture {
                 },
             ),
             metrics: Arc::new(Metrics::new()),
+            scope: Default::default(),
             render_cfg: RenderConfig {
                 sidecar_image: "example.com/sidecar:v1".into(),
                 operator_version: "0.1.0".into(),
@@ -119,12 +120,11 @@ async fn a_new_object_gets_its_finalizer_before_any_child_and_the_node_side_firs
         [
             "PATCH /api/v1/namespaces/storage/serviceaccounts/hp-controller",
             "PATCH /api/v1/namespaces/storage/serviceaccounts/hp-node",
-            "PATCH /apis/rbac.authorization.k8s.io/v1/namespaces/storage/roles/hp-leader-election",
-            "PATCH /apis/rbac.authorization.k8s.io/v1/namespaces/storage/rolebindings/hp-leader-election",
-            "PATCH /apis/rbac.authorization.k8s.io/v1/clusterroles/csiops:hp.csi.example.com:controller",
-            "PATCH /apis/rbac.authorization.k8s.io/v1/clusterroles/csiops:hp.csi.example.com:node",
-            "PATCH /apis/rbac.authorization.k8s.io/v1/clusterrolebindings/csiops:hp.csi.example.com:controller",
-            "PATCH /apis/rbac.authorization.k8s.io/v1/clusterrolebindings/csiops:hp.csi.example.com:node",
+            "PATCH /apis/rbac.authorization.k8s.io/v1/namespaces/storage/rolebindings/hp-leases",
+            "PATCH /apis/rbac.authorization.k8s.io/v1/namespaces/storage/rolebindings/hp-journal",
+            "PATCH /apis/rbac.authorization.k8s.io/v1/clusterrolebindings/csiops:hp.csi.example.com:provisioner",
+            "PATCH /apis/rbac.authorization.k8s.io/v1/clusterrolebindings/csiops:hp.csi.example.com:attacher",
+            "PATCH /apis/rbac.authorization.k8s.io/v1/clusterrolebindings/csiops:hp.csi.example.com:registrar",
             "PATCH /apis/storage.k8s.io/v1/csidrivers/hp.csi.example.com",
             "PATCH /apis/apps/v1/namespaces/storage/daemonsets/hp-node",
             &format!("PATCH {OBJ}/status"),
@@ -199,12 +199,21 @@ async fn without_the_pod_monitor_crd_the_service_is_applied_and_nothing_fails() 
         !writes.iter().any(|w| w.contains("podmonitors")),
         "{writes:#?}"
     );
-    // The reviewing sidecars may review.
-    let role = fx
+    // The reviewing sidecars may review: both ServiceAccounts are bound
+    // to the shipped role.
+    let binding = fx
         .objects
-        .get("/apis/rbac.authorization.k8s.io/v1/clusterroles/csiops:hp.csi.example.com:node")
-        .expect("node role");
-    assert!(role.to_string().contains("tokenreviews"), "{role}");
+        .get("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/csiops:hp.csi.example.com:metrics-auth")
+        .expect("metrics-auth binding");
+    assert_eq!(
+        binding["roleRef"]["name"], "csiops:metrics-auth",
+        "{binding}"
+    );
+    let subjects = binding["subjects"].to_string();
+    assert!(
+        subjects.contains("hp-controller") && subjects.contains("hp-node"),
+        "{subjects}"
+    );
 }
 
 #[tokio::test]
@@ -322,9 +331,10 @@ async fn a_csidriver_refused_by_a_webhook_is_not_deleted() {
 
 #[tokio::test]
 async fn supporting_objects_the_spec_no_longer_renders_are_pruned() {
-    // The leader-election Role and RoleBinding of a controller whose
-    // sidecars were all turned off: no longer rendered, so deleted; a Role
-    // of someone else's in the namespace stays.
+    // The leader-election RoleBinding of a controller whose sidecars were
+    // all turned off: no longer rendered, so deleted; someone else's stays.
+    // The Role an earlier version made is left to the garbage collector
+    // (our owner reference): the operator never calls the roles API.
     let ours = |kind: &str, name: &str| {
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind,
                "metadata": {"name": name, "namespace": NS,
@@ -336,7 +346,8 @@ async fn supporting_objects_the_spec_no_longer_renders_are_pruned() {
     let role = "/apis/rbac.authorization.k8s.io/v1/namespaces/storage/roles/hp-leader-election";
     let binding =
         "/apis/rbac.authorization.k8s.io/v1/namespaces/storage/rolebindings/hp-leader-election";
-    let foreign = "/apis/rbac.authorization.k8s.io/v1/namespaces/storage/roles/someone-elses";
+    let foreign =
+        "/apis/rbac.authorization.k8s.io/v1/namespaces/storage/rolebindings/someone-elses";
     let fx = Fixture::with(
         cdd(
             json!({}),
@@ -347,15 +358,23 @@ async fn supporting_objects_the_spec_no_longer_renders_are_pruned() {
             (binding, ours("RoleBinding", "hp-leader-election")),
             (
                 foreign,
-                json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
                        "metadata": {"name": "someone-elses", "namespace": NS}}),
             ),
         ],
     );
     fx.reconcile().await.expect("reconciled");
-    assert!(fx.objects.get(role).is_none(), "{:#?}", fx.log.lines());
     assert!(fx.objects.get(binding).is_none(), "{:#?}", fx.log.lines());
     assert!(fx.objects.get(foreign).is_some(), "not ours: kept");
+    assert!(fx.objects.get(role).is_some(), "{:#?}", fx.log.lines());
+    assert!(
+        !fx.log
+            .calls()
+            .iter()
+            .any(|c| c.path.contains("/roles") || c.path.contains("/clusterroles")),
+        "{:#?}",
+        fx.log.lines()
+    );
 }
 
 #[tokio::test]
@@ -473,4 +492,18 @@ async fn a_csidriver_field_the_api_server_drops_is_warned_about_and_applied_agai
         "{:#?}",
         warnings(&fx.log)
     );
+}
+
+#[tokio::test]
+async fn an_object_outside_watch_namespaces_is_left_alone() {
+    let mut fx = Fixture::new(cdd(json!({}), json!({})));
+    let ctx = Arc::get_mut(&mut fx.ctx).expect("one owner");
+    ctx.scope = super::scope::Namespaces::from_list(["storage-system"]);
+    fx.reconcile().await.expect("nothing to do");
+    assert!(fx.log.calls().is_empty(), "{:#?}", fx.log.lines());
+    // In scope: the same object is acted on.
+    let ctx = Arc::get_mut(&mut fx.ctx).expect("one owner");
+    ctx.scope = super::scope::Namespaces::from_list(["storage-system", NS]);
+    fx.reconcile().await.expect("reconciled");
+    assert!(!fx.writes().is_empty());
 }

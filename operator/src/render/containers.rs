@@ -65,6 +65,10 @@ pub const ENV_KUBE_NODE_NAME: &str = "KUBE_NODE_NAME";
 /// Merges env layers: a later variable with the same name replaces the
 /// earlier one in place (keeping its position, which matters for `$(VAR)`
 /// references), so the result never contains a name twice.
+/// Env var of the bundled sidecars holding `spec.driverName` (the
+/// sidecars' `common::driver::EXPECTED_NAME_ENV`).
+pub const ENV_EXPECTED_DRIVER_NAME: &str = "CSIOPS_DRIVER_NAME";
+
 pub(crate) fn merge_env(layers: &[&[EnvVar]]) -> Vec<EnvVar> {
     let mut out: Vec<EnvVar> = Vec::new();
     for var in layers.iter().flat_map(|layer| layer.iter()) {
@@ -225,6 +229,14 @@ fn sidecar_container(
     args.extend(spec.extra_args.iter().cloned());
     mounts.extend(monitoring::sidecar_mounts(ctx));
     mounts.extend(spec.volume_mounts.iter().cloned());
+    // The name the driver must report: a sidecar refuses (and says why in
+    // its termination message) a driver answering GetPluginInfo otherwise.
+    let expected = [EnvVar {
+        name: ENV_EXPECTED_DRIVER_NAME.to_string(),
+        value: Some(ctx.spec().driver_name.clone()),
+        ..Default::default()
+    }];
+    let operator_env = merge_env(&[&expected, operator_env]);
     Ok(Container {
         name: name.to_string(),
         image: Some(ctx.sidecar_image(key)?),
@@ -234,7 +246,7 @@ fn sidecar_container(
             .image_pull_policy
             .map(|p| p.as_str().to_string()),
         args: Some(args),
-        env: none_if_empty(merge_env(&[operator_env, &spec.env])),
+        env: none_if_empty(merge_env(&[&operator_env, &spec.env])),
         resources: spec.resources.clone(),
         volume_mounts: Some(mounts),
         security_context: Some(sidecar_security_context()),
@@ -521,6 +533,9 @@ pub(crate) fn registrar_container(ctx: &Ctx<'_>) -> Result<Container, RenderErro
         format!("--plugin-registration-path={REGISTRATION_DIR_MOUNT}"),
         format!("--http-endpoint=:{REGISTRAR_HTTP_PORT}"),
         format!("--v={}", ctx.spec().log_level),
+        // Its own node, from the pod (kubelet expands the variable): the
+        // only Node and CSINode it may write.
+        "--node-name=$(NODE_NAME)".to_string(),
     ];
     if ctx.spec().node.readiness_taint {
         args.push(format!(

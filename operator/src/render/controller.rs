@@ -103,8 +103,11 @@ pub(crate) fn controller(ctx: &Ctx<'_>) -> Result<(ControllerWorkload, String), 
             .map(extra_container),
     );
 
+    let api_access = super::api_access::mount_where_needed(ctx, &mut containers);
     let mut pod = PodSpec {
         service_account_name: Some(name.clone()),
+        // Only the containers that call the API get a token (api_access).
+        automount_service_account_token: Some(false),
         containers,
         node_selector: none_if_map_empty(&spec.controller.node_selector),
         tolerations: none_if_empty(spec.controller.tolerations.clone()),
@@ -125,6 +128,7 @@ pub(crate) fn controller(ctx: &Ctx<'_>) -> Result<(ControllerWorkload, String), 
     };
     let mut volumes = vec![socket_dir];
     volumes.extend(super::monitoring::pod_volumes(ctx));
+    volumes.extend(api_access);
     apply_pod_settings(&mut pod, &mut template_meta, volumes, &spec.controller.pod);
 
     let selector = LabelSelector {

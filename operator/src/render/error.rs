@@ -45,6 +45,14 @@ pub enum RenderError {
         arg: String,
     },
 
+    /// An `env` entry names the sidecar's node, which the operator sets.
+    #[error(
+        "spec.sidecars.{sidecar}.env sets {name}, which names the node the {sidecar} works for; \
+         the operator sets it from the pod's spec.nodeName (a sidecar may only touch its own \
+         node), remove it from env"
+    )]
+    ManagedEnv { sidecar: &'static str, name: String },
+
     /// An image field is present but empty.
     #[error("{field} is set but empty; set an image reference or remove the field")]
     EmptyImage { field: &'static str },

@@ -13,6 +13,7 @@
 //! `operator/tests/golden/`). Every object carries `apiVersion` and `kind`
 //! when serialized, ready for server-side apply.
 
+mod api_access;
 mod containers;
 pub mod controller;
 pub(crate) mod csidriver;
@@ -34,10 +35,11 @@ use csiops_crds::{
 };
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{LocalObjectReference, PodSpec, Service, ServiceAccount, Volume};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+pub use api_access::{API_ACCESS_MOUNT, TOKEN_EXPIRATION_SECONDS};
 pub use containers::{
     Helper, ATTACHER_HTTP_PORT, DEFAULT_HEALTH_MONITOR_IMAGE, DEFAULT_RESIZER_IMAGE,
     DEFAULT_SNAPSHOTTER_IMAGE, ENV_CSI_ENDPOINT, ENV_KUBE_NODE_NAME, HEALTHZ_PORT,
@@ -69,23 +71,13 @@ pub struct Rendered {
     /// `None` without a controller workload (topology NodeLocal).
     pub controller_service_account: Option<ServiceAccount>,
     pub node_service_account: ServiceAccount,
-    /// Leases and events in the CR's namespace for the controller sidecars'
-    /// and helpers' leader election; `None` when none of them runs (delete a
-    /// leftover one then).
-    pub leader_election_role: Option<Role>,
-    /// Binds [`Rendered::leader_election_role`] to the controller SA; `None` with it.
-    pub leader_election_role_binding: Option<RoleBinding>,
-    /// The node sidecars' grants in the CR's namespace (topology NodeLocal:
-    /// the provisioner's journal and capacity objects); `None` when they
-    /// need none.
-    pub node_role: Option<Role>,
-    /// Binds [`Rendered::node_role`] to the node SA; `None` with it.
-    pub node_role_binding: Option<RoleBinding>,
-    /// Controller role (union of the enabled controller sidecars and
-    /// helpers), then node role (registrar); a role with no rules is omitted.
-    pub cluster_roles: Vec<ClusterRole>,
-    /// One binding per entry of `cluster_roles`, same names, same order.
+    /// Bindings of the shipped cluster-wide roles (`rbac::SHIPPED_ROLES`)
+    /// to the ServiceAccounts whose pods run them, one per role.
     pub cluster_role_bindings: Vec<ClusterRoleBinding>,
+    /// Bindings, in the CR's namespace, of the shipped namespaced roles
+    /// (leader-election leases, the provisioner's journal, capacity
+    /// objects), one per role.
+    pub role_bindings: Vec<RoleBinding>,
     pub csi_driver: CSIDriver,
     /// The controller StatefulSet or Deployment (`spec.controller.kind`);
     /// `None` with topology NodeLocal.
@@ -125,26 +117,14 @@ pub fn render(obj: &CSIDriverDeployment, cfg: &RenderConfig) -> Result<Rendered,
         (Some(workload), hash)
     };
     let (daemonset, node_hash) = node::daemonset(&ctx)?;
-    let (leader_election_role, leader_election_role_binding) = match rbac::leader_election(&ctx) {
-        Some((role, binding)) => (Some(role), Some(binding)),
-        None => (None, None),
-    };
-    let (node_role, node_role_binding) = match rbac::node_role(&ctx) {
-        Some((role, binding)) => (Some(role), Some(binding)),
-        None => (None, None),
-    };
-    let (cluster_roles, cluster_role_bindings) = rbac::cluster_roles(&ctx);
+    let (cluster_role_bindings, role_bindings) = rbac::bindings(&ctx);
 
     Ok(Rendered {
         controller_service_account: (!ctx.node_local())
             .then(|| rbac::service_account(&ctx, Component::Controller)),
         node_service_account: rbac::service_account(&ctx, Component::Node),
-        leader_election_role,
-        leader_election_role_binding,
-        node_role,
-        node_role_binding,
-        cluster_roles,
         cluster_role_bindings,
+        role_bindings,
         csi_driver: csidriver::csi_driver(&ctx),
         controller,
         daemonset,

@@ -53,6 +53,9 @@ pub const VOLUME_SOCKET_DIR: &str = "socket-dir";
 pub const VOLUME_REGISTRATION_DIR: &str = "registration-dir";
 /// Node-only: kubelet's root directory (driver only, bidirectional).
 pub const VOLUME_KUBELET_DIR: &str = "kubelet-dir";
+/// The projected ServiceAccount token, CA and namespace, mounted only into
+/// the containers that call the API (see `render::api_access`).
+pub const VOLUME_API_ACCESS: &str = "kube-api-access";
 /// Where every container sees the socket directory.
 pub const SOCKET_DIR_MOUNT: &str = "/csi";
 /// Where the registrar sees kubelet's plugin registration directory.
@@ -83,39 +86,19 @@ pub fn metrics_name_of(cr_name: &str) -> String {
     format!("{cr_name}-metrics")
 }
 
-/// `<cr-name>-leader-election`: the namespaced Role and RoleBinding that let
-/// the controller sidecars elect a leader.
-pub fn leader_election_role_name(obj: &CSIDriverDeployment) -> String {
-    format!("{}-leader-election", cr_name(obj))
+/// `<cr-name>-<role>`: the RoleBinding, in the CR's namespace, of the
+/// shipped namespaced role `csiops:<role>` (leases, the journal, capacity).
+pub fn role_binding_name(obj: &CSIDriverDeployment, role: &str) -> String {
+    format!("{}-{role}", cr_name(obj))
 }
 
-/// `<cr-name>-node`: the namespaced Role and RoleBinding of the node
-/// sidecars (topology NodeLocal: the provisioner's journal and capacity).
-pub fn node_role_name(obj: &CSIDriverDeployment) -> String {
-    node_name(obj)
-}
-
-/// `csiops:<driverName>:controller`: ClusterRole of the controller sidecars.
+/// `csiops:<driverName>:<role>`: the ClusterRoleBinding of the shipped
+/// cluster-wide role `csiops:<role>` to the driver's ServiceAccounts.
 ///
 /// Keyed by driver name, not CR name, because cluster-scoped objects are
 /// shared by the whole cluster and one driver name has one owner.
-pub fn controller_cluster_role_name(obj: &CSIDriverDeployment) -> String {
-    format!("csiops:{}:controller", obj.spec.driver_name)
-}
-
-/// `csiops:<driverName>:node`: ClusterRole of the node sidecars.
-pub fn node_cluster_role_name(obj: &CSIDriverDeployment) -> String {
-    format!("csiops:{}:node", obj.spec.driver_name)
-}
-
-/// ClusterRoleBinding of the controller ServiceAccount; same name as its role.
-pub fn controller_cluster_role_binding_name(obj: &CSIDriverDeployment) -> String {
-    controller_cluster_role_name(obj)
-}
-
-/// ClusterRoleBinding of the node ServiceAccount; same name as its role.
-pub fn node_cluster_role_binding_name(obj: &CSIDriverDeployment) -> String {
-    node_cluster_role_name(obj)
+pub fn cluster_role_binding_name(obj: &CSIDriverDeployment, role: &str) -> String {
+    format!("csiops:{}:{role}", obj.spec.driver_name)
 }
 
 /// The `CSIDriver` object is named after the driver, as Kubernetes requires.

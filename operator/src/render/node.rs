@@ -104,6 +104,7 @@ pub(crate) fn daemonset(ctx: &Ctx<'_>) -> Result<(DaemonSet, String), RenderErro
             .map(extra_container),
     );
 
+    let api_access = super::api_access::mount_where_needed(ctx, &mut containers);
     let mut volumes = vec![
         // Where the driver creates its socket; kubelet dials it here.
         host_path(
@@ -120,9 +121,12 @@ pub(crate) fn daemonset(ctx: &Ctx<'_>) -> Result<(DaemonSet, String), RenderErro
         host_path(VOLUME_KUBELET_DIR, kubelet_dir, "Directory"),
     ];
     volumes.extend(super::monitoring::pod_volumes(ctx));
+    volumes.extend(api_access);
 
     let mut pod = PodSpec {
         service_account_name: Some(name.clone()),
+        // Only the containers that call the API get a token (api_access).
+        automount_service_account_token: Some(false),
         containers,
         node_selector: none_if_map_empty(&spec.node.node_selector),
         tolerations: none_if_empty(node_tolerations(ctx)),

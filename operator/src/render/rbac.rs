@@ -1,26 +1,26 @@
 //! Least-privilege RBAC: exactly what the enabled sidecars call.
 //!
-//! Rules are declared per sidecar as in the upstream sidecars' RBAC, merged
-//! per apiGroup + resource (union of verbs, sorted) and emitted sorted, so the
-//! output depends only on which sidecars run, never on declaration order.
+//! Rules are declared per sidecar as in the upstream sidecars' RBAC and
+//! shipped once, as fixed ClusterRoles (`csiops:<role>`) in install.yaml and
+//! the Helm chart. A driver gets bindings only: a ClusterRoleBinding per
+//! cluster-wide role and a RoleBinding in its namespace per namespaced one
+//! (leases, the journal, capacity objects), so the operator needs `bind` on
+//! those names and none of their verbs. Rules are merged per apiGroup +
+//! resource (union of verbs, sorted) and emitted sorted.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use csiops_crds::ControllerKind;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{
-    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+    ClusterRole, ClusterRoleBinding, PolicyRule, RoleBinding, RoleRef, Subject,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::containers::Helper;
 use super::labels::{cluster_owner_labels, Component};
 use super::monitoring;
-use super::names::{
-    controller_cluster_role_binding_name, controller_cluster_role_name, controller_name,
-    leader_election_role_name, node_cluster_role_binding_name, node_cluster_role_name, node_name,
-    node_role_name,
-};
+use super::names::{cluster_role_binding_name, controller_name, node_name, role_binding_name};
 use super::{namespaced_meta, Ctx};
 
 /// One grant: verbs on a resource of an API group (`""` is the core group).
@@ -208,6 +208,17 @@ pub const REGISTRAR_GRANTS: &[Grant] = &[
     ),
     grant("", "nodes", &["get", "list", "watch", "patch"]),
     grant("", "events", &["create", "patch"]),
+    // The Warning Event of a refused topology (its recorder writes
+    // events.k8s.io, as the other sidecars').
+    grant("events.k8s.io", "events", &["create", "patch"]),
+    // Not a permission: the marker by which the shipped admission policy
+    // limits this role's Node and CSINode writes to the pod's own node
+    // (see `crate::policy`).
+    grant(
+        crate::policy::MARKER_GROUP,
+        crate::policy::MARKER_RESOURCE,
+        &[crate::policy::OWN_NODE_VERB],
+    ),
 ];
 
 /// Leader election of the controller sidecars, in the CR's namespace only.
@@ -264,89 +275,231 @@ pub fn merge_rules(sets: &[&[Grant]]) -> Vec<PolicyRule> {
         .collect()
 }
 
-/// Grants of the enabled controller sidecars and helpers. (Extra containers
-/// get none: the operator cannot know what a vendor's container calls; a
-/// vendor binds its own role to the controller ServiceAccount.)
-fn controller_grants(ctx: &Ctx<'_>) -> Vec<&'static [Grant]> {
-    let mut sets = Vec::new();
-    if ctx.provisioner_enabled() && !ctx.node_local() {
-        sets.push(PROVISIONER_GRANTS);
-    }
-    if ctx.attacher_enabled() {
-        sets.push(ATTACHER_GRANTS);
-    }
-    for helper in Helper::ALL {
-        if ctx.helper_enabled(helper) {
-            sets.push(helper_grants(helper));
-        }
-    }
-    sets
+/// Where a shipped role applies once bound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Cluster-wide: bound by a ClusterRoleBinding.
+    Cluster,
+    /// The driver's namespace only: bound by a RoleBinding there (a
+    /// RoleBinding may reference a ClusterRole and then grants its rules in
+    /// its own namespace only), so one shipped object serves every driver.
+    Namespace,
 }
 
-/// Grants of the controller sidecars in the CR's namespace: leader
-/// election for all, the journal for the provisioner, and capacity
-/// publishing when it is on.
-fn namespaced_grants(ctx: &Ctx<'_>) -> Vec<&'static [Grant]> {
-    let mut sets = vec![LEADER_ELECTION_GRANTS];
-    if ctx.provisioner_enabled() {
-        sets.push(PROVISIONER_NAMESPACED_GRANTS);
-    }
-    if ctx.capacity_enabled() {
-        sets.push(CAPACITY_GRANTS);
-        if ctx.spec().controller.kind == ControllerKind::Deployment {
-            sets.push(CAPACITY_DEPLOYMENT_GRANTS);
-        }
-    }
-    sets
+/// A ClusterRole shipped by `manifests/install.yaml` and the Helm chart,
+/// one per sidecar role. The operator never writes a role: it only binds
+/// these to a driver's ServiceAccounts (`bind`, restricted by name), so it
+/// holds none of their data-plane verbs.
+#[derive(Clone, Copy, Debug)]
+pub struct ShippedRole {
+    /// The ClusterRole's name (`csiops:<short>`).
+    pub name: &'static str,
+    /// Suffix of the bindings' names.
+    pub short: &'static str,
+    pub scope: Scope,
+    pub grants: &'static [Grant],
 }
 
-/// The node provisioner's grants in the CR's namespace (topology
-/// NodeLocal): its per-node intent journal and, with capacity, the
-/// CSIStorageCapacity objects and `get` on its own pod (their owner). No
-/// Leases: node instances elect no leader.
-fn node_namespaced_grants(ctx: &Ctx<'_>) -> Vec<&'static [Grant]> {
-    let mut sets = Vec::new();
-    if ctx.node_local() && ctx.provisioner_enabled() {
-        sets.push(PROVISIONER_NAMESPACED_GRANTS);
-        if ctx.capacity_enabled() {
-            sets.push(CAPACITY_GRANTS);
-        }
+const fn shipped(
+    name: &'static str,
+    short: &'static str,
+    scope: Scope,
+    grants: &'static [Grant],
+) -> ShippedRole {
+    ShippedRole {
+        name,
+        short,
+        scope,
+        grants,
     }
-    sets
 }
 
-/// The node sidecars' Role in the CR's namespace and its binding to the
-/// node ServiceAccount, `<name>-node`; `None` when they need none.
-pub(crate) fn node_role(ctx: &Ctx<'_>) -> Option<(Role, RoleBinding)> {
-    let sets = node_namespaced_grants(ctx);
-    if sets.is_empty() {
-        return None;
+pub const PROVISIONER_ROLE: ShippedRole = shipped(
+    "csiops:provisioner",
+    "provisioner",
+    Scope::Cluster,
+    PROVISIONER_GRANTS,
+);
+pub const NODE_PROVISIONER_ROLE: ShippedRole = shipped(
+    "csiops:node-provisioner",
+    "node-provisioner",
+    Scope::Cluster,
+    NODE_PROVISIONER_GRANTS,
+);
+pub const ATTACHER_ROLE: ShippedRole = shipped(
+    "csiops:attacher",
+    "attacher",
+    Scope::Cluster,
+    ATTACHER_GRANTS,
+);
+pub const RESIZER_ROLE: ShippedRole =
+    shipped("csiops:resizer", "resizer", Scope::Cluster, RESIZER_GRANTS);
+pub const SNAPSHOTTER_ROLE: ShippedRole = shipped(
+    "csiops:snapshotter",
+    "snapshotter",
+    Scope::Cluster,
+    SNAPSHOTTER_GRANTS,
+);
+pub const HEALTH_MONITOR_ROLE: ShippedRole = shipped(
+    "csiops:health-monitor",
+    "health-monitor",
+    Scope::Cluster,
+    HEALTH_MONITOR_GRANTS,
+);
+pub const REGISTRAR_ROLE: ShippedRole = shipped(
+    "csiops:registrar",
+    "registrar",
+    Scope::Cluster,
+    REGISTRAR_GRANTS,
+);
+pub const METRICS_AUTH_ROLE: ShippedRole = shipped(
+    "csiops:metrics-auth",
+    "metrics-auth",
+    Scope::Cluster,
+    monitoring::METRICS_AUTH_GRANTS,
+);
+// Binding suffix "leases", not "leader-election": the RoleBinding an
+// earlier version named `<cr>-leader-election` points at a Role, and a
+// binding's roleRef cannot change.
+pub const LEADER_ELECTION_ROLE: ShippedRole = shipped(
+    "csiops:leader-election",
+    "leases",
+    Scope::Namespace,
+    LEADER_ELECTION_GRANTS,
+);
+pub const JOURNAL_ROLE: ShippedRole = shipped(
+    "csiops:provisioner-journal",
+    "journal",
+    Scope::Namespace,
+    PROVISIONER_NAMESPACED_GRANTS,
+);
+pub const CAPACITY_ROLE: ShippedRole = shipped(
+    "csiops:capacity",
+    "capacity",
+    Scope::Namespace,
+    CAPACITY_GRANTS,
+);
+pub const CAPACITY_OWNER_ROLE: ShippedRole = shipped(
+    "csiops:capacity-owner",
+    "capacity-owner",
+    Scope::Namespace,
+    CAPACITY_DEPLOYMENT_GRANTS,
+);
+
+/// Every shipped role, in the order install.yaml lists them.
+pub const SHIPPED_ROLES: &[ShippedRole] = &[
+    PROVISIONER_ROLE,
+    NODE_PROVISIONER_ROLE,
+    ATTACHER_ROLE,
+    RESIZER_ROLE,
+    SNAPSHOTTER_ROLE,
+    HEALTH_MONITOR_ROLE,
+    REGISTRAR_ROLE,
+    METRICS_AUTH_ROLE,
+    LEADER_ELECTION_ROLE,
+    JOURNAL_ROLE,
+    CAPACITY_ROLE,
+    CAPACITY_OWNER_ROLE,
+];
+
+/// The shipped role named `name`.
+pub fn shipped_role(name: &str) -> Option<&'static ShippedRole> {
+    SHIPPED_ROLES.iter().find(|r| r.name == name)
+}
+
+/// The shipped ClusterRoles as objects (install.yaml and the chart);
+/// `labels` are the installation's.
+pub fn shipped_cluster_roles(labels: &BTreeMap<String, String>) -> Vec<ClusterRole> {
+    SHIPPED_ROLES
+        .iter()
+        .map(|r| ClusterRole {
+            metadata: ObjectMeta {
+                name: Some(r.name.to_string()),
+                labels: Some(labels.clone()),
+                ..Default::default()
+            },
+            rules: Some(merge_rules(&[r.grants])),
+            aggregation_rule: None,
+        })
+        .collect()
+}
+
+/// The roles the pods of `component` need: their enabled sidecars and
+/// helpers. (Extra containers get none: the operator cannot know what a
+/// vendor's container calls; a vendor binds its own role to the
+/// ServiceAccount.)
+fn roles_of(ctx: &Ctx<'_>, component: Component) -> Vec<ShippedRole> {
+    let mut roles = Vec::new();
+    let auth = monitoring::auth_grants(ctx, component).is_some();
+    match component {
+        Component::Controller => {
+            let mut cluster = Vec::new();
+            if ctx.provisioner_enabled() && !ctx.node_local() {
+                cluster.push(PROVISIONER_ROLE);
+            }
+            if ctx.attacher_enabled() {
+                cluster.push(ATTACHER_ROLE);
+            }
+            for helper in Helper::ALL {
+                if ctx.helper_enabled(helper) {
+                    cluster.push(match helper {
+                        Helper::Resizer => RESIZER_ROLE,
+                        Helper::Snapshotter => SNAPSHOTTER_ROLE,
+                        Helper::HealthMonitor => HEALTH_MONITOR_ROLE,
+                    });
+                }
+            }
+            // Every controller sidecar and helper elects a leader, in the
+            // driver's namespace.
+            if !cluster.is_empty() {
+                roles.push(LEADER_ELECTION_ROLE);
+                if ctx.provisioner_enabled() {
+                    roles.push(JOURNAL_ROLE);
+                }
+                if ctx.capacity_enabled() {
+                    roles.push(CAPACITY_ROLE);
+                    if ctx.spec().controller.kind == ControllerKind::Deployment {
+                        roles.push(CAPACITY_OWNER_ROLE);
+                    }
+                }
+            }
+            roles.extend(cluster);
+        }
+        Component::Node => {
+            if ctx.registrar_enabled() {
+                roles.push(REGISTRAR_ROLE);
+            }
+            // Topology NodeLocal: the node provisioner's cluster grants,
+            // its per-node journal and, with capacity, the
+            // CSIStorageCapacity objects and `get` on its own pod (their
+            // owner). No Leases: node instances elect no leader.
+            if ctx.node_local() && ctx.provisioner_enabled() {
+                roles.push(NODE_PROVISIONER_ROLE);
+                roles.push(JOURNAL_ROLE);
+                if ctx.capacity_enabled() {
+                    roles.push(CAPACITY_ROLE);
+                }
+            }
+        }
     }
-    let name = node_role_name(ctx.obj);
-    let role = Role {
-        metadata: namespaced_meta(ctx, name.clone(), Component::Node),
-        rules: Some(merge_rules(&sets)),
-    };
-    let binding = RoleBinding {
-        metadata: namespaced_meta(ctx, name.clone(), Component::Node),
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".to_string(),
-            kind: "Role".to_string(),
-            name,
-        },
-        subjects: Some(vec![service_account_subject(ctx, node_name(ctx.obj))]),
-    };
-    Some((role, binding))
+    if auth {
+        roles.push(METRICS_AUTH_ROLE);
+    }
+    roles
 }
 
 pub(crate) fn service_account(ctx: &Ctx<'_>, component: Component) -> ServiceAccount {
-    let name = match component {
-        Component::Controller => controller_name(ctx.obj),
-        Component::Node => node_name(ctx.obj),
-    };
+    let name = sa_name(ctx, component);
     ServiceAccount {
         metadata: namespaced_meta(ctx, name, component),
         ..Default::default()
+    }
+}
+
+fn sa_name(ctx: &Ctx<'_>, component: Component) -> String {
+    match component {
+        Component::Controller => controller_name(ctx.obj),
+        Component::Node => node_name(ctx.obj),
     }
 }
 
@@ -359,102 +512,112 @@ fn service_account_subject(ctx: &Ctx<'_>, name: String) -> Subject {
     }
 }
 
-/// The namespaced Role (leader election; CSIStorageCapacity objects and
-/// the owner lookup when capacity is published) and its binding to the
-/// controller ServiceAccount; `None` when no controller sidecar or helper
-/// runs (all of them elect a leader).
-pub(crate) fn leader_election(ctx: &Ctx<'_>) -> Option<(Role, RoleBinding)> {
-    if controller_grants(ctx).is_empty() {
-        return None;
-    }
-    let name = leader_election_role_name(ctx.obj);
-    let role = Role {
-        metadata: namespaced_meta(ctx, name.clone(), Component::Controller),
-        rules: Some(merge_rules(&namespaced_grants(ctx))),
-    };
-    let binding = RoleBinding {
-        metadata: namespaced_meta(ctx, name.clone(), Component::Controller),
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".to_string(),
-            kind: "Role".to_string(),
-            name,
-        },
-        subjects: Some(vec![service_account_subject(ctx, controller_name(ctx.obj))]),
-    };
-    Some((role, binding))
-}
-
-fn cluster_meta(ctx: &Ctx<'_>, name: String) -> ObjectMeta {
-    ObjectMeta {
-        name: Some(name),
-        labels: Some(cluster_owner_labels(ctx.obj)),
-        ..Default::default()
+fn role_ref(role: &ShippedRole) -> RoleRef {
+    RoleRef {
+        api_group: "rbac.authorization.k8s.io".to_string(),
+        kind: "ClusterRole".to_string(),
+        name: role.name.to_string(),
     }
 }
 
-fn cluster_role_and_binding(
-    ctx: &Ctx<'_>,
-    role_name: String,
-    binding_name: String,
-    sa_name: String,
-    rules: Vec<PolicyRule>,
-) -> (ClusterRole, ClusterRoleBinding) {
-    let role = ClusterRole {
-        metadata: cluster_meta(ctx, role_name.clone()),
-        rules: Some(rules),
-        aggregation_rule: None,
+/// Each needed shipped role with the components that need it, in
+/// [`SHIPPED_ROLES`] order (so the output does not depend on the order
+/// the needs were found in).
+fn needs(ctx: &Ctx<'_>) -> Vec<(ShippedRole, Vec<Component>)> {
+    let controller = if ctx.node_local() {
+        Vec::new()
+    } else {
+        roles_of(ctx, Component::Controller)
     };
-    let binding = ClusterRoleBinding {
-        metadata: cluster_meta(ctx, binding_name),
-        role_ref: RoleRef {
-            api_group: "rbac.authorization.k8s.io".to_string(),
-            kind: "ClusterRole".to_string(),
-            name: role_name,
-        },
-        subjects: Some(vec![service_account_subject(ctx, sa_name)]),
-    };
-    (role, binding)
+    let node = roles_of(ctx, Component::Node);
+    SHIPPED_ROLES
+        .iter()
+        .filter_map(|role| {
+            let who: Vec<Component> = [
+                (Component::Controller, &controller),
+                (Component::Node, &node),
+            ]
+            .into_iter()
+            .filter(|(_, roles)| roles.iter().any(|r| r.name == role.name))
+            .map(|(c, _)| c)
+            .collect();
+            (!who.is_empty()).then_some((*role, who))
+        })
+        .collect()
 }
 
-/// Controller role (if a controller sidecar runs), then node role (if the
-/// registrar or, node-locally, the provisioner runs, or a sidecar that
-/// reviews metrics callers), each with its binding at the same index.
-pub(crate) fn cluster_roles(ctx: &Ctx<'_>) -> (Vec<ClusterRole>, Vec<ClusterRoleBinding>) {
-    let mut roles = Vec::new();
-    let mut bindings = Vec::new();
-    let mut controller_sets = controller_grants(ctx);
-    controller_sets.extend(monitoring::auth_grants(ctx, Component::Controller));
-    if !controller_sets.is_empty() {
-        let (role, binding) = cluster_role_and_binding(
-            ctx,
-            controller_cluster_role_name(ctx.obj),
-            controller_cluster_role_binding_name(ctx.obj),
-            controller_name(ctx.obj),
-            merge_rules(&controller_sets),
-        );
-        roles.push(role);
-        bindings.push(binding);
+/// The driver's bindings: a ClusterRoleBinding `csiops:<driverName>:<role>`
+/// per cluster-wide role and a RoleBinding `<cr-name>-<role>` in the CR's
+/// namespace per namespaced one, each to the ServiceAccounts whose pods
+/// run that role. Nothing else: the roles themselves are shipped.
+pub(crate) fn bindings(ctx: &Ctx<'_>) -> (Vec<ClusterRoleBinding>, Vec<RoleBinding>) {
+    let mut cluster = Vec::new();
+    let mut namespaced = Vec::new();
+    for (role, who) in needs(ctx) {
+        let subjects: Vec<Subject> = who
+            .iter()
+            .map(|c| service_account_subject(ctx, sa_name(ctx, *c)))
+            .collect();
+        match role.scope {
+            Scope::Cluster => cluster.push(ClusterRoleBinding {
+                metadata: ObjectMeta {
+                    name: Some(cluster_role_binding_name(ctx.obj, role.short)),
+                    labels: Some(cluster_owner_labels(ctx.obj)),
+                    ..Default::default()
+                },
+                role_ref: role_ref(&role),
+                subjects: Some(subjects),
+            }),
+            Scope::Namespace => namespaced.push(RoleBinding {
+                metadata: namespaced_meta(ctx, role_binding_name(ctx.obj, role.short), who[0]),
+                role_ref: role_ref(&role),
+                subjects: Some(subjects),
+            }),
+        }
     }
-    let mut node_sets: Vec<&[Grant]> = Vec::new();
-    if ctx.registrar_enabled() {
-        node_sets.push(REGISTRAR_GRANTS);
-    }
-    if ctx.node_local() && ctx.provisioner_enabled() {
-        node_sets.push(NODE_PROVISIONER_GRANTS);
-    }
-    node_sets.extend(monitoring::auth_grants(ctx, Component::Node));
-    if !node_sets.is_empty() {
-        let (role, binding) = cluster_role_and_binding(
-            ctx,
-            node_cluster_role_name(ctx.obj),
-            node_cluster_role_binding_name(ctx.obj),
-            node_name(ctx.obj),
-            merge_rules(&node_sets),
-        );
-        roles.push(role);
-        bindings.push(binding);
-    }
-    (roles, bindings)
+    (cluster, namespaced)
+}
+
+/// What the ServiceAccount of `component` may do, resolved from
+/// `rendered`'s bindings and the shipped roles: (cluster-wide rules,
+/// rules in the driver's namespace). For tests and reviews: the effective
+/// grants, as the API server's RBAC authorizer computes them.
+pub fn effective_rules(
+    rendered: &super::Rendered,
+    component: Component,
+) -> (Vec<PolicyRule>, Vec<PolicyRule>) {
+    let sa = match component {
+        Component::Controller => rendered.controller_service_account.as_ref(),
+        Component::Node => Some(&rendered.node_service_account),
+    };
+    let Some(sa) = sa.and_then(|sa| sa.metadata.name.clone()) else {
+        return (Vec::new(), Vec::new());
+    };
+    let names = |subjects: &Option<Vec<Subject>>| {
+        subjects
+            .iter()
+            .flatten()
+            .any(|s| s.kind == "ServiceAccount" && s.name == sa)
+    };
+    let grants = |role_ref: &RoleRef| {
+        shipped_role(&role_ref.name)
+            .filter(|_| role_ref.kind == "ClusterRole")
+            .map(|r| r.grants)
+            .unwrap_or_default()
+    };
+    let cluster: Vec<&[Grant]> = rendered
+        .cluster_role_bindings
+        .iter()
+        .filter(|b| names(&b.subjects))
+        .map(|b| grants(&b.role_ref))
+        .collect();
+    let namespaced: Vec<&[Grant]> = rendered
+        .role_bindings
+        .iter()
+        .filter(|b| names(&b.subjects))
+        .map(|b| grants(&b.role_ref))
+        .collect();
+    (merge_rules(&cluster), merge_rules(&namespaced))
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use csiops_crds::{CSIDriverDeployment, DriverOverride, ExtraContainerPod, PodSettings, Topology};
 use k8s_openapi::api::core::v1::VolumeMount;
 
+use super::api_access::API_ACCESS_MOUNT;
 use super::containers::Helper;
 use super::error::RenderError;
 use super::labels::{
@@ -14,7 +15,8 @@ use super::labels::{
 };
 use super::names::{
     MANAGED_CONTAINERS, MAX_CR_NAME_LEN, MAX_STATEFULSET_NAME_LEN, REGISTRATION_DIR_MOUNT,
-    SOCKET_DIR_MOUNT, VOLUME_KUBELET_DIR, VOLUME_REGISTRATION_DIR, VOLUME_SOCKET_DIR,
+    SOCKET_DIR_MOUNT, VOLUME_API_ACCESS, VOLUME_KUBELET_DIR, VOLUME_REGISTRATION_DIR,
+    VOLUME_SOCKET_DIR,
 };
 
 /// Flags of the provisioner and attacher that the operator sets itself.
@@ -55,7 +57,14 @@ pub const REGISTRAR_MANAGED_FLAGS: &[&str] = &[
     // Set from `spec.node.readinessTaint`.
     "readiness-taint-key",
     "health-port",
+    // The node whose Node and CSINode the registrar writes: always its own
+    // (`spec.nodeName`), never one the spec names.
+    "node-name",
 ];
+/// Environment variables of the registrar that name its node (read when
+/// `--node-name` is unset, and by the node provisioner): the operator sets
+/// them from `spec.nodeName` and refuses them in `env`.
+pub const NODE_NAME_ENV: &[&str] = &["NODE_NAME", "KUBE_NODE_NAME"];
 /// Flags of the liveness probe that the operator sets itself
 /// (`--health-port`, `--metrics-address`: refused next to
 /// `--http-endpoint`, as upstream).
@@ -160,6 +169,20 @@ pub(crate) fn validate(obj: &CSIDriverDeployment) -> Result<Meta<'_>, RenderErro
         &sidecars.registrar.extra_args,
         REGISTRAR_MANAGED_FLAGS,
     )?;
+    for (sidecar, env) in [
+        ("registrar", &sidecars.registrar.env),
+        ("provisioner", &sidecars.provisioner.env),
+    ] {
+        if let Some(var) = env
+            .iter()
+            .find(|e| NODE_NAME_ENV.contains(&e.name.as_str()))
+        {
+            return Err(RenderError::ManagedEnv {
+                sidecar,
+                name: var.name.clone(),
+            });
+        }
+    }
     check_extra_args(
         "livenessProbe",
         &sidecars.liveness_probe.extra_args,
@@ -298,6 +321,10 @@ fn is_dns_label(name: &str) -> bool {
         && bytes.last() != Some(&b'-')
 }
 
+/// What the token volume is, in messages.
+const API_ACCESS_WHAT: &str =
+    "the ServiceAccount token the operator mounts only into the containers that call the API";
+
 fn socket_mount() -> (String, &'static str) {
     (SOCKET_DIR_MOUNT.to_string(), "the CSI socket directory")
 }
@@ -314,7 +341,10 @@ fn managed_pods<'a>(obj: &'a CSIDriverDeployment, kubelet_dir: &str) -> Vec<Mana
         driver: &spec.controller.driver,
         driver_privileged_by_default: false,
         driver_managed_mounts: vec![(SOCKET_DIR_MOUNT.to_string(), None)],
-        volumes: vec![(VOLUME_SOCKET_DIR, "the CSI socket directory")],
+        volumes: vec![
+            (VOLUME_SOCKET_DIR, "the CSI socket directory"),
+            (VOLUME_API_ACCESS, API_ACCESS_WHAT),
+        ],
         containers: vec![
             ContainerMounts {
                 field: "spec.controller.volumeMounts".into(),
@@ -361,6 +391,7 @@ fn managed_pods<'a>(obj: &'a CSIDriverDeployment, kubelet_dir: &str) -> Vec<Mana
                 "kubelet's plugin registration directory",
             ),
             (VOLUME_KUBELET_DIR, "the kubelet directory"),
+            (VOLUME_API_ACCESS, API_ACCESS_WHAT),
         ],
         containers: vec![
             ContainerMounts {
@@ -444,6 +475,24 @@ fn check_pod(pod: &ManagedPod<'_>) -> Result<(), RenderError> {
     for c in &pod.containers {
         let mut paths: BTreeMap<&str, usize> = BTreeMap::new();
         for (i, m) in c.user.iter().enumerate() {
+            // The token goes only where mountServiceAccountToken says: not
+            // by a mount of its volume, nor by another at its path.
+            if m.name == VOLUME_API_ACCESS {
+                return Err(collision(
+                    format!("{}[{i}].name", c.field),
+                    &m.name,
+                    format!("{API_ACCESS_WHAT} (set mountServiceAccountToken instead)"),
+                    "volume",
+                ));
+            }
+            if m.mount_path.trim_end_matches('/') == API_ACCESS_MOUNT {
+                return Err(collision(
+                    format!("{}[{i}].mountPath", c.field),
+                    &m.mount_path,
+                    format!("the path of {API_ACCESS_WHAT} (set mountServiceAccountToken instead)"),
+                    "path",
+                ));
+            }
             let known = user_volumes.contains_key(m.name.as_str())
                 || pod.volumes.iter().any(|(name, _)| *name == m.name);
             if !known {

@@ -147,7 +147,13 @@ pub async fn run(args: AttacherArgs) -> Result<(), SidecarError> {
     writes.register(registry.registry_mut());
     let metrics = Arc::new(registry);
 
-    let Some((driver, driver_name)) = role.driver(&args.common, &metrics, Wait::Ready).await else {
+    let found = role
+        .checked_driver(&args.common, &metrics, Wait::Ready)
+        .await;
+    let Some((driver, driver_name)) = (match found {
+        Ok(found) => found,
+        Err(e) => return role.finish(Err(e.into())).await,
+    }) else {
         return role.finish(Ok(())).await;
     };
     let caps = driver

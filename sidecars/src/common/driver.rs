@@ -264,3 +264,59 @@ where
         delay = (delay * 2).min(Duration::from_secs(10));
     }
 }
+
+/// Set by the operator in every bundled sidecar: the CSIDriverDeployment's
+/// `spec.driverName`, which the CSIDriver object, the StorageClasses'
+/// provisioner and REGISTERED are all keyed on.
+pub const EXPECTED_NAME_ENV: &str = "CSIOPS_DRIVER_NAME";
+
+/// The driver reports another name than the one it is deployed as.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the driver reports the name {reported:?} (GetPluginInfo) but its CSIDriverDeployment's \
+     spec.driverName is {expected:?}: kubelet would register it, and the sidecars serve it, \
+     under a name that its CSIDriver object and StorageClasses do not use; set spec.driverName \
+     to {reported:?} or configure the driver to report {expected:?}"
+)]
+pub struct NameMismatch {
+    pub reported: String,
+    pub expected: String,
+}
+
+/// Checks GetPluginInfo's `reported` name against `expected` (the value of
+/// [`EXPECTED_NAME_ENV`]; unset or empty: a drop-in outside the operator,
+/// nothing to compare with).
+pub fn check_name(reported: &str, expected: Option<&str>) -> Result<(), NameMismatch> {
+    match expected.map(str::trim).filter(|e| !e.is_empty()) {
+        Some(expected) if expected != reported => Err(NameMismatch {
+            reported: reported.to_string(),
+            expected: expected.to_string(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// [`check_name`] against this process's environment.
+pub fn check_name_from_env(reported: &str) -> Result<(), NameMismatch> {
+    check_name(reported, std::env::var(EXPECTED_NAME_ENV).ok().as_deref())
+}
+
+#[cfg(test)]
+mod name_tests {
+    use super::*;
+
+    #[test]
+    fn a_driver_must_report_the_name_it_is_deployed_as() {
+        assert_eq!(check_name("a.csi", Some("a.csi")), Ok(()));
+        // Not deployed by the operator: nothing to compare with.
+        assert_eq!(check_name("a.csi", None), Ok(()));
+        assert_eq!(check_name("a.csi", Some(" ")), Ok(()));
+        let err = check_name("hostpath.csi.k8s.io", Some("a.csi")).expect_err("mismatch");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("\"hostpath.csi.k8s.io\" (GetPluginInfo)")
+                && msg.contains("spec.driverName is \"a.csi\""),
+            "{msg}"
+        );
+    }
+}

@@ -87,6 +87,21 @@ impl Role {
         Some((driver, name))
     }
 
+    /// [`Role::driver`], refusing a driver whose name is not the one the
+    /// operator deployed it as (see `driver::check_name`).
+    pub async fn checked_driver(
+        &self,
+        common: &CommonArgs,
+        metrics: &Arc<Metrics>,
+        wait: Wait,
+    ) -> Result<Option<(Driver, String)>, crate::common::driver::NameMismatch> {
+        let Some((driver, name)) = self.driver(common, metrics, wait).await else {
+            return Ok(None);
+        };
+        crate::common::driver::check_name_from_env(&name)?;
+        Ok(Some((driver, name)))
+    }
+
     /// The driver at `--csi-address`, waited for as `wait` says. `None`
     /// when shutdown came first.
     pub async fn connect(

@@ -30,7 +30,8 @@
 //! a clone's source claim once no clone of it is pending.
 //!
 //! Around it: [`controller`] (caches, queues, workers), [`claim`],
-//! [`volume`] and [`sweep`] (the syncs), [`csi`], [`secrets`], [`metrics`],
+//! [`volume`] and [`sweep`] (the syncs; [`trust`]: what the sweep checks
+//! before it acts on an intent), [`csi`], [`secrets`], [`metrics`],
 //! [`args`]; [`capacity`] publishes CSIStorageCapacity objects
 //! (`--enable-capacity`).
 
@@ -59,6 +60,7 @@ pub mod secrets;
 pub mod snapshot_protection;
 pub mod sweep;
 pub mod topology;
+pub mod trust;
 pub mod volume;
 
 use std::sync::Arc;
@@ -92,6 +94,8 @@ pub enum ProvisionerError {
         code: &'static str,
         message: String,
     },
+    #[error(transparent)]
+    DriverName(#[from] crate::common::driver::NameMismatch),
     #[error("the driver answered GetPluginInfo with an empty name")]
     NoName,
     #[error("driver {driver:?} does not provide the controller service with CREATE_DELETE_VOLUME; the provisioner cannot work with it")]
@@ -367,6 +371,7 @@ async fn driver_facts(driver: &Driver) -> Result<(String, DriverCapabilities), P
     if info.name.is_empty() {
         return Err(ProvisionerError::NoName);
     }
+    crate::common::driver::check_name_from_env(&info.name)?;
     let plugin = driver
         .plugin_capabilities()
         .await

@@ -12,10 +12,16 @@
 //! Warning Event `VolumeCleanupBlocked` on the journal ConfigMap, and the
 //! `csiops_provisioner_journal_blocked_intents` gauge) and retried with
 //! backoff, until the driver answers or an admin removes the key.
+//!
+//! Nothing read from the journal is trusted (see [`super::trust`]): an
+//! intent whose key is not its request's volume, or whose Secret is not
+//! what its StorageClass gives, is [untrusted](SweepError::Untrusted):
+//! no Secret is read, no CSI call made, and it is reported as blocked.
 
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
 use tonic::{Code, Status};
@@ -26,6 +32,7 @@ use super::csi;
 use super::journal::{intent_action, IntentAction, Record};
 use super::node_deployment::{AffinityError, PvSeen};
 use super::secrets::{self, SecretError};
+use super::trust;
 
 /// How soon an intent a claim sync holds is looked at again.
 const HELD_RETRY: Duration = Duration::from_secs(2);
@@ -62,6 +69,12 @@ pub enum SweepError {
         claim: String,
         status: Status,
     },
+    #[error("the journal's intent for volume {volume:?} (claim {claim}) is not one this provisioner could have written: {why}. Nothing was read or deleted; if it is a forgery remove key {volume:?} from the journal ConfigMap, if a volume really leaked delete it on the storage backend first")]
+    Untrusted {
+        volume: String,
+        claim: String,
+        why: super::trust::Distrust,
+    },
     #[error("cannot tell which node holds the volume of the claim's PV")]
     Affinity(#[from] AffinityError),
     #[error("Kubernetes API")]
@@ -74,7 +87,10 @@ impl SweepError {
     pub fn is_blocked(&self) -> bool {
         matches!(
             self,
-            SweepError::Blocked { .. } | SweepError::Refused { .. } | SweepError::Corrupt { .. }
+            SweepError::Blocked { .. }
+                | SweepError::Refused { .. }
+                | SweepError::Corrupt { .. }
+                | SweepError::Untrusted { .. }
         )
     }
 }
@@ -137,7 +153,10 @@ impl Provisioner {
                 Ok(())
             }
             IntentAction::CleanUp => {
-                self.delete_abandoned(name, &record).await?;
+                let verified = claim
+                    .as_ref()
+                    .is_some_and(|c| c.metadata.uid.as_deref() == Some(record.claim.uid.as_str()));
+                self.delete_abandoned(name, &record, verified).await?;
                 journal.trim(name);
                 Ok(())
             }
@@ -148,13 +167,41 @@ impl Provisioner {
     /// (and creates it if it did not, which the DeleteVolume that follows
     /// undoes). No answer but a volume tells whether it exists: a refusal of
     /// the request leaves the intent, as AlreadyExists does.
-    async fn delete_abandoned(&self, name: &str, record: &Record) -> Result<(), SweepError> {
+    async fn delete_abandoned(
+        &self,
+        name: &str,
+        record: &Record,
+        claim_verified: bool,
+    ) -> Result<(), SweepError> {
         let claim = format!("{}/{}", record.claim.namespace, record.claim.name);
         let mut request = record.request().map_err(|source| SweepError::Corrupt {
             volume: name.to_string(),
             source,
         })?;
-        if let Some(secret) = record.secret_ref() {
+        // The class from the server, and only when the intent names a
+        // Secret (the check needs it then only).
+        let class = match record.secret {
+            Some(_) => {
+                Api::<StorageClass>::all(self.client.clone())
+                    .get_opt(&record.class)
+                    .await?
+            }
+            None => None,
+        };
+        let secret = trust::check(
+            name,
+            record,
+            &request.name,
+            class.as_ref(),
+            &self.config.driver_name,
+            claim_verified,
+        )
+        .map_err(|why| SweepError::Untrusted {
+            volume: name.to_string(),
+            claim: claim.clone(),
+            why,
+        })?;
+        if let Some(secret) = secret {
             request.secrets = secrets::fetch(&self.client, &secret)
                 .await
                 .map_err(|source| SweepError::Secret {

@@ -187,8 +187,13 @@ pub async fn run(args: RegistrarArgs) -> Result<(), SidecarError> {
     let mut role = Role::start();
     let metrics = Arc::new(Metrics::new());
 
-    let Some((driver, driver_name)) = role.driver(&args.common, &metrics, Wait::Connected).await
-    else {
+    let found = role
+        .checked_driver(&args.common, &metrics, Wait::Connected)
+        .await;
+    let Some((driver, driver_name)) = (match found {
+        Ok(found) => found,
+        Err(e) => return role.finish(Err(e.into())).await,
+    }) else {
         return role.finish(Ok(())).await;
     };
     tracing::info!(driver = %driver_name, node = ?node_name, "driver found");

@@ -6,7 +6,11 @@
 //!   a missing CSINode is created owned by its Node. An entry is up to date
 //!   when its node ID and topology keys are the driver's; its `allocatable`
 //!   is kubelet's to keep (see [`with_driver`]).
-//! - Node label per topology segment.
+//! - Node label per topology segment, refused (nothing written, not the
+//!   CSINode entry either) when the Node already has that label with another
+//!   value: kubelet refuses such a collision the same way, so a driver
+//!   cannot relabel `kubernetes.io/hostname` or a zone the scheduler and
+//!   other drivers rely on (see [`TopologyCollision`]).
 //! - Node annotation `csi.volume.kubernetes.io/nodeid`: a JSON object of
 //!   driver name → node ID, other drivers' keys preserved.
 //!
@@ -173,9 +177,39 @@ fn encode(ids: &BTreeMap<String, String>) -> Option<String> {
     }
 }
 
-/// What installing the driver changes on the Node.
-pub fn node_install(node: &Node, driver: &str, info: &DriverNodeInfo) -> NodeChange {
+/// A topology segment whose key the Node already carries as a label with
+/// another value. The message is kubelet's (`updateTopologyLabels` of its
+/// node-info manager, which refuses the registration for it).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "detected topology value collision: driver reported {key:?}:{reported:?} but existing label is {key:?}:{existing:?}"
+)]
+pub struct TopologyCollision {
+    pub key: String,
+    pub reported: String,
+    pub existing: String,
+}
+
+/// What installing the driver changes on the Node, or the first (by key)
+/// topology segment that would overwrite an existing label.
+pub fn node_install(
+    node: &Node,
+    driver: &str,
+    info: &DriverNodeInfo,
+) -> Result<NodeChange, TopologyCollision> {
     let current = node.metadata.labels.clone().unwrap_or_default();
+    if let Some((key, reported, existing)) = info.topology.iter().find_map(|(k, v)| {
+        current
+            .get(k)
+            .filter(|cur| *cur != v)
+            .map(|cur| (k, v, cur))
+    }) {
+        return Err(TopologyCollision {
+            key: key.clone(),
+            reported: reported.clone(),
+            existing: existing.clone(),
+        });
+    }
     let labels = info
         .topology
         .iter()
@@ -189,10 +223,10 @@ pub fn node_install(node: &Node, driver: &str, info: &DriverNodeInfo) -> NodeCha
         ids.insert(driver.to_string(), info.node_id.clone());
         Some(encode(&ids))
     };
-    NodeChange {
+    Ok(NodeChange {
         labels,
         node_id_annotation: annotation,
-    }
+    })
 }
 
 /// What uninstalling the driver changes on the Node.
@@ -344,7 +378,8 @@ mod tests {
     #[test]
     fn node_annotation_keeps_other_drivers_and_labels_follow_topology() {
         let n = node(Some(r#"{"other.csi":"x"}"#), &[]);
-        let change = node_install(&n, "hostpath.csi.k8s.io", &hostpath_info());
+        let change =
+            node_install(&n, "hostpath.csi.k8s.io", &hostpath_info()).expect("no collision");
         let value = change
             .node_id_annotation
             .clone()
@@ -367,7 +402,11 @@ mod tests {
         assert_eq!(patch["metadata"]["resourceVersion"], "42");
 
         let installed = node(Some(&value), &[("topology.hostpath.csi/node", "node-1")]);
-        assert!(node_install(&installed, "hostpath.csi.k8s.io", &hostpath_info()).is_empty());
+        assert!(
+            node_install(&installed, "hostpath.csi.k8s.io", &hostpath_info())
+                .expect("no collision")
+                .is_empty()
+        );
 
         let change = node_uninstall(&installed, "hostpath.csi.k8s.io");
         assert_eq!(
@@ -382,5 +421,44 @@ mod tests {
         let patch = node_uninstall(&alone, "hostpath.csi.k8s.io").merge_patch(None);
         assert!(patch["metadata"]["annotations"][NODE_ID_ANNOTATION].is_null());
         assert!(node_uninstall(&node(None, &[]), "hostpath.csi.k8s.io").is_empty());
+    }
+
+    #[test]
+    fn a_segment_that_would_relabel_the_node_is_refused_as_kubelet_refuses_it() {
+        // The driver claims the node is another host, in another zone.
+        let n = node(
+            None,
+            &[
+                ("kubernetes.io/hostname", "node-1"),
+                ("topology.kubernetes.io/zone", "a"),
+            ],
+        );
+        let mut info = hostpath_info();
+        info.topology
+            .insert("kubernetes.io/hostname".into(), "node-2".into());
+        info.topology
+            .insert("topology.kubernetes.io/zone".into(), "b".into());
+        let err = node_install(&n, "d", &info).expect_err("a collision");
+        assert_eq!(
+            err,
+            TopologyCollision {
+                key: "kubernetes.io/hostname".into(),
+                reported: "node-2".into(),
+                existing: "node-1".into(),
+            }
+        );
+        assert_eq!(
+            err.to_string(),
+            r#"detected topology value collision: driver reported "kubernetes.io/hostname":"node-2" but existing label is "kubernetes.io/hostname":"node-1""#
+        );
+        // The same values as the Node's, or new keys: no collision.
+        let mut same = hostpath_info();
+        same.topology
+            .insert("kubernetes.io/hostname".into(), "node-1".into());
+        let change = node_install(&n, "d", &same).expect("agrees with the Node");
+        assert_eq!(
+            change.labels.keys().collect::<Vec<_>>(),
+            ["topology.hostpath.csi/node"]
+        );
     }
 }

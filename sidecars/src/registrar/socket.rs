@@ -22,9 +22,30 @@ pub fn identity(path: &Path) -> Option<(u64, u64)> {
         .map(|m| (m.dev(), m.ino()))
 }
 
+/// The private directory the socket at `path` is bound in before it is
+/// moved into place: named after the socket (so after the driver), not the
+/// process — every registrar is pid 1 in its container, and all share
+/// kubelet's registration directory, so a pid-named one would be another
+/// driver's, removed from under it. A hash keeps the name short: a unix
+/// socket path must fit in sun_path (108 bytes) when bound; the rename into
+/// place has no such limit.
+pub fn private_dir(path: &Path) -> PathBuf {
+    // FNV-1a, 64 bits: deterministic across builds, enough to tell drivers apart.
+    let name = path
+        .file_name()
+        .map(|n| n.as_encoded_bytes())
+        .unwrap_or_default();
+    let hash = name.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    path.parent()
+        .unwrap_or(Path::new("."))
+        .join(format!(".reg-{hash:016x}"))
+}
+
 /// Binds privately at `path`; returns the listener and the socket's identity.
 pub fn bind_private(path: &Path) -> std::io::Result<(UnixListener, (u64, u64))> {
-    let dir = path.parent().ok_or_else(|| {
+    path.parent().ok_or_else(|| {
         std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
             "socket path has no directory",
@@ -50,9 +71,7 @@ pub fn bind_private(path: &Path) -> std::io::Result<(UnixListener, (u64, u64))> 
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    // Short names: a unix socket path must fit in sun_path (108 bytes) when
-    // bound; the rename into place has no such limit.
-    let private = dir.join(format!(".reg-{}", std::process::id()));
+    let private = private_dir(path);
     if private.exists() {
         std::fs::remove_dir_all(&private)?;
     }
@@ -111,5 +130,32 @@ mod tests {
             .block_on(async { bind_private(&path).map(|_| ()) })
             .expect_err("refused");
         assert!(err.to_string().contains("is a directory"));
+    }
+
+    #[tokio::test]
+    async fn two_drivers_binding_at_once_never_share_a_private_directory() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = socket_path(dir.path(), "a.csi.example.com");
+        let b = socket_path(dir.path(), "b.csi.example.com");
+        assert_ne!(private_dir(&a), private_dir(&b));
+        assert_eq!(private_dir(&a), private_dir(&a.clone()), "stable");
+        // b is midway through its bind (its private directory holds its
+        // socket) when a binds: a leaves it alone.
+        std::fs::create_dir(private_dir(&b)).expect("b's dir");
+        std::fs::write(private_dir(&b).join("s"), "").expect("b's socket");
+        let (_listener, _) = bind_private(&a).expect("a binds");
+        assert!(a.exists());
+        assert!(
+            private_dir(&b).join("s").exists(),
+            "b's bind was not disturbed"
+        );
+        assert!(!private_dir(&a).exists(), "a cleaned up its own");
+        // Short enough for sun_path with the longest driver name in the
+        // kubelet's default directory.
+        let long = socket_path(
+            Path::new("/var/lib/kubelet/plugins_registry"),
+            &"d".repeat(63),
+        );
+        assert!(private_dir(&long).join("s").as_os_str().len() < 108);
     }
 }

@@ -36,9 +36,11 @@ use std::time::Duration;
 
 use futures::{stream, StreamExt};
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::storage::v1::CSINode;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::watcher;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::{watcher, WatchStreamExt};
 use kube::Client;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -58,6 +60,10 @@ pub enum SyncError {
     Kube(#[from] kube::Error),
     #[error("Node {0} does not exist")]
     NoNode(String),
+    /// The driver's topology would relabel the Node: nothing is written
+    /// (kubelet refuses the registration for the same reason).
+    #[error("refusing the driver's topology")]
+    Collision(#[from] nodeinfo::TopologyCollision),
 }
 
 /// For how many `--node-info-interval`s the driver's socket must be seen
@@ -173,6 +179,10 @@ pub struct NodeInfoSync {
     /// The readiness taint key to remove from this node once registered
     /// (see `taint`); `None`: taints are not touched.
     pub readiness_taint: Option<String>,
+    /// Events about this Node (a refused topology).
+    recorder: Recorder,
+    /// The collision last reported, so a refusal that stays is told once.
+    reported: std::sync::Arc<std::sync::Mutex<Option<nodeinfo::TopologyCollision>>>,
 }
 
 impl NodeInfoSync {
@@ -184,9 +194,18 @@ impl NodeInfoSync {
         interval: Duration,
         kubelet: watch::Receiver<Verdict>,
     ) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "csiops-registrar".into(),
+                instance: Some(node_name.clone()),
+            },
+        );
         Self {
             nodes: Api::all(client.clone()),
             csinodes: Api::all(client),
+            recorder,
+            reported: Default::default(),
             node_name,
             driver_name,
             driver,
@@ -312,7 +331,16 @@ impl NodeInfoSync {
     async fn install_with(&self, info: &DriverNodeInfo) -> Result<(bool, Node), SyncError> {
         let node = self.node().await?;
         let mut wrote = false;
-        let change = nodeinfo::node_install(&node, &self.driver_name, info);
+        let change = match nodeinfo::node_install(&node, &self.driver_name, info) {
+            Ok(change) => change,
+            Err(collision) => {
+                self.report_collision(&node, &collision).await;
+                return Err(collision.into());
+            }
+        };
+        if let Ok(mut last) = self.reported.lock() {
+            *last = None;
+        }
         wrote |= self.patch_node(&node, &change).await?;
         let entry = nodeinfo::driver_entry(&self.driver_name, info);
         match self.csinodes.get_opt(&self.node_name).await? {
@@ -337,6 +365,45 @@ impl NodeInfoSync {
             tracing::info!(node = %self.node_name, node_id = %info.node_id, "driver registered in CSINode");
         }
         Ok((wrote, node))
+    }
+
+    /// Tells, once per distinct collision, that the driver's topology was
+    /// refused: a warning and a Warning Event on the Node, in kubelet's
+    /// words. The Event is best effort (a registrar without `events.k8s.io`
+    /// create still refuses, and logs).
+    async fn report_collision(&self, node: &Node, collision: &nodeinfo::TopologyCollision) {
+        let first = match self.reported.lock() {
+            Ok(mut last) if last.as_ref() != Some(collision) => {
+                *last = Some(collision.clone());
+                true
+            }
+            _ => false,
+        };
+        if !first {
+            return;
+        }
+        tracing::warn!(node = %self.node_name, driver = %self.driver_name, %collision,
+            "not registering the driver in CSINode: its topology would overwrite a label of this Node (kubelet refuses it too); fix the driver's topology or the label");
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(self.node_name.clone()),
+            uid: node.metadata.uid.clone(),
+            ..ObjectReference::default()
+        };
+        let event = Event {
+            type_: EventType::Warning,
+            reason: "TopologyLabelCollision".into(),
+            note: Some(format!(
+                "CSI driver {}: {collision}; the driver is not registered in CSINode",
+                self.driver_name
+            )),
+            action: "RegisterDriver".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &reference).await {
+            tracing::debug!(error = %chain(&e), "could not record the collision Event");
+        }
     }
 
     /// This Node, fresh from the API server.
@@ -403,8 +470,15 @@ impl NodeInfoSync {
     pub async fn run(&self, shutdown: &CancellationToken) {
         let by_name =
             watcher::Config::default().fields(&format!("metadata.name={}", self.node_name));
-        let node_events = watcher::watcher(self.nodes.clone(), by_name.clone()).map(|_| ());
-        let csinode_events = watcher::watcher(self.csinodes.clone(), by_name).map(|_| ());
+        // Backed off (kube's default: from 800 ms up to 30 s) and only
+        // successful events wake a pass: in an API outage a failing watch
+        // must not turn every node's registrar into a 10-per-second loop.
+        let node_events = watcher::watcher(self.nodes.clone(), by_name.clone())
+            .default_backoff()
+            .filter_map(|r| futures::future::ready(r.ok().map(|_| ())));
+        let csinode_events = watcher::watcher(self.csinodes.clone(), by_name)
+            .default_backoff()
+            .filter_map(|r| futures::future::ready(r.ok().map(|_| ())));
         let mut changes = stream::select(node_events, csinode_events).boxed();
         let mut kubelet = self.kubelet.clone();
         let mut backoff = Duration::from_secs(1);
@@ -431,6 +505,12 @@ impl NodeInfoSync {
                 Ok(Outcome::Installed { .. } | Outcome::AwaitingKubelet) => {
                     backoff = Duration::from_secs(1);
                     driver_backoff = first_retry;
+                    next = tokio::time::Instant::now() + self.interval;
+                }
+                // A refused topology needs a person: asked again at the
+                // interval (told once, see `report_collision`).
+                Err(SyncError::Collision(_)) => {
+                    backoff = Duration::from_secs(1);
                     next = tokio::time::Instant::now() + self.interval;
                 }
                 // Permission revoked while running (it was there at start,
@@ -815,5 +895,104 @@ mod tests {
         std::fs::write(&path, "").expect("write");
         assert_eq!(socket_state(Some(&path)), SocketState::Present);
         assert_eq!(socket_state(None), SocketState::Unknown);
+    }
+
+    #[tokio::test]
+    async fn a_topology_that_would_relabel_the_node_is_refused_with_one_event() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = Log::default();
+        // The Node is in zone z9; the driver says z1.
+        let objects = registered_node();
+        let mut node = objects.get(NODE).expect("Node");
+        node["metadata"]["labels"]["example.com/zone"] = json!("z9");
+        objects.put(NODE, node);
+        let api = objects.clone();
+        let (sync, _verdict) = sync_with(
+            dir.path(),
+            &log,
+            answer(Ok(info(0))),
+            move |c| {
+                if c.path.contains("/events") {
+                    return (201, c.body.clone());
+                }
+                api.answer(c)
+            },
+            Verdict::Registered,
+        )
+        .await;
+        let before = objects.get(CSINODE).expect("CSINode");
+        let mut streak = FailureStreak::default();
+        for _ in 0..2 {
+            let err = sync
+                .pass(&mut streak, Instant::now())
+                .await
+                .expect_err("refused");
+            assert!(
+                matches!(&err, SyncError::Collision(c) if c.key == "example.com/zone" && c.existing == "z9"),
+                "{err:?}"
+            );
+        }
+        // Nothing of the Node or the CSINode was written, as kubelet would.
+        let writes = api_writes(&log);
+        assert!(writes.iter().all(|w| w.contains("/events")), "{writes:?}");
+        assert_eq!(objects.get(CSINODE), Some(before));
+        // One Warning Event on the Node, in kubelet's words, for both passes.
+        let events: Vec<_> = log
+            .calls()
+            .into_iter()
+            .filter(|c| c.method == "POST" && c.path.contains("/events"))
+            .collect();
+        assert_eq!(events.len(), 1, "{:?}", log.lines());
+        let event = &events[0].body;
+        assert_eq!(event["type"], "Warning");
+        assert_eq!(event["reason"], "TopologyLabelCollision");
+        assert_eq!(event["regarding"]["kind"], "Node");
+        assert_eq!(event["regarding"]["name"], "node-a");
+        let note = event["note"].as_str().unwrap_or_default();
+        assert!(
+            note.contains("detected topology value collision")
+                && note.contains("\"example.com/zone\":\"z9\""),
+            "{note}"
+        );
+    }
+
+    #[tokio::test]
+    async fn failing_watches_back_off_instead_of_looping() {
+        // An API outage: every request fails. kubelet has not accepted the
+        // driver yet, so passes make no request: what is counted is the
+        // watches' retries.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = Log::default();
+        let (sync, _verdict) = sync_with(
+            dir.path(),
+            &log,
+            answer(Ok(info(0))),
+            |_| testing::status(500, "InternalError", "down"),
+            Verdict::Pending,
+        )
+        .await;
+        let stop = CancellationToken::new();
+        let run = {
+            let (sync, stop) = (sync.clone(), stop.clone());
+            tokio::spawn(async move { sync.run(&stop).await })
+        };
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        stop.cancel();
+        run.await.expect("run ends");
+        let lists = log
+            .calls()
+            .iter()
+            .filter(|c| {
+                c.method == "GET" && (c.path.ends_with("/nodes") || c.path.ends_with("/csinodes"))
+            })
+            .count();
+        // Unthrottled, two watches retried every ~100 ms: about 60 in 3 s.
+        // Backed off (800 ms doubling, jittered): a handful.
+        assert!(lists >= 2, "the watches ran: {:?}", log.lines());
+        assert!(
+            lists <= 12,
+            "{lists} watch requests in 3 s: {:?}",
+            log.lines()
+        );
     }
 }

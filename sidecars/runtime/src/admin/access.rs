@@ -3,7 +3,10 @@
 //! SubjectAccessReview (`get` on the non-resource URL of the metrics path) —
 //! the checks kube-rbac-proxy makes, in-process, so a driver pod needs no
 //! proxy container per sidecar. Verdicts are remembered briefly
-//! ([`super::verdicts`]).
+//! ([`super::verdicts`]). Concurrent requests with one token wait for one
+//! review instead of each making their own, and reviews of tokens not yet
+//! judged are bounded in rate (429 beyond it): a caller spraying tokens
+//! cannot make this port flood the API server.
 //!
 //! A token is never logged, and never kept: only its digest is.
 
@@ -20,7 +23,9 @@ use k8s_openapi::api::authorization::v1::{
 };
 use kube::api::{Api, PostParams};
 
-use super::verdicts::{digest, Verdict, Verdicts};
+use std::collections::HashMap;
+
+use super::verdicts::{digest, ReviewBudget, TokenDigest, Verdict, Verdicts};
 use crate::error::chain;
 
 /// Why a caller could not be checked (the API server did not answer the
@@ -31,6 +36,17 @@ pub enum ReviewError {
     TokenReview(#[source] kube::Error),
     #[error("SubjectAccessReview failed")]
     SubjectAccessReview(#[source] kube::Error),
+}
+
+/// Why the gate let a caller neither in nor out.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum GateError {
+    /// The review failed (shared by every request that waited for it): 503.
+    #[error("the access review failed")]
+    Review(#[source] Arc<ReviewError>),
+    /// Too many tokens not yet judged this second: 429, try again.
+    #[error("too many new callers to review now")]
+    Throttled,
 }
 
 /// Future of one review.
@@ -127,10 +143,15 @@ pub fn bearer_token(headers: &HeaderMap) -> Option<&str> {
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
+/// The one review of a token that concurrent requests share.
+type InFlight = Arc<tokio::sync::OnceCell<Result<Verdict, GateError>>>;
+
 /// The gate in front of the metrics handler: a reviewer and its verdicts.
 pub struct MetricsGate {
     reviewer: Arc<dyn Reviewer>,
     verdicts: Mutex<Verdicts>,
+    budget: Mutex<ReviewBudget>,
+    in_flight: Mutex<HashMap<TokenDigest, InFlight>>,
 }
 
 impl std::fmt::Debug for MetricsGate {
@@ -141,39 +162,77 @@ impl std::fmt::Debug for MetricsGate {
 
 impl MetricsGate {
     pub fn new(reviewer: Arc<dyn Reviewer>) -> Self {
+        Self::with_budget(reviewer, ReviewBudget::default())
+    }
+
+    /// A gate reviewing at most what `budget` allows.
+    pub fn with_budget(reviewer: Arc<dyn Reviewer>, budget: ReviewBudget) -> Self {
         Self {
             reviewer,
             verdicts: Mutex::new(Verdicts::default()),
+            budget: Mutex::new(budget),
+            in_flight: Mutex::new(HashMap::new()),
         }
     }
 
     /// The verdict on the caller of `path` with `headers`, remembered or
     /// asked.
-    pub async fn check(&self, headers: &HeaderMap, path: &str) -> Result<Verdict, ReviewError> {
+    pub async fn check(&self, headers: &HeaderMap, path: &str) -> Result<Verdict, GateError> {
         let Some(token) = bearer_token(headers) else {
             return Ok(Verdict::Unauthenticated);
         };
         let key = digest(token);
-        if let Some(verdict) = self.lock().get(&key, Instant::now()) {
+        if let Some(verdict) = lock(&self.verdicts).get(&key, Instant::now()) {
             return Ok(verdict);
         }
-        let verdict = self.reviewer.review(token, path).await?;
-        self.lock().insert(key, verdict, Instant::now());
-        Ok(verdict)
+        // One review per token at a time: later callers wait for it (if the
+        // one reviewing goes away, a waiter takes over).
+        let cell: InFlight = lock(&self.in_flight).entry(key).or_default().clone();
+        let outcome = cell
+            .get_or_init(|| async {
+                // Another caller may have just finished the review.
+                if let Some(verdict) = lock(&self.verdicts).get(&key, Instant::now()) {
+                    return Ok(verdict);
+                }
+                if !lock(&self.budget).take(Instant::now()) {
+                    return Err(GateError::Throttled);
+                }
+                let verdict = self
+                    .reviewer
+                    .review(token, path)
+                    .await
+                    .map_err(|e| GateError::Review(Arc::new(e)))?;
+                lock(&self.verdicts).insert(key, verdict, Instant::now());
+                Ok(verdict)
+            })
+            .await
+            .clone();
+        // Done: the next review of this token (after its verdict expires,
+        // or after a failure) is a new one.
+        let mut in_flight = lock(&self.in_flight);
+        if in_flight.get(&key).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
+            in_flight.remove(&key);
+        }
+        outcome
     }
 
-    /// The verdicts; a panic elsewhere while holding the lock leaves them
-    /// consistent (every update is one map operation), so poisoning is
-    /// ignored.
-    fn lock(&self) -> std::sync::MutexGuard<'_, Verdicts> {
-        self.verdicts
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    /// How many tokens are being reviewed right now.
+    pub fn reviews_in_flight(&self) -> usize {
+        lock(&self.in_flight).len()
     }
 }
 
+/// `mutex`'s content; a panic elsewhere while holding it leaves it
+/// consistent (every update is one map or counter operation), so poisoning
+/// is ignored.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// The answer to a caller who is not let in; `None` when allowed.
-pub fn refusal(outcome: &Result<Verdict, ReviewError>) -> Option<Response> {
+pub fn refusal(outcome: &Result<Verdict, GateError>) -> Option<Response> {
     match outcome {
         Ok(Verdict::Allowed) => None,
         Ok(Verdict::Unauthenticated) => Some(
@@ -188,6 +247,17 @@ pub fn refusal(outcome: &Result<Verdict, ReviewError>) -> Option<Response> {
                 .into_response(),
         ),
         Ok(Verdict::Forbidden) => Some((StatusCode::FORBIDDEN, "Forbidden\n").into_response()),
+        Err(GateError::Throttled) => {
+            tracing::debug!("metrics caller throttled: too many new tokens to review");
+            Some(
+                (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    [(header::RETRY_AFTER, HeaderValue::from_static("1"))],
+                    "too many new callers to check now; retry\n",
+                )
+                    .into_response(),
+            )
+        }
         Err(error) => {
             tracing::warn!(error = %chain(error), "cannot check a metrics caller");
             Some(
@@ -306,7 +376,10 @@ mod tests {
         let down = kube::Error::Api(Box::new(
             kube::core::Status::failure("etcdserver: request timed out", "Timeout").with_code(504),
         ));
-        let r = refusal(&Err(ReviewError::TokenReview(down))).unwrap();
+        let r = refusal(&Err(GateError::Review(Arc::new(ReviewError::TokenReview(
+            down,
+        )))))
+        .unwrap();
         assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert!(!r.headers().contains_key(header::WWW_AUTHENTICATE));
     }
@@ -350,5 +423,91 @@ mod tests {
             Verdict::Allowed
         );
         assert_eq!(fake.0.load(Ordering::SeqCst), 2);
+    }
+
+    /// Allows every token after `gate` is notified; counts reviews.
+    struct Slow {
+        calls: AtomicUsize,
+        gate: tokio::sync::Notify,
+    }
+
+    impl Reviewer for Slow {
+        fn review<'a>(&'a self, _: &'a str, _: &'a str) -> ReviewFuture<'a> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async move {
+                self.gate.notified().await;
+                Ok(Verdict::Allowed)
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn concurrent_requests_with_one_token_share_one_review() {
+        let slow = Arc::new(Slow {
+            calls: AtomicUsize::new(0),
+            gate: tokio::sync::Notify::new(),
+        });
+        let gate = Arc::new(MetricsGate::new(slow.clone()));
+        let tasks: Vec<_> = (0..20)
+            .map(|_| {
+                let gate = gate.clone();
+                tokio::spawn(async move { gate.check(&headers("Bearer same"), "/metrics").await })
+            })
+            .collect();
+        // Every request is waiting on the one review.
+        while slow.calls.load(Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+        for _ in 0..50 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(gate.reviews_in_flight(), 1);
+        slow.gate.notify_waiters();
+        for t in tasks {
+            assert_eq!(t.await.expect("task").expect("checked"), Verdict::Allowed);
+        }
+        assert_eq!(slow.calls.load(Ordering::SeqCst), 1, "one TokenReview");
+        assert_eq!(gate.reviews_in_flight(), 0);
+    }
+
+    #[tokio::test]
+    async fn new_tokens_beyond_the_budget_are_refused_429_and_known_ones_pass() {
+        let fake = Arc::new(Fake::default());
+        let gate = MetricsGate::with_budget(fake.clone(), ReviewBudget::new(1, 3));
+        // The scraper is judged first.
+        assert_eq!(
+            gate.check(&headers("Bearer good"), "/metrics")
+                .await
+                .unwrap(),
+            Verdict::Allowed
+        );
+        // A spray of fresh tokens: two more reviews, then throttled.
+        let mut throttled = 0;
+        for i in 0..50 {
+            match gate
+                .check(&headers(&format!("Bearer spray{i}")), "/metrics")
+                .await
+            {
+                Ok(Verdict::Unauthenticated) => {}
+                Err(GateError::Throttled) => throttled += 1,
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(fake.0.load(Ordering::SeqCst), 3, "the burst, no more");
+        assert_eq!(throttled, 48);
+        let r = refusal(&Err(GateError::Throttled)).expect("refused");
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(
+            r.headers().get(header::RETRY_AFTER).map(|v| v.as_bytes()),
+            Some(&b"1"[..])
+        );
+        // The scraper's remembered verdict costs nothing: still let in.
+        assert_eq!(
+            gate.check(&headers("Bearer good"), "/metrics")
+                .await
+                .unwrap(),
+            Verdict::Allowed
+        );
+        assert_eq!(fake.0.load(Ordering::SeqCst), 3);
     }
 }

@@ -120,6 +120,19 @@ fn stamps(cert: &Path, key: &Path) -> Option<(SystemTime, SystemTime)> {
     Some((m(cert)?, m(key)?))
 }
 
+/// Reads the files' modification times, *then* runs `load`. A renewal in
+/// between leaves the recorded times older than what was loaded, so the
+/// next check loads once more (harmless); the other order could record the
+/// renewal's times beside the old certificate and never reload it.
+fn stamped<T>(
+    cert: &Path,
+    key: &Path,
+    load: impl FnOnce() -> Result<T, TlsError>,
+) -> Result<(T, Option<(SystemTime, SystemTime)>), TlsError> {
+    let before = stamps(cert, key);
+    Ok((load()?, before))
+}
+
 /// Serves the certificate of mounted files, re-reading them when their
 /// modification times change (a Secret volume swaps its files atomically).
 /// A renewal that cannot be read keeps the previous certificate, with a
@@ -182,14 +195,14 @@ pub fn server_config(source: &CertSource) -> Result<Arc<ServerConfig>, TlsError>
         .with_no_client_auth();
     let mut config = match source {
         CertSource::Files { cert, key } => {
-            let first = load_files(cert, key, &provider)?;
+            let (first, stamps) = stamped(cert, key, || load_files(cert, key, &provider))?;
             builder.with_cert_resolver(Arc::new(Reloading {
                 cert: cert.clone(),
                 key: key.clone(),
                 provider: provider.clone(),
                 state: Mutex::new(Loaded {
                     checked: Instant::now(),
-                    stamps: stamps(cert, key),
+                    stamps,
                     key: Arc::new(first),
                 }),
             }))
@@ -334,6 +347,38 @@ mod tests {
         // A half-written renewal keeps the last good certificate.
         std::thread::sleep(Duration::from_millis(20));
         std::fs::write(&key, "garbage").unwrap();
+        reloading.refresh(&mut reloading.state.lock().unwrap());
+        assert_eq!(served(&reloading), second);
+    }
+
+    #[test]
+    fn a_renewal_between_the_first_load_and_the_stamps_is_not_missed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key, first) = write_pair(dir.path());
+        let provider = provider();
+        // The first load reads the files, then cert-manager renews them
+        // before anything else happens.
+        let mut second = Vec::new();
+        let (loaded, stamps_seen) = stamped(&cert, &key, || {
+            let k = load_files(&cert, &key, &provider);
+            std::thread::sleep(Duration::from_millis(20));
+            second = write_pair(dir.path()).2;
+            k
+        })
+        .unwrap();
+        let reloading = Reloading {
+            cert: cert.clone(),
+            key: key.clone(),
+            provider: provider.clone(),
+            state: Mutex::new(Loaded {
+                checked: Instant::now(),
+                stamps: stamps_seen,
+                key: Arc::new(loaded),
+            }),
+        };
+        let served = |r: &Reloading| r.state.lock().unwrap().key.cert[0].to_vec();
+        assert_eq!(served(&reloading), first);
+        // The next check sees the renewal.
         reloading.refresh(&mut reloading.state.lock().unwrap());
         assert_eq!(served(&reloading), second);
     }

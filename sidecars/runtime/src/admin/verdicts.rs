@@ -7,6 +7,10 @@
 //! Keys are SHA-256 digests of the bearer token: the map never holds a
 //! token, so nothing dumped from it (a debug print, a core file's map pages)
 //! can be replayed. Pure: the caller passes the clock.
+//!
+//! Also here: the [`ReviewBudget`] that bounds how many tokens not yet
+//! judged are sent to the API server per second, so a caller spraying
+//! random tokens cannot turn the metrics port into a TokenReview flood.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -30,10 +34,16 @@ pub const ALLOWED_TTL: Duration = Duration::from_secs(60);
 /// See [`ALLOWED_TTL`]. Also bounds how often a scraper with a bad or
 /// unauthorized token makes us call the API server.
 pub const DENIED_TTL: Duration = Duration::from_secs(10);
-/// Most verdicts kept: beyond it expired ones are dropped, and if none has
-/// expired the memory starts over. Bounds what a caller spraying random
-/// tokens can make us hold.
+/// Most verdicts kept: beyond it expired ones are dropped, then the least
+/// recently used. Bounds what a caller spraying random tokens can make us
+/// hold; with the [`ReviewBudget`] such a caller adds at most
+/// `REVIEWS_PER_SECOND * DENIED_TTL` live entries, far fewer, so a scraper
+/// in use is never evicted by it.
 pub const MAX_ENTRIES: usize = 1024;
+/// Reviews of tokens not yet judged, per second, sustained…
+pub const REVIEWS_PER_SECOND: u32 = 10;
+/// …and in a burst (a fleet of scrapers starting together).
+pub const REVIEW_BURST: u32 = 20;
 
 /// The SHA-256 of a token, the key of its verdict.
 pub type TokenDigest = [u8; 32];
@@ -46,34 +56,67 @@ pub fn digest(token: &str) -> TokenDigest {
     out
 }
 
+/// One remembered verdict.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    verdict: Verdict,
+    expires: Instant,
+    /// When it was last inserted or read: the LRU order.
+    used: u64,
+}
+
 /// Verdicts by token digest, each with its expiry.
 #[derive(Debug, Default)]
 pub struct Verdicts {
-    entries: HashMap<TokenDigest, (Verdict, Instant)>,
+    entries: HashMap<TokenDigest, Entry>,
+    /// A counter, not a clock: orders uses even within one instant.
+    tick: u64,
 }
 
 impl Verdicts {
-    /// The verdict on `key` if it has not expired at `now`.
-    pub fn get(&self, key: &TokenDigest, now: Instant) -> Option<Verdict> {
-        self.entries
-            .get(key)
-            .filter(|(_, expires)| *expires > now)
-            .map(|(v, _)| *v)
+    fn next_tick(&mut self) -> u64 {
+        self.tick += 1;
+        self.tick
     }
 
-    /// Remembers `verdict` for `key` from `now` for its TTL.
+    /// The verdict on `key` if it has not expired at `now` (a use, for the
+    /// LRU order).
+    pub fn get(&mut self, key: &TokenDigest, now: Instant) -> Option<Verdict> {
+        let tick = self.next_tick();
+        let entry = self.entries.get_mut(key).filter(|e| e.expires > now)?;
+        entry.used = tick;
+        Some(entry.verdict)
+    }
+
+    /// Remembers `verdict` for `key` from `now` for its TTL. At capacity,
+    /// expired verdicts go first, then the least recently used one.
     pub fn insert(&mut self, key: TokenDigest, verdict: Verdict, now: Instant) {
         if self.entries.len() >= MAX_ENTRIES && !self.entries.contains_key(&key) {
-            self.entries.retain(|_, (_, expires)| *expires > now);
+            self.entries.retain(|_, e| e.expires > now);
             if self.entries.len() >= MAX_ENTRIES {
-                self.entries.clear();
+                if let Some(oldest) = self
+                    .entries
+                    .iter()
+                    .min_by_key(|(_, e)| e.used)
+                    .map(|(k, _)| *k)
+                {
+                    self.entries.remove(&oldest);
+                }
             }
         }
         let ttl = match verdict {
             Verdict::Allowed => ALLOWED_TTL,
             Verdict::Unauthenticated | Verdict::Forbidden => DENIED_TTL,
         };
-        self.entries.insert(key, (verdict, now + ttl));
+        let used = self.next_tick();
+        self.entries.insert(
+            key,
+            Entry {
+                verdict,
+                expires: now + ttl,
+                used,
+            },
+        );
     }
 
     /// How many verdicts are held (expired ones included until pruned).
@@ -84,6 +127,49 @@ impl Verdicts {
     /// Whether none is held.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+}
+
+/// A token bucket for reviews of unjudged tokens: [`REVIEW_BURST`] at
+/// once, refilled at [`REVIEWS_PER_SECOND`]. Remembered verdicts cost
+/// nothing, so scrapers in use never meet it.
+#[derive(Debug)]
+pub struct ReviewBudget {
+    tokens: f64,
+    last: Option<Instant>,
+    rate: f64,
+    burst: f64,
+}
+
+impl Default for ReviewBudget {
+    fn default() -> Self {
+        Self::new(REVIEWS_PER_SECOND, REVIEW_BURST)
+    }
+}
+
+impl ReviewBudget {
+    pub fn new(per_second: u32, burst: u32) -> Self {
+        Self {
+            tokens: f64::from(burst),
+            last: None,
+            rate: f64::from(per_second),
+            burst: f64::from(burst),
+        }
+    }
+
+    /// Takes one review at `now`; `false` when the budget is spent.
+    pub fn take(&mut self, now: Instant) -> bool {
+        if let Some(last) = self.last {
+            let elapsed = now.saturating_duration_since(last).as_secs_f64();
+            self.tokens = (self.tokens + elapsed * self.rate).min(self.burst);
+        }
+        self.last = Some(now);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
     }
 }
 
@@ -120,11 +206,59 @@ mod tests {
         v.insert(digest("new"), Verdict::Allowed, later);
         assert_eq!(v.len(), 1);
         assert_eq!(v.get(&digest("new"), later), Some(Verdict::Allowed));
-        // None expired: it starts over rather than grow.
-        for i in 0..MAX_ENTRIES {
+        // None expired: it never grows past the bound.
+        for i in 0..2 * MAX_ENTRIES {
             v.insert(digest(&format!("x{i}")), Verdict::Forbidden, later);
+            assert!(v.len() <= MAX_ENTRIES, "{}", v.len());
         }
-        assert!(v.len() <= MAX_ENTRIES, "{}", v.len());
+    }
+
+    #[test]
+    fn at_capacity_the_least_recently_used_goes_not_everything() {
+        let t0 = Instant::now();
+        let mut v = Verdicts::default();
+        let scraper = digest("scraper");
+        v.insert(scraper, Verdict::Allowed, t0);
+        for i in 0..MAX_ENTRIES - 1 {
+            v.insert(digest(&format!("spray{i}")), Verdict::Unauthenticated, t0);
+        }
+        assert_eq!(v.len(), MAX_ENTRIES);
+        // The scraper is in use (read after the spray began).
+        assert_eq!(v.get(&scraper, t0), Some(Verdict::Allowed));
+        // More spraying, nothing expired: only the least recently used go,
+        // one per insert; the scraper's verdict stays.
+        for i in 0..10 {
+            v.insert(digest(&format!("more{i}")), Verdict::Unauthenticated, t0);
+        }
+        assert_eq!(v.len(), MAX_ENTRIES);
+        assert_eq!(v.get(&scraper, t0), Some(Verdict::Allowed));
+        assert_eq!(v.get(&digest("spray0"), t0), None, "the oldest went");
+        assert_eq!(
+            v.get(&digest("spray10"), t0),
+            Some(Verdict::Unauthenticated)
+        );
+    }
+
+    #[test]
+    fn the_review_budget_bounds_the_rate_of_new_reviews() {
+        let t0 = Instant::now();
+        let mut b = ReviewBudget::new(10, 20);
+        // The burst, then nothing until it refills.
+        assert_eq!((0..25).filter(|_| b.take(t0)).count(), 20);
+        assert!(!b.take(t0));
+        // A tenth of a second brings one back; a minute no more than the burst.
+        assert!(b.take(t0 + Duration::from_millis(100)));
+        assert!(!b.take(t0 + Duration::from_millis(100)));
+        let later = t0 + Duration::from_secs(60);
+        assert_eq!((0..100).filter(|_| b.take(later)).count(), 20);
+        // Sustained: about `rate` per second over ten seconds.
+        let mut granted = 0;
+        for ms in (0..10_000).step_by(10) {
+            if b.take(later + Duration::from_millis(ms)) {
+                granted += 1;
+            }
+        }
+        assert!((99..=101).contains(&granted), "{granted}");
     }
 
     #[test]

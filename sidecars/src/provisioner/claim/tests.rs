@@ -451,3 +451,148 @@ async fn the_sweep_deletes_the_volume_of_a_claim_deleted_after_its_intent() {
     );
     assert_eq!(journal.get(&name), None, "trimmed");
 }
+
+// ------------------------------------------------------------ forged intents
+
+/// A journal ConfigMap holding `entries` (key → record), as anyone who may
+/// write ConfigMaps in the driver's namespace could leave it.
+fn journal_with(entries: &[(&str, super::super::journal::Record)]) -> Value {
+    let data: serde_json::Map<String, Value> = entries
+        .iter()
+        .map(|(k, r)| {
+            (
+                k.to_string(),
+                Value::String(serde_json::to_string(r).expect("record serializes")),
+            )
+        })
+        .collect();
+    json!({"apiVersion": "v1", "kind": "ConfigMap",
+           "metadata": {"name": "journal", "namespace": "kube-system", "resourceVersion": "1"},
+           "data": data})
+}
+
+/// A record of claim ns/gone (which does not exist) for volume `volume`.
+fn record_for(volume: &str, secret: Option<(&str, &str)>) -> super::super::journal::Record {
+    let gone: k8s_openapi::api::core::v1::PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "gone", "namespace": "ns", "uid": "gone-uid"}}))
+    .expect("claim");
+    let request = csiops_proto::csi::v1::CreateVolumeRequest {
+        name: volume.to_string(),
+        ..Default::default()
+    };
+    let secret = secret.map(|(namespace, name)| super::super::params::SecretRef {
+        namespace: namespace.into(),
+        name: name.into(),
+    });
+    super::super::journal::Record::new(&gone, "fast", &request, secret.as_ref())
+}
+
+fn secret_object(ns: &str, name: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Secret",
+           "metadata": {"name": name, "namespace": ns}, "data": {"key": "c2VjcmV0"}})
+}
+
+/// Sweeps `key` of a journal holding `entries`, with `extra` objects on the
+/// API server; the log of what it did and the error.
+async fn sweep_forged(
+    entries: &[(&str, super::super::journal::Record)],
+    key: &str,
+    extra: Vec<(String, Value)>,
+) -> (Log, Result<(), super::super::sweep::SweepError>) {
+    let log = Log::default();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut all = vec![(JOURNAL.to_string(), journal_with(entries))];
+    all.extend(extra);
+    let objects = testing::Objects::new(all.iter().map(|(k, v)| (k.as_str(), v.clone())));
+    let p = journaled(&log, dir.path(), objects).await;
+    let result = p.sync_intent(key).await;
+    (log, result)
+}
+
+#[tokio::test]
+async fn a_forged_intent_naming_a_live_volume_deletes_nothing() {
+    // Key `pvc-forged` (no PV of that name), request for the live `pvc-live`.
+    let live_pv = format!("{PVS}/pvc-live");
+    let (log, result) = sweep_forged(
+        &[("pvc-forged", record_for("pvc-live", None))],
+        "pvc-forged",
+        vec![(
+            live_pv,
+            json!({"apiVersion": "v1", "kind": "PersistentVolume",
+                              "metadata": {"name": "pvc-live"}}),
+        )],
+    )
+    .await;
+    let err = result.expect_err("refused");
+    assert!(err.is_blocked(), "{err}");
+    assert!(
+        err.to_string().contains("creates volume \"pvc-live\""),
+        "{err}"
+    );
+    let csi: Vec<String> = log
+        .lines()
+        .into_iter()
+        .filter(|l| l.starts_with("CSI "))
+        .collect();
+    assert!(csi.is_empty(), "no CSI call: {csi:?}");
+}
+
+#[tokio::test]
+async fn a_forged_intent_cannot_hand_the_driver_a_secret() {
+    // The class `fast` names no Secret; the intent names kube-system's.
+    let admin = "/api/v1/namespaces/kube-system/secrets/admin";
+    let (log, result) = sweep_forged(
+        &[("pvc-x", record_for("pvc-x", Some(("kube-system", "admin"))))],
+        "pvc-x",
+        vec![
+            (admin.to_string(), secret_object("kube-system", "admin")),
+            (
+                "/apis/storage.k8s.io/v1/storageclasses/fast".to_string(),
+                class(),
+            ),
+        ],
+    )
+    .await;
+    let err = result.expect_err("refused");
+    assert!(err.is_blocked(), "{err}");
+    assert!(err.to_string().contains("kube-system/admin"), "{err}");
+    let lines = log.lines();
+    assert!(
+        !lines.iter().any(|l| l.contains("/secrets/")),
+        "no Secret read: {lines:?}"
+    );
+    assert!(
+        !lines.iter().any(|l| l.starts_with("CSI ")),
+        "no CSI call: {lines:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_intent_with_the_classs_secret_is_cleaned_up_with_it() {
+    let mut with_secret = class();
+    with_secret["parameters"] = json!({
+        "csi.storage.k8s.io/provisioner-secret-namespace": "storage",
+        "csi.storage.k8s.io/provisioner-secret-name": "prov"});
+    let (log, result) = sweep_forged(
+        &[("pvc-y", record_for("pvc-y", Some(("storage", "prov"))))],
+        "pvc-y",
+        vec![
+            (
+                "/api/v1/namespaces/storage/secrets/prov".to_string(),
+                secret_object("storage", "prov"),
+            ),
+            (
+                "/apis/storage.k8s.io/v1/storageclasses/fast".to_string(),
+                with_secret,
+            ),
+        ],
+    )
+    .await;
+    result.expect("cleaned up");
+    let lines = log.lines();
+    assert!(
+        lines.contains(&"GET /api/v1/namespaces/storage/secrets/prov".to_string()),
+        "{lines:?}"
+    );
+    assert!(lines.contains(&"CSI DeleteVolume".to_string()), "{lines:?}");
+}

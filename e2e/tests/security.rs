@@ -1,0 +1,634 @@
+//! The security properties of csiops (README, Security model) on a real
+//! control plane, enforced by the API server itself: the shipped
+//! ValidatingAdmissionPolicies and RBAC of `manifests/install.yaml`.
+//!
+//! - A registrar's ServiceAccount token (bound to a pod on one node)
+//!   writes that node's Node and CSINode, and is refused every other
+//!   node's, with a message naming both; a token bound to no pod names no
+//!   node and is refused outright (fail closed).
+
+use std::time::Duration;
+
+use csiops_e2e::{testkit, wait_for, Cluster, ClusterOptions};
+
+const NS: &str = "csi-sec";
+
+/// `kubectl` with `token` instead of the admin's credentials: (ok, stderr).
+async fn as_token(cluster: &Cluster, token: &str, args: &[&str]) -> (bool, String) {
+    let mut all = vec![format!("--token={token}")];
+    all.extend(args.iter().map(|a| a.to_string()));
+    let out = cluster.kubectl(&all).await.expect("kubectl runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn label_patch(value: &str) -> String {
+    format!(r#"{{"metadata":{{"labels":{{"example.com/touched":"{value}"}}}}}}"#)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registrar_token_writes_only_its_own_node() {
+    let cluster = Cluster::start(ClusterOptions::kwok(2))
+        .await
+        .expect("cluster starts");
+    testkit::install_operator_rbac(&cluster)
+        .await
+        .expect("install.yaml's RBAC and policies apply");
+    let nodes = cluster.node_names().to_vec();
+    let (own, other) = (&nodes[0], &nodes[1]);
+
+    // A driver's node ServiceAccount, bound to the shipped registrar role as
+    // the operator binds it, and a pod of it on the first node.
+    let setup = format!(
+        r#"apiVersion: v1
+kind: Namespace
+metadata: {{name: {NS}}}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: drv-node, namespace: {NS}}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{name: "csiops:sec.csi.example.com:registrar"}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "csiops:registrar"}}
+subjects: [{{kind: ServiceAccount, name: drv-node, namespace: {NS}}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: drv-node-0, namespace: {NS}}}
+spec:
+  serviceAccountName: drv-node
+  nodeName: {own}
+  tolerations: [{{operator: Exists}}]
+  containers: [{{name: c, image: registry.invalid/none:1}}]
+"#
+    );
+    testkit::apply_ok(&cluster, "registrar-setup", &setup).await;
+
+    // The token kubelet would project into that pod: bound to it, so it
+    // carries the pod's node.
+    let token = cluster
+        .kubectl_ok([
+            "-n",
+            NS,
+            "create",
+            "token",
+            "drv-node",
+            "--bound-object-kind=Pod",
+            "--bound-object-name=drv-node-0",
+        ])
+        .await
+        .expect("bound token")
+        .trim()
+        .to_string();
+    let whoami = cluster
+        .kubectl_ok([
+            &format!("--token={token}"),
+            "auth",
+            "whoami",
+            "-o",
+            "jsonpath={.status.userInfo.extra}",
+        ])
+        .await
+        .expect("whoami");
+    assert!(
+        whoami.contains("authentication.kubernetes.io/node-name") && whoami.contains(own.as_str()),
+        "the token carries its node: {whoami}"
+    );
+
+    // The API server enforces a new policy once its informer has it
+    // (moments): wait for a dry run to be refused, then check for real.
+    let dry_other = [
+        "patch",
+        "node",
+        other.as_str(),
+        "--dry-run=server",
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"labels":{"example.com/dry":"run"}}}"#,
+    ];
+    wait_for(
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || async { (!as_token(&cluster, &token, &dry_other).await.0).then_some(()) },
+    )
+    .await
+    .unwrap_or_else(|_| panic!("the registrar policy never refused another node's patch"));
+
+    // Its own Node: patched. Another: refused, naming both nodes.
+    let (ok, err) = as_token(
+        &cluster,
+        &token,
+        &[
+            "patch",
+            "node",
+            own,
+            "--type=merge",
+            "-p",
+            &label_patch("own"),
+        ],
+    )
+    .await;
+    assert!(ok, "patching its own node: {err}");
+    let (ok, err) = as_token(
+        &cluster,
+        &token,
+        &[
+            "patch",
+            "node",
+            other,
+            "--type=merge",
+            "-p",
+            &label_patch("other"),
+        ],
+    )
+    .await;
+    assert!(!ok, "patching another node was allowed");
+    assert!(
+        err.contains("csiops-registrar-own-node")
+            && err.contains(&format!("runs on node {own}"))
+            && err.contains(&format!("nodes {other}")),
+        "{err}"
+    );
+    let labels = testkit::jsonpath(&cluster, &["get", "node", other], "{.metadata.labels}")
+        .await
+        .expect("labels");
+    assert!(!labels.contains("example.com/touched"), "{labels}");
+
+    // CSINodes alike: its own created, another's refused.
+    let csinode = |node: &str| {
+        format!(
+            r#"{{"apiVersion":"storage.k8s.io/v1","kind":"CSINode","metadata":{{"name":"{node}"}},"spec":{{"drivers":[]}}}}"#
+        )
+    };
+    for (node, allowed) in [(own, true), (other, false)] {
+        let path = cluster.work_dir().join(format!("csinode-{node}.json"));
+        std::fs::write(&path, csinode(node)).expect("write CSINode");
+        let (ok, err) =
+            as_token(&cluster, &token, &["create", "-f", &path.to_string_lossy()]).await;
+        assert_eq!(ok, allowed, "CSINode {node}: {err}");
+        if !allowed {
+            assert!(err.contains("csiops-registrar-own-node"), "{err}");
+        }
+    }
+
+    // A token bound to no pod names no node: refused, saying why.
+    let unbound = cluster
+        .kubectl_ok(["-n", NS, "create", "token", "drv-node"])
+        .await
+        .expect("token")
+        .trim()
+        .to_string();
+    let (ok, err) = as_token(
+        &cluster,
+        &unbound,
+        &[
+            "patch",
+            "node",
+            own,
+            "--type=merge",
+            "-p",
+            &label_patch("unbound"),
+        ],
+    )
+    .await;
+    assert!(!ok, "an unbound token patched a node");
+    assert!(err.contains("its token names none"), "{err}");
+
+    // The policy is about registrars: an administrator (and an account
+    // granted the exemption verb) still patches any node.
+    cluster
+        .kubectl_ok([
+            "patch",
+            "node",
+            other,
+            "--type=merge",
+            "-p",
+            &label_patch("admin"),
+        ])
+        .await
+        .expect("admin patches any node");
+    let exempt = format!(
+        r#"apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {{name: sec-any-node}}
+rules: [{{apiGroups: [csiops.dev], resources: [nodescope], verbs: [any-node]}}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{name: sec-any-node}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: sec-any-node}}
+subjects: [{{kind: ServiceAccount, name: drv-node, namespace: {NS}}}]
+"#
+    );
+    testkit::apply_ok(&cluster, "exempt", &exempt).await;
+    // RBAC changes reach the authorizer's cache within moments.
+    wait_for(
+        Duration::from_secs(30),
+        Duration::from_millis(500),
+        || async {
+            as_token(
+                &cluster,
+                &token,
+                &[
+                    "patch",
+                    "node",
+                    other,
+                    "--type=merge",
+                    "-p",
+                    &label_patch("exempt"),
+                ],
+            )
+            .await
+            .0
+            .then_some(())
+        },
+    )
+    .await
+    .expect("an exempted account patches another node");
+
+    cluster.stop().await.expect("cluster stops");
+}
+
+const TEAM: &str = "team-a";
+const ALICE: &str = "alice@example.com";
+
+/// `kubectl --as=alice`: (ok, stderr).
+async fn as_alice(cluster: &Cluster, args: &[&str]) -> (bool, String) {
+    let mut all = vec![format!("--as={ALICE}"), "-n".into(), TEAM.into()];
+    all.extend(args.iter().map(|a| a.to_string()));
+    let out = cluster.kubectl(&all).await.expect("kubectl runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn driver_cr(name: &str, extra_spec: &str) -> String {
+    format!(
+        r#"apiVersion: csiops.dev/v1alpha1
+kind: CSIDriverDeployment
+metadata: {{name: {name}, namespace: {TEAM}}}
+spec:
+  driverName: {name}.csi.example.com
+  version: v1
+  driver: {{image: "registry.example.com/driver:v1"}}
+  csiDriver: {{attachRequired: false}}
+{extra_spec}"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_user_gains_nothing_through_a_csidriverdeployment() {
+    let cluster = Cluster::start(ClusterOptions::kwok(1))
+        .await
+        .expect("cluster starts");
+    testkit::install_operator_rbac(&cluster)
+        .await
+        .expect("install.yaml's RBAC and policies apply");
+    // Alice may manage CSIDriverDeployments in her namespace, nothing else.
+    let rbac = format!(
+        r#"apiVersion: v1
+kind: Namespace
+metadata: {{name: {TEAM}}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{name: csidd-editor, namespace: {TEAM}}}
+rules:
+- apiGroups: [csiops.dev]
+  resources: [csidriverdeployments]
+  verbs: [get, list, watch, create, update, patch, delete]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: alice-csidd, namespace: {TEAM}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: csidd-editor}}
+subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: "{ALICE}"}}]
+"#
+    );
+    testkit::apply_ok(&cluster, "alice", &rbac).await;
+
+    // She holds no right to Secrets, pods, tokens, Nodes or classes.
+    for args in [
+        vec!["get", "secrets", "-n", TEAM],
+        vec!["get", "secrets", "-n", "kube-system"],
+        vec!["create", "pods", "-n", TEAM],
+        vec![
+            "create",
+            "serviceaccounts",
+            "-n",
+            TEAM,
+            "--subresource=token",
+        ],
+        vec!["patch", "nodes"],
+        vec!["create", "storageclasses.storage.k8s.io"],
+        vec!["create", "configmaps", "-n", TEAM],
+    ] {
+        assert!(
+            !testkit::can_i(&cluster, ALICE, &args).await,
+            "alice may {args:?}"
+        );
+    }
+
+    // The policies type-check against the CRD's schema.
+    for policy in ["csiops-driver-host-access", "csiops-registrar-own-node"] {
+        let checked = wait_for(
+            Duration::from_secs(60),
+            Duration::from_millis(500),
+            || async {
+                let v = testkit::jsonpath(
+                    &cluster,
+                    &["get", "validatingadmissionpolicy", policy],
+                    "{.status.typeChecking}",
+                )
+                .await
+                .ok()?;
+                (!v.is_empty()).then_some(v)
+            },
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{policy} never type-checked"));
+        assert!(
+            !checked.contains("expressionWarnings"),
+            "{policy}: {checked}"
+        );
+    }
+
+    // Creating one is host access: refused, naming the switch. Polled with
+    // a dry run: a new policy is enforced once the API server's informer
+    // has it.
+    let path = cluster.work_dir().join("alice-drv.yaml");
+    std::fs::write(&path, driver_cr("mine", "")).expect("write");
+    let dry = ["create", "--dry-run=server", "-f", &*path.to_string_lossy()];
+    wait_for(
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || async { (!as_alice(&cluster, &dry).await.0).then_some(()) },
+    )
+    .await
+    .unwrap_or_else(|_| panic!("alice may create a CSIDriverDeployment"));
+    let create = ["create", "-f", &*path.to_string_lossy()];
+    let (ok, refused) = as_alice(&cluster, &create).await;
+    assert!(!ok, "alice created a CSIDriverDeployment");
+    assert!(
+        refused.contains("csiops-driver-host-access")
+            && refused.contains("may not create CSIDriverDeployment team-a/mine")
+            && refused.contains("host-access")
+            && refused.contains("csiops.dev/host-access=allowed"),
+        "{refused}"
+    );
+
+    // An admin's driver in her namespace: every change that reaches what its
+    // privileged pods run is refused, naming the field.
+    testkit::apply_ok(&cluster, "admin-drv", &driver_cr("admins", "")).await;
+    let attempts: [(&str, &str); 10] = [
+        (
+            "node",
+            r#"{"spec":{"node":{"hostNetwork":true,"hostPID":true}}}"#,
+        ),
+        (
+            "node",
+            r#"{"spec":{"node":{"volumes":[{"name":"root","hostPath":{"path":"/"}}],"volumeMounts":[{"name":"root","mountPath":"/host"}]}}}"#,
+        ),
+        (
+            "driver",
+            r#"{"spec":{"driver":{"image":"evil.example.com/root:1"}}}"#,
+        ),
+        (
+            "controller",
+            r#"{"spec":{"controller":{"securityContext":{"privileged":true}}}}"#,
+        ),
+        (
+            "sidecars",
+            r#"{"spec":{"sidecars":{"extra":[{"name":"x","image":"evil.example.com/x:1","pod":"Node","mountServiceAccountToken":true}]}}}"#,
+        ),
+        (
+            "driver",
+            r#"{"spec":{"driver":{"mountServiceAccountToken":true}}}"#,
+        ),
+        (
+            "storageClasses",
+            r#"{"spec":{"storageClasses":[{"name":"grab-all","isDefault":true}]}}"#,
+        ),
+        (
+            "storageClasses",
+            r#"{"spec":{"storageClasses":[{"name":"steal","parameters":{"csi.storage.k8s.io/provisioner-secret-namespace":"kube-system","csi.storage.k8s.io/provisioner-secret-name":"admin"}}]}}"#,
+        ),
+        (
+            "sidecars",
+            r#"{"spec":{"sidecars":{"registrar":{"extraArgs":["--node-name=other-node"]}}}}"#,
+        ),
+        ("node", r#"{"spec":{"node":{"kubeletDir":"/etc"}}}"#),
+    ];
+    for (field, patch) in attempts {
+        let (ok, err) = as_alice(
+            &cluster,
+            &["patch", "csidd", "admins", "--type=merge", "-p", patch],
+        )
+        .await;
+        assert!(!ok, "alice changed spec.{field}: {patch}");
+        assert!(
+            err.contains(&format!("may not change spec.{field}")) && err.contains("host-access"),
+            "{patch}: {err}"
+        );
+    }
+    // The registrar's node from env is refused by the CRD itself.
+    let (ok, err) = as_alice(
+        &cluster,
+        &[
+            "patch",
+            "csidd",
+            "admins",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"sidecars":{"registrar":{"env":[{"name":"NODE_NAME","value":"other"}]}}}}"#,
+        ],
+    )
+    .await;
+    assert!(!ok && err.contains("NODE_NAME"), "{err}");
+    // What is harmless passes: holding the rollout, its pace, the version.
+    let (ok, err) = as_alice(
+        &cluster,
+        &[
+            "patch",
+            "csidd",
+            "admins",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"paused":true,"logLevel":5,"version":"v2","rollout":{"stepTimeoutSeconds":900}}}"#,
+        ],
+    )
+    .await;
+    assert!(ok, "a harmless change was refused: {err}");
+    let spec = testkit::jsonpath(
+        &cluster,
+        &["-n", TEAM, "get", "csidd", "admins"],
+        "{.spec.driver.image} {.spec.node}",
+    )
+    .await
+    .expect("spec");
+    assert!(spec.starts_with("registry.example.com/driver:v1"), "{spec}");
+    assert!(
+        !spec.contains("hostNetwork") && !spec.contains("\"/\""),
+        "{spec}"
+    );
+
+    // The switches: the namespace label lets her change what it guards…
+    cluster
+        .kubectl_ok(["label", "namespace", TEAM, "csiops.dev/host-access=allowed"])
+        .await
+        .expect("label");
+    wait_for(
+        Duration::from_secs(30),
+        Duration::from_millis(500),
+        || async {
+            as_alice(
+                &cluster,
+                &[
+                    "patch",
+                    "csidd",
+                    "admins",
+                    "--type=merge",
+                    "-p",
+                    r#"{"spec":{"node":{"hostNetwork":true}}}"#,
+                ],
+            )
+            .await
+            .0
+            .then_some(())
+        },
+    )
+    .await
+    .expect("the namespace label allows host access");
+    cluster
+        .kubectl_ok(["label", "namespace", TEAM, "csiops.dev/host-access-"])
+        .await
+        .expect("unlabel");
+    // …and so does the verb, granted cluster-wide; a RoleBinding of it in
+    // her namespace does not.
+    let grant = |kind: &str| {
+        let (binding_kind, ns) = if kind == "Role" {
+            ("RoleBinding", format!(", namespace: {TEAM}"))
+        } else {
+            ("ClusterRoleBinding", String::new())
+        };
+        format!(
+            r#"apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {{name: csiops-host-access}}
+rules: [{{apiGroups: [csiops.dev], resources: [csidriverdeployments], verbs: [host-access]}}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: {binding_kind}
+metadata: {{name: alice-host-access{ns}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: csiops-host-access}}
+subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: "{ALICE}"}}]
+"#
+        )
+    };
+    testkit::apply_ok(&cluster, "grant-ns", &grant("Role")).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (ok, _) = as_alice(&cluster, &create).await;
+    assert!(!ok, "a namespaced grant of the verb allowed host access");
+    testkit::apply_ok(&cluster, "grant-cluster", &grant("Cluster")).await;
+    wait_for(
+        Duration::from_secs(30),
+        Duration::from_millis(500),
+        || async { as_alice(&cluster, &create).await.0.then_some(()) },
+    )
+    .await
+    .expect("the cluster-wide verb allows creating one");
+
+    cluster.stop().await.expect("cluster stops");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_acts_only_in_its_watch_namespaces() {
+    let cluster = Cluster::start(ClusterOptions::kwok(1))
+        .await
+        .expect("cluster starts");
+    testkit::install_operator_rbac(&cluster)
+        .await
+        .expect("install.yaml's RBAC and policies apply");
+    let operator = cluster
+        .run_operator_as(
+            &csiops_e2e::operator_bin().expect("operator built"),
+            testkit::OPERATOR_NAMESPACE,
+            testkit::OPERATOR_ACCOUNT,
+            &["--watch-namespaces=csi-ok".to_string()],
+        )
+        .expect("operator starts");
+    let cr = |ns: &str, name: &str| {
+        format!(
+            r#"apiVersion: v1
+kind: Namespace
+metadata: {{name: {ns}}}
+---
+apiVersion: csiops.dev/v1alpha1
+kind: CSIDriverDeployment
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  driverName: {name}.csi.example.com
+  version: v1
+  driver: {{image: "registry.example.com/driver:v1"}}
+  csiDriver: {{attachRequired: false}}
+"#
+        )
+    };
+    // The one elsewhere first: by the time the allowed one is served, the
+    // other has had every chance.
+    testkit::apply_ok(&cluster, "elsewhere", &cr("team-b", "elsewhere")).await;
+    testkit::apply_ok(&cluster, "allowed", &cr("csi-ok", "allowed")).await;
+    wait_for(
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || async {
+            cluster
+                .kubectl_ok(["-n", "csi-ok", "get", "daemonset", "allowed-node"])
+                .await
+                .ok()
+        },
+    )
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "the allowed object was not deployed\n{}",
+            operator.log_tail(40)
+        )
+    });
+    let left = cluster
+        .kubectl_ok([
+            "-n",
+            "team-b",
+            "get",
+            "daemonsets,statefulsets,serviceaccounts,rolebindings",
+            "-l",
+            "app.kubernetes.io/instance=elsewhere",
+            "-o",
+            "name",
+        ])
+        .await
+        .expect("list");
+    assert!(left.trim().is_empty(), "deployed outside the list: {left}");
+    let touched = testkit::jsonpath(
+        &cluster,
+        &["-n", "team-b", "get", "csidd", "elsewhere"],
+        "{.metadata.finalizers}{.status}",
+    )
+    .await
+    .expect("object");
+    assert!(
+        touched.trim().is_empty(),
+        "the operator wrote it: {touched}"
+    );
+    assert!(cluster
+        .kubectl_ok(["get", "csidriver", "elsewhere.csi.example.com"])
+        .await
+        .is_err());
+    drop(operator);
+    cluster.stop().await.expect("cluster stops");
+}

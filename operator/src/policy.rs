@@ -1,0 +1,327 @@
+//! ValidatingAdmissionPolicies shipped with the operator (install.yaml and
+//! the Helm chart): checks RBAC cannot express, enforced by the API server
+//! itself, so they hold whatever the operator or a driver's pods do.
+//!
+//! **Host access is a cluster admin's to grant** ([`host_access`]). Every
+//! CSIDriverDeployment runs its driver privileged on every node, with the
+//! kubelet directory, and with what its spec says: images, host namespaces,
+//! volumes (hostPath included), security contexts, extra containers,
+//! ServiceAccount tokens, StorageClasses (a cluster default, provisioner
+//! Secrets of any namespace). The operator does all that with its own
+//! rights, so without this policy "may create a CSIDriverDeployment in some
+//! namespace" would mean "root on every node". The policy lets a requester
+//! create one, or change its spec beyond [`HARMLESS_FIELDS`], only when a
+//! cluster admin allowed it through one of two documented switches: the
+//! verb [`HOST_ACCESS_VERB`] on `csidriverdeployments.csiops.dev` granted
+//! **cluster-wide** (a ClusterRoleBinding; a RoleBinding in the namespace
+//! does not count, so a namespace admin's wildcard Role does not either),
+//! or the label [`HOST_ACCESS_LABEL`]`=allowed` on the object's namespace
+//! (Namespaces are cluster-scoped: only who may patch them sets it).
+//! Deleting, and updates that leave the spec alone (the operator's
+//! finalizer, labels), stay open.
+//!
+//! **Each registrar writes only its own node.** RBAC can grant `patch` on
+//! Nodes and writes on CSINodes only for all of them. Since Kubernetes 1.30
+//! (`ServiceAccountTokenPodNodeInfo`, beta and on by default in 1.30, GA in
+//! 1.32) a ServiceAccount token bound to a pod carries the pod's node, and
+//! the API server puts it in the request's user info as the extra
+//! `authentication.kubernetes.io/node-name`. The policy compares it with
+//! the object written (a Node and its CSINode share the node's name).
+//!
+//! Who is a registrar is told by RBAC, not by names: the shipped
+//! `csiops:registrar` role holds the marker verb [`OWN_NODE_VERB`] on the
+//! virtual resource [`MARKER_RESOURCE`] of `csiops.dev`, and the policy
+//! applies to a requester the authorizer grants it. A wildcard role
+//! (cluster-admin) grants every verb, so those holding
+//! [`ANY_NODE_VERB`] too are left alone: an administrator exempts an
+//! account by granting it that verb.
+//!
+//! **Fallback.** A token without the node claim — one not bound to a pod
+//! (`kubectl create token` without `--bound-object-kind Pod`), or a cluster
+//! older than 1.30 or with the feature off — cannot be checked, and the
+//! write is refused, saying so (fail closed). On such a cluster delete the
+//! binding `csiops-registrar-own-node` to fall back to RBAC alone (each
+//! registrar may then write any Node and CSINode, as before this policy).
+//! ValidatingAdmissionPolicy itself is GA since 1.30, so older clusters
+//! cannot install it at all.
+
+use k8s_openapi::api::admissionregistration::v1::{
+    MatchCondition, MatchResources, NamedRuleWithOperations, ValidatingAdmissionPolicy,
+    ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicyBindingSpec,
+    ValidatingAdmissionPolicySpec, Validation, Variable,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use std::collections::BTreeMap;
+
+/// API group of the marker resource.
+pub const MARKER_GROUP: &str = "csiops.dev";
+/// The virtual resource whose verbs mark node-scoped accounts (no such
+/// resource is served; RBAC and the authorizer do not need one).
+pub const MARKER_RESOURCE: &str = "nodescope";
+/// Held by the registrar role: "my Node and CSINode writes are limited to my node".
+pub const OWN_NODE_VERB: &str = "own-node";
+/// Held by no shipped role: exempts an account that also holds [`OWN_NODE_VERB`].
+pub const ANY_NODE_VERB: &str = "any-node";
+/// The user-info extra key carrying a pod-bound token's node.
+pub const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
+/// Name of the policy and its binding.
+pub const REGISTRAR_POLICY: &str = "csiops-registrar-own-node";
+
+fn rule(group: &str, resource: &str, operations: &[&str]) -> NamedRuleWithOperations {
+    NamedRuleWithOperations {
+        api_groups: Some(vec![group.to_string()]),
+        api_versions: Some(vec!["*".to_string()]),
+        operations: Some(operations.iter().map(|s| s.to_string()).collect()),
+        resources: Some(vec![resource.to_string()]),
+        ..Default::default()
+    }
+}
+
+fn meta(name: &str, labels: &BTreeMap<String, String>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_string()),
+        labels: Some(labels.clone()),
+        ..Default::default()
+    }
+}
+
+/// The registrar policy and its binding (Deny).
+pub fn registrar_own_node(
+    labels: &BTreeMap<String, String>,
+) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
+    let check = |verb: &str| {
+        format!(
+            "authorizer.group('{MARKER_GROUP}').resource('{MARKER_RESOURCE}').check('{verb}').allowed()"
+        )
+    };
+    let node = format!(
+        "has(request.userInfo.extra) && '{NODE_NAME_EXTRA}' in request.userInfo.extra && \
+         size(request.userInfo.extra['{NODE_NAME_EXTRA}']) == 1 ? \
+         request.userInfo.extra['{NODE_NAME_EXTRA}'][0] : ''"
+    );
+    let policy = ValidatingAdmissionPolicy {
+        metadata: meta(REGISTRAR_POLICY, labels),
+        spec: Some(ValidatingAdmissionPolicySpec {
+            failure_policy: Some("Fail".into()),
+            match_constraints: Some(MatchResources {
+                resource_rules: Some(vec![
+                    // A patch is an UPDATE at admission.
+                    rule("", "nodes", &["UPDATE", "DELETE"]),
+                    rule(
+                        "storage.k8s.io",
+                        "csinodes",
+                        &["CREATE", "UPDATE", "DELETE"],
+                    ),
+                ]),
+                ..Default::default()
+            }),
+            match_conditions: Some(vec![MatchCondition {
+                name: "csiops-registrar".into(),
+                expression: format!("{} && !{}", check(OWN_NODE_VERB), check(ANY_NODE_VERB)),
+            }]),
+            // The requester's node, from its token ('' without the claim).
+            variables: Some(vec![Variable {
+                name: "node".into(),
+                expression: node,
+            }]),
+            validations: Some(vec![
+                Validation {
+                    expression: "variables.node != ''".into(),
+                    message_expression: Some(format!(
+                        "request.userInfo.username + ' may write only its own node, and its \
+                         token names none (the {NODE_NAME_EXTRA} claim of a token bound to a \
+                         pod, Kubernetes 1.30+): refusing to write ' + \
+                         request.resource.resource + ' ' + request.name"
+                    )),
+                    reason: Some("Forbidden".into()),
+                    ..Default::default()
+                },
+                Validation {
+                    expression: "variables.node == '' || variables.node == request.name".into(),
+                    message_expression: Some(
+                        "request.userInfo.username + ' runs on node ' + variables.node + \
+                         ' and may write only that node\\'s Node and CSINode, not ' + \
+                         request.resource.resource + ' ' + request.name"
+                            .into(),
+                    ),
+                    reason: Some("Forbidden".into()),
+                    ..Default::default()
+                },
+            ]),
+            ..Default::default()
+        }),
+        status: None,
+    };
+    let binding = ValidatingAdmissionPolicyBinding {
+        metadata: meta(REGISTRAR_POLICY, labels),
+        spec: Some(ValidatingAdmissionPolicyBindingSpec {
+            policy_name: Some(REGISTRAR_POLICY.into()),
+            validation_actions: Some(vec!["Deny".into()]),
+            ..Default::default()
+        }),
+    };
+    (policy, binding)
+}
+
+/// Name of the host-access policy and its binding.
+pub const HOST_ACCESS_POLICY: &str = "csiops-driver-host-access";
+/// The verb on `csidriverdeployments.csiops.dev` that allows host access
+/// when granted cluster-wide (no such request is ever made; RBAC and the
+/// authorizer need none).
+pub const HOST_ACCESS_VERB: &str = "host-access";
+/// The namespace label that allows host access to every requester in it.
+pub const HOST_ACCESS_LABEL: &str = "csiops.dev/host-access";
+/// Its value.
+pub const HOST_ACCESS_LABEL_VALUE: &str = "allowed";
+/// Spec fields anyone who may update the object may change: holding the
+/// rollout, its pace, the sidecars' verbosity, the version label (the
+/// images stay what an admin set).
+pub const HARMLESS_FIELDS: &[&str] = &["paused", "rollout", "logLevel", "version"];
+
+/// The spec fields of the CRD (every one but [`HARMLESS_FIELDS`] needs
+/// host access to change), read from the generated schema so a new field
+/// is covered the day it is added.
+pub fn guarded_spec_fields() -> Vec<String> {
+    let crd = csiops_crds::crd();
+    let props = crd
+        .spec
+        .versions
+        .first()
+        .and_then(|v| v.schema.as_ref())
+        .and_then(|s| s.open_api_v3_schema.as_ref())
+        .and_then(|s| s.properties.as_ref())
+        .and_then(|p| p.get("spec"))
+        .and_then(|s| s.properties.as_ref());
+    props
+        .map(|p| {
+            p.keys()
+                .filter(|k| !HARMLESS_FIELDS.contains(&k.as_str()))
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The host-access policy and its binding (Deny).
+pub fn host_access(
+    labels: &BTreeMap<String, String>,
+) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
+    let allowed = format!(
+        "authorizer.group('{MARKER_GROUP}').resource('csidriverdeployments').check('{HOST_ACCESS_VERB}').allowed() || \
+         (has(namespaceObject.metadata.labels) && '{HOST_ACCESS_LABEL}' in namespaceObject.metadata.labels && \
+         namespaceObject.metadata.labels['{HOST_ACCESS_LABEL}'] == '{HOST_ACCESS_LABEL_VALUE}')"
+    );
+    // The guarded fields that differ, by name (for the message).
+    let changed = guarded_spec_fields()
+        .iter()
+        .map(|f| {
+            format!(
+                "((has(object.spec.{f}) != has(oldObject.spec.{f})) || \
+                 (has(object.spec.{f}) && object.spec.{f} != oldObject.spec.{f}) ? ['{f}'] : [])"
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" + ");
+    let switch = format!(
+        "the verb {HOST_ACCESS_VERB} on csidriverdeployments.csiops.dev granted cluster-wide \
+         (a ClusterRoleBinding), or the label {HOST_ACCESS_LABEL}={HOST_ACCESS_LABEL_VALUE} on \
+         the namespace (see the README, Security model)"
+    );
+    let policy = ValidatingAdmissionPolicy {
+        metadata: meta(HOST_ACCESS_POLICY, labels),
+        spec: Some(ValidatingAdmissionPolicySpec {
+            failure_policy: Some("Fail".into()),
+            match_constraints: Some(MatchResources {
+                resource_rules: Some(vec![rule(
+                    MARKER_GROUP,
+                    "csidriverdeployments",
+                    &["CREATE", "UPDATE"],
+                )]),
+                ..Default::default()
+            }),
+            variables: Some(vec![
+                Variable {
+                    name: "allowed".into(),
+                    expression: allowed,
+                },
+                Variable {
+                    name: "changed".into(),
+                    expression: format!(
+                        "request.operation == 'UPDATE' ? ({changed}) : []"
+                    ),
+                },
+            ]),
+            validations: Some(vec![
+                Validation {
+                    expression: "request.operation != 'CREATE' || variables.allowed".into(),
+                    message_expression: Some(format!(
+                        "request.userInfo.username + ' may not create CSIDriverDeployment ' + \
+                         request.namespace + '/' + request.name + ': it runs its driver \
+                         privileged on every node, with the kubelet directory and the images, \
+                         host namespaces, volumes and StorageClasses its spec names; that needs {switch}'"
+                    )),
+                    reason: Some("Forbidden".into()),
+                    ..Default::default()
+                },
+                Validation {
+                    expression: "variables.allowed || size(variables.changed) == 0".into(),
+                    message_expression: Some(format!(
+                        "request.userInfo.username + ' may not change spec.' + \
+                         variables.changed.join(', spec.') + ' of CSIDriverDeployment ' + \
+                         request.namespace + '/' + request.name + ': without host access only \
+                         spec.{} may change; anything else is what its privileged pods run, which needs {switch}'",
+                        HARMLESS_FIELDS.join(", spec.")
+                    )),
+                    reason: Some("Forbidden".into()),
+                    ..Default::default()
+                },
+            ]),
+            ..Default::default()
+        }),
+        status: None,
+    };
+    let binding = ValidatingAdmissionPolicyBinding {
+        metadata: meta(HOST_ACCESS_POLICY, labels),
+        spec: Some(ValidatingAdmissionPolicyBindingSpec {
+            policy_name: Some(HOST_ACCESS_POLICY.into()),
+            validation_actions: Some(vec!["Deny".into()]),
+            ..Default::default()
+        }),
+    };
+    (policy, binding)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_spec_field_but_the_harmless_ones_is_guarded() {
+        let guarded = guarded_spec_fields();
+        for field in [
+            "driver",
+            "node",
+            "controller",
+            "sidecars",
+            "storageClasses",
+            "csiDriver",
+            "imagePullSecrets",
+            "monitoring",
+            "topology",
+            "driverName",
+        ] {
+            assert!(guarded.iter().any(|g| g == field), "{field}: {guarded:?}");
+        }
+        for field in HARMLESS_FIELDS {
+            assert!(!guarded.iter().any(|g| g == field), "{field}");
+        }
+        let (policy, _) = host_access(&BTreeMap::new());
+        let changed = &policy.spec.as_ref().unwrap().variables.as_ref().unwrap()[1].expression;
+        for field in &guarded {
+            assert!(
+                changed.contains(&format!("object.spec.{field} != oldObject.spec.{field}")),
+                "{field}"
+            );
+        }
+    }
+}
