@@ -322,7 +322,9 @@ async fn an_upgrade_losing_a_tenth_of_its_nodes_completes_and_storage_keeps_serv
         kwok::return_node(&client, name).await.expect("node back");
     }
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
-    wait_for(Duration::from_secs(240), Duration::from_secs(1), || async {
+    // Twenty nodes' heartbeats, their new pods and kwok's pod stages: minutes
+    // on a loaded two-core machine (240 s once ran out with 3 pods left).
+    wait_for(Duration::from_secs(480), Duration::from_secs(1), || async {
         let obj = csidd(&cluster).await;
         let running = status_str(&obj, &["phase"]) == Some("Running")
             && obj["status"]["node"]["lost"].as_i64().unwrap_or(0) == 0;
@@ -396,7 +398,7 @@ fn csidd_brief(cluster: &Cluster) -> String {
             "csidd",
             NAME,
             "-o",
-            "jsonpath={.status.phase} {.status.message} {.status.node} {.status.rollout}",
+            "jsonpath={.status.phase} {.status.message} {.status.node} {.status.rollout} {.status.lostNodes} {.status.unhealthyPods} {.status.conditions}",
         ],
     )
 }
