@@ -71,11 +71,10 @@ unit:
 	$(CARGO) test --workspace --exclude csiops-e2e
 
 ## The main job: a local control plane, the operator, the hostpath example,
-## and `kubectl get csidriverdeployments -o wide`.
-demo: toolchain cluster-bins node-prereqs images build
-	CSIOPS_BIN_DIR="$$(e2e/cluster-bins/build.sh)" \
-	CSIOPS_IMAGES_DIR="$$(e2e/images/build.sh)" \
-	$(CARGO) run -q -p csiops-e2e --bin csiops-demo
+## and `kubectl get csidriverdeployments -o wide`. Builds only what the demo
+## runs (e2e/demo.sh prints each phase with its elapsed time).
+demo: toolchain node-prereqs
+	@e2e/demo.sh
 
 ## Benchmark (not part of `test`): our attacher vs upstream csi-attacher
 ## (built once from the Go module proxy). BENCH_VAS=N, BENCH_QPS, BENCH_BURST.

@@ -17,7 +17,8 @@
 #   pause.tar             $PAUSE_IMAGE of e2e/versions.env          PAUSE_IMAGE
 #
 # and sidecar-bin/, the two binaries of the sidecar image as they are in it
-# (csiops-sidecar, and csiops-node-sidecar built with `--profile node`).
+# (csiops-sidecar, and csiops-node-sidecar built with `--profile node`), and
+# demo-bin/csiops-demo, `make demo`'s driver, built with the images' binaries.
 #
 # <version> is the workspace version (Cargo.toml). The operator and sidecar
 # refs are exactly the ones operator/src/install.rs (manifests/install.yaml)
@@ -53,7 +54,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 VERSIONS_ENV="$ROOT/e2e/versions.env"
 
-RECIPE=2 # bump when the build flags, the Dockerfile arguments or the layout change
+RECIPE=3 # bump when the build flags, the Dockerfile arguments or the layout change
 TARGET=x86_64-unknown-linux-musl
 MUSL_CC=x86_64-linux-musl-gcc
 IMAGES=(csiops-operator csiops-sidecar csi-test-driver pause)
@@ -174,7 +175,8 @@ dir_ok() {
   local dir="$1" i
   [[ -f "$dir/.complete" && -s "$dir/refs.env" ]] || return 1
   for i in "${IMAGES[@]}"; do [[ -s "$dir/$i.tar" ]] || return 1; done
-  [[ -x "$dir/sidecar-bin/csiops-sidecar" && -x "$dir/sidecar-bin/csiops-node-sidecar" ]]
+  [[ -x "$dir/sidecar-bin/csiops-sidecar" && -x "$dir/sidecar-bin/csiops-node-sidecar" &&
+    -x "$dir/demo-bin/csiops-demo" ]]
 }
 
 # The archive's index must name the image with the full ref: `ctr images
@@ -200,12 +202,15 @@ build_into() {
   # would take each other's fresh-looking artifacts into their images.
   local target_dir
   target_dir="$cache_root/cargo-target-$(printf '%s' "$ROOT" | sha256sum | cut -c1-12)"
-  log "cargo build --release --target $TARGET (operator, sidecar, csi-test-driver) into $target_dir"
+  # `make demo`'s own binary is built here too: it shares every dependency
+  # (kube, k8s-openapi, tokio…) with the images' binaries, so the demo needs
+  # no second, debug build of them.
+  log "cargo build --release --target $TARGET (operator, sidecar, csi-test-driver, csiops-demo) into $target_dir"
   log "(cold: several minutes on two cores; warm: seconds)"
   (cd "$ROOT" && CARGO_TARGET_DIR="$target_dir" cargo build --release --locked --target "$TARGET" \
     -p csiops-operator --bin csiops-operator \
     -p csiops-sidecars --bin csiops-sidecar \
-    -p csiops-e2e --bin csi-test-driver) >&2 || die "cargo build failed"
+    -p csiops-e2e --bin csi-test-driver --bin csiops-demo) >&2 || die "cargo build failed"
   local bin_dir="$target_dir/$TARGET/release"
   # The node roles' binary, built for size and without position independence
   # (no relocations to apply at start, so the read-only data stays clean and
@@ -253,6 +258,10 @@ build_into() {
   # bench (e2e/bench/README.md) and the e2e that runs them outside a pod.
   mkdir -p "$out/sidecar-bin"
   cp "$WORK/ctx/csiops-sidecar/"* "$out/sidecar-bin/"
+  # `make demo` runs this on the host (e2e/demo.sh).
+  mkdir -p "$out/demo-bin"
+  cp "$bin_dir/csiops-demo" "$out/demo-bin/"
+  strip "$out/demo-bin/csiops-demo"
 
   print_refs >"$out/refs.env"
   touch "$out/.complete"

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# `make demo`: build (or reuse) what the demo needs, one phase at a time with
+# its elapsed time, then run it. Only what the demo runs is built: the test
+# bed's Go binaries and the images, whose cargo build also makes the demo's
+# own binary (e2e/images/build.sh), so nothing is compiled twice and no
+# debug build of the workspace is needed.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+START=$SECONDS
+
+phase() { # phase NAME COMMAND... : runs COMMAND, prints how long it took
+  local name="$1" t=$SECONDS
+  shift
+  printf '[demo %s] %s…\n' "$(elapsed $((SECONDS - START)))" "$name" >&2
+  "$@"
+  printf '[demo %s] %s: done in %s\n' "$(elapsed $((SECONDS - START)))" "$name" "$(elapsed $((SECONDS - t)))" >&2
+}
+elapsed() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
+
+bins() { BIN_DIR="$("$HERE/cluster-bins/build.sh")"; }
+images() { IMAGES_DIR="$("$HERE/images/build.sh")"; }
+
+phase "control plane, kubelet and kwok (cached by version in ~/.cache/csiops/bins)" bins
+phase "images and the demo binary (cached by source hash in ~/.cache/csiops/images)" images
+printf '[demo %s] set-up done; starting the demo\n\n' "$(elapsed $((SECONDS - START)))" >&2
+
+# The kwok nodes' registrars run on the host: the sidecar image's own binary.
+export CSIOPS_BIN_DIR="$BIN_DIR" CSIOPS_IMAGES_DIR="$IMAGES_DIR" \
+  CSIOPS_SIDECAR_BIN="$IMAGES_DIR/sidecar-bin/csiops-sidecar"
+exec "$IMAGES_DIR/demo-bin/csiops-demo" "$@"
