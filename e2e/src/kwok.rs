@@ -34,16 +34,23 @@ const NODE_LEASE_SECONDS: u32 = 40;
 
 const FALLBACK_STAGES: &str = include_str!("kwok-stages.yaml");
 
-/// The Stage config for `kwok --config`: the bin dir's `kwok-stages.yaml`
-/// (assembled by build.sh from the pinned kwok module) or, when the bin dir
-/// has none, an embedded copy written to `work_dir`.
+/// Our own stage, after kwok's: a Running pod marked NotReady while its node
+/// was lost turns Ready again once the node is back (see the file).
+const READY_AGAIN_STAGE: &str = include_str!("kwok-stage-ready-again.yaml");
+
+/// The Stage config for `kwok --config`, written to `work_dir`: the bin dir's
+/// `kwok-stages.yaml` (assembled by build.sh from the pinned kwok module) or,
+/// when the bin dir has none, an embedded copy; then [`READY_AGAIN_STAGE`].
 pub fn stages_file(bin_dir: &Path, work_dir: &Path) -> Result<PathBuf> {
     let built = bin_dir.join("kwok-stages.yaml");
-    if built.is_file() {
-        return Ok(built);
-    }
+    let kwoks = if built.is_file() {
+        std::fs::read_to_string(&built).map_err(io("reading kwok stages", &built))?
+    } else {
+        FALLBACK_STAGES.to_string()
+    };
     let path = work_dir.join("kwok-stages.yaml");
-    std::fs::write(&path, FALLBACK_STAGES).map_err(io("writing kwok stages", &path))?;
+    let text = format!("{}\n---\n{READY_AGAIN_STAGE}", kwoks.trim_end());
+    std::fs::write(&path, text).map_err(io("writing kwok stages", &path))?;
     Ok(path)
 }
 
@@ -205,5 +212,20 @@ mod tests {
                 "{stage}"
             );
         }
+    }
+
+    #[test]
+    fn stages_file_appends_ready_again_after_kwoks_own() {
+        let dir = std::env::temp_dir().join(format!("csiops-kwok-stages-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = stages_file(&dir.join("no-bin-dir"), &dir).expect("written");
+        let text = std::fs::read_to_string(&path).expect("read back");
+        let kwoks = text.find("name: pod-ready\n").expect("kwok's pod-ready");
+        let ours = text.find("name: csiops-pod-ready-again\n").expect("ours");
+        assert!(kwoks < ours, "ours comes after kwok's");
+        // Ours re-readies Running pods only; Pending ones are kwok's.
+        let ours_text = &text[ours..];
+        assert!(ours_text.contains("- 'Running'") && !ours_text.contains("- 'Pending'"));
+        std::fs::remove_dir_all(&dir).expect("cleaned");
     }
 }
