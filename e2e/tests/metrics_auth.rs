@@ -215,7 +215,11 @@ async fn the_operator_and_a_sidecar_let_in_only_callers_rbac_allows() {
     let cluster = Cluster::start(ClusterOptions::kwok(0))
         .await
         .unwrap_or_else(|e| panic!("cluster starts: {e}"));
-    testkit::install_crd(&cluster).await.expect("CRD installs");
+    // The CRD and install.yaml's shipped roles: the operator only binds
+    // csiops:metrics-auth, so without the role its bindings grant nothing.
+    testkit::install_operator_rbac(&cluster)
+        .await
+        .expect("CRD and shipped roles install");
     let tokens = scrapers(&cluster).await;
 
     // --- the operator, --metrics-auth ------------------------------------------
