@@ -724,17 +724,36 @@ pub struct CsiDriverObjectSpec {
     /// `NodeLocal` (nothing attaches a node's own volumes).
     #[serde(default = "default_true")]
     pub attach_required: bool,
+    /// Kubelet passes the pod's name, namespace, UID and ServiceAccount name
+    /// to NodePublishVolume in the volume context (keys
+    /// `csi.storage.k8s.io/pod.*` and `csi.storage.k8s.io/serviceAccount.name`).
     #[serde(default)]
     pub pod_info_on_mount: bool,
+    /// Whether kubelet changes a volume's ownership and permissions to the
+    /// pod's `fsGroup` before mounting it: `ReadWriteOnceWithFSType` only for
+    /// ReadWriteOnce volumes with an fsType, `File` always, `None` never.
+    /// Unset: the API server's default, `ReadWriteOnceWithFSType`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fs_group_policy: Option<FsGroupPolicy>,
+    /// The kinds of volume the driver serves: `Persistent` (PersistentVolumes
+    /// and their claims) and `Ephemeral` (CSI volumes written inline in a
+    /// pod, mounted by kubelet without a claim). Empty: `Persistent` only.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 2))]
     pub volume_lifecycle_modes: Vec<VolumeLifecycleMode>,
+    /// The scheduler places WaitForFirstConsumer claims only on nodes whose
+    /// CSIStorageCapacity objects show room. Set it when the provisioner
+    /// publishes capacity (`--enable-capacity`).
     #[serde(default)]
     pub storage_capacity: bool,
+    /// Kubelet calls NodePublishVolume again periodically on mounted volumes,
+    /// for drivers whose mounts must be refreshed (for example with new
+    /// `tokenRequests` tokens before the old ones expire).
     #[serde(default)]
     pub requires_republish: bool,
+    /// The driver supports mounting with `-o context=…`: kubelet then mounts
+    /// a volume with the pod's SELinux label instead of relabelling every
+    /// file on it.
     #[serde(default)]
     pub se_linux_mount: bool,
     /// Service account tokens kubelet requests for the pod whose volume it
