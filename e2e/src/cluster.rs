@@ -46,6 +46,8 @@ pub struct ClusterOptions {
     /// Taints the real node registers with (kubelet's
     /// `--register-with-taints`, `key[=value]:Effect`).
     pub real_node_taints: Vec<String>,
+    /// How kwok plays the simulated nodes (heartbeats, pod stages).
+    pub simulation: kwok::Simulation,
 }
 
 impl Default for ClusterOptions {
@@ -54,6 +56,7 @@ impl Default for ClusterOptions {
             nodes: 3,
             real_node: false,
             real_node_taints: Vec::new(),
+            simulation: kwok::Simulation::DEFAULT,
         }
     }
 }
@@ -167,11 +170,11 @@ impl Cluster {
         let (etcd, apiserver, kcm, scheduler) = (
             components::etcd(&w),
             components::kube_apiserver(&w),
-            components::kube_controller_manager(&w),
+            components::kube_controller_manager(&w, opts.simulation.grace_seconds),
             components::kube_scheduler(&w),
         );
-        let stages = kwok::stages_file(bin_dir, &w.root)?;
-        let kwok_args = kwok::args(&w.kubeconfig, &stages);
+        let stages = kwok::stages_file(bin_dir, &w.root, opts.simulation)?;
+        let kwok_args = kwok::args(&w.kubeconfig, &stages, opts.simulation);
         let etcd_port = w.ports.etcd_client;
 
         let mut cluster = Cluster {
