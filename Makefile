@@ -5,7 +5,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 CARGO ?= cargo
 
-.PHONY: all build test unit e2e lint fmt crds api-docs manifests cluster-bins node-prereqs images demo toolchain clean-cache bench-attacher
+.PHONY: all build test unit e2e lint fmt crds api-docs manifests cluster-bins node-prereqs images demo toolchain clean-cache bench-attacher bench-fleet
 
 all: build
 
@@ -88,6 +88,22 @@ bench-attacher: toolchain cluster-bins
 	CSIOPS_SIDECAR_BIN="$${CARGO_TARGET_DIR:-target}/release/csiops-sidecar" \
 	CSIOPS_TEST_DRIVER_BIN="$${CARGO_TARGET_DIR:-target}/release/csi-test-driver" \
 	"$${CARGO_TARGET_DIR:-target}/release/csiops-bench-attach" --vas $(BENCH_VAS) --qps $(BENCH_QPS) --burst $(BENCH_BURST)
+
+## Benchmark (not part of `test`): the operator on 1000 kwok nodes × 20
+## CSIDriverDeployments (e2e/bench/README.md): API requests at rest, edit to
+## first write, memory, upgrade against a bare DaemonSet rollout. Takes about
+## half an hour. BENCH_NODES, BENCH_DRIVERS, BENCH_IDLE (seconds at rest),
+## BENCH_MAX_UNAVAILABLE.
+BENCH_NODES ?= 1000
+BENCH_DRIVERS ?= 20
+BENCH_IDLE ?= 600
+BENCH_MAX_UNAVAILABLE ?= 10%
+bench-fleet: toolchain cluster-bins
+	$(CARGO) build --release -p csiops-operator --bin csiops-operator -p csiops-e2e --bin csiops-bench-fleet
+	CSIOPS_BIN_DIR="$$(e2e/cluster-bins/build.sh)" \
+	CSIOPS_OPERATOR_BIN="$${CARGO_TARGET_DIR:-target}/release/csiops-operator" \
+	"$${CARGO_TARGET_DIR:-target}/release/csiops-bench-fleet" --nodes $(BENCH_NODES) --drivers $(BENCH_DRIVERS) \
+	  --idle-seconds $(BENCH_IDLE) --max-unavailable "$(BENCH_MAX_UNAVAILABLE)"
 
 clean-cache:
 	rm -rf "$${CSIOPS_CACHE_DIR:-$$HOME/.cache/csiops}"

@@ -1,5 +1,6 @@
-//! kube-apiserver's own request counter, for benchmarks that count the API
-//! writes a sidecar makes (`apiserver_request_total{verb,resource,…}`).
+//! Request counters for benchmarks: kube-apiserver's own
+//! (`apiserver_request_total{verb,resource,…}`, every client), and a
+//! client's own count of what it sent ([`own_requests`]).
 
 use crate::{Error, Result};
 
@@ -44,6 +45,45 @@ pub fn sum(text: &str, kinds: &[Kind<'_>]) -> f64 {
     total
 }
 
+/// A client's own API requests so far, `(writes, all)`, from its metrics
+/// text: ours count every request by verb
+/// (`csiops_kube_api_requests_total{verb}`), upstream's by client-go
+/// (`rest_client_requests_total{method}`). Writes are every verb but GET
+/// (lists and watches are GETs). This splits the API server's count by
+/// client. `None` when the metrics have neither family.
+pub fn own_requests(metrics: &str) -> Option<(f64, f64)> {
+    let mut writes = 0.0;
+    let mut all = 0.0;
+    let mut seen = false;
+    for line in metrics.lines() {
+        let Some(labels) = line
+            .strip_prefix("csiops_kube_api_requests_total{")
+            .or_else(|| line.strip_prefix("rest_client_requests_total{"))
+        else {
+            continue;
+        };
+        let Some((labels, value)) = labels.rsplit_once('}') else {
+            continue;
+        };
+        let Ok(value) = value.trim().parse::<f64>() else {
+            continue;
+        };
+        let verb = labels
+            .split(',')
+            .find_map(|l| {
+                l.strip_prefix("verb=")
+                    .or_else(|| l.strip_prefix("method="))
+            })
+            .map(|v| v.trim_matches('"'));
+        seen = true;
+        all += value;
+        if verb.is_some_and(|v| v != "GET") {
+            writes += value;
+        }
+    }
+    seen.then_some((writes, all))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -67,5 +107,22 @@ apiserver_request_total{code="200",component="apiserver",dry_run="",group="",res
             19.0
         );
         assert_eq!(sum(text, &[("events", "POST")]), 0.0);
+    }
+
+    #[test]
+    fn own_requests_reads_both_metric_families() {
+        let ours = "# TYPE csiops_kube_api_requests counter\n\
+            csiops_kube_api_requests_total{verb=\"GET\"} 7\n\
+            csiops_kube_api_requests_total{verb=\"POST\"} 100\n\
+            csiops_kube_api_requests_total{verb=\"PATCH\"} 4\n\
+            csiops_kube_api_throttled_total{priority=\"critical\"} 90\n";
+        assert_eq!(own_requests(ours), Some((104.0, 111.0)));
+        let upstream = "# TYPE rest_client_requests_total counter\n\
+            rest_client_requests_total{code=\"200\",host=\"127.0.0.1:6443\",method=\"GET\"} 12\n\
+            rest_client_requests_total{code=\"201\",host=\"127.0.0.1:6443\",method=\"POST\"} 200\n\
+            rest_client_requests_total{code=\"409\",host=\"127.0.0.1:6443\",method=\"PUT\"} 3\n\
+            rest_client_request_duration_seconds_count{verb=\"POST\"} 200\n";
+        assert_eq!(own_requests(upstream), Some((203.0, 215.0)));
+        assert_eq!(own_requests("# no client metrics\n"), None);
     }
 }

@@ -51,6 +51,8 @@ pub struct ClusterOptions {
     /// [`ALLOCATABLE_COUNT_GATE`]. Empty: the pinned release's defaults, as
     /// on a stock cluster.
     pub feature_gates: Vec<(&'static str, bool)>,
+    /// How kwok plays the simulated nodes (heartbeats, pod stages).
+    pub simulation: kwok::Simulation,
 }
 
 /// KEP-4876's gate, beta and off by default in Kubernetes 1.34: with it,
@@ -66,6 +68,7 @@ impl Default for ClusterOptions {
             real_node: false,
             real_node_taints: Vec::new(),
             feature_gates: Vec::new(),
+            simulation: kwok::Simulation::DEFAULT,
         }
     }
 }
@@ -179,11 +182,11 @@ impl Cluster {
         let (etcd, apiserver, kcm, scheduler) = (
             components::etcd(&w),
             components::kube_apiserver(&w, &opts.feature_gates),
-            components::kube_controller_manager(&w),
+            components::kube_controller_manager(&w, opts.simulation.grace_seconds),
             components::kube_scheduler(&w),
         );
-        let stages = kwok::stages_file(bin_dir, &w.root)?;
-        let kwok_args = kwok::args(&w.kubeconfig, &stages);
+        let stages = kwok::stages_file(bin_dir, &w.root, opts.simulation)?;
+        let kwok_args = kwok::args(&w.kubeconfig, &stages, opts.simulation);
         let etcd_port = w.ports.etcd_client;
 
         let mut cluster = Cluster {

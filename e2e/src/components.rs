@@ -78,7 +78,8 @@ pub(crate) fn kube_apiserver(w: &WorkDir, feature_gates: &[(&str, bool)]) -> Vec
     args
 }
 
-pub(crate) fn kube_controller_manager(w: &WorkDir) -> Vec<String> {
+/// `grace_seconds`: how long a node may stay silent before it is NotReady.
+pub(crate) fn kube_controller_manager(w: &WorkDir, grace_seconds: u32) -> Vec<String> {
     vec![
         format!("--kubeconfig={}", p(&w.kubeconfig)),
         "--leader-elect=false".into(),
@@ -101,6 +102,7 @@ pub(crate) fn kube_controller_manager(w: &WorkDir) -> Vec<String> {
         // Client-side rate limits only slow the tests down.
         "--kube-api-qps=200".into(),
         "--kube-api-burst=400".into(),
+        format!("--node-monitor-grace-period={grace_seconds}s"),
         "--profiling=false".into(),
     ]
 }
@@ -126,7 +128,7 @@ mod tests {
         for args in [
             etcd(&w),
             kube_apiserver(&w, &[]),
-            kube_controller_manager(&w),
+            kube_controller_manager(&w, 50),
             kube_scheduler(&w),
         ] {
             for a in &args {

@@ -29,35 +29,94 @@ pub const NODE_TYPE_LABEL: (&str, &str) = ("type", "kwok");
 /// (`kubectl apply -f manifests/install.yaml` then runs the operator for real).
 pub const SIMULATED_TAINT: (&str, &str) = ("csiops.dev/simulated-node", "NoSchedule");
 
-/// Lease duration kwok uses for its Node heartbeats (kwokctl's default).
-const NODE_LEASE_SECONDS: u32 = 40;
-
 const FALLBACK_STAGES: &str = include_str!("kwok-stages.yaml");
 
 /// Our own stage, after kwok's: a Running pod marked NotReady while its node
 /// was lost turns Ready again once the node is back (see the file).
 const READY_AGAIN_STAGE: &str = include_str!("kwok-stage-ready-again.yaml");
 
-/// The Stage config for `kwok --config`, written to `work_dir`: the bin dir's
-/// `kwok-stages.yaml` (assembled by build.sh from the pinned kwok module) or,
-/// when the bin dir has none, an embedded copy; then [`READY_AGAIN_STAGE`].
-pub fn stages_file(bin_dir: &Path, work_dir: &Path) -> Result<PathBuf> {
+/// The pod stages of [`Simulation::FLEET`] (no pod IPs; see the file).
+const FLEET_POD_STAGES: &str = include_str!("kwok-pod-stages-fleet.yaml");
+
+/// How kwok plays the simulated nodes and their pods, and how soon
+/// kube-controller-manager takes a silent node for NotReady.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Simulation {
+    /// Duration of the nodes' heartbeat Leases; kwok renews each at a
+    /// quarter of it.
+    pub lease_seconds: u32,
+    /// kube-controller-manager's `--node-monitor-grace-period`: a node whose
+    /// Lease was not renewed for this long turns NotReady (Unknown).
+    pub grace_seconds: u32,
+    /// Pods get IP addresses (kwok's own pod stages) or none
+    /// (`kwok-pod-stages-fleet.yaml`).
+    pub pod_ips: bool,
+}
+
+impl Simulation {
+    /// The e2e tests': kwokctl's Lease (40 s, renewed every 10 s),
+    /// Kubernetes' grace period (50 s), kwok's own stages.
+    pub const DEFAULT: Simulation = Simulation {
+        lease_seconds: 40,
+        grace_seconds: 50,
+        pod_ips: true,
+    };
+
+    /// A thousand nodes and tens of thousands of pods on two shared cores.
+    /// At the default, 1000 nodes renew 100 Leases a second, and a busy
+    /// machine delays renewals past the 50 s grace: nodes flap NotReady and
+    /// their DaemonSet pods stop counting. Here Leases are renewed every
+    /// 40 s (25 a second) and a node is NotReady after 5 minutes of silence;
+    /// pods get no IPs (see the stages file). Node status heartbeats stay
+    /// kwok's (every 10-20 minutes per node).
+    pub const FLEET: Simulation = Simulation {
+        lease_seconds: 160,
+        grace_seconds: 300,
+        pod_ips: false,
+    };
+}
+
+impl Default for Simulation {
+    fn default() -> Self {
+        Simulation::DEFAULT
+    }
+}
+
+/// The Stage config for `kwok --config`, written to `work_dir`: the bin
+/// dir's `kwok-stages.yaml` (assembled by build.sh from the pinned kwok
+/// module) or, when the bin dir has none, an embedded copy; without pod IPs
+/// its node stages and the fleet pod stages; then [`READY_AGAIN_STAGE`].
+pub fn stages_file(bin_dir: &Path, work_dir: &Path, sim: Simulation) -> Result<PathBuf> {
     let built = bin_dir.join("kwok-stages.yaml");
-    let kwoks = if built.is_file() {
+    let stages = if built.is_file() {
         std::fs::read_to_string(&built).map_err(io("reading kwok stages", &built))?
     } else {
         FALLBACK_STAGES.to_string()
     };
-    let path = work_dir.join("kwok-stages.yaml");
+    let kwoks = if sim.pod_ips {
+        stages
+    } else {
+        format!("{}\n{FLEET_POD_STAGES}", node_stages(&stages))
+    };
     let text = format!("{}\n---\n{READY_AGAIN_STAGE}", kwoks.trim_end());
+    let path = work_dir.join("kwok-stages.yaml");
     std::fs::write(&path, text).map_err(io("writing kwok stages", &path))?;
     Ok(path)
+}
+
+/// The Stages of a stages file that play Nodes.
+fn node_stages(stages: &str) -> String {
+    stages
+        .split("\n---")
+        .filter(|doc| doc.contains("kind: Stage") && doc.contains("    kind: Node\n"))
+        .map(|doc| format!("---{}\n", doc.trim_start_matches('-').trim_end()))
+        .collect()
 }
 
 /// Arguments of the kwok controller. No `--server-address`/`--node-port`:
 /// without them kwok opens no listener at all (its kubelet-like API for
 /// logs/exec is not needed).
-pub fn args(kubeconfig: &Path, stages: &Path) -> Vec<String> {
+pub fn args(kubeconfig: &Path, stages: &Path, sim: Simulation) -> Vec<String> {
     vec![
         format!("--kubeconfig={}", kubeconfig.display()),
         format!("--config={}", stages.display()),
@@ -66,7 +125,7 @@ pub fn args(kubeconfig: &Path, stages: &Path) -> Vec<String> {
             "--manage-nodes-with-annotation-selector={}={}",
             NODE_ANNOTATION.0, NODE_ANNOTATION.1
         ),
-        format!("--node-lease-duration-seconds={NODE_LEASE_SECONDS}"),
+        format!("--node-lease-duration-seconds={}", sim.lease_seconds),
         // Pod IPs handed out; large enough for any test.
         "--cidr=10.244.0.0/16".into(),
         "--node-ip=127.0.0.1".into(),
@@ -200,6 +259,43 @@ mod tests {
     }
 
     #[test]
+    fn the_fleet_simulation_plays_nodes_with_kwok_and_pods_without_ips() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bin_dir = dir.path().join("bin");
+        std::fs::create_dir(&bin_dir).expect("mkdir");
+        let default = stages_file(&bin_dir, dir.path(), Simulation::DEFAULT).expect("stages");
+        let text = std::fs::read_to_string(default).expect("read");
+        assert_eq!(
+            text,
+            format!("{}\n---\n{READY_AGAIN_STAGE}", FALLBACK_STAGES.trim_end())
+        );
+        let fleet = stages_file(&bin_dir, dir.path(), Simulation::FLEET).expect("stages");
+        let text = std::fs::read_to_string(fleet).expect("read");
+        let names: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("  name: "))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "node-initialize",
+                "node-heartbeat-with-lease",
+                "fleet-pod-ready",
+                "fleet-pod-delete",
+                "csiops-pod-ready-again"
+            ]
+        );
+        assert!(!text.contains("PodIPsWith"), "{text}");
+        // Every document is YAML kwok can read.
+        for doc in text.split("\n---").filter(|d| d.contains("kind: Stage")) {
+            let v: serde_yaml::Value = serde_yaml::from_str(doc).expect("a YAML document");
+            assert_eq!(v["kind"], "Stage", "{doc}");
+        }
+        assert!(args(Path::new("k"), Path::new("s"), Simulation::FLEET)
+            .contains(&"--node-lease-duration-seconds=160".to_string()));
+    }
+
+    #[test]
     fn fallback_stages_cover_nodes_and_pods() {
         for stage in [
             "node-initialize",
@@ -218,7 +314,8 @@ mod tests {
     fn stages_file_appends_ready_again_after_kwoks_own() {
         let dir = std::env::temp_dir().join(format!("csiops-kwok-stages-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
-        let path = stages_file(&dir.join("no-bin-dir"), &dir).expect("written");
+        let path =
+            stages_file(&dir.join("no-bin-dir"), &dir, Simulation::DEFAULT).expect("written");
         let text = std::fs::read_to_string(&path).expect("read back");
         let kwoks = text.find("name: pod-ready\n").expect("kwok's pod-ready");
         let ours = text.find("name: csiops-pod-ready-again\n").expect("ours");

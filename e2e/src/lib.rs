@@ -23,6 +23,7 @@ pub mod certs;
 pub mod cluster;
 mod components;
 pub mod error;
+pub mod fleet;
 pub mod kwok;
 pub mod node_local;
 pub mod node_side;

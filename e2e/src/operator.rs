@@ -2,7 +2,7 @@
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::ports;
@@ -78,5 +78,59 @@ impl OperatorProcess {
     /// [`OperatorProcess::stop_with_grace`] with the default grace period.
     pub async fn stop(self) {
         self.stop_with_grace(DEFAULT_GRACE).await
+    }
+}
+
+/// What the operator sent to the API server, from its own counter
+/// (`csiops_kube_api_requests_total{verb}`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ApiRequests {
+    /// Every request (watches and lists are GETs).
+    pub all: f64,
+    /// Every request but GETs.
+    pub writes: f64,
+}
+
+impl OperatorProcess {
+    /// The operator's requests so far, from its `/metrics`.
+    pub async fn api_requests(&self) -> Result<ApiRequests> {
+        let addr = self.http;
+        match crate::testkit::http_get_async(addr, "/metrics").await {
+            Some((200, body)) => crate::apimetrics::own_requests(&body)
+                .map(|(writes, all)| ApiRequests { all, writes })
+                .ok_or_else(|| {
+                    Error::Other(
+                        "the operator's metrics have no csiops_kube_api_requests_total".into(),
+                    )
+                }),
+            other => Err(Error::Other(format!("GET {addr}/metrics: {other:?}"))),
+        }
+    }
+
+    /// How long after `since` the operator sent its next write, the count
+    /// of writes having been `writes` before (read every 5 ms).
+    pub async fn next_write(&self, writes: f64, since: Instant) -> Result<Duration> {
+        let limit = Duration::from_secs(60);
+        crate::wait_for(limit, Duration::from_millis(5), || async {
+            let now = self.api_requests().await.ok()?;
+            (now.writes > writes).then(|| since.elapsed())
+        })
+        .await
+        .map_err(|_| Error::Other(format!("the operator wrote nothing within {limit:?}")))
+    }
+
+    /// Waits until the operator has sent no write for `quiet` (at most `limit`).
+    pub async fn wait_quiet(&self, quiet: Duration, limit: Duration) -> Result<()> {
+        let last = std::sync::Mutex::new((self.api_requests().await?.writes, Instant::now()));
+        crate::wait_for(limit, Duration::from_millis(500), || async {
+            let writes = self.api_requests().await.ok()?.writes;
+            let mut last = last.lock().ok()?;
+            if writes != last.0 {
+                *last = (writes, Instant::now());
+            }
+            (last.1.elapsed() >= quiet).then_some(())
+        })
+        .await
+        .map_err(|_| Error::Other(format!("the operator kept writing for {limit:?}")))
     }
 }

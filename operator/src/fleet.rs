@@ -283,10 +283,7 @@ pub fn assess(input: &FleetInput<'_>) -> Fleet {
                 node: name.to_string(),
                 reason,
                 since: info.and_then(|n| n.ready_since.clone()),
-                pod: on
-                    .live
-                    .or(on.terminating)
-                    .and_then(|p| p.metadata.name.clone()),
+                pod: on.live.or(on.terminating).map(|p| p.name().to_string()),
                 current: on.live_current,
             });
             continue;

@@ -235,7 +235,7 @@ fn pod_problem(
     input: &HealthInput<'_>,
 ) -> Option<UnhealthyPod> {
     let name = pod.name().to_string();
-    let node = pod.node.clone();
+    let node = pod.node.as_deref().map(str::to_string);
     let unhealthy = |reason: &str, message: String| UnhealthyPod {
         name: name.clone(),
         node: node.clone(),

@@ -12,7 +12,7 @@ use csiops_operator::reconcile::{self, RunConfig};
 use csiops_operator::render::RenderConfig;
 use csiops_runtime::admin::{self, AdminState};
 use csiops_runtime::leader::{run_as_leader, LeadError, LeaderConfig, Role};
-use csiops_runtime::{chain, kube as kube_config, logging, shutdown};
+use csiops_runtime::{chain, kube as kube_config, logging, requests, shutdown};
 use tracing::{error, info};
 
 #[tokio::main]
@@ -44,7 +44,14 @@ enum MainError {
 }
 
 async fn run(args: Args) -> Result<(), MainError> {
-    let client = kube_config::client(args.kubeconfig.as_deref()).await?;
+    let metrics = Arc::new(Metrics::new());
+    // Every request counted (csiops_kube_api_requests_total), as the
+    // sidecars count theirs: leader election, the watches and the reconciles.
+    let client = requests::counted_client(
+        kube_config::config(args.kubeconfig.as_deref()).await?,
+        metrics.api_requests(),
+    )
+    .map_err(kube_config::ConfigError::Client)?;
     let version = client
         .apiserver_version()
         .await
@@ -58,7 +65,6 @@ async fn run(args: Args) -> Result<(), MainError> {
         "csiops-operator starting"
     );
 
-    let metrics = Arc::new(Metrics::new());
     let ready = Arc::new(AtomicBool::new(false));
     let stop = shutdown::on_signals();
 

@@ -13,6 +13,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
+use csiops_runtime::requests::ApiRequests;
+
 /// Upper bounds (seconds) of the reconcile-duration buckets: roughly 1-2.5-5
 /// steps from 1ms (a no-op reconcile served from cache) to 60s (a reconcile
 /// stuck behind slow API calls), so both ends of the range stay visible.
@@ -45,6 +47,7 @@ pub struct Metrics {
     reconcile_duration: Histogram,
     rollout_steps: Family<StepLabels, Counter>,
     leader: Gauge,
+    api_requests: ApiRequests,
 }
 
 impl Default for Metrics {
@@ -56,25 +59,27 @@ impl Default for Metrics {
 impl Metrics {
     /// Creates the metrics and registers them under the `csiops_` prefix.
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("csiops");
+        // Full names, no prefix: the API request counter shared with the
+        // sidecars registers its complete name too.
+        let mut registry = Registry::default();
 
         let reconciliations = Counter::default();
         registry.register(
-            "reconciliations",
+            "csiops_reconciliations",
             "Reconciliations started",
             reconciliations.clone(),
         );
 
         let reconcile_errors = Family::<ErrorLabels, Counter>::default();
         registry.register(
-            "reconcile_errors",
+            "csiops_reconcile_errors",
             "Reconciliations that failed, by error kind",
             reconcile_errors.clone(),
         );
 
         let reconcile_duration = Histogram::new(RECONCILE_DURATION_BUCKETS);
         registry.register_with_unit(
-            "reconcile_duration",
+            "csiops_reconcile_duration",
             "Wall-clock duration of reconciliations",
             Unit::Seconds,
             reconcile_duration.clone(),
@@ -82,17 +87,20 @@ impl Metrics {
 
         let rollout_steps = Family::<StepLabels, Counter>::default();
         registry.register(
-            "rollout_steps",
+            "csiops_rollout_steps",
             "Rollout steps executed, by step",
             rollout_steps.clone(),
         );
 
         let leader = Gauge::default();
         registry.register(
-            "leader",
+            "csiops_leader",
             "1 if this replica holds the leader lease, 0 otherwise",
             leader.clone(),
         );
+
+        let api_requests = ApiRequests::default();
+        api_requests.register(&mut registry);
 
         Self {
             registry,
@@ -101,7 +109,14 @@ impl Metrics {
             reconcile_duration,
             rollout_steps,
             leader,
+            api_requests,
         }
+    }
+
+    /// `csiops_kube_api_requests_total{verb}`: give it to the API client
+    /// (see `csiops_runtime::requests::counted_client`) to count its requests.
+    pub fn api_requests(&self) -> &ApiRequests {
+        &self.api_requests
     }
 
     /// Counts a reconciliation and starts timing it. The duration is recorded
@@ -213,9 +228,15 @@ mod tests {
         assert!(!text.contains("csiops_rollout_steps"), "{text}");
         m.reconcile_failed("render");
         m.rollout_step("apply");
+        assert_eq!(m.api_requests().get("GET"), 0);
         let text = m.encode().unwrap();
         assert!(text.contains("# TYPE csiops_reconcile_errors counter"));
         assert!(text.contains("# TYPE csiops_rollout_steps counter"));
+        // The API request counter shared with the sidecars, under its own name.
+        assert!(
+            text.contains("csiops_kube_api_requests_total{verb=\"GET\"} 0"),
+            "{text}"
+        );
         assert_eq!(
             line_value(&text, "csiops_reconciliations_total ").as_deref(),
             Some("0")

@@ -5,11 +5,19 @@
 //! 2.2 KB before any of its strings, and a running pod's container statuses
 //! alone are several more, so the cache holds a [`PodView`] instead: read
 //! straight from the API server's JSON (serde skips every field not named
-//! here), with only what health and the rollout look at, a few hundred
-//! bytes a pod.
+//! here), with only what health and the rollout look at. It carries no
+//! `ObjectMeta` (360 bytes empty, and a label map of its own): the strings
+//! that repeat from pod to pod (namespace, node, phase, the kept labels) are
+//! shared `Arc<str>`s once the cache interned them (see
+//! `reconcile::pod_cache`), so a pod costs a few hundred bytes.
+//!
+//! The watch itself needs an object with `ObjectMeta` (its resource version
+//! resumes the watch): [`WatchedPod`], the view with name, namespace and
+//! resource version beside it, is what the watcher reads.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::NamespaceResourceScope;
@@ -22,7 +30,7 @@ use crate::render::labels::{COMPONENT, INSTANCE};
 pub const REVISION_LABEL: &str = "controller-revision-hash";
 
 /// Labels kept of a pod: the rest is never read.
-const KEPT_LABELS: &[&str] = &[
+const KEPT_LABELS: [&str; 4] = [
     INSTANCE,
     COMPONENT,
     REVISION_LABEL,
@@ -51,11 +59,14 @@ pub struct Waiting {
 #[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(from = "RawPod")]
 pub struct PodView {
-    /// Name, namespace, uid, resourceVersion, deletionTimestamp and the
-    /// labels of [`KEPT_LABELS`].
-    pub metadata: ObjectMeta,
-    pub node: Option<String>,
-    pub phase: Option<String>,
+    pub name: Arc<str>,
+    pub namespace: Arc<str>,
+    /// It has a deletion timestamp.
+    pub terminating: bool,
+    /// The values of [`KEPT_LABELS`], in that order.
+    labels: [Option<Arc<str>>; 4],
+    pub node: Option<Arc<str>>,
+    pub phase: Option<Arc<str>>,
     /// `status.message` (a Failed pod says why there).
     pub message: Option<String>,
     pub ready: Option<Cond>,
@@ -71,27 +82,58 @@ pub struct PodView {
 
 impl PodView {
     pub fn name(&self) -> &str {
-        self.metadata.name.as_deref().unwrap_or("")
+        &self.name
     }
 
+    /// A kept label's value (`None` for every other label).
     pub fn label(&self, key: &str) -> Option<&str> {
-        self.metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(key))
-            .map(String::as_str)
+        let i = KEPT_LABELS.iter().position(|k| *k == key)?;
+        self.labels[i].as_deref()
+    }
+
+    /// Sets a kept label; other labels are not kept (returns false).
+    pub fn set_label(&mut self, key: &str, value: &str) -> bool {
+        match KEPT_LABELS.iter().position(|k| *k == key) {
+            Some(i) => {
+                self.labels[i] = Some(value.into());
+                true
+            }
+            None => false,
+        }
     }
 
     pub fn deleting(&self) -> bool {
-        self.metadata.deletion_timestamp.is_some()
+        self.terminating
     }
 
     pub fn is_ready(&self) -> bool {
         self.ready.as_ref().is_some_and(|c| c.status)
     }
+
+    /// The same pod with its repeated strings replaced by `intern`'s shared
+    /// copies.
+    pub fn interned(mut self, mut intern: impl FnMut(Arc<str>) -> Arc<str>) -> Self {
+        self.namespace = intern(self.namespace);
+        for slot in [&mut self.node, &mut self.phase]
+            .into_iter()
+            .chain(self.labels.iter_mut())
+        {
+            *slot = slot.take().map(&mut intern);
+        }
+        self
+    }
 }
 
-impl kube::Resource for PodView {
+/// What the watch reads: a [`PodView`] and the metadata the watcher needs
+/// (name, namespace, resource version).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(from = "RawPod")]
+pub struct WatchedPod {
+    pub metadata: ObjectMeta,
+    pub view: PodView,
+}
+
+impl kube::Resource for WatchedPod {
     type DynamicType = ();
     type Scope = NamespaceResourceScope;
 
@@ -125,7 +167,6 @@ impl kube::Resource for PodView {
 struct RawMeta {
     name: Option<String>,
     namespace: Option<String>,
-    uid: Option<String>,
     resource_version: Option<String>,
     deletion_timestamp: Option<Time>,
     labels: BTreeMap<String, String>,
@@ -202,6 +243,21 @@ fn cond(c: RawCondition) -> Cond {
     }
 }
 
+impl From<RawPod> for WatchedPod {
+    fn from(raw: RawPod) -> Self {
+        let metadata = ObjectMeta {
+            name: raw.metadata.name.clone(),
+            namespace: raw.metadata.namespace.clone(),
+            resource_version: raw.metadata.resource_version.clone(),
+            ..ObjectMeta::default()
+        };
+        WatchedPod {
+            metadata,
+            view: raw.into(),
+        }
+    }
+}
+
 impl From<RawPod> for PodView {
     fn from(raw: RawPod) -> Self {
         let RawPod {
@@ -209,23 +265,14 @@ impl From<RawPod> for PodView {
             spec,
             status,
         } = raw;
-        let labels: BTreeMap<String, String> = metadata
-            .labels
-            .into_iter()
-            .filter(|(k, _)| KEPT_LABELS.contains(&k.as_str()))
-            .collect();
+        let mut labels = metadata.labels;
         let mut view = PodView {
-            metadata: ObjectMeta {
-                name: metadata.name,
-                namespace: metadata.namespace,
-                uid: metadata.uid,
-                resource_version: metadata.resource_version,
-                deletion_timestamp: metadata.deletion_timestamp,
-                labels: (!labels.is_empty()).then_some(labels),
-                ..ObjectMeta::default()
-            },
-            node: spec.node_name,
-            phase: status.phase,
+            name: metadata.name.unwrap_or_default().into(),
+            namespace: metadata.namespace.unwrap_or_default().into(),
+            terminating: metadata.deletion_timestamp.is_some(),
+            labels: KEPT_LABELS.map(|k| labels.remove(k).map(Arc::from)),
+            node: spec.node_name.map(Arc::from),
+            phase: status.phase.map(Arc::from),
             message: status.message,
             containers: status.container_statuses.len().min(u16::MAX as usize) as u16,
             ..PodView::default()
@@ -303,7 +350,7 @@ mod tests {
         assert_eq!(pod.node.as_deref(), Some("n1"));
         assert_eq!(pod.label(POD_TEMPLATE_GENERATION_LABEL), Some("3"));
         assert_eq!(pod.label("app"), None);
-        assert!(pod.metadata.annotations.is_none() && pod.metadata.managed_fields.is_none());
+        assert_eq!(&*pod.namespace, "ns");
         assert!(!pod.is_ready());
         assert_eq!(
             pod.scheduled.as_ref().and_then(|c| c.since),
@@ -318,7 +365,7 @@ mod tests {
                 message: Some("back-off 5m0s".into()),
             }]
         );
-        assert_eq!(<PodView as kube::Resource>::plural(&()), "pods");
+        assert_eq!(<WatchedPod as kube::Resource>::plural(&()), "pods");
     }
 
     #[test]
@@ -349,6 +396,67 @@ mod tests {
             serde_json::from_value(json!({"metadata": {"name": "p"}})).expect("parses");
         assert_eq!(pod.name(), "p");
         assert_eq!((pod.containers, pod.creating), (0, 0));
-        assert!(pod.metadata.labels.is_none());
+        assert_eq!(pod.label(INSTANCE), None);
+        assert!(!pod.deleting());
+    }
+
+    #[test]
+    fn the_watch_reads_the_metadata_it_resumes_from_beside_the_view() {
+        let w: WatchedPod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "namespace": "ns", "resourceVersion": "7", "uid": "u",
+                "deletionTimestamp": "2026-11-21T09:00:00Z", "labels": {INSTANCE: "x"}},
+        }))
+        .expect("parses");
+        assert_eq!(w.metadata.resource_version.as_deref(), Some("7"));
+        assert_eq!(w.metadata.name.as_deref(), Some("p"));
+        assert!(w.metadata.labels.is_none() && w.metadata.uid.is_none());
+        assert!(w.view.deleting());
+        assert_eq!(w.view.label(INSTANCE), Some("x"));
+    }
+
+    #[test]
+    fn interning_shares_the_repeated_strings() {
+        let parse = |name: &str| -> PodView {
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "namespace": "ns", "labels": {INSTANCE: "x", COMPONENT: "node"}},
+                "spec": {"nodeName": "n1"}, "status": {"phase": "Running"}
+            }))
+            .expect("parses")
+        };
+        let mut pool: std::collections::HashSet<Arc<str>> = Default::default();
+        let mut intern = |s: Arc<str>| match pool.get(&s) {
+            Some(shared) => shared.clone(),
+            None => {
+                pool.insert(s.clone());
+                s
+            }
+        };
+        let a = parse("a").interned(&mut intern);
+        let b = parse("b").interned(&mut intern);
+        for (x, y) in [
+            (&a.namespace, &b.namespace),
+            (
+                a.node.as_ref().expect("node"),
+                b.node.as_ref().expect("node"),
+            ),
+            (
+                a.phase.as_ref().expect("phase"),
+                b.phase.as_ref().expect("phase"),
+            ),
+        ] {
+            assert!(Arc::ptr_eq(x, y), "{x} is shared");
+        }
+        assert_eq!(
+            (a.label(INSTANCE), b.label(COMPONENT)),
+            (Some("x"), Some("node"))
+        );
+        assert_eq!(a.name(), "a");
+        let mut c = a.clone();
+        assert!(c.set_label(REVISION_LABEL, "r1"));
+        assert!(!c.set_label("app", "dropped"));
+        assert_eq!(
+            (c.label(REVISION_LABEL), c.label("app")),
+            (Some("r1"), None)
+        );
     }
 }

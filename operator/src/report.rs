@@ -217,6 +217,30 @@ pub fn build(input: &ReportInput<'_>) -> CSIDriverDeploymentStatus {
     }
 }
 
+/// Whether `new` differs from `old` only in what moves as pods come and go:
+/// counts, the summary, messages, unhealthy pods. Phase, conditions (type,
+/// status, reason), generation, versions, the rollout step and the lost
+/// nodes are what a user or the state machine acts on. Such a status may
+/// wait a moment to be written (see `reconcile::status`).
+pub fn progress_only(old: &CSIDriverDeploymentStatus, new: &CSIDriverDeploymentStatus) -> bool {
+    let conditions = |s: &CSIDriverDeploymentStatus| -> Vec<(String, String, String)> {
+        s.conditions
+            .iter()
+            .map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone()))
+            .collect()
+    };
+    let lost = |s: &CSIDriverDeploymentStatus| -> Vec<String> {
+        s.lost_nodes.iter().map(|n| n.name.clone()).collect()
+    };
+    old.phase == new.phase
+        && old.observed_generation == new.observed_generation
+        && old.current_version == new.current_version
+        && old.target_version == new.target_version
+        && old.rollout == new.rollout
+        && conditions(old) == conditions(new)
+        && lost(old) == lost(new)
+}
+
 /// The lost nodes as status lists them (at most [`MAX_LOST_NODES_LISTED`]):
 /// a node listed before keeps its `since` when its Node gives none (a
 /// cordoned or deleted node: since when this operator first saw it lost).

@@ -144,51 +144,11 @@ async fn writes(client: &kube::Client) -> Result<f64, Box<dyn std::error::Error>
     Ok(apimetrics::requests(client, &kinds).await?)
 }
 
-/// The provisioner's own API requests so far, `(writes, all)`, from its
-/// metrics: ours count every request by verb
-/// (`csiops_kube_api_requests_total{verb}`), upstream's by client-go
-/// (`rest_client_requests_total{method}`). Writes are every verb but GET
-/// (lists and watches are GETs). This splits the API server's count by
-/// client: the rest is kube-controller-manager's. `None` when the metrics
-/// have neither family.
-fn own_requests(metrics: &str) -> Option<(f64, f64)> {
-    let mut writes = 0.0;
-    let mut all = 0.0;
-    let mut seen = false;
-    for line in metrics.lines() {
-        let Some(labels) = line
-            .strip_prefix("csiops_kube_api_requests_total{")
-            .or_else(|| line.strip_prefix("rest_client_requests_total{"))
-        else {
-            continue;
-        };
-        let Some((labels, value)) = labels.rsplit_once('}') else {
-            continue;
-        };
-        let Ok(value) = value.trim().parse::<f64>() else {
-            continue;
-        };
-        let verb = labels
-            .split(',')
-            .find_map(|l| {
-                l.strip_prefix("verb=")
-                    .or_else(|| l.strip_prefix("method="))
-            })
-            .map(|v| v.trim_matches('"'));
-        seen = true;
-        all += value;
-        if verb.is_some_and(|v| v != "GET") {
-            writes += value;
-        }
-    }
-    seen.then_some((writes, all))
-}
-
-/// [`own_requests`] of the provisioner serving metrics on `port`.
+/// [`apimetrics::own_requests`] of the provisioner serving metrics on `port`.
 fn scrape_own_requests(port: u16) -> Result<Option<(f64, f64)>, String> {
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     match csiops_e2e::testkit::http_get(addr, "/metrics") {
-        Some((200, body)) => Ok(own_requests(&body)),
+        Some((200, body)) => Ok(apimetrics::own_requests(&body)),
         other => Err(format!("GET {addr}/metrics: {other:?}")),
     }
 }
@@ -604,26 +564,4 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::own_requests;
-
-    #[test]
-    fn own_requests_reads_both_metric_families() {
-        let ours = "# TYPE csiops_kube_api_requests counter\n\
-            csiops_kube_api_requests_total{verb=\"GET\"} 7\n\
-            csiops_kube_api_requests_total{verb=\"POST\"} 100\n\
-            csiops_kube_api_requests_total{verb=\"PATCH\"} 4\n\
-            csiops_kube_api_throttled_total{priority=\"critical\"} 90\n";
-        assert_eq!(own_requests(ours), Some((104.0, 111.0)));
-        let upstream = "# TYPE rest_client_requests_total counter\n\
-            rest_client_requests_total{code=\"200\",host=\"127.0.0.1:6443\",method=\"GET\"} 12\n\
-            rest_client_requests_total{code=\"201\",host=\"127.0.0.1:6443\",method=\"POST\"} 200\n\
-            rest_client_requests_total{code=\"409\",host=\"127.0.0.1:6443\",method=\"PUT\"} 3\n\
-            rest_client_request_duration_seconds_count{verb=\"POST\"} 200\n";
-        assert_eq!(own_requests(upstream), Some((203.0, 215.0)));
-        assert_eq!(own_requests("# no client metrics\n"), None);
-    }
 }

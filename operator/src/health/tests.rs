@@ -265,9 +265,7 @@ fn crash_loops_image_pulls_and_unschedulable_pods_are_reported() {
 #[test]
 fn terminating_pods_are_counted_but_not_reported() {
     let mut p = pod("ctrl-0", "controller", "n1", json!({"phase": "Failed"}));
-    p.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-        k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-    ));
+    p.terminating = true;
     let pods = [p];
     let h = assess(&input(&pods, &[]));
     assert_eq!(h.controller_pods, 1);
@@ -330,13 +328,7 @@ fn pods_on_lost_nodes_are_counted_once_and_named_not_reported_unhealthy() {
                 {"type": "Ready", "status": if ready {"True"} else {"False"},
                  "lastTransitionTime": "2026-11-21T09:00:00Z"}]}),
         );
-        p.metadata
-            .labels
-            .get_or_insert_with(Default::default)
-            .insert(
-                crate::fleet::POD_TEMPLATE_GENERATION_LABEL.into(),
-                generation.into(),
-            );
+        p.set_label(crate::fleet::POD_TEMPLATE_GENERATION_LABEL, generation);
         p
     };
     let pods = [

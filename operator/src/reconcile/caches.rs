@@ -1,7 +1,7 @@
 //! Everything the reconciles read, kept by watches, so that a settled
 //! driver costs no request but the read of its object.
 //!
-//! - the driver's pods, as [`PodView`]s;
+//! - the driver's pods, as [`PodView`]s ([`PodCache`]);
 //! - its workloads (StatefulSet, Deployment, DaemonSet), without their
 //!   managed fields;
 //! - what is kept of every Node ([`NodeCache`]) and of every CSINode
@@ -28,6 +28,7 @@ use tracing::warn;
 use super::csinodes::CsiNodeDrivers;
 use super::nodes::NodeCache;
 use super::owned::Owned;
+use super::pod_cache::PodCache;
 use super::pod_events::MountFailures;
 use super::sync::{SyncFlag, SyncGate};
 use crate::pods::PodView;
@@ -38,7 +39,7 @@ use csiops_runtime::chain;
 /// The caches, shared by every reconcile.
 #[derive(Clone)]
 pub struct Caches {
-    pub pods: Store<PodView>,
+    pub pods: PodCache,
     pub statefulsets: Store<StatefulSet>,
     pub deployments: Store<Deployment>,
     pub daemonsets: Store<DaemonSet>,
@@ -124,7 +125,7 @@ impl Caches {
     ) {
         let synced = SyncGate::default();
         let owned = Owned::default();
-        let (pods, pods_w) = reflector::store();
+        let pods = PodCache::default();
         let (statefulsets, sts_w) = reflector::store();
         let (deployments, deploy_w) = reflector::store();
         let (daemonsets, ds_w) = reflector::store();
@@ -132,7 +133,7 @@ impl Caches {
         let csinodes = CsiNodeDrivers::default();
         let mount_failures = MountFailures::default();
 
-        let pod_stream = reflect::<PodView>(client, pods_w, synced.flag(), None);
+        let pod_stream = pods.watch(client.clone(), synced.flag());
         let sts_stream = reflect(
             client,
             sts_w,
@@ -237,7 +238,7 @@ impl Caches {
     /// against a mocked API server); synced from the start.
     pub fn empty() -> Caches {
         Caches {
-            pods: reflector::store().0,
+            pods: PodCache::default(),
             statefulsets: reflector::store().0,
             deployments: reflector::store().0,
             daemonsets: reflector::store().0,
@@ -261,14 +262,7 @@ impl Caches {
 
     /// This object's pods.
     pub fn pods_of(&self, namespace: &str, instance: &str) -> Vec<PodView> {
-        use crate::render::labels::INSTANCE;
-        self.pods
-            .state()
-            .iter()
-            .filter(|p| p.metadata.namespace.as_deref() == Some(namespace))
-            .filter(|p| p.label(INSTANCE) == Some(instance))
-            .map(|p| (**p).clone())
-            .collect()
+        self.pods.pods_of(namespace, instance)
     }
 
     /// The object a pod belongs to, by its instance label.
@@ -277,8 +271,7 @@ impl Caches {
         namespace: &str,
         name: &str,
     ) -> Option<ObjectRef<CSIDriverDeployment>> {
-        use crate::render::labels::INSTANCE;
-        let pod = self.pods.get(&ObjectRef::new(name).within(namespace))?;
-        Some(ObjectRef::new(pod.label(INSTANCE)?).within(namespace))
+        let owner = self.pods.owner_of(namespace, name)?;
+        Some(ObjectRef::new(&owner).within(namespace))
     }
 }

@@ -17,11 +17,13 @@ pub mod csinodes;
 pub mod error;
 pub mod events;
 mod finalizer;
+pub mod fresh;
 mod monitoring;
 pub mod namespaced;
 pub mod nodes;
 pub mod owned;
 pub mod pace;
+pub mod pod_cache;
 pub mod pod_events;
 pub mod retry;
 pub mod scope;
@@ -61,7 +63,7 @@ use self::events::announce;
 use self::events::{publish, Note};
 use self::finalizer::ensure_finalizer;
 pub use self::finalizer::FINALIZER;
-use self::status::{status_after, warn_once, write_problem, write_status, Progress};
+use self::status::{status_after, warn_once, write_problem, write_progress, Progress};
 use self::supporting::apply_supporting;
 use self::teardown::teardown;
 use self::workloads::{
@@ -94,10 +96,14 @@ pub struct Context {
     pub deployments: Store<CSIDriverDeployment>,
     /// Consecutive failed writes per object, for backoff and reporting.
     pub failures: retry::Failures,
-    /// At most one reconcile per object a second.
+    /// At most one reconcile per object every quarter second.
     pub pacer: pace::Pacer,
     /// `--watch-namespaces`: where objects are acted on.
     pub scope: scope::Namespaces,
+    /// Which cached copies are current (see [`fresh`]).
+    pub fresh: fresh::Freshness,
+    /// At most one status write a second that only moves counts.
+    pub progress_writes: pace::Pacer,
 }
 
 /// Options of [`run`].
@@ -142,6 +148,8 @@ pub async fn run(
         failures: retry::Failures::default(),
         pacer: pace::Pacer::default(),
         scope: cfg.scope,
+        fresh: fresh::Freshness::default(),
+        progress_writes: pace::Pacer::new(status::PROGRESS_WRITE_INTERVAL),
     });
 
     // Readiness once every cache has its first full list.
@@ -189,6 +197,10 @@ pub async fn run(
             .and_then(|(ns, name)| pod_owners.owner_of_pod(&ns, &name));
         futures::future::ready(owner)
     });
+    // A pod that changed or went: its owner.
+    let pod_refs = triggers
+        .pods
+        .filter_map(|r| futures::future::ready(r.ok().and_then(|p| pod_owner(&p))));
     let supporting_refs = triggers
         .supporting
         .map(|(ns, name)| ObjectRef::new(&name).within(&ns));
@@ -197,7 +209,7 @@ pub async fn run(
         .owns_stream(triggers.statefulsets)
         .owns_stream(triggers.deployments)
         .owns_stream(triggers.daemonsets)
-        .watches_stream(triggers.pods, pod_owner)
+        .reconcile_on(pod_refs)
         // Only changes of what is kept of a node come through (readiness,
         // cordon, taints; see `nodes`), never heartbeats: a node lost or
         // back can concern any driver.
@@ -217,10 +229,9 @@ pub async fn run(
 }
 
 /// The CSIDriverDeployment a pod belongs to, from its instance label.
-fn pod_owner(pod: PodView) -> Option<ObjectRef<CSIDriverDeployment>> {
-    let name = pod.label(INSTANCE)?.to_string();
-    let ns = pod.metadata.namespace.clone()?;
-    Some(ObjectRef::new(&name).within(&ns))
+fn pod_owner(pod: &PodView) -> Option<ObjectRef<CSIDriverDeployment>> {
+    let name = pod.label(INSTANCE)?;
+    Some(ObjectRef::new(name).within(&pod.namespace))
 }
 
 /// Transient failures are retried; the error is counted and logged.
@@ -264,21 +275,31 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
         return Ok(Requeue::requeue(wait));
     }
 
-    // Plan from the API server's copy, not the watch cache: a reconcile woken
-    // by our own DaemonSet apply can otherwise see the object as it was before
-    // our last status write, and a rollout step would be decided twice. One
-    // GET per reconcile is cheap next to the applies it guards.
-    let obj = match api
-        .get_opt(&name)
-        .await
-        .map_err(|e| Error::read("get", format!("CSIDriverDeployment {ns}/{name}"), e))?
+    // Plan from a current copy: the watch cache's when it is known to be
+    // current, else the API server's (see `fresh`).
+    let obj = if ctx
+        .fresh
+        .is_current(&key, obj.resource_version().as_deref())
     {
-        Some(fresh) if fresh.uid().as_deref() == Some(uid.as_str()) => Arc::new(fresh),
-        // Gone, or deleted and recreated under the same name: the new object
-        // gets its own reconcile from the watch.
-        _ => {
-            ctx.pacer.forget(&key);
-            return Ok(Requeue::await_change());
+        obj
+    } else {
+        match api
+            .get_opt(&name)
+            .await
+            .map_err(|e| Error::read("get", format!("CSIDriverDeployment {ns}/{name}"), e))?
+        {
+            Some(current) if current.uid().as_deref() == Some(uid.as_str()) => {
+                ctx.fresh.note(&key, current.resource_version().as_deref());
+                Arc::new(current)
+            }
+            // Gone, or deleted and recreated under the same name: the new
+            // object gets its own reconcile from the watch.
+            _ => {
+                ctx.pacer.forget(&key);
+                ctx.fresh.forget(&key);
+                ctx.progress_writes.forget(&key);
+                return Ok(Requeue::await_change());
+            }
         }
     };
 
@@ -531,12 +552,13 @@ async fn drive(
         })
         .or_else(|| lost_nodes_problem(obj, &health, now));
     let new_status = status_after(obj, Progress::of(&plan), &health, problem.as_ref(), now);
-    write_status(obj, api, new_status).await?;
-    Ok(if plan.rollout.is_some() {
-        Requeue::requeue(ROLLOUT_REQUEUE)
+    let deferred = write_progress(obj, ctx, api, new_status).await?;
+    let next = if plan.rollout.is_some() {
+        ROLLOUT_REQUEUE
     } else {
-        Requeue::requeue(IDLE_REQUEUE)
-    })
+        IDLE_REQUEUE
+    };
+    Ok(Requeue::requeue(deferred.map_or(next, |d| d.min(next))))
 }
 
 /// Degraded when a node has been lost for longer than the step deadline:

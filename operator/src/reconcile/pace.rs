@@ -8,13 +8,21 @@
 //! the rate instead: a reconcile that comes too soon after the last one
 //! does nothing and asks to run again when the interval is over, and the
 //! events that arrive meanwhile all fold into that one run.
+//!
+//! The interval is short (a quarter second): every step of a rollout that
+//! waits on the cluster (a controller replica Ready, the last node pod up)
+//! is noticed at the next paced reconcile, and the controller's surge roll
+//! alone is three such steps. At a second, the fleet benchmark's 1000-node
+//! upgrade spent three seconds on them, a tenth of the node roll; at a
+//! quarter second a busy object still costs at most four reads (and status
+//! writes, when its counts moved) a second.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// The shortest time between two reconciles of one object.
-pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
+pub const MIN_INTERVAL: Duration = Duration::from_millis(250);
 
 /// When each object's last reconcile started.
 #[derive(Debug)]
@@ -67,13 +75,17 @@ mod tests {
 
     #[test]
     fn a_second_reconcile_within_the_interval_waits_for_the_rest_of_it() {
-        let pacer = Pacer::default();
+        let pacer = Pacer::new(Duration::from_secs(1));
         let t = Instant::now();
         assert_eq!(pacer.hold("ns/a", t), None);
         let wait = pacer.hold("ns/a", t + Duration::from_millis(300));
         assert_eq!(wait, Some(Duration::from_millis(700)));
         // Other objects are not held.
         assert_eq!(pacer.hold("ns/b", t + Duration::from_millis(300)), None);
+        assert_eq!(pacer.hold("ns/a", t + Duration::from_secs(1)), None);
+        let pacer = Pacer::default();
+        assert_eq!(pacer.hold("ns/a", t), None);
+        assert!(pacer.hold("ns/a", t + MIN_INTERVAL / 2).is_some());
         assert_eq!(pacer.hold("ns/a", t + MIN_INTERVAL), None);
         pacer.forget("ns/a");
         assert_eq!(pacer.hold("ns/a", t + MIN_INTERVAL), None);

@@ -55,7 +55,7 @@ impl MountFailures {
         pods.iter()
             .filter(|p| health::stuck_creating(p, now))
             .filter_map(|p| {
-                let key = (p.metadata.namespace.clone()?, p.name().to_string());
+                let key = (p.namespace.to_string(), p.name().to_string());
                 map.get(&key)
                     .map(|(_, m)| (p.name().to_string(), m.clone()))
             })

@@ -114,7 +114,7 @@ pub(super) async fn write_problem(
         completed: false,
     };
     let new_status = status_after(obj, progress, &health, Some(problem), Utc::now());
-    write_status(obj, api, new_status).await
+    write_status(obj, ctx, api, new_status).await
 }
 
 fn health_of_status(s: &CSIDriverDeploymentStatus) -> Health {
@@ -128,9 +128,40 @@ fn health_of_status(s: &CSIDriverDeploymentStatus) -> Health {
     }
 }
 
+/// How soon after the last one a status that only moved its counts and
+/// messages ([`report::progress_only`]) is written: a node roll changes
+/// them with every pod, and the object is reconciled up to four times a
+/// second; one write a second keeps `kubectl get` current.
+pub(super) const PROGRESS_WRITE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// [`write_status`], unless `status` is mere progress over the object's and
+/// the last such write was less than [`PROGRESS_WRITE_INTERVAL`] ago: then
+/// nothing is written, and the time after which to reconcile again to write
+/// it is returned.
+pub(super) async fn write_progress(
+    obj: &CSIDriverDeployment,
+    ctx: &Context,
+    api: &Api<CSIDriverDeployment>,
+    status: CSIDriverDeploymentStatus,
+) -> Result<Option<std::time::Duration>, Error> {
+    let minor = obj
+        .status
+        .as_ref()
+        .is_some_and(|old| *old != status && report::progress_only(old, &status));
+    if minor {
+        let key = format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
+        if let Some(wait) = ctx.progress_writes.hold(&key, std::time::Instant::now()) {
+            return Ok(Some(wait));
+        }
+    }
+    write_status(obj, ctx, api, status).await?;
+    Ok(None)
+}
+
 /// Writes status by server-side apply, only when it changed.
 pub(super) async fn write_status(
     obj: &CSIDriverDeployment,
+    ctx: &Context,
     api: &Api<CSIDriverDeployment>,
     status: CSIDriverDeploymentStatus,
 ) -> Result<(), Error> {
@@ -147,7 +178,11 @@ pub(super) async fn write_status(
         .patch_status(&obj.name_any(), &params, &Patch::Apply(&patch))
         .await
     {
-        Ok(_) => Ok(()),
+        Ok(written) => {
+            let key = format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
+            ctx.fresh.note(&key, written.resource_version().as_deref());
+            Ok(())
+        }
         // Deleted meanwhile: nothing to report on.
         Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
         Err(e) => Err(Error::Kube(e)),

@@ -119,7 +119,7 @@ pub(super) async fn teardown(
         message: why.clone(),
     });
     let new_status = status_after(obj, Progress::of(&plan), &health, problem.as_ref(), now);
-    write_status(obj, api, new_status).await?;
+    write_status(obj, ctx, api, new_status).await?;
     Ok(Requeue::requeue(StdDuration::from_secs(5)))
 }
 

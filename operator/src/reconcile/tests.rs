@@ -77,6 +77,8 @@ impl Fixture {
             deployments,
             failures: retry::Failures::default(),
             pacer: pace::Pacer::new(std::time::Duration::ZERO),
+            fresh: super::fresh::Freshness::default(),
+            progress_writes: pace::Pacer::new(std::time::Duration::ZERO),
         });
         Fixture { ctx, log, objects }
     }

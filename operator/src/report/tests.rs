@@ -377,3 +377,54 @@ fn a_node_local_driver_is_available_without_a_controller_and_shows_none() {
     assert_eq!(s.summary.controller, "0/1");
     assert_eq!(cond(&s, AVAILABLE).status, "True");
 }
+
+#[test]
+fn counts_and_messages_are_progress_and_the_rest_is_not() {
+    let h = healthy();
+    let old = build(&input(&h, None));
+    let mut new = old.clone();
+    assert!(progress_only(&old, &new), "no change at all");
+    new.node.ready = 2;
+    new.node.available = 2;
+    new.message = "2 of 3 node pods ready".into();
+    new.summary.registered = "2/3".into();
+    if let Some(c) = new.conditions.first_mut() {
+        c.message = "something else".into();
+    }
+    assert!(progress_only(&old, &new), "{new:?}");
+
+    let changed: [fn(&mut CSIDriverDeploymentStatus); 6] = [
+        |s| s.phase = csiops_crds::Phase::Degraded,
+        |s| s.observed_generation += 1,
+        |s| s.current_version = Some("v9".into()),
+        |s| {
+            if let Some(c) = s.conditions.first_mut() {
+                c.status = if c.status == "True" { "False" } else { "True" }.into();
+            }
+        },
+        |s| {
+            s.lost_nodes.push(csiops_crds::LostNode {
+                name: "n1".into(),
+                reason: "NotReady".into(),
+                since: None,
+                pod: None,
+                current: false,
+            })
+        },
+        |s| {
+            s.rollout = Some(RolloutStatus {
+                kind: RolloutKind::Upgrade,
+                step: RolloutStep::NodeRoll,
+                started_at: "2026-11-21T09:00:00Z".into(),
+                step_started_at: "2026-11-21T09:00:00Z".into(),
+                target_node_hash: "n".into(),
+                target_controller_hash: "c".into(),
+            })
+        },
+    ];
+    for (i, change) in changed.iter().enumerate() {
+        let mut s = old.clone();
+        change(&mut s);
+        assert!(!progress_only(&old, &s), "change {i} is not mere progress");
+    }
+}

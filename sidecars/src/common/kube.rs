@@ -13,9 +13,6 @@ use std::time::Duration;
 use clap::Args;
 
 use super::args::FlagError;
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
@@ -79,46 +76,30 @@ pub enum KubeError {
     Limits { qps: f64, burst: u32 },
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct VerbLabel {
-    verb: String,
-}
-
-/// `csiops_kube_api_requests_total{verb}`: every request the sidecar sent to
-/// the API server, by HTTP method (watches and lists are GETs). What the
-/// QPS limit is spent on, and the write counts the benchmarks report. With
-/// it, the rate limiter's own counts (see `ratelimit::LimiterMetrics`).
+/// `csiops_kube_api_requests_total{verb}` (the counter every csiops process
+/// shares, see `csiops_runtime::requests`): every request the sidecar sent,
+/// counted by its rate limiter when the request goes out. What the QPS
+/// limit is spent on, and the write counts the benchmarks report. With it,
+/// the rate limiter's own counts (see `ratelimit::LimiterMetrics`).
 #[derive(Clone, Debug, Default)]
 pub struct ApiRequests {
-    by_verb: Family<VerbLabel, Counter>,
+    sent: csiops_runtime::requests::ApiRequests,
     pub limiter: LimiterMetrics,
 }
 
 impl ApiRequests {
     pub fn register(&self, registry: &mut Registry) {
-        registry.register(
-            "csiops_kube_api_requests",
-            "Requests sent to the Kubernetes API server, by HTTP method",
-            self.by_verb.clone(),
-        );
+        self.sent.register(registry);
         self.limiter.register(registry);
     }
 
     pub(crate) fn count(&self, method: &http::Method) {
-        self.by_verb
-            .get_or_create(&VerbLabel {
-                verb: method.as_str().to_string(),
-            })
-            .inc();
+        self.sent.count(method);
     }
 
     /// Requests so far with `method` (`GET`, `PATCH`, …).
     pub fn get(&self, method: &str) -> u64 {
-        self.by_verb
-            .get_or_create(&VerbLabel {
-                verb: method.to_string(),
-            })
-            .get()
+        self.sent.get(method)
     }
 }
 

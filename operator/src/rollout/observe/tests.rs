@@ -51,16 +51,9 @@ fn a_deleting_or_node_pod_is_not_surge_progress() {
     }))
     .expect("sts fixture");
     let mut deleting = controller_pod("x-controller-0", "new", true);
-    deleting.metadata.deletion_timestamp =
-        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-        ));
+    deleting.terminating = true;
     let mut node_pod = controller_pod("x-node-abc", "new", true);
-    node_pod
-        .metadata
-        .labels
-        .get_or_insert_with(Default::default)
-        .insert(COMPONENT.into(), "node".into());
+    node_pod.set_label(COMPONENT, "node");
     assert_eq!(statefulset_updated_ready(&sts, &[deleting, node_pod]), 0);
     // Without an update revision nothing is "updated".
     let mut bare = sts.clone();

@@ -1,0 +1,298 @@
+//! Benchmark (not a test): the operator on a fleet, by default 1000 kwok
+//! nodes × 20 CSIDriverDeployments (20 000 node pods).
+//!
+//! One local control plane; the operator runs as a local process (as in the
+//! e2e tests on kwok), leader election off. Every node's CSINode gets every
+//! driver's entry (kwok runs no kubelet; see `csiops_e2e::fleet`). The
+//! drivers are deployed at v1 and settle; then, in this order:
+//!
+//! 1. steady state: the operator's own API requests
+//!    (`csiops_kube_api_requests_total`, every request it sends) over
+//!    `--idle-seconds` with nothing changing, per driver and minute;
+//! 2. edits: `--edits` drivers get a `spec.rollout.stepTimeoutSeconds` edit,
+//!    one at a time; the time from sending the edit to the operator's next
+//!    write request (its counter, read every few milliseconds);
+//! 3. a bare DaemonSet with driver d00's node pod template (same update
+//!    strategy, same nodes, relabelled away from the operator) is created at
+//!    v1;
+//! 4. `--rounds` times: d00 is upgraded to the next version (version and
+//!    image): the time from the edit to its status saying that version with
+//!    no rollout left (nodes first, then the controller); then the bare
+//!    DaemonSet gets d00's new pod template: the time until its controller
+//!    reports every pod updated and available. The ratio is the sum of the
+//!    operator's times over the sum of the bare ones (rounds even out a
+//!    shared machine's moments).
+//!
+//! Memory is `VmRSS`/`VmHWM` of the operator process from `/proc`.
+//!
+//! ```text
+//! csiops-bench-fleet [--nodes N] [--drivers M] [--max-unavailable 10%] [--idle-seconds S] [--edits E] [--rounds R]
+//! ```
+
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use csiops_e2e::fleet::{self, FleetDriver};
+use csiops_e2e::operator::ApiRequests;
+use csiops_e2e::process::memory_kib;
+use csiops_e2e::{kwok, operator_bin, testkit, wait_for, Cluster, ClusterOptions, OperatorProcess};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use kube::api::Api;
+use serde_json::json;
+
+type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+#[derive(Parser)]
+struct Args {
+    #[arg(long, default_value_t = 1000)]
+    nodes: usize,
+    #[arg(long, default_value_t = 20)]
+    drivers: usize,
+    /// `spec.node.maxUnavailable` of every driver (a count or a percentage).
+    #[arg(long, default_value = "10%")]
+    max_unavailable: String,
+    /// Length of the steady-state window.
+    #[arg(long, default_value_t = 600)]
+    idle_seconds: u64,
+    /// CR edits timed to the operator's first write.
+    #[arg(long, default_value_t = 5)]
+    edits: usize,
+    /// Upgrades, each against a bare DaemonSet rollout.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Give up on a phase after this many seconds.
+    #[arg(long, default_value_t = 3600)]
+    phase_timeout: u64,
+}
+
+/// One upgrade of the operator's driver and the bare DaemonSet's rollout of
+/// the same template.
+struct Round {
+    operator: Duration,
+    operator_pods: fleet::Progress,
+    bare: Duration,
+    bare_pods: fleet::Progress,
+    first_write: Duration,
+    requests: ApiRequests,
+}
+
+/// Upgrades `d` to `version`, then rolls the bare DaemonSet `bare` beside
+/// it to the pod template the operator rendered.
+async fn round(
+    client: &kube::Client,
+    operator: &OperatorProcess,
+    d: &FleetDriver,
+    bare: &str,
+    version: &str,
+    nodes: usize,
+    limit: Duration,
+) -> BenchResult<Round> {
+    let poll = Duration::from_millis(250);
+    let ds_api: Api<DaemonSet> = Api::namespaced(client.clone(), &d.namespace);
+    let from = ds_api.get(&d.daemonset()).await?.metadata.generation;
+    let before = operator.api_requests().await?;
+    let t0 = Instant::now();
+    d.upgrade(client, version).await?;
+    let first_write = operator.next_write(before.writes, t0).await?;
+    // Its DaemonSet's progress, to compare with the bare one's.
+    let pods = std::sync::Mutex::new(fleet::Progress::default());
+    wait_for(limit, poll, || async {
+        let ds = ds_api.get(&d.daemonset()).await.ok()?;
+        pods.lock().ok()?.observe(&ds, from, t0.elapsed());
+        let obj = d.get(client).await.ok()?;
+        fleet::settled(&obj, version, nodes).then_some(())
+    })
+    .await
+    .map_err(|_| format!("the upgrade to {version} did not complete"))?;
+    let operator_time = t0.elapsed();
+    let after = operator.api_requests().await?;
+    let operator_pods = pods.into_inner()?;
+
+    let template = fleet::bare_daemonset(&ds_api.get(&d.daemonset()).await?, bare)?;
+    let from = ds_api.get(bare).await?.metadata.generation;
+    let t0 = Instant::now();
+    fleet::apply_daemonset(client, &template).await?;
+    let bare_pods =
+        fleet::wait_rolled_out(client, &d.namespace, bare, from, t0, poll, limit).await?;
+    let bare_time = t0.elapsed();
+    operator.wait_quiet(Duration::from_secs(5), limit).await?;
+    Ok(Round {
+        operator: operator_time,
+        operator_pods,
+        bare: bare_time,
+        bare_pods,
+        first_write,
+        requests: ApiRequests {
+            all: after.all - before.all,
+            writes: after.writes - before.writes,
+        },
+    })
+}
+
+fn mib(kib: u64) -> f64 {
+    kib as f64 / 1024.0
+}
+
+#[tokio::main]
+async fn main() -> BenchResult<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "off".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let limit = Duration::from_secs(args.phase_timeout);
+    let poll = Duration::from_millis(250);
+
+    eprintln!("starting a control plane with {} kwok nodes", args.nodes);
+    let cluster = Cluster::start(ClusterOptions {
+        simulation: kwok::Simulation::FLEET,
+        ..ClusterOptions::kwok(args.nodes)
+    })
+    .await?;
+    eprintln!("  up in {:.0?}", cluster.startup_time());
+    let client = cluster.client()?;
+    testkit::install_crd(&cluster).await?;
+    let drivers: Vec<FleetDriver> = (0..args.drivers).map(FleetDriver::new).collect();
+    let names: Vec<String> = drivers.iter().map(|d| d.driver.clone()).collect();
+    fleet::register_everywhere(&client, cluster.node_names(), &names).await?;
+
+    let bin = operator_bin()?;
+    eprintln!("operator: {}", bin.display());
+    let operator = cluster.run_operator(&bin)?;
+    let pid = operator.pid();
+
+    // --- deploy v1 and settle ---------------------------------------------------
+    let manifests: String = drivers
+        .iter()
+        .map(|d| d.yaml("v1", &args.max_unavailable))
+        .collect::<Vec<_>>()
+        .join("---\n");
+    let out = testkit::apply_yaml(&cluster, "fleet-v1", &manifests).await?;
+    if !out.status.success() {
+        return Err(format!("apply: {}", String::from_utf8_lossy(&out.stderr)).into());
+    }
+    let deployed = Instant::now();
+    eprintln!("{} drivers applied; waiting for them to run", drivers.len());
+    fleet::wait_settled(&client, &drivers, "v1", args.nodes, limit).await?;
+    eprintln!("  all Running in {:.0?}", deployed.elapsed());
+    operator.wait_quiet(Duration::from_secs(60), limit).await?;
+
+    // --- 1. steady state ------------------------------------------------------------
+    eprintln!("steady state: {} s", args.idle_seconds);
+    let before = operator.api_requests().await?;
+    tokio::time::sleep(Duration::from_secs(args.idle_seconds)).await;
+    let after = operator.api_requests().await?;
+    let (rss_idle, _) = memory_kib(pid).ok_or("operator gone")?;
+    let (idle_all, idle_writes) = (after.all - before.all, after.writes - before.writes);
+    let minutes = args.idle_seconds as f64 / 60.0;
+    let per_driver = idle_all / args.drivers as f64 / minutes;
+
+    // --- 2. edit → first write ----------------------------------------------------
+    let mut edits = Vec::new();
+    for (k, d) in drivers.iter().skip(1).take(args.edits).enumerate() {
+        let writes = operator.api_requests().await?.writes;
+        let t0 = Instant::now();
+        d.patch_spec(&client, json!({"rollout": {"stepTimeoutSeconds": 601 + k}}))
+            .await?;
+        edits.push(operator.next_write(writes, t0).await?);
+        operator.wait_quiet(Duration::from_secs(3), limit).await?;
+    }
+
+    // --- 3. the bare DaemonSet at v1 ------------------------------------------------
+    let d0 = &drivers[0];
+    let ds_api: Api<DaemonSet> = Api::namespaced(client.clone(), &d0.namespace);
+    let bare = "bare-node";
+    let v1 = fleet::bare_daemonset(&ds_api.get(&d0.daemonset()).await?, bare)?;
+    fleet::apply_daemonset(&client, &v1).await?;
+    eprintln!("bare DaemonSet at v1 on every node");
+    fleet::wait_rolled_out(
+        &client,
+        &d0.namespace,
+        bare,
+        None,
+        Instant::now(),
+        poll,
+        limit,
+    )
+    .await?;
+    operator.wait_quiet(Duration::from_secs(10), limit).await?;
+
+    // --- 4. upgrades against the bare DaemonSet ---------------------------------------
+    let mut rounds = Vec::new();
+    for r in 0..args.rounds {
+        let version = format!("v{}", r + 2);
+        eprintln!(
+            "upgrading {} to {version}, then the bare DaemonSet",
+            d0.name
+        );
+        rounds.push(round(&client, &operator, d0, bare, &version, args.nodes, limit).await?);
+    }
+
+    let (rss_end, hwm_end) = memory_kib(pid).ok_or("operator gone")?;
+    operator.stop().await;
+    cluster.stop().await?;
+
+    // --- the table -------------------------------------------------------------------
+    edits.extend(rounds.iter().map(|r| r.first_write));
+    edits.sort();
+    let median = edits.get(edits.len() / 2).copied().unwrap_or_default();
+    let max = edits.last().copied().unwrap_or_default();
+    let secs = |f: fn(&Round) -> Duration| rounds.iter().map(|r| f(r).as_secs_f64()).sum::<f64>();
+    let (operator_total, bare_total) = (secs(|r| r.operator), secs(|r| r.bare));
+    let upgrade_requests: f64 = rounds.iter().map(|r| r.requests.all).sum();
+    let upgrade_writes: f64 = rounds.iter().map(|r| r.requests.writes).sum();
+    println!(
+        "\n{} kwok nodes × {} CSIDriverDeployments, node.maxUnavailable {}\n",
+        args.nodes, args.drivers, args.max_unavailable
+    );
+    println!("| measure | result | target |\n|---|---|---|");
+    println!(
+        "| operator API requests at rest ({:.0} min) | {:.2} per driver per minute ({:.0} in all: {:.0} GET, {:.0} writes) | ≤ 1 |",
+        minutes,
+        per_driver,
+        idle_all,
+        idle_all - idle_writes,
+        idle_writes
+    );
+    println!(
+        "| CR edit → operator's first write | median {:.0?}, max {:.0?} of {} edits ({} of them upgrades) | |",
+        median,
+        max,
+        edits.len(),
+        rounds.len()
+    );
+    println!(
+        "| operator VmRSS (at rest / end), VmHWM | {:.1} / {:.1} MiB, peak {:.1} MiB | ≤ 64 MiB |",
+        mib(rss_idle),
+        mib(rss_end),
+        mib(hwm_end)
+    );
+    println!(
+        "| upgrade wall time: operator / bare DaemonSet, {} rounds | {:.1} s / {:.1} s = {:.2}× | ≤ 1.1× |",
+        rounds.len(),
+        operator_total,
+        bare_total,
+        operator_total / bare_total
+    );
+    for (i, r) in rounds.iter().enumerate() {
+        println!(
+            "| round {}: operator {:.1} s, bare {:.1} s ({:.2}×) | pods on the new template: operator's DaemonSet {} (rolled out at {:.1} s); bare {} | |",
+            i + 1,
+            r.operator.as_secs_f64(),
+            r.bare.as_secs_f64(),
+            r.operator.as_secs_f64() / r.bare.as_secs_f64(),
+            r.operator_pods.summary(),
+            r.operator_pods.done.unwrap_or_default().as_secs_f64(),
+            r.bare_pods.summary()
+        );
+    }
+    println!(
+        "| operator API requests during the upgrades | {:.0} ({:.0} writes), {:.1} a second | |",
+        upgrade_requests,
+        upgrade_writes,
+        upgrade_requests / operator_total
+    );
+    Ok(())
+}
