@@ -311,18 +311,13 @@ mod tests {
     }
 
     #[test]
-    fn stages_file_appends_ready_again_after_kwoks_own() {
-        let dir = std::env::temp_dir().join(format!("csiops-kwok-stages-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let path =
-            stages_file(&dir.join("no-bin-dir"), &dir, Simulation::DEFAULT).expect("written");
-        let text = std::fs::read_to_string(&path).expect("read back");
-        let kwoks = text.find("name: pod-ready\n").expect("kwok's pod-ready");
-        let ours = text.find("name: csiops-pod-ready-again\n").expect("ours");
-        assert!(kwoks < ours, "ours comes after kwok's");
-        // Ours re-readies Running pods only; Pending ones are kwok's.
-        let ours_text = &text[ours..];
-        assert!(ours_text.contains("- 'Running'") && !ours_text.contains("- 'Pending'"));
-        std::fs::remove_dir_all(&dir).expect("cleaned");
+    fn ready_again_plays_running_pods_only() {
+        // Where it goes (after kwok's own stages) is checked by
+        // the_fleet_simulation_plays_nodes_with_kwok_and_pods_without_ips;
+        // Pending pods stay kwok's pod-ready's.
+        assert!(READY_AGAIN_STAGE.contains("name: csiops-pod-ready-again\n"));
+        assert!(
+            READY_AGAIN_STAGE.contains("- 'Running'") && !READY_AGAIN_STAGE.contains("- 'Pending'")
+        );
     }
 }

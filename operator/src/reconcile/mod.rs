@@ -234,13 +234,18 @@ fn pod_owner(pod: &PodView) -> Option<ObjectRef<CSIDriverDeployment>> {
     Some(ObjectRef::new(name).within(&pod.namespace))
 }
 
+/// `namespace/name`: how the per-object bookkeeping (pacing, freshness,
+/// failures, progress writes) keys an object.
+pub(crate) fn object_key(obj: &CSIDriverDeployment) -> String {
+    format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())
+}
+
 /// Transient failures are retried; the error is counted and logged.
 /// Failures that reached here (a read of the object itself, its status
 /// write) back off per object like the reported ones, from 5s to 5 minutes.
 pub fn error_policy(obj: Arc<CSIDriverDeployment>, err: &Error, ctx: Arc<Context>) -> Requeue {
     ctx.metrics.reconcile_failed(err.metric_kind());
-    let key = format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
-    let failures = ctx.failures.record(&key);
+    let failures = ctx.failures.record(&object_key(&obj));
     let wait = retry::backoff(failures);
     warn!(object = %obj.name_any(), namespace = ?obj.namespace(), failures, retry_in = ?wait, error = %chain(err), "reconcile failed; retrying");
     Requeue::requeue(wait)
@@ -270,7 +275,7 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
     if !ctx.caches.synced.ready() {
         return Ok(Requeue::requeue(StdDuration::from_millis(500)));
     }
-    let key = format!("{ns}/{name}");
+    let key = object_key(&obj);
     if let Some(wait) = ctx.pacer.hold(&key, std::time::Instant::now()) {
         return Ok(Requeue::requeue(wait));
     }
@@ -304,7 +309,7 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
     };
 
     if obj.metadata.deletion_timestamp.is_some() {
-        ctx.failures.clear(&format!("{ns}/{name}"));
+        ctx.failures.clear(&key);
         if !obj.finalizers().iter().any(|f| f == FINALIZER) {
             return Ok(Requeue::await_change());
         }

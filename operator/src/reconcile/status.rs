@@ -149,8 +149,10 @@ pub(super) async fn write_progress(
         .as_ref()
         .is_some_and(|old| *old != status && report::progress_only(old, &status));
     if minor {
-        let key = format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
-        if let Some(wait) = ctx.progress_writes.hold(&key, std::time::Instant::now()) {
+        if let Some(wait) = ctx
+            .progress_writes
+            .hold(&super::object_key(obj), std::time::Instant::now())
+        {
             return Ok(Some(wait));
         }
     }
@@ -179,8 +181,10 @@ pub(super) async fn write_status(
         .await
     {
         Ok(written) => {
-            let key = format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any());
-            ctx.fresh.note(&key, written.resource_version().as_deref());
+            ctx.fresh.note(
+                &super::object_key(obj),
+                written.resource_version().as_deref(),
+            );
             Ok(())
         }
         // Deleted meanwhile: nothing to report on.
