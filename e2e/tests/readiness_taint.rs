@@ -40,6 +40,7 @@ async fn pods_wait_for_the_driver_on_a_node_registered_with_the_readiness_taint(
         nodes: 0,
         real_node: true,
         real_node_taints: vec![format!("{key}:NoSchedule")],
+        ..ClusterOptions::default()
     })
     .await
     .unwrap_or_else(|e| panic!("cluster with a tainted real node starts: {e}"));
