@@ -71,6 +71,7 @@ pub fn check_prerequisites() -> Result<()> {
         "nsenter",
         "unshare",
         "mount",
+        "mountpoint",
     ] {
         if which(cmd).is_none() {
             missing.push(format!("the `{cmd}` command"));
@@ -240,7 +241,8 @@ pub fn delete_node_network(index: usize) {
 /// uses ([`Layout::kubelet_dir`]), and its own kubelet device-plugin dir
 /// at `/var/lib/kubelet/device-plugins`. kubelet, containerd, the shims and the
 /// pods' containers run in it, so the node's volume mounts stay inside
-/// and vanish with it; kubelet makes its root dir rshared there itself.
+/// and vanish with it; that dir is an rshared mount there, as kubelet makes
+/// its root dir.
 pub fn create_mount_ns(layout: &Layout) -> Result<()> {
     let Some(pin) = layout.mount_ns() else {
         return Ok(());
@@ -274,7 +276,34 @@ pub fn create_mount_ns(layout: &Layout) -> Result<()> {
             ],
         )
     };
+    // Node 0's kubelet has made its root dir an rshared mount of itself,
+    // and the copy here would lie under ours: containerd judges a
+    // Bidirectional mount by the first mount listed at the path, so only
+    // ours may be there, and shared.
+    let kubelet_dir = d(&layout.kubelet_dir());
+    run(
+        "nsenter",
+        &[
+            &format!("--mount={}", d(&pin)),
+            "--",
+            "sh",
+            "-c",
+            r#"while mountpoint -q "$1"; do umount -l "$1" || exit 1; done"#,
+            "sh",
+            &kubelet_dir,
+        ],
+    )?;
     bind(&layout.kubelet_storage(), &layout.kubelet_dir())?;
+    run(
+        "nsenter",
+        &[
+            &format!("--mount={}", d(&pin)),
+            "--",
+            "mount",
+            "--make-rshared",
+            &kubelet_dir,
+        ],
+    )?;
     // kubelet keeps its device-plugin socket and checkpoint here whatever
     // its --root-dir; each node gets its own (the reaper removes the host
     // dir if the nodes made it).
