@@ -491,6 +491,7 @@ impl Driver {
                 accessible_topology: vec![topology.segments.clone().into_iter().collect()],
                 published_nodes: BTreeMap::new(),
                 node_publications: BTreeMap::new(),
+                node_stagings: BTreeMap::new(),
                 content_source: content_source.clone(),
                 node_id: self.node_id.clone(),
             };
@@ -516,12 +517,17 @@ impl Driver {
                 // Already gone: idempotent success (CSI spec).
                 return Ok(());
             };
-            if !v.published_nodes.is_empty() || !v.node_publications.is_empty() {
+            if !v.published_nodes.is_empty()
+                || !v.node_publications.is_empty()
+                || !v.node_stagings.is_empty()
+            {
                 return Err(Status::failed_precondition(format!(
-                    "volume {} is in use: controller-published to {:?}, node-published at {:?}",
+                    "volume {} is in use: controller-published to {:?}, node-published at {:?}, \
+                     staged at {:?}",
                     v.id,
                     v.published_node_ids(),
-                    v.node_publications.keys().collect::<Vec<_>>()
+                    v.node_publications.keys().collect::<Vec<_>>(),
+                    v.node_stagings.keys().collect::<Vec<_>>()
                 )));
             }
             if let Some(dir) = &self.data_dir {
@@ -960,6 +966,18 @@ impl Driver {
                     Status::internal(format!("staging at {}: {e}", req.staging_target_path))
                 })?;
         }
+        // Recorded after the mount: a crash in between leaves a mount the
+        // retried call finds (bind is idempotent) and records.
+        let node_id = self.node_id.clone();
+        self.tx(|s| {
+            let v = s
+                .volumes
+                .get_mut(&req.volume_id)
+                .ok_or_else(|| self.unknown_volume(&req.volume_id))?;
+            v.node_stagings
+                .insert(req.staging_target_path.clone(), node_id);
+            Ok(())
+        })?;
         Ok(NodeStageVolumeResponse {})
     }
 
@@ -991,6 +1009,12 @@ impl Driver {
             mounts::detach_loop(&image)
                 .map_err(|e| Status::internal(format!("detaching {}: {e}", image.display())))?;
         }
+        self.tx(|s| {
+            if let Some(v) = s.volumes.get_mut(&req.volume_id) {
+                v.node_stagings.remove(&req.staging_target_path);
+            }
+            Ok(())
+        })?;
         Ok(NodeUnstageVolumeResponse {})
     }
 
@@ -1698,6 +1722,39 @@ mod tests {
             .map(|e| e.file_name())
             .collect();
         assert!(left.is_empty(), "{left:?}");
+    }
+
+    #[test]
+    fn a_staged_volume_is_not_deleted() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = Config::new("/unused.sock", "n1", &dir.path().join("state"));
+        cfg.data_dir = Some(dir.path().join("data"));
+        let d = Driver::new(&cfg).unwrap();
+        // A block volume: staging records it and mounts nothing.
+        let v = create_from(&d, "v", block_cap(), 1 << 20, None);
+        let staging = dir.path().join("staging").display().to_string();
+        d.node_stage(NodeStageVolumeRequest {
+            volume_id: v.id.clone(),
+            staging_target_path: staging.clone(),
+            volume_capability: Some(block_cap()),
+            ..Default::default()
+        })
+        .unwrap();
+        let delete = || {
+            d.delete_volume(DeleteVolumeRequest {
+                volume_id: v.id.clone(),
+                ..Default::default()
+            })
+        };
+        let err = delete().unwrap_err();
+        assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+        assert!(err.message().contains(&staging), "{err:?}");
+        d.node_unstage(NodeUnstageVolumeRequest {
+            volume_id: v.id.clone(),
+            staging_target_path: staging,
+        })
+        .unwrap();
+        delete().unwrap();
     }
 
     #[test]
