@@ -9,19 +9,29 @@
 //! ```text
 //! csiops-conformance [--out DIR] [--procs N] [--drivers central,node-local]
 //!                    [--runs parallel,parallel-features,serial]
+//! csiops-conformance --summarize [--out DIR] [--drivers …] [--runs …]
 //! ```
+//! `--summarize` only reads the JSON reports an earlier run left in `--out`.
 //! `--out` defaults to `$CSIOPS_CONFORMANCE_OUT` or `target/conformance`;
-//! `--procs` (ginkgo processes of the parallel runs) to 4. Exits non-zero
-//! if any spec failed, a definition key was not read, or the teardown left
-//! something behind. `CSIOPS_E2E_KEEP=1` keeps the cluster dir (all logs).
+//! `--procs` (ginkgo processes of the parallel runs) to 4. Prints, per
+//! driver, how many specs showed each declared capability read (a spec it
+//! turned on ran, or one it turned off was skipped for it). Exits non-zero
+//! if any spec failed, a definition key was not read (before the runs: not
+//! in what e2e.test loaded; after all three runs: no spec showed it), or
+//! the teardown left something behind. `CSIOPS_E2E_KEEP=1` keeps the
+//! cluster dir (all logs).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use csiops_e2e::conformance::{definition, drivers, Bed, DriverSetup, RunPlan, Suite};
+use csiops_e2e::conformance::{
+    definition, drivers, run, Bed, DriverSetup, RunPlan, RunReport, Suite,
+};
 
 struct Args {
+    /// Only read the reports of an earlier run in `out` and summarise them.
+    summarize: bool,
     out: PathBuf,
     procs: usize,
     drivers: Vec<DriverSetup>,
@@ -30,6 +40,7 @@ struct Args {
 
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
+        summarize: false,
         out: std::env::var_os("CSIOPS_CONFORMANCE_OUT")
             .map(PathBuf::from)
             .unwrap_or_else(|| csiops_e2e::testkit::workspace_root().join("target/conformance")),
@@ -68,6 +79,7 @@ fn parse_args() -> Result<Args, String> {
                     .collect::<Result<_, _>>()?
             }
             "--runs" => args.runs = value()?.split(',').map(String::from).collect(),
+            "--summarize" => args.summarize = true,
             "-h" | "--help" => {
                 return Err("usage: csiops-conformance [--out DIR] [--procs N] \
                      [--drivers central,node-local] [--runs parallel,parallel-features,serial]"
@@ -106,6 +118,9 @@ async fn main() -> ExitCode {
 }
 
 async fn conformance(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
+    if args.summarize {
+        return summarize(args);
+    }
     let started = Instant::now();
     std::fs::create_dir_all(&args.out)?;
     let suite = Suite::resolve()?;
@@ -137,6 +152,7 @@ async fn conformance(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
         bed.cluster.kubeconfig_path().display()
     );
     let mut summary = String::new();
+    let mut reports = Vec::new();
     for name in &args.runs {
         let plan = match name.as_str() {
             "parallel" => RunPlan::parallel(args.procs),
@@ -165,7 +181,9 @@ async fn conformance(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
                 .collect();
             std::fs::write(&path, body)?;
         }
+        reports.push(report);
     }
+    ok &= capability_lines(args, &reports, &mut summary)?;
     eprintln!("==> tearing down");
     let left = bed.stop().await?;
     for l in &left {
@@ -179,5 +197,53 @@ async fn conformance(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
         args.out.display(),
         started.elapsed().as_secs_f64() / 60.0
     );
+    Ok(ok)
+}
+
+/// Every declared capability must show in the specs that ran (or, for the
+/// ones that turn specs off, in why specs were skipped): a key the suite did
+/// not read would not. One line per driver into `summary`; false if, after
+/// all three runs, a capability showed in no spec.
+fn capability_lines(
+    args: &Args,
+    reports: &[RunReport],
+    summary: &mut String,
+) -> Result<bool, Box<dyn std::error::Error>> {
+    let all_runs = ["parallel", "parallel-features", "serial"]
+        .iter()
+        .all(|r| args.runs.iter().any(|a| a == r));
+    let mut ok = true;
+    for d in &args.drivers {
+        let caps = run::declared_capabilities(&std::fs::read_to_string(d.definition())?)?;
+        let mut line = format!("{:<11} capabilities:", d.name);
+        for (cap, n) in run::capability_counts(reports, d, &caps) {
+            match n {
+                Some(n) => line.push_str(&format!(" {cap}={n}")),
+                None => line.push_str(&format!(" {cap}=?")),
+            }
+            if all_runs && n == Some(0) {
+                ok = false;
+                line.push_str("(NOT READ)");
+            }
+        }
+        summary.push_str(&line);
+        summary.push('\n');
+    }
+    Ok(ok)
+}
+
+/// `--summarize`: the summary of the reports an earlier run left in `--out`.
+fn summarize(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
+    let mut ok = true;
+    let (mut summary, mut reports) = (String::new(), Vec::new());
+    for name in &args.runs {
+        let report = RunReport::read(&args.out.join(format!("{name}.json")))?;
+        summary.push_str(&report.summary(name, &args.drivers));
+        ok &= report.suite_failures.is_empty()
+            && args.drivers.iter().all(|d| report.counts(d).failed == 0);
+        reports.push(report);
+    }
+    ok &= capability_lines(args, &reports, &mut summary)?;
+    println!("{summary}");
     Ok(ok)
 }

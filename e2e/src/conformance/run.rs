@@ -334,6 +334,88 @@ impl RunReport {
     }
 }
 
+/// How a run shows that the suite read a capability: a spec that runs only
+/// with it (`Ran`), or a spec skipped because of it (`SkippedBy`, for the
+/// ones that turn specs off). The substrings are spec names and skip
+/// messages of test/e2e/storage/testsuites at K8S_VERSION.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Evidence {
+    Ran(&'static str),
+    SkippedBy(&'static str),
+}
+
+/// The evidence of each capability (its `Cap*` gate in the testsuites).
+pub fn evidence(capability: &str) -> Option<Evidence> {
+    use Evidence::{Ran, SkippedBy};
+    Some(match capability {
+        // volumes.go: "should store data" checks the data again from a new
+        // pod only with persistence.
+        "persistence" => Ran("] volumes should store data"),
+        "block" => Ran("(block volmode)]"),
+        "fsGroup" => Ran("] fsgroupchangepolicy"),
+        "exec" => Ran("should allow exec of files on the volume"),
+        "snapshotDataSource" => Ran("] snapshottable "),
+        "pvcDataSource" => Ran("with pvc data source"),
+        "multipods" => Ran("concurrently access the single volume from pods on the same node"),
+        "RWX" => Ran("concurrently access the single volume from pods on different node"),
+        "capReadOnlyMany" => Ran("(ROX mode)"),
+        "topology" => Ran("] topology "),
+        "capacity" => Ran("] capacity "),
+        "readWriteOncePod" => Ran("] read-write-once-pod "),
+        "multiplePVsSameID" => Ran("should mount multiple PV pointing to the same storage"),
+        "singleNodeVolume" => SkippedBy("singleNodeVolume"),
+        "FSResizeFromSourceNotSupported" => SkippedBy("does not support filesystem resizing"),
+        _ => return None,
+    })
+}
+
+/// For each capability, how many specs of `driver` across `reports` show
+/// that it was read (0: none did, so the key may as well be absent).
+pub fn capability_counts(
+    reports: &[RunReport],
+    driver: &DriverSetup,
+    capabilities: &[String],
+) -> Vec<(String, Option<usize>)> {
+    capabilities
+        .iter()
+        .map(|cap| {
+            let n = evidence(cap).map(|e| {
+                reports
+                    .iter()
+                    .flat_map(|r| r.of(driver))
+                    .filter(|s| match e {
+                        Evidence::Ran(name) => {
+                            matches!(s.outcome, Outcome::Passed | Outcome::Failed)
+                                && s.name.contains(name)
+                        }
+                        Evidence::SkippedBy(msg) => {
+                            s.outcome == Outcome::Skipped && s.message.contains(msg)
+                        }
+                    })
+                    .count()
+            });
+            (cap.clone(), n)
+        })
+        .collect()
+}
+
+/// The capabilities a definition declares true (`DriverInfo.Capabilities`).
+pub fn declared_capabilities(definition: &str) -> Result<Vec<String>> {
+    let doc: serde_yaml::Value = serde_yaml::from_str(definition)
+        .map_err(|e| Error::Other(format!("the driver definition is not YAML: {e}")))?;
+    Ok(doc
+        .get("DriverInfo")
+        .and_then(|d| d.get("Capabilities"))
+        .and_then(|c| c.as_mapping())
+        .map(|m| {
+            m.iter()
+                .filter(|(_, v)| v.as_bool() == Some(true))
+                .filter_map(|(k, _)| k.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -381,6 +463,30 @@ mod tests {
             r.skip_reasons(&CENTRAL).into_iter().collect::<Vec<_>>(),
             [("Driver does not support volume limits".to_string(), 1)]
         );
+    }
+
+    #[test]
+    fn capabilities_are_shown_by_the_specs_they_turn_on_or_off() {
+        let r = RunReport::parse(JSON).unwrap();
+        let caps = vec![
+            "block".to_string(),
+            "persistence".into(),
+            "frobnicate".into(),
+        ];
+        assert_eq!(
+            capability_counts(std::slice::from_ref(&r), &CENTRAL, &caps),
+            [
+                ("block".to_string(), Some(0)),
+                ("persistence".to_string(), Some(0)),
+                ("frobnicate".to_string(), None)
+            ]
+        );
+        assert_eq!(
+            capability_counts(&[r], &NODE_LOCAL, &caps[1..2]),
+            [("persistence".to_string(), Some(1))]
+        );
+        let def = "DriverInfo:\n  Capabilities:\n    block: true\n    exec: false\n";
+        assert_eq!(declared_capabilities(def).unwrap(), ["block"]);
     }
 
     #[test]
