@@ -5,7 +5,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 CARGO ?= cargo
 
-.PHONY: all build test unit e2e lint fmt crds api-docs manifests cluster-bins node-prereqs images demo toolchain clean-cache bench-attacher bench-fleet
+.PHONY: all build test unit e2e lint fmt crds api-docs manifests cluster-bins e2e-suite node-prereqs images demo conformance toolchain clean-cache bench-attacher bench-fleet
 
 all: build
 
@@ -37,6 +37,11 @@ manifests:
 cluster-bins:
 	@e2e/cluster-bins/build.sh >/dev/null
 
+## Build (or reuse from the cache) Kubernetes' e2e.test (External Storage),
+## ginkgo and the suite's images (e2e/cluster-bins/e2e-suite.sh).
+e2e-suite:
+	@e2e/cluster-bins/e2e-suite.sh >/dev/null
+
 ## Debian packages the real node of the e2e needs (no-op when present).
 NODE_PACKAGES := containerd runc containernetworking-plugins iptables
 node-prereqs:
@@ -57,12 +62,13 @@ lint: toolchain
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 ## Every test: lint, unit and golden tests, then the e2e suite on a real local control plane.
-test: toolchain lint cluster-bins node-prereqs images build
+test: toolchain lint cluster-bins e2e-suite node-prereqs images build
 	CSIOPS_BIN_DIR="$$(e2e/cluster-bins/build.sh)" \
 	CSIOPS_IMAGES_DIR="$$(e2e/images/build.sh)" \
 	CSIOPS_CSI_SANITY="$$(e2e/cluster-bins/csi-sanity.sh)" \
 	CSIOPS_UPSTREAM_PROTOS="$$(e2e/cluster-bins/upstream-protos.sh)" \
 	CSIOPS_HELM="$$(e2e/cluster-bins/helm.sh)" \
+	CSIOPS_E2E_SUITE="$$(e2e/cluster-bins/e2e-suite.sh)" \
 	$(CARGO) test --workspace
 
 ## Unit tests only (no control plane; Go fetches the published protos once).
@@ -75,6 +81,20 @@ unit:
 ## runs (e2e/demo.sh prints each phase with its elapsed time).
 demo: toolchain node-prereqs
 	@e2e/demo.sh
+
+## Kubernetes' own storage e2e suite ("External Storage") against the drivers
+## csiops deploys (e2e/conformance/), on a local control plane with two real
+## nodes, as kubernetes-csi's prow jobs run it: parallel, parallel feature
+## (snapshot) tests, serial. Prints passed/failed/skipped per driver
+## definition; JUnit and JSON reports in CONFORMANCE_OUT. See e2e/README.md.
+CONFORMANCE_PROCS ?= 4
+CONFORMANCE_OUT ?= $(CURDIR)/target/conformance
+conformance: toolchain cluster-bins e2e-suite node-prereqs images
+	CSIOPS_BIN_DIR="$$(e2e/cluster-bins/build.sh)" \
+	CSIOPS_IMAGES_DIR="$$(e2e/images/build.sh)" \
+	CSIOPS_E2E_SUITE="$$(e2e/cluster-bins/e2e-suite.sh)" \
+	$(CARGO) run -q -p csiops-e2e --bin csiops-conformance -- \
+	  --procs $(CONFORMANCE_PROCS) --out "$(CONFORMANCE_OUT)"
 
 ## Benchmark (not part of `test`): our attacher vs upstream csi-attacher
 ## (built once from the Go module proxy). BENCH_VAS=N, BENCH_QPS, BENCH_BURST.

@@ -29,6 +29,8 @@ E2E_DIR="$(dirname "$HERE")"
 VERSIONS_ENV="$E2E_DIR/versions.env"
 
 log() { printf '[cluster-bins %s] %s\n' "$(date +%T)" "$*" >&2; }
+# shellcheck source=k8s-ldflags.sh
+source "$HERE/k8s-ldflags.sh"
 die() { log "ERROR: $*"; exit 1; }
 
 [[ -f "$VERSIONS_ENV" ]] || die "missing $VERSIONS_ENV"
@@ -48,8 +50,6 @@ export GOFLAGS="-mod=readonly -buildvcs=false"
 
 # k8s.io/kubernetes vX.Y.Z publishes its staging modules as v0.Y.Z.
 K8S_STAGING_VERSION="v0.${K8S_VERSION#v1.}"
-K8S_MAJOR=1
-K8S_MINOR="${K8S_VERSION#v1.}"; K8S_MINOR="${K8S_MINOR%%.*}"
 
 # ---------------------------------------------------------------------------
 # --sync: regenerate the wrapper modules from versions.env (needs the proxy).
@@ -86,7 +86,14 @@ sync_modules() {
       "k8s.io/kubernetes/cmd/kube-controller-manager@$K8S_VERSION" \
       "k8s.io/kubernetes/cmd/kube-scheduler@$K8S_VERSION" \
       "k8s.io/kubernetes/cmd/kubelet@$K8S_VERSION" \
-      "k8s.io/kubernetes/cmd/kube-proxy@$K8S_VERSION"
+      "k8s.io/kubernetes/cmd/kube-proxy@$K8S_VERSION" \
+      "k8s.io/kubernetes/test/images/agnhost@$K8S_VERSION"
+    # The Ginkgo CLI of the storage e2e suite (e2e-suite.sh), at the version
+    # k8s.io/kubernetes itself requires (a bare `go get` would take the newest).
+    local ginkgo
+    ginkgo="$(awk '$1=="github.com/onsi/ginkgo/v2" {print $2; exit}' "$kmod")"
+    [[ -n "$ginkgo" ]] || die "no github.com/onsi/ginkgo/v2 requirement in $kmod"
+    go get -tool "github.com/onsi/ginkgo/v2/ginkgo@$ginkgo"
     go mod tidy
   ) >&2
 
@@ -209,31 +216,14 @@ build_into() {
   done
 
   # --- Kubernetes control plane -------------------------------------------
-  local build_date
-  build_date="$(cd "$HERE/kube" && go list -m -json k8s.io/kubernetes |
-    sed -n 's/^[[:space:]]*"Time": "\(.*\)",$/\1/p')"
-  [[ -n "$build_date" ]] || build_date="1970-01-01T00:00:00Z"
-  local kld=(-s -w)
-  local pkg key val
-  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    for key in gitVersion gitMajor gitMinor gitCommit gitTreeState buildDate; do
-      case "$key" in
-        gitVersion) val="$K8S_VERSION" ;;
-        gitMajor) val="$K8S_MAJOR" ;;
-        gitMinor) val="$K8S_MINOR" ;;
-        gitCommit) val="" ;; # not recorded in the module zip
-        gitTreeState) val="clean" ;;
-        buildDate) val="$build_date" ;;
-      esac
-      kld+=("-X" "$pkg.$key=$val")
-    done
-  done
+  local kld
+  kld="$(k8s_version_ldflags "$HERE/kube" "$K8S_VERSION")"
   # csi-mock-driver (our main package around k8s.io/kubernetes/test/e2e/
   # storage/drivers/csi-test) shares the pinned module graph and most compiled
   # packages, so it goes in the same invocation. It takes its --version from
   # the embedded build info; the -X flags do not touch it.
   log "building kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy, csi-mock-driver $K8S_VERSION (slowest step: ~5-7 min cold on 2 cores)"
-  (cd "$HERE/kube" && CGO_ENABLED=0 go build "${build_flags[@]}" -ldflags="${kld[*]}" -o "$out/" \
+  (cd "$HERE/kube" && CGO_ENABLED=0 go build "${build_flags[@]}" -ldflags="$kld" -o "$out/" \
     k8s.io/kubernetes/cmd/kube-apiserver \
     k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler \

@@ -1,6 +1,6 @@
 //! A real control plane on 127.0.0.1: etcd, kube-apiserver,
 //! kube-controller-manager, kube-scheduler and kwok as local processes, and
-//! optionally one real node (containerd, kubelet, kube-proxy; see
+//! optionally real nodes (containerd, kubelet, kube-proxy each; see
 //! [`crate::realnode`]).
 
 use std::future::Future;
@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::realnode::{self, HostNetwork, ImageSet, RealNode};
+use crate::realnode::{self, HostNetwork, ImageSet, NodeEnv, RealNode, RealNodes};
 use k8s_openapi::api::core::v1::{Node, ServiceAccount};
 use kube::api::{Api, ListParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -53,6 +53,13 @@ pub struct ClusterOptions {
     pub feature_gates: Vec<(&'static str, bool)>,
     /// How kwok plays the simulated nodes (heartbeats, pod stages).
     pub simulation: kwok::Simulation,
+    /// How many real nodes when `real_node` is set (default 1): node 0,
+    /// [`realnode::NODE_NAME`], in the host's network namespace, and
+    /// `csiops-node-1`, … each in its own (see [`realnode::config`]).
+    pub real_node_count: usize,
+    /// More OCI archives to import into every real node's containerd (the
+    /// storage e2e suite's images).
+    pub extra_images: Vec<PathBuf>,
 }
 
 /// KEP-4876's gate, beta and off by default in Kubernetes 1.34: with it,
@@ -69,6 +76,8 @@ impl Default for ClusterOptions {
             real_node_taints: Vec::new(),
             feature_gates: Vec::new(),
             simulation: kwok::Simulation::DEFAULT,
+            real_node_count: 1,
+            extra_images: Vec::new(),
         }
     }
 }
@@ -100,7 +109,7 @@ pub struct Cluster {
     nodes: Vec<String>,
     /// In start order; etcd first.
     procs: Vec<ManagedProcess>,
-    real: Option<RealNode>,
+    real: Option<RealNodes>,
     started_in: Duration,
     operator_runs: AtomicUsize,
 }
@@ -125,7 +134,13 @@ impl Cluster {
             .map_err(|e| Error::Other(format!("resolving bin dir: {e}")))??;
         // Before the start deadline: a cold image build takes minutes.
         let images = if opts.real_node {
-            Some(blocking("resolving images", ImageSet::resolve).await?)
+            let extra = opts.extra_images.clone();
+            Some(
+                blocking("resolving images", move || {
+                    Ok(ImageSet::resolve()?.with_extra(extra))
+                })
+                .await?,
+            )
         } else {
             None
         };
@@ -162,7 +177,13 @@ impl Cluster {
         // before its etcd even starts.
         let net = match images {
             Some(_) => {
-                Some(blocking("creating the real node's network", HostNetwork::create).await?)
+                let count = opts.real_node_count;
+                Some(
+                    blocking("creating the real nodes' network", move || {
+                        HostNetwork::create(count)
+                    })
+                    .await?,
+                )
             }
             None => None,
         };
@@ -278,7 +299,9 @@ impl Cluster {
             .await?;
 
         if let (Some(net), Some(images)) = (net, images) {
-            cluster.start_real_node(net, images, opts, deadline).await?;
+            cluster
+                .start_real_nodes(net, images, opts, deadline)
+                .await?;
         }
 
         cluster.started_in = t0.elapsed();
@@ -291,54 +314,56 @@ impl Cluster {
         Ok(cluster)
     }
 
-    async fn start_real_node(
+    async fn start_real_nodes(
         &mut self,
         net: HostNetwork,
         images: ImageSet,
         opts: &ClusterOptions,
         deadline: Instant,
     ) -> Result<()> {
-        let (root, bin_dir, kubeconfig, logs) = (
-            self.root.join("node"),
-            self.bin_dir.clone(),
-            self.kubeconfig.clone(),
-            self.logs.clone(),
-        );
-        let (taints, gates) = (opts.real_node_taints.clone(), opts.feature_gates.clone());
-        let node = blocking("starting the real node", move || {
-            RealNode::start(
-                net,
-                &root,
-                &bin_dir,
-                &kubeconfig,
-                &logs,
-                images,
-                taints,
-                gates,
-            )
+        let env = NodeEnv {
+            cluster_root: self.root.clone(),
+            bin_dir: self.bin_dir.clone(),
+            kubeconfig: self.kubeconfig.clone(),
+            logs: self.logs.clone(),
+            feature_gates: opts.feature_gates.clone(),
+        };
+        let taints = opts.real_node_taints.clone();
+        let nodes = blocking("starting the real nodes", move || {
+            RealNodes::start(net, env, images, taints)
         })
         .await?;
-        self.real = Some(node);
+        let names: Vec<String> = nodes.nodes().iter().map(RealNode::name).collect();
+        self.real = Some(nodes);
         let nodes_api: Api<Node> = Api::all(self.client()?);
-        self.poll_until("the real node Ready", deadline, || async {
-            match nodes_api.get_opt(realnode::NODE_NAME).await {
-                Ok(Some(n)) if kwok::node_ready(&n) => Ok(()),
-                Ok(Some(_)) => Err("registered, not Ready".into()),
-                Ok(None) => Err("not registered yet".into()),
-                Err(e) => Err(e.to_string()),
-            }
-        })
-        .await
+        for name in names {
+            self.poll_until(&format!("the real node {name} Ready"), deadline, || async {
+                match nodes_api.get_opt(&name).await {
+                    Ok(Some(n)) if kwok::node_ready(&n) => Ok(()),
+                    Ok(Some(_)) => Err("registered, not Ready".into()),
+                    Ok(None) => Err("not registered yet".into()),
+                    Err(e) => Err(e.to_string()),
+                }
+            })
+            .await?;
+        }
+        Ok(())
     }
 
-    /// The real node, if the cluster was started with one.
+    /// The first real node ([`realnode::NODE_NAME`]), if the cluster was
+    /// started with real nodes.
     pub fn real_node(&self) -> Option<&RealNode> {
-        self.real.as_ref()
+        self.real.as_ref().and_then(|r| r.nodes().first())
     }
 
-    /// The real node, to restart its kubelet.
+    /// The first real node, to restart its kubelet.
     pub fn real_node_mut(&mut self) -> Option<&mut RealNode> {
-        self.real.as_mut()
+        self.real.as_mut().and_then(|r| r.node_mut(0))
+    }
+
+    /// Every real node, node 0 first.
+    pub fn real_nodes(&self) -> Option<&RealNodes> {
+        self.real.as_ref()
     }
 
     fn spawn(&mut self, name: &str, args: Vec<String>) -> Result<()> {
@@ -571,7 +596,7 @@ impl Cluster {
         self.stop_and_report().await.map(drop)
     }
 
-    /// [`Cluster::stop`], returning what the real node left on the host
+    /// [`Cluster::stop`], returning what the real nodes left on the host
     /// ([`realnode::leftovers`]; empty without a real node).
     pub async fn stop_and_report(mut self) -> Result<Vec<String>> {
         let procs = std::mem::take(&mut self.procs);
@@ -593,18 +618,18 @@ impl Drop for Cluster {
 }
 
 /// The controllers and kwok first (nothing recreates pods after that); then
-/// the real node, whose teardown still needs the apiserver; then the
+/// the real nodes, whose teardown still needs the apiserver; then the
 /// apiserver, whose graceful shutdown still reaches its storage; then etcd;
 /// then the temp dir, which is never removed while anything is mounted in
 /// it (a mount could lead into the host's own directories).
 fn shutdown(
     mut procs: Vec<ManagedProcess>,
-    real: Option<RealNode>,
+    real: Option<RealNodes>,
     dir: Option<tempfile::TempDir>,
 ) -> Vec<String> {
     let mut controllers = procs.split_off(procs.len().min(2));
     process::terminate_all(&mut controllers, DEFAULT_GRACE);
-    let left = real.map(RealNode::stop).unwrap_or_default();
+    let left = real.map(RealNodes::stop).unwrap_or_default();
     let mut apiserver = procs.split_off(procs.len().min(1));
     process::terminate_all(&mut apiserver, DEFAULT_GRACE);
     process::terminate_all(&mut procs, DEFAULT_GRACE);

@@ -22,6 +22,7 @@ pub mod bins;
 pub mod certs;
 pub mod cluster;
 mod components;
+pub mod conformance;
 pub mod error;
 pub mod fleet;
 pub mod kwok;

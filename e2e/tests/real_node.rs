@@ -551,7 +551,7 @@ async fn a_killed_test_leaves_nothing_behind() {
         .await
         .expect("lock task")
         .expect("machine lock");
-    let left = realnode::leftovers(&root, &before);
+    let left = realnode::leftovers(std::slice::from_ref(&root), &before);
     assert!(
         left.is_empty(),
         "left behind by a SIGKILLed test: {left:#?}"
@@ -570,7 +570,7 @@ async fn helper_real_node_with_a_pod_and_block() {
     let cluster = start(0).await;
     let node = cluster.real_node().expect("a real node");
     println!("HELPER_NODE {}", node.layout().root.display());
-    let before = node.host_before();
+    let before = cluster.real_nodes().expect("real nodes").host_before();
     let netns: Vec<&str> = before.netns.iter().map(String::as_str).collect();
     println!("HELPER_NETNS {}", netns.join(","));
     println!("HELPER_VAR_LIB_KUBELET {}", before.var_lib_kubelet);

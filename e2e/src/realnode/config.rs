@@ -1,30 +1,45 @@
-//! Configuration files and command lines of the real node's processes:
+//! Configuration files and command lines of the real nodes' processes:
 //! containerd, the CNI network, kubelet and kube-proxy. Pure functions of a
-//! [`Layout`], so what the node runs with is testable without root.
+//! [`Layout`], so what a node runs with is testable without root.
 //!
 //! Every path is inside the node's own directory; the only host-wide things
-//! a node creates are its bridge, kube-proxy's iptables chains and the pods'
-//! network namespaces, and teardown removes each of them.
+//! the nodes create are node 0's bridge, the other nodes' network namespaces
+//! (with their veth pair and host route), kube-proxy's iptables chains and
+//! the pods' network namespaces, and teardown removes each of them.
+//!
+//! Node 0 runs in the host's network namespace on the bridge [`BRIDGE`]
+//! (the apiserver listens on its address, [`HOST_IP`]). Node `i` ≥ 1 runs
+//! in its own network namespace ([`Layout::netns`]) joined to the host by a
+//! veth pair on the transit subnet `10.213.(100+i).0/24` (host `.1`, node
+//! `.2`, the node's InternalIP), with its own bridge and pod subnet
+//! `10.213.i.0/24`; the host routes that subnet to the node, and the node's
+//! default route is the host. Every packet between two nodes' pods, or
+//! from a pod of node `i` to the apiserver, is routed by the host (never
+//! asymmetrically, so conntrack sees both directions).
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
-/// The node's bridge. One real node runs on a machine at a time (see
-/// `host::NodeLock`), so a fixed name is safe and easy to find and clean.
+/// Node 0's bridge, in the host's network namespace. One set of real nodes
+/// runs on a machine at a time (see `host::NodeLock`), so fixed names are
+/// safe and easy to find and clean.
 pub const BRIDGE: &str = "csiops0";
 
-/// The bridge's subnet: pods get addresses from it, the host is `.1` on it.
+/// Node 0's pod subnet: pods get addresses from it, the host is `.1` on it.
 /// Clear of the Service range (10.96.0.0/16) and kwok's pod range
-/// (10.244.0.0/16).
+/// (10.244.0.0/16); node `i` uses `10.213.i.0/24` ([`pod_subnet`]).
 pub const SUBNET: (Ipv4Addr, u8) = (Ipv4Addr::new(10, 213, 0, 0), 24);
 
-/// The host's address on the bridge: the apiserver listens and advertises
-/// here so pods reach it through the `kubernetes` Service, and it is the
-/// node's InternalIP (kubelet's `--node-ip`).
+/// The host's address on node 0's bridge: the apiserver listens and
+/// advertises here so pods reach it through the `kubernetes` Service, and it
+/// is node 0's InternalIP (kubelet's `--node-ip`).
 pub const HOST_IP: Ipv4Addr = Ipv4Addr::new(10, 213, 0, 1);
 
-/// The real node's name, next to kwok's `kwok-node-N`.
+/// Node 0's name, next to kwok's `kwok-node-N` ([`node_name`] for others).
 pub const NODE_NAME: &str = "csiops-node";
+
+/// The most real nodes a cluster may have (subnets `10.213.0-9.0/24`).
+pub const MAX_NODES: usize = 10;
 
 /// containerd's Kubernetes namespace (the CRI plugin's).
 pub const CRI_NAMESPACE: &str = "k8s.io";
@@ -32,15 +47,102 @@ pub const CRI_NAMESPACE: &str = "k8s.io";
 /// Where Debian's containernetworking-plugins puts the plugins.
 pub const CNI_BIN_DIR: &str = "/usr/lib/cni";
 
-/// Paths of one node, all under `root`.
+/// The name of real node `index`: [`NODE_NAME`], then `csiops-node-1`, ….
+pub fn node_name(index: usize) -> String {
+    if index == 0 {
+        NODE_NAME.to_string()
+    } else {
+        format!("{NODE_NAME}-{index}")
+    }
+}
+
+/// Pod subnet of node `index`: `10.213.<index>.0/24`.
+pub fn pod_subnet(index: usize) -> (Ipv4Addr, u8) {
+    (Ipv4Addr::new(10, 213, octet(index), 0), 24)
+}
+
+/// The gateway of node `index`'s pods: `.1` of its pod subnet (for node 0
+/// the host itself, [`HOST_IP`]).
+pub fn pod_gateway(index: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 213, octet(index), 1)
+}
+
+/// The transit subnet between the host and node `index` ≥ 1: the host's
+/// end (`.1`) and the node's (`.2`, its InternalIP).
+pub fn transit(index: usize) -> (Ipv4Addr, Ipv4Addr) {
+    let o = 100 + octet(index);
+    (Ipv4Addr::new(10, 213, o, 1), Ipv4Addr::new(10, 213, o, 2))
+}
+
+fn octet(index: usize) -> u8 {
+    assert!(index < MAX_NODES, "at most {MAX_NODES} real nodes");
+    index as u8
+}
+
+/// The network namespace of node `index` ≥ 1 (node 0 has none).
+pub fn netns_name(index: usize) -> Option<String> {
+    (index > 0).then(|| format!("{NODE_NAME}-{index}"))
+}
+
+/// The host's end of node `index`'s veth pair (`index` ≥ 1).
+pub fn veth_host(index: usize) -> String {
+    format!("csiops-h{index}")
+}
+
+/// The node's end of its veth pair, inside its network namespace.
+pub const VETH_NODE: &str = "eth0";
+
+/// Node `index`'s directory under the cluster dir: `node` (node 0, as
+/// before there was more than one), `node-1`, ….
+pub fn node_dir(cluster: &Path, index: usize) -> PathBuf {
+    if index == 0 {
+        cluster.join("node")
+    } else {
+        cluster.join(format!("node-{index}"))
+    }
+}
+
+/// Paths and network of one node, all under `root`.
 #[derive(Debug, Clone)]
 pub struct Layout {
     pub root: PathBuf,
+    /// 0 for the node in the host's network namespace.
+    pub index: usize,
 }
 
 impl Layout {
+    /// Node 0's layout.
     pub fn new(root: impl Into<PathBuf>) -> Layout {
-        Layout { root: root.into() }
+        Layout::for_node(root, 0)
+    }
+    /// Node `index`'s layout, its files under `root`.
+    pub fn for_node(root: impl Into<PathBuf>, index: usize) -> Layout {
+        octet(index);
+        Layout {
+            root: root.into(),
+            index,
+        }
+    }
+    /// The Node's name.
+    pub fn node_name(&self) -> String {
+        node_name(self.index)
+    }
+    /// The node's InternalIP: [`HOST_IP`] for node 0, its transit address
+    /// for the others.
+    pub fn node_ip(&self) -> Ipv4Addr {
+        if self.index == 0 {
+            HOST_IP
+        } else {
+            transit(self.index).1
+        }
+    }
+    /// The node's network namespace (`None`: the host's).
+    pub fn netns(&self) -> Option<String> {
+        netns_name(self.index)
+    }
+    /// The bridge of the node's pods (in the node's network namespace).
+    pub fn bridge(&self) -> String {
+        format!("csiops{}", self.index)
     }
     fn p(&self, rel: &str) -> PathBuf {
         self.root.join(rel)
@@ -68,9 +170,28 @@ impl Layout {
     pub fn cni_ipam_dir(&self) -> PathBuf {
         self.p("cni/ipam")
     }
-    /// kubelet's `--root-dir`: the node's `kubeletDir` in a CSIDriverDeployment.
+    /// kubelet's `--root-dir`: the `node.kubeletDir` of a
+    /// CSIDriverDeployment. The same path on every node, as on a real
+    /// cluster (one DaemonSet serves them all): node 0's, which node `i` ≥ 1
+    /// sees as its own [`Layout::kubelet_storage`] in its mount namespace.
     pub fn kubelet_dir(&self) -> PathBuf {
+        match self.root.parent() {
+            Some(cluster) if self.index > 0 => node_dir(cluster, 0).join("kubelet"),
+            _ => self.p("kubelet"),
+        }
+    }
+    /// Where the node's kubelet files really are on the host.
+    pub fn kubelet_storage(&self) -> PathBuf {
         self.p("kubelet")
+    }
+    /// The file pinning node `i` ≥ 1's mount namespace (`None` for node 0,
+    /// which uses the host's). It is in its own private bind mount
+    /// ([`Layout::mount_ns_dir`]), as `unshare --mount=<file>` requires.
+    pub fn mount_ns(&self) -> Option<PathBuf> {
+        (self.index > 0).then(|| self.mount_ns_dir().join("mnt"))
+    }
+    pub fn mount_ns_dir(&self) -> PathBuf {
+        self.p("mntns")
     }
     pub fn kubelet_config(&self) -> PathBuf {
         self.p("kubelet.yaml")
@@ -90,7 +211,7 @@ impl Layout {
             self.runc_root(),
             self.cni_conf_dir(),
             self.cni_ipam_dir(),
-            self.kubelet_dir(),
+            self.kubelet_storage(),
             self.kubelet_certs(),
             self.pod_logs(),
         ]
@@ -151,14 +272,14 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
 /// No masquerading and no portmap: pods only talk to the host and each other,
 /// and neither adds iptables rules that would need cleaning up.
 pub fn cni_conflist(l: &Layout) -> String {
-    let (net, prefix) = SUBNET;
+    let (net, prefix) = pod_subnet(l.index);
     let o = net.octets();
     serde_json::json!({
         "cniVersion": "1.0.0",
         "name": "csiops-e2e",
         "plugins": [{
             "type": "bridge",
-            "bridge": BRIDGE,
+            "bridge": l.bridge(),
             "isGateway": true,
             "ipMasq": false,
             "hairpinMode": true,
@@ -168,7 +289,7 @@ pub fn cni_conflist(l: &Layout) -> String {
                 "ranges": [[{
                     "subnet": format!("{net}/{prefix}"),
                     "rangeStart": format!("{}.{}.{}.10", o[0], o[1], o[2]),
-                    "gateway": HOST_IP.to_string(),
+                    "gateway": pod_gateway(l.index).to_string(),
                 }]],
                 "routes": [{"dst": "0.0.0.0/0"}],
             },
@@ -179,7 +300,8 @@ pub fn cni_conflist(l: &Layout) -> String {
 
 /// kubelet's KubeletConfiguration, with the settings this VM needs
 /// (cgroupfs, swap allowed, no QoS cgroups or node-allocatable enforcement,
-/// oomScoreAdj 0) and every listener on the bridge address or loopback.
+/// oomScoreAdj 0) and every listener on the node's address or loopback (of
+/// the node's network namespace).
 /// The apiserver reaches kubelet (logs, exec) anonymously: a throwaway node
 /// on a private bridge.
 pub fn kubelet_yaml(
@@ -231,7 +353,7 @@ evictionHard:
 syncFrequency: 10s
 fileCheckFrequency: 5s
 {gates}"#,
-        host = HOST_IP,
+        host = l.node_ip(),
         socket = d(&l.containerd_socket()),
         pod_logs = d(&l.pod_logs()),
     )
@@ -246,8 +368,8 @@ pub fn kubelet_args(l: &Layout, kubeconfig: &Path, taints: &[String]) -> Vec<Str
         format!("--cert-dir={}", d(&l.kubelet_certs())),
         // Flexvolume's dir; its default is under /usr/libexec.
         format!("--volume-plugin-dir={}", d(&l.root.join("volume-plugins"))),
-        format!("--hostname-override={NODE_NAME}"),
-        format!("--node-ip={HOST_IP}"),
+        format!("--hostname-override={}", l.node_name()),
+        format!("--node-ip={}", l.node_ip()),
         "--v=2".into(),
     ];
     // Applied when kubelet creates its Node, as on a real cluster's new node.
@@ -257,14 +379,19 @@ pub fn kubelet_args(l: &Layout, kubeconfig: &Path, taints: &[String]) -> Vec<Str
     args
 }
 
-/// kube-proxy's command line (iptables mode). Its listeners stay on
-/// loopback, and it leaves the host's conntrack sysctls and oom_score_adj
-/// alone.
-pub fn kube_proxy_args(kubeconfig: &Path, healthz_port: u16, metrics_port: u16) -> Vec<String> {
-    let (net, prefix) = SUBNET;
+/// kube-proxy's command line (iptables mode, in the node's network
+/// namespace). Its listeners stay on loopback, and it leaves the host's
+/// conntrack sysctls and oom_score_adj alone.
+pub fn kube_proxy_args(
+    l: &Layout,
+    kubeconfig: &Path,
+    healthz_port: u16,
+    metrics_port: u16,
+) -> Vec<String> {
+    let (net, prefix) = pod_subnet(l.index);
     vec![
         format!("--kubeconfig={}", d(kubeconfig)),
-        format!("--hostname-override={NODE_NAME}"),
+        format!("--hostname-override={}", l.node_name()),
         "--proxy-mode=iptables".into(),
         format!("--cluster-cidr={net}/{prefix}"),
         format!("--healthz-bind-address=127.0.0.1:{healthz_port}"),
@@ -344,8 +471,55 @@ mod tests {
     }
 
     #[test]
+    fn a_second_node_has_its_own_network_and_files_and_node_0s_kubelet_path() {
+        let l = Layout::for_node("/tmp/csiops-e2e-x/node-1", 1);
+        assert_eq!(l.node_name(), "csiops-node-1");
+        assert_eq!(l.node_ip(), Ipv4Addr::new(10, 213, 101, 2));
+        assert_eq!(l.netns().as_deref(), Some("csiops-node-1"));
+        assert_eq!(l.bridge(), "csiops1");
+        assert_eq!(
+            l.kubelet_dir(),
+            Layout::new("/tmp/csiops-e2e-x/node").kubelet_dir()
+        );
+        assert_eq!(
+            l.kubelet_storage(),
+            PathBuf::from("/tmp/csiops-e2e-x/node-1/kubelet")
+        );
+        assert_eq!(
+            l.mount_ns(),
+            Some(PathBuf::from("/tmp/csiops-e2e-x/node-1/mntns/mnt"))
+        );
+        assert!(Layout::new("/tmp/csiops-e2e-x/node").mount_ns().is_none());
+        let v: serde_json::Value = serde_json::from_str(&cni_conflist(&l)).unwrap();
+        let p = &v["plugins"][0];
+        assert_eq!(p["bridge"], "csiops1");
+        assert_eq!(p["ipam"]["ranges"][0][0]["subnet"], "10.213.1.0/24");
+        assert_eq!(p["ipam"]["ranges"][0][0]["gateway"], "10.213.1.1");
+        assert_eq!(p["ipam"]["dataDir"], "/tmp/csiops-e2e-x/node-1/cni/ipam");
+        assert!(kubelet_yaml(&l, 1, 2, &[]).contains("address: 10.213.101.2"));
+        let args = kubelet_args(&l, Path::new("/k"), &[]);
+        for want in [
+            "--hostname-override=csiops-node-1",
+            "--node-ip=10.213.101.2",
+            "--root-dir=/tmp/csiops-e2e-x/node/kubelet",
+            "--cert-dir=/tmp/csiops-e2e-x/node-1/kubelet-pki",
+        ] {
+            assert!(args.contains(&want.to_string()), "{want} in {args:?}");
+        }
+        let proxy = kube_proxy_args(&l, Path::new("/k"), 1, 2);
+        assert!(proxy.contains(&"--hostname-override=csiops-node-1".to_string()));
+        assert!(proxy.contains(&"--cluster-cidr=10.213.1.0/24".to_string()));
+        // No two nodes share a directory the processes write.
+        let zero = Layout::new("/tmp/csiops-e2e-x/node");
+        for d in l.dirs() {
+            assert!(d.starts_with("/tmp/csiops-e2e-x/node-1/"), "{d:?}");
+            assert!(!zero.dirs().contains(&d));
+        }
+    }
+
+    #[test]
     fn kube_proxy_listens_on_loopback_only() {
-        let args = kube_proxy_args(Path::new("/k"), 1, 2);
+        let args = kube_proxy_args(&layout(), Path::new("/k"), 1, 2);
         for a in args.iter().filter(|a| a.contains("-bind-address")) {
             assert!(a.contains("=127.0.0.1:"), "{a}");
         }

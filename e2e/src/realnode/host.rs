@@ -1,7 +1,8 @@
-//! What the real node changes on the host: creating the bridge, and reading
-//! back what is left (mounts, network namespaces, processes, iptables
-//! chains) for the leftover check; `reaper.sh` removes them. Also the
-//! machine-wide lock (one real node at a time) and the prerequisite check.
+//! What the real nodes change on the host: creating node 0's bridge and the
+//! other nodes' network namespaces, and reading back what is left (mounts,
+//! network namespaces, links, processes, iptables chains) for the leftover
+//! check; `reaper.sh` removes them. Also the machine-wide lock (one set of
+//! real nodes at a time) and the prerequisite check.
 //!
 //! Everything here runs external commands or syscalls synchronously: it is
 //! called from `Drop` as well as from async code (through `spawn_blocking`).
@@ -12,7 +13,10 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use super::config::{BRIDGE, CNI_BIN_DIR, HOST_IP, SUBNET};
+use super::config::{
+    netns_name, pod_subnet, transit, veth_host, Layout, BRIDGE, CNI_BIN_DIR, HOST_IP, SUBNET,
+    VETH_NODE,
+};
 use crate::error::{io, Error, Result};
 
 /// kubelet's default root dir: it keeps its device-plugin socket there
@@ -64,6 +68,10 @@ pub fn check_prerequisites() -> Result<()> {
         "iptables",
         "iptables-save",
         "ip",
+        "nsenter",
+        "unshare",
+        "mount",
+        "mountpoint",
     ] {
         if which(cmd).is_none() {
             missing.push(format!("the `{cmd}` command"));
@@ -136,7 +144,196 @@ pub fn delete_bridge() {
 }
 
 pub fn bridge_exists() -> bool {
-    Path::new("/sys/class/net").join(BRIDGE).exists()
+    link_exists(BRIDGE)
+}
+
+/// Whether the host's network namespace has a link of that name.
+pub fn link_exists(name: &str) -> bool {
+    Path::new("/sys/class/net").join(name).exists()
+}
+
+/// The network of node `index` ≥ 1: its network namespace, a veth pair to
+/// the host on the transit subnet, its default route via the host, the
+/// host's route to its pod subnet, and forwarding on both sides (see
+/// `config`'s module docs). Replaces one left by a run that died.
+pub fn create_node_network(index: usize) -> Result<()> {
+    delete_node_network(index);
+    let ns = netns_name(index).ok_or_else(|| Error::Other("node 0 has no netns".into()))?;
+    let veth = veth_host(index);
+    let (host, node) = transit(index);
+    let (subnet, prefix) = pod_subnet(index);
+    run("ip", &["netns", "add", &ns])?;
+    run(
+        "ip",
+        &[
+            "link", "add", &veth, "type", "veth", "peer", "name", VETH_NODE, "netns", &ns,
+        ],
+    )?;
+    run("ip", &["addr", "add", &format!("{host}/24"), "dev", &veth])?;
+    run("ip", &["link", "set", &veth, "up"])?;
+    let in_ns = |args: &[&str]| -> Result<String> {
+        let mut all = vec!["-n", ns.as_str()];
+        all.extend_from_slice(args);
+        run("ip", &all)
+    };
+    in_ns(&["link", "set", "lo", "up"])?;
+    in_ns(&["addr", "add", &format!("{node}/24"), "dev", VETH_NODE])?;
+    in_ns(&["link", "set", VETH_NODE, "up"])?;
+    in_ns(&["route", "add", "default", "via", &host.to_string()])?;
+    run(
+        "ip",
+        &[
+            "route",
+            "add",
+            &format!("{subnet}/{prefix}"),
+            "via",
+            &node.to_string(),
+        ],
+    )?;
+    // The host routes between the nodes (node 0's CNI bridge plugin turns
+    // this on as well, as a gateway); /proc/sys/net is per network
+    // namespace, so the node's is written from inside it.
+    enable_forwarding(None)?;
+    enable_forwarding(Some(&ns))?;
+    Ok(())
+}
+
+/// `net.ipv4.ip_forward = 1` in the host's or the named network namespace.
+fn enable_forwarding(netns: Option<&str>) -> Result<()> {
+    const KEY: &str = "/proc/sys/net/ipv4/ip_forward";
+    match netns {
+        None => std::fs::write(KEY, "1").map_err(io("writing", Path::new(KEY))),
+        Some(ns) => run(
+            "nsenter",
+            &[
+                &format!("--net={NETNS_DIR}/{ns}"),
+                "--",
+                "sh",
+                "-c",
+                &format!("echo 1 > {KEY}"),
+            ],
+        )
+        .map(drop),
+    }
+}
+
+/// Removes node `index`'s network namespace (its veth pair and the host's
+/// route go with it) if it exists.
+pub fn delete_node_network(index: usize) {
+    if let Some(ns) = netns_name(index) {
+        if netns_names().contains(&ns) {
+            if let Err(e) = run("ip", &["netns", "delete", &ns]) {
+                tracing::warn!("deleting network namespace {ns}: {e}");
+            }
+        }
+    }
+    let veth = veth_host(index);
+    if link_exists(&veth) {
+        if let Err(e) = run("ip", &["link", "delete", &veth]) {
+            tracing::warn!("deleting link {veth}: {e}");
+        }
+    }
+}
+
+/// Creates node `i` ≥ 1's mount namespace, pinned at `layout.mount_ns()`:
+/// a copy of the host's (so the host's files are there) in which the
+/// node's own kubelet dir is bind-mounted at the path every node's kubelet
+/// uses ([`Layout::kubelet_dir`]), and its own kubelet device-plugin dir
+/// at `/var/lib/kubelet/device-plugins`. kubelet, containerd, the shims and the
+/// pods' containers run in it, so the node's volume mounts stay inside
+/// and vanish with it; that dir is an rshared mount there, as kubelet makes
+/// its root dir.
+pub fn create_mount_ns(layout: &Layout) -> Result<()> {
+    let Some(pin) = layout.mount_ns() else {
+        return Ok(());
+    };
+    let dir = layout.mount_ns_dir();
+    let d = |p: &Path| p.display().to_string();
+    std::fs::create_dir_all(&dir).map_err(io("creating", &dir))?;
+    std::fs::create_dir_all(layout.kubelet_dir()).map_err(io("creating", &layout.kubelet_dir()))?;
+    // `unshare --mount=<file>` needs the file on a mount that is not shared.
+    run("mount", &["--bind", &d(&dir), &d(&dir)])?;
+    run("mount", &["--make-private", &d(&dir)])?;
+    std::fs::write(&pin, "").map_err(io("creating", &pin))?;
+    run(
+        "unshare",
+        &[
+            &format!("--mount={}", d(&pin)),
+            "--propagation=slave",
+            "true",
+        ],
+    )?;
+    let bind = |from: &Path, to: &Path| {
+        run(
+            "nsenter",
+            &[
+                &format!("--mount={}", d(&pin)),
+                "--",
+                "mount",
+                "--bind",
+                &d(from),
+                &d(to),
+            ],
+        )
+    };
+    // Node 0's kubelet has made its root dir an rshared mount of itself,
+    // and the copy here would lie under ours: containerd judges a
+    // Bidirectional mount by the first mount listed at the path, so only
+    // ours may be there, and shared.
+    let kubelet_dir = d(&layout.kubelet_dir());
+    run(
+        "nsenter",
+        &[
+            &format!("--mount={}", d(&pin)),
+            "--",
+            "sh",
+            "-c",
+            r#"while mountpoint -q "$1"; do umount -l "$1" || exit 1; done"#,
+            "sh",
+            &kubelet_dir,
+        ],
+    )?;
+    bind(&layout.kubelet_storage(), &layout.kubelet_dir())?;
+    run(
+        "nsenter",
+        &[
+            &format!("--mount={}", d(&pin)),
+            "--",
+            "mount",
+            "--make-rshared",
+            &kubelet_dir,
+        ],
+    )?;
+    // kubelet keeps its device-plugin socket and checkpoint here whatever
+    // its --root-dir; each node gets its own (the reaper removes the host
+    // dir if the nodes made it).
+    let plugins = Path::new(KUBELET_DEFAULT_DIR).join("device-plugins");
+    let own = layout.root.join("device-plugins");
+    for dir in [&plugins, &own] {
+        std::fs::create_dir_all(dir).map_err(io("creating", dir))?;
+    }
+    bind(&own, &plugins)?;
+    Ok(())
+}
+
+/// `program args…` run in node `layout`'s namespaces (none for node 0):
+/// `nsenter --mount=… --net=… -- program args…`. nsenter execs the program,
+/// so the pid is the program's.
+pub fn in_node(layout: &Layout, program: &Path, args: &[String]) -> (PathBuf, Vec<String>) {
+    let mut ns = Vec::new();
+    if let Some(pin) = layout.mount_ns() {
+        ns.push(format!("--mount={}", pin.display()));
+    }
+    if let Some(net) = layout.netns() {
+        ns.push(format!("--net={NETNS_DIR}/{net}"));
+    }
+    if ns.is_empty() {
+        return (program.to_path_buf(), args.to_vec());
+    }
+    ns.push("--".to_string());
+    ns.push(program.display().to_string());
+    ns.extend_from_slice(args);
+    (PathBuf::from("nsenter"), ns)
 }
 
 /// Mount points at or below `root`, deepest first, from /proc/self/mountinfo.

@@ -23,6 +23,8 @@ const ALL: [Image; 4] = [OPERATOR, SIDECAR, TEST_DRIVER, PAUSE];
 pub struct ImageSet {
     dir: PathBuf,
     refs: BTreeMap<String, String>,
+    /// More archives to import (e.g. the storage e2e suite's images).
+    extra: Vec<PathBuf>,
 }
 
 impl ImageSet {
@@ -61,7 +63,15 @@ impl ImageSet {
         Ok(ImageSet {
             dir: dir.to_path_buf(),
             refs,
+            extra: Vec::new(),
         })
+    }
+
+    /// This set plus the OCI archives `extra`, imported as they are (each
+    /// archive's index names its image).
+    pub fn with_extra(mut self, extra: Vec<PathBuf>) -> ImageSet {
+        self.extra.extend(extra);
+        self
     }
 
     /// The full reference of an image, e.g. `ghcr.io/csiops/csiops-sidecar:v0.1.0`.
@@ -79,8 +89,10 @@ impl ImageSet {
 
     /// Imports every archive into the containerd at `socket` (CRI namespace).
     pub fn import(&self, socket: &Path) -> Result<()> {
-        for (_, name) in ALL {
-            let archive = self.dir.join(format!("{name}.tar"));
+        let ours = ALL
+            .iter()
+            .map(|(_, name)| self.dir.join(format!("{name}.tar")));
+        for archive in ours.chain(self.extra.iter().cloned()) {
             super::ctr(socket, &["images", "import", &archive.to_string_lossy()])?;
         }
         let listed = super::ctr(socket, &["images", "ls", "-q"])?;

@@ -107,6 +107,14 @@ pub struct Config {
     #[arg(long, default_value = DEFAULT_TOPOLOGY_KEY)]
     pub topology_key: String,
 
+    /// The value of this instance's topology segment instead of its node
+    /// ID: instances given the same value make one segment, a backend every
+    /// node in it reaches (the e2e's nodes share one host, so a host
+    /// `--data-dir` is such a backend). Volumes are then accessible from
+    /// the whole segment, and GetCapacity counts one pool for it.
+    #[arg(long, conflicts_with = "node_local")]
+    pub topology_value: Option<String>,
+
     /// Advertise PUBLISH_UNPUBLISH_VOLUME and LIST_VOLUMES_PUBLISHED_NODES.
     #[arg(long)]
     pub enable_attach: bool,
@@ -157,6 +165,7 @@ impl Config {
             max_volumes_per_node: 0,
             max_volumes_per_node_file: None,
             topology_key: DEFAULT_TOPOLOGY_KEY.to_owned(),
+            topology_value: None,
             enable_attach: false,
             capacity: DEFAULT_CAPACITY,
             fail: Vec::new(),

@@ -22,7 +22,7 @@
 //! ```text
 //! csi-test-driver --endpoint unix:///tmp/x/csi.sock --nodeid node-0 --state-dir /tmp/x/state \
 //!   [--drivername test.csi.csiops.dev] [--enable-attach] [--max-volumes-per-node N] \
-//!   [--topology-key K] [--capacity 100Gi] [--data-dir /var/lib/csi-test/volumes] \
+//!   [--topology-key K [--topology-value V]] [--capacity 100Gi] [--data-dir /var/lib/csi-test/volumes] \
 //!   [--node-local [--ignore-accessibility-requirements]] \
 //!   [--fail CreateVolume=Unavailable:2] [--fail-after CreateVolume=DeadlineExceeded:1] \
 //!   [--delay CreateVolume=5s] [--delay-after CreateVolume=5s]
@@ -36,12 +36,14 @@
 //! - [`config`]: flags and fault specs.
 //! - [`service`]: the Identity, Controller and Node services.
 //! - [`mounts`]: the bind mounts and loop devices of `--data-dir`.
+//! - [`copy`]: the data copies of `--data-dir` snapshots and clones.
 //! - [`node_local`]: the decisions of `--node-local`.
 //! - [`leftovers`]: a test guard that removes mounts and loop devices.
 //! - [`serve`]: the unix socket, signals.
 //! - [`harness`]: [`TestDriverProcess`], the driver as a child of a test.
 
 pub mod config;
+pub mod copy;
 pub mod harness;
 pub mod leftovers;
 pub mod mounts;

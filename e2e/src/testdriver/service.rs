@@ -39,6 +39,7 @@ use csiops_proto::redact::redacted_debug;
 use tonic::{Code, Request, Response, Status};
 
 use super::config::{Config, DelaySpec, FaultSpec, DEFAULT_VOLUME_SIZE};
+use super::copy;
 use super::mounts;
 use super::node_local::{self, NodeLocalError, Ownership};
 use super::state::{
@@ -56,6 +57,8 @@ pub struct Driver {
     pub version: String,
     pub node_id: String,
     pub topology_key: String,
+    /// `--topology-value`, else the node ID.
+    pub topology_value: String,
     pub max_volumes_per_node: i64,
     /// `--max-volumes-per-node-file`: read at every use (see [`Driver::max_volumes`]).
     max_volumes_per_node_file: Option<PathBuf>,
@@ -131,11 +134,17 @@ impl Driver {
                  no loop devices or mounts are made"
             );
         }
+        let topology_value = cfg
+            .topology_value
+            .clone()
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| node_id.clone());
         Ok(Driver {
             name: cfg.drivername.clone(),
             version: env!("CARGO_PKG_VERSION").to_owned(),
             node_id,
             topology_key: cfg.topology_key.clone(),
+            topology_value,
             max_volumes_per_node: cfg.max_volumes_per_node,
             max_volumes_per_node_file: cfg.max_volumes_per_node_file.clone(),
             capacity: cfg.capacity,
@@ -315,7 +324,7 @@ impl Driver {
 
     fn this_node_topology(&self) -> Topology {
         Topology {
-            segments: HashMap::from([(self.topology_key.clone(), self.node_id.clone())]),
+            segments: HashMap::from([(self.topology_key.clone(), self.topology_value.clone())]),
         }
     }
 
@@ -510,11 +519,13 @@ impl Driver {
                 accessible_topology: vec![topology.segments.clone().into_iter().collect()],
                 published_nodes: BTreeMap::new(),
                 node_publications: BTreeMap::new(),
+                node_stagings: BTreeMap::new(),
                 content_source: content_source.clone(),
                 node_id: self.node_id.clone(),
             };
             if let Some(dir) = &self.data_dir {
-                create_data(dir, &v, self.is_node_local())?;
+                let source = content_source.as_ref().map(|c| source_data(dir, c));
+                create_data(dir, &v, source.as_deref(), self.is_node_local())?;
             }
             let out = Self::csi_volume(&v);
             s.volumes.insert(id, v);
@@ -534,12 +545,17 @@ impl Driver {
                 // Already gone: idempotent success (CSI spec).
                 return Ok(());
             };
-            if !v.published_nodes.is_empty() || !v.node_publications.is_empty() {
+            if !v.published_nodes.is_empty()
+                || !v.node_publications.is_empty()
+                || !v.node_stagings.is_empty()
+            {
                 return Err(Status::failed_precondition(format!(
-                    "volume {} is in use: controller-published to {:?}, node-published at {:?}",
+                    "volume {} is in use: controller-published to {:?}, node-published at {:?}, \
+                     staged at {:?}",
                     v.id,
                     v.published_node_ids(),
-                    v.node_publications.keys().collect::<Vec<_>>()
+                    v.node_publications.keys().collect::<Vec<_>>(),
+                    v.node_stagings.keys().collect::<Vec<_>>()
                 )));
             }
             if let Some(dir) = &self.data_dir {
@@ -795,6 +811,9 @@ impl Driver {
                 parameters: parameters.clone(),
             };
             s.next_seq += 1;
+            if let Some(dir) = &self.data_dir {
+                snapshot_data(dir, &req.source_volume_id, &snap.id)?;
+            }
             s.snapshots.insert(snap.id.clone(), snap.clone());
             Ok(snap)
         })?;
@@ -812,6 +831,9 @@ impl Driver {
         }
         // Gone already is success (CSI spec).
         self.tx(|s| {
+            if let Some(dir) = &self.data_dir {
+                remove_snapshot_data(dir, &req.snapshot_id)?;
+            }
             s.snapshots.remove(&req.snapshot_id);
             Ok(())
         })?;
@@ -972,6 +994,18 @@ impl Driver {
                     Status::internal(format!("staging at {}: {e}", req.staging_target_path))
                 })?;
         }
+        // Recorded after the mount: a crash in between leaves a mount the
+        // retried call finds (bind is idempotent) and records.
+        let node_id = self.node_id.clone();
+        self.tx(|s| {
+            let v = s
+                .volumes
+                .get_mut(&req.volume_id)
+                .ok_or_else(|| self.unknown_volume(&req.volume_id))?;
+            v.node_stagings
+                .insert(req.staging_target_path.clone(), node_id);
+            Ok(())
+        })?;
         Ok(NodeStageVolumeResponse {})
     }
 
@@ -1003,6 +1037,12 @@ impl Driver {
             mounts::detach_loop(&image)
                 .map_err(|e| Status::internal(format!("detaching {}: {e}", image.display())))?;
         }
+        self.tx(|s| {
+            if let Some(v) = s.volumes.get_mut(&req.volume_id) {
+                v.node_stagings.remove(&req.staging_target_path);
+            }
+            Ok(())
+        })?;
         Ok(NodeUnstageVolumeResponse {})
     }
 
@@ -1144,21 +1184,44 @@ fn used_bytes_in(s: &State, segment: Option<&HashMap<String, String>>) -> i64 {
         .sum()
 }
 
+/// With `source` (a snapshot's or a volume's data, see [`source_data`]),
+/// the new volume starts as a copy of it: an image is copied with its holes
+/// and grown to the volume's capacity, a directory tree copied into the new
+/// directory; a source of the other kind, or none on disk, leaves it empty.
 ///
 /// `node_local`: a block volume's loop device is set up now too, and stays
 /// until DeleteVolume ([`node_local::attach_at_create`]); otherwise the node
 /// service sets it up at publish.
-fn create_data(dir: &Path, v: &Volume, node_local: bool) -> Result<(), Status> {
+fn create_data(
+    dir: &Path,
+    v: &Volume,
+    source: Option<&Path>,
+    node_local: bool,
+) -> Result<(), Status> {
     let block = v
         .volume_capabilities
         .iter()
         .all(|c| c.access_type == "block");
     let image = dir.join(format!("{}.img", v.id));
+    let size = u64::try_from(v.capacity_bytes).unwrap_or(0);
+    let source_image = source
+        .map(|p| p.with_extension("img"))
+        .filter(|p| p.is_file());
+    let source_dir = source.filter(|p| p.is_dir());
     let result = if block {
-        std::fs::File::create(&image)
-            .and_then(|f| f.set_len(u64::try_from(v.capacity_bytes).unwrap_or(0)))
+        match source_image {
+            Some(src) => copy::copy_sparse(&src, &image).and_then(|()| {
+                let f = std::fs::OpenOptions::new().write(true).open(&image)?;
+                f.set_len(size.max(f.metadata()?.len()))
+            }),
+            None => std::fs::File::create(&image).and_then(|f| f.set_len(size)),
+        }
     } else {
-        std::fs::create_dir_all(dir.join(&v.id))
+        let vol = dir.join(&v.id);
+        std::fs::create_dir_all(&vol).and_then(|()| match source_dir {
+            Some(src) => copy::copy_tree(src, &vol),
+            None => Ok(()),
+        })
     };
     result.map_err(|e| Status::internal(format!("creating the data of {}: {e}", v.id)))?;
     if block && node_local {
@@ -1166,6 +1229,53 @@ fn create_data(dir: &Path, v: &Volume, node_local: bool) -> Result<(), Status> {
         tracing::info!(volume = %v.id, device = %dev.display(), "loop device set up");
     }
     Ok(())
+}
+
+/// Where a content source's data is: `<dir>/snapshots/<id>` for a
+/// snapshot, `<dir>/<id>` for a volume, each with `.img` for a block one.
+fn source_data(dir: &Path, c: &ContentSource) -> PathBuf {
+    match c {
+        ContentSource::Snapshot(id) => dir.join(SNAPSHOTS).join(id),
+        ContentSource::Volume(id) => dir.join(id),
+    }
+}
+
+/// The snapshots' data dir inside `--data-dir` (volume IDs are UUIDs).
+const SNAPSHOTS: &str = "snapshots";
+
+/// A snapshot's data: a copy of its source volume's image or directory as
+/// it is now (point in time), kept until DeleteSnapshot.
+fn snapshot_data(dir: &Path, volume_id: &str, snapshot_id: &str) -> Result<(), Status> {
+    let snaps = dir.join(SNAPSHOTS);
+    let err = |e: std::io::Error| {
+        Status::internal(format!(
+            "copying the data of {volume_id} into snapshot {snapshot_id}: {e}"
+        ))
+    };
+    std::fs::create_dir_all(&snaps).map_err(err)?;
+    remove_snapshot_data(dir, snapshot_id)?;
+    let image = dir.join(format!("{volume_id}.img"));
+    if image.is_file() {
+        copy::copy_sparse(&image, &snaps.join(format!("{snapshot_id}.img"))).map_err(err)
+    } else {
+        let to = snaps.join(snapshot_id);
+        std::fs::create_dir(&to)
+            .and_then(|()| copy::copy_tree(&dir.join(volume_id), &to))
+            .map_err(err)
+    }
+}
+
+/// Removes a snapshot's data (either form; absent is fine).
+fn remove_snapshot_data(dir: &Path, id: &str) -> Result<(), Status> {
+    let snaps = dir.join(SNAPSHOTS);
+    let gone = |r: std::io::Result<()>| match r {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Status::internal(format!(
+            "removing the data of snapshot {id}: {e}"
+        ))),
+        _ => Ok(()),
+    };
+    gone(std::fs::remove_file(snaps.join(format!("{id}.img"))))?;
+    gone(std::fs::remove_dir_all(snaps.join(id)))
 }
 
 /// Removes a deleted volume's data (either form; absent is fine).
@@ -1533,6 +1643,186 @@ mod tests {
             assert_eq!(err.code(), tonic::Code::Internal, "{bad:?}");
             assert!(err.message().contains("not a count"), "{err:?}");
         }
+    }
+
+    fn block_cap() -> VolumeCapability {
+        VolumeCapability {
+            access_mode: Some(volume_capability::AccessMode {
+                mode: volume_capability::access_mode::Mode::SingleNodeWriter as i32,
+            }),
+            access_type: Some(volume_capability::AccessType::Block(
+                volume_capability::BlockVolume::default(),
+            )),
+        }
+    }
+
+    fn create_from(
+        d: &Driver,
+        name: &str,
+        cap: VolumeCapability,
+        bytes: i64,
+        source: Option<volume_content_source::Type>,
+    ) -> Volume {
+        let v = d
+            .create_volume(CreateVolumeRequest {
+                name: name.into(),
+                capacity_range: Some(csiops_proto::csi::v1::CapacityRange {
+                    required_bytes: bytes,
+                    limit_bytes: 0,
+                }),
+                volume_capabilities: vec![cap],
+                volume_content_source: source.map(|t| VolumeContentSource { r#type: Some(t) }),
+                ..Default::default()
+            })
+            .unwrap()
+            .volume
+            .unwrap();
+        super::super::state::load_state(d.state_dir())
+            .unwrap()
+            .volumes
+            .remove(&v.volume_id)
+            .unwrap()
+    }
+
+    fn snapshot_of(d: &Driver, name: &str, volume: &str) -> String {
+        d.create_snapshot(CreateSnapshotRequest {
+            name: name.into(),
+            source_volume_id: volume.into(),
+            ..Default::default()
+        })
+        .unwrap()
+        .snapshot
+        .unwrap()
+        .snapshot_id
+    }
+
+    #[test]
+    fn with_a_data_dir_snapshots_and_clones_carry_the_data() {
+        use volume_content_source::{SnapshotSource, Type, VolumeSource};
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let mut cfg = Config::new("/unused.sock", "n1", &dir.path().join("state"));
+        cfg.data_dir = Some(data.clone());
+        let d = Driver::new(&cfg).unwrap();
+
+        // A filesystem volume: the snapshot is a copy as of its creation.
+        let fs = create_from(&d, "fs", mount_cap(), 1 << 20, None);
+        std::fs::write(data.join(&fs.id).join("f"), "before").unwrap();
+        let snap = snapshot_of(&d, "s1", &fs.id);
+        std::fs::write(data.join(&fs.id).join("f"), "after").unwrap();
+        let restored = create_from(
+            &d,
+            "restored",
+            mount_cap(),
+            1 << 20,
+            Some(Type::Snapshot(SnapshotSource {
+                snapshot_id: snap.clone(),
+            })),
+        );
+        let read = |id: &str| std::fs::read_to_string(data.join(id).join("f")).unwrap();
+        assert_eq!(read(&restored.id), "before");
+        let clone = create_from(
+            &d,
+            "clone",
+            mount_cap(),
+            1 << 20,
+            Some(Type::Volume(VolumeSource {
+                volume_id: fs.id.clone(),
+            })),
+        );
+        assert_eq!(read(&clone.id), "after");
+
+        // A block volume: its image is copied, holes kept, grown to the
+        // new volume's size.
+        let blk = create_from(&d, "blk", block_cap(), 4 << 20, None);
+        let image = |id: &str| data.join(format!("{id}.img"));
+        {
+            use std::io::{Seek, Write};
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(image(&blk.id))
+                .unwrap();
+            f.seek(std::io::SeekFrom::Start(1 << 20)).unwrap();
+            f.write_all(b"block data").unwrap();
+        }
+        let bsnap = snapshot_of(&d, "s2", &blk.id);
+        let bigger = create_from(
+            &d,
+            "bigger",
+            block_cap(),
+            8 << 20,
+            Some(Type::Snapshot(SnapshotSource {
+                snapshot_id: bsnap.clone(),
+            })),
+        );
+        let bytes = std::fs::read(image(&bigger.id)).unwrap();
+        assert_eq!(bytes.len(), 8 << 20);
+        assert_eq!(&bytes[1 << 20..(1 << 20) + 10], b"block data");
+
+        // DeleteSnapshot removes its data.
+        for id in [&snap, &bsnap] {
+            d.delete_snapshot(DeleteSnapshotRequest {
+                snapshot_id: id.to_string(),
+                ..Default::default()
+            })
+            .unwrap();
+        }
+        let left: Vec<_> = std::fs::read_dir(data.join(SNAPSHOTS))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+
+    #[test]
+    fn a_staged_volume_is_not_deleted() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = Config::new("/unused.sock", "n1", &dir.path().join("state"));
+        cfg.data_dir = Some(dir.path().join("data"));
+        let d = Driver::new(&cfg).unwrap();
+        // A block volume: staging records it and mounts nothing.
+        let v = create_from(&d, "v", block_cap(), 1 << 20, None);
+        let staging = dir.path().join("staging").display().to_string();
+        d.node_stage(NodeStageVolumeRequest {
+            volume_id: v.id.clone(),
+            staging_target_path: staging.clone(),
+            volume_capability: Some(block_cap()),
+            ..Default::default()
+        })
+        .unwrap();
+        let delete = || {
+            d.delete_volume(DeleteVolumeRequest {
+                volume_id: v.id.clone(),
+                ..Default::default()
+            })
+        };
+        let err = delete().unwrap_err();
+        assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+        assert!(err.message().contains(&staging), "{err:?}");
+        d.node_unstage(NodeUnstageVolumeRequest {
+            volume_id: v.id.clone(),
+            staging_target_path: staging,
+        })
+        .unwrap();
+        delete().unwrap();
+    }
+
+    #[test]
+    fn a_topology_value_makes_one_segment_for_every_node() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = Config::new("/unused.sock", "n1", dir.path());
+        cfg.topology_key = "zone".into();
+        cfg.topology_value = Some("shared".into());
+        let d = Driver::new(&cfg).unwrap();
+        let info = d.node_info(NodeGetInfoRequest::default()).unwrap();
+        assert_eq!(info.node_id, "n1");
+        assert_eq!(
+            info.accessible_topology.unwrap().segments,
+            HashMap::from([("zone".to_string(), "shared".to_string())])
+        );
+        let v = create(&d, "v", &[]).unwrap();
+        assert_eq!(v.accessible_topology[0]["zone"], "shared");
     }
 
     fn node_local_cfg(node: &str, dir: &Path) -> Config {

@@ -76,6 +76,11 @@ pub struct Volume {
     pub published_nodes: BTreeMap<String, ControllerPublication>,
     /// `NodePublishVolume` by target path.
     pub node_publications: BTreeMap<String, NodePublication>,
+    /// `NodeStageVolume` (with `--data-dir`): the node ID by staging path.
+    /// A staged volume is in use: DeleteVolume refuses it, as
+    /// hostpathplugin does, so its data never goes from under a mount.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_stagings: BTreeMap<String, String>,
     /// `CreateVolume`'s `volume_content_source`, if it had one.
     pub content_source: Option<ContentSource>,
     /// `--nodeid` of the instance that created the volume (empty in states
