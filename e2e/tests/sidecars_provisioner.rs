@@ -522,10 +522,17 @@ async fn delayed_binding_follows_the_selected_node() {
     cluster.stop().await.expect("stop");
 }
 
+/// CreateVolume calls the driver answered with `code`, from its log.
+fn create_calls(log: &str, code: &str) -> usize {
+    log.matches(&format!("method=\"CreateVolume\" code={code}"))
+        .count()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_become_events_and_are_retried() {
-    // Two refusals, then the driver accepts.
-    let (cluster, bed, a) = start(1, &["--fail=CreateVolume=INVALID_ARGUMENT:2"], &[]).await;
+    // Two failures, then the driver accepts. An internal error is retried on
+    // the ordinary backoff (1 s, then 2 s).
+    let (cluster, bed, a) = start(1, &["--fail=CreateVolume=INTERNAL:2"], &[]).await;
     a.add_class(&class("flaky", "Delete", "Immediate", &[]))
         .await;
     a.add_claim(&claim("flaky", "flaky", "1Gi")).await;
@@ -537,7 +544,7 @@ async fn failures_become_events_and_are_retried() {
         .collect();
     assert!(!failed.is_empty(), "{reasons:?}");
     assert!(
-        failed[0].contains("code = InvalidArgument"),
+        failed[0].contains("code = Internal"),
         "driver's message in the Event: {failed:?}"
     );
     assert_eq!(
@@ -566,6 +573,64 @@ async fn failures_become_events_and_are_retried() {
     .await;
     assert!(found.is_ok(), "no ProvisioningFailed for the missing class");
     assert_eq!(bed.driver_volumes().expect("volumes").len(), 1);
+    cluster.stop().await.expect("stop");
+}
+
+/// The driver refuses a request as InvalidArgument: upstream (v6.0 on)
+/// calls it infeasible and waits `--retry-interval-max` before the next
+/// attempt instead of the ordinary backoff, and says so in the Event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_infeasible_request_waits_the_maximum_interval() {
+    let wait = Duration::from_secs(8);
+    let (cluster, bed, a) = start(
+        1,
+        &["--fail=CreateVolume=INVALID_ARGUMENT:1"],
+        &["--retry-interval-start=1s", "--retry-interval-max=8s"],
+    )
+    .await;
+    a.add_class(&class("strict", "Delete", "Immediate", &[]))
+        .await;
+    a.add_claim(&claim("refused", "strict", "1Gi")).await;
+    let event = wait_for(DEADLINE, POLL, || async {
+        event_reasons(&cluster, "refused")
+            .await
+            .into_iter()
+            .find(|r| r.starts_with("ProvisioningFailed|"))
+    })
+    .await
+    .expect("a ProvisioningFailed Event");
+    let refused_at = std::time::Instant::now();
+    assert!(
+        event.contains("infeasible error. Retries will be delayed")
+            && event.contains("code = InvalidArgument"),
+        "{event}"
+    );
+    // Half the wait later, no second attempt: on the ordinary backoff there
+    // would have been two (1 s, 2 s).
+    tokio::time::sleep(wait / 2).await;
+    let log = bed.driver.log();
+    assert_eq!(
+        (
+            create_calls(&log, "InvalidArgument"),
+            create_calls(&log, "OK")
+        ),
+        (1, 0),
+        "one refused call and no retry yet"
+    );
+    let (_, pv) = bound(&a, "refused").await;
+    assert!(
+        refused_at.elapsed() >= wait / 2,
+        "bound after the wait, not on the ordinary backoff"
+    );
+    assert_eq!(create_calls(&bed.driver.log(), "OK"), 1);
+    assert_eq!(
+        bed.driver_volumes()
+            .expect("volumes")
+            .keys()
+            .cloned()
+            .collect::<Vec<_>>(),
+        vec![pv.name_any()]
+    );
     cluster.stop().await.expect("stop");
 }
 

@@ -18,6 +18,7 @@ use tracing::{error, info};
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
+    kube_config::set_agent("csiops-operator");
     if let Err(e) = logging::init(args.log_format, &args.log_level) {
         eprintln!("csiops-operator: {}", chain(&e));
         return ExitCode::FAILURE;

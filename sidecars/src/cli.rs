@@ -37,6 +37,18 @@ pub enum Role {
 }
 
 impl Role {
+    /// Upstream's program name for this role: the first word of the sidecar's
+    /// `User-Agent`, so the API server names the same field manager for its
+    /// writes as for upstream's (see `csiops_runtime::kube::set_agent`).
+    pub fn upstream_program(&self) -> &'static str {
+        match self {
+            Role::Registrar(_) => "csi-node-driver-registrar",
+            Role::LivenessProbe(_) => "livenessprobe",
+            Role::Provisioner(_) => "csi-provisioner",
+            Role::Attacher(_) => "csi-attacher",
+        }
+    }
+
     /// The flags every role has.
     pub fn common(&self) -> &CommonArgs {
         match self {

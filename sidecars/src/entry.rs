@@ -27,6 +27,7 @@ pub const NODE_BINARY: &str = "csiops-node-sidecar";
 /// Sets up logging from the role's flags and says what the command line
 /// implied. On error, prints it and returns the exit code to stop with.
 pub fn start(parsed: &Parsed) -> Result<(), ExitCode> {
+    csiops_runtime::kube::set_agent(parsed.cli.role.upstream_program());
     let common = parsed.cli.role.common();
     let started = common
         .log_filter()

@@ -34,6 +34,40 @@ impl Note {
     }
 }
 
+/// The standing warnings already told, per object and reason, so a
+/// condition that holds across reconciles (a CSIDriver field the API server
+/// does not store) gives one Event when it starts or changes, not one per
+/// reconcile.
+#[derive(Debug, Default)]
+pub struct Told(std::sync::Mutex<std::collections::HashMap<(String, &'static str), String>>);
+
+impl Told {
+    /// Whether `note` is news for object `key` under `reason`: true the
+    /// first time and whenever it differs from the last one told.
+    pub fn is_news(&self, key: &str, reason: &'static str, note: &str) -> bool {
+        let mut told = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let k = (key.to_string(), reason);
+        if told.get(&k).map(String::as_str) == Some(note) {
+            return false;
+        }
+        told.insert(k, note.to_string());
+        true
+    }
+
+    /// The condition behind `reason` ended for object `key`: tell it again
+    /// if it comes back.
+    pub fn ended(&self, key: &str, reason: &'static str) {
+        let mut told = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        told.remove(&(key.to_string(), reason));
+    }
+
+    /// Object `key` is gone.
+    pub fn forget(&self, key: &str) {
+        let mut told = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        told.retain(|(k, _), _| k != key);
+    }
+}
+
 /// What a step does, in an admin's words. Without a controller workload
 /// (topology NodeLocal) the controller step removes one left from a
 /// central past.

@@ -104,6 +104,8 @@ pub struct Context {
     pub fresh: fresh::Freshness,
     /// At most one status write a second that only moves counts.
     pub progress_writes: pace::Pacer,
+    /// Standing warnings already published (see [`events::Told`]).
+    pub told: events::Told,
 }
 
 /// Options of [`run`].
@@ -150,6 +152,7 @@ pub async fn run(
         scope: cfg.scope,
         fresh: fresh::Freshness::default(),
         progress_writes: pace::Pacer::new(status::PROGRESS_WRITE_INTERVAL),
+        told: events::Told::default(),
     });
 
     // Readiness once every cache has its first full list.
@@ -303,6 +306,7 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
                 ctx.pacer.forget(&key);
                 ctx.fresh.forget(&key);
                 ctx.progress_writes.forget(&key);
+                ctx.told.forget(&key);
                 return Ok(Requeue::await_change());
             }
         }

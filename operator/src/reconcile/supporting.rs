@@ -8,7 +8,7 @@ use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
 use kube::api::Api;
 use kube::ResourceExt;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::apply::{apply, apply_checked, delete_owned, Applied, Mode, Owner};
 use super::error::Error;
@@ -118,15 +118,20 @@ pub(super) async fn apply_supporting(
         }
         other => other?.1,
     };
-    if !dropped.is_empty() {
+    const NOT_STORED: &str = "CSIDriverFieldNotStored";
+    let key = super::object_key(obj);
+    if dropped.is_empty() {
+        ctx.told.ended(&key, NOT_STORED);
+    } else {
         let note = csidriver::unstored_note(&name, &dropped);
-        warn!(csidriver = %name, fields = ?dropped, "{note}");
-        publish(
-            &ctx.recorder,
-            obj,
-            &Note::warning("CSIDriverFieldNotStored", note),
-        )
-        .await;
+        // Applied again at every reconcile (the gate may be turned on), but
+        // told once until the fields change.
+        if ctx.told.is_news(&key, NOT_STORED, &note) {
+            warn!(csidriver = %name, fields = ?dropped, "{note}");
+            publish(&ctx.recorder, obj, &Note::warning(NOT_STORED, note)).await;
+        } else {
+            debug!(csidriver = %name, fields = ?dropped, "still not stored");
+        }
     }
 
     // StorageClass parameters, provisioner, reclaimPolicy and binding mode are

@@ -79,6 +79,7 @@ impl Fixture {
             pacer: pace::Pacer::new(std::time::Duration::ZERO),
             fresh: super::fresh::Freshness::default(),
             progress_writes: pace::Pacer::new(std::time::Duration::ZERO),
+            told: Default::default(),
         });
         Fixture { ctx, log, objects }
     }
@@ -479,6 +480,14 @@ async fn a_csidriver_field_the_api_server_drops_is_warned_about_and_applied_agai
     let patches = csidriver_patches(&fx.log);
     assert_eq!(patches.len(), 2, "{patches:#?}");
     assert_eq!(patches[1].body, first_body);
+    // Told once: the same warning is not published at every reconcile.
+    assert!(
+        !warnings(&fx.log)
+            .iter()
+            .any(|w| w.contains("CSIDriverFieldNotStored")),
+        "{:#?}",
+        warnings(&fx.log)
+    );
 
     // The gate is turned on: stored whole, the real hash, no warning.
     gate.store(true, Ordering::SeqCst);

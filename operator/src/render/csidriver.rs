@@ -97,7 +97,7 @@ pub fn unstored_note(name: &str, fields: &[String]) -> String {
         })
         .collect();
     format!(
-        "the API server does not store {} of CSIDriver {name}, which has no effect meanwhile; the operator applies it again at every reconcile and stops warning once it is stored",
+        "the API server does not store {} of CSIDriver {name}, which has no effect meanwhile; the operator applies it again at every reconcile (this warning is given once), so it takes effect once the API server stores it",
         each.join(", ")
     )
 }

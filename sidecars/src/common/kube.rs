@@ -174,7 +174,11 @@ pub async fn config(args: &KubeArgs) -> Result<kube::Config, KubeError> {
         None => None,
     };
     match (master, &args.kubeconfig) {
-        (Some(url), None) => Ok(kube::Config::new(url)),
+        (Some(url), None) => {
+            let mut config = kube::Config::new(url);
+            csiops_runtime::kube::identify(&mut config);
+            Ok(config)
+        }
         (Some(url), Some(_)) => {
             let mut config = csiops_runtime::kube::config(args.kubeconfig.as_deref()).await?;
             config.cluster_url = url;

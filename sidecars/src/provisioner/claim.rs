@@ -62,6 +62,8 @@ pub enum ClaimError {
     ContentSource(#[from] ResolveError),
     #[error("failed to provision volume with StorageClass {class:?}: {}", rpc(.status))]
     Create { class: String, status: Status },
+    #[error("the driver refused this claim's CreateVolume as infeasible; the next attempt is in {left:?}")]
+    RecentlyInfeasible { left: Duration },
     #[error("the created volume is unusable ({error}); it was deleted and will be created again")]
     Unusable { error: FinishError },
     #[error("the created volume is unusable ({error}) and deleting it failed: {}", rpc(.status))]
@@ -111,6 +113,11 @@ impl ClaimError {
     /// would flood the claim).
     pub fn quiet(&self) -> bool {
         matches!(self, ClaimError::NotYet(_))
+    }
+
+    /// The driver refused the request as infeasible (see [`super::infeasible`]).
+    pub fn infeasible(&self) -> bool {
+        matches!(self, ClaimError::Create { status, .. } if super::infeasible::is_infeasible(status))
     }
 
     /// The Event reason.
@@ -186,7 +193,21 @@ impl Provisioner {
             ClaimAction::ClassMissing(name) => Err(ClaimError::ClassMissing(name)),
             ClaimAction::ReleaseClaim => self.set_claim_finalizer(&claim, false).await.map(drop),
             ClaimAction::Provision => match class {
-                Some(class) => self.provision(&claim, &class).await,
+                Some(class) => {
+                    let (claim_uid, class_uid) = (
+                        claim.uid().unwrap_or_default(),
+                        class.uid().unwrap_or_default(),
+                    );
+                    let now = tokio::time::Instant::now();
+                    if let Some(left) = self.infeasible.remaining(&claim_uid, &class_uid, now) {
+                        return Err(ClaimError::RecentlyInfeasible { left });
+                    }
+                    let done = self.provision(&claim, &class).await;
+                    if done.is_ok() {
+                        self.infeasible.forget(&claim_uid);
+                    }
+                    done
+                }
                 // claim_action decides Provision only with the class cached.
                 None => Err(ClaimError::ClassMissing(
                     decide::class_name(&claim).unwrap_or_default().to_string(),

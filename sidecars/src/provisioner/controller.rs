@@ -33,8 +33,10 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tonic::Status;
 
+use super::claim::ClaimError;
 use super::cloning::Cloning;
 use super::decide::{claim_is_for, pv_is_ours};
+use super::infeasible::Infeasible;
 use super::journal::{Holds, Journal};
 use super::metrics::OperationMetrics;
 use super::node_deployment::{self, ThisNode};
@@ -80,11 +82,14 @@ pub struct Queues {
     pub intents: Arc<WorkQueue<String>>,
     /// Clone sources whose cloning-protection finalizer may come off.
     pub cloning: Arc<Cloning>,
+    /// Claims the driver refused as infeasible, waiting the maximum interval.
+    pub infeasible: Arc<Infeasible>,
 }
 
 impl Queues {
     pub fn new(backoff: Backoff) -> Self {
         Queues {
+            infeasible: Arc::new(Infeasible::new(backoff.max)),
             claims: Arc::new(WorkQueue::new(backoff)),
             volumes: Arc::new(WorkQueue::new(backoff)),
             intents: Arc::new(WorkQueue::new(backoff)),
@@ -119,6 +124,8 @@ pub struct Provisioner {
     pub holds: Holds,
     /// See [`super::cloning`].
     pub cloning: Arc<Cloning>,
+    /// See [`super::infeasible`].
+    pub infeasible: Arc<Infeasible>,
     /// `--worker-threads` permits for CSI calls.
     pub calls: Semaphore,
     pub recorder: Recorder,
@@ -223,6 +230,7 @@ impl Provisioner {
             volumes,
             intents,
             cloning,
+            infeasible,
         } = setup.queues;
         let mut tasks = Vec::new();
 
@@ -344,6 +352,7 @@ impl Provisioner {
             journal,
             holds: Holds::default(),
             cloning,
+            infeasible,
             calls: Semaphore::new(setup.workers),
             recorder,
             metrics: setup.metrics,
@@ -441,6 +450,38 @@ impl Provisioner {
                 Err(e) if e.quiet() => {
                     tracing::debug!(why = %e, "not this node's claim yet; will look again");
                     self.claims.add_rate_limited(key.clone());
+                }
+                Err(ClaimError::RecentlyInfeasible { left }) => {
+                    tracing::debug!(retry_in = ?left, "the driver refused this claim's request as infeasible; waiting");
+                    self.claims.add_after(key.clone(), left);
+                }
+                Err(e @ ClaimError::Create { .. }) if e.infeasible() => {
+                    let claim = self.caches.claims.get(key);
+                    let wait = self.infeasible.wait();
+                    tracing::warn!(error = %chain(&e), retry_in = ?wait, "provisioning failed with an infeasible request; retries are delayed");
+                    if let Some(claim) = claim {
+                        let class = super::decide::class_name(&claim).unwrap_or_default();
+                        let class_uid = self
+                            .caches
+                            .classes
+                            .get(&ObjectRef::new(class))
+                            .and_then(|c| c.uid())
+                            .unwrap_or_default();
+                        self.infeasible.refused(
+                            claim.uid().as_deref().unwrap_or_default(),
+                            &class_uid,
+                            tokio::time::Instant::now(),
+                        );
+                        self.metrics
+                            .failed(super::metrics::Operation::Provision, class);
+                        // Upstream's words, which admins grep for.
+                        let note = format!(
+                            "Volume provisioning failed with infeasible error. Retries will be delayed. {}",
+                            chain(&e)
+                        );
+                        self.warn(claim.as_ref(), e.reason(), note).await;
+                    }
+                    self.claims.add_after(key.clone(), wait);
                 }
                 Err(e) => {
                     let claim = self.caches.claims.get(key);

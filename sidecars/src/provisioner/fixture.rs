@@ -75,6 +75,7 @@ impl Fixture {
             journal: self.journal,
             holds: Holds::default(),
             cloning: queues.cloning,
+            infeasible: queues.infeasible,
             calls: Semaphore::new(1),
             recorder: Recorder::new(
                 self.client,

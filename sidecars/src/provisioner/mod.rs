@@ -48,6 +48,7 @@ pub mod decide;
 pub mod finalizer;
 #[cfg(test)]
 mod fixture;
+pub mod infeasible;
 pub mod journal;
 pub mod metrics;
 pub mod naming;

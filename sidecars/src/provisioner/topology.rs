@@ -16,15 +16,19 @@
 //! requisite rotated. The "random" segment of immediate binding is upstream's
 //! StatefulSet spreading: FNV-1 (32 bit) of the claim name's StatefulSet part
 //! plus the ordinal, modulo the number of segments, so `data-web-0`,
-//! `data-web-1`, … land on consecutive segments. Upstream picks the node whose
-//! topology keys are aggregated at random; here the pick is that same hash
-//! over the candidate CSINodes sorted by name — stable across retries of one
-//! claim, spread across claims.
+//! `data-web-1`, … land on consecutive segments.
 //!
 //! Aggregation ("the provisioner will then iterate through all cached nodes
 //! that contain a node ID from the driver, aggregating labels using those
 //! keys", CSI design doc) takes every Node whose CSINode lists the driver and
-//! which carries a label for each key.
+//! which carries a label for each key. Delayed binding aggregates with the
+//! selected node's keys. Immediate binding aggregates once per distinct key
+//! set the driver registered on any node and takes the union, as upstream
+//! does since external-provisioner#1582 (issue #1589): before it, upstream
+//! took the keys of one node picked at random, so where nodes register
+//! different key sets (an upgrade adding a zone key, a driver that knows a
+//! rack on some nodes only) one claim's volume was pinned to the finer
+//! segments and the next one's lost them, at random.
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
@@ -203,21 +207,38 @@ fn pvc_name_hash_and_index(name: &str) -> (u32, u32) {
     (fnv1_32(hashed.as_bytes()), index)
 }
 
-/// The topology keys to aggregate with under immediate binding: those of one
-/// CSINode that has them for the driver, chosen by the claim name's hash.
-fn immediate_keys<'c>(inputs: &TopologyInputs<'c>) -> Option<&'c [String]> {
-    let mut candidates: Vec<(&str, &[String])> = inputs
+/// Every distinct topology key set the driver registered, in a fixed
+/// order (sorted), for immediate binding.
+fn registered_key_sets<'c>(inputs: &TopologyInputs<'c>) -> Vec<&'c [String]> {
+    let mut sets: Vec<&[String]> = inputs
         .csi_nodes
         .iter()
-        .filter_map(|c| driver_keys(c, inputs.driver).map(|k| (name_of(&c.metadata), k)))
+        .filter_map(|c| driver_keys(c, inputs.driver))
         .collect();
-    if candidates.is_empty() {
-        return None;
+    sets.sort();
+    sets.dedup();
+    sets
+}
+
+/// Immediate binding: the union of [`aggregate`] over every registered key
+/// set. A key set no registered node carries labels for adds nothing; only
+/// when none adds anything is it an error.
+fn aggregate_per_key_set(
+    inputs: &TopologyInputs<'_>,
+    sets: &[&[String]],
+) -> Result<Vec<Term>, TopologyError> {
+    let terms: Vec<Term> = sets
+        .iter()
+        .filter_map(|keys| aggregate(inputs, keys).ok())
+        .flatten()
+        .collect();
+    if terms.is_empty() {
+        let mut keys: Vec<String> = sets.iter().flat_map(|k| k.iter().cloned()).collect();
+        keys.sort();
+        keys.dedup();
+        return Err(TopologyError::NoLabeledNodes(keys));
     }
-    candidates.sort_by(|a, b| a.0.cmp(b.0));
-    let len = u32::try_from(candidates.len()).unwrap_or(u32::MAX);
-    let pick = usize::try_from(fnv1_32(inputs.pvc_name.as_bytes()) % len).unwrap_or(0);
-    candidates.get(pick).map(|c| c.1)
+    Ok(terms)
 }
 
 /// Every registered node's segment for `keys`.
@@ -303,13 +324,17 @@ pub fn accessibility_requirements(
         if !inputs.allowed_topologies.is_empty() {
             requisite = flatten(inputs.allowed_topologies);
         } else {
-            let keys = match &selected {
-                Some((_, _, keys)) => Some(*keys),
+            requisite = match &selected {
+                Some((_, _, keys)) => aggregate(inputs, keys)?,
                 None if !inputs.immediate_topology => return Ok(None),
-                None => immediate_keys(inputs),
+                None => {
+                    let sets = registered_key_sets(inputs);
+                    if sets.is_empty() {
+                        return Err(TopologyError::NoTopology(inputs.driver.to_string()));
+                    }
+                    aggregate_per_key_set(inputs, &sets)?
+                }
             };
-            let keys = keys.ok_or_else(|| TopologyError::NoTopology(inputs.driver.to_string()))?;
-            requisite = aggregate(inputs, keys)?;
         }
     }
     if requisite.is_empty() {
@@ -792,36 +817,66 @@ mod tests {
     }
 
     #[test]
-    fn immediate_key_source_is_stable_per_claim() {
-        // Keys differ across the cluster (mid-upgrade): each claim always uses
-        // the keys of the same node.
+    fn immediate_binding_aggregates_every_registered_key_set() {
+        // Nodes register different key sets (mid-upgrade): every claim gets
+        // the segments of both sets, whatever its name, and a node with the
+        // labels of the finer set is offered at both granularities.
         let nodes = vec![
             node("n1", &[(ZONE, "a"), (RACK, "1")]),
             node("n2", &[(ZONE, "b"), (RACK, "2")]),
+            node("n3", &[(ZONE, "c")]),
         ];
         let csi = vec![
             csi_node("n1", &[(DRIVER, &[ZONE])]),
             csi_node("n2", &[(DRIVER, &[ZONE, RACK])]),
+            csi_node("n3", &[(DRIVER, &[ZONE])]),
         ];
         let none: Vec<TopologySelectorTerm> = vec![];
-        for pvc in ["data", "data-web-0", "x"] {
+        let want_requisite = vec![
+            seg(&[(ZONE, "a")]),
+            seg(&[(ZONE, "b")]),
+            seg(&[(ZONE, "c")]),
+            seg(&[(RACK, "1"), (ZONE, "a")]),
+            seg(&[(RACK, "2"), (ZONE, "b")]),
+        ];
+        for pvc in ["data", "data-web-0", "x", "y"] {
             let i = TopologyInputs {
                 pvc_name: pvc,
                 ..inputs(&nodes, &csi, &none, None, false)
             };
-            let got = accessibility_requirements(&i);
-            assert_eq!(got, accessibility_requirements(&i), "{pvc}");
-            let keys: usize = if fnv1_32(pvc.as_bytes()).is_multiple_of(2) {
-                1
-            } else {
-                2
-            };
-            let req = got.ok().flatten().expect("requirement");
-            assert!(
-                req.requisite.iter().all(|t| t.segments.len() == keys),
-                "{pvc}: {req:?}"
-            );
+            let req = accessibility_requirements(&i)
+                .expect("requirement")
+                .expect("some");
+            assert_eq!(req.requisite, want_requisite, "{pvc}");
+            // Preferred is requisite rotated by the claim's hash.
+            let mut sorted = req.preferred.clone();
+            sorted.sort_by(|a, b| format!("{a:?}").cmp(&format!("{b:?}")));
+            let mut want = want_requisite.clone();
+            want.sort_by(|a, b| format!("{a:?}").cmp(&format!("{b:?}")));
+            assert_eq!(sorted, want, "{pvc}");
         }
+        // A key set no registered node has labels for adds nothing; the
+        // others still count.
+        let csi = vec![
+            csi_node("n1", &[(DRIVER, &[ZONE])]),
+            csi_node("n3", &[(DRIVER, &["topology.example.com/row"])]),
+        ];
+        let req = accessibility_requirements(&inputs(&nodes, &csi, &none, None, false))
+            .expect("requirement")
+            .expect("some");
+        assert_eq!(req.requisite, zones(&["a", "c"]));
+        // No set with labels at all: wait, naming every key.
+        let csi = vec![csi_node(
+            "n3",
+            &[(DRIVER, &["topology.example.com/row", RACK])],
+        )];
+        assert_eq!(
+            accessibility_requirements(&inputs(&nodes, &csi, &none, None, false)),
+            Err(TopologyError::NoLabeledNodes(vec![
+                RACK.into(),
+                "topology.example.com/row".into()
+            ]))
+        );
     }
 
     #[test]
