@@ -122,9 +122,11 @@ impl<'a> Volume<'a> {
 
     /// The spec to build CSI requests from: one with the in-tree source of
     /// a plugin that migrates to CSI translated to the CSI source (a PV
-    /// with its labels and annotations, which some translations read; an
-    /// inline spec — kube-controller-manager sends pod volumes translated
-    /// already — as a PV of its own), any other as it is.
+    /// with its labels and annotations, which some translations read), any
+    /// other as it is. kube-controller-manager sends migrated pod volumes
+    /// as inline specs translated already, and the API server wants a CSI
+    /// source in every inline spec; one with an in-tree source would be
+    /// translated as a PV of its own.
     pub fn csi_spec(&self) -> Result<Option<Cow<'a, PersistentVolumeSpec>>, MigrationError> {
         match self {
             Volume::Pv(pv) => Ok(match migration::csi_view(pv)? {
