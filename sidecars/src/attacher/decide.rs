@@ -17,11 +17,17 @@
 //!   racing (upstream README, "Concurrency"): once a PV is being deleted, no
 //!   new attach can start for it, and an attach that started earlier has its
 //!   VolumeAttachment in the same cache the PV worker consults.
+//! - CSI migration: a PV (or inline spec) with the in-tree source of a
+//!   plugin that migrates to CSI is published through its CSI translation
+//!   ([`Volume::csi_spec`]).
+
+use std::borrow::Cow;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeSpec};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 
 use super::finalizer;
+use crate::common::migration::{self, MigrationError, Plugin};
 
 /// Whether the driver can publish.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,12 +111,48 @@ impl<'a> Volume<'a> {
         }
     }
 
-    /// The spec to build CSI requests from.
+    /// The spec as it is.
     pub fn spec(&self) -> Option<&'a PersistentVolumeSpec> {
         match self {
             Volume::Pv(pv) => pv.spec.as_ref(),
             Volume::Inline(spec) => Some(spec),
             Volume::MissingPv(_) | Volume::Invalid => None,
+        }
+    }
+
+    /// The spec to build CSI requests from: one with the in-tree source of
+    /// a plugin that migrates to CSI translated to the CSI source (a PV
+    /// with its labels and annotations, which some translations read), any
+    /// other as it is. kube-controller-manager sends migrated pod volumes
+    /// as inline specs translated already, and the API server wants a CSI
+    /// source in every inline spec; one with an in-tree source would be
+    /// translated as a PV of its own.
+    pub fn csi_spec(&self) -> Result<Option<Cow<'a, PersistentVolumeSpec>>, MigrationError> {
+        match self {
+            Volume::Pv(pv) => Ok(match migration::csi_view(pv)? {
+                Cow::Borrowed(pv) => pv.spec.as_ref().map(Cow::Borrowed),
+                Cow::Owned(pv) => pv.spec.map(Cow::Owned),
+            }),
+            Volume::Inline(spec) if Plugin::of_spec(spec).is_some() => {
+                let pv = PersistentVolume {
+                    spec: Some((*spec).clone()),
+                    ..Default::default()
+                };
+                Ok(migration::in_tree_pv_to_csi(&pv)?.spec.map(Cow::Owned))
+            }
+            Volume::Inline(spec) => Ok(Some(Cow::Borrowed(spec))),
+            Volume::MissingPv(_) | Volume::Invalid => Ok(None),
+        }
+    }
+
+    /// Whether the volume may come from an in-tree plugin (upstream's
+    /// `isMigratable`): a PV with an in-tree source, or any inline spec
+    /// (kube-controller-manager makes those only of migrated pod volumes).
+    pub fn migrated(&self) -> bool {
+        match self {
+            Volume::Pv(pv) => pv.spec.as_ref().and_then(Plugin::of_spec).is_some(),
+            Volume::Inline(_) => true,
+            Volume::MissingPv(_) | Volume::Invalid => false,
         }
     }
 }
@@ -625,5 +667,59 @@ mod tests {
             moved.spec.node_name = "other".into();
             assert!(is_relevant_change(&old, &moved));
         }
+    }
+
+    /// CSI migration: in-tree sources are published through their CSI
+    /// translation, whether the PV or the inline spec carries them.
+    #[test]
+    fn in_tree_volumes_are_seen_as_csi() {
+        use k8s_openapi::api::core::v1::AWSElasticBlockStoreVolumeSource;
+        let ebs = PersistentVolumeSpec {
+            access_modes: Some(vec!["ReadWriteOnce".into()]),
+            aws_elastic_block_store: Some(AWSElasticBlockStoreVolumeSource {
+                volume_id: "aws://us-east-1a/vol-0abc".into(),
+                fs_type: Some("xfs".into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let in_tree_pv = PersistentVolume {
+            spec: Some(ebs.clone()),
+            ..pv(false, &[])
+        };
+        for (name, volume) in [
+            ("in-tree PV", Volume::Pv(&in_tree_pv)),
+            ("in-tree inline spec", Volume::Inline(&ebs)),
+        ] {
+            let spec = volume.csi_spec().expect("translates").expect("a spec");
+            let csi = spec.csi.as_ref().expect("a CSI source");
+            assert_eq!(
+                (
+                    csi.driver.as_str(),
+                    csi.volume_handle.as_str(),
+                    csi.fs_type.as_deref()
+                ),
+                ("ebs.csi.aws.com", "vol-0abc", Some("xfs")),
+                "{name}"
+            );
+            assert!(matches!(spec, Cow::Owned(_)), "{name}");
+            assert!(volume.migrated(), "{name}");
+        }
+        let csi_pv = pv(false, &[]);
+        let plain = Volume::Pv(&csi_pv);
+        assert!(matches!(plain.csi_spec(), Ok(Some(Cow::Borrowed(_)))));
+        assert!(!plain.migrated());
+        let bad = PersistentVolumeSpec {
+            aws_elastic_block_store: Some(AWSElasticBlockStoreVolumeSource {
+                volume_id: "aws://us-east-1a/disk".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert!(matches!(
+            Volume::Inline(&bad).csi_spec(),
+            Err(MigrationError::EbsVolumeId(_))
+        ));
+        assert_eq!(Volume::MissingPv("x").csi_spec(), Ok(None));
     }
 }

@@ -170,6 +170,12 @@ pub async fn run(args: AttacherArgs) -> Result<(), SidecarError> {
         single_node_multi_writer: caps.contains(&Cap::SingleNodeMultiWriter),
     };
     tracing::info!(driver = %driver_name, ?mode, ?publish_caps, "driver found");
+    if let Some(plugin) = crate::common::migration::Plugin::for_driver(&driver_name) {
+        tracing::info!(
+            in_tree = plugin.in_tree_name(),
+            "CSI migration target: PVs with the plugin's in-tree source are attached through their CSI translation"
+        );
+    }
     let check = probe_check(&driver, args.common.timeout);
     role.serve_admin(
         http_addr,

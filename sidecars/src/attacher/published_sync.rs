@@ -26,6 +26,7 @@ use tonic::Status;
 use super::controller::Controller;
 use super::decide::Volume;
 use super::metrics::Write;
+use crate::common::migration::{self, Plugin};
 use csiops_runtime::chain;
 use csiops_runtime::shutdown::CancellationToken;
 
@@ -44,7 +45,9 @@ pub struct Lost {
 /// volume ListVolumes does not report as published to their node (a volume
 /// missing from the list altogether is not published anywhere). One whose
 /// volume handle or node ID cannot be told is left alone: the attach path
-/// reports those.
+/// reports those. A migrated volume's handle is that of its CSI
+/// translation, completed from the node ID where the translation leaves
+/// parts unknown (GCE PD's project and zone), as upstream compares them.
 pub fn lost_attachments<'a>(
     vas: impl IntoIterator<Item = &'a VolumeAttachment>,
     driver: &str,
@@ -58,14 +61,24 @@ pub fn lost_attachments<'a>(
         if va.spec.attacher != driver || !attached || va.metadata.deletion_timestamp.is_some() {
             continue;
         }
-        let Some(volume_id) = Volume::of(va, &get_pv)
-            .spec()
-            .and_then(|s| s.csi.as_ref())
-            .map(|c| c.volume_handle.clone())
+        let volume = Volume::of(va, &get_pv);
+        let Some(volume_id) = volume
+            .csi_spec()
+            .ok()
+            .flatten()
+            .and_then(|s| s.csi.as_ref().map(|c| c.volume_handle.clone()))
         else {
             continue;
         };
         let Some(node_id) = node_id(va) else { continue };
+        let volume_id = if volume.migrated() && Plugin::for_driver(driver).is_some() {
+            match migration::repair_volume_handle(driver, &volume_id, &node_id) {
+                Ok(id) => id,
+                Err(_) => continue,
+            }
+        } else {
+            volume_id
+        };
         if published
             .get(&volume_id)
             .is_some_and(|nodes| nodes.contains(&node_id))
@@ -256,6 +269,65 @@ mod tests {
                 volume_id: "vol-b".into(),
                 node_id: "id-2".into()
             }
+        );
+    }
+
+    /// A migrated GCE PD volume: its translated handle leaves project and
+    /// zone unknown; the node ID completes it before the comparison.
+    #[test]
+    fn migrated_handles_are_repaired_before_the_comparison() {
+        use k8s_openapi::api::core::v1::GCEPersistentDiskVolumeSource;
+        const GCE: &str = "pd.csi.storage.gke.io";
+        const NODE_ID: &str = "projects/p1/zones/us-central1-a/instances/n1";
+        let in_tree = |name: &str, disk: &str| PersistentVolume {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                labels: Some(
+                    [(
+                        "topology.kubernetes.io/zone".to_string(),
+                        "us-central1-a".to_string(),
+                    )]
+                    .into(),
+                ),
+                ..Default::default()
+            },
+            spec: Some(PersistentVolumeSpec {
+                gce_persistent_disk: Some(GCEPersistentDiskVolumeSource {
+                    pd_name: disk.into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let pvs = [in_tree("pv-a", "d1"), in_tree("pv-b", "d2")];
+        let get_pv = |n: &str| pvs.iter().find(|p| p.name_any() == n);
+        let published: Published = [(
+            "projects/p1/zones/us-central1-a/disks/d1".to_string(),
+            BTreeSet::from([NODE_ID.to_string()]),
+        )]
+        .into();
+        let mut vas = [
+            va("va-a", "pv-a", "node-1", true),
+            va("va-b", "pv-b", "node-1", true),
+        ];
+        for v in &mut vas {
+            v.spec.attacher = GCE.into();
+        }
+        let lost = lost_attachments(
+            vas.iter(),
+            GCE,
+            get_pv,
+            |_| Some(NODE_ID.to_string()),
+            &published,
+        );
+        assert_eq!(
+            lost,
+            vec![Lost {
+                va: "va-b".into(),
+                volume_id: "projects/p1/zones/us-central1-a/disks/d2".into(),
+                node_id: NODE_ID.into(),
+            }]
         );
     }
 }

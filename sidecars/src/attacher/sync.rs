@@ -34,6 +34,8 @@ pub enum SyncError {
     Refused(#[from] Refusal),
     #[error(transparent)]
     Request(#[from] RequestError),
+    #[error("failed to translate the in-tree volume to CSI: {0}")]
+    Migration(#[from] crate::common::migration::MigrationError),
     #[error(transparent)]
     NodeId(#[from] NodeIdError),
     #[error("failed to load secret \"{namespace}/{name}\"")]
@@ -177,11 +179,11 @@ impl Controller {
         // Everything that can fail without a write is checked first: a
         // finalizer added for an attach that cannot happen would only hold
         // up the object's deletion.
-        let spec = volume.spec().ok_or(RequestError::NotCsi)?;
+        let spec = volume.csi_spec()?.ok_or(RequestError::NotCsi)?;
         let node_id = self.node_id(va, false)?;
         let mut req =
-            request::publish_request(spec, &node_id, self.cfg.caps, &self.cfg.default_fs_type)?;
-        req.secrets = self.secrets(request::publish_secret_ref(spec)?).await?;
+            request::publish_request(&spec, &node_id, self.cfg.caps, &self.cfg.default_fs_type)?;
+        req.secrets = self.secrets(request::publish_secret_ref(&spec)?).await?;
 
         if add_pv_finalizer {
             if let Volume::Pv(pv) = volume {
@@ -265,11 +267,11 @@ impl Controller {
         let spec = match volume {
             Volume::MissingPv(pv) => return Err(Refusal::PvMissing(pv.to_string()).into()),
             Volume::Invalid => return Err(Refusal::BadSource.into()),
-            v => v.spec().ok_or(RequestError::NotCsi)?,
+            v => v.csi_spec()?.ok_or(RequestError::NotCsi)?,
         };
         let node_id = self.node_id(va, true)?;
-        let mut req = request::unpublish_request(spec, &node_id)?;
-        req.secrets = self.secrets(request::publish_secret_ref(spec)?).await?;
+        let mut req = request::unpublish_request(&spec, &node_id)?;
+        req.secrets = self.secrets(request::publish_secret_ref(&spec)?).await?;
         tracing::info!(volume = %req.volume_id, node = %node_id, "detaching");
         {
             let _permit = self.calls.acquire().await;

@@ -12,6 +12,7 @@ pub mod fake_csi;
 pub mod goflags;
 pub mod kube;
 pub mod metrics;
+pub mod migration;
 pub mod ratelimit;
 pub mod role;
 pub mod vmodule;

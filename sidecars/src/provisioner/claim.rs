@@ -99,6 +99,12 @@ pub enum ClaimError {
         #[source]
         source: node_deployment::AffinityError,
     },
+    #[error("PV {pv:?}: cannot translate the in-tree PV to CSI")]
+    Migration {
+        pv: String,
+        #[source]
+        source: crate::common::migration::MigrationError,
+    },
     /// Not this node's claim yet, and not ready to be: retried with
     /// backoff, without an Event (see [`ClaimError::quiet`]).
     #[error("{0}")]
@@ -233,14 +239,25 @@ impl Provisioner {
     }
 
     /// Whether the PV carries this provisioner's volume: always centrally,
-    /// on a node if its affinity holds for the node.
+    /// on a node if its affinity (under the driver's keys, for a migrated
+    /// in-tree PV) holds for the node.
     fn holds(&self, pv: &PersistentVolume) -> Result<bool, ClaimError> {
         match &self.node {
             None => Ok(true),
-            Some(node) => node.local.holds(pv).map_err(|source| ClaimError::Affinity {
-                pv: pv.name_any(),
-                source,
-            }),
+            Some(node) => {
+                let csi = crate::common::migration::csi_view(pv).map_err(|source| {
+                    ClaimError::Migration {
+                        pv: pv.name_any(),
+                        source,
+                    }
+                })?;
+                node.local
+                    .holds(&csi)
+                    .map_err(|source| ClaimError::Affinity {
+                        pv: pv.name_any(),
+                        source,
+                    })
+            }
         }
     }
 

@@ -14,6 +14,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 
 use super::pv::{PROVISIONED_BY_ANNOTATION, PV_PROTECTION_FINALIZER, RECLAIM_DELETE};
 use super::topology::selected_node;
+use crate::common::migration::{Plugin, MIGRATED_TO_ANNOTATION};
 
 /// On a claim from just before CreateVolume until its PV exists.
 pub const CLAIM_FINALIZER: &str = "csiops.dev/volume-provisioning";
@@ -51,16 +52,41 @@ fn has_finalizer(finalizers: Option<&Vec<String>>, name: &str) -> bool {
     finalizers.is_some_and(|f| f.iter().any(|x| x == name))
 }
 
-/// Whether the claim waits for `driver` (GA or beta annotation).
+/// Whether the claim waits for `driver` (GA or beta annotation). For a
+/// driver that is a migration target, also a claim that waits for the
+/// in-tree plugin and is marked `pv.kubernetes.io/migrated-to` the driver
+/// (how kube-controller-manager before 1.23 handed such claims over; since,
+/// it names the driver itself).
 pub fn claim_is_for(claim: &PersistentVolumeClaim, driver: &str) -> bool {
-    claim.metadata.annotations.as_ref().is_some_and(|a| {
+    let Some(a) = claim.metadata.annotations.as_ref() else {
+        return false;
+    };
+    let waits_for = |name: &str| {
         [
             STORAGE_PROVISIONER_ANNOTATION,
             BETA_STORAGE_PROVISIONER_ANNOTATION,
         ]
         .iter()
-        .any(|k| a.get(*k).map(String::as_str) == Some(driver))
-    })
+        .any(|k| a.get(*k).map(String::as_str) == Some(name))
+    };
+    waits_for(driver)
+        || Plugin::for_driver(driver).is_some_and(|p| {
+            waits_for(p.in_tree_name())
+                && a.get(MIGRATED_TO_ANNOTATION).map(String::as_str) == Some(driver)
+        })
+}
+
+/// The in-tree plugin of `class` when its volumes migrate to `driver`: the
+/// class is then this provisioner's, its parameters translated (CSI
+/// migration).
+pub fn migrated_plugin(class: &StorageClass, driver: &str) -> Option<Plugin> {
+    Plugin::for_driver(driver).filter(|p| p.in_tree_name() == class.provisioner)
+}
+
+/// Whether claims of `class` are `driver`'s to provision: the class names
+/// the driver, or the in-tree plugin that migrates to it.
+pub fn class_is_for(class: &StorageClass, driver: &str) -> bool {
+    class.provisioner == driver || migrated_plugin(class, driver).is_some()
 }
 
 /// Whether the claim carries `finalizer` ([`CLAIM_FINALIZER`], or a node's
@@ -131,7 +157,7 @@ pub fn claim_action(
     let Some(class) = class else {
         return ClaimAction::ClassMissing(class_name.to_string());
     };
-    if class.provisioner != driver {
+    if !class_is_for(class, driver) {
         return ClaimAction::Nothing("StorageClass is for another provisioner");
     }
     if class.volume_binding_mode.as_deref() == Some(WAIT_FOR_FIRST_CONSUMER)
@@ -153,20 +179,34 @@ pub enum VolumeAction {
     RemoveFinalizer,
 }
 
-/// Whether `driver` provisioned the PV.
+/// Whether `driver` provisioned the PV. For a driver that is a migration
+/// target, also a PV with the in-tree source of the plugin that migrates to
+/// it, provisioned by that plugin's name (by the plugin itself before the
+/// migration, or by us for an in-tree class since) and marked
+/// `pv.kubernetes.io/migrated-to` the driver by kube-controller-manager.
+/// Without that mark kube-controller-manager's in-tree plugin deletes the
+/// volume itself (migration turned off), so the PV is not ours.
 pub fn pv_is_ours(pv: &PersistentVolume, driver: &str) -> bool {
-    let by_annotation = pv
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(PROVISIONED_BY_ANNOTATION))
-        .is_some_and(|p| p == driver);
-    let csi_driver = pv
-        .spec
-        .as_ref()
+    let annotation = |key: &str| {
+        pv.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(key))
+            .map(String::as_str)
+    };
+    let provisioned_by = annotation(PROVISIONED_BY_ANNOTATION);
+    let spec = pv.spec.as_ref();
+    let csi_driver = spec
         .and_then(|s| s.csi.as_ref())
         .is_some_and(|c| c.driver == driver);
-    by_annotation && csi_driver
+    if provisioned_by == Some(driver) && csi_driver {
+        return true;
+    }
+    Plugin::for_driver(driver).is_some_and(|plugin| {
+        spec.and_then(Plugin::of_spec) == Some(plugin)
+            && provisioned_by == Some(plugin.in_tree_name())
+            && annotation(MIGRATED_TO_ANNOTATION) == Some(driver)
+    })
 }
 
 /// The decision for `pv`.
@@ -428,6 +468,133 @@ mod tests {
             assert_eq!(
                 claim_action(&c, DRIVER, class, PV, pv, CLAIM_FINALIZER),
                 want,
+                "{name}"
+            );
+        }
+    }
+
+    /// CSI migration: claims of in-tree classes and in-tree PVs of the
+    /// plugin that migrates to the driver.
+    #[test]
+    fn migrated_claims_and_volumes() {
+        use k8s_openapi::api::core::v1::AWSElasticBlockStoreVolumeSource;
+        const EBS: &str = "ebs.csi.aws.com";
+        const IN_TREE: &str = "kubernetes.io/aws-ebs";
+        let in_tree = StorageClass {
+            provisioner: IN_TREE.into(),
+            ..class("Immediate")
+        };
+        let gce = StorageClass {
+            provisioner: "kubernetes.io/gce-pd".into(),
+            ..class("Immediate")
+        };
+        let annotated = |pairs: &[(&str, &str)]| {
+            claim(|c| {
+                c.metadata.annotations = Some(
+                    pairs
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                )
+            })
+        };
+        use ClaimAction::*;
+        let cases = [
+            (
+                "kcm names the driver, class of the in-tree plugin",
+                annotated(&[(STORAGE_PROVISIONER_ANNOTATION, EBS)]),
+                &in_tree,
+                EBS,
+                Provision,
+            ),
+            (
+                "names the in-tree plugin, migrated to the driver",
+                annotated(&[
+                    (BETA_STORAGE_PROVISIONER_ANNOTATION, IN_TREE),
+                    (MIGRATED_TO_ANNOTATION, EBS),
+                ]),
+                &in_tree,
+                EBS,
+                Provision,
+            ),
+            (
+                "names the in-tree plugin, not migrated",
+                annotated(&[(STORAGE_PROVISIONER_ANNOTATION, IN_TREE)]),
+                &in_tree,
+                EBS,
+                Nothing("claim is for another provisioner"),
+            ),
+            (
+                "class of another in-tree plugin",
+                annotated(&[(STORAGE_PROVISIONER_ANNOTATION, EBS)]),
+                &gce,
+                EBS,
+                Nothing("StorageClass is for another provisioner"),
+            ),
+            (
+                "a driver that is no migration target",
+                annotated(&[(STORAGE_PROVISIONER_ANNOTATION, DRIVER)]),
+                &in_tree,
+                DRIVER,
+                Nothing("StorageClass is for another provisioner"),
+            ),
+        ];
+        for (name, c, class, driver, want) in cases {
+            assert_eq!(
+                claim_action(&c, driver, Some(class), PV, false, CLAIM_FINALIZER),
+                want,
+                "{name}"
+            );
+        }
+        assert_eq!(migrated_plugin(&in_tree, EBS), Some(Plugin::AwsEbs));
+        assert_eq!(migrated_plugin(&in_tree, DRIVER), None);
+
+        let ebs_pv = |annotations: &[(&str, &str)]| {
+            pv("Delete", "Released", |p| {
+                if let Some(s) = p.spec.as_mut() {
+                    s.csi = None;
+                    s.aws_elastic_block_store = Some(AWSElasticBlockStoreVolumeSource {
+                        volume_id: "vol-1".into(),
+                        ..Default::default()
+                    });
+                }
+                p.metadata.annotations = Some(
+                    annotations
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                );
+            })
+        };
+        let migrated = ebs_pv(&[
+            (PROVISIONED_BY_ANNOTATION, IN_TREE),
+            (MIGRATED_TO_ANNOTATION, EBS),
+        ]);
+        assert_eq!(volume_action(&migrated, EBS), VolumeAction::Delete);
+        assert_eq!(
+            volume_action(&migrated, DRIVER),
+            VolumeAction::Nothing("not provisioned by this driver")
+        );
+        for (name, p) in [
+            (
+                "not marked migrated: kcm's in-tree plugin deletes it",
+                ebs_pv(&[(PROVISIONED_BY_ANNOTATION, IN_TREE)]),
+            ),
+            (
+                "static in-tree PV",
+                ebs_pv(&[(MIGRATED_TO_ANNOTATION, EBS)]),
+            ),
+            (
+                "provisioned by another plugin",
+                ebs_pv(&[
+                    (PROVISIONED_BY_ANNOTATION, "kubernetes.io/gce-pd"),
+                    (MIGRATED_TO_ANNOTATION, EBS),
+                ]),
+            ),
+        ] {
+            assert_eq!(
+                volume_action(&p, EBS),
+                VolumeAction::Nothing("not provisioned by this driver"),
                 "{name}"
             );
         }

@@ -22,6 +22,10 @@
 //!   (group-committed writes) and the sweep's decision for an intent;
 //! - [`content_source`]: restore from a VolumeSnapshot and clone of a claim
 //!   (the checks, and the reads around them);
+//! - CSI migration ([`crate::common::migration`]): for a driver that
+//!   replaces an in-tree plugin, [`decide`] takes the plugin's classes and
+//!   PVs for the driver's, [`plan`] translates the class and writes the PV
+//!   with the in-tree source, [`volume`] deletes through the CSI view;
 //! - [`node_deployment`]: `--node-deployment`, a provisioner per node —
 //!   which claims and PVs are this node's, the race for claims with
 //!   immediate binding (whose one write [`become_owner`] makes).
@@ -216,6 +220,12 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
         clone = caps.clone_volume,
         "driver ready"
     );
+    if let Some(plugin) = crate::common::migration::Plugin::for_driver(&driver_name) {
+        tracing::info!(
+            in_tree = plugin.in_tree_name(),
+            "CSI migration target: claims of the plugin's StorageClasses are provisioned with in-tree PVs, and those PVs deleted"
+        );
+    }
 
     // Held while this replica leads (always on a node, which has no
     // election): every API write and every CreateVolume/DeleteVolume

@@ -8,6 +8,12 @@
 //! 2. [`finish`]: the driver's `Volume` → the checked capacity and the PV.
 //!    A [`FinishError::Capacity`] means the volume exists but is unusable:
 //!    the caller deletes it before retrying.
+//!
+//! A class of the in-tree plugin that migrates to the driver (CSI
+//! migration) is translated first ([`migration::storage_class_to_csi`]),
+//! and its PV is written with the in-tree source
+//! ([`migration::csi_pv_to_in_tree`]) and the plugin's name as
+//! `pv.kubernetes.io/provisioned-by`, as upstream writes it.
 
 use std::sync::Arc;
 
@@ -17,12 +23,14 @@ use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
 
 use super::capabilities::{self, CapabilityError};
 use super::content_source::{self, ContentSourceError};
+use super::decide;
 use super::naming::{NamingError, VolumeNamer};
 use super::params::{
     self, ExtraCreateMetadata, ParamsError, PvSecretRefs, SecretKind, SecretRef, TemplateContext,
 };
-use super::pv::{self, PvError, PvInputs, PvOptions};
+use super::pv::{self, PvError, PvInputs, PvOptions, PROVISIONED_BY_ANNOTATION};
 use super::topology::{self, TopologyError, TopologyInputs};
+use crate::common::migration::{self, MigrationError, Plugin};
 
 /// The provisioner's flags that decide what is provisioned.
 #[derive(Debug, Clone, Default)]
@@ -95,6 +103,8 @@ pub enum PrepareError {
     Capability(#[from] CapabilityError),
     #[error(transparent)]
     Topology(#[from] TopologyError),
+    #[error("failed to translate the in-tree StorageClass: {0}")]
+    Migration(#[from] MigrationError),
 }
 
 /// A CreateVolume request and what the PV will carry.
@@ -107,6 +117,9 @@ pub struct Prepared {
     pub provisioner_secret: Option<SecretRef>,
     pub pv_secrets: PvSecretRefs,
     pub fs_type: Option<String>,
+    /// The in-tree plugin of a class whose volumes migrate to the driver:
+    /// the PV gets the plugin's source.
+    pub migrated: Option<Plugin>,
 }
 
 /// Step 1: the CreateVolume request for `claim` of `class`.
@@ -136,6 +149,16 @@ pub fn prepare(
         .namer
         .volume_name(meta.uid.as_deref().unwrap_or_default())?;
 
+    // An in-tree class: the class the driver understands, from here on.
+    let migrated = decide::migrated_plugin(class, &config.driver_name);
+    let translated;
+    let class = match migrated {
+        Some(plugin) => {
+            translated = migration::storage_class_to_csi(plugin, class)?;
+            &translated
+        }
+        None => class,
+    };
     let empty = Default::default();
     let class_params = class.parameters.as_ref().unwrap_or(&empty);
     let fs_type = params::fs_type(class_params, config.default_fs_type.as_deref())?;
@@ -195,6 +218,7 @@ pub fn prepare(
         provisioner_secret,
         pv_secrets,
         fs_type,
+        migrated,
     })
 }
 
@@ -210,6 +234,10 @@ pub enum FinishError {
     ContentSourceMissing,
     #[error(transparent)]
     Pv(#[from] PvError),
+    /// The PV of a migrated class cannot get the in-tree source: no PV may
+    /// point at the volume (upstream deletes it too).
+    #[error("failed to translate the PV to the in-tree source: {0}")]
+    Migration(MigrationError),
 }
 
 impl FinishError {
@@ -218,7 +246,9 @@ impl FinishError {
     pub fn unusable(&self) -> bool {
         matches!(
             self,
-            FinishError::Capacity(_) | FinishError::ContentSourceMissing
+            FinishError::Capacity(_)
+                | FinishError::ContentSourceMissing
+                | FinishError::Migration(_)
         )
     }
 }
@@ -238,7 +268,7 @@ pub fn finish(
     let requested = prepared.request.capacity_range.unwrap_or_default();
     let capacity_bytes = capabilities::provisioned_capacity(&requested, volume.capacity_bytes)
         .map_err(FinishError::Capacity)?;
-    Ok(pv::build_pv(
+    let pv = pv::build_pv(
         &PvInputs {
             pv_name: &prepared.name,
             claim,
@@ -256,7 +286,20 @@ pub fn finish(
             controller_publish_read_only: config.controller_publish_read_only,
             identity: config.identity.as_deref(),
         },
-    )?)
+    )?;
+    match prepared.migrated {
+        None => Ok(pv),
+        Some(plugin) => {
+            let mut pv = migration::csi_pv_to_in_tree(&pv).map_err(FinishError::Migration)?;
+            // The class's provisioner, as upstream's library writes it:
+            // kube-controller-manager then marks the PV migrated to us.
+            pv.metadata.annotations.get_or_insert_default().insert(
+                PROVISIONED_BY_ANNOTATION.to_string(),
+                plugin.in_tree_name().to_string(),
+            );
+            Ok(pv)
+        }
+    }
 }
 
 #[cfg(test)]
@@ -439,6 +482,7 @@ mod tests {
                     ..Default::default()
                 },
                 fs_type: Some("xfs".into()),
+                migrated: None,
             }
         );
 
@@ -476,6 +520,170 @@ mod tests {
                 required: 1 << 30,
             }))
         );
+    }
+
+    /// An in-tree class for a driver that is its migration target: the
+    /// translated parameters and topology go to CreateVolume, the PV gets
+    /// the in-tree source with Kubernetes' zone keys.
+    #[test]
+    fn migrated_class() {
+        const EBS: &str = "ebs.csi.aws.com";
+        const ZONE_KEY: &str = "topology.ebs.csi.aws.com/zone";
+        let mut nodes = Vec::new();
+        let mut csi_nodes = Vec::new();
+        for (n, zone) in [("node-0", "us-east-1a"), ("node-1", "us-east-1b")] {
+            let mut node = Node::default();
+            node.metadata.name = Some(n.into());
+            node.metadata.labels = Some(map(&[(ZONE_KEY, zone)]));
+            nodes.push(Arc::new(node));
+            let mut c = CSINode {
+                spec: CSINodeSpec {
+                    drivers: vec![CSINodeDriver {
+                        name: EBS.into(),
+                        node_id: n.into(),
+                        topology_keys: Some(vec![ZONE_KEY.into()]),
+                        allocatable: None,
+                    }],
+                },
+                ..Default::default()
+            };
+            c.metadata.name = Some(n.into());
+            csi_nodes.push(Arc::new(c));
+        }
+        let cluster = Cluster {
+            nodes: &nodes,
+            csi_nodes: &csi_nodes,
+        };
+        let config = ProvisionerConfig {
+            driver_name: EBS.into(),
+            ..config()
+        };
+        let mut class = StorageClass {
+            provisioner: "kubernetes.io/aws-ebs".into(),
+            reclaim_policy: Some("Delete".into()),
+            parameters: Some(map(&[
+                ("type", "io1"),
+                ("fsType", "xfs"),
+                ("iopsPerGB", "10"),
+                ("zone", "us-east-1b"),
+            ])),
+            ..Default::default()
+        };
+        class.metadata.name = Some("ebs".into());
+        let mut c = claim();
+        c.metadata.annotations = None;
+        let p = prepare(&c, &class, &config, CAPS, cluster).expect("prepared");
+        assert_eq!(p.migrated, Some(Plugin::AwsEbs));
+        assert_eq!(p.fs_type.as_deref(), Some("xfs"));
+        let mut params: Vec<(&str, &str)> = p
+            .request
+            .parameters
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .filter(|(k, _)| !k.starts_with("csi.storage.k8s.io/pv"))
+            .collect();
+        params.sort();
+        assert_eq!(
+            params,
+            vec![
+                ("allowautoiopspergbincrease", "true"),
+                ("iopsPerGB", "10"),
+                ("type", "io1"),
+            ]
+        );
+        let zone = |z: &str| Topology {
+            segments: HashMap::from([(ZONE_KEY.to_string(), z.to_string())]),
+        };
+        assert_eq!(
+            p.request.accessibility_requirements,
+            Some(TopologyRequirement {
+                requisite: vec![zone("us-east-1b")],
+                preferred: vec![zone("us-east-1b")],
+            }),
+            "the zone parameter became the allowed topology"
+        );
+
+        let volume = Volume {
+            volume_id: "vol-0abc".into(),
+            accessible_topology: vec![zone("us-east-1b")],
+            ..Default::default()
+        };
+        let pv = finish(&p, &c, &class, &config, CAPS, &volume).expect("pv");
+        let annotations = pv.metadata.annotations.clone().unwrap_or_default();
+        assert_eq!(
+            annotations
+                .get(PROVISIONED_BY_ANNOTATION)
+                .map(String::as_str),
+            Some("kubernetes.io/aws-ebs")
+        );
+        let spec = pv.spec.clone().unwrap_or_default();
+        assert!(spec.csi.is_none());
+        let ebs = spec
+            .aws_elastic_block_store
+            .clone()
+            .expect("in-tree source");
+        assert_eq!(
+            (ebs.volume_id.as_str(), ebs.fs_type.as_deref()),
+            ("vol-0abc", Some("xfs"))
+        );
+        let term = &spec
+            .node_affinity
+            .and_then(|a| a.required)
+            .expect("affinity")
+            .node_selector_terms[0];
+        let exprs: Vec<(String, Vec<String>)> = term
+            .match_expressions
+            .iter()
+            .flatten()
+            .map(|r| (r.key.clone(), r.values.clone().unwrap_or_default()))
+            .collect();
+        assert_eq!(
+            exprs,
+            vec![
+                (
+                    "topology.kubernetes.io/zone".into(),
+                    vec!["us-east-1b".into()]
+                ),
+                (
+                    "topology.kubernetes.io/region".into(),
+                    vec!["us-east-1".into()]
+                ),
+            ]
+        );
+        let labels = pv.metadata.labels.clone().unwrap_or_default();
+        assert_eq!(
+            labels
+                .get("topology.kubernetes.io/zone")
+                .map(String::as_str),
+            Some("us-east-1b")
+        );
+
+        // A volume whose PV cannot take the in-tree source must go.
+        let mut bad = class.clone();
+        bad.provisioner = "kubernetes.io/gce-pd".into();
+        let gce_config = ProvisionerConfig {
+            driver_name: "pd.csi.storage.gke.io".into(),
+            ..config.clone()
+        };
+        let mut gce = prepare(
+            &c,
+            &bad,
+            &gce_config,
+            DriverCapabilities::default(),
+            cluster,
+        )
+        .expect("prepared");
+        gce.request.accessibility_requirements = None;
+        let err = finish(
+            &gce,
+            &c,
+            &bad,
+            &gce_config,
+            DriverCapabilities::default(),
+            &volume,
+        )
+        .expect_err("a GCE handle has six parts");
+        assert!(err.unusable(), "{err}");
     }
 
     #[test]

@@ -25,8 +25,11 @@
 
 use std::collections::BTreeMap;
 
+use std::borrow::Cow;
+
 use k8s_openapi::api::storage::v1::StorageClass;
 
+use super::decide;
 use super::journal::Record;
 use super::params::{self, SecretKind, SecretRef, TemplateContext};
 
@@ -51,6 +54,11 @@ pub enum Distrust {
     Params {
         class: String,
         source: params::ParamsError,
+    },
+    #[error("in-tree StorageClass {class:?} does not translate to CSI: {source}")]
+    Migration {
+        class: String,
+        source: crate::common::migration::MigrationError,
     },
 }
 
@@ -119,12 +127,25 @@ pub fn check(
             stored: Shown(stored),
         });
     };
-    if class.provisioner != driver {
-        return Err(Distrust::OtherDriver {
-            class: record.class.clone(),
-            provisioner: class.provisioner.clone(),
-        });
-    }
+    // An in-tree class of the plugin that migrates to the driver: its
+    // Secret as the provisioning resolved it, from the translated class.
+    let class = match decide::migrated_plugin(class, driver) {
+        Some(plugin) => Cow::Owned(
+            crate::common::migration::storage_class_to_csi(plugin, class).map_err(|source| {
+                Distrust::Migration {
+                    class: record.class.clone(),
+                    source,
+                }
+            })?,
+        ),
+        None if class.provisioner != driver => {
+            return Err(Distrust::OtherDriver {
+                class: record.class.clone(),
+                provisioner: class.provisioner.clone(),
+            })
+        }
+        None => Cow::Borrowed(class),
+    };
     let class_params = class.parameters.clone().unwrap_or_default();
     let params_error = |source| Distrust::Params {
         class: record.class.clone(),
@@ -265,6 +286,31 @@ mod tests {
             true,
         )
         .expect_err("other driver");
+        assert!(matches!(err, Distrust::OtherDriver { .. }), "{err}");
+    }
+
+    /// An in-tree class (CSI migration): its Secret is the translated
+    /// class's, here Portworx's auth Secret as the provisioner Secret.
+    #[test]
+    fn an_in_tree_class_is_checked_translated() {
+        let mut px = class("kubernetes.io/portworx-volume", None);
+        px.parameters = Some(BTreeMap::from([
+            (
+                "openstorage.io/auth-secret-name".to_string(),
+                "px-auth".to_string(),
+            ),
+            (
+                "openstorage.io/auth-secret-namespace".to_string(),
+                "kube-system".to_string(),
+            ),
+        ]));
+        let stored = record(Some(("kube-system", "px-auth")));
+        assert_eq!(
+            check("v", &stored, "v", Some(&px), "pxd.portworx.com", false),
+            Ok(sref("kube-system", "px-auth"))
+        );
+        let err = check("v", &stored, "v", Some(&px), DRIVER, true)
+            .expect_err("not a migration target of the class");
         assert!(matches!(err, Distrust::OtherDriver { .. }), "{err}");
     }
 

@@ -8,6 +8,10 @@
 //!
 //! In node deployment only the node whose driver holds the volume deletes
 //! it ([`node_deployment::volume_action`]).
+//!
+//! A migrated in-tree PV (see [`decide::pv_is_ours`]) is read through its
+//! CSI translation ([`migration::csi_view`]): the volume handle, and on a
+//! node the affinity under the driver's topology keys.
 
 use std::time::Instant;
 
@@ -28,6 +32,7 @@ use super::pv::{
     PV_PROTECTION_FINALIZER,
 };
 use super::secrets::{self, SecretError};
+use crate::common::migration::{self, MigrationError};
 
 /// Why a volume is not deleted yet (a Warning Event on the PV and a retry).
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +41,8 @@ pub enum VolumeError {
     StillAttached { pv: String, node: String },
     #[error("the PV has no CSI volume handle")]
     NoHandle,
+    #[error("cannot translate the in-tree PV to CSI: {0}")]
+    Migration(#[from] MigrationError),
     #[error(transparent)]
     Secret(#[from] SecretError),
     #[error("rpc error: code = {:?} desc = {}", .0.code(), .0.message())]
@@ -71,7 +78,8 @@ impl Provisioner {
         };
         let mut action = decide::volume_action(&pv, &self.config.driver_name);
         if let (Some(node), VolumeAction::Delete) = (&self.node, &action) {
-            action = node_deployment::volume_action(action, node.local.holds(&pv)?);
+            let csi = migration::csi_view(&pv)?;
+            action = node_deployment::volume_action(action, node.local.holds(&csi)?);
         }
         match action {
             VolumeAction::Nothing(why) => {
@@ -98,7 +106,7 @@ impl Provisioner {
                 node: va.spec.node_name.clone(),
             });
         }
-        let handle = pv
+        let handle = migration::csi_view(pv)?
             .spec
             .as_ref()
             .and_then(|s| s.csi.as_ref())

@@ -596,3 +596,51 @@ async fn an_intent_with_the_classs_secret_is_cleaned_up_with_it() {
     );
     assert!(lines.contains(&"CSI DeleteVolume".to_string()), "{lines:?}");
 }
+
+/// CSI migration: a claim of an in-tree class, handed to the driver that
+/// is the plugin's migration target, gets a PV with the in-tree source.
+#[tokio::test]
+async fn a_claim_of_an_in_tree_class_gets_an_in_tree_pv() {
+    const EBS: &str = "ebs.csi.aws.com";
+    let log = Log::default();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cached = claim();
+    cached["metadata"]["annotations"] = json!({STORAGE_PROVISIONER_ANNOTATION: EBS});
+    let mut in_tree = class();
+    in_tree["provisioner"] = json!("kubernetes.io/aws-ebs");
+    in_tree["parameters"] = json!({"type": "gp3", "fsType": "xfs"});
+    let objects = testing::Objects::new([(CLAIM, cached.clone())]);
+    let client = testing::client(&log, move |call| objects.answer(call));
+    let p = Fixture {
+        client,
+        driver: FakeController::new(log.clone()).serve(dir.path()).await,
+        config: ProvisionerConfig {
+            driver_name: EBS.into(),
+            immediate_topology: true,
+            ..Default::default()
+        },
+        caps: DriverCapabilities::default(),
+        claims: fixture::store(&[cached]),
+        classes: fixture::store(&[in_tree]),
+        volumes: fixture::store(&[]),
+        journal: None,
+    }
+    .provisioner();
+    p.sync_claim(&key()).await.expect("provisioned");
+    let calls = log.calls();
+    let pv = &calls
+        .iter()
+        .find(|c| c.method == "POST" && c.path == PVS)
+        .expect("the PV is created")
+        .body;
+    assert_eq!(
+        pv["metadata"]["annotations"]["pv.kubernetes.io/provisioned-by"],
+        json!("kubernetes.io/aws-ebs")
+    );
+    assert_eq!(
+        pv["spec"]["awsElasticBlockStore"],
+        json!({"volumeID": "vol-1", "fsType": "xfs"})
+    );
+    assert_eq!(pv["spec"]["csi"], Value::Null);
+    assert_eq!(pv["spec"]["storageClassName"], json!("fast"));
+}
