@@ -386,7 +386,7 @@ subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: "{ALICE}"}}]
     // An admin's driver in her namespace: every change that reaches what its
     // privileged pods run is refused, naming the field.
     testkit::apply_ok(&cluster, "admin-drv", &driver_cr("admins", "")).await;
-    let attempts: [(&str, &str); 10] = [
+    let attempts: [(&str, &str); 11] = [
         (
             "node",
             r#"{"spec":{"node":{"hostNetwork":true,"hostPID":true}}}"#,

@@ -313,6 +313,10 @@ fn flock(file: &File, op: libc::c_int) -> io::Result<()> {
     }
 }
 
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -432,8 +436,4 @@ mod tests {
         assert_eq!(s.volumes.len(), 80);
         assert_eq!(s.next_seq, 80);
     }
-}
-
-fn is_zero(n: &u32) -> bool {
-    *n == 0
 }
