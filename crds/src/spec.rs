@@ -117,6 +117,9 @@ pub const MAX_NAME_LEN: usize = 41;
 #[x_kube(validation = kube::core::Rule::new(
     "!has(self.storageClasses) || self.storageClasses.filter(s, has(s.isDefault) && s.isDefault).size() <= 1"
 ).message("at most one storageClass may set isDefault"))]
+#[x_kube(validation = kube::core::Rule::new(
+    "!has(self.volumeAttributesClasses) || self.volumeAttributesClasses.all(a, self.volumeAttributesClasses.exists_one(b, b.name == a.name))"
+).message("volumeAttributesClasses names must be unique"))]
 #[serde(rename_all = "camelCase")]
 pub struct CSIDriverDeploymentSpec {
     /// Name of the CSI driver as its GetPluginInfo reports it, for example
@@ -173,6 +176,18 @@ pub struct CSIDriverDeploymentSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     pub storage_classes: Vec<StorageClassSpec>,
+
+    /// VolumeAttributesClasses of this driver (`driverName` is set to the
+    /// driver), created and removed with it. A claim naming one gets its
+    /// parameters at CreateVolume (the provisioner's mutable parameters),
+    /// and a claim switched to another is modified by the `resizer` helper
+    /// (ControllerModifyVolume); both need a driver with the MODIFY_VOLUME
+    /// controller capability. Parameters are immutable in Kubernetes: a
+    /// change deletes and re-creates the class, which Kubernetes delays
+    /// until no claim or PV uses it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub volume_attributes_classes: Vec<VolumeAttributesClassSpec>,
 
     /// Names of Secrets in this namespace used to pull the images.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -876,6 +891,25 @@ pub struct StorageClassSpec {
     /// Marks the class as the cluster default.
     #[serde(default)]
     pub is_default: bool,
+}
+
+/// A VolumeAttributesClass of this driver.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeAttributesClassSpec {
+    /// Name of the VolumeAttributesClass (cluster-scoped; its driverName is
+    /// `driverName`).
+    #[schemars(
+        length(min = 1, max = 253),
+        pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub name: String,
+    /// The driver's mutable parameters: passed as they are to CreateVolume
+    /// (`mutable_parameters`) and ControllerModifyVolume. At least one, as
+    /// Kubernetes requires, and at most 512; no key may be empty.
+    #[schemars(extend("minProperties" = 1, "maxProperties" = 512))]
+    #[x_kube(validation = kube::core::Rule::new("self.all(k, size(k) > 0)").message("volumeAttributesClasses parameters keys must not be empty"))]
+    pub parameters: BTreeMap<String, String>,
 }
 
 /// How a change of the node side (the node DaemonSet) is rolled out.

@@ -326,6 +326,7 @@ subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: "{ALICE}"}}]
         ],
         vec!["patch", "nodes"],
         vec!["create", "storageclasses.storage.k8s.io"],
+        vec!["create", "volumeattributesclasses.storage.k8s.io"],
         vec!["create", "configmaps", "-n", TEAM],
     ] {
         assert!(
@@ -385,7 +386,7 @@ subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: "{ALICE}"}}]
     // An admin's driver in her namespace: every change that reaches what its
     // privileged pods run is refused, naming the field.
     testkit::apply_ok(&cluster, "admin-drv", &driver_cr("admins", "")).await;
-    let attempts: [(&str, &str); 10] = [
+    let attempts: [(&str, &str); 11] = [
         (
             "node",
             r#"{"spec":{"node":{"hostNetwork":true,"hostPID":true}}}"#,
@@ -417,6 +418,10 @@ subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: "{ALICE}"}}]
         (
             "storageClasses",
             r#"{"spec":{"storageClasses":[{"name":"steal","parameters":{"csi.storage.k8s.io/provisioner-secret-namespace":"kube-system","csi.storage.k8s.io/provisioner-secret-name":"admin"}}]}}"#,
+        ),
+        (
+            "volumeAttributesClasses",
+            r#"{"spec":{"volumeAttributesClasses":[{"name":"grab","parameters":{"iops":"1"}}]}}"#,
         ),
         (
             "sidecars",

@@ -119,6 +119,12 @@ const OPERATOR_GRANTS: &[Grant] = &[
         resource: "storageclasses",
         verbs: WRITE,
     },
+    // spec.volumeAttributesClasses, as StorageClasses.
+    Grant {
+        api_group: "storage.k8s.io",
+        resource: "volumeattributesclasses",
+        verbs: WRITE,
+    },
     Grant {
         api_group: "storage.k8s.io",
         resource: "csinodes",

@@ -7,7 +7,7 @@
 //! kubelet directory, and with what its spec says: images, host namespaces,
 //! volumes (hostPath included), security contexts, extra containers,
 //! ServiceAccount tokens, StorageClasses (a cluster default, provisioner
-//! Secrets of any namespace). The operator does all that with its own
+//! Secrets of any namespace), VolumeAttributesClasses (cluster-wide). The operator does all that with its own
 //! rights, so without this policy "may create a CSIDriverDeployment in some
 //! namespace" would mean "root on every node". The policy lets a requester
 //! create one, or change its spec beyond [`HARMLESS_FIELDS`], only when a
@@ -304,6 +304,7 @@ mod tests {
             "controller",
             "sidecars",
             "storageClasses",
+            "volumeAttributesClasses",
             "csiDriver",
             "imagePullSecrets",
             "monitoring",

@@ -160,6 +160,11 @@ spec:
       mountOptions: [discard]
     - name: block-slow
       parameters: {type: hdd}
+  volumeAttributesClasses:
+    - name: block-gold
+      parameters: {iops: "3000", throughput: "125"}
+    - name: block-silver
+      parameters: {iops: "1000"}
 "#;
 
 fn custom() -> CSIDriverDeployment {
@@ -194,6 +199,7 @@ fn objects(r: &Rendered) -> Vec<Value> {
     out.extend(r.cluster_role_bindings.iter().map(v));
     out.push(v(&r.csi_driver));
     out.extend(r.storage_classes.iter().map(v));
+    out.extend(r.attributes_classes.iter().map(v));
     out.push(v(&r.daemonset));
     match &r.controller {
         Some(ControllerWorkload::StatefulSet(s)) => out.push(v(s)),

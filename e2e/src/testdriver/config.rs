@@ -119,6 +119,12 @@ pub struct Config {
     #[arg(long)]
     pub enable_attach: bool,
 
+    /// Advertise MODIFY_VOLUME and serve ControllerModifyVolume (what the
+    /// external-resizer calls when a claim's VolumeAttributesClass
+    /// changes): the given mutable parameters are merged into the volume's.
+    #[arg(long)]
+    pub enable_modify: bool,
+
     /// Total capacity in bytes (suffixes Ki, Mi, Gi, Ti, k, M, G, T).
     /// GetCapacity with a topology segment reports this much per segment,
     /// minus the volumes accessible from it (a pool per node).
@@ -167,6 +173,7 @@ impl Config {
             topology_key: DEFAULT_TOPOLOGY_KEY.to_owned(),
             topology_value: None,
             enable_attach: false,
+            enable_modify: false,
             capacity: DEFAULT_CAPACITY,
             fail: Vec::new(),
             numbered_failures: false,

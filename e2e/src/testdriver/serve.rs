@@ -61,6 +61,7 @@ pub async fn run(cfg: Config) -> Result<(), String> {
         node_id = %driver.node_id,
         state_dir = %driver.state_dir().display(),
         enable_attach = driver.enable_attach,
+        enable_modify = driver.enable_modify,
         node_local = driver.is_node_local(),
         "serving"
     );

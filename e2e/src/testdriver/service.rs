@@ -64,6 +64,8 @@ pub struct Driver {
     max_volumes_per_node_file: Option<PathBuf>,
     pub capacity: i64,
     pub enable_attach: bool,
+    /// `--enable-modify`: MODIFY_VOLUME and ControllerModifyVolume.
+    pub enable_modify: bool,
     store: StateStore,
     /// Canonical state dir: target paths inside it are really created.
     state_dir: PathBuf,
@@ -149,6 +151,7 @@ impl Driver {
             max_volumes_per_node_file: cfg.max_volumes_per_node_file.clone(),
             capacity: cfg.capacity,
             enable_attach: cfg.enable_attach,
+            enable_modify: cfg.enable_modify,
             store,
             state_dir,
             data_dir: cfg.data_dir.clone(),
@@ -514,6 +517,8 @@ impl Driver {
                 capacity_bytes: size,
                 parameters: parameters.clone(),
                 mutable_parameters: req.mutable_parameters.clone().into_iter().collect(),
+                modifications: 0,
+                modify_secret_keys: Vec::new(),
                 secret_keys: secret_keys(&req.secrets),
                 volume_capabilities: caps.clone(),
                 accessible_topology: vec![topology.segments.clone().into_iter().collect()],
@@ -571,6 +576,36 @@ impl Driver {
             Ok(())
         })?;
         Ok(DeleteVolumeResponse {})
+    }
+
+    /// ControllerModifyVolume (`--enable-modify`): the mutable parameters
+    /// are merged into the volume's (a key given again takes the new
+    /// value), and the call's secret keys recorded.
+    fn controller_modify(
+        &self,
+        req: ControllerModifyVolumeRequest,
+    ) -> Result<ControllerModifyVolumeResponse, Status> {
+        if !self.enable_modify {
+            return Err(Status::unimplemented(
+                "ControllerModifyVolume: modify is disabled (--enable-modify)",
+            ));
+        }
+        if req.volume_id.is_empty() {
+            return Err(Status::invalid_argument("volume_id is required"));
+        }
+        if req.mutable_parameters.is_empty() {
+            return Err(Status::invalid_argument("mutable_parameters is required"));
+        }
+        self.tx(|s| {
+            let Some(v) = s.volumes.get_mut(&req.volume_id) else {
+                return Err(self.unknown_volume(&req.volume_id));
+            };
+            v.mutable_parameters.extend(req.mutable_parameters.clone());
+            v.modifications += 1;
+            v.modify_secret_keys = secret_keys(&req.secrets);
+            Ok(())
+        })?;
+        Ok(ControllerModifyVolumeResponse {})
     }
 
     fn controller_publish(
@@ -878,6 +913,9 @@ impl Driver {
         if self.enable_attach {
             types.push(Type::PublishUnpublishVolume);
             types.push(Type::ListVolumesPublishedNodes);
+        }
+        if self.enable_modify {
+            types.push(Type::ModifyVolume);
         }
         ControllerGetCapabilitiesResponse {
             capabilities: types
@@ -1511,7 +1549,7 @@ csi_service!(Controller {
     get_snapshot(GetSnapshotRequest -> GetSnapshotResponse) = "GetSnapshot" => none("GetSnapshot");
     controller_expand_volume(ControllerExpandVolumeRequest -> ControllerExpandVolumeResponse) = "ControllerExpandVolume" => none("ControllerExpandVolume");
     controller_get_volume(ControllerGetVolumeRequest -> ControllerGetVolumeResponse) = "ControllerGetVolume" => none("ControllerGetVolume");
-    controller_modify_volume(ControllerModifyVolumeRequest -> ControllerModifyVolumeResponse) = "ControllerModifyVolume" => none("ControllerModifyVolume");
+    controller_modify_volume(ControllerModifyVolumeRequest -> ControllerModifyVolumeResponse) = "ControllerModifyVolume" => Driver::controller_modify;
 });
 
 csi_service!(Node {
@@ -1976,5 +2014,87 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.code(), Code::Unimplemented);
         assert_eq!(d.unknown_volume("x").message(), "volume x not found");
+    }
+
+    #[test]
+    fn modify_merges_mutable_parameters_only_when_enabled() {
+        use csiops_proto::csi::v1::controller_service_capability::{rpc::Type, Type as T};
+        let advertises = |d: &Driver| {
+            d.controller_capabilities().capabilities.iter().any(
+                |c| matches!(&c.r#type, Some(T::Rpc(r)) if r.r#type == Type::ModifyVolume as i32),
+            )
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let off = Driver::new(&Config::new("/unused.sock", "n1", dir.path())).unwrap();
+        assert!(!advertises(&off));
+        let err = off
+            .controller_modify(ControllerModifyVolumeRequest {
+                volume_id: "x".into(),
+                ..Default::default()
+            })
+            .unwrap_err();
+        assert_eq!(err.code(), Code::Unimplemented);
+        drop(off);
+
+        let mut cfg = Config::new("/unused.sock", "n1", dir.path());
+        cfg.enable_modify = true;
+        let d = Driver::new(&cfg).unwrap();
+        assert!(advertises(&d));
+        let req = CreateVolumeRequest {
+            name: "pvc-1".into(),
+            volume_capabilities: vec![mount_cap()],
+            mutable_parameters: HashMap::from([
+                ("iops".to_string(), "100".to_string()),
+                ("tier".to_string(), "gold".to_string()),
+            ]),
+            ..Default::default()
+        };
+        let id = d.create_volume(req).unwrap().volume.unwrap().volume_id;
+        assert_eq!(
+            d.known_volume(&id).unwrap().mutable_parameters["iops"],
+            "100"
+        );
+        d.controller_modify(ControllerModifyVolumeRequest {
+            volume_id: id.clone(),
+            secrets: HashMap::from([("token".to_string(), "s3cr3t".to_string())]),
+            mutable_parameters: HashMap::from([("iops".to_string(), "500".to_string())]),
+        })
+        .unwrap();
+        let v = d.known_volume(&id).unwrap();
+        assert_eq!(
+            v.mutable_parameters,
+            BTreeMap::from([
+                ("iops".to_string(), "500".to_string()),
+                ("tier".to_string(), "gold".to_string()),
+            ])
+        );
+        assert_eq!(v.modifications, 1);
+        assert_eq!(v.modify_secret_keys, ["token"]);
+        for (req, code) in [
+            (
+                ControllerModifyVolumeRequest {
+                    volume_id: "nope".into(),
+                    mutable_parameters: HashMap::from([("a".to_string(), "b".to_string())]),
+                    ..Default::default()
+                },
+                Code::NotFound,
+            ),
+            (
+                ControllerModifyVolumeRequest {
+                    volume_id: id.clone(),
+                    ..Default::default()
+                },
+                Code::InvalidArgument,
+            ),
+            (
+                ControllerModifyVolumeRequest {
+                    mutable_parameters: HashMap::from([("a".to_string(), "b".to_string())]),
+                    ..Default::default()
+                },
+                Code::InvalidArgument,
+            ),
+        ] {
+            assert_eq!(d.controller_modify(req).unwrap_err().code(), code);
+        }
     }
 }

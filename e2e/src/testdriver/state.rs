@@ -65,8 +65,15 @@ pub struct Volume {
     pub capacity_bytes: i64,
     /// `CreateVolume` parameters (also echoed as the volume context).
     pub parameters: BTreeMap<String, String>,
-    /// `CreateVolume` mutable parameters.
+    /// `CreateVolume` mutable parameters, with every later
+    /// `ControllerModifyVolume`'s merged in.
     pub mutable_parameters: BTreeMap<String, String>,
+    /// How many `ControllerModifyVolume` calls changed the volume.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub modifications: u32,
+    /// Keys of the secrets the last `ControllerModifyVolume` carried.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub modify_secret_keys: Vec<String>,
     /// Keys of the secrets `CreateVolume` carried (values are never kept).
     pub secret_keys: Vec<String>,
     pub volume_capabilities: Vec<Capability>,
@@ -309,6 +316,10 @@ fn flock(file: &File, op: libc::c_int) -> io::Result<()> {
             return Err(err);
         }
     }
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 #[cfg(test)]

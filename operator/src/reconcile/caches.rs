@@ -17,7 +17,7 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
-use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
+use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass, VolumeAttributesClass};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
@@ -199,6 +199,15 @@ impl Caches {
             .boxed(),
             meta(
                 Box::pin(owned.watch_meta::<StorageClass>(client, "StorageClass")),
+                synced.flag(),
+            )
+            .boxed(),
+            // Also what brings a driver back when Kubernetes finally
+            // deletes a replaced class that was in use (see `supporting`).
+            meta(
+                Box::pin(
+                    owned.watch_meta::<VolumeAttributesClass>(client, "VolumeAttributesClass"),
+                ),
                 synced.flag(),
             )
             .boxed(),

@@ -1,5 +1,5 @@
 //! The cluster-scoped objects of a driver (CSIDriver, ClusterRoleBindings,
-//! StorageClasses): they cannot carry an owner reference
+//! StorageClasses, VolumeAttributesClasses): they cannot carry an owner reference
 //! to a namespaced object, so they are found by our owner-uid label, pruned
 //! when the spec stops rendering them, and deleted in the last teardown step.
 
@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::fmt::Debug;
 
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
-use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
+use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass, VolumeAttributesClass};
 use kube::api::{Api, DeleteParams, ListParams, Preconditions};
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -71,12 +71,13 @@ where
     Ok(deleted)
 }
 
-/// The three kinds, addressed by one owner selector. (No ClusterRoles: the
+/// The four kinds, addressed by one owner selector. (No ClusterRoles: the
 /// roles are shipped with the operator, which cannot write any.)
 pub struct ClusterScoped {
     csidrivers: Api<CSIDriver>,
     cluster_role_bindings: Api<ClusterRoleBinding>,
     storage_classes: Api<StorageClass>,
+    attributes_classes: Api<VolumeAttributesClass>,
     selector: String,
 }
 
@@ -86,16 +87,36 @@ impl ClusterScoped {
             csidrivers: Api::all(client.clone()),
             cluster_role_bindings: Api::all(client.clone()),
             storage_classes: Api::all(client.clone()),
+            attributes_classes: Api::all(client.clone()),
             selector,
         }
     }
 
-    /// How many of ours remain.
+    /// How many of ours remain. A VolumeAttributesClass already deleted
+    /// does not count: Kubernetes removes it once no claim or PV uses it,
+    /// which may be long after the driver is gone, and nothing of ours
+    /// holds it.
     pub async fn count(&self) -> Result<usize, Error> {
         let sel = self.selector.as_str();
-        Ok(owned_names(&self.csidrivers, "CSIDriver", sel, None)
-            .await?
-            .len()
+        let attributes_classes = self
+            .attributes_classes
+            .list(&ListParams::default().labels(sel))
+            .await
+            .map_err(|e| {
+                Error::read(
+                    "list",
+                    format!("VolumeAttributesClass objects labelled {sel}"),
+                    e,
+                )
+            })?
+            .items
+            .iter()
+            .filter(|c| c.metadata.deletion_timestamp.is_none())
+            .count();
+        Ok(attributes_classes
+            + owned_names(&self.csidrivers, "CSIDriver", sel, None)
+                .await?
+                .len()
             + owned_names(&self.cluster_role_bindings, "ClusterRoleBinding", sel, None)
                 .await?
                 .len()
@@ -106,8 +127,13 @@ impl ClusterScoped {
 
     /// Deletes every one of ours (teardown).
     pub async fn delete_all(&self) -> Result<usize, Error> {
-        self.delete_except(&BTreeSet::new(), &BTreeSet::new(), &BTreeSet::new())
-            .await
+        self.delete_except(
+            &BTreeSet::new(),
+            &BTreeSet::new(),
+            &BTreeSet::new(),
+            &BTreeSet::new(),
+        )
+        .await
     }
 
     /// Deletes ours that the current spec no longer renders (a StorageClass
@@ -115,20 +141,30 @@ impl ClusterScoped {
     pub async fn prune(&self, rendered: &Rendered) -> Result<usize, Error> {
         let names = |it: &mut dyn Iterator<Item = String>| it.collect::<BTreeSet<String>>();
         let classes = names(&mut rendered.storage_classes.iter().map(|o| o.name_any()));
+        let attributes = names(&mut rendered.attributes_classes.iter().map(|o| o.name_any()));
         let bindings = names(&mut rendered.cluster_role_bindings.iter().map(|o| o.name_any()));
         let drivers = names(&mut std::iter::once(rendered.csi_driver.name_any()));
-        self.delete_except(&classes, &bindings, &drivers).await
+        self.delete_except(&classes, &attributes, &bindings, &drivers)
+            .await
     }
 
     async fn delete_except(
         &self,
         classes: &BTreeSet<String>,
+        attributes: &BTreeSet<String>,
         bindings: &BTreeSet<String>,
         drivers: &BTreeSet<String>,
     ) -> Result<usize, Error> {
         let sel = self.selector.as_str();
         Ok(
             delete_all(&self.storage_classes, "StorageClass", sel, None, classes).await?
+                + delete_terminating_aside(
+                    &self.attributes_classes,
+                    "VolumeAttributesClass",
+                    sel,
+                    attributes,
+                )
+                .await?
                 + delete_all(
                     &self.cluster_role_bindings,
                     "ClusterRoleBinding",
@@ -140,4 +176,27 @@ impl ClusterScoped {
                 + delete_all(&self.csidrivers, "CSIDriver", sel, None, drivers).await?,
         )
     }
+}
+
+/// [`delete_all`] for VolumeAttributesClasses, skipping those already being
+/// deleted (Kubernetes holds a class in use; deleting it again each
+/// reconcile would count as work done and change nothing).
+async fn delete_terminating_aside(
+    api: &Api<VolumeAttributesClass>,
+    kind: &'static str,
+    selector: &str,
+    keep: &BTreeSet<String>,
+) -> Result<usize, Error> {
+    let list = api
+        .list(&ListParams::default().labels(selector))
+        .await
+        .map_err(|e| Error::read("list", format!("{kind} objects labelled {selector}"), e))?;
+    let mut keep = keep.clone();
+    keep.extend(
+        list.items
+            .iter()
+            .filter(|c| c.metadata.deletion_timestamp.is_some())
+            .map(|c| c.name_any()),
+    );
+    delete_all(api, kind, selector, None, &keep).await
 }

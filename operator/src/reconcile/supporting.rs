@@ -1,16 +1,17 @@
 //! The objects a driver's pods need before they start: ServiceAccounts,
-//! RBAC bindings, the CSIDriver and StorageClasses, applied ownership-checked; the
-//! immutable CSIDriver and StorageClasses re-created when they change.
+//! RBAC bindings, the CSIDriver, StorageClasses and VolumeAttributesClasses,
+//! applied ownership-checked; the immutable CSIDriver, StorageClasses and
+//! VolumeAttributesClasses re-created when they change.
 
 use csiops_crds::CSIDriverDeployment;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
-use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
+use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass, VolumeAttributesClass};
 use kube::api::Api;
 use kube::ResourceExt;
 use tracing::{debug, info, warn};
 
-use super::apply::{apply, apply_checked, delete_owned, Applied, Mode, Owner};
+use super::apply::{apply, apply_checked, delete_owned, get_owned, Applied, Mode, Owner};
 use super::error::Error;
 use super::events::{publish, Note};
 use super::Context;
@@ -167,5 +168,113 @@ pub(super) async fn apply_supporting(
             Applied::Updated | Applied::Unchanged => {}
         }
     }
+    apply_attributes_classes(obj, ctx, owner, r).await
+}
+
+/// VolumeAttributesClasses: parameters and driverName are immutable, so a
+/// changed class is deleted and created again. Kubernetes holds a deleted
+/// class (its `kubernetes.io/vac-protection` finalizer) until no claim or
+/// PV uses it: an unused one goes within moments, waited for here (at most
+/// [`RELEASE_WAIT`]) so it is re-created in the same pass; one still in use
+/// cannot be replaced yet, which is said with a Warning Event rather than
+/// failed, and its deletion (watched) brings the object back here then.
+async fn apply_attributes_classes(
+    obj: &CSIDriverDeployment,
+    ctx: &Context,
+    owner: Owner<'_>,
+    r: &Rendered,
+) -> Result<(), Error> {
+    let classes: Api<VolumeAttributesClass> = Api::all(ctx.client.clone());
+    for class in &r.attributes_classes {
+        let name = class.name_any();
+        let apply_once = || {
+            apply(
+                &classes,
+                "VolumeAttributesClass",
+                class.clone(),
+                owner,
+                Mode::RecreateIfChanged,
+                &ctx.caches.owned,
+            )
+        };
+        let applied = match apply_once().await {
+            // The old class is still there, being deleted.
+            Err(e @ Error::Rejected { code: 422, .. }) => {
+                match released(&classes, &name, owner).await? {
+                    Release::Gone => apply_once().await.map(|_| Applied::Recreated),
+                    Release::Held => {
+                        let note = format!("VolumeAttributesClass {name} changed, but claims or PVs still use the old one: Kubernetes deletes it once none does, and it is created again with the new parameters then");
+                        warn!(volume_attributes_class = %name, "{note}");
+                        publish(
+                            &ctx.recorder,
+                            obj,
+                            &Note::warning("VolumeAttributesClassInUse", note),
+                        )
+                        .await;
+                        continue;
+                    }
+                    Release::NotDeleting => Err(e),
+                }
+            }
+            other => other,
+        };
+        match applied? {
+            Applied::Created => {
+                info!(volume_attributes_class = %name, "VolumeAttributesClass created")
+            }
+            Applied::Recreated => {
+                let note = format!("VolumeAttributesClass {name} re-created with the new spec");
+                publish(
+                    &ctx.recorder,
+                    obj,
+                    &Note {
+                        warning: false,
+                        reason: "VolumeAttributesClassRecreated".into(),
+                        action: "Apply".into(),
+                        note,
+                    },
+                )
+                .await;
+            }
+            Applied::Updated | Applied::Unchanged => {}
+        }
+    }
     Ok(())
+}
+
+/// How long a deleted class may take to go before it counts as in use:
+/// the protection controller lets go of an unused one within moments.
+const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// What became of a class whose replacement the API server refused.
+enum Release {
+    /// Gone (at once or within [`RELEASE_WAIT`]): create the new one.
+    Gone,
+    /// Still being deleted: in use.
+    Held,
+    /// Not being deleted: the refusal was about something else.
+    NotDeleting,
+}
+
+/// Waits for the deleted class `name` to go, unless it has been held for
+/// longer than [`RELEASE_WAIT`] already (an earlier pass waited then).
+async fn released(
+    classes: &Api<VolumeAttributesClass>,
+    name: &str,
+    owner: Owner<'_>,
+) -> Result<Release, Error> {
+    let started = tokio::time::Instant::now();
+    loop {
+        let Some(live) = get_owned(classes, "VolumeAttributesClass", name, owner).await? else {
+            return Ok(Release::Gone);
+        };
+        let Some(deleted_at) = live.metadata.deletion_timestamp else {
+            return Ok(Release::NotDeleting);
+        };
+        let held_for = chrono::Utc::now().timestamp() - deleted_at.0.as_second();
+        if held_for > RELEASE_WAIT.as_secs() as i64 || started.elapsed() > RELEASE_WAIT {
+            return Ok(Release::Held);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
 }

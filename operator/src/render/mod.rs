@@ -1,7 +1,8 @@
 //! Pure rendering of a `CSIDriverDeployment` into the Kubernetes objects that
 //! run its CSI driver, following the Kubernetes CSI design's recommended
 //! deployment: a controller StatefulSet, a node DaemonSet, the `CSIDriver`
-//! object, least-privilege RBAC and optional StorageClasses.
+//! object, least-privilege RBAC and optional StorageClasses and
+//! VolumeAttributesClasses.
 //!
 //! With `spec.topology: NodeLocal` there is no controller workload: the node
 //! DaemonSet's pods also run the provisioner in node-deployment mode, and
@@ -14,6 +15,7 @@
 //! when serialized, ready for server-side apply.
 
 mod api_access;
+mod attributes_class;
 mod containers;
 pub mod controller;
 pub(crate) mod csidriver;
@@ -36,7 +38,7 @@ use csiops_crds::{
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{LocalObjectReference, PodSpec, Service, ServiceAccount, Volume};
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
-use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
+use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass, VolumeAttributesClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 pub use api_access::{API_ACCESS_MOUNT, TOKEN_EXPIRATION_SECONDS};
@@ -84,6 +86,7 @@ pub struct Rendered {
     pub controller: Option<ControllerWorkload>,
     pub daemonset: DaemonSet,
     pub storage_classes: Vec<StorageClass>,
+    pub attributes_classes: Vec<VolumeAttributesClass>,
     /// The headless metrics Service (`spec.monitoring` set); `None`: delete
     /// a leftover one.
     pub metrics_service: Option<Service>,
@@ -129,6 +132,7 @@ pub fn render(obj: &CSIDriverDeployment, cfg: &RenderConfig) -> Result<Rendered,
         controller,
         daemonset,
         storage_classes: storageclass::storage_classes(&ctx),
+        attributes_classes: attributes_class::attributes_classes(&ctx),
         metrics_service: monitoring::service(&ctx),
         pod_monitor: monitoring::pod_monitor(&ctx),
         controller_hash,

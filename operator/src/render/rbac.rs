@@ -46,7 +46,9 @@ const fn grant(
 const READ: &[&str] = &["get", "list", "watch"];
 const STORAGE: &str = "storage.k8s.io";
 
-/// external-provisioner: PVs for PVCs, StorageClass parameters, topology from
+/// external-provisioner: PVs for PVCs, StorageClass parameters, the
+/// claims' VolumeAttributesClasses (watched, so a claim waiting for its
+/// class goes on when it appears; upstream only gets them), topology from
 /// CSINode/Node, VolumeAttachments (to delay deletes of attached volumes),
 /// provisioner/node-stage secrets, Events on PVCs and PVs (events.k8s.io,
 /// which the sidecars' recorder writes); for restores the VolumeSnapshot and
@@ -67,6 +69,7 @@ pub const PROVISIONER_GRANTS: &[Grant] = &[
         &["get", "list", "watch", "update", "patch"],
     ),
     grant(STORAGE, "storageclasses", READ),
+    grant(STORAGE, "volumeattributesclasses", READ),
     grant(STORAGE, "csinodes", READ),
     grant("", "nodes", READ),
     grant(STORAGE, "volumeattachments", READ),
@@ -94,6 +97,7 @@ pub const NODE_PROVISIONER_GRANTS: &[Grant] = &[
         &["get", "list", "watch", "update", "patch"],
     ),
     grant(STORAGE, "storageclasses", READ),
+    grant(STORAGE, "volumeattributesclasses", READ),
     grant(STORAGE, "volumeattachments", READ),
     grant("", "secrets", &["get"]),
     grant("events.k8s.io", "events", &["create", "patch"]),

@@ -65,8 +65,11 @@ pub struct ProvisionerArgs {
     /// true), `HonorPVReclaimPolicy=true|false` switches the PV finalizer
     /// (default true), `CrossNamespaceVolumeDataSource=true|false` allows a
     /// `dataSourceRef` into another namespace that a ReferenceGrant there
-    /// permits (default false); `VolumeAttributesClass` and
-    /// `ReleaseLeaderElectionOnExit` are accepted and change nothing (see
+    /// permits (default false), `VolumeAttributesClass=true|false` passes
+    /// the parameters of a claim's VolumeAttributesClass to CreateVolume
+    /// (default true, turned off at start when the API server serves no
+    /// `storage.k8s.io/v1` VolumeAttributesClass and the gate was not set);
+    /// `ReleaseLeaderElectionOnExit` is accepted and changes nothing (see
     /// [`IGNORED_GATES`]); other gates are refused.
     #[arg(long, default_value = "")]
     pub feature_gates: String,
@@ -119,10 +122,9 @@ pub struct ProvisionerArgs {
     pub capacity: super::capacity::CapacityArgs,
 }
 
-/// Upstream gates accepted with no effect here: `VolumeAttributesClass`
-/// (no ModifyVolume; CreateVolume gets no mutable parameters),
+/// Upstream gates accepted with no effect here:
 /// `ReleaseLeaderElectionOnExit` (the Lease is always released on exit).
-pub const IGNORED_GATES: &[&str] = &["VolumeAttributesClass", "ReleaseLeaderElectionOnExit"];
+pub const IGNORED_GATES: &[&str] = &["ReleaseLeaderElectionOnExit"];
 
 /// Upstream gates this provisioner understands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,6 +134,23 @@ pub struct FeatureGates {
     /// `CrossNamespaceVolumeDataSource` (default false, as upstream): a
     /// `dataSourceRef` with a namespace, allowed by a ReferenceGrant there.
     pub cross_namespace_volume_data_source: bool,
+    /// `VolumeAttributesClass` (GA upstream, default on): `None` when not
+    /// set, which means on unless the API server lacks the v1 API (see
+    /// [`FeatureGates::attributes_class_enabled`]).
+    pub volume_attributes_class: Option<bool>,
+}
+
+impl FeatureGates {
+    /// Whether the `VolumeAttributesClass` gate is on, given whether the
+    /// API server serves `storage.k8s.io/v1` VolumeAttributesClass
+    /// (`None`: discovery failed). As upstream: a gate set on the command
+    /// line stands; unset, it is on unless discovery said the API is absent.
+    pub fn attributes_class_enabled(&self, served: Option<bool>) -> bool {
+        match self.volume_attributes_class {
+            Some(set) => set,
+            None => served != Some(false),
+        }
+    }
 }
 
 /// Parses `Key=bool,Key=bool`.
@@ -140,6 +159,7 @@ pub fn feature_gates(s: &str) -> Result<FeatureGates, String> {
         topology: true,
         honor_pv_reclaim_policy: true,
         cross_namespace_volume_data_source: false,
+        volume_attributes_class: None,
     };
     for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
         let (key, value) = item
@@ -153,6 +173,7 @@ pub fn feature_gates(s: &str) -> Result<FeatureGates, String> {
             "Topology" => gates.topology = value,
             "HonorPVReclaimPolicy" => gates.honor_pv_reclaim_policy = value,
             "CrossNamespaceVolumeDataSource" => gates.cross_namespace_volume_data_source = value,
+            "VolumeAttributesClass" => gates.volume_attributes_class = Some(value),
             k if IGNORED_GATES.contains(&k) => {}
             other => return Err(format!("unknown gate {other:?}")),
         }
@@ -250,6 +271,8 @@ impl ProvisionerArgs {
             prevent_volume_mode_conversion: self.prevent_volume_mode_conversion,
             cloning_protection_threads: self.cloning_protection_threads,
             snapshot_orphan_sweep_interval: self.snapshot_orphan_sweep_interval,
+            // Discovery may still turn an unset gate off (see `run`).
+            volume_attributes_class: checked.gates.attributes_class_enabled(None),
             // Upstream's "<start time>-<random>-<driver>[-<node>]"; the pid
             // stands in for the random part.
             identity: Some(match node {
@@ -395,6 +418,7 @@ mod tests {
                 topology: true,
                 honor_pv_reclaim_policy: true,
                 cross_namespace_volume_data_source: false,
+                volume_attributes_class: None,
             })
         );
         assert_eq!(
@@ -405,15 +429,25 @@ mod tests {
                 topology: false,
                 honor_pv_reclaim_policy: false,
                 cross_namespace_volume_data_source: true,
+                volume_attributes_class: None,
             })
         );
         assert!(feature_gates("Topology").unwrap_err().contains("Key=true"));
         assert!(feature_gates("Topology=yes")
             .unwrap_err()
             .contains("true or false"));
-        assert!(
-            feature_gates("VolumeAttributesClass=true,ReleaseLeaderElectionOnExit=false").is_ok()
-        );
+        assert!(feature_gates("ReleaseLeaderElectionOnExit=false").is_ok());
+        // VolumeAttributesClass: unset follows discovery (on when the API
+        // is served or discovery failed), set stands whatever discovery says.
+        let unset = feature_gates("").expect("gates");
+        assert!(unset.attributes_class_enabled(Some(true)));
+        assert!(unset.attributes_class_enabled(None));
+        assert!(!unset.attributes_class_enabled(Some(false)));
+        let on = feature_gates("VolumeAttributesClass=true").expect("gates");
+        assert_eq!(on.volume_attributes_class, Some(true));
+        assert!(on.attributes_class_enabled(Some(false)));
+        let off = feature_gates("VolumeAttributesClass=false").expect("gates");
+        assert!(!off.attributes_class_enabled(Some(true)));
         assert!(feature_gates("CSIStorageCapacity=true")
             .unwrap_err()
             .contains("unknown gate"));

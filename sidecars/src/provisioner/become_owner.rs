@@ -34,6 +34,8 @@ pub enum RoomError {
     Prepare(#[from] PrepareError),
     #[error("GetCapacity: {}", rpc(.0))]
     GetCapacity(tonic::Status),
+    #[error("cannot read the claim's VolumeAttributesClass")]
+    AttributesClass(#[source] Box<super::claim::ClaimError>),
 }
 
 impl Provisioner {
@@ -158,7 +160,12 @@ impl Provisioner {
         if size == 0 {
             return Ok(true);
         }
-        let prepared = self.prepare(&node.as_selected(claim), class)?;
+        let attributes_class = self
+            .attributes_class(claim)
+            .await
+            .map_err(|e| RoomError::AttributesClass(Box::new(e)))?;
+        let prepared =
+            self.prepare(&node.as_selected(claim), class, attributes_class.as_deref())?;
         let request = &prepared.request;
         let topologies: Vec<_> = match &request.accessibility_requirements {
             Some(r) if !r.requisite.is_empty() => r.requisite.iter().cloned().map(Some).collect(),

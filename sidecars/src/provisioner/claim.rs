@@ -22,12 +22,14 @@
 //! node's own finalizer.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use csiops_proto::csi::v1::CreateVolumeRequest;
 
+use futures::FutureExt;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttributesClass};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
@@ -261,13 +263,37 @@ impl Provisioner {
         }
     }
 
+    /// The VolumeAttributesClass the claim names (`None` when it names
+    /// none, or it does not exist): from the cache once it has listed;
+    /// before that, or when the provisioner may not list classes (its
+    /// watch keeps failing), read from the API server, as upstream always
+    /// does.
+    pub(super) async fn attributes_class(
+        &self,
+        claim: &PersistentVolumeClaim,
+    ) -> Result<Option<Arc<VolumeAttributesClass>>, ClaimError> {
+        let Some(name) =
+            super::attributes_class::requested(claim, self.config.volume_attributes_class)
+        else {
+            return Ok(None);
+        };
+        let cache = &self.caches.attributes_classes;
+        if cache.wait_until_ready().now_or_never().is_some() {
+            return Ok(cache.get(&ObjectRef::new(name)));
+        }
+        let api: Api<VolumeAttributesClass> = Api::all(self.client.clone());
+        Ok(api.get_opt(name).await?.map(Arc::new))
+    }
+
     /// The CreateVolume request for the claim. On a node, always with this
     /// node selected: a claim raced for has none yet, and one cleaned up
-    /// after it moved names another.
+    /// after it moved names another. `attributes_class`: see
+    /// [`Self::attributes_class`].
     pub(super) fn prepare(
         &self,
         claim: &PersistentVolumeClaim,
         class: &StorageClass,
+        attributes_class: Option<&VolumeAttributesClass>,
     ) -> Result<Prepared, PrepareError> {
         let claim = match &self.node {
             Some(node) if node_deployment::selected_node(claim) != Some(node.name()) => {
@@ -280,6 +306,7 @@ impl Provisioner {
         plan::prepare(
             &claim,
             class,
+            attributes_class,
             &self.config,
             self.caps,
             Cluster {
@@ -307,7 +334,8 @@ impl Provisioner {
         class: &StorageClass,
     ) -> Result<(), ClaimError> {
         let started = Instant::now();
-        let mut prepared = match self.prepare(cached, class) {
+        let attributes_class = self.attributes_class(cached).await?;
+        let mut prepared = match self.prepare(cached, class, attributes_class.as_deref()) {
             Ok(p) => p,
             Err(e) => {
                 // The scheduler chose a node that is gone: let it choose
@@ -580,8 +608,15 @@ impl Provisioner {
                 decide::class_name(claim).unwrap_or_default()
             ))
         })?;
+        // Its VolumeAttributesClass too: a request without its mutable
+        // parameters may not find the volume. A class deleted since blocks
+        // the clean-up (said, with what to do).
+        let attributes_class = self
+            .attributes_class(claim)
+            .await
+            .map_err(|e| blocked(chain(&e).to_string()))?;
         let mut prepared = self
-            .prepare(claim, class)
+            .prepare(claim, class, attributes_class.as_deref())
             .map_err(|e| blocked(chain(&e).to_string()))?;
         // The same request as the provisioning's, content source included,
         // or a driver holding the volume answers AlreadyExists.

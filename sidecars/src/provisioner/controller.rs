@@ -1,6 +1,6 @@
 //! The provisioner's controller: shared caches of claims, classes, PVs,
-//! CSINodes, Nodes and VolumeAttachments (no per-claim GET of a Node or
-//! CSINode), a claim queue and a volume queue with per-key backoff, and
+//! CSINodes, Nodes, VolumeAttachments and VolumeAttributesClasses (no
+//! per-claim GET of a Node or CSINode), a claim queue and a volume queue with per-key backoff, and
 //! workers that run [`super::claim`] and [`super::volume`] syncs. CSI calls
 //! of both queues share `--worker-threads` permits.
 //!
@@ -18,7 +18,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
-use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttachment};
+use k8s_openapi::api::storage::v1::{
+    CSINode, StorageClass, VolumeAttachment, VolumeAttributesClass,
+};
 use kube::api::Api;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
@@ -72,6 +74,11 @@ pub struct Caches {
     pub csi_nodes: Store<CSINode>,
     pub nodes: Store<Node>,
     pub attachments: Store<VolumeAttachment>,
+    /// Watched with the `VolumeAttributesClass` gate on (else always
+    /// empty). Not waited for at start: without RBAC to list them the
+    /// provisioner still works, reading a claim's class on its own as
+    /// upstream does (see `claim`).
+    pub attributes_classes: Store<VolumeAttributesClass>,
 }
 
 /// The queues, made before the metrics registry is shared.
@@ -309,6 +316,31 @@ impl Provisioner {
         };
         let (classes, task) = reflect(Api::<StorageClass>::all(client.clone()), |_| {});
         tasks.push(task);
+        let attributes_classes = if setup.config.volume_attributes_class {
+            // A class that appears wakes the claims waiting for it, at
+            // once rather than at their next backoff.
+            let (queue, waiting, driver) =
+                (claims.clone(), claims_store.clone(), driver_name.clone());
+            let (store, task) = reflect(
+                Api::<VolumeAttributesClass>::all(client.clone()),
+                move |e| {
+                    let Some(name) = applied(e).and_then(|c| c.metadata.name.as_deref()) else {
+                        return;
+                    };
+                    for claim in waiting.store().state() {
+                        if claim_is_for(&claim, &driver)
+                            && super::attributes_class::waits_for(&claim, name, true)
+                        {
+                            queue.add(ObjectRef::from_obj(claim.as_ref()));
+                        }
+                    }
+                },
+            );
+            tasks.push(task);
+            store
+        } else {
+            fixed_store(Vec::new())
+        };
         let (csi_nodes, nodes) = match &setup.node {
             Some(node) => {
                 let (n, c) = node.local.objects(&driver_name);
@@ -345,6 +377,7 @@ impl Provisioner {
                 csi_nodes,
                 nodes,
                 attachments,
+                attributes_classes,
             },
             claims,
             volumes,

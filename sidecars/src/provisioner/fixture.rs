@@ -68,6 +68,7 @@ impl Fixture {
                 csi_nodes: reflector::store().0,
                 nodes: reflector::store().0,
                 attachments: reflector::store().0,
+                attributes_classes: fixed_store(Vec::new()),
             },
             claims: queues.claims,
             volumes: queues.volumes,

@@ -15,6 +15,8 @@
 //!   the driver answered with ([`quantity`] reads and writes quantities);
 //! - [`topology`]: requisite/preferred accessibility requirements, per the
 //!   README's table;
+//! - [`attributes_class`]: a claim's VolumeAttributesClass → CreateVolume's
+//!   mutable parameters;
 //! - [`pv`]: the PersistentVolume for a created volume;
 //! - [`plan`]: the above composed into the two steps around CreateVolume;
 //! - [`decide`]: what a claim or a PV needs; [`finalizer`]: the patches;
@@ -40,6 +42,7 @@
 //! (`--enable-capacity`).
 
 pub mod args;
+pub mod attributes_class;
 pub mod become_owner;
 pub mod capabilities;
 pub mod capacity;
@@ -208,7 +211,7 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
         None => None,
     };
     let node_name = node.as_ref().map(|n| n.name().to_string());
-    let config = args.config(&driver_name, &checked, node_name.as_deref());
+    let mut config = args.config(&driver_name, &checked, node_name.as_deref());
     let caps = DriverCapabilities {
         topology: caps.topology && checked.gates.topology,
         ..caps
@@ -218,6 +221,7 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
         topology = caps.topology,
         snapshot_restore = caps.create_delete_snapshot,
         clone = caps.clone_volume,
+        modify = caps.modify_volume,
         "driver ready"
     );
     if let Some(plugin) = crate::common::migration::Plugin::for_driver(&driver_name) {
@@ -237,6 +241,18 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
     let clients = match kube_client::clients(&args.kube, &requests, &guard).await {
         Ok(clients) => clients,
         Err(e) => return role.finish(Err(e.into())).await,
+    };
+    // As upstream: the gate, unless set, follows what the API server serves.
+    config.volume_attributes_class = match checked.gates.volume_attributes_class {
+        Some(set) => set,
+        None => {
+            let served = attributes_class_served(&clients.normal).await;
+            let on = checked.gates.attributes_class_enabled(served);
+            if !on {
+                tracing::info!("the API server serves no storage.k8s.io/v1 VolumeAttributesClass: the VolumeAttributesClass gate is off");
+            }
+            on
+        }
     };
     let capacity = match capacity_env.zip(capacity_metrics) {
         Some((env, metrics)) => {
@@ -372,6 +388,24 @@ async fn open_journal(
     }
 }
 
+/// Whether the API server serves `storage.k8s.io/v1` VolumeAttributesClass:
+/// `None` when discovery fails for another reason than the group version
+/// being absent (upstream keeps the gate on then).
+async fn attributes_class_served(client: &kube::Client) -> Option<bool> {
+    match client.list_api_group_resources("storage.k8s.io/v1").await {
+        Ok(list) => Some(
+            list.resources
+                .iter()
+                .any(|r| r.kind == "VolumeAttributesClass"),
+        ),
+        Err(kube::Error::Api(s)) if s.is_not_found() => Some(false),
+        Err(e) => {
+            tracing::warn!(error = %csiops_runtime::chain(&e), "cannot tell whether the API server serves VolumeAttributesClass; the gate stays on");
+            None
+        }
+    }
+}
+
 /// GetPluginInfo, GetPluginCapabilities and ControllerGetCapabilities: the
 /// driver's name and what it supports. Any failure ends the process.
 async fn driver_facts(driver: &Driver) -> Result<(String, DriverCapabilities), ProvisionerError> {
@@ -405,6 +439,7 @@ async fn driver_facts(driver: &Driver) -> Result<(String, DriverCapabilities), P
             create_delete_snapshot: controller.contains(&Rpc::CreateDeleteSnapshot),
             clone_volume: controller.contains(&Rpc::CloneVolume),
             publish_unpublish: controller.contains(&Rpc::PublishUnpublishVolume),
+            modify_volume: controller.contains(&Rpc::ModifyVolume),
         },
     ))
 }

@@ -53,16 +53,22 @@ pub enum SecretKind {
     ControllerExpand,
     /// NodeExpandVolume (`nodeExpandSecretRef`).
     NodeExpand,
+    /// ControllerModifyVolume (the external-resizer's, for a
+    /// VolumeAttributesClass change): the PV has no field for it, so it is
+    /// written as the PV annotations `volume.kubernetes.io/controller-modify-secret-name`
+    /// and `-namespace` (see [`super::pv`]).
+    ControllerModify,
 }
 
 impl SecretKind {
-    pub const ALL: [SecretKind; 6] = [
+    pub const ALL: [SecretKind; 7] = [
         SecretKind::Provisioner,
         SecretKind::ControllerPublish,
         SecretKind::NodeStage,
         SecretKind::NodePublish,
         SecretKind::ControllerExpand,
         SecretKind::NodeExpand,
+        SecretKind::ControllerModify,
     ];
 
     /// `(name key, namespace key)` with the reserved prefix.
@@ -92,6 +98,10 @@ impl SecretKind {
                 "csi.storage.k8s.io/node-expand-secret-name",
                 "csi.storage.k8s.io/node-expand-secret-namespace",
             ),
+            SecretKind::ControllerModify => (
+                "csi.storage.k8s.io/controller-modify-secret-name",
+                "csi.storage.k8s.io/controller-modify-secret-namespace",
+            ),
         }
     }
 
@@ -111,7 +121,9 @@ impl SecretKind {
             SecretKind::NodePublish => {
                 Some(("csiNodePublishSecretName", "csiNodePublishSecretNamespace"))
             }
-            SecretKind::ControllerExpand | SecretKind::NodeExpand => None,
+            SecretKind::ControllerExpand
+            | SecretKind::NodeExpand
+            | SecretKind::ControllerModify => None,
         }
     }
 
@@ -132,6 +144,7 @@ impl fmt::Display for SecretKind {
             SecretKind::NodePublish => "NodePublish",
             SecretKind::ControllerExpand => "ControllerExpand",
             SecretKind::NodeExpand => "NodeExpand",
+            SecretKind::ControllerModify => "ControllerModify",
         })
     }
 }
@@ -403,7 +416,8 @@ pub fn secret_ref(
     }))
 }
 
-/// The secret references a provisioned PV carries.
+/// The secret references a provisioned PV carries: five in its CSI source,
+/// the ControllerModify one in annotations.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PvSecretRefs {
     pub controller_publish: Option<SecretRef>,
@@ -411,9 +425,13 @@ pub struct PvSecretRefs {
     pub node_publish: Option<SecretRef>,
     pub controller_expand: Option<SecretRef>,
     pub node_expand: Option<SecretRef>,
+    pub controller_modify: Option<SecretRef>,
 }
 
-/// All five PV secret references (every one but the provisioner's).
+/// All six PV secret references (every one but the provisioner's). As
+/// upstream, the ControllerModify one is resolved (and falls back to the
+/// default `csi.storage.k8s.io/secret-name`) whether or not the claim names
+/// a VolumeAttributesClass: the class may be set on the claim later.
 pub fn pv_secret_refs(
     class_params: &BTreeMap<String, String>,
     ctx: &TemplateContext<'_>,
@@ -424,6 +442,7 @@ pub fn pv_secret_refs(
         node_publish: secret_ref(SecretKind::NodePublish, class_params, ctx)?,
         controller_expand: secret_ref(SecretKind::ControllerExpand, class_params, ctx)?,
         node_expand: secret_ref(SecretKind::NodeExpand, class_params, ctx)?,
+        controller_modify: secret_ref(SecretKind::ControllerModify, class_params, ctx)?,
     })
 }
 
@@ -553,6 +572,12 @@ mod tests {
                     ("csi.storage.k8s.io/provisioner-secret-namespace", "ns"),
                     ("csi.storage.k8s.io/node-expand-secret-name", "s"),
                     ("csi.storage.k8s.io/node-expand-secret-namespace", "ns"),
+                    // Upstream v6 knows the ControllerModify keys too.
+                    ("csi.storage.k8s.io/controller-modify-secret-name", "s"),
+                    (
+                        "csi.storage.k8s.io/controller-modify-secret-namespace",
+                        "ns",
+                    ),
                     (DEFAULT_SECRET_NAME_KEY, "s"),
                     (DEFAULT_SECRET_NAMESPACE_KEY, "ns"),
                 ],
@@ -683,6 +708,7 @@ mod tests {
         let prov = SecretKind::Provisioner.keys();
         let stage = SecretKind::NodeStage.keys();
         let expand = SecretKind::ControllerExpand.keys();
+        let modify = SecretKind::ControllerModify.keys();
         type Case<'a> = (
             &'a str,
             SecretKind,
@@ -822,6 +848,36 @@ mod tests {
                     (stage.1, "${pvc.namespace}"),
                 ],
                 Ok(Some(sref("from-annotation", "team-a"))),
+            ),
+            (
+                // Upstream resolves the ControllerModify secret against the
+                // whole claim, as the node secrets.
+                "annotation in the controller-modify secret name",
+                SecretKind::ControllerModify,
+                vec![
+                    (modify.0, "${pvc.annotations['example.com/secret']}"),
+                    (modify.1, "${pvc.namespace}"),
+                ],
+                Ok(Some(sref("from-annotation", "team-a"))),
+            ),
+            (
+                "controller-modify falls back to the default secret",
+                SecretKind::ControllerModify,
+                vec![
+                    (DEFAULT_SECRET_NAME_KEY, "all"),
+                    (DEFAULT_SECRET_NAMESPACE_KEY, "ns"),
+                ],
+                Ok(Some(sref("all", "ns"))),
+            ),
+            (
+                "controller-modify name without namespace",
+                SecretKind::ControllerModify,
+                vec![(modify.0, "s")],
+                Err(ParamsError::SecretIncomplete {
+                    secret: SecretKind::ControllerModify,
+                    present: modify.0,
+                    missing: modify.1,
+                }),
             ),
             (
                 "annotation not allowed for the provisioner secret",
@@ -980,6 +1036,7 @@ mod tests {
                 node_publish: Some(sref("nodepublish-secret", "ns")),
                 controller_expand: Some(sref("controllerexpand-secret", "ns")),
                 node_expand: Some(sref("nodeexpand-secret", "ns")),
+                controller_modify: Some(sref("controllermodify-secret", "ns")),
             }
         );
         assert_eq!(

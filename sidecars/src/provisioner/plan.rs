@@ -19,8 +19,9 @@ use std::sync::Arc;
 
 use csiops_proto::csi::v1::{CreateVolumeRequest, Volume};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
-use k8s_openapi::api::storage::v1::{CSINode, StorageClass};
+use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttributesClass};
 
+use super::attributes_class::{self, AttributesClassError};
 use super::capabilities::{self, CapabilityError};
 use super::content_source::{self, ContentSourceError};
 use super::decide;
@@ -60,6 +61,9 @@ pub struct ProvisionerConfig {
     pub cloning_protection_threads: usize,
     /// `--snapshot-orphan-sweep-interval` (zero: no sweep).
     pub snapshot_orphan_sweep_interval: std::time::Duration,
+    /// The `VolumeAttributesClass` gate, as resolved at start (see
+    /// [`super::args::FeatureGates::attributes_class_enabled`]).
+    pub volume_attributes_class: bool,
 }
 
 /// What the driver said it can do.
@@ -76,6 +80,8 @@ pub struct DriverCapabilities {
     /// Controller PUBLISH_UNPUBLISH_VOLUME: the volumes get
     /// VolumeAttachments (a node's provisioner watches them only then).
     pub publish_unpublish: bool,
+    /// Controller MODIFY_VOLUME: claims may name a VolumeAttributesClass.
+    pub modify_volume: bool,
 }
 
 /// The informer caches topology is computed from.
@@ -105,6 +111,8 @@ pub enum PrepareError {
     Topology(#[from] TopologyError),
     #[error("failed to translate the in-tree StorageClass: {0}")]
     Migration(#[from] MigrationError),
+    #[error(transparent)]
+    AttributesClass(#[from] AttributesClassError),
 }
 
 /// A CreateVolume request and what the PV will carry.
@@ -120,12 +128,18 @@ pub struct Prepared {
     /// The in-tree plugin of a class whose volumes migrate to the driver:
     /// the PV gets the plugin's source.
     pub migrated: Option<Plugin>,
+    /// The claim's VolumeAttributesClass, for the PV (gate on only).
+    pub attributes_class: Option<String>,
 }
 
 /// Step 1: the CreateVolume request for `claim` of `class`.
+/// `attributes_class` is the VolumeAttributesClass the claim names
+/// ([`attributes_class::requested`]) as cached, `None` when it does not
+/// exist (or the claim names none).
 pub fn prepare(
     claim: &PersistentVolumeClaim,
     class: &StorageClass,
+    attributes_class: Option<&VolumeAttributesClass>,
     config: &ProvisionerConfig,
     caps: DriverCapabilities,
     cluster: Cluster<'_>,
@@ -135,6 +149,12 @@ pub fn prepare(
     // (`content_source`), which fills `request.volume_content_source`.
     if let Some(source) = content_source::data_source(claim, config.cross_namespace_data_source)? {
         content_source::check_capabilities(source.kind, caps)?;
+    }
+    // Before anything else of the claim, as upstream: a driver that cannot
+    // modify volumes refuses every claim naming a class.
+    let requested_class = attributes_class::requested(claim, config.volume_attributes_class);
+    if requested_class.is_some() && !caps.modify_volume {
+        return Err(AttributesClassError::Unsupported.into());
     }
     if spec.selector.is_some() {
         return Err(PrepareError::Selector);
@@ -204,6 +224,12 @@ pub fn prepare(
         class_params,
         config.extra_create_metadata.then_some(&extra),
     )?;
+    let mutable_parameters = attributes_class::mutable_parameters(
+        requested_class,
+        attributes_class,
+        &config.driver_name,
+        caps.modify_volume,
+    )?;
 
     Ok(Prepared {
         request: CreateVolumeRequest {
@@ -211,6 +237,7 @@ pub fn prepare(
             capacity_range: Some(capacity_range),
             volume_capabilities,
             parameters,
+            mutable_parameters,
             accessibility_requirements: requirements,
             ..CreateVolumeRequest::default()
         },
@@ -219,6 +246,7 @@ pub fn prepare(
         pv_secrets,
         fs_type,
         migrated,
+        attributes_class: requested_class.map(str::to_string),
     })
 }
 
@@ -278,6 +306,7 @@ pub fn finish(
             fs_type: prepared.fs_type.as_deref(),
             provisioner_secret: prepared.provisioner_secret.as_ref(),
             secrets: &prepared.pv_secrets,
+            attributes_class: prepared.attributes_class.as_deref(),
         },
         &PvOptions {
             driver: &config.driver_name,
@@ -424,6 +453,7 @@ mod tests {
         create_delete_snapshot: false,
         clone_volume: false,
         publish_unpublish: false,
+        modify_volume: false,
     };
 
     #[test]
@@ -433,7 +463,7 @@ mod tests {
             nodes: &nodes,
             csi_nodes: &csi_nodes,
         };
-        let p = prepare(&claim(), &class(), &config(), CAPS, cluster).expect("prepared");
+        let p = prepare(&claim(), &class(), None, &config(), CAPS, cluster).expect("prepared");
         let name = format!("pvc-{UID}");
         let seg = |n: &str| Topology {
             segments: HashMap::from([(KEY.to_string(), n.to_string())]),
@@ -483,6 +513,7 @@ mod tests {
                 },
                 fs_type: Some("xfs".into()),
                 migrated: None,
+                attributes_class: None,
             }
         );
 
@@ -696,7 +727,7 @@ mod tests {
         let with = |f: fn(&mut PersistentVolumeClaim, &mut StorageClass)| {
             let (mut c, mut sc) = (claim(), class());
             f(&mut c, &mut sc);
-            prepare(&c, &sc, &config(), CAPS, cluster).err()
+            prepare(&c, &sc, None, &config(), CAPS, cluster).err()
         };
         let cases: Vec<(&str, Option<PrepareError>, Option<PrepareError>)> = vec![
             (
@@ -774,5 +805,115 @@ mod tests {
         for (name, got, want) in cases {
             assert_eq!(got, want, "{name}");
         }
+    }
+
+    #[test]
+    fn attributes_class_reaches_request_and_pv() {
+        use k8s_openapi::api::storage::v1::VolumeAttributesClass;
+        let (nodes, csi_nodes) = cluster();
+        let cluster = Cluster {
+            nodes: &nodes,
+            csi_nodes: &csi_nodes,
+        };
+        let mut c = claim();
+        if let Some(s) = c.spec.as_mut() {
+            s.volume_attributes_class_name = Some("gold".into());
+        }
+        let mut sc = class();
+        if let Some(p) = sc.parameters.as_mut() {
+            p.insert(
+                "csi.storage.k8s.io/controller-modify-secret-name".into(),
+                "${pvc.name}-modify".into(),
+            );
+            p.insert(
+                "csi.storage.k8s.io/controller-modify-secret-namespace".into(),
+                "${pvc.namespace}".into(),
+            );
+        }
+        let mut gold = VolumeAttributesClass {
+            driver_name: DRIVER.into(),
+            parameters: Some(map(&[("iops", "3000")])),
+            ..Default::default()
+        };
+        gold.metadata.name = Some("gold".into());
+        let on = ProvisionerConfig {
+            volume_attributes_class: true,
+            ..config()
+        };
+        let caps = DriverCapabilities {
+            modify_volume: true,
+            ..CAPS
+        };
+
+        let p = prepare(&c, &sc, Some(&gold), &on, caps, cluster).expect("prepared");
+        assert_eq!(
+            p.request.mutable_parameters,
+            HashMap::from([("iops".to_string(), "3000".to_string())])
+        );
+        assert!(
+            !p.request
+                .parameters
+                .keys()
+                .any(|k| k.contains("controller-modify")),
+            "the modify secret keys are stripped: {:?}",
+            p.request.parameters
+        );
+        assert!(p.request.secrets.is_empty());
+        assert_eq!(
+            p.pv_secrets.controller_modify,
+            Some(SecretRef {
+                name: "data-modify".into(),
+                namespace: "team-a".into(),
+            })
+        );
+        assert_eq!(p.attributes_class.as_deref(), Some("gold"));
+        let volume = Volume {
+            volume_id: "vol-1".into(),
+            ..Default::default()
+        };
+        let pv = finish(&p, &c, &sc, &on, caps, &volume).expect("pv");
+        assert_eq!(
+            pv.spec
+                .as_ref()
+                .and_then(|s| s.volume_attributes_class_name.as_deref()),
+            Some("gold")
+        );
+        let annotations = pv.metadata.annotations.unwrap_or_default();
+        assert_eq!(
+            annotations
+                .get(pv::MODIFY_SECRET_NAME_ANNOTATION)
+                .map(String::as_str),
+            Some("data-modify")
+        );
+        assert_eq!(
+            annotations
+                .get(pv::MODIFY_SECRET_NAMESPACE_ANNOTATION)
+                .map(String::as_str),
+            Some("team-a")
+        );
+
+        // The gate off: the class is not looked at, the PV names none.
+        let off = ProvisionerConfig {
+            volume_attributes_class: false,
+            ..config()
+        };
+        let p = prepare(&c, &sc, None, &off, CAPS, cluster).expect("prepared");
+        assert!(p.request.mutable_parameters.is_empty());
+        assert_eq!(p.attributes_class, None);
+
+        // The class missing; a driver that cannot modify (refused before
+        // the class is looked at).
+        assert_eq!(
+            prepare(&c, &sc, None, &on, caps, cluster).err(),
+            Some(PrepareError::AttributesClass(
+                AttributesClassError::Missing("gold".into())
+            ))
+        );
+        assert_eq!(
+            prepare(&c, &sc, Some(&gold), &on, CAPS, cluster).err(),
+            Some(PrepareError::AttributesClass(
+                AttributesClassError::Unsupported
+            ))
+        );
     }
 }

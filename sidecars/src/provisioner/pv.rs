@@ -6,6 +6,9 @@
 //!   `-namespace` (the provisioner secret, for DeleteVolume; both empty
 //!   strings when there is none, as upstream writes them, so deletion knows
 //!   "no secret" without reading the StorageClass again);
+//!   `volume.kubernetes.io/controller-modify-secret-name` / `-namespace`
+//!   when the class names a ControllerModify secret (the external-resizer's
+//!   ControllerModifyVolume reads them; absent otherwise, as upstream);
 //! - finalizer `external-provisioner.volume.kubernetes.io/finalizer` when
 //!   PV deletion protection is on and the reclaim policy is Delete (upstream
 //!   adds it at creation and strips it from Retain/Recycle PVs at once; this
@@ -13,7 +16,8 @@
 //! - spec: access modes and volume mode of the claim, capacity from the driver
 //!   (or the request when it answered 0, see
 //!   [`super::capabilities::provisioned_capacity`]), claimRef, reclaim policy,
-//!   mount options and class name, the CSI source (driver, volume handle,
+//!   mount options and class name, the claim's VolumeAttributesClass
+//!   (gate on, see [`super::attributes_class`]), the CSI source (driver, volume handle,
 //!   volume context as attributes, fsType unless Block, the five secret
 //!   references) and node affinity in Form 1 of the CSI design doc.
 
@@ -39,6 +43,11 @@ pub const DELETION_SECRET_NAME_ANNOTATION: &str =
     "volume.kubernetes.io/provisioner-deletion-secret-name";
 pub const DELETION_SECRET_NAMESPACE_ANNOTATION: &str =
     "volume.kubernetes.io/provisioner-deletion-secret-namespace";
+/// Where the external-resizer finds the ControllerModifyVolume secret.
+pub const MODIFY_SECRET_NAME_ANNOTATION: &str =
+    "volume.kubernetes.io/controller-modify-secret-name";
+pub const MODIFY_SECRET_NAMESPACE_ANNOTATION: &str =
+    "volume.kubernetes.io/controller-modify-secret-namespace";
 /// Keeps the PV until the volume behind it is deleted.
 pub const PV_PROTECTION_FINALIZER: &str = "external-provisioner.volume.kubernetes.io/finalizer";
 /// Volume attribute upstream stamps with its instance identity.
@@ -89,6 +98,8 @@ pub struct PvInputs<'a> {
     pub fs_type: Option<&'a str>,
     pub provisioner_secret: Option<&'a SecretRef>,
     pub secrets: &'a PvSecretRefs,
+    /// The claim's VolumeAttributesClass (already `None` with the gate off).
+    pub attributes_class: Option<&'a str>,
 }
 
 /// The PV's StorageClass name (empty when it has none), the `class` label
@@ -175,7 +186,7 @@ pub fn build_pv(
         Some(s) => (s.name.clone(), s.namespace.clone()),
         None => (String::new(), String::new()),
     };
-    let annotations = BTreeMap::from([
+    let mut annotations = BTreeMap::from([
         (
             PROVISIONED_BY_ANNOTATION.to_string(),
             options.driver.to_string(),
@@ -186,6 +197,13 @@ pub fn build_pv(
             secret_namespace,
         ),
     ]);
+    if let Some(modify) = &inputs.secrets.controller_modify {
+        annotations.insert(MODIFY_SECRET_NAME_ANNOTATION.into(), modify.name.clone());
+        annotations.insert(
+            MODIFY_SECRET_NAMESPACE_ANNOTATION.into(),
+            modify.namespace.clone(),
+        );
+    }
     let finalizers = (options.protection_finalizer
         && reclaim_policy.as_deref() == Some(RECLAIM_DELETE))
     .then(|| vec![PV_PROTECTION_FINALIZER.to_string()]);
@@ -248,6 +266,7 @@ pub fn build_pv(
             persistent_volume_reclaim_policy: reclaim_policy,
             storage_class_name: Some(class_name),
             volume_mode: claim_spec.volume_mode.clone(),
+            volume_attributes_class_name: inputs.attributes_class.map(str::to_string),
             ..PersistentVolumeSpec::default()
         }),
         status: None,
@@ -330,6 +349,7 @@ mod tests {
             node_publish: Some(sref("np")),
             controller_expand: Some(sref("ce")),
             node_expand: Some(sref("ne")),
+            controller_modify: Some(sref("cm")),
         };
         let prov = sref("prov");
         let pv = build_pv(
@@ -342,6 +362,7 @@ mod tests {
                 fs_type: Some("ext4"),
                 provisioner_secret: Some(&prov),
                 secrets: &secrets,
+                attributes_class: Some("gold"),
             },
             &PvOptions {
                 driver: DRIVER,
@@ -364,6 +385,8 @@ mod tests {
                         "pv.kubernetes.io/provisioned-by": DRIVER,
                         "volume.kubernetes.io/provisioner-deletion-secret-name": "prov",
                         "volume.kubernetes.io/provisioner-deletion-secret-namespace": "kube-system",
+                        "volume.kubernetes.io/controller-modify-secret-name": "cm",
+                        "volume.kubernetes.io/controller-modify-secret-namespace": "kube-system",
                     },
                     "finalizers": ["external-provisioner.volume.kubernetes.io/finalizer"],
                 },
@@ -401,6 +424,7 @@ mod tests {
                     ]}},
                     "persistentVolumeReclaimPolicy": "Delete",
                     "storageClassName": "fast",
+                    "volumeAttributesClassName": "gold",
                     "volumeMode": "Filesystem",
                 },
             })
@@ -456,6 +480,11 @@ mod tests {
                         Some("")
                     );
                     assert_eq!(pv.metadata.finalizers, None, "protection off");
+                    // No modify secret: no annotation at all, as upstream.
+                    assert!(!a.contains_key(MODIFY_SECRET_NAME_ANNOTATION));
+                    assert!(!a.contains_key(MODIFY_SECRET_NAMESPACE_ANNOTATION));
+                    let s = pv.spec.as_ref().expect("spec");
+                    assert_eq!(s.volume_attributes_class_name, None);
                 },
             ),
             (
@@ -558,6 +587,7 @@ mod tests {
                     fs_type: Some("xfs"),
                     provisioner_secret: None,
                     secrets: &no_secrets,
+                    attributes_class: None,
                 },
                 &o,
             );
@@ -632,6 +662,7 @@ mod tests {
                     fs_type: None,
                     provisioner_secret: None,
                     secrets: &no_secrets,
+                    attributes_class: None,
                 },
                 &opts,
             );

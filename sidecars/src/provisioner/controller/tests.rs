@@ -120,6 +120,7 @@ async fn after_the_lease_is_lost_no_worker_calls_create_or_delete_volume() {
         csi_nodes: fixed_store(Vec::new()),
         nodes: fixed_store(Vec::new()),
         attachments: fixed_store(Vec::new()),
+        attributes_classes: fixed_store(Vec::new()),
     };
     p.lease = guard.clone();
     let p = Arc::new(p);
