@@ -603,7 +603,7 @@ mod tests {
         class.metadata.name = Some("ebs".into());
         let mut c = claim();
         c.metadata.annotations = None;
-        let p = prepare(&c, &class, &config, CAPS, cluster).expect("prepared");
+        let p = prepare(&c, &class, None, &config, CAPS, cluster).expect("prepared");
         assert_eq!(p.migrated, Some(Plugin::AwsEbs));
         assert_eq!(p.fs_type.as_deref(), Some("xfs"));
         let mut params: Vec<(&str, &str)> = p
@@ -699,6 +699,7 @@ mod tests {
         let mut gce = prepare(
             &c,
             &bad,
+            None,
             &gce_config,
             DriverCapabilities::default(),
             cluster,

@@ -818,6 +818,7 @@ mod tests {
 
     #[test]
     fn immediate_binding_aggregates_every_registered_key_set() {
+        use std::collections::BTreeSet;
         // Nodes register different key sets (mid-upgrade): every claim gets
         // the segments of both sets, whatever its name, and a node with the
         // labels of the finer set is offered at both granularities.
@@ -848,12 +849,20 @@ mod tests {
                 .expect("requirement")
                 .expect("some");
             assert_eq!(req.requisite, want_requisite, "{pvc}");
-            // Preferred is requisite rotated by the claim's hash.
-            let mut sorted = req.preferred.clone();
-            sorted.sort_by(|a, b| format!("{a:?}").cmp(&format!("{b:?}")));
-            let mut want = want_requisite.clone();
-            want.sort_by(|a, b| format!("{a:?}").cmp(&format!("{b:?}")));
-            assert_eq!(sorted, want, "{pvc}");
+            // Preferred is requisite rotated by the claim's hash: the same
+            // segments (compared as sorted maps: a segment's own map has no
+            // order).
+            let canonical = |v: &[Topology]| -> BTreeSet<BTreeMap<String, String>> {
+                v.iter()
+                    .map(|t| t.segments.clone().into_iter().collect())
+                    .collect()
+            };
+            assert_eq!(req.preferred.len(), want_requisite.len(), "{pvc}");
+            assert_eq!(
+                canonical(&req.preferred),
+                canonical(&want_requisite),
+                "{pvc}"
+            );
         }
         // A key set no registered node has labels for adds nothing; the
         // others still count.
