@@ -277,6 +277,7 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
     }
     let key = object_key(&obj);
     if let Some(wait) = ctx.pacer.hold(&key, std::time::Instant::now()) {
+        debug!(object = %name, namespace = %ns, wait_ms = wait.as_millis() as u64, "paced");
         return Ok(Requeue::requeue(wait));
     }
 
@@ -444,11 +445,14 @@ async fn drive(
     rendered: &Rendered,
 ) -> Result<Requeue, Error> {
     let now = Utc::now();
+    let started = std::time::Instant::now();
     let spec = &obj.spec;
     let status = obj.status.as_ref();
 
+    let mut supporting_done = StdDuration::ZERO;
     if !spec.paused {
         apply_supporting(obj, ctx, owner, rendered).await?;
+        supporting_done = started.elapsed();
         let spec_changed = status.map(|s| s.observed_generation) != obj.metadata.generation;
         monitoring::apply_monitoring(
             &ctx.client,
@@ -533,9 +537,11 @@ async fn drive(
     let node_budget = health
         .fleet
         .max_unavailable(spec.node.max_unavailable.as_ref());
+    let planned = started.elapsed();
     for action in &plan.actions {
         execute(*action, obj, ctx, owner, rendered, &node_budget).await?;
     }
+    let executed = started.elapsed();
     announce(obj, ctx, &plan).await;
     announce_lost_nodes(obj, ctx, &health).await;
 
@@ -558,6 +564,17 @@ async fn drive(
         .or_else(|| lost_nodes_problem(obj, &health, now));
     let new_status = status_after(obj, Progress::of(&plan), &health, problem.as_ref(), now);
     let deferred = write_progress(obj, ctx, api, new_status).await?;
+    // Where a pass spends its time, cumulative from its start (milliseconds).
+    debug!(
+        object = %owner.name,
+        step = ?plan.rollout.as_ref().map(|r| r.step),
+        actions = ?plan.actions,
+        supporting_ms = supporting_done.as_millis() as u64,
+        planned_ms = planned.as_millis() as u64,
+        executed_ms = executed.as_millis() as u64,
+        written_ms = started.elapsed().as_millis() as u64,
+        "pass"
+    );
     let next = if plan.rollout.is_some() {
         ROLLOUT_REQUEUE
     } else {
