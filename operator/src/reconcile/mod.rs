@@ -240,6 +240,28 @@ pub(crate) fn object_key(obj: &CSIDriverDeployment) -> String {
     format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())
 }
 
+/// What of `obj` and its cached workloads lets a reconcile through the
+/// pacer at once when it moved (see [`pace`]).
+fn waypoints(caches: &caches::Caches, obj: &CSIDriverDeployment, ns: &str) -> pace::Waypoints {
+    let node = names::node_name(obj);
+    let controller = names::controller_name(obj);
+    pace::Waypoints::of(
+        obj,
+        caches
+            .daemonsets
+            .get(&ObjectRef::new(&node).within(ns))
+            .as_deref(),
+        caches
+            .statefulsets
+            .get(&ObjectRef::new(&controller).within(ns))
+            .as_deref(),
+        caches
+            .deployments
+            .get(&ObjectRef::new(&controller).within(ns))
+            .as_deref(),
+    )
+}
+
 /// Transient failures are retried; the error is counted and logged.
 /// Failures that reached here (a read of the object itself, its status
 /// write) back off per object like the reported ones, from 5s to 5 minutes.
@@ -276,7 +298,11 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
         return Ok(Requeue::requeue(StdDuration::from_millis(500)));
     }
     let key = object_key(&obj);
-    if let Some(wait) = ctx.pacer.hold(&key, std::time::Instant::now()) {
+    let waypoints = waypoints(&ctx.caches, &obj, &ns);
+    if let Some(wait) = ctx
+        .pacer
+        .hold_unless_moved(&key, std::time::Instant::now(), &waypoints)
+    {
         debug!(object = %name, namespace = %ns, wait_ms = wait.as_millis() as u64, "paced");
         return Ok(Requeue::requeue(wait));
     }
