@@ -5,9 +5,11 @@
 //! 1. deleted object → ordered teardown ([`teardown`](teardown::teardown));
 //! 2. another object owns the driver name → Degraded (Conflict), nothing touched;
 //! 3. render (pure) → a render error is Degraded (RenderFailed) + Event;
-//! 4. supporting objects applied (ownership-checked, [`supporting`]), stale cluster-scoped ones pruned;
+//! 4. supporting objects applied (ownership-checked, side by side, [`supporting`]);
 //! 5. workloads observed, the state machine planned, its actions executed;
-//! 6. Events for every transition, status by server-side apply ([`status`]).
+//! 6. the metrics Service and PodMonitor applied, objects the spec no longer
+//!    renders pruned (after the workloads: no pod waits on them);
+//! 7. Events for every transition, status by server-side apply ([`status`]).
 
 pub mod apply;
 pub mod caches;
@@ -462,7 +464,7 @@ async fn claim_driver_name(obj: &CSIDriverDeployment, ctx: &Context) -> Result<C
     )
 }
 
-/// Steps 4–6 of a live object.
+/// Steps 4–7 of a live object.
 async fn drive(
     obj: &CSIDriverDeployment,
     ctx: &Context,
@@ -479,23 +481,6 @@ async fn drive(
     if !spec.paused {
         apply_supporting(obj, ctx, owner, rendered).await?;
         supporting_done = started.elapsed();
-        let spec_changed = status.map(|s| s.observed_generation) != obj.metadata.generation;
-        monitoring::apply_monitoring(
-            &ctx.client,
-            owner,
-            rendered,
-            spec_changed,
-            &ctx.caches.owned,
-        )
-        .await?;
-        if spec_changed {
-            let cluster = ClusterScoped::new(&ctx.client, labels::cluster_owner_selector(obj));
-            let pruned = cluster.prune(rendered).await?
-                + namespaced::prune(&ctx.client, owner, &namespaced::Keep::of(rendered)).await?;
-            if pruned > 0 {
-                info!(object = %owner.name, pruned, "removed objects the spec no longer renders");
-            }
-        }
     }
 
     let controller = LiveController::cached(ctx, obj, owner)?;
@@ -568,6 +553,12 @@ async fn drive(
         execute(*action, obj, ctx, owner, rendered, &node_budget).await?;
     }
     let executed = started.elapsed();
+    // After the workloads' writes: nothing a pod needs is among these, and
+    // on an edit they cost a few requests the rollout need not wait for.
+    if !spec.paused {
+        tidy(obj, ctx, owner, rendered).await?;
+    }
+    let tidied = started.elapsed();
     announce(obj, ctx, &plan).await;
     announce_lost_nodes(obj, ctx, &health).await;
 
@@ -598,6 +589,7 @@ async fn drive(
         supporting_ms = supporting_done.as_millis() as u64,
         planned_ms = planned.as_millis() as u64,
         executed_ms = executed.as_millis() as u64,
+        tidied_ms = tidied.as_millis() as u64,
         written_ms = started.elapsed().as_millis() as u64,
         "pass"
     );
@@ -607,6 +599,43 @@ async fn drive(
         IDLE_REQUEUE
     };
     Ok(Requeue::requeue(deferred.map_or(next, |d| d.min(next))))
+}
+
+/// The metrics Service and PodMonitor, and, when the spec changed since the
+/// last status, the removal of the objects it no longer renders (side by
+/// side: they are independent of each other).
+async fn tidy(
+    obj: &CSIDriverDeployment,
+    ctx: &Context,
+    owner: Owner<'_>,
+    rendered: &Rendered,
+) -> Result<(), Error> {
+    let spec_changed =
+        obj.status.as_ref().map(|s| s.observed_generation) != obj.metadata.generation;
+    let monitoring = monitoring::apply_monitoring(
+        &ctx.client,
+        owner,
+        rendered,
+        spec_changed,
+        &ctx.caches.owned,
+    );
+    let prune = async {
+        if !spec_changed {
+            return Ok(0);
+        }
+        let cluster = ClusterScoped::new(&ctx.client, labels::cluster_owner_selector(obj));
+        let keep = namespaced::Keep::of(rendered);
+        let (cluster, namespaced) = futures::try_join!(
+            cluster.prune(rendered),
+            namespaced::prune(&ctx.client, owner, &keep)
+        )?;
+        Ok::<_, Error>(cluster + namespaced)
+    };
+    let ((), pruned) = futures::try_join!(monitoring, prune)?;
+    if pruned > 0 {
+        info!(object = %owner.name, pruned, "removed objects the spec no longer renders");
+    }
+    Ok(())
 }
 
 /// Degraded when a node has been lost for longer than the step deadline:
