@@ -9,7 +9,7 @@
 
 use csiops_crds::CSIDriverDeployment;
 use futures::future::BoxFuture;
-use futures::{FutureExt, StreamExt, TryStreamExt};
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
@@ -27,9 +27,10 @@ use crate::render::{csidriver, Rendered};
 pub(super) const PARALLEL: usize = 8;
 
 /// ServiceAccounts, RBAC, the CSIDriver and StorageClasses: applied before any
-/// workload so pods never start without their permissions. The first error
-/// is returned (the writes still under way are dropped; every write is an
-/// idempotent apply, made again by the next reconcile).
+/// workload so pods never start without their permissions. Every write runs
+/// to its end, and then the first error is returned: a failure elsewhere
+/// must not cut a re-creation (CSIDriver, StorageClass) between its delete
+/// and its create.
 pub(super) async fn apply_supporting(
     obj: &CSIDriverDeployment,
     ctx: &Context,
@@ -104,10 +105,11 @@ pub(super) async fn apply_supporting(
     for class in &r.storage_classes {
         writes.push(apply_storage_class(obj, ctx, &classes, owner, class).boxed());
     }
-    futures::stream::iter(writes)
+    let results: Vec<Result<(), Error>> = futures::stream::iter(writes)
         .buffer_unordered(PARALLEL)
-        .try_collect::<()>()
-        .await
+        .collect()
+        .await;
+    results.into_iter().collect()
 }
 
 /// The CSIDriver. Some of its fields are immutable: when the API refuses

@@ -312,6 +312,29 @@ async fn a_read_the_api_server_refuses_is_reported_once_it_repeats() {
 }
 
 #[tokio::test]
+async fn a_failed_supporting_write_lets_the_others_finish_and_holds_the_workloads_back() {
+    // The supporting objects are written side by side: one refused does not
+    // cut the others short, and no workload is applied without them.
+    let fx = Fixture::answering(cdd(json!({}), json!({})), [], |call| {
+        (call.method == "PATCH" && call.path.ends_with("/serviceaccounts/hp-node"))
+            .then(|| testing::status(500, "InternalError", "etcd is having a moment"))
+    });
+    fx.reconcile().await.expect("retried, not raised");
+    let writes = fx.writes();
+    for written in [
+        "PATCH /api/v1/namespaces/storage/serviceaccounts/hp-controller",
+        "PATCH /apis/rbac.authorization.k8s.io/v1/clusterrolebindings/csiops:hp.csi.example.com:registrar",
+        "PATCH /apis/storage.k8s.io/v1/csidrivers/hp.csi.example.com",
+    ] {
+        assert!(writes.iter().any(|w| w == written), "{written}: {writes:#?}");
+    }
+    assert!(
+        !writes.iter().any(|w| w.contains("/daemonsets/")),
+        "{writes:#?}"
+    );
+}
+
+#[tokio::test]
 async fn a_csidriver_refused_by_a_webhook_is_not_deleted() {
     // An admission webhook's 403 on the CSIDriver: reported, never "fixed"
     // by deleting the object.
