@@ -49,6 +49,8 @@ pub struct Waypoints {
 }
 
 impl Waypoints {
+    /// Those of `obj`, with its node DaemonSet and controller workloads as
+    /// cached (absent ones count as such).
     pub fn of(
         obj: &CSIDriverDeployment,
         ds: Option<&DaemonSet>,
