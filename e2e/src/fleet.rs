@@ -54,6 +54,11 @@ impl FleetDriver {
         format!("{}-node", self.name)
     }
 
+    /// Its controller StatefulSet, as the operator names it.
+    pub fn statefulset(&self) -> String {
+        format!("{}-controller", self.name)
+    }
+
     /// The Namespace and the CSIDriverDeployment at `version` (also the
     /// driver image's tag, as a release would bump both), rolling
     /// `max_unavailable` node pods at a time (`"10%"` or `"1"`).
@@ -401,6 +406,7 @@ mod tests {
         assert!(yaml.contains("maxUnavailable: \"10%\""), "{yaml}");
         assert!(d.yaml("v1", "1").contains("maxUnavailable: 1\n"));
         assert_eq!(d.daemonset(), "d03-node");
+        assert_eq!(d.statefulset(), "d03-controller");
     }
 
     #[test]

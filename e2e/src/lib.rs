@@ -33,6 +33,7 @@ pub mod ports;
 pub mod process;
 pub mod provisioning;
 pub mod realnode;
+pub mod rollout_clock;
 pub mod testdriver;
 pub mod testkit;
 pub mod timeline;

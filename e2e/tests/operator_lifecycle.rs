@@ -15,6 +15,7 @@
 
 use std::time::Duration;
 
+use csiops_e2e::rollout_clock::RolloutClock;
 use csiops_e2e::testkit;
 use csiops_e2e::timeline::{Entry, Timeline};
 use csiops_e2e::{operator_bin, wait_for, Cluster, ClusterOptions};
@@ -274,6 +275,15 @@ async fn install_upgrade_and_delete_in_order() {
         .and_then(|a| a.get("csiops.dev/template-hash").cloned());
 
     let upgrade = Timeline::start(&client, NS);
+    // The object's status as a watch sees it: on a quiet machine the whole
+    // upgrade of three played nodes takes well under a second, quicker
+    // than polls of `kubectl get` reliably catch.
+    let phases = RolloutClock::watch(&client, NS, "hostpath-node", None, Some(NAME));
+    phases
+        .synced(DEADLINE)
+        .await
+        .expect("the object's watch lists it");
+    phases.zero(std::time::Instant::now(), None);
     cluster
         .kubectl_ok([
             "-n", NS, "patch", "csidd", NAME, "--type=merge", "-p",
@@ -281,14 +291,16 @@ async fn install_upgrade_and_delete_in_order() {
         ])
         .await
         .expect("edit applies");
-    // The rollout shows up as Upgrading before it completes (the node roll
-    // of three played nodes takes seconds; polled every 200 ms).
-    wait_for(DEADLINE, Duration::from_millis(200), || async {
-        let row = testkit::csidd_row(&cluster, NS, NAME).await.ok()?;
-        (row["PHASE"] == "Upgrading").then_some(())
-    })
-    .await
-    .expect("rollout visible as Upgrading");
+    // The rollout shows up as Upgrading before it completes.
+    phases
+        .seen(
+            "CSIDriverDeployment",
+            |state| state.starts_with("Upgrading "),
+            DEADLINE,
+        )
+        .await
+        .unwrap_or_else(|| panic!("rollout never visible as Upgrading: {:?}", phases.marks()));
+    drop(phases);
     testkit::wait_running(&cluster, NS, NAME, "v1.18.0", NODES, DEADLINE)
         .await
         .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", operator.log_tail(40)));

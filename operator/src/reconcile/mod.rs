@@ -5,9 +5,11 @@
 //! 1. deleted object → ordered teardown ([`teardown`](teardown::teardown));
 //! 2. another object owns the driver name → Degraded (Conflict), nothing touched;
 //! 3. render (pure) → a render error is Degraded (RenderFailed) + Event;
-//! 4. supporting objects applied (ownership-checked, [`supporting`]), stale cluster-scoped ones pruned;
+//! 4. supporting objects applied (ownership-checked, side by side, [`supporting`]);
 //! 5. workloads observed, the state machine planned, its actions executed;
-//! 6. Events for every transition, status by server-side apply ([`status`]).
+//! 6. the metrics Service and PodMonitor applied, objects the spec no longer
+//!    renders pruned (after the workloads: no pod waits on them);
+//! 7. Events for every transition, status by server-side apply ([`status`]).
 
 pub mod apply;
 pub mod caches;
@@ -243,6 +245,28 @@ pub(crate) fn object_key(obj: &CSIDriverDeployment) -> String {
     format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())
 }
 
+/// What of `obj` and its cached workloads lets a reconcile through the
+/// pacer at once when it moved (see [`pace`]).
+fn waypoints(caches: &caches::Caches, obj: &CSIDriverDeployment, ns: &str) -> pace::Waypoints {
+    let node = names::node_name(obj);
+    let controller = names::controller_name(obj);
+    pace::Waypoints::of(
+        obj,
+        caches
+            .daemonsets
+            .get(&ObjectRef::new(&node).within(ns))
+            .as_deref(),
+        caches
+            .statefulsets
+            .get(&ObjectRef::new(&controller).within(ns))
+            .as_deref(),
+        caches
+            .deployments
+            .get(&ObjectRef::new(&controller).within(ns))
+            .as_deref(),
+    )
+}
+
 /// Transient failures are retried; the error is counted and logged.
 /// Failures that reached here (a read of the object itself, its status
 /// write) back off per object like the reported ones, from 5s to 5 minutes.
@@ -279,7 +303,12 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
         return Ok(Requeue::requeue(StdDuration::from_millis(500)));
     }
     let key = object_key(&obj);
-    if let Some(wait) = ctx.pacer.hold(&key, std::time::Instant::now()) {
+    let waypoints = waypoints(&ctx.caches, &obj, &ns);
+    if let Some(wait) = ctx
+        .pacer
+        .hold_unless_moved(&key, std::time::Instant::now(), &waypoints)
+    {
+        debug!(object = %name, namespace = %ns, wait_ms = wait.as_millis() as u64, "paced");
         return Ok(Requeue::requeue(wait));
     }
 
@@ -439,7 +468,7 @@ async fn claim_driver_name(obj: &CSIDriverDeployment, ctx: &Context) -> Result<C
     )
 }
 
-/// Steps 4–6 of a live object.
+/// Steps 4–7 of a live object.
 async fn drive(
     obj: &CSIDriverDeployment,
     ctx: &Context,
@@ -448,28 +477,14 @@ async fn drive(
     rendered: &Rendered,
 ) -> Result<Requeue, Error> {
     let now = Utc::now();
+    let started = std::time::Instant::now();
     let spec = &obj.spec;
     let status = obj.status.as_ref();
 
+    let mut supporting_done = StdDuration::ZERO;
     if !spec.paused {
         apply_supporting(obj, ctx, owner, rendered).await?;
-        let spec_changed = status.map(|s| s.observed_generation) != obj.metadata.generation;
-        monitoring::apply_monitoring(
-            &ctx.client,
-            owner,
-            rendered,
-            spec_changed,
-            &ctx.caches.owned,
-        )
-        .await?;
-        if spec_changed {
-            let cluster = ClusterScoped::new(&ctx.client, labels::cluster_owner_selector(obj));
-            let pruned = cluster.prune(rendered).await?
-                + namespaced::prune(&ctx.client, owner, &namespaced::Keep::of(rendered)).await?;
-            if pruned > 0 {
-                info!(object = %owner.name, pruned, "removed objects the spec no longer renders");
-            }
-        }
+        supporting_done = started.elapsed();
     }
 
     let controller = LiveController::cached(ctx, obj, owner)?;
@@ -537,9 +552,17 @@ async fn drive(
     let node_budget = health
         .fleet
         .max_unavailable(spec.node.max_unavailable.as_ref());
+    let planned = started.elapsed();
     for action in &plan.actions {
         execute(*action, obj, ctx, owner, rendered, &node_budget).await?;
     }
+    let executed = started.elapsed();
+    // After the workloads' writes: nothing a pod needs is among these, and
+    // on an edit they cost a few requests the rollout need not wait for.
+    if !spec.paused {
+        tidy(obj, ctx, owner, rendered).await?;
+    }
+    let tidied = started.elapsed();
     announce(obj, ctx, &plan).await;
     announce_lost_nodes(obj, ctx, &health).await;
 
@@ -562,12 +585,61 @@ async fn drive(
         .or_else(|| lost_nodes_problem(obj, &health, now));
     let new_status = status_after(obj, Progress::of(&plan), &health, problem.as_ref(), now);
     let deferred = write_progress(obj, ctx, api, new_status).await?;
+    // Where a pass spends its time, cumulative from its start (milliseconds).
+    debug!(
+        object = %owner.name,
+        step = ?plan.rollout.as_ref().map(|r| r.step),
+        actions = ?plan.actions,
+        supporting_ms = supporting_done.as_millis() as u64,
+        planned_ms = planned.as_millis() as u64,
+        executed_ms = executed.as_millis() as u64,
+        tidied_ms = tidied.as_millis() as u64,
+        written_ms = started.elapsed().as_millis() as u64,
+        "pass"
+    );
     let next = if plan.rollout.is_some() {
         ROLLOUT_REQUEUE
     } else {
         IDLE_REQUEUE
     };
     Ok(Requeue::requeue(deferred.map_or(next, |d| d.min(next))))
+}
+
+/// The metrics Service and PodMonitor, and, when the spec changed since the
+/// last status, the removal of the objects it no longer renders (side by
+/// side: they are independent of each other).
+async fn tidy(
+    obj: &CSIDriverDeployment,
+    ctx: &Context,
+    owner: Owner<'_>,
+    rendered: &Rendered,
+) -> Result<(), Error> {
+    let spec_changed =
+        obj.status.as_ref().map(|s| s.observed_generation) != obj.metadata.generation;
+    let monitoring = monitoring::apply_monitoring(
+        &ctx.client,
+        owner,
+        rendered,
+        spec_changed,
+        &ctx.caches.owned,
+    );
+    let prune = async {
+        if !spec_changed {
+            return Ok(0);
+        }
+        let cluster = ClusterScoped::new(&ctx.client, labels::cluster_owner_selector(obj));
+        let keep = namespaced::Keep::of(rendered);
+        let (cluster, namespaced) = futures::try_join!(
+            cluster.prune(rendered),
+            namespaced::prune(&ctx.client, owner, &keep)
+        )?;
+        Ok::<_, Error>(cluster + namespaced)
+    };
+    let ((), pruned) = futures::try_join!(monitoring, prune)?;
+    if pruned > 0 {
+        info!(object = %owner.name, pruned, "removed objects the spec no longer renders");
+    }
+    Ok(())
 }
 
 /// Degraded when a node has been lost for longer than the step deadline:

@@ -2,8 +2,15 @@
 //! RBAC bindings, the CSIDriver, StorageClasses and VolumeAttributesClasses,
 //! applied ownership-checked; the immutable CSIDriver, StorageClasses and
 //! VolumeAttributesClasses re-created when they change.
+//!
+//! They are independent of each other, so they are written side by side (at
+//! most [`PARALLEL`] requests at once): an upgrade changes every one of them
+//! (they carry the version label), and one after the other they held the
+//! node DaemonSet's apply back by their sum.
 
 use csiops_crds::CSIDriverDeployment;
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass, VolumeAttributesClass};
@@ -17,8 +24,14 @@ use super::events::{publish, Note};
 use super::Context;
 use crate::render::{csidriver, Rendered};
 
-/// ServiceAccounts, RBAC, the CSIDriver and StorageClasses: applied before any
-/// workload so pods never start without their permissions.
+/// Supporting objects written at once.
+pub(super) const PARALLEL: usize = 8;
+
+/// ServiceAccounts, RBAC, the CSIDriver and the classes: applied before any
+/// workload so pods never start without their permissions. Every write runs
+/// to its end, and then the first error is returned: a failure elsewhere
+/// must not cut a re-creation (CSIDriver, a class) between its delete
+/// and its create.
 pub(super) async fn apply_supporting(
     obj: &CSIDriverDeployment,
     ctx: &Context,
@@ -26,59 +39,95 @@ pub(super) async fn apply_supporting(
     r: &Rendered,
 ) -> Result<(), Error> {
     let c = &ctx.client;
-    let sa: Api<ServiceAccount> = Api::namespaced(c.clone(), owner.namespace);
-    if let Some(controller_sa) = &r.controller_service_account {
-        apply(
-            &sa,
-            "ServiceAccount",
-            controller_sa.clone(),
-            owner,
-            Mode::IfChanged,
-            &ctx.caches.owned,
-        )
-        .await?;
-    }
-    apply(
-        &sa,
-        "ServiceAccount",
-        r.node_service_account.clone(),
-        owner,
-        Mode::IfChanged,
-        &ctx.caches.owned,
-    )
-    .await?;
+    let known = &ctx.caches.owned;
+    let accounts: Api<ServiceAccount> = Api::namespaced(c.clone(), owner.namespace);
     // Bindings only: the roles are shipped with the operator (install.yaml),
     // which may bind them by name but holds none of their verbs.
     let role_bindings: Api<RoleBinding> = Api::namespaced(c.clone(), owner.namespace);
-    for binding in &r.role_bindings {
-        apply(
-            &role_bindings,
-            "RoleBinding",
-            binding.clone(),
-            owner,
-            Mode::IfChanged,
-            &ctx.caches.owned,
-        )
-        .await?;
-    }
-    let bindings: Api<ClusterRoleBinding> = Api::all(c.clone());
-    for binding in &r.cluster_role_bindings {
-        apply(
-            &bindings,
-            "ClusterRoleBinding",
-            binding.clone(),
-            owner,
-            Mode::IfChanged,
-            &ctx.caches.owned,
-        )
-        .await?;
-    }
+    let cluster_bindings: Api<ClusterRoleBinding> = Api::all(c.clone());
+    let classes: Api<StorageClass> = Api::all(c.clone());
+    let attributes_classes: Api<VolumeAttributesClass> = Api::all(c.clone());
 
-    // Some CSIDriver fields are immutable: when the API refuses the change,
-    // the object is re-created (running volumes keep working meanwhile).
-    // Some are dropped by an API server whose feature gate is off: said
-    // with a Warning Event, and applied again until they are stored.
-    let drivers: Api<CSIDriver> = Api::all(c.clone());
+    let mut writes: Vec<BoxFuture<'_, Result<(), Error>>> = Vec::new();
+    for account in r
+        .controller_service_account
+        .iter()
+        .chain(std::iter::once(&r.node_service_account))
+    {
+        let desired = account.clone();
+        let api = &accounts;
+        writes.push(
+            async move {
+                apply(
+                    api,
+                    "ServiceAccount",
+                    desired,
+                    owner,
+                    Mode::IfChanged,
+                    known,
+                )
+                .await
+                .map(drop)
+            }
+            .boxed(),
+        );
+    }
+    for binding in &r.role_bindings {
+        let desired = binding.clone();
+        let api = &role_bindings;
+        writes.push(
+            async move {
+                apply(api, "RoleBinding", desired, owner, Mode::IfChanged, known)
+                    .await
+                    .map(drop)
+            }
+            .boxed(),
+        );
+    }
+    for binding in &r.cluster_role_bindings {
+        let desired = binding.clone();
+        let api = &cluster_bindings;
+        writes.push(
+            async move {
+                apply(
+                    api,
+                    "ClusterRoleBinding",
+                    desired,
+                    owner,
+                    Mode::IfChanged,
+                    known,
+                )
+                .await
+                .map(drop)
+            }
+            .boxed(),
+        );
+    }
+    writes.push(apply_csidriver(obj, ctx, owner, r).boxed());
+    for class in &r.storage_classes {
+        writes.push(apply_storage_class(obj, ctx, &classes, owner, class).boxed());
+    }
+    for class in &r.attributes_classes {
+        writes.push(apply_attributes_class(obj, ctx, &attributes_classes, owner, class).boxed());
+    }
+    let results: Vec<Result<(), Error>> = futures::stream::iter(writes)
+        .buffer_unordered(PARALLEL)
+        .collect()
+        .await;
+    results.into_iter().collect()
+}
+
+/// The CSIDriver. Some of its fields are immutable: when the API refuses
+/// the change, the object is re-created (running volumes keep working
+/// meanwhile). Some are dropped by an API server whose feature gate is
+/// off: said with a Warning Event, and applied again until they are stored.
+async fn apply_csidriver(
+    obj: &CSIDriverDeployment,
+    ctx: &Context,
+    owner: Owner<'_>,
+    r: &Rendered,
+) -> Result<(), Error> {
+    let drivers: Api<CSIDriver> = Api::all(ctx.client.clone());
     let name = r.csi_driver.name_any();
     let dropped = match apply_checked(
         &drivers,
@@ -134,110 +183,116 @@ pub(super) async fn apply_supporting(
             debug!(csidriver = %name, fields = ?dropped, "still not stored");
         }
     }
+    Ok(())
+}
 
-    // StorageClass parameters, provisioner, reclaimPolicy and binding mode are
-    // immutable: a changed class is re-created. Existing PVs are not affected.
-    let classes: Api<StorageClass> = Api::all(c.clone());
-    for class in &r.storage_classes {
-        let name = class.name_any();
-        match apply(
-            &classes,
-            "StorageClass",
+/// One StorageClass. Its parameters, provisioner, reclaimPolicy and binding
+/// mode are immutable: a changed class is re-created. Existing PVs are not
+/// affected.
+async fn apply_storage_class(
+    obj: &CSIDriverDeployment,
+    ctx: &Context,
+    classes: &Api<StorageClass>,
+    owner: Owner<'_>,
+    class: &StorageClass,
+) -> Result<(), Error> {
+    let name = class.name_any();
+    match apply(
+        classes,
+        "StorageClass",
+        class.clone(),
+        owner,
+        Mode::RecreateIfChanged,
+        &ctx.caches.owned,
+    )
+    .await?
+    {
+        Applied::Created => info!(storage_class = %name, "StorageClass created"),
+        Applied::Recreated => {
+            let note = format!("StorageClass {name} re-created with the new spec");
+            publish(
+                &ctx.recorder,
+                obj,
+                &Note {
+                    warning: false,
+                    reason: "StorageClassRecreated".into(),
+                    action: "Apply".into(),
+                    note,
+                },
+            )
+            .await;
+        }
+        Applied::Updated | Applied::Unchanged => {}
+    }
+    Ok(())
+}
+
+/// One VolumeAttributesClass. Its parameters and driverName are immutable,
+/// so a changed class is deleted and created again. Kubernetes holds a
+/// deleted class (its `kubernetes.io/vac-protection` finalizer) until no
+/// claim or PV uses it: an unused one goes within moments, waited for here
+/// (at most [`RELEASE_WAIT`]) so it is re-created in the same pass; one
+/// still in use cannot be replaced yet, which is said with a Warning Event
+/// rather than failed, and its deletion (watched) brings the object back
+/// here then.
+async fn apply_attributes_class(
+    obj: &CSIDriverDeployment,
+    ctx: &Context,
+    classes: &Api<VolumeAttributesClass>,
+    owner: Owner<'_>,
+    class: &VolumeAttributesClass,
+) -> Result<(), Error> {
+    let name = class.name_any();
+    let apply_once = || {
+        apply(
+            classes,
+            "VolumeAttributesClass",
             class.clone(),
             owner,
             Mode::RecreateIfChanged,
             &ctx.caches.owned,
         )
-        .await?
-        {
-            Applied::Created => info!(storage_class = %name, "StorageClass created"),
-            Applied::Recreated => {
-                let note = format!("StorageClass {name} re-created with the new spec");
-                publish(
-                    &ctx.recorder,
-                    obj,
-                    &Note {
-                        warning: false,
-                        reason: "StorageClassRecreated".into(),
-                        action: "Apply".into(),
-                        note,
-                    },
-                )
-                .await;
-            }
-            Applied::Updated | Applied::Unchanged => {}
-        }
-    }
-    apply_attributes_classes(obj, ctx, owner, r).await
-}
-
-/// VolumeAttributesClasses: parameters and driverName are immutable, so a
-/// changed class is deleted and created again. Kubernetes holds a deleted
-/// class (its `kubernetes.io/vac-protection` finalizer) until no claim or
-/// PV uses it: an unused one goes within moments, waited for here (at most
-/// [`RELEASE_WAIT`]) so it is re-created in the same pass; one still in use
-/// cannot be replaced yet, which is said with a Warning Event rather than
-/// failed, and its deletion (watched) brings the object back here then.
-async fn apply_attributes_classes(
-    obj: &CSIDriverDeployment,
-    ctx: &Context,
-    owner: Owner<'_>,
-    r: &Rendered,
-) -> Result<(), Error> {
-    let classes: Api<VolumeAttributesClass> = Api::all(ctx.client.clone());
-    for class in &r.attributes_classes {
-        let name = class.name_any();
-        let apply_once = || {
-            apply(
-                &classes,
-                "VolumeAttributesClass",
-                class.clone(),
-                owner,
-                Mode::RecreateIfChanged,
-                &ctx.caches.owned,
-            )
-        };
-        let applied = match apply_once().await {
-            // The old class is still there, being deleted.
-            Err(e @ Error::Rejected { code: 422, .. }) => {
-                match released(&classes, &name, owner).await? {
-                    Release::Gone => apply_once().await.map(|_| Applied::Recreated),
-                    Release::Held => {
-                        let note = format!("VolumeAttributesClass {name} changed, but claims or PVs still use the old one: Kubernetes deletes it once none does, and it is created again with the new parameters then");
-                        warn!(volume_attributes_class = %name, "{note}");
-                        publish(
-                            &ctx.recorder,
-                            obj,
-                            &Note::warning("VolumeAttributesClassInUse", note),
-                        )
-                        .await;
-                        continue;
-                    }
-                    Release::NotDeleting => Err(e),
+    };
+    let applied = match apply_once().await {
+        // The old class is still there, being deleted.
+        Err(e @ Error::Rejected { code: 422, .. }) => {
+            match released(classes, &name, owner).await? {
+                Release::Gone => apply_once().await.map(|_| Applied::Recreated),
+                Release::Held => {
+                    let note = format!("VolumeAttributesClass {name} changed, but claims or PVs still use the old one: Kubernetes deletes it once none does, and it is created again with the new parameters then");
+                    warn!(volume_attributes_class = %name, "{note}");
+                    publish(
+                        &ctx.recorder,
+                        obj,
+                        &Note::warning("VolumeAttributesClassInUse", note),
+                    )
+                    .await;
+                    return Ok(());
                 }
+                Release::NotDeleting => Err(e),
             }
-            other => other,
-        };
-        match applied? {
-            Applied::Created => {
-                info!(volume_attributes_class = %name, "VolumeAttributesClass created")
-            }
-            Applied::Recreated => {
-                let note = format!("VolumeAttributesClass {name} re-created with the new spec");
-                publish(
-                    &ctx.recorder,
-                    obj,
-                    &Note {
-                        warning: false,
-                        reason: "VolumeAttributesClassRecreated".into(),
-                        action: "Apply".into(),
-                        note,
-                    },
-                )
-                .await;
-            }
-            Applied::Updated | Applied::Unchanged => {}
         }
+        other => other,
+    };
+    match applied? {
+        Applied::Created => {
+            info!(volume_attributes_class = %name, "VolumeAttributesClass created")
+        }
+        Applied::Recreated => {
+            let note = format!("VolumeAttributesClass {name} re-created with the new spec");
+            publish(
+                &ctx.recorder,
+                obj,
+                &Note {
+                    warning: false,
+                    reason: "VolumeAttributesClassRecreated".into(),
+                    action: "Apply".into(),
+                    note,
+                },
+            )
+            .await;
+        }
+        Applied::Updated | Applied::Unchanged => {}
     }
     Ok(())
 }

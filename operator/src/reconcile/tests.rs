@@ -116,19 +116,28 @@ async fn a_new_object_gets_its_finalizer_before_any_child_and_the_node_side_firs
     fx.reconcile().await.expect("reconciled");
     let writes = fx.writes();
     assert_eq!(writes[0], format!("PATCH {OBJ}"), "{writes:#?}");
-    // Supporting objects, then the DaemonSet, then one status write; the
-    // controller waits for the node side (an install starts with it).
+    // Supporting objects (side by side, so in any order), then the
+    // DaemonSet, then one status write; the controller waits for the node
+    // side (an install starts with it).
+    let mut supporting = writes[1..writes.len().min(9)].to_vec();
+    supporting.sort();
     assert_eq!(
-        writes[1..],
+        supporting,
         [
             "PATCH /api/v1/namespaces/storage/serviceaccounts/hp-controller",
             "PATCH /api/v1/namespaces/storage/serviceaccounts/hp-node",
-            "PATCH /apis/rbac.authorization.k8s.io/v1/namespaces/storage/rolebindings/hp-leases",
-            "PATCH /apis/rbac.authorization.k8s.io/v1/namespaces/storage/rolebindings/hp-journal",
-            "PATCH /apis/rbac.authorization.k8s.io/v1/clusterrolebindings/csiops:hp.csi.example.com:provisioner",
             "PATCH /apis/rbac.authorization.k8s.io/v1/clusterrolebindings/csiops:hp.csi.example.com:attacher",
+            "PATCH /apis/rbac.authorization.k8s.io/v1/clusterrolebindings/csiops:hp.csi.example.com:provisioner",
             "PATCH /apis/rbac.authorization.k8s.io/v1/clusterrolebindings/csiops:hp.csi.example.com:registrar",
+            "PATCH /apis/rbac.authorization.k8s.io/v1/namespaces/storage/rolebindings/hp-journal",
+            "PATCH /apis/rbac.authorization.k8s.io/v1/namespaces/storage/rolebindings/hp-leases",
             "PATCH /apis/storage.k8s.io/v1/csidrivers/hp.csi.example.com",
+        ],
+        "{writes:#?}"
+    );
+    assert_eq!(
+        writes[9..],
+        [
             "PATCH /apis/apps/v1/namespaces/storage/daemonsets/hp-node",
             &format!("PATCH {OBJ}/status"),
         ],
@@ -193,11 +202,12 @@ async fn without_the_pod_monitor_crd_the_service_is_applied_and_nothing_fails() 
     let fx = Fixture::new(monitored());
     fx.reconcile().await.expect("reconciled");
     let writes = fx.writes();
+    // After the workloads: no pod waits on the metrics Service.
     let service = writes.iter().position(|w| w == SERVICE);
     let daemonset = writes
         .iter()
         .position(|w| w.ends_with("/daemonsets/hp-node"));
-    assert!(service.is_some() && service < daemonset, "{writes:#?}");
+    assert!(daemonset.is_some() && service > daemonset, "{writes:#?}");
     assert!(
         !writes.iter().any(|w| w.contains("podmonitors")),
         "{writes:#?}"
@@ -303,6 +313,29 @@ async fn a_read_the_api_server_refuses_is_reported_once_it_repeats() {
 }
 
 #[tokio::test]
+async fn a_failed_supporting_write_lets_the_others_finish_and_holds_the_workloads_back() {
+    // The supporting objects are written side by side: one refused does not
+    // cut the others short, and no workload is applied without them.
+    let fx = Fixture::answering(cdd(json!({}), json!({})), [], |call| {
+        (call.method == "PATCH" && call.path.ends_with("/serviceaccounts/hp-node"))
+            .then(|| testing::status(500, "InternalError", "etcd is having a moment"))
+    });
+    fx.reconcile().await.expect("retried, not raised");
+    let writes = fx.writes();
+    for written in [
+        "PATCH /api/v1/namespaces/storage/serviceaccounts/hp-controller",
+        "PATCH /apis/rbac.authorization.k8s.io/v1/clusterrolebindings/csiops:hp.csi.example.com:registrar",
+        "PATCH /apis/storage.k8s.io/v1/csidrivers/hp.csi.example.com",
+    ] {
+        assert!(writes.iter().any(|w| w == written), "{written}: {writes:#?}");
+    }
+    assert!(
+        !writes.iter().any(|w| w.contains("/daemonsets/")),
+        "{writes:#?}"
+    );
+}
+
+#[tokio::test]
 async fn a_csidriver_refused_by_a_webhook_is_not_deleted() {
     // An admission webhook's 403 on the CSIDriver: reported, never "fixed"
     // by deleting the object.
@@ -369,6 +402,28 @@ async fn supporting_objects_the_spec_no_longer_renders_are_pruned() {
     fx.reconcile().await.expect("reconciled");
     assert!(fx.objects.get(binding).is_none(), "{:#?}", fx.log.lines());
     assert!(fx.objects.get(foreign).is_some(), "not ours: kept");
+    // The prune's lists come after the DaemonSet's apply: a rollout does
+    // not wait on them.
+    let calls = fx.log.calls();
+    let daemonset = calls
+        .iter()
+        .position(|c| c.method == "PATCH" && c.path.ends_with("/daemonsets/hp-node"));
+    let first_list = calls.iter().position(|c| {
+        c.method == "GET"
+            && [
+                "/rolebindings",
+                "/clusterrolebindings",
+                "/storageclasses",
+                "/csidrivers",
+            ]
+            .iter()
+            .any(|kind| c.path.ends_with(kind))
+    });
+    assert!(
+        daemonset.is_some() && first_list > daemonset,
+        "{:#?}",
+        fx.log.lines()
+    );
     assert!(fx.objects.get(role).is_some(), "{:#?}", fx.log.lines());
     assert!(
         !fx.log
