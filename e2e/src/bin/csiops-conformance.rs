@@ -7,11 +7,14 @@
 //! and JSON reports and the logs.
 //!
 //! ```text
-//! csiops-conformance [--out DIR] [--procs N] [--drivers central,node-local]
+//! csiops-conformance [--out DIR] [--procs N] [--drivers central,node-local,hostpath]
 //!                    [--runs parallel,parallel-features,serial]
 //! csiops-conformance --summarize [--out DIR] [--drivers …] [--runs …]
 //! ```
 //! `--summarize` only reads the JSON reports an earlier run left in `--out`.
+//! `--drivers` defaults to central and node-local; `hostpath` (upstream's
+//! hostpathplugin, its image named by `CSIOPS_HOSTPATHPLUGIN_IMAGE`) runs
+//! only when named.
 //! `--out` defaults to `$CSIOPS_CONFORMANCE_OUT` or `target/conformance`;
 //! `--procs` (ginkgo processes of the parallel runs) to 4. Prints, per
 //! driver, how many specs showed each declared capability read (a spec it
@@ -71,10 +74,12 @@ fn parse_args() -> Result<Args, String> {
                 args.drivers = value()?
                     .split(',')
                     .map(|n| {
-                        drivers::ALL
+                        drivers::KNOWN
                             .into_iter()
                             .find(|d| d.name == n)
-                            .ok_or_else(|| format!("no driver {n:?} (central, node-local)"))
+                            .ok_or_else(|| {
+                                format!("no driver {n:?} (central, node-local, hostpath)")
+                            })
                     })
                     .collect::<Result<_, _>>()?
             }
@@ -82,7 +87,7 @@ fn parse_args() -> Result<Args, String> {
             "--summarize" => args.summarize = true,
             "-h" | "--help" => {
                 return Err("usage: csiops-conformance [--out DIR] [--procs N] \
-                     [--drivers central,node-local] [--runs parallel,parallel-features,serial]"
+                     [--drivers central,node-local,hostpath] [--runs parallel,parallel-features,serial]"
                     .into())
             }
             other => return Err(format!("unknown argument {other:?}")),

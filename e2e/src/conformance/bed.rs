@@ -40,11 +40,15 @@ impl Bed {
     /// Brings everything up; fails (naming what) if a driver does not reach
     /// Running with both nodes registered.
     pub async fn start(suite: Suite, drivers: &[DriverSetup]) -> Result<Bed> {
+        let mut extra_images = suite.image_archives();
+        for d in drivers {
+            extra_images.extend(d.image_archive()?);
+        }
         let cluster = Cluster::start(ClusterOptions {
             nodes: 0,
             real_node: true,
             real_node_count: NODES,
-            extra_images: suite.image_archives(),
+            extra_images,
             ..ClusterOptions::default()
         })
         .await?;

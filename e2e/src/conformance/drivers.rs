@@ -23,6 +23,10 @@ pub struct DriverSetup {
     pub object: &'static str,
     /// Needs the VolumeSnapshot CRDs and upstream's snapshot-controller.
     pub snapshots: bool,
+    /// An image not built by this repository: the variable naming its OCI
+    /// archive, loaded into both nodes (the archive carries the image's
+    /// name, which the template names).
+    pub image_archive_env: Option<&'static str>,
 }
 
 /// csi-test-driver deployed centrally: controller (provisioner, attacher,
@@ -33,6 +37,7 @@ pub const CENTRAL: DriverSetup = DriverSetup {
     namespace: "csiops-conformance-central",
     object: "central",
     snapshots: true,
+    image_archive_env: None,
 };
 
 /// csi-test-driver `--node-local` with `spec.topology: NodeLocal`.
@@ -42,10 +47,29 @@ pub const NODE_LOCAL: DriverSetup = DriverSetup {
     namespace: "csiops-conformance-local",
     object: "local",
     snapshots: false,
+    image_archive_env: None,
+};
+
+/// Upstream csi-driver-host-path's hostpathplugin v1.18.0 with
+/// `spec.topology: NodeLocal`, as manifests/examples/hostpath-distributed.yaml
+/// deploys it. Its image is upstream's, built from upstream's repository
+/// (e2e/README.md, "Upstream hostpathplugin"), so it is not in [`ALL`]:
+/// `csiops-conformance --drivers hostpath` with
+/// `CSIOPS_HOSTPATHPLUGIN_IMAGE` naming the archive.
+pub const HOSTPATH: DriverSetup = DriverSetup {
+    name: "hostpath",
+    driver: "hostpath.csi.k8s.io",
+    namespace: "csiops-conformance-hostpath",
+    object: "hostpath",
+    snapshots: false,
+    image_archive_env: Some("CSIOPS_HOSTPATHPLUGIN_IMAGE"),
 };
 
 /// Every driver `make conformance` runs.
 pub const ALL: [DriverSetup; 2] = [CENTRAL, NODE_LOCAL];
+
+/// Every driver `--drivers` can name.
+pub const KNOWN: [DriverSetup; 3] = [CENTRAL, NODE_LOCAL, HOSTPATH];
 
 impl DriverSetup {
     /// `e2e/conformance/<name>`.
@@ -63,6 +87,25 @@ impl DriverSetup {
         let path = self.dir().join("csidriverdeployment.yaml");
         let text = std::fs::read_to_string(&path).map_err(io("reading", &path))?;
         substitute(&text, vars).map_err(|e| Error::Other(format!("{}: {e}", path.display())))
+    }
+
+    /// The OCI archive of the image this repository does not build, if the
+    /// driver has one: an error naming the variable when it is unset or
+    /// names no file.
+    pub fn image_archive(&self) -> Result<Option<PathBuf>> {
+        let Some(var) = self.image_archive_env else {
+            return Ok(None);
+        };
+        let path = std::env::var_os(var).map(PathBuf::from).ok_or_else(|| {
+            Error::Other(format!(
+                "the {} driver needs {var}: the OCI archive of its image, built as e2e/README.md says",
+                self.name
+            ))
+        })?;
+        if !path.is_file() {
+            return Err(Error::Other(format!("{var}={} is no file", path.display())));
+        }
+        Ok(Some(path))
     }
 
     /// The `[Driver: …]` tag of this driver's specs.
@@ -130,7 +173,7 @@ mod tests {
     #[test]
     fn every_template_fills_with_the_harness_values() {
         let v = vars("img", "snap", Path::new("/k"), Path::new("/d"));
-        for d in ALL {
+        for d in KNOWN {
             let m = d.manifest(&v).unwrap();
             assert!(m.contains(d.driver) && !m.contains("${"), "{m}");
             assert!(d.definition().is_file());
