@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use csiops_e2e::conformance::drivers::{ALL, CENTRAL};
 use csiops_e2e::conformance::run::Outcome;
-use csiops_e2e::conformance::{definition, Bed, RunPlan, Suite};
+use csiops_e2e::conformance::{definition, Bed, Deploy, RunPlan, Suite};
 
 /// The fewest specs the subset must run (pass): the brief of tracker issue 25.
 const MIN_SPECS: usize = 25;
@@ -77,7 +77,7 @@ fn every_definition_key_is_read_by_e2e_test() {
 async fn a_bounded_subset_of_the_suite_passes_on_two_real_nodes() {
     let suite = Suite::resolve().expect("the storage e2e suite (e2e-suite.sh)");
     let started = Instant::now();
-    let bed = Bed::start(suite, &[CENTRAL])
+    let bed = Bed::start(suite, &[CENTRAL], Deploy::Operator)
         .await
         .unwrap_or_else(|e| panic!("the conformance bed starts: {e}"));
     let up = started.elapsed();

@@ -8,13 +8,16 @@
 //!
 //! ```text
 //! csiops-conformance [--out DIR] [--procs N] [--drivers central,node-local,hostpath]
-//!                    [--runs parallel,parallel-features,serial]
+//!                    [--runs parallel,parallel-features,serial] [--deploy-with FILE]
 //! csiops-conformance --summarize [--out DIR] [--drivers …] [--runs …]
 //! ```
 //! `--summarize` only reads the JSON reports an earlier run left in `--out`.
 //! `--drivers` defaults to central and node-local; `hostpath` (upstream's
 //! hostpathplugin, its image named by `CSIOPS_HOSTPATHPLUGIN_IMAGE`) runs
-//! only when named.
+//! only when named. `--deploy-with FILE` deploys the one driver named by
+//! `--drivers` with FILE instead of its CSIDriverDeployment (the same
+//! `${…}` placeholders are filled in), to run the same suite against
+//! another deployment of it, such as upstream's own manifests.
 //! `--out` defaults to `$CSIOPS_CONFORMANCE_OUT` or `target/conformance`;
 //! `--procs` (ginkgo processes of the parallel runs) to 4. Prints, per
 //! driver, how many specs showed each declared capability read (a spec it
@@ -29,7 +32,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use csiops_e2e::conformance::{
-    definition, drivers, run, Bed, DriverSetup, RunPlan, RunReport, Suite,
+    definition, drivers, run, Bed, Deploy, DriverSetup, RunPlan, RunReport, Suite,
 };
 
 struct Args {
@@ -39,6 +42,7 @@ struct Args {
     procs: usize,
     drivers: Vec<DriverSetup>,
     runs: Vec<String>,
+    deploy: Deploy,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -54,6 +58,7 @@ fn parse_args() -> Result<Args, String> {
             "parallel-features".into(),
             "serial".into(),
         ],
+        deploy: Deploy::Operator,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -84,10 +89,12 @@ fn parse_args() -> Result<Args, String> {
                     .collect::<Result<_, _>>()?
             }
             "--runs" => args.runs = value()?.split(',').map(String::from).collect(),
+            "--deploy-with" => args.deploy = Deploy::Manifest(PathBuf::from(value()?)),
             "--summarize" => args.summarize = true,
             "-h" | "--help" => {
                 return Err("usage: csiops-conformance [--out DIR] [--procs N] \
-                     [--drivers central,node-local,hostpath] [--runs parallel,parallel-features,serial]"
+                     [--drivers central,node-local,hostpath] [--runs parallel,parallel-features,serial] \
+                     [--deploy-with FILE]"
                     .into())
             }
             other => return Err(format!("unknown argument {other:?}")),
@@ -150,7 +157,7 @@ async fn conformance(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
         "==> a control plane, two real nodes, the operator and {} driver(s)",
         args.drivers.len()
     );
-    let bed = Bed::start(suite, &args.drivers).await?;
+    let bed = Bed::start(suite, &args.drivers, args.deploy.clone()).await?;
     eprintln!(
         "    ready in {:.0}s; KUBECONFIG={}",
         started.elapsed().as_secs_f64(),

@@ -28,18 +28,39 @@ const SNAPSHOT_CRDS: [&str; 3] = [
     "volumesnapshots",
 ];
 
+/// How the bed deploys its drivers.
+#[derive(Debug, Clone, Default)]
+pub enum Deploy {
+    /// Each driver's CSIDriverDeployment (`csidriverdeployment.yaml`),
+    /// Running at v1 with both nodes registered.
+    #[default]
+    Operator,
+    /// Another deployment of the one driver, to compare with csiops' (say,
+    /// upstream's own manifests, adapted to the bed and kept outside this
+    /// repository): this file, with the same placeholders filled in, is
+    /// applied instead, and the driver counts as up once both nodes'
+    /// CSINode list it.
+    Manifest(PathBuf),
+}
+
 /// A running bed; [`Bed::stop`] tears it down.
 pub struct Bed {
     pub cluster: Cluster,
     pub suite: Suite,
     pub drivers: Vec<DriverSetup>,
+    deploy: Deploy,
     snapshot_controller: Option<ManagedProcess>,
 }
 
 impl Bed {
     /// Brings everything up; fails (naming what) if a driver does not reach
     /// Running with both nodes registered.
-    pub async fn start(suite: Suite, drivers: &[DriverSetup]) -> Result<Bed> {
+    pub async fn start(suite: Suite, drivers: &[DriverSetup], deploy: Deploy) -> Result<Bed> {
+        if matches!(deploy, Deploy::Manifest(_)) && drivers.len() != 1 {
+            return Err(Error::Other(
+                "a driver deployed from a manifest runs alone: name one driver".into(),
+            ));
+        }
         let mut extra_images = suite.image_archives();
         for d in drivers {
             extra_images.extend(d.image_archive()?);
@@ -56,6 +77,7 @@ impl Bed {
             cluster,
             suite,
             drivers: drivers.to_vec(),
+            deploy,
             snapshot_controller: None,
         };
         walkthrough::install_operator(&bed.cluster).await?;
@@ -71,12 +93,17 @@ impl Bed {
         let snapshotter = bed.suite.image("csi-snapshotter")?.to_string();
         for d in drivers {
             let vars = drivers::vars(&image, &snapshotter, &kubelet_dir, &bed.data_dir(d));
-            let out = testkit::apply_yaml(
-                &bed.cluster,
-                &format!("driver-{}", d.name),
-                &d.manifest(&vars)?,
-            )
-            .await?;
+            let manifest = match &bed.deploy {
+                Deploy::Operator => d.manifest(&vars)?,
+                Deploy::Manifest(path) => {
+                    let text = std::fs::read_to_string(path)
+                        .map_err(|e| Error::Other(format!("reading {}: {e}", path.display())))?;
+                    drivers::substitute(&text, &vars)
+                        .map_err(|e| Error::Other(format!("{}: {e}", path.display())))?
+                }
+            };
+            let out =
+                testkit::apply_yaml(&bed.cluster, &format!("driver-{}", d.name), &manifest).await?;
             if !out.status.success() {
                 return Err(Error::Other(format!(
                     "applying the {} driver: {}",
@@ -86,16 +113,20 @@ impl Bed {
             }
         }
         for d in drivers {
-            testkit::wait_running(
-                &bed.cluster,
-                d.namespace,
-                d.object,
-                "v1",
-                NODES,
-                Duration::from_secs(300),
-            )
-            .await
-            .map_err(|e| {
+            let up = match &bed.deploy {
+                Deploy::Operator => testkit::wait_running(
+                    &bed.cluster,
+                    d.namespace,
+                    d.object,
+                    "v1",
+                    NODES,
+                    Duration::from_secs(300),
+                )
+                .await
+                .map(drop),
+                Deploy::Manifest(_) => bed.wait_registered(d).await,
+            };
+            up.map_err(|e| {
                 Error::Other(format!(
                     "{e}\n{}",
                     testkit::kubectl_text(&bed.cluster, &["get", "pods", "-A", "-o", "wide"])
@@ -103,6 +134,34 @@ impl Bed {
             })?;
         }
         Ok(bed)
+    }
+
+    /// Waits until every node's CSINode lists `d`'s driver.
+    async fn wait_registered(&self, d: &DriverSetup) -> Result<()> {
+        crate::wait_for(Duration::from_secs(300), Duration::from_secs(2), || async {
+            let out = self
+                .cluster
+                .kubectl_ok([
+                    "get",
+                    "csinodes",
+                    "-o",
+                    "jsonpath={range .items[*]}{.spec.drivers[*].name}{\"\\n\"}{end}",
+                ])
+                .await
+                .ok()?;
+            let registered = out
+                .lines()
+                .filter(|l| l.split_whitespace().any(|n| n == d.driver))
+                .count();
+            (registered == NODES).then_some(())
+        })
+        .await
+        .map_err(|_| {
+            Error::Other(format!(
+                "{} was not registered on {NODES} nodes within 5 minutes",
+                d.driver
+            ))
+        })
     }
 
     /// The host directory of a driver's state and volumes.
@@ -184,17 +243,30 @@ impl Bed {
             ));
         }
         for d in &self.drivers {
-            let out = self
+            let file = self
                 .cluster
-                .kubectl([
-                    "-n",
-                    d.namespace,
-                    "delete",
-                    "csidriverdeployment",
-                    d.object,
-                    "--timeout=120s",
-                ])
-                .await?;
+                .work_dir()
+                .join(format!("driver-{}.yaml", d.name));
+            let file = file.to_string_lossy();
+            let out = match &self.deploy {
+                Deploy::Operator => {
+                    self.cluster
+                        .kubectl([
+                            "-n",
+                            d.namespace,
+                            "delete",
+                            "csidriverdeployment",
+                            d.object,
+                            "--timeout=120s",
+                        ])
+                        .await?
+                }
+                Deploy::Manifest(_) => {
+                    self.cluster
+                        .kubectl(["delete", "-f", &file, "--timeout=120s"])
+                        .await?
+                }
+            };
             if !out.status.success() {
                 left.push(format!(
                     "deleting the {} driver: {}",

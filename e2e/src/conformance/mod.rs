@@ -17,7 +17,7 @@ pub mod drivers;
 pub mod run;
 pub mod suite;
 
-pub use bed::Bed;
+pub use bed::{Bed, Deploy};
 pub use drivers::DriverSetup;
 pub use run::{RunPlan, RunReport};
 pub use suite::Suite;
