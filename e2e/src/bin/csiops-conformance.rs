@@ -8,7 +8,8 @@
 //!
 //! ```text
 //! csiops-conformance [--out DIR] [--procs N] [--drivers central,node-local,hostpath]
-//!                    [--runs parallel,parallel-features,serial] [--deploy-with FILE]
+//!                    [--runs parallel,parallel-features,serial]
+//!                    [--deploy-with FILE [--image ARCHIVE]…]
 //! csiops-conformance --summarize [--out DIR] [--drivers …] [--runs …]
 //! ```
 //! `--summarize` only reads the JSON reports an earlier run left in `--out`.
@@ -17,7 +18,9 @@
 //! only when named. `--deploy-with FILE` deploys the one driver named by
 //! `--drivers` with FILE instead of its CSIDriverDeployment (the same
 //! `${…}` placeholders are filled in), to run the same suite against
-//! another deployment of it, such as upstream's own manifests.
+//! another deployment of it, such as upstream's own manifests; each
+//! `--image` is an OCI archive of an image FILE names, loaded into both
+//! nodes.
 //! `--out` defaults to `$CSIOPS_CONFORMANCE_OUT` or `target/conformance`;
 //! `--procs` (ginkgo processes of the parallel runs) to 4. Prints, per
 //! driver, how many specs showed each declared capability read (a spec it
@@ -60,6 +63,7 @@ fn parse_args() -> Result<Args, String> {
         ],
         deploy: Deploy::Operator,
     };
+    let (mut deploy_with, mut images) = (None, Vec::new());
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         let (flag, inline) = match a.split_once('=') {
@@ -89,16 +93,22 @@ fn parse_args() -> Result<Args, String> {
                     .collect::<Result<_, _>>()?
             }
             "--runs" => args.runs = value()?.split(',').map(String::from).collect(),
-            "--deploy-with" => args.deploy = Deploy::Manifest(PathBuf::from(value()?)),
+            "--deploy-with" => deploy_with = Some(PathBuf::from(value()?)),
+            "--image" => images.push(PathBuf::from(value()?)),
             "--summarize" => args.summarize = true,
             "-h" | "--help" => {
                 return Err("usage: csiops-conformance [--out DIR] [--procs N] \
                      [--drivers central,node-local,hostpath] [--runs parallel,parallel-features,serial] \
-                     [--deploy-with FILE]"
+                     [--deploy-with FILE [--image ARCHIVE]…]"
                     .into())
             }
             other => return Err(format!("unknown argument {other:?}")),
         }
+    }
+    match deploy_with {
+        Some(file) => args.deploy = Deploy::Manifest { file, images },
+        None if !images.is_empty() => return Err("--image goes with --deploy-with".into()),
+        None => {}
     }
     for r in &args.runs {
         if !["parallel", "parallel-features", "serial"].contains(&r.as_str()) {

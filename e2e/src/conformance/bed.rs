@@ -39,8 +39,9 @@ pub enum Deploy {
     /// upstream's own manifests, adapted to the bed and kept outside this
     /// repository): this file, with the same placeholders filled in, is
     /// applied instead, and the driver counts as up once both nodes'
-    /// CSINode list it.
-    Manifest(PathBuf),
+    /// CSINode list it. `images` are the OCI archives of the images it
+    /// names that the bed does not have, loaded into both nodes.
+    Manifest { file: PathBuf, images: Vec<PathBuf> },
 }
 
 /// A running bed; [`Bed::stop`] tears it down.
@@ -56,7 +57,7 @@ impl Bed {
     /// Brings everything up; fails (naming what) if a driver does not reach
     /// Running with both nodes registered.
     pub async fn start(suite: Suite, drivers: &[DriverSetup], deploy: Deploy) -> Result<Bed> {
-        if matches!(deploy, Deploy::Manifest(_)) && drivers.len() != 1 {
+        if matches!(deploy, Deploy::Manifest { .. }) && drivers.len() != 1 {
             return Err(Error::Other(
                 "a driver deployed from a manifest runs alone: name one driver".into(),
             ));
@@ -64,6 +65,14 @@ impl Bed {
         let mut extra_images = suite.image_archives();
         for d in drivers {
             extra_images.extend(d.image_archive()?);
+        }
+        if let Deploy::Manifest { images, .. } = &deploy {
+            for image in images {
+                if !image.is_file() {
+                    return Err(Error::Other(format!("{} is no file", image.display())));
+                }
+            }
+            extra_images.extend(images.iter().cloned());
         }
         let cluster = Cluster::start(ClusterOptions {
             nodes: 0,
@@ -95,7 +104,7 @@ impl Bed {
             let vars = drivers::vars(&image, &snapshotter, &kubelet_dir, &bed.data_dir(d));
             let manifest = match &bed.deploy {
                 Deploy::Operator => d.manifest(&vars)?,
-                Deploy::Manifest(path) => {
+                Deploy::Manifest { file: path, .. } => {
                     let text = std::fs::read_to_string(path)
                         .map_err(|e| Error::Other(format!("reading {}: {e}", path.display())))?;
                     drivers::substitute(&text, &vars)
@@ -124,7 +133,7 @@ impl Bed {
                 )
                 .await
                 .map(drop),
-                Deploy::Manifest(_) => bed.wait_registered(d).await,
+                Deploy::Manifest { .. } => bed.wait_registered(d).await,
             };
             up.map_err(|e| {
                 Error::Other(format!(
@@ -261,7 +270,7 @@ impl Bed {
                         ])
                         .await?
                 }
-                Deploy::Manifest(_) => {
+                Deploy::Manifest { .. } => {
                     self.cluster
                         .kubectl(["delete", "-f", &file, "--timeout=120s"])
                         .await?
