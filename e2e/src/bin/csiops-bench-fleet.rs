@@ -17,10 +17,13 @@
 //!    v1;
 //! 4. `--rounds` times: d00 is upgraded to the next version (version and
 //!    image): the time from the edit to its status saying that version with
-//!    no rollout left (nodes first, then the controller); then the bare
-//!    DaemonSet gets d00's new pod template: the time until its controller
-//!    reports every pod updated and available. The ratio is the sum of the
-//!    operator's times over the sum of the bare ones (rounds even out a
+//!    no rollout left (nodes first, then the controller); and the bare
+//!    DaemonSet gets d00's pod template, marked with the round's version
+//!    so every pod rolls: the time until its controller reports every pod
+//!    updated and available. Rounds alternate which side goes first (the
+//!    operator's in round 1, the bare one in round 2, …), so neither is
+//!    always the first churn after a quiet spell. The ratio is the sum of
+//!    the operator's times over the sum of the bare ones (rounds even out a
 //!    shared machine's moments). Watches on both DaemonSets, d00's
 //!    StatefulSet and d00 itself say where the time went (when each
 //!    DaemonSet was edited, got its first new pod and was rolled out; when
@@ -73,6 +76,8 @@ struct Args {
 /// One upgrade of the operator's driver and the bare DaemonSet's rollout of
 /// the same template.
 struct Round {
+    /// The bare DaemonSet rolled first this round.
+    bare_first: bool,
     operator: Duration,
     operator_pods: fleet::Progress,
     /// Where the operator's time went, from watches (see `rollout_clock`).
@@ -113,17 +118,25 @@ impl Round {
     }
 }
 
-/// Upgrades `d` to `version`, then rolls the bare DaemonSet `bare` beside
-/// it to the pod template the operator rendered.
-async fn round(
+/// The operator's side of a round: `d` upgraded to `version`.
+struct OperatorSide {
+    time: Duration,
+    pods: fleet::Progress,
+    marks: (DaemonSetMarks, Vec<Mark>),
+    first_write: Duration,
+    requests: ApiRequests,
+}
+
+/// Upgrades `d` to `version` and waits until its status says so with no
+/// rollout left.
+async fn upgrade_operator(
     client: &kube::Client,
     operator: &OperatorProcess,
     d: &FleetDriver,
-    bare: &str,
     version: &str,
     nodes: usize,
     limit: Duration,
-) -> BenchResult<Round> {
+) -> BenchResult<OperatorSide> {
     let poll = Duration::from_millis(250);
     let ds_api: Api<DaemonSet> = Api::namespaced(client.clone(), &d.namespace);
     let from = ds_api.get(&d.daemonset()).await?.metadata.generation;
@@ -150,9 +163,9 @@ async fn round(
     })
     .await
     .map_err(|_| format!("the upgrade to {version} did not complete"))?;
-    let operator_time = t0.elapsed();
+    let time = t0.elapsed();
     let after = operator.api_requests().await?;
-    let operator_pods = pods.into_inner()?;
+    let pods = pods.into_inner()?;
     let done_state = format!("Running at {version}, step -");
     clock
         .seen(
@@ -161,44 +174,106 @@ async fn round(
             Duration::from_secs(5),
         )
         .await;
-    let operator_marks = (clock.daemonset(), clock.marks());
+    let marks = (clock.daemonset(), clock.marks());
     drop(clock);
     eprintln!(
         "  operator: {:.2} s\n{}",
-        operator_time.as_secs_f64(),
-        rollout_clock::render(&operator_marks.0, &operator_marks.1)
+        time.as_secs_f64(),
+        rollout_clock::render(&marks.0, &marks.1)
     );
+    operator.wait_quiet(Duration::from_secs(5), limit).await?;
+    Ok(OperatorSide {
+        time,
+        pods,
+        marks,
+        first_write,
+        requests: ApiRequests {
+            all: after.all - before.all,
+            writes: after.writes - before.writes,
+        },
+    })
+}
 
-    let template = fleet::bare_daemonset(&ds_api.get(&d.daemonset()).await?, bare)?;
+/// Rolls the bare DaemonSet `bare` to `d`'s node pod template as it is
+/// now, marked with `version` (a template annotation) so that it always
+/// rolls every pod, whichever side goes first.
+async fn roll_bare(
+    client: &kube::Client,
+    d: &FleetDriver,
+    bare: &str,
+    version: &str,
+    limit: Duration,
+) -> BenchResult<(Duration, fleet::Progress, DaemonSetMarks)> {
+    let poll = Duration::from_millis(250);
+    let ds_api: Api<DaemonSet> = Api::namespaced(client.clone(), &d.namespace);
+    let mut template = fleet::bare_daemonset(&ds_api.get(&d.daemonset()).await?, bare)?;
+    if let Some(meta) = template
+        .spec
+        .as_mut()
+        .and_then(|s| s.template.metadata.as_mut())
+    {
+        meta.annotations
+            .get_or_insert_with(Default::default)
+            .insert(BENCH_ROUND.to_string(), version.to_string());
+    }
     let from = ds_api.get(bare).await?.metadata.generation;
     let clock = RolloutClock::watch(client, &d.namespace, bare, None, None);
     clock.synced(Duration::from_secs(60)).await?;
     let t0 = Instant::now();
     clock.zero(t0, from);
     fleet::apply_daemonset(client, &template).await?;
-    let bare_pods =
-        fleet::wait_rolled_out(client, &d.namespace, bare, from, t0, poll, limit).await?;
-    let bare_time = t0.elapsed();
-    let bare_marks = clock.daemonset();
+    let pods = fleet::wait_rolled_out(client, &d.namespace, bare, from, t0, poll, limit).await?;
+    let time = t0.elapsed();
+    let marks = clock.daemonset();
     drop(clock);
     eprintln!(
         "  bare: {:.2} s\n{}",
-        bare_time.as_secs_f64(),
-        rollout_clock::render(&bare_marks, &[])
+        time.as_secs_f64(),
+        rollout_clock::render(&marks, &[])
     );
+    Ok((time, pods, marks))
+}
+
+/// The bare DaemonSet's pod-template annotation that names the round.
+const BENCH_ROUND: &str = "csiops.dev/bench-round";
+
+/// One round: the operator's upgrade of `d` to `version` and the bare
+/// DaemonSet's rollout, the bare one first when `bare_first` (rounds
+/// alternate, so that neither side is always the first churn of the
+/// nodes after a quiet spell).
+#[allow(clippy::too_many_arguments)]
+async fn round(
+    client: &kube::Client,
+    operator: &OperatorProcess,
+    d: &FleetDriver,
+    bare: &str,
+    version: &str,
+    nodes: usize,
+    limit: Duration,
+    bare_first: bool,
+) -> BenchResult<Round> {
+    let (side, (bare_time, bare_pods, bare_marks)) = if bare_first {
+        let b = roll_bare(client, d, bare, version, limit).await?;
+        operator.wait_quiet(Duration::from_secs(5), limit).await?;
+        (
+            upgrade_operator(client, operator, d, version, nodes, limit).await?,
+            b,
+        )
+    } else {
+        let o = upgrade_operator(client, operator, d, version, nodes, limit).await?;
+        (o, roll_bare(client, d, bare, version, limit).await?)
+    };
     operator.wait_quiet(Duration::from_secs(5), limit).await?;
     Ok(Round {
-        operator: operator_time,
-        operator_pods,
-        operator_marks,
+        bare_first,
+        operator: side.time,
+        operator_pods: side.pods,
+        operator_marks: side.marks,
         bare: bare_time,
         bare_pods,
         bare_marks,
-        first_write,
-        requests: ApiRequests {
-            all: after.all - before.all,
-            writes: after.writes - before.writes,
-        },
+        first_write: side.first_write,
+        requests: side.requests,
     })
 }
 
@@ -297,10 +372,22 @@ async fn main() -> BenchResult<()> {
     for r in 0..args.rounds {
         let version = format!("v{}", r + 2);
         eprintln!(
-            "upgrading {} to {version}, then the bare DaemonSet",
-            d0.name
+            "round {}: {} to {version} and the bare DaemonSet, {} first",
+            r + 1,
+            d0.name,
+            if r % 2 == 1 {
+                "the bare one"
+            } else {
+                "the operator's"
+            }
         );
-        rounds.push(round(&client, &operator, d0, bare, &version, args.nodes, limit).await?);
+        let bare_first = r % 2 == 1;
+        rounds.push(
+            round(
+                &client, &operator, d0, bare, &version, args.nodes, limit, bare_first,
+            )
+            .await?,
+        );
     }
 
     let (rss_end, hwm_end) = memory_kib(pid).ok_or("operator gone")?;
@@ -351,8 +438,9 @@ async fn main() -> BenchResult<()> {
     );
     for (i, r) in rounds.iter().enumerate() {
         println!(
-            "| round {}: operator {:.1} s, bare {:.1} s ({:.2}×) | pods on the new template: operator's DaemonSet {} (rolled out at {:.1} s); bare {} | |",
+            "| round {} ({} first): operator {:.1} s, bare {:.1} s ({:.2}×) | pods on the new template: operator's DaemonSet {} (rolled out at {:.1} s); bare {} | |",
             i + 1,
+            if r.bare_first { "bare" } else { "operator" },
             r.operator.as_secs_f64(),
             r.bare.as_secs_f64(),
             r.operator.as_secs_f64() / r.bare.as_secs_f64(),
