@@ -196,8 +196,7 @@ async fn apply_storage_class(
     owner: Owner<'_>,
     class: &StorageClass,
 ) -> Result<(), Error> {
-    let name = class.name_any();
-    match apply(
+    let applied = apply(
         classes,
         "StorageClass",
         class.clone(),
@@ -205,17 +204,30 @@ async fn apply_storage_class(
         Mode::RecreateIfChanged,
         &ctx.caches.owned,
     )
-    .await?
-    {
-        Applied::Created => info!(storage_class = %name, "StorageClass created"),
+    .await?;
+    tell_class(obj, ctx, "StorageClass", &class.name_any(), applied).await;
+    Ok(())
+}
+
+/// Logs a created class and tells a re-created one with a `<kind>Recreated`
+/// Event: claims made since use the new spec.
+async fn tell_class(
+    obj: &CSIDriverDeployment,
+    ctx: &Context,
+    kind: &str,
+    name: &str,
+    applied: Applied,
+) {
+    match applied {
+        Applied::Created => info!(kind, name, "class created"),
         Applied::Recreated => {
-            let note = format!("StorageClass {name} re-created with the new spec");
+            let note = format!("{kind} {name} re-created with the new spec");
             publish(
                 &ctx.recorder,
                 obj,
                 &Note {
                     warning: false,
-                    reason: "StorageClassRecreated".into(),
+                    reason: format!("{kind}Recreated"),
                     action: "Apply".into(),
                     note,
                 },
@@ -224,7 +236,6 @@ async fn apply_storage_class(
         }
         Applied::Updated | Applied::Unchanged => {}
     }
-    Ok(())
 }
 
 /// One VolumeAttributesClass. Its parameters and driverName are immutable,
@@ -274,26 +285,7 @@ async fn apply_attributes_class(
         }
         other => other,
     };
-    match applied? {
-        Applied::Created => {
-            info!(volume_attributes_class = %name, "VolumeAttributesClass created")
-        }
-        Applied::Recreated => {
-            let note = format!("VolumeAttributesClass {name} re-created with the new spec");
-            publish(
-                &ctx.recorder,
-                obj,
-                &Note {
-                    warning: false,
-                    reason: "VolumeAttributesClassRecreated".into(),
-                    action: "Apply".into(),
-                    note,
-                },
-            )
-            .await;
-        }
-        Applied::Updated | Applied::Unchanged => {}
-    }
+    tell_class(obj, ctx, "VolumeAttributesClass", &name, applied?).await;
     Ok(())
 }
 
