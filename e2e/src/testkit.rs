@@ -186,6 +186,41 @@ pub async fn apply_ok(cluster: &Cluster, name: &str, yaml: &str) {
     );
 }
 
+/// Waits until claim `name` is Bound and returns it (a test's step: panics
+/// after `deadline`).
+pub async fn wait_bound(
+    claims: &kube::Api<k8s_openapi::api::core::v1::PersistentVolumeClaim>,
+    name: &str,
+    deadline: Duration,
+) -> k8s_openapi::api::core::v1::PersistentVolumeClaim {
+    wait_for(deadline, Duration::from_millis(100), || async {
+        let c = claims.get_opt(name).await.ok().flatten()?;
+        (c.status.as_ref()?.phase.as_deref() == Some("Bound")).then_some(c)
+    })
+    .await
+    .unwrap_or_else(|_| panic!("claim {name} not Bound within {deadline:?}"))
+}
+
+/// [`wait_bound`], with the claim's PersistentVolume.
+pub async fn wait_bound_volume(
+    claims: &kube::Api<k8s_openapi::api::core::v1::PersistentVolumeClaim>,
+    volumes: &kube::Api<k8s_openapi::api::core::v1::PersistentVolume>,
+    name: &str,
+    deadline: Duration,
+) -> (
+    k8s_openapi::api::core::v1::PersistentVolumeClaim,
+    k8s_openapi::api::core::v1::PersistentVolume,
+) {
+    let c = wait_bound(claims, name, deadline).await;
+    let pv_name = c
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.clone())
+        .expect("bound claim names its PV");
+    let pv = volumes.get(&pv_name).await.expect("PV of a bound claim");
+    (c, pv)
+}
+
 /// `kubectl <args>` against the cluster, its stdout and stderr as one text,
 /// blocking: for the diagnostics of a failing step (inside a panic closure).
 pub fn kubectl_text(cluster: &Cluster, args: &[&str]) -> String {

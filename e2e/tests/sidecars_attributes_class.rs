@@ -141,19 +141,7 @@ async fn start(driver_args: &[&str]) -> (Cluster, ProvisionerBed, Apis) {
 
 /// The claim once Bound, with its PV.
 async fn bound(a: &Apis, name: &str) -> (PersistentVolumeClaim, PersistentVolume) {
-    let c = wait_for(DEADLINE, POLL, || async {
-        let c = a.claims.get_opt(name).await.ok().flatten()?;
-        (c.status.as_ref()?.phase.as_deref() == Some("Bound")).then_some(c)
-    })
-    .await
-    .unwrap_or_else(|_| panic!("claim {name} not Bound within {DEADLINE:?}"));
-    let pv_name = c
-        .spec
-        .as_ref()
-        .and_then(|s| s.volume_name.clone())
-        .expect("bound claim names its PV");
-    let pv = a.volumes.get(&pv_name).await.expect("PV of a bound claim");
-    (c, pv)
+    testkit::wait_bound_volume(&a.claims, &a.volumes, name, DEADLINE).await
 }
 
 /// Waits for a Warning Event on `object` whose line contains every one of

@@ -137,19 +137,7 @@ fn apis(cluster: &Cluster) -> Apis {
 
 /// Waits until the claim is Bound; returns it with its PV.
 async fn bound(a: &Apis, name: &str) -> (PersistentVolumeClaim, PersistentVolume) {
-    let c = wait_for(DEADLINE, POLL, || async {
-        let c = a.claims.get_opt(name).await.ok().flatten()?;
-        (c.status.as_ref()?.phase.as_deref() == Some("Bound")).then_some(c)
-    })
-    .await
-    .unwrap_or_else(|_| panic!("claim {name} not Bound within {DEADLINE:?}"));
-    let pv_name = c
-        .spec
-        .as_ref()
-        .and_then(|s| s.volume_name.clone())
-        .expect("bound claim names its PV");
-    let pv = a.volumes.get(&pv_name).await.expect("PV of a bound claim");
-    (c, pv)
+    testkit::wait_bound_volume(&a.claims, &a.volumes, name, DEADLINE).await
 }
 
 async fn event_reasons(cluster: &Cluster, object: &str) -> Vec<String> {

@@ -141,12 +141,7 @@ fn object(value: serde_json::Value) -> DynamicObject {
 }
 
 async fn bound(claims: &Api<PersistentVolumeClaim>, name: &str) -> PersistentVolumeClaim {
-    wait_for(DEADLINE, POLL, || async {
-        let c = claims.get_opt(name).await.ok().flatten()?;
-        (c.status.as_ref()?.phase.as_deref() == Some("Bound")).then_some(c)
-    })
-    .await
-    .unwrap_or_else(|_| panic!("claim {name} not Bound within {DEADLINE:?}"))
+    testkit::wait_bound(claims, name, DEADLINE).await
 }
 
 fn finalizers(c: &PersistentVolumeClaim) -> Vec<String> {
