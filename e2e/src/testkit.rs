@@ -221,6 +221,21 @@ pub async fn wait_bound_volume(
     (c, pv)
 }
 
+/// Applies `yaml` and asserts the API server refuses it with a message
+/// containing `expect` (CRD validation or the admission policy): a test's
+/// step, `what` names the case in the panic.
+pub async fn assert_refused(cluster: &Cluster, what: &str, yaml: &str, expect: &str) {
+    let out = apply_yaml(cluster, "refused", yaml)
+        .await
+        .expect("kubectl runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{what} must be refused");
+    assert!(
+        stderr.contains(expect),
+        "the refusal of {what} should name {expect:?}: {stderr}"
+    );
+}
+
 /// `kubectl <args>` against the cluster, its stdout and stderr as one text,
 /// blocking: for the diagnostics of a failing step (inside a panic closure).
 pub fn kubectl_text(cluster: &Cluster, args: &[&str]) -> String {

@@ -156,12 +156,7 @@ async fn every_csidriver_field_round_trips_and_changes_in_place_or_by_re_creatio
             "spec.csiDriver.tokenRequests[0].audience",
         ),
     ] {
-        let out = testkit::apply_yaml(&cluster, "bad", &object(csi))
-            .await
-            .expect("kubectl runs");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{csi:?} must be refused");
-        assert!(stderr.contains(expect), "{csi:?} refused naming {expect:?}: {stderr}");
+        testkit::assert_refused(&cluster, &format!("{csi:?}"), &object(csi), expect).await;
     }
 
     // --- Every field reaches the CSIDriver. ----------------------------------

@@ -126,12 +126,13 @@ async fn classes_follow_the_spec() {
             "spec.volumeAttributesClasses[0].name",
         ),
     ] {
-        let out = testkit::apply_yaml(&cluster, "bad", &object(classes_yaml))
-            .await
-            .expect("kubectl runs");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{classes_yaml:?} must be refused");
-        assert!(stderr.contains(expect), "{classes_yaml:?}: {stderr}");
+        testkit::assert_refused(
+            &cluster,
+            &format!("{classes_yaml:?}"),
+            &object(classes_yaml),
+            expect,
+        )
+        .await;
     }
 
     // Created for the driver, labelled with their owner.

@@ -127,23 +127,17 @@ async fn bad_input_is_refused_or_degraded_and_the_good_driver_is_untouched() {
         ("ok.csi.example.com", "  topology: NodeLocal\n  csiDriver:\n    attachRequired: false\n  sidecars:\n    extra:\n    - {name: x, image: x}\n", "needs pod: Node"),
         ("ok.csi.example.com", "  topology: Local\n", "spec.topology"),
     ] {
-        let out = testkit::apply_yaml(&cluster, "bad", &object("csi-bad", "bad", driver, extra)).await.expect("kubectl runs");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{driver}/{extra:?} must be refused");
-        assert!(stderr.contains(expect), "refusal of {driver}/{extra:?} should name {expect:?}: {stderr}");
+        testkit::assert_refused(&cluster, &format!("{driver}/{extra:?}"), &object("csi-bad", "bad", driver, extra), expect).await;
     }
     // A name too long for the names derived from it is refused at admission.
     let long = "a".repeat(42);
-    let out = testkit::apply_yaml(
+    testkit::assert_refused(
         &cluster,
-        "long",
+        "a 42-character name",
         &object("csi-bad", &long, "ok.csi.example.com", ""),
+        "at most 41 characters",
     )
-    .await
-    .expect("kubectl runs");
-    assert!(!out.status.success(), "a 42-character name must be refused");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("at most 41 characters"), "{stderr}");
+    .await;
 
     let out = cluster
         .kubectl([
