@@ -19,7 +19,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::topology::{self, class_topologies, selector};
+use super::topology::{self, class_topologies, zone_param_selector};
 use super::{
     atoi32, non_empty, only_true, MigrationError, Plugin, CSI_FS_TYPE_KEY, FS_TYPE_KEY, ZONES_KEY,
     ZONE_KEY,
@@ -40,12 +40,8 @@ pub(super) fn storage_class(sc: &mut StorageClass) -> Result<(), MigrationError>
             FS_TYPE_KEY => {
                 params.insert(CSI_FS_TYPE_KEY.to_string(), v.clone());
             }
-            ZONE_KEY => generated = Some(selector(TOPOLOGY_KEY, vec![v.clone()])),
-            ZONES_KEY => {
-                generated = Some(selector(
-                    TOPOLOGY_KEY,
-                    v.split(',').map(str::to_string).collect(),
-                ))
+            param @ (ZONE_KEY | ZONES_KEY) => {
+                generated = Some(zone_param_selector(TOPOLOGY_KEY, param, v))
             }
             IOPS_PER_GB_KEY => {
                 params.insert(k.clone(), v.clone());

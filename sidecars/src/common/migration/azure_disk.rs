@@ -21,7 +21,7 @@ use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use regex::Regex;
 
-use super::topology::{class_topologies, selector};
+use super::topology::{class_topologies, zone_param_selector};
 use super::{only_true, MigrationError, Plugin, ZONES_KEY, ZONE_KEY};
 
 const DRIVER: &str = Plugin::AzureDisk.driver_name();
@@ -49,12 +49,8 @@ pub(super) fn storage_class(sc: &mut StorageClass) -> Result<(), MigrationError>
     let mut generated = None;
     for (k, v) in sc.parameters.iter().flatten() {
         match k.to_lowercase().as_str() {
-            ZONE_KEY => generated = Some(selector(TOPOLOGY_KEY, vec![v.clone()])),
-            ZONES_KEY => {
-                generated = Some(selector(
-                    TOPOLOGY_KEY,
-                    v.split(',').map(str::to_string).collect(),
-                ))
+            param @ (ZONE_KEY | ZONES_KEY) => {
+                generated = Some(zone_param_selector(TOPOLOGY_KEY, param, v))
             }
             _ => {
                 params.insert(k.clone(), v.clone());

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::{
     TopologySelectorLabelRequirement, TopologySelectorTerm, VolumeNodeAffinity,
 };
 
-use super::MigrationError;
+use super::{MigrationError, ZONES_KEY};
 
 pub const ZONE: &str = "topology.kubernetes.io/zone";
 pub const REGION: &str = "topology.kubernetes.io/region";
@@ -249,6 +249,17 @@ pub fn selector(key: &str, values: Vec<String>) -> Vec<TopologySelectorTerm> {
             values,
         }]),
     }]
+}
+
+/// The selector a class's `zone` or `zones` parameter (`param`, lowercased)
+/// makes from its `value` (`zones`: comma-separated), on the driver's `key`.
+pub fn zone_param_selector(key: &str, param: &str, value: &str) -> Vec<TopologySelectorTerm> {
+    let zones = if param == ZONES_KEY {
+        value.split(',').map(str::to_string).collect()
+    } else {
+        vec![value.to_string()]
+    };
+    selector(key, zones)
 }
 
 /// The class's allowed topologies after its `zone`/`zones` parameters
