@@ -106,6 +106,22 @@ fn walk(v: &Value, path: &str, dump: &str, known: &BTreeSet<String>, out: &mut V
         }
         match v {
             Value::Mapping(_) => walk(v, &here, loaded, known, out),
+            Value::Sequence(items) if items.iter().any(Value::is_mapping) => {
+                // A list of structs (`InlineVolumes`): `[{…} {…}]`, one
+                // element per item, each walked against its own.
+                let loaded = structs(loaded);
+                if loaded.len() != items.len() {
+                    out.push(format!(
+                        "{here}: e2e.test loaded {} items, not {}",
+                        loaded.len(),
+                        items.len()
+                    ));
+                    continue;
+                }
+                for (i, (item, element)) in items.iter().zip(loaded).enumerate() {
+                    walk(item, &format!("{here}[{i}]"), element, known, out);
+                }
+            }
             Value::Sequence(items) => {
                 let items: Vec<String> = items.iter().filter_map(scalar).collect();
                 let want = format!("[{}]", items.join(" "));
@@ -122,6 +138,30 @@ fn walk(v: &Value, path: &str, dump: &str, known: &BTreeSet<String>, out: &mut V
             }
         }
     }
+}
+
+/// The top-level `{…}` elements of Go's `%+v` text of a slice of structs.
+fn structs(list: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut depth, mut start) = (0usize, 0usize);
+    for (i, ch) in list.char_indices() {
+        match ch {
+            '{' => {
+                if depth == 0 {
+                    start = i;
+                }
+                depth += 1;
+            }
+            '}' => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    out.push(&list[start..=i]);
+                }
+            }
+            _ => {}
+        }
+    }
+    out
 }
 
 fn capabilities(
@@ -235,6 +275,33 @@ mod tests {
             "{p:?}"
         );
         assert_eq!(p.len(), 4, "{p:?}");
+    }
+
+    #[test]
+    fn a_list_of_structs_is_checked_item_by_item() {
+        let dump = "&{DriverInfo:{Name:x.csi} InlineVolumes:[{Attributes:map[] Shared:false \
+            ReadOnly:false} {Attributes:map[a:b] Shared:true ReadOnly:false}] ClientNodeName:}";
+        let read = "InlineVolumes:\n- {}\n- {Shared: true}\n";
+        assert_eq!(
+            problems(read, dump, &known()).unwrap(),
+            Vec::<String>::new()
+        );
+        // Upstream hostpath's own definition spells it `shared`: not read.
+        let miscased = "InlineVolumes:\n- {}\n- {shared: true}\n";
+        assert_eq!(
+            problems(miscased, dump, &known()).unwrap(),
+            ["InlineVolumes[1].shared: no field \"shared\" in what e2e.test loaded"]
+        );
+        let unread = "InlineVolumes:\n- {}\n- {ReadOnly: true}\n";
+        assert_eq!(
+            problems(unread, dump, &known()).unwrap(),
+            ["InlineVolumes[1].ReadOnly: e2e.test loaded \"false\", not \"true\""]
+        );
+        let short = "InlineVolumes:\n- {}\n";
+        assert_eq!(
+            problems(short, dump, &known()).unwrap(),
+            ["InlineVolumes: e2e.test loaded 2 items, not 1"]
+        );
     }
 
     #[test]
