@@ -9,7 +9,7 @@
 //! ```text
 //! csiops-conformance [--out DIR] [--procs N] [--drivers central,node-local,hostpath]
 //!                    [--runs parallel,parallel-features,serial]
-//!                    [--deploy-with FILE [--image ARCHIVE]…]
+//!                    [--deploy-with FILE [--image ARCHIVE]…] [--focus REGEX]
 //! csiops-conformance --summarize [--out DIR] [--drivers …] [--runs …]
 //! ```
 //! `--summarize` only reads the JSON reports an earlier run left in `--out`.
@@ -20,7 +20,8 @@
 //! `${…}` placeholders are filled in), to run the same suite against
 //! another deployment of it, such as upstream's own manifests; each
 //! `--image` is an OCI archive of an image FILE names, loaded into both
-//! nodes.
+//! nodes. `--focus REGEX` narrows every run to the specs that also match
+//! REGEX (to look into one test; the capability check then says `?`).
 //! `--out` defaults to `$CSIOPS_CONFORMANCE_OUT` or `target/conformance`;
 //! `--procs` (ginkgo processes of the parallel runs) to 4. Prints, per
 //! driver, how many specs showed each declared capability read (a spec it
@@ -46,6 +47,8 @@ struct Args {
     drivers: Vec<DriverSetup>,
     runs: Vec<String>,
     deploy: Deploy,
+    /// Narrows every run to the specs that also match this regex.
+    focus: Option<String>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -62,6 +65,7 @@ fn parse_args() -> Result<Args, String> {
             "serial".into(),
         ],
         deploy: Deploy::Operator,
+        focus: None,
     };
     let (mut deploy_with, mut images) = (None, Vec::new());
     let mut it = std::env::args().skip(1);
@@ -95,11 +99,12 @@ fn parse_args() -> Result<Args, String> {
             "--runs" => args.runs = value()?.split(',').map(String::from).collect(),
             "--deploy-with" => deploy_with = Some(PathBuf::from(value()?)),
             "--image" => images.push(PathBuf::from(value()?)),
+            "--focus" => args.focus = Some(value()?),
             "--summarize" => args.summarize = true,
             "-h" | "--help" => {
                 return Err("usage: csiops-conformance [--out DIR] [--procs N] \
                      [--drivers central,node-local,hostpath] [--runs parallel,parallel-features,serial] \
-                     [--deploy-with FILE [--image ARCHIVE]…]"
+                     [--deploy-with FILE [--image ARCHIVE]…] [--focus REGEX]"
                     .into())
             }
             other => return Err(format!("unknown argument {other:?}")),
@@ -180,6 +185,10 @@ async fn conformance(args: &Args) -> Result<bool, Box<dyn std::error::Error>> {
             "parallel" => RunPlan::parallel(args.procs),
             "parallel-features" => RunPlan::parallel_features(args.procs),
             _ => RunPlan::serial(),
+        };
+        let plan = match &args.focus {
+            Some(f) => plan.narrowed(f),
+            None => plan,
         };
         eprintln!(
             "==> {name}: ginkgo --procs={} --focus={:?} --skip={:?}",

@@ -44,6 +44,13 @@ const ALPHA: &str = r"\[Feature:";
 const FEATURES: &str = r"\[Feature:VolumeSnapshotDataSource\]";
 
 impl RunPlan {
+    /// This run narrowed to the specs that also match `regex` (ginkgo
+    /// matches `--focus` against the whole spec text).
+    pub fn narrowed(mut self, regex: &str) -> RunPlan {
+        self.focus = format!("{}.*{regex}", self.focus);
+        self
+    }
+
     /// prow.sh's parallel run.
     pub fn parallel(procs: usize) -> RunPlan {
         RunPlan {
