@@ -211,6 +211,18 @@ pub fn terminate_all(procs: &mut [ManagedProcess], grace: Duration) {
 
 /// Whether a process with this pid is running. A zombie (exited, not yet
 /// reaped, e.g. reparented to a pid 1 that never reaps) counts as dead.
+/// User + system CPU seconds of a process so far, from `/proc/<pid>/stat`.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command (which may contain spaces) start at state.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (hz > 0.0).then(|| ticks / hz)
+}
+
 /// `VmRSS` and `VmHWM` (peak) of a process, in KiB, for benchmarks.
 pub fn memory_kib(pid: u32) -> Option<(u64, u64)> {
     let m = memory_detail_kib(pid)?;

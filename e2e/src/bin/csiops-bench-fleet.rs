@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use csiops_e2e::fleet::{self, FleetDriver};
 use csiops_e2e::operator::ApiRequests;
-use csiops_e2e::process::memory_kib;
+use csiops_e2e::process::{cpu_seconds, memory_kib};
 use csiops_e2e::rollout_clock::{self, secs, DaemonSetMarks, Mark, RolloutClock};
 use csiops_e2e::{kwok, operator_bin, testkit, wait_for, Cluster, ClusterOptions, OperatorProcess};
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -79,6 +79,10 @@ struct Round {
     /// The bare DaemonSet rolled first this round.
     bare_first: bool,
     operator: Duration,
+    /// The operator's CPU seconds during its upgrade and during the bare
+    /// rollout (where it has nothing to do).
+    operator_cpu: f64,
+    bare_cpu: f64,
     operator_pods: fleet::Progress,
     /// Where the operator's time went, from watches (see `rollout_clock`).
     operator_marks: (DaemonSetMarks, Vec<Mark>),
@@ -121,6 +125,8 @@ impl Round {
 /// The operator's side of a round: `d` upgraded to `version`.
 struct OperatorSide {
     time: Duration,
+    /// The operator's CPU seconds (user + system) meanwhile.
+    cpu: f64,
     pods: fleet::Progress,
     marks: (DaemonSetMarks, Vec<Mark>),
     first_write: Duration,
@@ -149,6 +155,7 @@ async fn upgrade_operator(
     );
     clock.synced(Duration::from_secs(60)).await?;
     let before = operator.api_requests().await?;
+    let cpu0 = cpu_seconds(operator.pid()).unwrap_or_default();
     let t0 = Instant::now();
     clock.zero(t0, from);
     d.upgrade(client, version).await?;
@@ -164,6 +171,7 @@ async fn upgrade_operator(
     .await
     .map_err(|_| format!("the upgrade to {version} did not complete"))?;
     let time = t0.elapsed();
+    let cpu = cpu_seconds(operator.pid()).unwrap_or_default() - cpu0;
     let after = operator.api_requests().await?;
     let pods = pods.into_inner()?;
     let done_state = format!("Running at {version}, step -");
@@ -184,6 +192,7 @@ async fn upgrade_operator(
     operator.wait_quiet(Duration::from_secs(5), limit).await?;
     Ok(OperatorSide {
         time,
+        cpu,
         pods,
         marks,
         first_write,
@@ -199,11 +208,12 @@ async fn upgrade_operator(
 /// rolls every pod, whichever side goes first.
 async fn roll_bare(
     client: &kube::Client,
+    operator: &OperatorProcess,
     d: &FleetDriver,
     bare: &str,
     version: &str,
     limit: Duration,
-) -> BenchResult<(Duration, fleet::Progress, DaemonSetMarks)> {
+) -> BenchResult<(Duration, fleet::Progress, DaemonSetMarks, f64)> {
     let poll = Duration::from_millis(250);
     let ds_api: Api<DaemonSet> = Api::namespaced(client.clone(), &d.namespace);
     let mut template = fleet::bare_daemonset(&ds_api.get(&d.daemonset()).await?, bare)?;
@@ -219,11 +229,13 @@ async fn roll_bare(
     let from = ds_api.get(bare).await?.metadata.generation;
     let clock = RolloutClock::watch(client, &d.namespace, bare, None, None);
     clock.synced(Duration::from_secs(60)).await?;
+    let cpu0 = cpu_seconds(operator.pid()).unwrap_or_default();
     let t0 = Instant::now();
     clock.zero(t0, from);
     fleet::apply_daemonset(client, &template).await?;
     let pods = fleet::wait_rolled_out(client, &d.namespace, bare, from, t0, poll, limit).await?;
     let time = t0.elapsed();
+    let cpu = cpu_seconds(operator.pid()).unwrap_or_default() - cpu0;
     let marks = clock.daemonset();
     drop(clock);
     eprintln!(
@@ -231,7 +243,7 @@ async fn roll_bare(
         time.as_secs_f64(),
         rollout_clock::render(&marks, &[])
     );
-    Ok((time, pods, marks))
+    Ok((time, pods, marks, cpu))
 }
 
 /// The bare DaemonSet's pod-template annotation that names the round.
@@ -252,8 +264,8 @@ async fn round(
     limit: Duration,
     bare_first: bool,
 ) -> BenchResult<Round> {
-    let (side, (bare_time, bare_pods, bare_marks)) = if bare_first {
-        let b = roll_bare(client, d, bare, version, limit).await?;
+    let (side, (bare_time, bare_pods, bare_marks, bare_cpu)) = if bare_first {
+        let b = roll_bare(client, operator, d, bare, version, limit).await?;
         operator.wait_quiet(Duration::from_secs(5), limit).await?;
         (
             upgrade_operator(client, operator, d, version, nodes, limit).await?,
@@ -261,12 +273,17 @@ async fn round(
         )
     } else {
         let o = upgrade_operator(client, operator, d, version, nodes, limit).await?;
-        (o, roll_bare(client, d, bare, version, limit).await?)
+        (
+            o,
+            roll_bare(client, operator, d, bare, version, limit).await?,
+        )
     };
     operator.wait_quiet(Duration::from_secs(5), limit).await?;
     Ok(Round {
         bare_first,
         operator: side.time,
+        operator_cpu: side.cpu,
+        bare_cpu,
         operator_pods: side.pods,
         operator_marks: side.marks,
         bare: bare_time,
@@ -454,6 +471,15 @@ async fn main() -> BenchResult<()> {
         println!(
             "| round {}, seconds after the edit (watched) | operator: {operator_marks}; bare: {bare_marks} | |",
             i + 1
+        );
+    }
+    for (i, r) in rounds.iter().enumerate() {
+        println!(
+            "| round {}, the operator's CPU | {:.2} s during its upgrade ({:.0}% of one core), {:.2} s during the bare rollout | |",
+            i + 1,
+            r.operator_cpu,
+            100.0 * r.operator_cpu / r.operator.as_secs_f64(),
+            r.bare_cpu
         );
     }
     println!(

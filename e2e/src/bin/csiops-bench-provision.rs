@@ -153,18 +153,6 @@ fn scrape_own_requests(port: u16) -> Result<Option<(f64, f64)>, String> {
     }
 }
 
-/// User + system CPU seconds of a process so far, from `/proc/<pid>/stat`.
-fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command (which may contain spaces) start at state.
-    let rest = stat.rsplit_once(')')?.1;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    (hz > 0.0).then(|| ticks / hz)
-}
-
 fn claim(class: &str, i: usize) -> PersistentVolumeClaim {
     PersistentVolumeClaim {
         metadata: ObjectMeta {
@@ -327,7 +315,7 @@ async fn run_one(
     let prefix = format!("{class}-");
     let writes0 = writes(&client).await?;
     let own0 = scrape_own_requests(port)?;
-    let cpu0 = cpu_seconds(proc.pid()).unwrap_or(0.0);
+    let cpu0 = csiops_e2e::process::cpu_seconds(proc.pid()).unwrap_or(0.0);
     let t0 = Instant::now();
     for i in 0..args.claims {
         pvcs.create(&PostParams::default(), &claim(&class, i))
@@ -392,7 +380,7 @@ async fn run_one(
     tokio::time::sleep(Duration::from_secs(5)).await;
     let writes1 = writes(&client).await?;
     let own1 = scrape_own_requests(port)?;
-    let cpu_seconds = cpu_seconds(proc.pid()).unwrap_or(0.0) - cpu0;
+    let cpu_seconds = csiops_e2e::process::cpu_seconds(proc.pid()).unwrap_or(0.0) - cpu0;
     let (_, hwm_kib) = memory_kib(proc.pid()).ok_or("provisioner gone")?;
     let left = driver.volumes_left().unwrap_or(usize::MAX);
     drop(proc);
