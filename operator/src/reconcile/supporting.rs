@@ -8,6 +8,8 @@
 //! (they carry the version label), and one after the other they held the
 //! node DaemonSet's apply back by their sum.
 
+use std::fmt::Debug;
+
 use csiops_crds::CSIDriverDeployment;
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
@@ -15,12 +17,15 @@ use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass, VolumeAttributesClass};
 use kube::api::Api;
-use kube::ResourceExt;
+use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use tracing::{debug, info, warn};
 
 use super::apply::{apply, apply_checked, delete_owned, get_owned, Applied, Mode, Owner};
 use super::error::Error;
 use super::events::{publish, Note};
+use super::owned::Owned;
 use super::Context;
 use crate::render::{csidriver, Rendered};
 
@@ -54,54 +59,31 @@ pub(super) async fn apply_supporting(
         .iter()
         .chain(std::iter::once(&r.node_service_account))
     {
-        let desired = account.clone();
-        let api = &accounts;
-        writes.push(
-            async move {
-                apply(
-                    api,
-                    "ServiceAccount",
-                    desired,
-                    owner,
-                    Mode::IfChanged,
-                    known,
-                )
-                .await
-                .map(drop)
-            }
-            .boxed(),
-        );
+        writes.push(if_changed(
+            &accounts,
+            "ServiceAccount",
+            account,
+            owner,
+            known,
+        ));
     }
     for binding in &r.role_bindings {
-        let desired = binding.clone();
-        let api = &role_bindings;
-        writes.push(
-            async move {
-                apply(api, "RoleBinding", desired, owner, Mode::IfChanged, known)
-                    .await
-                    .map(drop)
-            }
-            .boxed(),
-        );
+        writes.push(if_changed(
+            &role_bindings,
+            "RoleBinding",
+            binding,
+            owner,
+            known,
+        ));
     }
     for binding in &r.cluster_role_bindings {
-        let desired = binding.clone();
-        let api = &cluster_bindings;
-        writes.push(
-            async move {
-                apply(
-                    api,
-                    "ClusterRoleBinding",
-                    desired,
-                    owner,
-                    Mode::IfChanged,
-                    known,
-                )
-                .await
-                .map(drop)
-            }
-            .boxed(),
-        );
+        writes.push(if_changed(
+            &cluster_bindings,
+            "ClusterRoleBinding",
+            binding,
+            owner,
+            known,
+        ));
     }
     writes.push(apply_csidriver(obj, ctx, owner, r).boxed());
     for class in &r.storage_classes {
@@ -115,6 +97,27 @@ pub(super) async fn apply_supporting(
         .collect()
         .await;
     results.into_iter().collect()
+}
+
+/// One ownership-checked apply of `desired` (written only if it changed),
+/// boxed to run beside the other writes.
+fn if_changed<'a, K>(
+    api: &'a Api<K>,
+    kind: &'static str,
+    desired: &K,
+    owner: Owner<'a>,
+    known: &'a Owned,
+) -> BoxFuture<'a, Result<(), Error>>
+where
+    K: Resource + Clone + DeserializeOwned + Serialize + Debug + Send + Sync + 'a,
+{
+    let desired = desired.clone();
+    async move {
+        apply(api, kind, desired, owner, Mode::IfChanged, known)
+            .await
+            .map(drop)
+    }
+    .boxed()
 }
 
 /// The CSIDriver. Some of its fields are immutable: when the API refuses
