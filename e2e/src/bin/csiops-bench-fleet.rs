@@ -189,7 +189,6 @@ async fn upgrade_operator(
         time.as_secs_f64(),
         rollout_clock::render(&marks.0, &marks.1)
     );
-    operator.wait_quiet(Duration::from_secs(5), limit).await?;
     Ok(OperatorSide {
         time,
         cpu,
@@ -264,21 +263,25 @@ async fn round(
     limit: Duration,
     bare_first: bool,
 ) -> BenchResult<Round> {
+    // The operator settles before the other side starts and before the
+    // next round.
+    let quiet = || operator.wait_quiet(Duration::from_secs(5), limit);
     let (side, (bare_time, bare_pods, bare_marks, bare_cpu)) = if bare_first {
         let b = roll_bare(client, operator, d, bare, version, limit).await?;
-        operator.wait_quiet(Duration::from_secs(5), limit).await?;
+        quiet().await?;
         (
             upgrade_operator(client, operator, d, version, nodes, limit).await?,
             b,
         )
     } else {
         let o = upgrade_operator(client, operator, d, version, nodes, limit).await?;
+        quiet().await?;
         (
             o,
             roll_bare(client, operator, d, bare, version, limit).await?,
         )
     };
-    operator.wait_quiet(Duration::from_secs(5), limit).await?;
+    quiet().await?;
     Ok(Round {
         bare_first,
         operator: side.time,
@@ -388,17 +391,17 @@ async fn main() -> BenchResult<()> {
     let mut rounds = Vec::new();
     for r in 0..args.rounds {
         let version = format!("v{}", r + 2);
+        let bare_first = r % 2 == 1;
         eprintln!(
             "round {}: {} to {version} and the bare DaemonSet, {} first",
             r + 1,
             d0.name,
-            if r % 2 == 1 {
+            if bare_first {
                 "the bare one"
             } else {
                 "the operator's"
             }
         );
-        let bare_first = r % 2 == 1;
         rounds.push(
             round(
                 &client, &operator, d0, bare, &version, args.nodes, limit, bare_first,

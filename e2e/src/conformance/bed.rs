@@ -29,11 +29,10 @@ const SNAPSHOT_CRDS: [&str; 3] = [
 ];
 
 /// How the bed deploys its drivers.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub enum Deploy {
     /// Each driver's CSIDriverDeployment (`csidriverdeployment.yaml`),
     /// Running at v1 with both nodes registered.
-    #[default]
     Operator,
     /// Another deployment of the one driver, to compare with csiops' (say,
     /// upstream's own manifests, adapted to the bed and kept outside this
@@ -104,12 +103,7 @@ impl Bed {
             let vars = drivers::vars(&image, &snapshotter, &kubelet_dir, &bed.data_dir(d));
             let manifest = match &bed.deploy {
                 Deploy::Operator => d.manifest(&vars)?,
-                Deploy::Manifest { file: path, .. } => {
-                    let text = std::fs::read_to_string(path)
-                        .map_err(|e| Error::Other(format!("reading {}: {e}", path.display())))?;
-                    drivers::substitute(&text, &vars)
-                        .map_err(|e| Error::Other(format!("{}: {e}", path.display())))?
-                }
+                Deploy::Manifest { file, .. } => drivers::fill(file, &vars)?,
             };
             let out =
                 testkit::apply_yaml(&bed.cluster, &format!("driver-{}", d.name), &manifest).await?;

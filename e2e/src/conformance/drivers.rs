@@ -84,9 +84,7 @@ impl DriverSetup {
 
     /// The CSIDriverDeployment (and its Namespace) with `vars` filled in.
     pub fn manifest(&self, vars: &BTreeMap<&str, String>) -> Result<String> {
-        let path = self.dir().join("csidriverdeployment.yaml");
-        let text = std::fs::read_to_string(&path).map_err(io("reading", &path))?;
-        substitute(&text, vars).map_err(|e| Error::Other(format!("{}: {e}", path.display())))
+        fill(&self.dir().join("csidriverdeployment.yaml"), vars)
     }
 
     /// The OCI archive of the image this repository does not build, if the
@@ -112,6 +110,12 @@ impl DriverSetup {
     pub fn tag(&self) -> String {
         format!("[Driver: {}]", self.driver)
     }
+}
+
+/// The template file at `path` with `vars` filled in ([`substitute`]).
+pub fn fill(path: &Path, vars: &BTreeMap<&str, String>) -> Result<String> {
+    let text = std::fs::read_to_string(path).map_err(io("reading", path))?;
+    substitute(&text, vars).map_err(|e| Error::Other(format!("{}: {e}", path.display())))
 }
 
 /// Replaces every `${NAME}` of `template` by `vars[NAME]`; `$(…)` (the
