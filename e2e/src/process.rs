@@ -292,6 +292,19 @@ impl CpuSample {
         }
     }
 
+    /// Adds `other`'s seconds to these, process by process (a process
+    /// only `other` has is added to the list).
+    pub fn add(&mut self, other: &CpuSample) {
+        for (name, secs) in &other.processes {
+            match self.processes.iter_mut().find(|(n, _)| n == name) {
+                Some((_, t)) => *t += secs,
+                None => self.processes.push((name.clone(), *secs)),
+            }
+        }
+        self.busy += other.busy;
+        self.idle += other.idle;
+    }
+
     /// The seconds of the process named `name` (0 when it was not sampled).
     pub fn of(&self, name: &str) -> f64 {
         self.processes
@@ -450,6 +463,9 @@ mod tests {
         let d = later.since(&at(1.0, 2.0, 4.0));
         assert_eq!((d.of("a"), d.of("b"), d.of("new")), (2.5, 0.0, 0.0));
         assert_eq!((d.busy, d.idle), (5.0, 0.0));
+        let mut all = d.clone();
+        all.add(&at(1.0, 1.0, 1.0));
+        assert_eq!((all.of("a"), all.of("b"), all.busy), (3.5, 1.0, 6.0));
         let me = CpuSample::take(&[("me".into(), std::process::id())]);
         assert_eq!(me.processes.len(), 1, "this process is sampled");
     }
