@@ -11,6 +11,9 @@
 #   e2e/cluster-bins/build.sh --sync   # regenerate wrapper go.mod/go.sum
 #                                      # after editing e2e/versions.env
 #   e2e/cluster-bins/build.sh --print-dir  # print the bin dir, never build
+#   e2e/cluster-bins/build.sh --core   # all but external-snapshotter (what
+#                                      # `make demo` runs; a later full run
+#                                      # adds the rest to the same dir)
 #
 # Versions live in e2e/versions.env (the only place they are pinned). Each
 # upstream project is built from a small wrapper Go module in this folder
@@ -151,7 +154,14 @@ check_pins() {
 # the build recipe below.
 # ---------------------------------------------------------------------------
 RECIPE=8 # bump when the build flags/ldflags or the set of binaries change
-BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kwok csi-mock-driver regclient snapshot-controller csi-snapshotter)
+# Two parts, each with its own completion marker in the one bin dir: the
+# core (control plane, kubelet, kwok, csi-mock-driver, regclient), which is
+# all `make demo` runs, and external-snapshotter (snapshot-controller,
+# csi-snapshotter, the VolumeSnapshot CRDs), which only the tests use: two
+# minutes of a cold demo saved. A dir made before the split has `.complete`
+# for both.
+CORE_BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kwok csi-mock-driver regclient)
+SNAPSHOTTER_BINARIES=(snapshot-controller csi-snapshotter)
 
 cache_key() {
   local gover goos goarch h
@@ -163,16 +173,13 @@ cache_key() {
     "$K8S_VERSION" "$ETCD_VERSION" "$KWOK_VERSION" "$EXTERNAL_SNAPSHOTTER_VERSION" "$gover" "$goos" "$goarch" "$h"
 }
 
-# Every binary present, executable, and reporting the pinned version.
-bins_ok() {
+# The core part present, executable, and reporting the pinned versions.
+core_ok() {
   local dir="$1"
-  [[ -f "$dir/.complete" && -s "$dir/kwok-stages.yaml" ]] || return 1
-  local crd
-  for crd in volumesnapshotclasses volumesnapshotcontents volumesnapshots; do
-    [[ -s "$dir/crds/snapshot/snapshot.storage.k8s.io_$crd.yaml" ]] || return 1
-  done
+  [[ -f "$dir/.complete" || -f "$dir/.complete-core" ]] || return 1
+  [[ -s "$dir/kwok-stages.yaml" ]] || return 1
   local b
-  for b in "${BINARIES[@]}"; do [[ -x "$dir/$b" ]] || return 1; done
+  for b in "${CORE_BINARIES[@]}"; do [[ -x "$dir/$b" ]] || return 1; done
   # Run them concurrently to keep the warm path well under a second.
   local t; t="$(mktemp -d)"
   "$dir/etcd" --version >"$t/etcd" 2>&1 &
@@ -184,8 +191,6 @@ bins_ok() {
   "$dir/kwok" --version >"$t/kwok" 2>&1 &
   "$dir/csi-mock-driver" --version >"$t/csi-mock-driver" 2>&1 &
   "$dir/regclient" -version >"$t/regclient" 2>&1 &
-  "$dir/snapshot-controller" --version >"$t/snapshot-controller" 2>&1 &
-  "$dir/csi-snapshotter" --version >"$t/csi-snapshotter" 2>&1 &
   local rc=0
   wait || rc=1
   grep -q "etcd Version: ${ETCD_VERSION#v}" "$t/etcd" || rc=1
@@ -197,20 +202,38 @@ bins_ok() {
   grep -q "$KWOK_VERSION" "$t/kwok" || rc=1
   grep -q "^csi-mock-driver k8s.io/kubernetes $K8S_VERSION " "$t/csi-mock-driver" || rc=1
   grep -q "^regclient k8s.io/kubelet $K8S_STAGING_VERSION " "$t/regclient" || rc=1
-  grep -q " $EXTERNAL_SNAPSHOTTER_VERSION$" "$t/snapshot-controller" || rc=1
-  grep -q " $EXTERNAL_SNAPSHOTTER_VERSION$" "$t/csi-snapshotter" || rc=1
   rm -rf "$t"
   return "$rc"
 }
 
-build_into() {
+# The external-snapshotter part present and reporting the pinned version.
+snapshotter_ok() {
+  local dir="$1"
+  [[ -f "$dir/.complete" || -f "$dir/.complete-snapshotter" ]] || return 1
+  local crd b
+  for crd in volumesnapshotclasses volumesnapshotcontents volumesnapshots; do
+    [[ -s "$dir/crds/snapshot/snapshot.storage.k8s.io_$crd.yaml" ]] || return 1
+  done
+  for b in "${SNAPSHOTTER_BINARIES[@]}"; do
+    [[ -x "$dir/$b" ]] && "$dir/$b" --version 2>&1 | grep -q " $EXTERNAL_SNAPSHOTTER_VERSION$" || return 1
+  done
+}
+
+# bins_ok DIR PART: PART (core or full) is there.
+bins_ok() {
+  core_ok "$1" && { [[ "$2" == core ]] || snapshotter_ok "$1"; }
+}
+
+build_flags=(-trimpath -buildvcs=false)
+
+# The core part into $1, marked `.complete-core`.
+build_core_into() {
   local out="$1"
-  local build_flags=(-trimpath -buildvcs=false)
 
   # Fetch everything up front (a no-op when GOMODCACHE is warm); go.sum is
   # complete, so this never edits go.mod/go.sum (-mod=readonly).
   local d
-  for d in kube etcd kwok snapshotter; do
+  for d in kube etcd kwok; do
     log "go mod download ($d)"
     (cd "$HERE/$d" && go mod download) >&2
   done
@@ -258,7 +281,15 @@ build_into() {
     cat "$kwok_dir/kustomize/stage/$f"
   done >"$out/kwok-stages.yaml"
 
-  # --- external-snapshotter ---------------------------------------------------
+  cp "$VERSIONS_ENV" "$out/versions.env"
+  touch "$out/.complete-core"
+}
+
+# The external-snapshotter part into $1, marked `.complete-snapshotter`.
+build_snapshotter_into() {
+  local out="$1" f
+  log "go mod download (snapshotter)"
+  (cd "$HERE/snapshotter" && go mod download) >&2
   # Both commands print `main.version` for --version.
   log "building snapshot-controller, csi-snapshotter $EXTERNAL_SNAPSHOTTER_VERSION"
   (cd "$HERE/snapshotter" && CGO_ENABLED=0 go build "${build_flags[@]}" \
@@ -276,17 +307,16 @@ build_into() {
     cp "$client_dir/config/crd/$f" "$out/crds/snapshot/$f"
   done
   chmod -R u+w "$out/crds"
-
-  cp "$VERSIONS_ENV" "$out/versions.env"
-  touch "$out/.complete"
+  touch "$out/.complete-snapshotter"
 }
 
 main() {
-  local mode="build"
+  local mode="build" part="full"
   case "${1:-}" in
     --sync) sync_modules; return ;;
     --print-dir) mode="print" ;;
-    -h|--help) sed -n '2,20p' "$0" >&2; return ;;
+    --core) part="core" ;;
+    -h|--help) sed -n '2,23p' "$0" >&2; return ;;
     "") ;;
     *) die "unknown argument: $1" ;;
   esac
@@ -297,7 +327,7 @@ main() {
   local dir="$root/$key"
   if [[ "$mode" == print ]]; then echo "$dir"; return; fi
 
-  if [[ "${CSIOPS_REBUILD:-0}" != 1 ]] && bins_ok "$dir"; then
+  if [[ "${CSIOPS_REBUILD:-0}" != 1 ]] && bins_ok "$dir" "$part"; then
     echo "$dir"
     return
   fi
@@ -308,7 +338,7 @@ main() {
   if command -v flock >/dev/null 2>&1; then
     log "waiting for lock $root/.$key.lock"
     flock 9
-    if [[ "${CSIOPS_REBUILD:-0}" != 1 ]] && bins_ok "$dir"; then
+    if [[ "${CSIOPS_REBUILD:-0}" != 1 ]] && bins_ok "$dir" "$part"; then
       echo "$dir"
       return
     fi
@@ -318,16 +348,32 @@ main() {
   # shellcheck disable=SC2064
   trap "rm -rf '$tmp'" EXIT
   local start=$SECONDS
-  log "first run for these versions: building the local control plane from source into $dir (about 6-7 min cold on 2 cores; cached afterwards) ($(go env GOVERSION), GOMODCACHE=$(go env GOMODCACHE))"
-  build_into "$tmp"
-  bins_ok "$tmp" || die "freshly built binaries failed their --version check in $tmp"
-  chmod 755 "$tmp"
-  # Atomic publish: rename within the same directory.
-  if [[ -e "$dir" ]]; then
-    local old; old="$(mktemp -d "$root/.old.$key.XXXXXX")"
-    mv -T "$dir" "$old/d" && rm -rf "$old"
+  if [[ "${CSIOPS_REBUILD:-0}" != 1 ]] && core_ok "$dir"; then
+    # Only external-snapshotter is missing (a `--core` run came first): add
+    # it to the published dir. New files only, so whoever runs the core
+    # binaries meanwhile is not disturbed.
+    log "adding external-snapshotter to $dir (about 2 min cold on 2 cores)"
+    build_snapshotter_into "$tmp"
+    snapshotter_ok "$tmp" || die "freshly built snapshotter binaries failed their --version check in $tmp"
+    mkdir -p "$dir/crds"
+    mv -f "$tmp/snapshot-controller" "$tmp/csi-snapshotter" "$dir/"
+    rm -rf "$dir/crds/snapshot"
+    mv "$tmp/crds/snapshot" "$dir/crds/snapshot"
+    touch "$dir/.complete-snapshotter"
+    rm -rf "$tmp"
+  else
+    log "first run for these versions: building the local control plane from source into $dir (about 5 min cold on 2 cores, external-snapshotter 2 more; cached afterwards) ($(go env GOVERSION), GOMODCACHE=$(go env GOMODCACHE))"
+    build_core_into "$tmp"
+    [[ "$part" == core ]] || build_snapshotter_into "$tmp"
+    bins_ok "$tmp" "$part" || die "freshly built binaries failed their --version check in $tmp"
+    chmod 755 "$tmp"
+    # Atomic publish: rename within the same directory.
+    if [[ -e "$dir" ]]; then
+      local old; old="$(mktemp -d "$root/.old.$key.XXXXXX")"
+      mv -T "$dir" "$old/d" && rm -rf "$old"
+    fi
+    mv -T "$tmp" "$dir"
   fi
-  mv -T "$tmp" "$dir"
   trap - EXIT
   log "done in $((SECONDS - start))s: $dir"
   echo "$dir"

@@ -209,8 +209,6 @@ pub fn terminate_all(procs: &mut [ManagedProcess], grace: Duration) {
     }
 }
 
-/// Whether a process with this pid is running. A zombie (exited, not yet
-/// reaped, e.g. reparented to a pid 1 that never reaps) counts as dead.
 /// User + system CPU seconds of a process so far, from `/proc/<pid>/stat`.
 pub fn cpu_seconds(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -218,9 +216,102 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     let rest = stat.rsplit_once(')')?.1;
     let fields: Vec<&str> = rest.split_whitespace().collect();
     let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    clock_ticks().map(|hz| ticks / hz)
+}
+
+fn clock_ticks() -> Option<f64> {
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    (hz > 0.0).then(|| ticks / hz)
+    (hz > 0.0).then_some(hz)
+}
+
+/// Busy and idle CPU seconds of all cores together so far, from the `cpu`
+/// line of `/proc/stat` (busy: user, nice, system, irq, softirq, steal;
+/// idle: idle and iowait).
+pub fn machine_cpu_seconds() -> Option<(f64, f64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    machine_cpu_from(stat.lines().next()?).and_then(|(busy, idle)| {
+        let hz = clock_ticks()?;
+        Some((busy / hz, idle / hz))
+    })
+}
+
+/// (busy, idle) ticks of a `/proc/stat` `cpu` line.
+fn machine_cpu_from(line: &str) -> Option<(f64, f64)> {
+    let mut fields = line.split_whitespace();
+    if fields.next()? != "cpu" {
+        return None;
+    }
+    let t: Vec<f64> = fields.map_while(|f| f.parse().ok()).collect();
+    let at = |i: usize| t.get(i).copied().unwrap_or(0.0);
+    (t.len() >= 4).then(|| {
+        let busy = at(0) + at(1) + at(2) + at(5) + at(6) + at(7);
+        (busy, at(3) + at(4))
+    })
+}
+
+/// Where CPU went between two moments of a benchmark: each named process's
+/// seconds and the whole machine's busy and idle seconds.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CpuSample {
+    /// (name, user + system seconds) of each process still running.
+    pub processes: Vec<(String, f64)>,
+    /// All cores' busy seconds.
+    pub busy: f64,
+    /// All cores' idle seconds.
+    pub idle: f64,
+}
+
+impl CpuSample {
+    /// The counters now, of `processes` (name, pid) and of the machine.
+    pub fn take(processes: &[(String, u32)]) -> CpuSample {
+        let (busy, idle) = machine_cpu_seconds().unwrap_or_default();
+        CpuSample {
+            processes: processes
+                .iter()
+                .filter_map(|(name, pid)| Some((name.clone(), cpu_seconds(*pid)?)))
+                .collect(),
+            busy,
+            idle,
+        }
+    }
+
+    /// What was used between `earlier` and this sample (processes in both).
+    pub fn since(&self, earlier: &CpuSample) -> CpuSample {
+        CpuSample {
+            processes: self
+                .processes
+                .iter()
+                .filter_map(|(name, now)| {
+                    let (_, then) = earlier.processes.iter().find(|(n, _)| n == name)?;
+                    Some((name.clone(), now - then))
+                })
+                .collect(),
+            busy: self.busy - earlier.busy,
+            idle: self.idle - earlier.idle,
+        }
+    }
+
+    /// Adds `other`'s seconds to these, process by process (a process
+    /// only `other` has is added to the list).
+    pub fn add(&mut self, other: &CpuSample) {
+        for (name, secs) in &other.processes {
+            match self.processes.iter_mut().find(|(n, _)| n == name) {
+                Some((_, t)) => *t += secs,
+                None => self.processes.push((name.clone(), *secs)),
+            }
+        }
+        self.busy += other.busy;
+        self.idle += other.idle;
+    }
+
+    /// The seconds of the process named `name` (0 when it was not sampled).
+    pub fn of(&self, name: &str) -> f64 {
+        self.processes
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(0.0, |(_, s)| *s)
+    }
 }
 
 /// `VmRSS` and `VmHWM` (peak) of a process, in KiB, for benchmarks.
@@ -263,6 +354,8 @@ fn parse_status_memory(status: &str) -> Option<Memory> {
     })
 }
 
+/// Whether a process with this pid is running. A zombie (exited, not yet
+/// reaped, e.g. reparented to a pid 1 that never reaps) counts as dead.
 pub fn pid_alive(pid: u32) -> bool {
     // SAFETY: signal 0 only checks for existence and permission.
     let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
@@ -347,6 +440,35 @@ pub async fn sigterm_and_wait(pid: u32, deadline: Duration) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn machine_cpu_adds_busy_and_idle_fields_of_the_cpu_line() {
+        // user nice system idle iowait irq softirq steal guest guest_nice
+        let line = "cpu  100 5 50 1000 20 3 2 1 0 0";
+        assert_eq!(machine_cpu_from(line), Some((161.0, 1020.0)));
+        assert_eq!(machine_cpu_from("cpu0 1 2 3 4"), None, "one core's line");
+        assert_eq!(machine_cpu_from("cpu 1 2"), None, "too few fields");
+        assert!(machine_cpu_seconds().is_some_and(|(busy, idle)| busy > 0.0 && idle >= 0.0));
+    }
+
+    #[test]
+    fn a_cpu_sample_since_an_earlier_one_is_the_difference_per_process() {
+        let at = |a: f64, b: f64, busy: f64| CpuSample {
+            processes: vec![("a".into(), a), ("b".into(), b)],
+            busy,
+            idle: 10.0,
+        };
+        let mut later = at(3.5, 2.0, 9.0);
+        later.processes.push(("new".into(), 1.0));
+        let d = later.since(&at(1.0, 2.0, 4.0));
+        assert_eq!((d.of("a"), d.of("b"), d.of("new")), (2.5, 0.0, 0.0));
+        assert_eq!((d.busy, d.idle), (5.0, 0.0));
+        let mut all = d.clone();
+        all.add(&at(1.0, 1.0, 1.0));
+        assert_eq!((all.of("a"), all.of("b"), all.busy), (3.5, 1.0, 6.0));
+        let me = CpuSample::take(&[("me".into(), std::process::id())]);
+        assert_eq!(me.processes.len(), 1, "this process is sampled");
+    }
 
     fn sh(dir: &Path, script: &str) -> ManagedProcess {
         ManagedProcess::spawn(

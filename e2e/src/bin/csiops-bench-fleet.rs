@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use csiops_e2e::fleet::{self, FleetDriver};
 use csiops_e2e::operator::ApiRequests;
-use csiops_e2e::process::{cpu_seconds, memory_kib};
+use csiops_e2e::process::{memory_kib, CpuSample};
 use csiops_e2e::rollout_clock::{self, secs, DaemonSetMarks, Mark, RolloutClock};
 use csiops_e2e::{kwok, operator_bin, testkit, wait_for, Cluster, ClusterOptions, OperatorProcess};
 use k8s_openapi::api::apps::v1::DaemonSet;
@@ -79,10 +79,10 @@ struct Round {
     /// The bare DaemonSet rolled first this round.
     bare_first: bool,
     operator: Duration,
-    /// The operator's CPU seconds during its upgrade and during the bare
-    /// rollout (where it has nothing to do).
-    operator_cpu: f64,
-    bare_cpu: f64,
+    /// CPU used during the operator's upgrade and during the bare rollout,
+    /// by the operator, each cluster process and the whole machine.
+    operator_cpu: CpuSample,
+    bare_cpu: CpuSample,
     operator_pods: fleet::Progress,
     /// Where the operator's time went, from watches (see `rollout_clock`).
     operator_marks: (DaemonSetMarks, Vec<Mark>),
@@ -125,8 +125,8 @@ impl Round {
 /// The operator's side of a round: `d` upgraded to `version`.
 struct OperatorSide {
     time: Duration,
-    /// The operator's CPU seconds (user + system) meanwhile.
-    cpu: f64,
+    /// CPU used meanwhile, by process and by the machine.
+    cpu: CpuSample,
     pods: fleet::Progress,
     marks: (DaemonSetMarks, Vec<Mark>),
     first_write: Duration,
@@ -138,6 +138,7 @@ struct OperatorSide {
 async fn upgrade_operator(
     client: &kube::Client,
     operator: &OperatorProcess,
+    procs: &[(String, u32)],
     d: &FleetDriver,
     version: &str,
     nodes: usize,
@@ -155,7 +156,7 @@ async fn upgrade_operator(
     );
     clock.synced(Duration::from_secs(60)).await?;
     let before = operator.api_requests().await?;
-    let cpu0 = cpu_seconds(operator.pid()).unwrap_or_default();
+    let cpu0 = CpuSample::take(procs);
     let t0 = Instant::now();
     clock.zero(t0, from);
     d.upgrade(client, version).await?;
@@ -165,13 +166,16 @@ async fn upgrade_operator(
     wait_for(limit, poll, || async {
         let ds = ds_api.get(&d.daemonset()).await.ok()?;
         pods.lock().ok()?.observe(&ds, from, t0.elapsed());
-        let obj = d.get(client).await.ok()?;
+        // The object from the clock's watch, not a GET: the bare side's
+        // wait polls only its DaemonSet, and the two sides should cost
+        // the API server the same.
+        let obj = clock.object()?;
         fleet::settled(&obj, version, nodes).then_some(())
     })
     .await
     .map_err(|_| format!("the upgrade to {version} did not complete"))?;
     let time = t0.elapsed();
-    let cpu = cpu_seconds(operator.pid()).unwrap_or_default() - cpu0;
+    let cpu = CpuSample::take(procs).since(&cpu0);
     let after = operator.api_requests().await?;
     let pods = pods.into_inner()?;
     let done_state = format!("Running at {version}, step -");
@@ -207,12 +211,12 @@ async fn upgrade_operator(
 /// rolls every pod, whichever side goes first.
 async fn roll_bare(
     client: &kube::Client,
-    operator: &OperatorProcess,
+    procs: &[(String, u32)],
     d: &FleetDriver,
     bare: &str,
     version: &str,
     limit: Duration,
-) -> BenchResult<(Duration, fleet::Progress, DaemonSetMarks, f64)> {
+) -> BenchResult<(Duration, fleet::Progress, DaemonSetMarks, CpuSample)> {
     let poll = Duration::from_millis(250);
     let ds_api: Api<DaemonSet> = Api::namespaced(client.clone(), &d.namespace);
     let mut template = fleet::bare_daemonset(&ds_api.get(&d.daemonset()).await?, bare)?;
@@ -228,13 +232,13 @@ async fn roll_bare(
     let from = ds_api.get(bare).await?.metadata.generation;
     let clock = RolloutClock::watch(client, &d.namespace, bare, None, None);
     clock.synced(Duration::from_secs(60)).await?;
-    let cpu0 = cpu_seconds(operator.pid()).unwrap_or_default();
+    let cpu0 = CpuSample::take(procs);
     let t0 = Instant::now();
     clock.zero(t0, from);
     fleet::apply_daemonset(client, &template).await?;
     let pods = fleet::wait_rolled_out(client, &d.namespace, bare, from, t0, poll, limit).await?;
     let time = t0.elapsed();
-    let cpu = cpu_seconds(operator.pid()).unwrap_or_default() - cpu0;
+    let cpu = CpuSample::take(procs).since(&cpu0);
     let marks = clock.daemonset();
     drop(clock);
     eprintln!(
@@ -256,6 +260,7 @@ const BENCH_ROUND: &str = "csiops.dev/bench-round";
 async fn round(
     client: &kube::Client,
     operator: &OperatorProcess,
+    procs: &[(String, u32)],
     d: &FleetDriver,
     bare: &str,
     version: &str,
@@ -267,19 +272,16 @@ async fn round(
     // next round.
     let quiet = || operator.wait_quiet(Duration::from_secs(5), limit);
     let (side, (bare_time, bare_pods, bare_marks, bare_cpu)) = if bare_first {
-        let b = roll_bare(client, operator, d, bare, version, limit).await?;
+        let b = roll_bare(client, procs, d, bare, version, limit).await?;
         quiet().await?;
         (
-            upgrade_operator(client, operator, d, version, nodes, limit).await?,
+            upgrade_operator(client, operator, procs, d, version, nodes, limit).await?,
             b,
         )
     } else {
-        let o = upgrade_operator(client, operator, d, version, nodes, limit).await?;
+        let o = upgrade_operator(client, operator, procs, d, version, nodes, limit).await?;
         quiet().await?;
-        (
-            o,
-            roll_bare(client, operator, d, bare, version, limit).await?,
-        )
+        (o, roll_bare(client, procs, d, bare, version, limit).await?)
     };
     quiet().await?;
     Ok(Round {
@@ -295,6 +297,24 @@ async fn round(
         first_write: side.first_write,
         requests: side.requests,
     })
+}
+
+/// `operator 1.68 / 0.26, kube-apiserver 9.10 / 8.20, …; machine busy
+/// 45.0 / 40.1, idle 5.2 / 3.0`: each process's CPU seconds on both sides.
+fn cpu_pairs(operator: &CpuSample, bare: &CpuSample) -> String {
+    let each: Vec<String> = operator
+        .processes
+        .iter()
+        .map(|(name, secs)| format!("{name} {secs:.2} / {:.2}", bare.of(name)))
+        .collect();
+    format!(
+        "{}; machine busy {:.1} / {:.1}, idle {:.1} / {:.1}",
+        each.join(", "),
+        operator.busy,
+        bare.busy,
+        operator.idle,
+        bare.idle
+    )
 }
 
 fn mib(kib: u64) -> f64 {
@@ -330,6 +350,11 @@ async fn main() -> BenchResult<()> {
     eprintln!("operator: {}", bin.display());
     let operator = cluster.run_operator(&bin)?;
     let pid = operator.pid();
+    // Whose CPU each side of a round costs: the operator and every cluster
+    // process (API server, etcd, controller manager, scheduler, kwok).
+    let procs: Vec<(String, u32)> = std::iter::once(("operator".to_string(), pid))
+        .chain(cluster.pids())
+        .collect();
 
     // --- deploy v1 and settle ---------------------------------------------------
     let manifests: String = drivers
@@ -404,7 +429,7 @@ async fn main() -> BenchResult<()> {
         );
         rounds.push(
             round(
-                &client, &operator, d0, bare, &version, args.nodes, limit, bare_first,
+                &client, &operator, &procs, d0, bare, &version, args.nodes, limit, bare_first,
             )
             .await?,
         );
@@ -478,13 +503,24 @@ async fn main() -> BenchResult<()> {
     }
     for (i, r) in rounds.iter().enumerate() {
         println!(
-            "| round {}, the operator's CPU | {:.2} s during its upgrade ({:.0}% of one core), {:.2} s during the bare rollout | |",
+            "| round {}, CPU seconds during the operator's upgrade / the bare rollout | {} | |",
             i + 1,
-            r.operator_cpu,
-            100.0 * r.operator_cpu / r.operator.as_secs_f64(),
-            r.bare_cpu
+            cpu_pairs(&r.operator_cpu, &r.bare_cpu)
         );
     }
+    let sum = |f: fn(&Round) -> &CpuSample| {
+        rounds
+            .iter()
+            .map(f)
+            .fold(CpuSample::default(), |mut all, s| {
+                all.add(s);
+                all
+            })
+    };
+    println!(
+        "| all rounds, CPU seconds during the operator's upgrades / the bare rollouts | {} | |",
+        cpu_pairs(&sum(|r| &r.operator_cpu), &sum(|r| &r.bare_cpu))
+    );
     println!(
         "| operator API requests during the upgrades | {:.0} ({:.0} writes), {:.1} a second | |",
         upgrade_requests,

@@ -35,6 +35,7 @@ pub mod sync;
 mod teardown;
 #[cfg(test)]
 mod tests;
+pub mod throttle;
 mod workloads;
 
 use std::sync::Arc;
@@ -202,10 +203,16 @@ pub async fn run(
             .and_then(|(ns, name)| pod_owners.owner_of_pod(&ns, &name));
         futures::future::ready(owner)
     });
-    // A pod that changed or went: its owner.
-    let pod_refs = triggers
-        .pods
-        .filter_map(|r| futures::future::ready(r.ok().and_then(|p| pod_owner(&p))));
+    // A pod that changed or went: its owner, at most once per pacing
+    // interval (a node roll changes pods far faster than that; see
+    // `throttle`).
+    let pod_refs = throttle::throttle(
+        triggers
+            .pods
+            .filter_map(|r| futures::future::ready(r.ok().and_then(|p| pod_owner(&p))))
+            .boxed(),
+        pace::MIN_INTERVAL,
+    );
     let supporting_refs = triggers
         .supporting
         .map(|(ns, name)| ObjectRef::new(&name).within(&ns));
