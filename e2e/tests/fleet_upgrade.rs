@@ -239,12 +239,21 @@ async fn an_upgrade_losing_a_tenth_of_its_nodes_completes_and_storage_keeps_serv
     let upgrade_took = edited.elapsed();
 
     // The lost nodes are named, counted once, and make the object Degraded
-    // once lost for longer than the step deadline.
+    // once lost for longer than the step deadline. The node lifecycle
+    // controller notices each lost node on its own pass, seconds apart, so
+    // the message counts all of them only once the last has passed the
+    // deadline too: wait for that, not just for the first.
+    let all_past_deadline = format!("{LOST} node(s) lost for more than {STEP_TIMEOUT}s");
     let obj = wait_for(Duration::from_secs(240), Duration::from_secs(1), || async {
         let obj = csidd(&cluster).await;
         let lost_count = obj["status"]["node"]["lost"].as_i64().unwrap_or(0);
         let degraded = status_str(&obj, &["phase"]) == Some("Degraded");
-        (lost_count == LOST as i64 && degraded).then_some(obj)
+        let all_named = obj["status"]["conditions"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["type"] == "Degraded"))
+            .and_then(|c| c["message"].as_str())
+            .is_some_and(|m| m.starts_with(&all_past_deadline));
+        (lost_count == LOST as i64 && degraded && all_named).then_some(obj)
     })
     .await
     .unwrap_or_else(|_| panic!("lost nodes never reported: {}", csidd_brief(&cluster)));

@@ -307,6 +307,27 @@ pub fn lost_too_long(
         .collect()
 }
 
+/// How long until the next of `nodes` not yet lost for longer than
+/// `timeout` is: the operator looks again then, so the Degraded message
+/// counts each node from its own deadline, not from whatever event comes
+/// next (a settled object is otherwise resynced only every few minutes).
+pub fn next_lost_deadline(
+    nodes: &[LostNode],
+    timeout: chrono::Duration,
+    now: DateTime<Utc>,
+) -> Option<chrono::Duration> {
+    nodes
+        .iter()
+        .filter_map(|n| {
+            let since = DateTime::parse_from_rfc3339(n.since.as_deref()?).ok()?;
+            let left = since.with_timezone(&Utc) + timeout - now;
+            // `lost_too_long` needs strictly more than the timeout, and
+            // `since` has whole seconds: one second past it, it counts.
+            (left >= chrono::Duration::zero()).then(|| left + chrono::Duration::seconds(1))
+        })
+        .min()
+}
+
 /// A condition whose lastTransitionTime only moves when its status does.
 fn condition(
     previous: Option<&Condition>,

@@ -582,6 +582,7 @@ async fn drive(
     if let Some(p) = &no_nodes {
         warn_once(obj, ctx, p).await;
     }
+    let (lost_problem, next_lost) = lost_nodes_problem(obj, &health, now);
     let problem = no_nodes
         .or_else(|| {
             plan.overdue.as_ref().map(|why| Problem {
@@ -589,7 +590,7 @@ async fn drive(
                 message: why.clone(),
             })
         })
-        .or_else(|| lost_nodes_problem(obj, &health, now));
+        .or(lost_problem);
     let new_status = status_after(obj, Progress::of(&plan), &health, problem.as_ref(), now);
     let deferred = write_progress(obj, ctx, api, new_status).await?;
     // Where a pass spends its time, cumulative from its start (milliseconds).
@@ -609,7 +610,11 @@ async fn drive(
     } else {
         IDLE_REQUEUE
     };
-    Ok(Requeue::requeue(deferred.map_or(next, |d| d.min(next))))
+    let next = [deferred, next_lost]
+        .into_iter()
+        .flatten()
+        .fold(next, StdDuration::min);
+    Ok(Requeue::requeue(next))
 }
 
 /// The metrics Service and PodMonitor, and, when the spec changed since the
@@ -650,17 +655,21 @@ async fn tidy(
 }
 
 /// Degraded when a node has been lost for longer than the step deadline:
-/// the driver serves nothing there. It holds no rollout back.
+/// the driver serves nothing there. It holds no rollout back. Also how
+/// long until the next lost node passes that deadline, to look again then.
 fn lost_nodes_problem(
     obj: &CSIDriverDeployment,
     health: &Health,
     now: chrono::DateTime<Utc>,
-) -> Option<Problem> {
+) -> (Option<Problem>, Option<StdDuration>) {
     let listed = report::lost_nodes(&health.fleet.lost, obj.status.as_ref(), now);
     let timeout = Duration::seconds(obj.spec.rollout.step_timeout_seconds);
+    let next = report::next_lost_deadline(&listed, timeout, now).and_then(|d| d.to_std().ok());
     let long = report::lost_too_long(&listed, timeout, now);
-    let first = long.first()?;
-    Some(Problem {
+    let Some(first) = long.first() else {
+        return (None, next);
+    };
+    let problem = Problem {
         reason: "NodesLost",
         message: format!(
             "{} node(s) lost for more than {}s, the driver serves nothing there: {} ({}) since {}; \
@@ -671,7 +680,8 @@ fn lost_nodes_problem(
             first.reason,
             first.since.as_deref().unwrap_or("?")
         ),
-    })
+    };
+    (Some(problem), next)
 }
 
 /// An Event when nodes are newly lost, and one when lost nodes return.

@@ -334,6 +334,32 @@ fn a_lost_node_without_a_transition_time_keeps_the_first_time_it_was_seen() {
 }
 
 #[test]
+fn the_next_look_is_when_the_next_lost_node_passes_its_deadline() {
+    use crate::fleet::LostReason;
+    let now = t("2026-11-21T10:01:31Z");
+    let listed = lost_nodes(
+        &[
+            lost("a", LostReason::Unreachable, Some("2026-11-21T10:00:00Z")),
+            lost("b", LostReason::Unreachable, Some("2026-11-21T10:00:05Z")),
+            lost("c", LostReason::Unreachable, Some("2026-11-21T10:00:20Z")),
+        ],
+        None,
+        now,
+    );
+    let timeout = chrono::Duration::seconds(90);
+    // a is past the 90 s; b reaches it in 4 s, c in 19 s.
+    assert_eq!(lost_too_long(&listed, timeout, now).len(), 1);
+    let next = next_lost_deadline(&listed, timeout, now).expect("b is next");
+    assert_eq!(next, chrono::Duration::seconds(5));
+    // Looked at then, b counts too.
+    assert_eq!(lost_too_long(&listed, timeout, now + next).len(), 2);
+    // Once all are past it, there is nothing to look again for.
+    let late = t("2026-11-21T10:05:00Z");
+    assert_eq!(next_lost_deadline(&listed, timeout, late), None);
+    assert_eq!(next_lost_deadline(&[], timeout, now), None);
+}
+
+#[test]
 fn a_node_local_driver_is_available_without_a_controller_and_shows_none() {
     let h = Health {
         controller: ControllerCounts::default(),
