@@ -4,9 +4,13 @@
 # bed's Go binaries without external-snapshotter (`build.sh --core`) and the
 # images, whose cargo build also makes the demo's own binary
 # (e2e/images/build.sh), so nothing is compiled twice and no debug build of
-# the workspace is needed. The phases run one after the other: each keeps
-# both cores busy, and run side by side (tried 2026-11-28) they took 15.5
-# minutes cold against 15.0 one after the other.
+# the workspace is needed. The images are the `--demo` ones: the sidecar
+# image without the size-optimised node binary, whose second compile of
+# every dependency is not worth two and a half minutes of a demo on one
+# node (csiops-sidecar serves the node roles itself; e2e/images/build.sh).
+# The phases run one after the other: each keeps both cores busy, and run
+# side by side (tried 2026-11-28) they took 15.5 minutes cold against 15.0
+# one after the other.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -22,7 +26,7 @@ phase() { # phase NAME COMMAND... : runs COMMAND, prints how long it took
 elapsed() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
 
 bins() { BIN_DIR="$("$HERE/cluster-bins/build.sh" --core)"; }
-images() { IMAGES_DIR="$("$HERE/images/build.sh")"; }
+images() { IMAGES_DIR="$("$HERE/images/build.sh" --demo)"; }
 
 phase "control plane, kubelet and kwok (cached by version in ~/.cache/csiops/bins)" bins
 phase "images and the demo binary (cached by source hash in ~/.cache/csiops/images)" images

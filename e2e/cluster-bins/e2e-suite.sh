@@ -48,7 +48,7 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 VERSIONS_ENV="$(dirname "$HERE")/versions.env"
-RECIPE=4 # bump when the build flags, the image recipes or the layout change
+RECIPE=5 # bump when the build flags, the image recipes or the layout change
 SUITE_REGISTRY=localhost/csiops-e2e
 # name:tag of each image, with the ImageID of manifest.go it must match.
 SUITE_IMAGES=(busybox:1.37.0-1:BusyBox agnhost:2.56:Agnhost nginx:1.14-4:Nginx jessie-dnsutils:1.7:JessieDnsutils)
@@ -135,10 +135,10 @@ build_binaries() (
   cd "$HERE/kube"
   go mod download >&2
   log "go test -c e2e.test (External Storage) $K8S_VERSION"
-  CGO_ENABLED=0 go test -c -trimpath -ldflags="$kld" -o "$out/e2e.test" ./e2e-storage >&2
+  CGO_ENABLED=0 go test -c -trimpath -gcflags=all=-dwarf=false -ldflags="$kld" -o "$out/e2e.test" ./e2e-storage >&2
   ginkgo_version="$(go list -m -f '{{.Version}}' github.com/onsi/ginkgo/v2)"
   log "go build ginkgo $ginkgo_version, agnhost $K8S_VERSION"
-  CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$out/ginkgo" github.com/onsi/ginkgo/v2/ginkgo >&2
+  CGO_ENABLED=0 go build -trimpath -gcflags=all=-dwarf=false -ldflags="-s -w" -o "$out/ginkgo" github.com/onsi/ginkgo/v2/ginkgo >&2
   local k8s_dir
   k8s_dir="$(go list -m -f '{{.Dir}}' k8s.io/kubernetes)"
   sed -n 's/^[[:space:]]*Cap[A-Za-z]*[[:space:]]*Capability = "\([^"]*\)".*/\1/p' \
@@ -146,12 +146,12 @@ build_binaries() (
   [[ -s "$out/capabilities.txt" ]] || die "no Capability constants found in $k8s_dir/test/e2e/storage/framework/testdriver.go"
   local agnhost_version
   agnhost_version="$(cat "$(go list -m -f '{{.Dir}}' k8s.io/kubernetes)/test/images/agnhost/VERSION")"
-  CGO_ENABLED=0 go build -trimpath -ldflags="-s -w -X main.Version=$agnhost_version" \
+  CGO_ENABLED=0 go build -trimpath -gcflags=all=-dwarf=false -ldflags="-s -w -X main.Version=$agnhost_version" \
     -o "$out/agnhost" k8s.io/kubernetes/test/images/agnhost >&2
   log "go build csi-snapshotter $EXTERNAL_SNAPSHOTTER_VERSION"
   cd "$HERE/snapshotter"
   go mod download >&2
-  CGO_ENABLED=0 go build -trimpath -ldflags="-s -w -X main.version=$EXTERNAL_SNAPSHOTTER_VERSION" \
+  CGO_ENABLED=0 go build -trimpath -gcflags=all=-dwarf=false -ldflags="-s -w -X main.version=$EXTERNAL_SNAPSHOTTER_VERSION" \
     -o "$out/csi-snapshotter" github.com/kubernetes-csi/external-snapshotter/v8/cmd/csi-snapshotter >&2
 )
 

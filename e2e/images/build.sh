@@ -6,6 +6,7 @@
 #   DIR=$(e2e/images/build.sh)         # prints ONLY the output dir on stdout
 #   e2e/images/build.sh --print-refs   # print refs.env (below), never build
 #   e2e/images/build.sh --print-dir    # print the output dir, never build
+#   e2e/images/build.sh --demo         # `make demo`'s images (below)
 #
 # The output dir, ${CSIOPS_CACHE_DIR:-$HOME/.cache/csiops}/images/<key>/, holds
 # one OCI archive per image and refs.env:
@@ -19,6 +20,14 @@
 # and sidecar-bin/, the two binaries of the sidecar image as they are in it
 # (csiops-sidecar, and csiops-node-sidecar built with `--profile node`), and
 # demo-bin/csiops-demo, `make demo`'s driver, built with the images' binaries.
+#
+# `--demo` builds the same images without csiops-node-sidecar, whose
+# size-optimised build (fat LTO, one codegen unit, every dependency compiled
+# a second time) is two and a half of a cold demo's minutes: in the demo's
+# sidecar image, csiops-sidecar serves the node roles itself (same code and
+# flags; it hands off only to a node binary beside it, sidecars/src/entry.rs),
+# at more memory per node pod. Its dir is keyed apart (`v<version>-demo_…`);
+# when the full dir of the same sources is there, `--demo` prints that one.
 #
 # <version> is the workspace version (Cargo.toml). The operator and sidecar
 # refs are exactly the ones operator/src/install.rs (manifests/install.yaml)
@@ -142,9 +151,10 @@ ensure_prereqs() {
 }
 
 cache_key() {
-  local h
+  local h flavour=""
+  [[ "$FLAVOUR" == demo ]] && flavour="-demo"
   h="$( {
-    echo "recipe=$RECIPE"
+    echo "recipe=$RECIPE flavour=$FLAVOUR"
     print_refs
     rustc -vV
     "$MUSL_CC" -dumpversion 2>/dev/null || echo "no $MUSL_CC"
@@ -154,7 +164,7 @@ cache_key() {
       sha256sum <"$ROOT/$f"
     done
   } | sha256sum | cut -c1-16)"
-  printf 'v%s_%s' "$VERSION" "$h"
+  printf 'v%s%s_%s' "$VERSION" "$flavour" "$h"
 }
 
 # Revision label and image creation time: the last commit touching the inputs.
@@ -171,12 +181,13 @@ source_date() {
   git -C "$ROOT" log -1 --format=%ct -- "${INPUT_PATHS[@]}" 2>/dev/null || echo 0
 }
 
+# dir_ok DIR [FLAVOUR]: DIR holds the images of FLAVOUR (default: $FLAVOUR).
 dir_ok() {
-  local dir="$1" i
+  local dir="$1" flavour="${2:-$FLAVOUR}" i
   [[ -f "$dir/.complete" && -s "$dir/refs.env" ]] || return 1
   for i in "${IMAGES[@]}"; do [[ -s "$dir/$i.tar" ]] || return 1; done
-  [[ -x "$dir/sidecar-bin/csiops-sidecar" && -x "$dir/sidecar-bin/csiops-node-sidecar" &&
-    -x "$dir/demo-bin/csiops-demo" ]]
+  [[ -x "$dir/sidecar-bin/csiops-sidecar" && -x "$dir/demo-bin/csiops-demo" ]] || return 1
+  [[ "$flavour" == demo || -x "$dir/sidecar-bin/csiops-node-sidecar" ]]
 }
 
 # The archive's index must name the image with the full ref: `ctr images
@@ -215,11 +226,15 @@ build_into() {
   # The node roles' binary, built for size and without position independence
   # (no relocations to apply at start, so the read-only data stays clean and
   # shared with the file, as upstream's Go binaries are): sidecars/src/entry.rs.
-  log "cargo build --profile node --target $TARGET (csiops-node-sidecar)"
-  (cd "$ROOT" && CARGO_TARGET_DIR="$target_dir" RUSTFLAGS="-C relocation-model=static" \
-    cargo build --profile node --locked --target "$TARGET" \
-    -p csiops-sidecars --bin csiops-node-sidecar) >&2 || die "cargo build (node) failed"
   local node_bin_dir="$target_dir/$TARGET/node"
+  if [[ "$FLAVOUR" == full ]]; then
+    log "cargo build --profile node --target $TARGET (csiops-node-sidecar)"
+    (cd "$ROOT" && CARGO_TARGET_DIR="$target_dir" RUSTFLAGS="-C relocation-model=static" \
+      cargo build --profile node --locked --target "$TARGET" \
+      -p csiops-sidecars --bin csiops-node-sidecar) >&2 || die "cargo build (node) failed"
+  else
+    log "demo images: no csiops-node-sidecar (csiops-sidecar serves the node roles; \`make images\` builds it)"
+  fi
 
   local pause_version="${PAUSE_IMAGE##*:}"
   mkdir -p "$WORK/ctx/pause"
@@ -234,7 +249,9 @@ build_into() {
     if [[ "$i" != pause ]]; then
       mkdir -p "$WORK/ctx/$i"
       cp "$bin_dir/$i" "$WORK/ctx/$i/$i"
-      [[ "$i" == csiops-sidecar ]] && cp "$node_bin_dir/csiops-node-sidecar" "$WORK/ctx/$i/"
+      if [[ "$i" == csiops-sidecar && "$FLAVOUR" == full ]]; then
+        cp "$node_bin_dir/csiops-node-sidecar" "$WORK/ctx/$i/"
+      fi
       for bin in "$WORK/ctx/$i"/*; do
         # The images have no debug use for symbols; keep them small.
         strip "$bin"
@@ -245,10 +262,19 @@ build_into() {
     fi
     local version="$VERSION"
     [[ "$i" == pause ]] && version="$pause_version"
+    local dockerfile
+    dockerfile="$(dockerfile_of "$i")"
+    if [[ "$i" == csiops-sidecar && "$FLAVOUR" == demo ]]; then
+      # The product's Dockerfile without the node binary's COPY.
+      grep -v '^COPY .*/csiops-node-sidecar ' "$dockerfile" >"$WORK/Dockerfile.$i"
+      (($(wc -l <"$dockerfile") - $(wc -l <"$WORK/Dockerfile.$i") == 1)) ||
+        die "$dockerfile: expected one COPY of csiops-node-sidecar to leave out"
+      dockerfile="$WORK/Dockerfile.$i"
+    fi
     log "buildah bud $ref"
     buildah "${storage[@]}" bud --quiet --format oci --timestamp "$created" \
       --build-arg BIN_DIR=. --build-arg NODE_BIN_DIR=. --build-arg VERSION="$version" --build-arg REVISION="$revision" \
-      -f "$(dockerfile_of "$i")" -t "$ref" "$WORK/ctx/$i" >&2 || die "buildah bud $ref failed"
+      -f "$dockerfile" -t "$ref" "$WORK/ctx/$i" >&2 || die "buildah bud $ref failed"
     buildah "${storage[@]}" push --quiet "$ref" "oci-archive:$out/$i.tar:$ref" >&2 ||
       die "buildah push $ref failed"
     check_ref_name "$out/$i.tar" "$ref"
@@ -267,25 +293,32 @@ build_into() {
   touch "$out/.complete"
 }
 
+FLAVOUR=full
+
 main() {
-  local mode=build
-  case "${1:-}" in
-    --print-refs) print_refs; return ;;
-    --print-dir) mode=print ;;
-    -h | --help) sed -n '2,46p' "$0" >&2; return ;;
-    "") ;;
-    *) die "unknown argument: $1 (see --help)" ;;
-  esac
+  local mode=build arg
+  for arg in "$@"; do
+    case "$arg" in
+      --print-refs) print_refs; return ;;
+      --print-dir) mode=print ;;
+      --demo) FLAVOUR=demo ;;
+      -h | --help) sed -n '2,/^set -euo/{/^set/!p}' "$0" >&2; return ;;
+      *) die "unknown argument: $arg (see --help)" ;;
+    esac
+  done
 
   local cache_root="${CSIOPS_CACHE_DIR:-$HOME/.cache/csiops}/images"
   if [[ "$mode" == build ]]; then ensure_prereqs; fi
   local key; key="$(cache_key)"
   local dir="$cache_root/$key"
+  # The full images of the same sources serve the demo too.
+  local full_dir=""
+  if [[ "$FLAVOUR" == demo ]]; then full_dir="$cache_root/$(FLAVOUR=full cache_key)"; fi
   if [[ "$mode" == print ]]; then echo "$dir"; return; fi
 
-  if [[ "${CSIOPS_REBUILD:-0}" != 1 ]] && dir_ok "$dir"; then
-    echo "$dir"
-    return
+  if [[ "${CSIOPS_REBUILD:-0}" != 1 ]]; then
+    if [[ -n "$full_dir" ]] && dir_ok "$full_dir" full; then echo "$full_dir"; return; fi
+    if dir_ok "$dir"; then echo "$dir"; return; fi
   fi
 
   mkdir -p "$cache_root"
