@@ -168,12 +168,18 @@ pub async fn can_i(cluster: &Cluster, user: &str, args: &[&str]) -> bool {
 
 /// `kubectl apply -f -` of a YAML text (through a file in the cluster's dir).
 pub async fn apply_yaml(cluster: &Cluster, name: &str, yaml: &str) -> Result<std::process::Output> {
-    let path = cluster.work_dir().join(format!("{name}.yaml"));
+    let path = applied_path(cluster, name);
     std::fs::write(&path, yaml)
         .map_err(|e| Error::Other(format!("writing {}: {e}", path.display())))?;
     cluster
         .kubectl(["apply", "-f", &path.to_string_lossy()])
         .await
+}
+
+/// Where [`apply_yaml`] keeps the manifest it applied as `name` (to delete
+/// its objects later with `kubectl delete -f`).
+pub fn applied_path(cluster: &Cluster, name: &str) -> std::path::PathBuf {
+    cluster.work_dir().join(format!("{name}.yaml"))
 }
 
 /// [`apply_yaml`] that must succeed (a test's step; panics with kubectl's stderr).

@@ -52,6 +52,12 @@ pub struct Bed {
     snapshot_controller: Option<ManagedProcess>,
 }
 
+/// The name the bed applies driver `d`'s manifest under
+/// ([`testkit::apply_yaml`]), and deletes it by at the end.
+fn applied_name(d: &DriverSetup) -> String {
+    format!("driver-{}", d.name)
+}
+
 impl Bed {
     /// Brings everything up; fails (naming what) if a driver does not reach
     /// Running with both nodes registered.
@@ -105,8 +111,7 @@ impl Bed {
                 Deploy::Operator => d.manifest(&vars)?,
                 Deploy::Manifest { file, .. } => drivers::fill(file, &vars)?,
             };
-            let out =
-                testkit::apply_yaml(&bed.cluster, &format!("driver-{}", d.name), &manifest).await?;
+            let out = testkit::apply_yaml(&bed.cluster, &applied_name(d), &manifest).await?;
             if !out.status.success() {
                 return Err(Error::Other(format!(
                     "applying the {} driver: {}",
@@ -246,10 +251,7 @@ impl Bed {
             ));
         }
         for d in &self.drivers {
-            let file = self
-                .cluster
-                .work_dir()
-                .join(format!("driver-{}.yaml", d.name));
+            let file = testkit::applied_path(&self.cluster, &applied_name(d));
             let file = file.to_string_lossy();
             let out = match &self.deploy {
                 Deploy::Operator => {
