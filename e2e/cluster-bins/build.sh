@@ -224,11 +224,8 @@ bins_ok() {
   core_ok "$1" && { [[ "$2" == core ]] || snapshotter_ok "$1"; }
 }
 
-# No DWARF from the compiler: -s -w drops it at link time anyway, and not
-# generating it takes a tenth off a cold build (kube-scheduler alone: 215 →
-# 194 CPU-seconds). e2e-suite.sh builds with the same flags, so e2e.test
-# reuses the packages compiled here from GOCACHE.
-build_flags=(-trimpath -buildvcs=false -gcflags=all=-dwarf=false)
+# GO_COMPILE_FLAGS (k8s-ldflags.sh) are e2e-suite.sh's too.
+build_flags=("${GO_COMPILE_FLAGS[@]}" -buildvcs=false)
 
 # The core part into $1, marked `.complete-core`.
 build_core_into() {

@@ -135,10 +135,10 @@ build_binaries() (
   cd "$HERE/kube"
   go mod download >&2
   log "go test -c e2e.test (External Storage) $K8S_VERSION"
-  CGO_ENABLED=0 go test -c -trimpath -gcflags=all=-dwarf=false -ldflags="$kld" -o "$out/e2e.test" ./e2e-storage >&2
+  CGO_ENABLED=0 go test -c "${GO_COMPILE_FLAGS[@]}" -ldflags="$kld" -o "$out/e2e.test" ./e2e-storage >&2
   ginkgo_version="$(go list -m -f '{{.Version}}' github.com/onsi/ginkgo/v2)"
   log "go build ginkgo $ginkgo_version, agnhost $K8S_VERSION"
-  CGO_ENABLED=0 go build -trimpath -gcflags=all=-dwarf=false -ldflags="-s -w" -o "$out/ginkgo" github.com/onsi/ginkgo/v2/ginkgo >&2
+  CGO_ENABLED=0 go build "${GO_COMPILE_FLAGS[@]}" -ldflags="-s -w" -o "$out/ginkgo" github.com/onsi/ginkgo/v2/ginkgo >&2
   local k8s_dir
   k8s_dir="$(go list -m -f '{{.Dir}}' k8s.io/kubernetes)"
   sed -n 's/^[[:space:]]*Cap[A-Za-z]*[[:space:]]*Capability = "\([^"]*\)".*/\1/p' \
@@ -146,12 +146,12 @@ build_binaries() (
   [[ -s "$out/capabilities.txt" ]] || die "no Capability constants found in $k8s_dir/test/e2e/storage/framework/testdriver.go"
   local agnhost_version
   agnhost_version="$(cat "$(go list -m -f '{{.Dir}}' k8s.io/kubernetes)/test/images/agnhost/VERSION")"
-  CGO_ENABLED=0 go build -trimpath -gcflags=all=-dwarf=false -ldflags="-s -w -X main.Version=$agnhost_version" \
+  CGO_ENABLED=0 go build "${GO_COMPILE_FLAGS[@]}" -ldflags="-s -w -X main.Version=$agnhost_version" \
     -o "$out/agnhost" k8s.io/kubernetes/test/images/agnhost >&2
   log "go build csi-snapshotter $EXTERNAL_SNAPSHOTTER_VERSION"
   cd "$HERE/snapshotter"
   go mod download >&2
-  CGO_ENABLED=0 go build -trimpath -gcflags=all=-dwarf=false -ldflags="-s -w -X main.version=$EXTERNAL_SNAPSHOTTER_VERSION" \
+  CGO_ENABLED=0 go build "${GO_COMPILE_FLAGS[@]}" -ldflags="-s -w -X main.version=$EXTERNAL_SNAPSHOTTER_VERSION" \
     -o "$out/csi-snapshotter" github.com/kubernetes-csi/external-snapshotter/v8/cmd/csi-snapshotter >&2
 )
 

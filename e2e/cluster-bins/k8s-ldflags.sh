@@ -1,6 +1,15 @@
-# Sourced by build.sh and e2e-suite.sh: the version ldflags of a Kubernetes
-# binary, the ones upstream's hack/lib/version.sh sets, on both
-# k8s.io/component-base/version and k8s.io/client-go/pkg/version, plus -s -w.
+# Sourced by build.sh and e2e-suite.sh: the compile flags both build with,
+# and the version ldflags of a Kubernetes binary, the ones upstream's
+# hack/lib/version.sh sets, on both k8s.io/component-base/version and
+# k8s.io/client-go/pkg/version, plus -s -w.
+#
+# One set of compile flags for both scripts: with identical flags, e2e.test
+# reuses the packages compiled for the control plane from GOCACHE. No DWARF
+# from the compiler: -s -w drops it at link time anyway, and not generating
+# it takes a tenth off a cold build (kube-scheduler alone: 215 → 194
+# CPU-seconds).
+GO_COMPILE_FLAGS=(-trimpath -gcflags=all=-dwarf=false)
+
 #
 #   go build -ldflags="$(k8s_version_ldflags WRAPPER_DIR K8S_VERSION)" ...
 #
