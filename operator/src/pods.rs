@@ -11,20 +11,20 @@
 //! shared `Arc<str>`s once the cache interned them (see
 //! `reconcile::pod_cache`), so a pod costs a few hundred bytes.
 //!
-//! The watch itself needs an object with `ObjectMeta` (its resource version
-//! resumes the watch): [`WatchedPod`], the view with name, namespace and
-//! resource version beside it, is what the watcher reads.
+//! The watch reads pods in protobuf ([`wire`], `reconcile::pod_watch`);
+//! the JSON reading is kept for the tests and anything that has a pod as
+//! JSON. Both go through one conversion.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::Deserialize;
 
 use crate::fleet::POD_TEMPLATE_GENERATION_LABEL;
 use crate::render::labels::{COMPONENT, INSTANCE};
+
+pub mod wire;
 
 /// The StatefulSet's and DaemonSet's label with the pod's revision.
 pub const REVISION_LABEL: &str = "controller-revision-hash";
@@ -124,42 +124,6 @@ impl PodView {
     }
 }
 
-/// What the watch reads: a [`PodView`] and the metadata the watcher needs
-/// (name, namespace, resource version).
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(from = "RawPod")]
-pub struct WatchedPod {
-    pub metadata: ObjectMeta,
-    pub view: PodView,
-}
-
-impl kube::Resource for WatchedPod {
-    type DynamicType = ();
-    type Scope = NamespaceResourceScope;
-
-    fn kind(_: &()) -> Cow<'_, str> {
-        "Pod".into()
-    }
-    fn group(_: &()) -> Cow<'_, str> {
-        "".into()
-    }
-    fn version(_: &()) -> Cow<'_, str> {
-        "v1".into()
-    }
-    fn api_version(_: &()) -> Cow<'_, str> {
-        "v1".into()
-    }
-    fn plural(_: &()) -> Cow<'_, str> {
-        "pods".into()
-    }
-    fn meta(&self) -> &ObjectMeta {
-        &self.metadata
-    }
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.metadata
-    }
-}
-
 // The wire shape, only the fields read.
 
 #[derive(Deserialize, Default)]
@@ -167,7 +131,6 @@ impl kube::Resource for WatchedPod {
 struct RawMeta {
     name: Option<String>,
     namespace: Option<String>,
-    resource_version: Option<String>,
     deletion_timestamp: Option<Time>,
     labels: BTreeMap<String, String>,
 }
@@ -243,18 +206,69 @@ fn cond(c: RawCondition) -> Cond {
     }
 }
 
-impl From<RawPod> for WatchedPod {
-    fn from(raw: RawPod) -> Self {
-        let metadata = ObjectMeta {
-            name: raw.metadata.name.clone(),
-            namespace: raw.metadata.namespace.clone(),
-            resource_version: raw.metadata.resource_version.clone(),
-            ..ObjectMeta::default()
+fn wire_time(t: Option<wire::Time>) -> Option<Time> {
+    let seconds = t?.seconds?;
+    k8s_openapi::jiff::Timestamp::from_second(seconds)
+        .ok()
+        .map(Time)
+}
+
+/// The protobuf pod in the shape the JSON one is read into, so both go
+/// through one conversion.
+impl From<wire::Pod> for RawPod {
+    fn from(pod: wire::Pod) -> Self {
+        let meta = pod.metadata.unwrap_or_default();
+        let status = pod.status.unwrap_or_default();
+        let state = |s: Option<wire::ContainerState>| {
+            s.map(|s| RawState {
+                waiting: s.waiting.map(|w| RawWaiting {
+                    reason: w.reason,
+                    message: w.message,
+                }),
+                terminated: s.terminated.map(|t| RawTerminated { message: t.message }),
+            })
         };
-        WatchedPod {
-            metadata,
-            view: raw.into(),
+        RawPod {
+            metadata: RawMeta {
+                name: meta.name,
+                namespace: meta.namespace,
+                deletion_timestamp: wire_time(meta.deletion_timestamp),
+                labels: meta.labels.into_iter().collect(),
+            },
+            spec: RawSpec {
+                node_name: pod.spec.and_then(|s| s.node_name),
+            },
+            status: RawStatus {
+                phase: status.phase,
+                message: status.message,
+                conditions: status
+                    .conditions
+                    .into_iter()
+                    .map(|c| RawCondition {
+                        type_: c.r#type.unwrap_or_default(),
+                        status: c.status.unwrap_or_default(),
+                        last_transition_time: wire_time(c.last_transition_time),
+                        reason: c.reason,
+                        message: c.message,
+                    })
+                    .collect(),
+                container_statuses: status
+                    .container_statuses
+                    .into_iter()
+                    .map(|c| RawContainerStatus {
+                        name: c.name.unwrap_or_default(),
+                        state: state(c.state),
+                        last_state: state(c.last_state),
+                    })
+                    .collect(),
+            },
         }
+    }
+}
+
+impl From<wire::Pod> for PodView {
+    fn from(pod: wire::Pod) -> Self {
+        RawPod::from(pod).into()
     }
 }
 
@@ -365,7 +379,6 @@ mod tests {
                 message: Some("back-off 5m0s".into()),
             }]
         );
-        assert_eq!(<WatchedPod as kube::Resource>::plural(&()), "pods");
     }
 
     #[test]
@@ -398,20 +411,6 @@ mod tests {
         assert_eq!((pod.containers, pod.creating), (0, 0));
         assert_eq!(pod.label(INSTANCE), None);
         assert!(!pod.deleting());
-    }
-
-    #[test]
-    fn the_watch_reads_the_metadata_it_resumes_from_beside_the_view() {
-        let w: WatchedPod = serde_json::from_value(json!({
-            "metadata": {"name": "p", "namespace": "ns", "resourceVersion": "7", "uid": "u",
-                "deletionTimestamp": "2026-11-21T09:00:00Z", "labels": {INSTANCE: "x"}},
-        }))
-        .expect("parses");
-        assert_eq!(w.metadata.resource_version.as_deref(), Some("7"));
-        assert_eq!(w.metadata.name.as_deref(), Some("p"));
-        assert!(w.metadata.labels.is_none() && w.metadata.uid.is_none());
-        assert!(w.view.deleting());
-        assert_eq!(w.view.label(INSTANCE), Some("x"));
     }
 
     #[test]

@@ -27,6 +27,7 @@ pub mod owned;
 pub mod pace;
 pub mod pod_cache;
 pub mod pod_events;
+pub mod pod_watch;
 pub mod retry;
 pub mod scope;
 mod status;

@@ -17,10 +17,10 @@ use std::sync::{Arc, RwLock};
 use futures::{Stream, StreamExt};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
-use kube::{Api, Client};
+use kube::Client;
 
 use super::sync::SyncFlag;
-use crate::pods::{PodView, WatchedPod};
+use crate::pods::PodView;
 use crate::render::labels::{INSTANCE, MANAGED_BY, MANAGED_BY_VALUE};
 
 /// The pods, shared by every reconcile.
@@ -80,16 +80,16 @@ impl Inner {
 
 impl PodCache {
     /// Applies one watch event; the pod it concerns, if any.
-    pub fn apply(&self, event: Event<WatchedPod>) -> Option<PodView> {
+    pub fn apply(&self, event: Event<PodView>) -> Option<PodView> {
         let mut inner = self.0.write().unwrap_or_else(|p| p.into_inner());
         match event {
-            Event::Apply(w) | Event::InitApply(w) => {
-                inner.insert(w.view.clone());
-                Some(w.view)
+            Event::Apply(pod) | Event::InitApply(pod) => {
+                inner.insert(pod.clone());
+                Some(pod)
             }
-            Event::Delete(w) => {
-                inner.remove(&w.view);
-                Some(w.view)
+            Event::Delete(pod) => {
+                inner.remove(&pod);
+                Some(pod)
             }
             Event::Init => {
                 inner.epoch += 1;
@@ -143,8 +143,7 @@ impl PodCache {
         synced: SyncFlag,
     ) -> impl Stream<Item = Result<PodView, watcher::Error>> + Send + 'static {
         let this = self.clone();
-        let config = watcher::Config::default().labels(&format!("{MANAGED_BY}={MANAGED_BY_VALUE}"));
-        watcher::watcher(Api::<WatchedPod>::all(client), config)
+        super::pod_watch::watch(client, format!("{MANAGED_BY}={MANAGED_BY_VALUE}"))
             .default_backoff()
             .filter_map(move |event| {
                 let out = match event {
@@ -169,7 +168,7 @@ mod tests {
     use crate::render::labels::COMPONENT;
     use serde_json::json;
 
-    fn watched(ns: &str, name: &str, instance: &str, node: &str) -> WatchedPod {
+    fn watched(ns: &str, name: &str, instance: &str, node: &str) -> PodView {
         serde_json::from_value(json!({
             "metadata": {"name": name, "namespace": ns, "resourceVersion": "1",
                 "labels": {INSTANCE: instance, COMPONENT: "node"}},
