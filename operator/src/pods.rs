@@ -213,6 +213,12 @@ fn wire_time(t: Option<wire::Time>) -> Option<Time> {
         .map(Time)
 }
 
+/// A string field as JSON has it: kube-apiserver's protobuf carries every
+/// string, empty or not, where its JSON leaves the empty ones out.
+fn given(s: Option<String>) -> Option<String> {
+    s.filter(|s| !s.is_empty())
+}
+
 /// The protobuf pod in the shape the JSON one is read into, so both go
 /// through one conversion.
 impl From<wire::Pod> for RawPod {
@@ -222,25 +228,27 @@ impl From<wire::Pod> for RawPod {
         let state = |s: Option<wire::ContainerState>| {
             s.map(|s| RawState {
                 waiting: s.waiting.map(|w| RawWaiting {
-                    reason: w.reason,
-                    message: w.message,
+                    reason: given(w.reason),
+                    message: given(w.message),
                 }),
-                terminated: s.terminated.map(|t| RawTerminated { message: t.message }),
+                terminated: s.terminated.map(|t| RawTerminated {
+                    message: given(t.message),
+                }),
             })
         };
         RawPod {
             metadata: RawMeta {
-                name: meta.name,
-                namespace: meta.namespace,
+                name: given(meta.name),
+                namespace: given(meta.namespace),
                 deletion_timestamp: wire_time(meta.deletion_timestamp),
                 labels: meta.labels.into_iter().collect(),
             },
             spec: RawSpec {
-                node_name: pod.spec.and_then(|s| s.node_name),
+                node_name: given(pod.spec.and_then(|s| s.node_name)),
             },
             status: RawStatus {
-                phase: status.phase,
-                message: status.message,
+                phase: given(status.phase),
+                message: given(status.message),
                 conditions: status
                     .conditions
                     .into_iter()
@@ -248,8 +256,8 @@ impl From<wire::Pod> for RawPod {
                         type_: c.r#type.unwrap_or_default(),
                         status: c.status.unwrap_or_default(),
                         last_transition_time: wire_time(c.last_transition_time),
-                        reason: c.reason,
-                        message: c.message,
+                        reason: given(c.reason),
+                        message: given(c.message),
                     })
                     .collect(),
                 container_statuses: status

@@ -353,6 +353,11 @@ mod tests {
             assert!(pod.node.is_some());
             assert!(pod.containers >= 3, "{pod:?}");
             assert!(!pod.deleting());
+            // Go writes every string field, empty or not; JSON leaves the
+            // empty ones out, and so must the view.
+            assert_eq!(pod.message, None);
+            let ready = pod.ready.as_ref().expect("Ready");
+            assert_eq!((&ready.reason, &ready.message), (&None, &None));
         }
     }
 
@@ -467,8 +472,9 @@ mod tests {
                         r#type: Some("PodScheduled".into()),
                         status: Some("True".into()),
                         last_transition_time: time(1_795_250_000),
-                        reason: None,
-                        message: None,
+                        // As Go sends them: empty strings, not absent.
+                        reason: Some(String::new()),
+                        message: Some(String::new()),
                     },
                 ],
                 container_statuses: vec![
