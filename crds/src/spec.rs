@@ -729,10 +729,14 @@ impl VolumeLifecycleMode {
 }
 
 /// The cluster's `CSIDriver` object for this driver. Each field is the
-/// `CSIDriver.spec` field of the same name (Kubernetes 1.34 API), with the
-/// API server's own limits written into the schema.
+/// `CSIDriver.spec` field of the same name (the Kubernetes 1.34 API, and
+/// two fields of newer ones), with the API server's own limits written into
+/// the schema.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new(
+    "!has(self.serviceAccountTokenInSecrets) || (has(self.tokenRequests) && size(self.tokenRequests) > 0)"
+).message(SERVICE_ACCOUNT_TOKEN_IN_SECRETS_MESSAGE))]
 pub struct CsiDriverObjectSpec {
     /// Whether volumes need ControllerPublish (attach). When false the
     /// attacher sidecar is left out. Must be false with topology
@@ -773,7 +777,8 @@ pub struct CsiDriverObjectSpec {
     pub se_linux_mount: bool,
     /// Service account tokens kubelet requests for the pod whose volume it
     /// mounts and passes to NodePublishVolume (volume context key
-    /// `csi.storage.k8s.io/serviceAccount.tokens`). Audiences must differ
+    /// `csi.storage.k8s.io/serviceAccount.tokens`; the secrets with
+    /// `serviceAccountTokenInSecrets`). Audiences must differ
     /// (at most one empty: the API server's audiences); the list is keyed
     /// by audience, so the API server refuses a duplicate. Pair it with
     /// `requiresRepublish: true` for a fresh token before expiry.
@@ -790,7 +795,34 @@ pub struct CsiDriverObjectSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 10))]
     pub node_allocatable_update_period_seconds: Option<i64>,
+    /// True: kubelet hands the `tokenRequests` tokens to NodePublishVolume
+    /// in its secrets (key `csi.storage.k8s.io/serviceAccount.tokens`), not
+    /// in the volume context, which drivers and sidecars tend to log. Only
+    /// for a driver that reads them there. Needs `tokenRequests` (the API
+    /// server refuses the field without them, even `false`). Kubernetes
+    /// 1.35 or later with the `CSIServiceAccountTokenSecrets` feature gate
+    /// (beta and on by default in 1.35, GA in 1.36), and kubelet 1.35 or
+    /// later on the nodes; an older API server does not store it, and the
+    /// operator says so with a Warning Event. Unset: tokens go in the
+    /// volume context.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_account_token_in_secrets: Option<bool>,
+    /// True: the scheduler does not place a pod that uses this driver's
+    /// volumes on a node whose CSINode does not list the driver (not
+    /// installed or not registered there yet). Cluster-autoscaler and other
+    /// simulators of the scheduler must then simulate CSINode objects too.
+    /// Needs Kubernetes 1.36 or later with the `VolumeLimitScaling` feature
+    /// gate on kube-apiserver and kube-scheduler (alpha and off by default
+    /// in 1.36, beta and on from 1.37); an API server without it does not
+    /// store the field, and the operator says so with a Warning Event.
+    /// Unset: false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prevent_pod_scheduling_if_missing: Option<bool>,
 }
+
+/// Why the CRD refuses `csiDriver.serviceAccountTokenInSecrets` without
+/// `tokenRequests`, as the API server would.
+pub const SERVICE_ACCOUNT_TOKEN_IN_SECRETS_MESSAGE: &str = "csiDriver.serviceAccountTokenInSecrets needs csiDriver.tokenRequests: it says where kubelet puts the requested tokens, and the API server refuses it (true or false) on a CSIDriver that requests none";
 
 impl Default for CsiDriverObjectSpec {
     fn default() -> Self {
@@ -804,6 +836,8 @@ impl Default for CsiDriverObjectSpec {
             se_linux_mount: false,
             token_requests: Vec::new(),
             node_allocatable_update_period_seconds: None,
+            service_account_token_in_secrets: None,
+            prevent_pod_scheduling_if_missing: None,
         }
     }
 }

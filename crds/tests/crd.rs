@@ -518,6 +518,77 @@ fn csidriver_token_requests_and_allocatable_period_carry_the_api_limits() {
     );
 }
 
+/// `serviceAccountTokenInSecrets` and `preventPodSchedulingIfMissing` (the
+/// 1.35 and 1.36 CSIDriverSpec fields) are optional booleans, left out when
+/// unset; the first is refused without `tokenRequests`, true or false, as
+/// the API server refuses it (`validateServiceAccountTokenInSecrets`).
+#[test]
+fn token_in_secrets_needs_token_requests_and_the_newer_fields_round_trip() {
+    let s = schema_json();
+    let csi = &s["openAPIV3Schema"]["properties"]["spec"]["properties"]["csiDriver"];
+    for field in [
+        "serviceAccountTokenInSecrets",
+        "preventPodSchedulingIfMissing",
+    ] {
+        assert_eq!(csi["properties"][field]["type"], "boolean", "{field}");
+    }
+    let rules = csi["x-kubernetes-validations"].to_string();
+    assert!(
+        rules.contains(csiops_crds::SERVICE_ACCOUNT_TOKEN_IN_SECRETS_MESSAGE),
+        "{rules}"
+    );
+
+    let with = |csi: serde_json::Value| -> CSIDriverDeploymentSpec {
+        let mut json = serde_json::to_value(base_spec()).expect("serializes");
+        json["csiDriver"] = csi;
+        serde_json::from_value(json).expect("parses")
+    };
+    let refused = |spec: CSIDriverDeploymentSpec| {
+        let err = validate_cel(&object(spec)).expect_err("refused");
+        assert!(
+            format!("{err:?}").contains(csiops_crds::SERVICE_ACCOUNT_TOKEN_IN_SECRETS_MESSAGE),
+            "{err:?}"
+        );
+    };
+    refused(with(
+        serde_json::json!({"serviceAccountTokenInSecrets": true}),
+    ));
+    refused(with(
+        serde_json::json!({"serviceAccountTokenInSecrets": false}),
+    ));
+    // (An empty `tokenRequests: []` is refused too; the typed object cannot
+    // carry one, so e2e/tests/csidriver_fields.rs shows it on the API server.)
+    let spec = with(serde_json::json!({
+        "serviceAccountTokenInSecrets": true,
+        "tokenRequests": [{"audience": "vault"}],
+        "preventPodSchedulingIfMissing": true
+    }));
+    assert!(validate_cel(&object(spec.clone())).is_ok());
+    assert_eq!(spec.csi_driver.service_account_token_in_secrets, Some(true));
+    assert_eq!(
+        spec.csi_driver.prevent_pod_scheduling_if_missing,
+        Some(true)
+    );
+    let back = serde_json::to_value(&spec.csi_driver).expect("serializes");
+    assert_eq!(back["serviceAccountTokenInSecrets"], true);
+    assert_eq!(back["preventPodSchedulingIfMissing"], true);
+    // Either alone, or false, without tokens for the second: accepted.
+    let spec = with(serde_json::json!({"preventPodSchedulingIfMissing": false}));
+    assert_eq!(
+        spec.csi_driver.prevent_pod_scheduling_if_missing,
+        Some(false)
+    );
+    assert!(validate_cel(&object(spec)).is_ok());
+    // Unset: left out, as the CSIDriver fields are.
+    let unset = serde_json::to_value(&base_spec().csi_driver).expect("serializes");
+    assert!(
+        unset.get("serviceAccountTokenInSecrets").is_none()
+            && unset.get("preventPodSchedulingIfMissing").is_none(),
+        "{unset}"
+    );
+    assert!(validate_cel(&object(base_spec())).is_ok());
+}
+
 #[test]
 fn the_registrars_node_is_not_the_specs_to_choose() {
     let refused = |edit: &dyn Fn(&mut CSIDriverDeploymentSpec)| {

@@ -11,17 +11,21 @@
 //! - On an API server whose `MutableCSINodeAllocatableCount` gate is off (the
 //!   1.34 default), the period is not stored: the operator says so with a
 //!   `CSIDriverFieldNotStored` Warning naming the gate, and the rest of the
-//!   CSIDriver is applied.
+//!   CSIDriver is applied. So are `serviceAccountTokenInSecrets` (1.35) and
+//!   `preventPodSchedulingIfMissing` (1.36), which a 1.34 API server does not
+//!   know: it refuses a server-side apply that sets them, so the operator
+//!   leaves them out and names them with what they need.
 //!
 //! The operator runs as a local process; no driver pod needs to run (the
 //! CSIDriver is applied before any workload).
 
 use std::time::Duration;
 
+use csiops_crds::SERVICE_ACCOUNT_TOKEN_IN_SECRETS_MESSAGE;
 use csiops_e2e::cluster::ALLOCATABLE_COUNT_GATE;
 use csiops_e2e::{operator_bin, testkit, wait_for, Cluster, ClusterOptions};
 use k8s_openapi::api::storage::v1::CSIDriver;
-use kube::api::Api;
+use kube::api::{Api, ApiResource, DynamicObject};
 use kube::ResourceExt;
 use serde_json::{json, Value};
 
@@ -69,16 +73,25 @@ const ALL_FIELDS: &str = r#"    attachRequired: true
     nodeAllocatableUpdatePeriodSeconds: 10
 "#;
 
+/// The cluster's CSIDrivers, read as plain JSON: what the API server
+/// stores, every field, not only those k8s-openapi's pinned type knows.
+fn csidrivers(cluster: &Cluster) -> Api<DynamicObject> {
+    Api::all_with(
+        cluster.client().expect("client"),
+        &ApiResource::erase::<CSIDriver>(&()),
+    )
+}
+
 /// The CSIDriver's spec as the API server stores it, and its UID.
-async fn stored(api: &Api<CSIDriver>) -> Option<(Value, String)> {
+async fn stored(api: &Api<DynamicObject>) -> Option<(Value, String)> {
     let d = api.get_opt(DRIVER).await.ok()??;
     let uid = d.uid()?;
-    Some((serde_json::to_value(&d.spec).ok()?, uid))
+    Some((d.data.get("spec")?.clone(), uid))
 }
 
 /// Waits until the stored spec satisfies `want`; its spec and UID.
 async fn wait_spec(
-    api: &Api<CSIDriver>,
+    api: &Api<DynamicObject>,
     cluster: &Cluster,
     what: &str,
     want: impl Fn(&Value) -> bool,
@@ -131,7 +144,7 @@ async fn every_csidriver_field_round_trips_and_changes_in_place_or_by_re_creatio
     let mut operator = cluster
         .run_operator(&operator_bin().expect("operator built"))
         .expect("operator starts");
-    let api: Api<CSIDriver> = Api::all(cluster.client().expect("client"));
+    let api = csidrivers(&cluster);
 
     // --- The CRD refuses what the CSIDriver API would, naming the field. ----
     for (csi, expect) in [
@@ -154,6 +167,19 @@ async fn every_csidriver_field_round_trips_and_changes_in_place_or_by_re_creatio
         (
             "    tokenRequests:\n    - {expirationSeconds: 600}\n",
             "spec.csiDriver.tokenRequests[0].audience",
+        ),
+        // The API server refuses it without tokens, true or false.
+        (
+            "    serviceAccountTokenInSecrets: true\n",
+            SERVICE_ACCOUNT_TOKEN_IN_SECRETS_MESSAGE,
+        ),
+        (
+            "    serviceAccountTokenInSecrets: false\n",
+            SERVICE_ACCOUNT_TOKEN_IN_SECRETS_MESSAGE,
+        ),
+        (
+            "    serviceAccountTokenInSecrets: true\n    tokenRequests: []\n",
+            SERVICE_ACCOUNT_TOKEN_IN_SECRETS_MESSAGE,
         ),
     ] {
         testkit::assert_refused(&cluster, &format!("{csi:?}"), &object(csi), expect).await;
@@ -265,9 +291,16 @@ async fn every_csidriver_field_round_trips_and_changes_in_place_or_by_re_creatio
     cluster.stop().await.expect("cluster stops");
 }
 
+/// [`ALL_FIELDS`] and the fields of newer APIs than 1.34's.
+const NEWER_FIELDS: &str = r#"    serviceAccountTokenInSecrets: true
+    preventPodSchedulingIfMissing: true
+"#;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_period_the_api_server_does_not_store_is_warned_about() {
-    // A stock 1.34 API server: MutableCSINodeAllocatableCount is off.
+async fn fields_the_api_server_does_not_store_are_warned_about() {
+    // A stock 1.34 API server: MutableCSINodeAllocatableCount is off, and
+    // serviceAccountTokenInSecrets and preventPodSchedulingIfMissing are
+    // newer than its API.
     let cluster = Cluster::start(ClusterOptions::kwok(1))
         .await
         .expect("cluster starts");
@@ -275,18 +308,34 @@ async fn a_period_the_api_server_does_not_store_is_warned_about() {
     let mut operator = cluster
         .run_operator(&operator_bin().expect("operator built"))
         .expect("operator starts");
-    let api: Api<CSIDriver> = Api::all(cluster.client().expect("client"));
+    let api = csidrivers(&cluster);
 
-    testkit::apply_ok(&cluster, "all", &object(ALL_FIELDS)).await;
+    testkit::apply_ok(
+        &cluster,
+        "all",
+        &object(&format!("{ALL_FIELDS}{NEWER_FIELDS}")),
+    )
+    .await;
     let (spec, _) = wait_spec(&api, &cluster, "exists", |s| s["requiresRepublish"] == true).await;
-    assert!(
-        spec.get("nodeAllocatableUpdatePeriodSeconds").is_none(),
-        "the gate is off: the API server drops the period: {spec}"
-    );
+    for field in [
+        "nodeAllocatableUpdatePeriodSeconds",
+        "serviceAccountTokenInSecrets",
+        "preventPodSchedulingIfMissing",
+    ] {
+        assert!(
+            spec.get(field).is_none(),
+            "the API server does not store {field}: {spec}"
+        );
+    }
     assert_eq!(
-        spec["tokenRequests"][0]["audience"], "vault.example.com",
+        spec["tokenRequests"],
+        json!([
+            {"audience": "vault.example.com", "expirationSeconds": 3600},
+            {"audience": ""}
+        ]),
         "the rest is applied: {spec}"
     );
+    assert_eq!(spec["fsGroupPolicy"], "File", "{spec}");
     let warning = wait_for(DEADLINE, POLL, || async {
         events(&cluster)
             .await
@@ -301,12 +350,14 @@ async fn a_period_the_api_server_does_not_store_is_warned_about() {
             operator.log_tail(30)
         );
     };
-    assert!(
-        warning.contains("spec.nodeAllocatableUpdatePeriodSeconds")
-            && warning.contains("MutableCSINodeAllocatableCount")
-            && warning.contains(DRIVER),
-        "{warning}"
-    );
+    for needs in [
+        "spec.nodeAllocatableUpdatePeriodSeconds (it needs the MutableCSINodeAllocatableCount feature gate",
+        "spec.serviceAccountTokenInSecrets (it needs Kubernetes 1.35 or later with the CSIServiceAccountTokenSecrets feature gate",
+        "spec.preventPodSchedulingIfMissing (it needs Kubernetes 1.36 or later with the VolumeLimitScaling feature gate",
+        DRIVER,
+    ] {
+        assert!(warning.contains(needs), "{needs}: {warning}");
+    }
     // Stamped so that it is applied again (and checked) at every reconcile.
     let d = api.get(DRIVER).await.expect("CSIDriver");
     let hash = d
@@ -315,6 +366,20 @@ async fn a_period_the_api_server_does_not_store_is_warned_about() {
         .cloned()
         .unwrap_or_default();
     assert!(hash.ends_with("-incomplete"), "{hash}");
+    // Nothing failed meanwhile: the object is not Degraded by the refusals.
+    let conditions = testkit::kubectl_text(
+        &cluster,
+        &[
+            "-n",
+            NS,
+            "get",
+            "csidd",
+            NAME,
+            "-o",
+            "jsonpath={.status.conditions}",
+        ],
+    );
+    assert!(!conditions.contains("ApplyFailed"), "{conditions}");
 
     operator.check_running().expect("operator still running");
     operator.stop().await;

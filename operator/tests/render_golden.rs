@@ -149,6 +149,8 @@ spec:
       - {audience: vault.example.com, expirationSeconds: 3600}
       - {audience: ""}
     nodeAllocatableUpdatePeriodSeconds: 60
+    serviceAccountTokenInSecrets: true
+    preventPodSchedulingIfMissing: true
   storageClasses:
     - name: block-fast
       isDefault: true
@@ -898,7 +900,7 @@ fn storage_capacity_turns_on_publishing_with_its_owner_env_and_rbac() {
         role_rules(&r),
         owned(&[JOURNAL, EVENTS, ("", "pods", "get"), LEASES, CAPACITY_RULE,])
     );
-    assert_eq!(r.csi_driver.spec.storage_capacity, Some(true));
+    assert_eq!(r.csi_driver.spec.pinned.storage_capacity, Some(true));
 
     // On with a Deployment: two levels up (pod → ReplicaSet → Deployment),
     // ReplicaSets readable.
@@ -1002,29 +1004,53 @@ fn hash_follows_the_driver_image_not_storage_classes() {
     assert_eq!(r.storage_classes.len(), 2);
 }
 
-/// `csiDriver.tokenRequests` and `nodeAllocatableUpdatePeriodSeconds` reach
+/// `csiDriver.tokenRequests`, `nodeAllocatableUpdatePeriodSeconds`,
+/// `serviceAccountTokenInSecrets` and `preventPodSchedulingIfMissing` reach
 /// the CSIDriver as written, are left out when unset, and change no pod
-/// (the CSIDriver is read by kubelet, not by the driver's pods).
+/// (the CSIDriver is read by kubelet and the scheduler, not by the
+/// driver's pods).
 #[test]
 fn token_requests_and_the_allocatable_period_reach_only_the_csidriver() {
     let base = must_render(&central());
-    assert_eq!(base.csi_driver.spec.token_requests, None);
+    assert_eq!(base.csi_driver.spec.pinned.token_requests, None);
     assert_eq!(
-        base.csi_driver.spec.node_allocatable_update_period_seconds,
+        base.csi_driver
+            .spec
+            .pinned
+            .node_allocatable_update_period_seconds,
         None
     );
+    assert_eq!(base.csi_driver.spec.service_account_token_in_secrets, None);
+    assert_eq!(base.csi_driver.spec.prevent_pod_scheduling_if_missing, None);
     let r = must_render(&custom());
-    let tokens = r.csi_driver.spec.token_requests.clone().expect("tokens");
+    let tokens = r
+        .csi_driver
+        .spec
+        .pinned
+        .token_requests
+        .clone()
+        .expect("tokens");
     let pairs: Vec<(&str, Option<i64>)> = tokens
         .iter()
         .map(|t| (t.audience.as_str(), t.expiration_seconds))
         .collect();
     assert_eq!(pairs, [("vault.example.com", Some(3600)), ("", None)]);
     assert_eq!(
-        r.csi_driver.spec.node_allocatable_update_period_seconds,
+        r.csi_driver
+            .spec
+            .pinned
+            .node_allocatable_update_period_seconds,
         Some(60)
     );
-    assert_eq!(r.csi_driver.spec.requires_republish, Some(true));
+    assert_eq!(r.csi_driver.spec.pinned.requires_republish, Some(true));
+    assert_eq!(
+        r.csi_driver.spec.service_account_token_in_secrets,
+        Some(true)
+    );
+    assert_eq!(
+        r.csi_driver.spec.prevent_pod_scheduling_if_missing,
+        Some(true)
+    );
 
     let mut obj = central();
     obj.spec.csi_driver.node_allocatable_update_period_seconds = Some(10);
@@ -1033,6 +1059,14 @@ fn token_requests_and_the_allocatable_period_reach_only_the_csidriver() {
     assert_ne!(changed.csi_driver, base.csi_driver);
     assert_eq!(changed.controller_hash, base.controller_hash);
     assert_eq!(changed.node_hash, base.node_hash);
+
+    obj.spec.csi_driver.service_account_token_in_secrets = Some(false);
+    obj.spec.csi_driver.prevent_pod_scheduling_if_missing = Some(true);
+    let newer = must_render(&obj);
+    assert_ne!(newer.csi_driver, changed.csi_driver);
+    assert_eq!(newer.csi_driver.spec.pinned, changed.csi_driver.spec.pinned);
+    assert_eq!(newer.controller_hash, base.controller_hash);
+    assert_eq!(newer.node_hash, base.node_hash);
 }
 
 #[test]
@@ -1636,7 +1670,7 @@ fn hostpath_example_has_what_hostpathplugin_needs() {
     assert_eq!(field_ref(prov, "POD_NAME"), Some("metadata.name"));
 
     // CSIDriver as upstream's distributed driverinfo; a late-binding class.
-    let csi = &r.csi_driver.spec;
+    let csi = &r.csi_driver.spec.pinned;
     assert_eq!(csi.attach_required, Some(false));
     assert_eq!(csi.storage_capacity, Some(true));
     assert_eq!(csi.pod_info_on_mount, Some(true));

@@ -108,23 +108,46 @@ where
         .0)
 }
 
-/// The fields of a desired object (first) that the API server would not
-/// store (second: what a server-side dry run returned), e.g. a field behind
-/// a feature gate that is off, which the API server drops without an error.
-pub type Unstored<K> = fn(&K, &K) -> Vec<String>;
+/// How [`apply_checked`] finds the fields of an object that the API server
+/// would not store.
+pub struct StoreCheck<K> {
+    /// The fields of a desired object (first) that the API server would
+    /// not store (second: what a server-side dry run returned), e.g. a field
+    /// behind a feature gate that is off, which the API server drops without
+    /// an error.
+    pub unstored: fn(&K, &K) -> Vec<String>,
+    /// A field the API server does not know at all (its API is older than
+    /// the field) makes it refuse the whole apply. Given the refusal's
+    /// message, removes the field it names from the object and returns its
+    /// name; `None` when the message names no field that may be left out.
+    /// Each `Some` must remove a field that was set, so asking again until
+    /// `None` ends.
+    pub unknown: fn(&mut K, &str) -> Option<String>,
+}
+
+impl<K> Clone for StoreCheck<K> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<K> Copy for StoreCheck<K> {}
 
 /// Suffix of an [`APPLIED_HASH`] whose object the API server did not store
 /// whole: it never equals a hash, so the object is applied again.
 pub const INCOMPLETE: &str = "-incomplete";
 
 /// [`apply`], asking the API server first (a server-side dry run) what it
-/// would store of a changed object. When `unstored` names fields it would
-/// drop, the object is applied all the same but stamped with an applied
+/// would store of a changed object. When the server refuses a field it does
+/// not know (`check.unknown`), that field is left out and the dry run asked
+/// again; when `check.unstored` names fields it would drop, the object is
+/// applied all the same. Either way the object is stamped with an applied
 /// hash that never matches (`<hash>-incomplete`): each reconcile asks
 /// again — a write of the same content, which changes nothing on the
-/// server — and once the server stores the fields (its feature gate turned
-/// on) the object is applied whole and settles. Also returns the fields the
-/// server dropped (empty when none, or when nothing had to be applied).
+/// server — and once the server stores the fields (upgraded, or its feature
+/// gate turned on) the object is applied whole and settles. Also returns
+/// the fields left out or dropped (empty when none, or when nothing had to
+/// be applied).
 pub async fn apply_checked<K>(
     api: &Api<K>,
     kind: &'static str,
@@ -132,12 +155,12 @@ pub async fn apply_checked<K>(
     owner: Owner<'_>,
     mode: Mode,
     known: &Owned,
-    unstored: Unstored<K>,
+    check: StoreCheck<K>,
 ) -> Result<(Applied, Vec<String>), Error>
 where
     K: Resource + Clone + DeserializeOwned + Serialize + Debug,
 {
-    apply_inner(api, kind, desired, owner, mode, known, Some(unstored)).await
+    apply_inner(api, kind, desired, owner, mode, known, Some(check)).await
 }
 
 async fn apply_inner<K>(
@@ -147,7 +170,7 @@ async fn apply_inner<K>(
     owner: Owner<'_>,
     mode: Mode,
     known: &Owned,
-    unstored: Option<Unstored<K>>,
+    check: Option<StoreCheck<K>>,
 ) -> Result<(Applied, Vec<String>), Error>
 where
     K: Resource + Clone + DeserializeOwned + Serialize + Debug,
@@ -211,14 +234,24 @@ where
         .insert(APPLIED_HASH.to_string(), hash.clone());
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let mut dropped = Vec::new();
-    if let Some(unstored) = unstored {
+    if let Some(check) = check {
         let mut dry_run = params.clone();
         dry_run.dry_run = true;
-        let would_store = api
-            .patch(&name, &dry_run, &Patch::Apply(&desired))
-            .await
-            .map_err(|e| Error::from_write(kind, &name, e))?;
-        dropped = unstored(&desired, &would_store);
+        let would_store = loop {
+            let refused = match api.patch(&name, &dry_run, &Patch::Apply(&desired)).await {
+                Ok(would_store) => break would_store,
+                Err(e) => e,
+            };
+            let unknown = match &refused {
+                kube::Error::Api(s) => (check.unknown)(&mut desired, &s.message),
+                _ => None,
+            };
+            match unknown {
+                Some(field) => dropped.push(field),
+                None => return Err(Error::from_write(kind, &name, refused)),
+            }
+        };
+        dropped.extend((check.unstored)(&desired, &would_store));
         if !dropped.is_empty() {
             desired
                 .annotations_mut()

@@ -15,19 +15,21 @@ use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
-use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass, VolumeAttributesClass};
+use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttributesClass};
 use kube::api::Api;
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tracing::{debug, info, warn};
 
-use super::apply::{apply, apply_checked, delete_owned, get_owned, Applied, Mode, Owner};
+use super::apply::{
+    apply, apply_checked, delete_owned, get_owned, Applied, Mode, Owner, StoreCheck,
+};
 use super::error::Error;
 use super::events::{publish, Note};
 use super::owned::Owned;
 use super::Context;
-use crate::render::{csidriver, Rendered};
+use crate::render::{csidriver, AppliedCSIDriver, Rendered};
 
 /// Supporting objects written at once.
 pub(super) const PARALLEL: usize = 8;
@@ -120,17 +122,26 @@ where
     .boxed()
 }
 
+/// What the API server would not store of the CSIDriver.
+const CSIDRIVER_CHECK: StoreCheck<AppliedCSIDriver> = StoreCheck {
+    unstored: csidriver::unstored_fields,
+    unknown: csidriver::leave_out_unknown,
+};
+
 /// The CSIDriver. Some of its fields are immutable: when the API refuses
 /// the change, the object is re-created (running volumes keep working
 /// meanwhile). Some are dropped by an API server whose feature gate is
-/// off: said with a Warning Event, and applied again until they are stored.
+/// off, or refused by one older than the field (then left out): said with a
+/// Warning Event, and applied again until they are stored. It is written
+/// as [`AppliedCSIDriver`], not k8s-openapi's `CSIDriver`, whose pinned API
+/// would lose the newer fields on the way out and on the way back.
 async fn apply_csidriver(
     obj: &CSIDriverDeployment,
     ctx: &Context,
     owner: Owner<'_>,
     r: &Rendered,
 ) -> Result<(), Error> {
-    let drivers: Api<CSIDriver> = Api::all(ctx.client.clone());
+    let drivers: Api<AppliedCSIDriver> = Api::all(ctx.client.clone());
     let name = r.csi_driver.name_any();
     let dropped = match apply_checked(
         &drivers,
@@ -139,7 +150,7 @@ async fn apply_csidriver(
         owner,
         Mode::IfChanged,
         &ctx.caches.owned,
-        csidriver::unstored_fields,
+        CSIDRIVER_CHECK,
     )
     .await
     {
@@ -156,7 +167,7 @@ async fn apply_csidriver(
                 owner,
                 Mode::IfChanged,
                 &ctx.caches.owned,
-                csidriver::unstored_fields,
+                CSIDRIVER_CHECK,
             )
             .await?;
             let note =

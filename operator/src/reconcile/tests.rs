@@ -561,6 +561,126 @@ async fn a_csidriver_field_the_api_server_drops_is_warned_about_and_applied_agai
 }
 
 #[tokio::test]
+async fn csidriver_fields_an_older_api_server_does_not_know_are_left_out_and_warned_about() {
+    // A 1.34 API server knows neither serviceAccountTokenInSecrets (1.35)
+    // nor preventPodSchedulingIfMissing (1.36): a server-side apply that
+    // sets one fails whole, naming one of them (a 500, as the real one
+    // answers). `upgraded` makes it a server that knows both.
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const NEWER: [&str; 2] = [
+        "preventPodSchedulingIfMissing",
+        "serviceAccountTokenInSecrets",
+    ];
+    let upgraded = Arc::new(AtomicBool::new(false));
+    let knows = upgraded.clone();
+    let fx = Fixture::answering(
+        cdd(
+            json!({}),
+            json!({"csiDriver": {
+                "tokenRequests": [{"audience": "vault"}],
+                "serviceAccountTokenInSecrets": true,
+                "preventPodSchedulingIfMissing": false
+            }}),
+        ),
+        [],
+        move |call| {
+            if knows.load(Ordering::SeqCst)
+                || call.method != "PATCH"
+                || !call.path.starts_with("/apis/storage.k8s.io/v1/csidrivers/")
+            {
+                return None;
+            }
+            let unknown = NEWER
+                .iter()
+                .find(|f| call.body["spec"].get(**f).is_some())?;
+            Some(testing::status(
+                500,
+                "",
+                &format!("failed to create typed patch object (/hp.csi.example.com; storage.k8s.io/v1, Kind=CSIDriver): .spec.{unknown}: field not declared in schema"),
+            ))
+        },
+    );
+    let csidriver_patches = |log: &Log| -> Vec<testing::Call> {
+        log.calls()
+            .into_iter()
+            .filter(|c| c.method == "PATCH" && c.path.contains("/csidrivers/"))
+            .collect()
+    };
+    let not_stored = |log: &Log| -> Vec<String> {
+        log.calls()
+            .into_iter()
+            .filter(|c| {
+                c.path.ends_with("/events") && c.body["reason"] == "CSIDriverFieldNotStored"
+            })
+            .map(|c| c.body["note"].to_string())
+            .collect()
+    };
+    let newer_in = |c: &testing::Call| -> Vec<&str> {
+        NEWER
+            .into_iter()
+            .filter(|f| c.body["spec"].get(*f).is_some())
+            .collect()
+    };
+    let hash = |c: &testing::Call| {
+        c.body["metadata"]["annotations"]["csiops.dev/applied-hash"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+
+    fx.reconcile()
+        .await
+        .expect("reconciled: the rest is applied");
+    let patches = csidriver_patches(&fx.log);
+    // Dry runs: refused twice (one field named each time), then accepted
+    // without either; then the write, without either.
+    assert_eq!(patches.len(), 4, "{patches:#?}");
+    assert!(patches[..3].iter().all(|p| p.is_dry_run()) && !patches[3].is_dry_run());
+    assert_eq!(newer_in(&patches[0]), NEWER, "sent when set: {patches:#?}");
+    assert_eq!(newer_in(&patches[1]).len(), 1);
+    assert!(newer_in(&patches[2]).is_empty() && newer_in(&patches[3]).is_empty());
+    assert_eq!(
+        patches[3].body["spec"]["tokenRequests"][0]["audience"],
+        "vault"
+    );
+    let first = hash(&patches[3]);
+    assert!(first.ends_with("-incomplete"), "{first}");
+    let said = not_stored(&fx.log);
+    assert_eq!(said.len(), 1, "{said:#?}");
+    assert!(
+        said[0].contains("spec.serviceAccountTokenInSecrets (it needs Kubernetes 1.35 or later with the CSIServiceAccountTokenSecrets feature gate")
+            && said[0].contains("spec.preventPodSchedulingIfMissing (it needs Kubernetes 1.36 or later with the VolumeLimitScaling feature gate"),
+        "{said:#?}"
+    );
+    let status = fx.objects.get(OBJ).expect("the object")["status"].to_string();
+    assert!(!status.contains("ApplyFailed"), "{status}");
+
+    // Nothing changed: asked again (the server may have been upgraded),
+    // the same write, no second warning.
+    fx.log.clear();
+    fx.reconcile().await.expect("reconciled");
+    let again = csidriver_patches(&fx.log);
+    assert_eq!(again.len(), 4, "{again:#?}");
+    assert_eq!(again[3].body, patches[3].body);
+    assert!(not_stored(&fx.log).is_empty(), "{:#?}", fx.log.lines());
+
+    // Upgraded: stored whole, the real hash, no warning.
+    upgraded.store(true, Ordering::SeqCst);
+    fx.log.clear();
+    fx.reconcile().await.expect("reconciled");
+    let whole = csidriver_patches(&fx.log);
+    assert_eq!(whole.len(), 2, "{whole:#?}");
+    assert_eq!(newer_in(&whole[1]), NEWER);
+    assert_eq!(whole[1].body["spec"]["serviceAccountTokenInSecrets"], true);
+    assert_eq!(
+        whole[1].body["spec"]["preventPodSchedulingIfMissing"],
+        false
+    );
+    assert_eq!(format!("{}-incomplete", hash(&whole[1])), first);
+    assert!(not_stored(&fx.log).is_empty(), "{:#?}", fx.log.lines());
+}
+
+#[tokio::test]
 async fn an_object_outside_watch_namespaces_is_left_alone() {
     let mut fx = Fixture::new(cdd(json!({}), json!({})));
     let ctx = Arc::get_mut(&mut fx.ctx).expect("one owner");

@@ -38,7 +38,7 @@ use csiops_crds::{
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{LocalObjectReference, PodSpec, Service, ServiceAccount, Volume};
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
-use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass, VolumeAttributesClass};
+use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttributesClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 pub use api_access::{API_ACCESS_MOUNT, TOKEN_EXPIRATION_SECONDS};
@@ -49,6 +49,7 @@ pub use containers::{
     REGISTRAR_HTTP_PORT, REGISTRAR_PORT_NAME, RESIZER_HTTP_PORT, SNAPSHOTTER_HTTP_PORT,
 };
 pub use controller::ControllerWorkload;
+pub use csidriver::{AppliedCSIDriver, AppliedCSIDriverSpec};
 pub use error::RenderError;
 pub use labels::Component;
 
@@ -80,7 +81,8 @@ pub struct Rendered {
     /// (leader-election leases, the provisioner's journal, capacity
     /// objects), one per role.
     pub role_bindings: Vec<RoleBinding>,
-    pub csi_driver: CSIDriver,
+    /// The CSIDriver, with the `spec` fields newer than the pinned API.
+    pub csi_driver: AppliedCSIDriver,
     /// The controller StatefulSet or Deployment (`spec.controller.kind`);
     /// `None` with topology NodeLocal.
     pub controller: Option<ControllerWorkload>,
