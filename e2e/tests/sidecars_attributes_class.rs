@@ -4,14 +4,18 @@
 //! its class) with `csi-test-driver --enable-modify` (MODIFY_VOLUME), whose
 //! persisted state shows what reached the driver.
 //!
-//! What an external-resizer would do next (ControllerModifyVolume with the
-//! new class's parameters and the secret the PV's annotations name) is done
-//! here by the test itself against the driver: the upstream resizer is not
-//! part of the test bed (see docs/sidecars.md).
+//! The modify to a new class goes through upstream's external-resizer when
+//! `CSIOPS_UPSTREAM_RESIZER` names a `csi-resizer` binary (built from its
+//! tag, outside the repository: the Go module proxy refuses the module, so
+//! the test bed cannot build it). Without it the test sends what the
+//! resizer would (ControllerModifyVolume with the new class's parameters
+//! and the Secret the PV's annotations name) to the driver itself. Either
+//! way the driver's volume must change.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
+use csiops_e2e::process::ManagedProcess;
 use csiops_e2e::provisioning::{ProvisionerBed, DRIVER};
 use csiops_e2e::{testkit, wait_for, Cluster, ClusterOptions};
 use csiops_proto::csi::v1::ControllerModifyVolumeRequest;
@@ -22,7 +26,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttributesClass};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::ResourceExt;
 
 const NS: &str = "default";
@@ -30,6 +34,8 @@ const DEADLINE: Duration = Duration::from_secs(60);
 const POLL: Duration = Duration::from_millis(100);
 const MODIFY_NAME: &str = "volume.kubernetes.io/controller-modify-secret-name";
 const MODIFY_NAMESPACE: &str = "volume.kubernetes.io/controller-modify-secret-namespace";
+/// A `csi-resizer` binary to modify volumes through (optional).
+const UPSTREAM_RESIZER: &str = "CSIOPS_UPSTREAM_RESIZER";
 
 fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
     pairs
@@ -158,6 +164,100 @@ async fn event_with(cluster: &Cluster, object: &str, needles: &[&str]) -> Vec<St
     .unwrap_or_else(|_| panic!("no Event on {object} containing {needles:?} within {DEADLINE:?}"))
 }
 
+/// What the external-resizer does when claim `data` moves to class
+/// `platinum`, done by the test: ControllerModifyVolume with the class's
+/// parameters and the Secret the PV's annotations name.
+async fn modify_as_the_resizer_would(
+    cluster: &Cluster,
+    bed: &ProvisionerBed,
+    pv: &PersistentVolume,
+) {
+    let client = cluster.client().expect("client");
+    let secret: Secret = Api::namespaced(client, NS)
+        .get("data-modify")
+        .await
+        .expect("modify secret");
+    let secrets: HashMap<String, String> = secret
+        .data
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
+        .collect();
+    let handle = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.csi.as_ref())
+        .expect("CSI source")
+        .volume_handle
+        .clone();
+    let csi = bed.driver.client().await.expect("driver client");
+    csi.controller()
+        .controller_modify_volume(ControllerModifyVolumeRequest {
+            volume_id: handle,
+            secrets,
+            mutable_parameters: HashMap::from([("iops".to_string(), "9000".to_string())]),
+        })
+        .await
+        .expect("ControllerModifyVolume");
+}
+
+/// Claim `data` moves to class `platinum` and upstream's resizer
+/// (`resizer`, on the driver's socket) modifies it: the claim and its PV
+/// end up naming `platinum`.
+async fn modify_through_resizer(
+    cluster: &Cluster,
+    bed: &ProvisionerBed,
+    a: &Apis,
+    resizer: &std::path::Path,
+) {
+    let args = vec![
+        format!("--csi-address={}", bed.driver.socket().display()),
+        format!("--kubeconfig={}", cluster.kubeconfig_path().display()),
+        "--leader-election=false".to_string(),
+        "--v=4".to_string(),
+    ];
+    let log = cluster.log_dir().join("csi-resizer.log");
+    let _resizer = ManagedProcess::spawn("csi-resizer", resizer, &args, &log).expect("csi-resizer");
+    a.claims
+        .patch(
+            "data",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"volumeAttributesClassName": "platinum"}})),
+        )
+        .await
+        .expect("claim data to platinum");
+    let done = wait_for(DEADLINE, POLL, || async {
+        let c = a.claims.get("data").await.ok()?;
+        let current = c.status?.current_volume_attributes_class_name?;
+        (current == "platinum").then_some(())
+    })
+    .await;
+    assert!(
+        done.is_ok(),
+        "the resizer did not modify claim data to platinum within {DEADLINE:?}:\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let pv = a
+        .volumes
+        .get(
+            &a.claims
+                .get("data")
+                .await
+                .expect("claim")
+                .spec
+                .and_then(|s| s.volume_name)
+                .expect("bound"),
+        )
+        .await
+        .expect("PV");
+    assert_eq!(
+        pv.spec
+            .and_then(|s| s.volume_attributes_class_name)
+            .as_deref(),
+        Some("platinum")
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutable_parameters_reach_the_driver_and_a_missing_class_is_waited_for() {
     let (cluster, mut bed, a) = start(&["--enable-modify"]).await;
@@ -218,29 +318,19 @@ async fn mutable_parameters_reach_the_driver_and_a_missing_class_is_waited_for()
     .ok();
     assert_eq!(current.as_deref(), Some("gold"), "claim {:?}", c.status);
 
-    // What the external-resizer does for a change to class `platinum`:
-    // ControllerModifyVolume with the new class's parameters and the
-    // Secret the PV's annotations name. The driver's volume changes.
-    let client = cluster.client().expect("client");
-    let secret: Secret = Api::namespaced(client, NS)
-        .get("data-modify")
+    // The claim moves to class `platinum`: the driver's volume gets its
+    // parameters (merged, as the driver keeps them) and the modify secret.
+    a.attributes
+        .create(
+            &PostParams::default(),
+            &attributes_class("platinum", DRIVER, &[("iops", "9000")]),
+        )
         .await
-        .expect("modify secret");
-    let secrets: HashMap<String, String> = secret
-        .data
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
-        .collect();
-    let csi = bed.driver.client().await.expect("driver client");
-    csi.controller()
-        .controller_modify_volume(ControllerModifyVolumeRequest {
-            volume_id: spec.csi.as_ref().expect("CSI source").volume_handle.clone(),
-            secrets,
-            mutable_parameters: HashMap::from([("iops".to_string(), "9000".to_string())]),
-        })
-        .await
-        .expect("ControllerModifyVolume");
+        .expect("VolumeAttributesClass platinum");
+    match std::env::var_os(UPSTREAM_RESIZER) {
+        Some(resizer) => modify_through_resizer(&cluster, &bed, &a, resizer.as_ref()).await,
+        None => modify_as_the_resizer_would(&cluster, &bed, &pv).await,
+    }
     let modified = bed.driver.state().expect("driver state");
     let modified = modified.volume_by_name(&pv.name_any()).expect("volume");
     assert_eq!(
