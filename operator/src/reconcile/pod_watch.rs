@@ -119,9 +119,17 @@ impl PodWatch {
                 Phase::Watching { version, body } => {
                     let Some(stream) = body else {
                         let version = version.clone();
-                        let opened = open(&self.client, &self.selector, &version)
-                            .await
-                            .map_err(watcher::Error::WatchStartFailed)?;
+                        let opened = match open(&self.client, &self.selector, &version).await {
+                            Ok(opened) => opened,
+                            Err(e) => {
+                                // A version the API server no longer has
+                                // can also be refused at the start (410).
+                                if matches!(&e, kube::Error::Api(s) if s.code == 410) {
+                                    self.phase = Phase::Relist;
+                                }
+                                return Err(watcher::Error::WatchStartFailed(e));
+                            }
+                        };
                         self.frames = wire::Frames::default();
                         self.phase = Phase::Watching {
                             version,
@@ -458,21 +466,34 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_unreadable_frame_starts_over_from_a_list() {
+    async fn an_unreadable_frame_or_a_gone_version_at_the_start_lists_again() {
         let mut garbage = 3u32.to_be_bytes().to_vec();
         garbage.extend([0xff, 0xff, 0xff]);
+        let expired = wire::Status {
+            code: Some(410),
+            reason: Some("Expired".into()),
+            ..Default::default()
+        };
         let (client, log) = client(vec![
             (200, list(vec![], "5").to_vec()),
             (200, garbage),
             (200, list(vec![pod("e", "6")], "6").to_vec()),
+            (410, enveloped("Status", &expired).to_vec()),
+            (200, list(vec![pod("f", "7")], "7").to_vec()),
         ]);
-        let events = take(client, 6).await;
+        let events = take(client, 10).await;
         assert_eq!(events[..2], ["Init", "InitDone"]);
         assert!(
             events[2].starts_with("Err watch stream failed"),
             "{events:?}"
         );
-        assert_eq!(events[3..], ["Init", "InitApply e", "InitDone"]);
-        assert_eq!(log.lock().expect("log").len(), 3);
+        assert_eq!(events[3..6], ["Init", "InitApply e", "InitDone"]);
+        // A watch refused at its start as 410 lists again too.
+        assert!(
+            events[6].starts_with("Err failed to start watching"),
+            "{events:?}"
+        );
+        assert_eq!(events[7..], ["Init", "InitApply f", "InitDone"]);
+        assert_eq!(log.lock().expect("log").len(), 5);
     }
 }
