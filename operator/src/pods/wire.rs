@@ -320,18 +320,24 @@ pub(crate) fn frame(kind: &str, object: Bytes) -> Vec<u8> {
     out
 }
 
+/// Captured from kube-apiserver v1.34.4 (the demo cluster, 2026-11-28):
+/// a list of the operator's pods with `limit=2`, three frames of a watch
+/// of them (a node pod ADDED, one DELETED, a BOOKMARK) and the Status of a
+/// 404. For the tests of this module and of the pod watch.
+#[cfg(test)]
+pub(crate) mod captured {
+    pub const LIST: &[u8] = include_bytes!("testdata/pod-list.bin");
+    pub const WATCH: &[u8] = include_bytes!("testdata/pod-watch.bin");
+    pub const NOT_FOUND: &[u8] = include_bytes!("testdata/status-not-found.bin");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::pods::PodView;
     use crate::render::labels::INSTANCE;
 
-    // Captured from kube-apiserver v1.34.4 (the demo cluster, 2026-11-28):
-    // a list of the operator's pods with `limit=2`, and three frames of a
-    // watch of them (a node pod ADDED, one DELETED, a BOOKMARK).
-    const LIST: &[u8] = include_bytes!("testdata/pod-list.bin");
-    const WATCH: &[u8] = include_bytes!("testdata/pod-watch.bin");
-    const NOT_FOUND: &[u8] = include_bytes!("testdata/status-not-found.bin");
+    use captured::{LIST, NOT_FOUND, WATCH};
 
     #[test]
     fn reads_a_list_as_kube_apiserver_sends_it() {

@@ -286,13 +286,10 @@ impl PodWatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pods::wire::captured::{LIST, NOT_FOUND, WATCH};
     use crate::pods::wire::{enveloped, frame};
     use http::{Request, Response};
     use std::sync::{Arc, Mutex};
-
-    const LIST: &[u8] = include_bytes!("../pods/testdata/pod-list.bin");
-    const WATCH: &[u8] = include_bytes!("../pods/testdata/pod-watch.bin");
-    const NOT_FOUND: &[u8] = include_bytes!("../pods/testdata/status-not-found.bin");
 
     fn pod(name: &str, version: &str) -> wire::Pod {
         wire::Pod {

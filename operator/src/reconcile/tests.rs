@@ -186,6 +186,14 @@ async fn a_deleted_object_with_nothing_left_only_loses_its_finalizer() {
 }
 
 /// `spec.monitoring` with a PodMonitor wanted.
+/// The PATCHes of CSIDrivers (dry runs too) in `log`.
+fn csidriver_patches(log: &Log) -> Vec<testing::Call> {
+    log.calls()
+        .into_iter()
+        .filter(|c| c.method == "PATCH" && c.path.contains("/csidrivers/"))
+        .collect()
+}
+
 fn monitored() -> Value {
     cdd(
         json!({}),
@@ -488,12 +496,6 @@ async fn a_csidriver_field_the_api_server_drops_is_warned_about_and_applied_agai
                 })
         },
     );
-    let csidriver_patches = |log: &Log| -> Vec<testing::Call> {
-        log.calls()
-            .into_iter()
-            .filter(|c| c.method == "PATCH" && c.path.contains("/csidrivers/"))
-            .collect()
-    };
     let warnings = |log: &Log| -> Vec<String> {
         log.calls()
             .into_iter()
@@ -600,12 +602,6 @@ async fn csidriver_fields_an_older_api_server_does_not_know_are_left_out_and_war
             ))
         },
     );
-    let csidriver_patches = |log: &Log| -> Vec<testing::Call> {
-        log.calls()
-            .into_iter()
-            .filter(|c| c.method == "PATCH" && c.path.contains("/csidrivers/"))
-            .collect()
-    };
     let not_stored = |log: &Log| -> Vec<String> {
         log.calls()
             .into_iter()

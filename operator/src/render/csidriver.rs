@@ -232,6 +232,22 @@ mod tests {
         }
     }
 
+    /// A CSIDriver with a token request and both newer fields set to
+    /// `token_in_secrets` and `prevent_scheduling`.
+    fn with_newer_fields(token_in_secrets: bool, prevent_scheduling: bool) -> AppliedCSIDriver {
+        let mut d = driver(CSIDriverSpec {
+            attach_required: Some(true),
+            token_requests: Some(vec![TokenRequest {
+                audience: "vault".into(),
+                expiration_seconds: None,
+            }]),
+            ..Default::default()
+        });
+        d.spec.service_account_token_in_secrets = Some(token_in_secrets);
+        d.spec.prevent_pod_scheduling_if_missing = Some(prevent_scheduling);
+        d
+    }
+
     /// The CSIDriver of an object whose `spec.csiDriver` is `csi`.
     fn rendered(csi: serde_json::Value) -> AppliedCSIDriver {
         let obj: CSIDriverDeployment = serde_json::from_value(serde_json::json!({
@@ -339,16 +355,7 @@ mod tests {
 
     #[test]
     fn the_newer_fields_dropped_are_named_with_what_they_need() {
-        let mut desired = driver(CSIDriverSpec {
-            attach_required: Some(true),
-            token_requests: Some(vec![TokenRequest {
-                audience: "vault".into(),
-                expiration_seconds: None,
-            }]),
-            ..Default::default()
-        });
-        desired.spec.service_account_token_in_secrets = Some(true);
-        desired.spec.prevent_pod_scheduling_if_missing = Some(true);
+        let desired = with_newer_fields(true, true);
         // A 1.36 API server with VolumeLimitScaling off: that one cleared.
         let mut stored = desired.clone();
         stored.spec.prevent_pod_scheduling_if_missing = None;
@@ -382,16 +389,7 @@ mod tests {
 
     #[test]
     fn a_field_an_older_api_server_does_not_know_is_left_out() {
-        let mut desired = driver(CSIDriverSpec {
-            attach_required: Some(true),
-            token_requests: Some(vec![TokenRequest {
-                audience: "vault".into(),
-                expiration_seconds: None,
-            }]),
-            ..Default::default()
-        });
-        desired.spec.service_account_token_in_secrets = Some(false);
-        desired.spec.prevent_pod_scheduling_if_missing = Some(true);
+        let desired = with_newer_fields(false, true);
         let refusal = |field: &str| {
             format!(
                 "failed to create typed patch object (/d.csi.example.com; storage.k8s.io/v1, Kind=CSIDriver): .spec.{field}: field not declared in schema"
