@@ -1,6 +1,7 @@
 //! Records what happens to a driver's workloads, in the API server's order.
 //!
-//! Watches on the StatefulSet, the DaemonSet and the CSIDriver feed one list;
+//! Watches on the StatefulSets, the DaemonSets, the DaemonSets' pods and the
+//! CSIDrivers feed one list;
 //! entries are ordered by resourceVersion (etcd's global revision), so the
 //! order across kinds is the order in which the API server stored the changes,
 //! not the order in which our watches happened to deliver them.
@@ -9,6 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::storage::v1::CSIDriver;
 use kube::api::Api;
 use kube::runtime::watcher::{self, Event};
@@ -16,6 +18,10 @@ use kube::{Client, Resource, ResourceExt};
 use tokio::task::JoinHandle;
 
 const HASH: &str = "csiops.dev/template-hash";
+/// The DaemonSet's template generation (the API server bumps it with each
+/// template change) and the label with which its controller stamps its pods.
+const DS_TEMPLATE_GENERATION: &str = "deprecated.daemonset.template.generation";
+const POD_TEMPLATE_GENERATION: &str = "pod-template-generation";
 
 /// One stored change.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,7 +40,12 @@ pub struct Entry {
     pub ready: i32,
     pub updated: i32,
     /// DaemonSet: numberAvailable (StatefulSet: availableReplicas).
+    /// Pod: 1 when its Ready condition is True.
     pub available: i32,
+    /// DaemonSet: its template generation; Pod: the one it was made from.
+    pub template_generation: i64,
+    /// Pod: the DaemonSet that owns it.
+    pub owner: Option<String>,
 }
 
 fn revision<K: Resource>(o: &K) -> u64 {
@@ -60,6 +71,8 @@ fn sts_entry(s: &StatefulSet, deleted: bool) -> Entry {
         ready: st.and_then(|x| x.ready_replicas).unwrap_or(0),
         updated: st.and_then(|x| x.updated_replicas).unwrap_or(0),
         available: st.and_then(|x| x.available_replicas).unwrap_or(0),
+        template_generation: 0,
+        owner: None,
     }
 }
 
@@ -78,6 +91,8 @@ fn ds_entry(d: &DaemonSet, deleted: bool) -> Entry {
         ready: st.map_or(0, |x| x.number_ready),
         updated: st.and_then(|x| x.updated_number_scheduled).unwrap_or(0),
         available: st.and_then(|x| x.number_available).unwrap_or(0),
+        template_generation: number_in(d.annotations().get(DS_TEMPLATE_GENERATION)),
+        owner: None,
     }
 }
 
@@ -95,7 +110,45 @@ fn csidriver_entry(c: &CSIDriver, deleted: bool) -> Entry {
         ready: 0,
         updated: 0,
         available: 0,
+        template_generation: 0,
+        owner: None,
     }
+}
+
+fn number_in(text: Option<&String>) -> i64 {
+    text.and_then(|t| t.parse().ok()).unwrap_or(0)
+}
+
+/// A DaemonSet's pod; other pods give `None`. A pod being deleted counts as
+/// gone: it no longer serves its node.
+fn pod_entry(p: &Pod, deleted: bool) -> Option<Entry> {
+    let owner = p
+        .owner_references()
+        .iter()
+        .find(|o| o.kind == "DaemonSet")?
+        .name
+        .clone();
+    let ready = p
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    Some(Entry {
+        revision: revision(p),
+        kind: "Pod",
+        name: p.name_any(),
+        deleted: deleted || p.metadata.deletion_timestamp.is_some(),
+        hash: None,
+        generation: 0,
+        observed_generation: 0,
+        desired: 0,
+        current: 0,
+        ready: i32::from(ready),
+        updated: 0,
+        available: i32::from(ready),
+        template_generation: number_in(p.labels().get(POD_TEMPLATE_GENERATION)),
+        owner: Some(owner),
+    })
 }
 
 /// The recording; stops watching on drop.
@@ -115,7 +168,7 @@ impl Drop for Timeline {
 fn record<K, F>(api: Api<K>, entries: Arc<Mutex<Vec<Entry>>>, to_entry: F) -> JoinHandle<()>
 where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
-    F: Fn(&K, bool) -> Entry + Send + 'static,
+    F: Fn(&K, bool) -> Option<Entry> + Send + 'static,
 {
     tokio::spawn(async move {
         let mut stream = watcher::watcher(api, watcher::Config::default()).boxed();
@@ -123,8 +176,9 @@ where
             let new = match ev {
                 Ok(Event::Apply(o)) | Ok(Event::InitApply(o)) => to_entry(&o, false),
                 Ok(Event::Delete(o)) => to_entry(&o, true),
-                _ => continue,
+                _ => None,
             };
+            let Some(new) = new else { continue };
             if let Ok(mut e) = entries.lock() {
                 e.push(new);
             }
@@ -133,24 +187,30 @@ where
 }
 
 impl Timeline {
-    /// Starts recording the StatefulSets and DaemonSets of `namespace` and every CSIDriver.
+    /// Starts recording the StatefulSets, DaemonSets and DaemonSet pods of
+    /// `namespace` and every CSIDriver.
     pub fn start(client: &Client, namespace: &str) -> Self {
         let entries = Arc::new(Mutex::new(Vec::new()));
         let tasks = vec![
             record(
                 Api::<StatefulSet>::namespaced(client.clone(), namespace),
                 entries.clone(),
-                sts_entry,
+                |s, deleted| Some(sts_entry(s, deleted)),
             ),
             record(
                 Api::<DaemonSet>::namespaced(client.clone(), namespace),
                 entries.clone(),
-                ds_entry,
+                |d, deleted| Some(ds_entry(d, deleted)),
+            ),
+            record(
+                Api::<Pod>::namespaced(client.clone(), namespace),
+                entries.clone(),
+                pod_entry,
             ),
             record(
                 Api::<CSIDriver>::all(client.clone()),
                 entries.clone(),
-                csidriver_entry,
+                |c, deleted| Some(csidriver_entry(c, deleted)),
             ),
         ];
         Self { entries, tasks }
@@ -169,11 +229,45 @@ impl Timeline {
         entries.iter().position(pred)
     }
 
+    /// How many of `daemonset`'s pods were Ready and made from its template
+    /// generation `template_generation` just before entry `at`: what the
+    /// operator's node-by-node check sees, which the DaemonSet's own counters
+    /// report a moment later.
+    pub fn current_ready_pods(
+        entries: &[Entry],
+        at: usize,
+        daemonset: &str,
+        template_generation: i64,
+    ) -> usize {
+        let mut latest = std::collections::BTreeMap::new();
+        for e in entries[..at.min(entries.len())]
+            .iter()
+            .filter(|e| e.kind == "Pod" && e.owner.as_deref() == Some(daemonset))
+        {
+            latest.insert(e.name.as_str(), e);
+        }
+        latest
+            .values()
+            .filter(|e| !e.deleted && e.ready == 1 && e.template_generation == template_generation)
+            .count()
+    }
+
     /// A readable dump for assertion messages.
     pub fn render(entries: &[Entry]) -> String {
         entries
             .iter()
             .map(|e| {
+                if e.kind == "Pod" {
+                    return format!(
+                        "{:>8} {:<11} {:<20} {} template={} ready={}",
+                        e.revision,
+                        e.kind,
+                        e.name,
+                        if e.deleted { "DELETED" } else { "       " },
+                        e.template_generation,
+                        e.ready
+                    );
+                }
                 format!(
                     "{:>8} {:<11} {:<20} {} hash={} gen={}/{} desired={} current={} ready={} updated={} available={}",
                     e.revision,
@@ -192,5 +286,48 @@ impl Timeline {
             })
             .collect::<Vec<_>>()
             .join("\n")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(revision: u64, name: &str, template: i64, ready: bool, deleted: bool) -> Entry {
+        Entry {
+            revision,
+            kind: "Pod",
+            name: name.to_string(),
+            deleted,
+            hash: None,
+            generation: 0,
+            observed_generation: 0,
+            desired: 0,
+            current: 0,
+            ready: i32::from(ready),
+            updated: 0,
+            available: i32::from(ready),
+            template_generation: template,
+            owner: Some("ds".to_string()),
+        }
+    }
+
+    #[test]
+    fn current_ready_pods_counts_each_pods_latest_state_before_the_entry() {
+        let entries = vec![
+            pod(1, "a", 1, true, false),
+            pod(2, "b", 1, true, false),
+            pod(3, "a", 1, true, true),
+            pod(4, "c", 2, false, false),
+            pod(5, "c", 2, true, false),
+            pod(6, "b", 2, true, false),
+        ];
+        assert_eq!(Timeline::current_ready_pods(&entries, 2, "ds", 1), 2);
+        // "a" is being deleted, "c" is not Ready yet.
+        assert_eq!(Timeline::current_ready_pods(&entries, 4, "ds", 1), 1);
+        assert_eq!(Timeline::current_ready_pods(&entries, 4, "ds", 2), 0);
+        assert_eq!(Timeline::current_ready_pods(&entries, 6, "ds", 2), 2);
+        assert_eq!(Timeline::current_ready_pods(&entries, 6, "other", 2), 0);
+        assert_eq!(Timeline::current_ready_pods(&entries, 99, "ds", 1), 0);
     }
 }

@@ -102,13 +102,17 @@ async fn install_upgrade_and_delete_in_order() {
 
     let entries = install.entries();
     let dump = Timeline::render(&entries);
-    let ds_ready = Timeline::first(&entries, |e| is_ds(e) && e.desired == 3 && e.available == 3)
+    Timeline::first(&entries, |e| is_ds(e) && e.desired == 3 && e.available == 3)
         .unwrap_or_else(|| panic!("DaemonSet never available:\n{dump}"));
     let sts_created =
         Timeline::first(&entries, is_sts).unwrap_or_else(|| panic!("no StatefulSet:\n{dump}"));
-    assert!(
-        ds_ready < sts_created,
-        "install must bring the DaemonSet up before the controller:\n{dump}"
+    // The operator judges the node side pod by pod, so its next step can be
+    // stored before the DaemonSet controller's counters catch up: the pods
+    // are what must be up.
+    assert_eq!(
+        Timeline::current_ready_pods(&entries, sts_created, "hostpath-node", 1),
+        NODES,
+        "install must bring the node pods up before the controller:\n{dump}"
     );
     drop(install);
 
@@ -310,7 +314,8 @@ async fn install_upgrade_and_delete_in_order() {
     let changed = |e: &Entry, old: &Option<String>| e.hash.is_some() && e.hash != *old;
     let ds_changed = Timeline::first(&entries, |e| is_ds(e) && changed(e, &old_ds_hash))
         .unwrap_or_else(|| panic!("DaemonSet never rolled:\n{dump}"));
-    let ds_rolled = Timeline::first(&entries, |e| {
+    let new_template = entries[ds_changed].template_generation;
+    Timeline::first(&entries, |e| {
         is_ds(e)
             && changed(e, &old_ds_hash)
             && e.observed_generation >= e.generation
@@ -329,9 +334,13 @@ async fn install_upgrade_and_delete_in_order() {
         is_sts(e) && changed(e, &old_sts_hash) && e.desired == 1 && e.ready == 1 && e.updated == 1
     })
     .unwrap_or_else(|| panic!("controller never came back to one replica:\n{dump}"));
+    // As at install: the node pods, not the DaemonSet's counters, must be
+    // current and Ready before the controller changes.
     assert!(
-        ds_changed <= ds_rolled && ds_rolled < sts_changed,
-        "DaemonSet rolled and available before the controller changes:\n{dump}"
+        ds_changed < sts_changed
+            && Timeline::current_ready_pods(&entries, sts_changed, "hostpath-node", new_template)
+                == NODES,
+        "node pods rolled and Ready before the controller changes:\n{dump}"
     );
     assert!(sts_changed < surge_ready && surge_ready < sts_up, "{dump}");
     // The old controller served throughout: never without a Ready replica.
