@@ -23,8 +23,8 @@ const HASH: &str = "csiops.dev/template-hash";
 const DS_TEMPLATE_GENERATION: &str = "deprecated.daemonset.template.generation";
 const POD_TEMPLATE_GENERATION: &str = "pod-template-generation";
 
-/// One stored change.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One stored change. Fields a kind has no value for are 0 or `None`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Entry {
     pub revision: u64,
     pub kind: &'static str,
@@ -71,8 +71,7 @@ fn sts_entry(s: &StatefulSet, deleted: bool) -> Entry {
         ready: st.and_then(|x| x.ready_replicas).unwrap_or(0),
         updated: st.and_then(|x| x.updated_replicas).unwrap_or(0),
         available: st.and_then(|x| x.available_replicas).unwrap_or(0),
-        template_generation: 0,
-        owner: None,
+        ..Entry::default()
     }
 }
 
@@ -92,7 +91,7 @@ fn ds_entry(d: &DaemonSet, deleted: bool) -> Entry {
         updated: st.and_then(|x| x.updated_number_scheduled).unwrap_or(0),
         available: st.and_then(|x| x.number_available).unwrap_or(0),
         template_generation: number_in(d.annotations().get(DS_TEMPLATE_GENERATION)),
-        owner: None,
+        ..Entry::default()
     }
 }
 
@@ -102,16 +101,8 @@ fn csidriver_entry(c: &CSIDriver, deleted: bool) -> Entry {
         kind: "CSIDriver",
         name: c.name_any(),
         deleted,
-        hash: None,
         generation: c.metadata.generation.unwrap_or(0),
-        observed_generation: 0,
-        desired: 0,
-        current: 0,
-        ready: 0,
-        updated: 0,
-        available: 0,
-        template_generation: 0,
-        owner: None,
+        ..Entry::default()
     }
 }
 
@@ -138,16 +129,11 @@ fn pod_entry(p: &Pod, deleted: bool) -> Option<Entry> {
         kind: "Pod",
         name: p.name_any(),
         deleted: deleted || p.metadata.deletion_timestamp.is_some(),
-        hash: None,
-        generation: 0,
-        observed_generation: 0,
-        desired: 0,
-        current: 0,
         ready: i32::from(ready),
-        updated: 0,
         available: i32::from(ready),
         template_generation: number_in(p.labels().get(POD_TEMPLATE_GENERATION)),
         owner: Some(owner),
+        ..Entry::default()
     })
 }
 
@@ -299,16 +285,11 @@ mod tests {
             kind: "Pod",
             name: name.to_string(),
             deleted,
-            hash: None,
-            generation: 0,
-            observed_generation: 0,
-            desired: 0,
-            current: 0,
             ready: i32::from(ready),
-            updated: 0,
             available: i32::from(ready),
             template_generation: template,
             owner: Some("ds".to_string()),
+            ..Entry::default()
         }
     }
 

@@ -185,7 +185,6 @@ async fn a_deleted_object_with_nothing_left_only_loses_its_finalizer() {
     assert_eq!(patch["metadata"]["finalizers"], json!([]));
 }
 
-/// `spec.monitoring` with a PodMonitor wanted.
 /// The PATCHes of CSIDrivers (dry runs too) in `log`.
 fn csidriver_patches(log: &Log) -> Vec<testing::Call> {
     log.calls()
@@ -194,6 +193,15 @@ fn csidriver_patches(log: &Log) -> Vec<testing::Call> {
         .collect()
 }
 
+/// The applied-hash annotation a CSIDriver PATCH carries ("" without one).
+fn applied_hash(c: &testing::Call) -> String {
+    c.body["metadata"]["annotations"][super::apply::APPLIED_HASH]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// `spec.monitoring` with a PodMonitor wanted.
 fn monitored() -> Value {
     cdd(
         json!({}),
@@ -503,12 +511,6 @@ async fn a_csidriver_field_the_api_server_drops_is_warned_about_and_applied_agai
             .map(|c| format!("{} {}", c.body["reason"], c.body["note"]))
             .collect()
     };
-    let hash = |c: &testing::Call| {
-        c.body["metadata"]["annotations"]["csiops.dev/applied-hash"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string()
-    };
 
     fx.reconcile().await.expect("reconciled");
     let patches = csidriver_patches(&fx.log);
@@ -518,7 +520,7 @@ async fn a_csidriver_field_the_api_server_drops_is_warned_about_and_applied_agai
         patches[1].body["spec"]["nodeAllocatableUpdatePeriodSeconds"],
         10
     );
-    let first = hash(&patches[1]);
+    let first = applied_hash(&patches[1]);
     assert!(first.ends_with("-incomplete"), "{first}");
     let first_body = patches[1].body.clone();
     let said = warnings(&fx.log);
@@ -552,7 +554,7 @@ async fn a_csidriver_field_the_api_server_drops_is_warned_about_and_applied_agai
     fx.reconcile().await.expect("reconciled");
     let patches = csidriver_patches(&fx.log);
     assert_eq!(patches.len(), 2, "{patches:#?}");
-    assert_eq!(format!("{}-incomplete", hash(&patches[1])), first);
+    assert_eq!(format!("{}-incomplete", applied_hash(&patches[1])), first);
     assert!(
         !warnings(&fx.log)
             .iter()
@@ -617,12 +619,6 @@ async fn csidriver_fields_an_older_api_server_does_not_know_are_left_out_and_war
             .filter(|f| c.body["spec"].get(*f).is_some())
             .collect()
     };
-    let hash = |c: &testing::Call| {
-        c.body["metadata"]["annotations"]["csiops.dev/applied-hash"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string()
-    };
 
     fx.reconcile()
         .await
@@ -639,7 +635,7 @@ async fn csidriver_fields_an_older_api_server_does_not_know_are_left_out_and_war
         patches[3].body["spec"]["tokenRequests"][0]["audience"],
         "vault"
     );
-    let first = hash(&patches[3]);
+    let first = applied_hash(&patches[3]);
     assert!(first.ends_with("-incomplete"), "{first}");
     let said = not_stored(&fx.log);
     assert_eq!(said.len(), 1, "{said:#?}");
@@ -672,7 +668,7 @@ async fn csidriver_fields_an_older_api_server_does_not_know_are_left_out_and_war
         whole[1].body["spec"]["preventPodSchedulingIfMissing"],
         false
     );
-    assert_eq!(format!("{}-incomplete", hash(&whole[1])), first);
+    assert_eq!(format!("{}-incomplete", applied_hash(&whole[1])), first);
     assert!(not_stored(&fx.log).is_empty(), "{:#?}", fx.log.lines());
 }
 
