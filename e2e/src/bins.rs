@@ -86,14 +86,14 @@ pub(crate) fn dir_from_env_or_script(env_var: &str, script: &str) -> Result<Path
     Ok(PathBuf::from(dir))
 }
 
-/// `e2e/versions.env` as a map (`K8S_VERSION` → `v1.34.4`, …).
+/// `e2e/versions.env` as a map (`K8S_VERSION` → `v1.37.2`, …).
 pub fn versions() -> Result<BTreeMap<String, String>> {
     let path = e2e_dir().join("versions.env");
     let text = std::fs::read_to_string(&path).map_err(io("reading", &path))?;
     Ok(parse_env(&text))
 }
 
-/// The pinned Kubernetes version, e.g. `v1.34.4`.
+/// The pinned Kubernetes version, e.g. `v1.37.2`.
 pub fn k8s_version() -> Result<String> {
     versions()?
         .remove("K8S_VERSION")
@@ -175,7 +175,7 @@ mod tests {
     }
 
     #[test]
-    fn pinned_version_is_1_34() {
-        assert!(k8s_version().unwrap().starts_with("v1.34."));
+    fn the_test_bed_runs_the_newest_supported_minor() {
+        assert!(k8s_version().unwrap().starts_with("v1.37."));
     }
 }
