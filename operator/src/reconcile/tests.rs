@@ -479,7 +479,7 @@ async fn a_rival_only_the_api_server_knows_of_wins_and_nothing_cluster_scoped_is
 
 #[tokio::test]
 async fn a_csidriver_field_the_api_server_drops_is_warned_about_and_applied_again() {
-    // A 1.34 API server with MutableCSINodeAllocatableCount off clears
+    // An API server with MutableCSINodeAllocatableCount off clears
     // nodeAllocatableUpdatePeriodSeconds without an error; `gate` turns it on.
     use std::sync::atomic::{AtomicBool, Ordering};
     let gate = Arc::new(AtomicBool::new(false));
@@ -566,8 +566,9 @@ async fn a_csidriver_field_the_api_server_drops_is_warned_about_and_applied_agai
 
 #[tokio::test]
 async fn csidriver_fields_an_older_api_server_does_not_know_are_left_out_and_warned_about() {
-    // A 1.34 API server knows neither serviceAccountTokenInSecrets (1.35)
-    // nor preventPodSchedulingIfMissing (1.36): a server-side apply that
+    // An API server older than a field (1.34 knows neither
+    // serviceAccountTokenInSecrets, 1.35, nor preventPodSchedulingIfMissing,
+    // 1.36; 1.35 knows only the first): a server-side apply that
     // sets one fails whole, naming one of them (a 500, as the real one
     // answers). `upgraded` makes it a server that knows both.
     use std::sync::atomic::{AtomicBool, Ordering};
