@@ -10,7 +10,7 @@ use kube::{Resource, ResourceExt};
 
 use tracing::info;
 
-use super::Context;
+use crate::metrics::Metrics;
 use crate::report;
 use crate::rollout::{self, Plan, Transition};
 
@@ -195,14 +195,19 @@ pub async fn publish(recorder: &Recorder, obj: &CSIDriverDeployment, note: &Note
 const NOTE_MAX: usize = 1000;
 
 /// Events (and metrics) for the plan's transitions.
-pub(super) async fn announce<A>(obj: &CSIDriverDeployment, ctx: &Context, plan: &Plan<A>) {
+pub(crate) async fn announce<A>(
+    obj: &CSIDriverDeployment,
+    metrics: &Metrics,
+    recorder: &Recorder,
+    plan: &Plan<A>,
+) {
     for t in &plan.transitions {
         if let rollout::Transition::StepStarted(step) = t {
-            ctx.metrics.rollout_step(step.as_str());
+            metrics.rollout_step(step.as_str());
         }
         let note = for_transition(t, &obj.spec.version, obj.spec.topology);
         info!(object = %obj.name_any(), reason = %note.reason, "{}", note.note);
-        publish(&ctx.recorder, obj, &note).await;
+        publish(recorder, obj, &note).await;
     }
     if let Some(why) = &plan.overdue {
         let already = obj
@@ -212,7 +217,7 @@ pub(super) async fn announce<A>(obj: &CSIDriverDeployment, ctx: &Context, plan: 
             .is_some_and(|c| c.reason == "RolloutStepTimeout" && c.status == "True");
         if !already {
             publish(
-                &ctx.recorder,
+                recorder,
                 obj,
                 &Note::warning("RolloutStepTimeout", why.clone()),
             )

@@ -25,21 +25,21 @@ use tracing::{debug, info, warn};
 use super::apply::{
     apply, apply_checked, delete_owned, get_owned, Applied, Mode, Owner, StoreCheck,
 };
-use super::error::Error;
-use super::events::{publish, Note};
-use super::owned::Owned;
-use super::Context;
+use crate::reconcile::context::Context;
+use crate::reconcile::error::Error;
+use crate::reconcile::events::{publish, Note};
+use crate::reconcile::watch::owned::Owned;
 use crate::render::{csidriver, AppliedCSIDriver, Rendered};
 
 /// Supporting objects written at once.
-pub(super) const PARALLEL: usize = 8;
+pub(crate) const PARALLEL: usize = 8;
 
 /// ServiceAccounts, RBAC, the CSIDriver and the classes: applied before any
 /// workload so pods never start without their permissions. Every write runs
 /// to its end, and then the first error is returned: a failure elsewhere
 /// must not cut a re-creation (CSIDriver, a class) between its delete
 /// and its create.
-pub(super) async fn apply_supporting(
+pub(crate) async fn apply_supporting(
     obj: &CSIDriverDeployment,
     ctx: &Context,
     owner: Owner<'_>,
@@ -183,7 +183,7 @@ async fn apply_csidriver(
         other => other?.1,
     };
     const NOT_STORED: &str = "CSIDriverFieldNotStored";
-    let key = super::object_key(obj);
+    let key = crate::reconcile::context::object_key(obj);
     if dropped.is_empty() {
         ctx.told.ended(&key, NOT_STORED);
     } else {

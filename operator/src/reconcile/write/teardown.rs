@@ -12,21 +12,21 @@ use tracing::info;
 
 use super::apply::{delete_owned, get_owned, Owner};
 use super::cluster::ClusterScoped;
-use super::error::Error;
-use super::events::announce;
-use super::finalizer;
 use super::status::{status_after, write_status, Progress};
 use super::workloads::{
     delete_controller, observe, other_kind, pods_of, workload_apis, LiveController,
 };
-use super::Context;
+use super::{finalizer, monitoring};
 use crate::health::{self, HealthInput};
+use crate::reconcile::context::Context;
+use crate::reconcile::error::Error;
+use crate::reconcile::events::announce;
 use crate::render::{labels, names};
 use crate::report::Problem;
 use crate::rollout::{self, TeardownAction};
 
 /// The ordered teardown of a deleted object.
-pub(super) async fn teardown(
+pub(crate) async fn teardown(
     obj: &CSIDriverDeployment,
     ctx: &Context,
     api: &Api<CSIDriverDeployment>,
@@ -102,18 +102,18 @@ pub(super) async fn teardown(
                 .await?;
             }
             TeardownAction::CleanupClusterScoped => {
-                super::monitoring::delete_monitoring(&ctx.client, owner, &ctx.caches.owned).await?;
+                monitoring::delete_monitoring(&ctx.client, owner, &ctx.caches.owned).await?;
                 cluster.delete_all().await?;
             }
             TeardownAction::RemoveFinalizer => {
-                announce(obj, ctx, &plan).await;
+                announce(obj, &ctx.metrics, &ctx.recorder, &plan).await;
                 finalizer::release(obj, api).await?;
                 info!(object = %owner.name, namespace = %owner.namespace, "teardown complete");
                 return Ok(Requeue::await_change());
             }
         }
     }
-    announce(obj, ctx, &plan).await;
+    announce(obj, &ctx.metrics, &ctx.recorder, &plan).await;
     let problem = plan.overdue.as_ref().map(|why| Problem {
         reason: "RolloutStepTimeout",
         message: why.clone(),

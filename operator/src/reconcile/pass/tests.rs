@@ -9,6 +9,12 @@ use kube::runtime::watcher::Event;
 use serde_json::{json, Value};
 
 use super::*;
+use crate::metrics::Metrics;
+use crate::reconcile::pacing::fresh;
+use crate::reconcile::scope;
+use crate::reconcile::watch::owned::APPLIED_HASH;
+use crate::render::RenderConfig;
+use kube::runtime::events::{Recorder, Reporter};
 
 const NS: &str = "storage";
 const OBJ: &str = "/apis/csiops.dev/v1alpha1/namespaces/storage/csidriverdeployments/hp";
@@ -77,7 +83,7 @@ impl Fixture {
             deployments,
             failures: retry::Failures::default(),
             pacer: pace::Pacer::new(std::time::Duration::ZERO),
-            fresh: super::fresh::Freshness::default(),
+            fresh: fresh::Freshness::default(),
             progress_writes: pace::Pacer::new(std::time::Duration::ZERO),
             told: Default::default(),
         });
@@ -195,7 +201,7 @@ fn csidriver_patches(log: &Log) -> Vec<testing::Call> {
 
 /// The applied-hash annotation a CSIDriver PATCH carries ("" without one).
 fn applied_hash(c: &testing::Call) -> String {
-    c.body["metadata"]["annotations"][super::apply::APPLIED_HASH]
+    c.body["metadata"]["annotations"][APPLIED_HASH]
         .as_str()
         .unwrap_or_default()
         .to_string()
@@ -676,12 +682,12 @@ async fn csidriver_fields_an_older_api_server_does_not_know_are_left_out_and_war
 async fn an_object_outside_watch_namespaces_is_left_alone() {
     let mut fx = Fixture::new(cdd(json!({}), json!({})));
     let ctx = Arc::get_mut(&mut fx.ctx).expect("one owner");
-    ctx.scope = super::scope::Namespaces::from_list(["storage-system"]);
+    ctx.scope = scope::Namespaces::from_list(["storage-system"]);
     fx.reconcile().await.expect("nothing to do");
     assert!(fx.log.calls().is_empty(), "{:#?}", fx.log.lines());
     // In scope: the same object is acted on.
     let ctx = Arc::get_mut(&mut fx.ctx).expect("one owner");
-    ctx.scope = super::scope::Namespaces::from_list(["storage-system", NS]);
+    ctx.scope = scope::Namespaces::from_list(["storage-system", NS]);
     fx.reconcile().await.expect("reconciled");
     assert!(!fx.writes().is_empty());
 }

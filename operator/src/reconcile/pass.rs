@@ -1,257 +1,55 @@
-//! The controller: one reconciliation turns a `CSIDriverDeployment` into its
-//! children, drives the ordered rollout one step further and writes status.
+//! One reconciliation of one object.
 //!
 //! Flow of [`reconcile`]:
-//! 1. deleted object → ordered teardown ([`teardown`](teardown::teardown));
+//! 1. deleted object → ordered teardown ([`teardown`]);
 //! 2. another object owns the driver name → Degraded (Conflict), nothing touched;
 //! 3. render (pure) → a render error is Degraded (RenderFailed) + Event;
-//! 4. supporting objects applied (ownership-checked, side by side, [`supporting`]);
+//! 4. supporting objects applied (ownership-checked, side by side, [`apply_supporting`]);
 //! 5. workloads observed, the state machine planned, its actions executed;
 //! 6. the metrics Service and PodMonitor applied, objects the spec no longer
 //!    renders pruned (after the workloads: no pod waits on them);
-//! 7. Events for every transition, status by server-side apply ([`status`]).
+//! 7. Events for every transition, status by server-side apply ([`write_progress`]).
 
-pub mod apply;
-pub mod caches;
-pub mod cluster;
-pub mod conflict;
-pub mod csinodes;
-pub mod error;
-pub mod events;
-mod finalizer;
-pub mod fresh;
-mod monitoring;
-pub mod namespaced;
-pub mod nodes;
-pub mod owned;
-pub mod pace;
-pub mod pod_cache;
-pub mod pod_events;
-pub mod pod_watch;
-pub mod retry;
-pub mod scope;
-mod status;
-mod supporting;
-pub mod sync;
-mod teardown;
-#[cfg(test)]
-mod tests;
-pub mod throttle;
-mod workloads;
-
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration as StdDuration;
 
 use chrono::{Duration, Utc};
 use csiops_crds::CSIDriverDeployment;
-use csiops_crds::ControllerKind;
-use std::collections::BTreeSet;
-
-use futures::StreamExt;
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::controller::{Action as Requeue, Controller};
-use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
-use kube::{Client, ResourceExt};
-use serde_json::json;
+use kube::api::Api;
+use kube::runtime::controller::Action as Requeue;
+use kube::runtime::reflector::ObjectRef;
+use kube::ResourceExt;
 use tracing::{debug, info, warn};
 
-use self::apply::{apply, owned_only, Mode, Owner};
-use self::cluster::ClusterScoped;
-use self::error::Error;
-use self::events::announce;
-use self::events::{publish, Note};
-use self::finalizer::ensure_finalizer;
-pub use self::finalizer::FINALIZER;
-use self::status::{status_after, warn_once, write_problem, write_progress, Progress};
-use self::supporting::apply_supporting;
-use self::teardown::teardown;
-use self::workloads::{
-    delete_controller, observe, other_kind, pods_of, workload_apis, LiveController,
-};
+use super::conflict;
+use super::context::{object_key, Context};
+use super::error::Error;
+use super::events::{announce, publish, Note};
+use super::pacing::{pace, retry};
+use super::watch::caches;
+use super::write::apply::{owned_only, Owner};
+use super::write::cluster::ClusterScoped;
+use super::write::finalizer::{ensure_finalizer, FINALIZER};
+use super::write::status::{status_after, warn_once, write_problem, write_progress, Progress};
+use super::write::supporting::apply_supporting;
+use super::write::teardown::teardown;
+use super::write::workloads::{execute, observe, pods_of, LiveController};
+use super::write::{monitoring, namespaced};
 use crate::health::{self, Health, HealthInput};
-use crate::metrics::Metrics;
-use crate::pods::PodView;
-use crate::render::labels::{self, INSTANCE};
-use crate::render::{self, names, ControllerWorkload, RenderConfig, Rendered};
+use crate::render::labels;
+use crate::render::{self, names, Rendered};
 use crate::report::{self, Problem};
-use crate::rollout::{self, Action, Desired};
+use crate::rollout::{self, Desired};
 use csiops_runtime::chain;
 
+/// How often an object is looked at while a rollout runs, besides watch events
+/// (the step deadline must be noticed even if nothing changes).
 const ROLLOUT_REQUEUE: StdDuration = StdDuration::from_secs(10);
 /// Resync of a settled object.
 const IDLE_REQUEUE: StdDuration = StdDuration::from_secs(300);
 /// An object the user must fix is retried at this pace.
 const USER_ERROR_REQUEUE: StdDuration = StdDuration::from_secs(60);
-
-/// Shared state of every reconciliation.
-pub struct Context {
-    pub client: Client,
-    pub recorder: Recorder,
-    pub metrics: Arc<Metrics>,
-    pub render_cfg: RenderConfig,
-    /// Pods, workloads, nodes, CSINodes, mount failures and the objects
-    /// applied, kept by watches (see [`caches`]).
-    pub caches: caches::Caches,
-    pub deployments: Store<CSIDriverDeployment>,
-    /// Consecutive failed writes per object, for backoff and reporting.
-    pub failures: retry::Failures,
-    /// At most one reconcile per object every quarter second.
-    pub pacer: pace::Pacer,
-    /// `--watch-namespaces`: where objects are acted on.
-    pub scope: scope::Namespaces,
-    /// Which cached copies are current (see [`fresh`]).
-    pub fresh: fresh::Freshness,
-    /// At most one status write a second that only moves counts.
-    pub progress_writes: pace::Pacer,
-    /// Standing warnings already published (see [`events::Told`]).
-    pub told: events::Told,
-}
-
-/// Options of [`run`].
-pub struct RunConfig {
-    pub render: RenderConfig,
-    /// Reconciliations in parallel.
-    pub concurrency: u16,
-    /// Reporter instance in Events (the pod name).
-    pub instance: Option<String>,
-    /// `--watch-namespaces`.
-    pub scope: scope::Namespaces,
-}
-
-/// Runs the controller until `shutdown` resolves. `on_ready` is called once
-/// the caches have synced.
-pub async fn run(
-    client: Client,
-    metrics: Arc<Metrics>,
-    cfg: RunConfig,
-    on_ready: impl FnOnce() + Send + 'static,
-    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
-) {
-    let (caches, triggers) = caches::Caches::start(&client);
-    let controller = Controller::new(
-        Api::<CSIDriverDeployment>::all(client.clone()),
-        watcher::Config::default(),
-    );
-    let deployments = controller.store();
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "csiops-operator".into(),
-                instance: cfg.instance,
-            },
-        ),
-        metrics,
-        render_cfg: cfg.render,
-        caches: caches.clone(),
-        deployments: deployments.clone(),
-        failures: retry::Failures::default(),
-        pacer: pace::Pacer::default(),
-        scope: cfg.scope,
-        fresh: fresh::Freshness::default(),
-        progress_writes: pace::Pacer::new(status::PROGRESS_WRITE_INTERVAL),
-        told: events::Told::default(),
-    });
-
-    // Readiness once every cache has its first full list.
-    let gate = caches.synced.clone();
-    tokio::spawn(async move {
-        while !gate.ready() {
-            tokio::time::sleep(StdDuration::from_millis(100)).await;
-        }
-        info!("caches synced");
-        on_ready();
-    });
-
-    let all = |store: Store<CSIDriverDeployment>| {
-        move || {
-            store
-                .state()
-                .iter()
-                .map(|d| ObjectRef::from_obj(d.as_ref()))
-                .collect::<Vec<_>>()
-        }
-    };
-    let every = all(deployments.clone());
-    let by_driver = deployments.clone();
-    let pod_owners = caches.clone();
-    // Drivers whose CSINode entries came or went (all after a relist).
-    let csinode_refs = triggers
-        .csinodes
-        .filter_map(|r| futures::future::ready(r.ok()))
-        .flat_map(move |changed| {
-            let refs: Vec<_> = by_driver
-                .state()
-                .iter()
-                .filter(|d| match &changed {
-                    csinodes::Changed::All => true,
-                    csinodes::Changed::Drivers(names) => names.contains(&d.spec.driver_name),
-                })
-                .map(|d| ObjectRef::from_obj(d.as_ref()))
-                .collect();
-            futures::stream::iter(refs)
-        });
-    // A pod whose mount failure is new: its owner.
-    let failure_refs = triggers.mount_failures.filter_map(move |r| {
-        let owner = r
-            .ok()
-            .and_then(|(ns, name)| pod_owners.owner_of_pod(&ns, &name));
-        futures::future::ready(owner)
-    });
-    // A pod that changed or went: its owner, at most once per pacing
-    // interval (a node roll changes pods far faster than that; see
-    // `throttle`).
-    let pod_refs = throttle::throttle(
-        triggers
-            .pods
-            .filter_map(|r| futures::future::ready(r.ok().and_then(|p| pod_owner(&p))))
-            .boxed(),
-        pace::MIN_INTERVAL,
-    );
-    let supporting_refs = triggers
-        .supporting
-        .map(|(ns, name)| ObjectRef::new(&name).within(&ns));
-    let node_targets = every;
-    controller
-        .owns_stream(triggers.statefulsets)
-        .owns_stream(triggers.deployments)
-        .owns_stream(triggers.daemonsets)
-        .reconcile_on(pod_refs)
-        // Only changes of what is kept of a node come through (readiness,
-        // cordon, taints; see `nodes`), never heartbeats: a node lost or
-        // back can concern any driver.
-        .watches_stream(triggers.nodes, move |_node: Node| node_targets())
-        .reconcile_on(csinode_refs)
-        .reconcile_on(failure_refs)
-        .reconcile_on(supporting_refs)
-        .with_config(kube::runtime::controller::Config::default().concurrency(cfg.concurrency))
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
-        .for_each(|res| async move {
-            if let Err(e) = res {
-                warn!(error = %chain(&e), "reconcile loop");
-            }
-        })
-        .await;
-}
-
-/// The CSIDriverDeployment a pod belongs to, from its instance label.
-fn pod_owner(pod: &PodView) -> Option<ObjectRef<CSIDriverDeployment>> {
-    let name = pod.label(INSTANCE)?;
-    Some(ObjectRef::new(name).within(&pod.namespace))
-}
-
-/// `namespace/name`: how the per-object bookkeeping (pacing, freshness,
-/// failures, progress writes) keys an object.
-pub(crate) fn object_key(obj: &CSIDriverDeployment) -> String {
-    format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())
-}
 
 /// What of `obj` and its cached workloads lets a reconcile through the
 /// pacer at once when it moved (see [`pace`]).
@@ -571,7 +369,7 @@ async fn drive(
         tidy(obj, ctx, owner, rendered).await?;
     }
     let tidied = started.elapsed();
-    announce(obj, ctx, &plan).await;
+    announce(obj, &ctx.metrics, &ctx.recorder, &plan).await;
     announce_lost_nodes(obj, ctx, &health).await;
 
     // No node to run on says more than any step deadline it causes.
@@ -730,91 +528,5 @@ async fn announce_lost_nodes(obj: &CSIDriverDeployment, ctx: &Context, health: &
     }
 }
 
-/// Runs one action of the state machine. `node_budget` is the DaemonSet's
-/// `maxUnavailable` for now (the user's, plus the lost nodes).
-async fn execute(
-    action: Action,
-    obj: &CSIDriverDeployment,
-    ctx: &Context,
-    owner: Owner<'_>,
-    r: &Rendered,
-    node_budget: &IntOrString,
-) -> Result<(), Error> {
-    let (sts_api, ds_api) = workload_apis(ctx, owner.namespace);
-    let known = &ctx.caches.owned;
-    match action {
-        Action::ApplyNode => {
-            let ds = render::node::with_max_unavailable(r.daemonset.clone(), node_budget);
-            apply(&ds_api, "DaemonSet", ds, owner, Mode::Always, known).await?;
-        }
-        Action::ApplyControllerSurge {
-            replicas,
-            partition,
-        } => {
-            if let Some(ControllerWorkload::StatefulSet(sts)) = &r.controller {
-                let sts = render::controller::with_surge(sts.clone(), replicas, partition);
-                apply(&sts_api, "StatefulSet", sts, owner, Mode::Always, known).await?;
-            }
-        }
-        Action::ApplyController => match &r.controller {
-            Some(ControllerWorkload::StatefulSet(sts)) => {
-                apply(
-                    &sts_api,
-                    "StatefulSet",
-                    sts.clone(),
-                    owner,
-                    Mode::Always,
-                    known,
-                )
-                .await?;
-            }
-            Some(ControllerWorkload::Deployment(deploy)) => {
-                let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), owner.namespace);
-                apply(
-                    &api,
-                    "Deployment",
-                    deploy.clone(),
-                    owner,
-                    Mode::Always,
-                    known,
-                )
-                .await?;
-            }
-            // Never planned without a controller workload.
-            None => {}
-        },
-        Action::ScaleControllerToZero => {
-            // Replicas only: the old template stays until the node side is rolled.
-            let name = names::controller_name(obj);
-            let patch = json!({"spec": {"replicas": 0}});
-            let params = PatchParams::default();
-            let kind = obj.spec.controller.kind;
-            let result = match kind {
-                ControllerKind::StatefulSet => sts_api
-                    .patch(&name, &params, &Patch::Merge(&patch))
-                    .await
-                    .map(drop),
-                ControllerKind::Deployment => {
-                    let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), owner.namespace);
-                    api.patch(&name, &params, &Patch::Merge(&patch))
-                        .await
-                        .map(drop)
-                }
-            };
-            result.map_err(|e| Error::from_write(kind.as_str(), &name, e))?;
-        }
-        Action::DeleteStaleController => {
-            let stale = other_kind(obj.spec.controller.kind);
-            if delete_controller(ctx, obj, owner, stale).await? {
-                info!(object = %owner.name, kind = stale.as_str(), "removed the controller of the previous kind");
-            }
-        }
-        Action::DeleteController => {
-            let kind = obj.spec.controller.kind;
-            if delete_controller(ctx, obj, owner, kind).await? {
-                info!(object = %owner.name, kind = kind.as_str(), "removed the controller workload: topology NodeLocal runs none");
-            }
-        }
-    }
-    Ok(())
-}
+#[cfg(test)]
+mod tests;

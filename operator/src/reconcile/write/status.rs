@@ -10,15 +10,15 @@ use serde_json::json;
 use tracing::warn;
 
 use super::apply::FIELD_MANAGER;
-use super::error::Error;
-use super::events::{publish, Note};
-use super::Context;
 use crate::health::Health;
+use crate::reconcile::context::Context;
+use crate::reconcile::error::Error;
+use crate::reconcile::events::{publish, Note};
 use crate::report::{self, Problem, ReportInput};
 use crate::rollout::Plan;
 
 /// Where the rollout stands after a pass.
-pub(super) struct Progress<'a> {
+pub(crate) struct Progress<'a> {
     pub rollout: Option<&'a RolloutStatus>,
     pub waiting_for: Option<&'a str>,
     /// A rollout completed in this pass.
@@ -39,7 +39,7 @@ impl<'a> Progress<'a> {
 /// The status of `obj` after a pass: `progress`, the `health` observed and
 /// the `problem` found, over the status it had. Paused and deleting are read
 /// from the object (a deleted object is torn down even when paused).
-pub(super) fn status_after(
+pub(crate) fn status_after(
     obj: &CSIDriverDeployment,
     progress: Progress<'_>,
     health: &Health,
@@ -65,7 +65,7 @@ pub(super) fn status_after(
 
 /// A Warning Event for `problem`, unless the object already reports it
 /// (its reason: the message of a standing problem may vary).
-pub(super) async fn warn_once(obj: &CSIDriverDeployment, ctx: &Context, problem: &Problem) {
+pub(crate) async fn warn_once(obj: &CSIDriverDeployment, ctx: &Context, problem: &Problem) {
     warn_unless_reported(obj, ctx, problem, false).await;
 }
 
@@ -98,7 +98,7 @@ async fn warn_unless_reported(
 }
 
 /// Status and a Warning Event for a problem the user must fix.
-pub(super) async fn write_problem(
+pub(crate) async fn write_problem(
     obj: &CSIDriverDeployment,
     ctx: &Context,
     api: &Api<CSIDriverDeployment>,
@@ -132,13 +132,13 @@ fn health_of_status(s: &CSIDriverDeploymentStatus) -> Health {
 /// messages ([`report::progress_only`]) is written: a node roll changes
 /// them with every pod, and the object is reconciled up to four times a
 /// second; one write a second keeps `kubectl get` current.
-pub(super) const PROGRESS_WRITE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+pub(crate) const PROGRESS_WRITE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// [`write_status`], unless `status` is mere progress over the object's and
 /// the last such write was less than [`PROGRESS_WRITE_INTERVAL`] ago: then
 /// nothing is written, and the time after which to reconcile again to write
 /// it is returned.
-pub(super) async fn write_progress(
+pub(crate) async fn write_progress(
     obj: &CSIDriverDeployment,
     ctx: &Context,
     api: &Api<CSIDriverDeployment>,
@@ -149,10 +149,10 @@ pub(super) async fn write_progress(
         .as_ref()
         .is_some_and(|old| *old != status && report::progress_only(old, &status));
     if minor {
-        if let Some(wait) = ctx
-            .progress_writes
-            .hold(&super::object_key(obj), std::time::Instant::now())
-        {
+        if let Some(wait) = ctx.progress_writes.hold(
+            &crate::reconcile::context::object_key(obj),
+            std::time::Instant::now(),
+        ) {
             return Ok(Some(wait));
         }
     }
@@ -161,7 +161,7 @@ pub(super) async fn write_progress(
 }
 
 /// Writes status by server-side apply, only when it changed.
-pub(super) async fn write_status(
+pub(crate) async fn write_status(
     obj: &CSIDriverDeployment,
     ctx: &Context,
     api: &Api<CSIDriverDeployment>,
@@ -182,7 +182,7 @@ pub(super) async fn write_status(
     {
         Ok(written) => {
             ctx.fresh.note(
-                &super::object_key(obj),
+                &crate::reconcile::context::object_key(obj),
                 written.resource_version().as_deref(),
             );
             Ok(())

@@ -9,19 +9,18 @@
 //! does nothing and asks to run again when the interval is over, and the
 //! events that arrive meanwhile all fold into that one run.
 //!
-//! The interval is short (a quarter second): at a second, the fleet
-//! benchmark's 1000-node upgrade spent three seconds on the steps that
-//! wait on the cluster; at a quarter second a busy object still costs at
-//! most four reads (and status writes, when its counts moved) a second.
+//! The interval is short (a quarter second) because every step of a
+//! rollout that waits on the cluster may notice its end up to one interval
+//! late; a quarter second still bounds a busy object to four reads (and
+//! status writes, when its counts moved) a second.
 //!
 //! Folding is only for the churn of pods and nodes. The few changes a
 //! rollout's next step waits on ([`Waypoints`]: the object edited, its node
 //! DaemonSet settling, any change of its controller workload) let a
-//! reconcile through at once, interval or not: measured on 200 kwok nodes,
-//! the controller's surge roll (three phases, each waking the object right
-//! after the last reconcile) and the end of the node roll otherwise waited
-//! out an interval each, 0.5–0.7 s of an upgrade's last second. They are
-//! rare (a handful per rollout), so they cost no rate.
+//! reconcile through at once, interval or not: they often come right after
+//! the last reconcile (each phase of the controller's surge roll, the end
+//! of the node roll), and holding them would add an interval to every such
+//! step. They are rare (a handful per rollout), so they cost no rate.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};

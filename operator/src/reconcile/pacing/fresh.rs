@@ -8,9 +8,9 @@
 //! one the operator's last status write returned (or the last read of the
 //! object gave), which the cache can only hold once it has seen that write.
 //! Anything else (no such version noted yet, the cache behind, someone
-//! else's edit after it) reads the object from the API server, as every
-//! reconcile did before. A settled object's periodic resync then costs no
-//! request at all, and a rollout's paced reconciles about half.
+//! else's edit after it) reads the object from the API server. So a pass
+//! reads only when the object changed since the operator last wrote or read
+//! it: a settled object's periodic resync costs no request at all.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
