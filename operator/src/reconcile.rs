@@ -39,7 +39,7 @@ use kube::Client;
 use tracing::{info, warn};
 
 use self::context::Context;
-use self::pacing::{fresh, pace, retry, throttle};
+use self::pacing::{pace, throttle};
 use self::pass::{error_policy, reconcile};
 pub use self::scope::Namespaces;
 use self::watch::{caches, csinodes};
@@ -89,12 +89,10 @@ pub async fn run(
         render_cfg: cfg.render,
         caches: caches.clone(),
         deployments: deployments.clone(),
-        failures: retry::Failures::default(),
         pacer: pace::Pacer::default(),
         scope: cfg.scope,
-        fresh: fresh::Freshness::default(),
         progress_writes: pace::Pacer::new(status::PROGRESS_WRITE_INTERVAL),
-        told: events::Told::default(),
+        objects: Default::default(),
     });
 
     // Readiness once every cache has its first full list.

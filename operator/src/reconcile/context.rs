@@ -1,7 +1,8 @@
 //! What every reconciliation shares: the client, the recorder, the caches
-//! and the per-object bookkeeping.
+//! and what is kept of each object between its passes.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use csiops_crds::CSIDriverDeployment;
 use kube::runtime::events::Recorder;
@@ -25,22 +26,55 @@ pub struct Context {
     /// applied, kept by watches (see [`caches`]).
     pub caches: caches::Caches,
     pub deployments: Store<CSIDriverDeployment>,
-    /// Consecutive failed writes per object, for backoff and reporting.
-    pub failures: retry::Failures,
     /// At most one reconcile per object every quarter second.
     pub pacer: pace::Pacer,
     /// `--watch-namespaces`: where objects are acted on.
     pub scope: scope::Namespaces,
-    /// Which cached copies are current (see [`fresh`]).
-    pub fresh: fresh::Freshness,
     /// At most one status write a second that only moves counts.
     pub progress_writes: pace::Pacer,
+    /// What is kept of each object between its passes.
+    pub objects: Objects,
+}
+
+/// What is kept of one object between its passes.
+#[derive(Debug, Default)]
+pub struct ObjectState {
+    /// Its last pass let through [`Context::pacer`].
+    pub paced: pace::Last,
+    /// Its last status write let through [`Context::progress_writes`].
+    pub progress_written: pace::Last,
+    /// Which copy of it is current (see [`fresh`]).
+    pub fresh: fresh::Freshness,
+    /// Consecutive failed writes, for backoff and reporting.
+    pub failures: retry::Failures,
     /// Standing warnings already published (see [`events::Told`]).
     pub told: events::Told,
 }
 
-/// `namespace/name`: how the per-object bookkeeping (pacing, freshness,
-/// failures, progress writes) keys an object.
+/// One [`ObjectState`] per object (by [`object_key`]), under one lock,
+/// dropped in one place when the object is gone or torn down.
+#[derive(Debug, Default)]
+pub struct Objects(Mutex<HashMap<String, ObjectState>>);
+
+impl Objects {
+    /// `f` on the state of object `key` (a new one if none is kept).
+    pub fn with<R>(&self, key: &str, f: impl FnOnce(&mut ObjectState) -> R) -> R {
+        // A poisoned lock only means another reconciliation panicked while
+        // holding it; the records are still usable.
+        let mut objects = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(state) = objects.get_mut(key) {
+            return f(state);
+        }
+        f(objects.entry(key.to_string()).or_default())
+    }
+
+    /// Object `key` is gone or torn down.
+    pub fn forget(&self, key: &str) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+    }
+}
+
+/// `namespace/name`: how [`Objects`] keys an object.
 pub(crate) fn object_key(obj: &CSIDriverDeployment) -> String {
     format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())
 }

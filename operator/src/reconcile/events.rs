@@ -34,37 +34,27 @@ impl Note {
     }
 }
 
-/// The standing warnings already told, per object and reason, so a
+/// The standing warnings already told of one object, by reason, so a
 /// condition that holds across reconciles (a CSIDriver field the API server
 /// does not store) gives one Event when it starts or changes, not one per
-/// reconcile.
+/// reconcile (kept with the object's other state).
 #[derive(Debug, Default)]
-pub struct Told(std::sync::Mutex<std::collections::HashMap<(String, &'static str), String>>);
+pub struct Told(std::collections::HashMap<&'static str, String>);
 
 impl Told {
-    /// Whether `note` is news for object `key` under `reason`: true the
-    /// first time and whenever it differs from the last one told.
-    pub fn is_news(&self, key: &str, reason: &'static str, note: &str) -> bool {
-        let mut told = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let k = (key.to_string(), reason);
-        if told.get(&k).map(String::as_str) == Some(note) {
+    /// Whether `note` is news under `reason`: true the first time and
+    /// whenever it differs from the last one told.
+    pub fn is_news(&mut self, reason: &'static str, note: &str) -> bool {
+        if self.0.get(reason).map(String::as_str) == Some(note) {
             return false;
         }
-        told.insert(k, note.to_string());
+        self.0.insert(reason, note.to_string());
         true
     }
 
-    /// The condition behind `reason` ended for object `key`: tell it again
-    /// if it comes back.
-    pub fn ended(&self, key: &str, reason: &'static str) {
-        let mut told = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        told.remove(&(key.to_string(), reason));
-    }
-
-    /// Object `key` is gone.
-    pub fn forget(&self, key: &str) {
-        let mut told = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        told.retain(|(k, _), _| k != key);
+    /// The condition behind `reason` ended: tell it again if it comes back.
+    pub fn ended(&mut self, reason: &'static str) {
+        self.0.remove(reason);
     }
 }
 

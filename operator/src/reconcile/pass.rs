@@ -78,7 +78,7 @@ fn waypoints(caches: &caches::Caches, obj: &CSIDriverDeployment, ns: &str) -> pa
 /// write) back off per object like the reported ones, from 5s to 5 minutes.
 pub fn error_policy(obj: Arc<CSIDriverDeployment>, err: &Error, ctx: Arc<Context>) -> Requeue {
     ctx.metrics.reconcile_failed(err.metric_kind());
-    let failures = ctx.failures.record(&object_key(&obj));
+    let failures = ctx.objects.with(&object_key(&obj), |o| o.failures.record());
     let wait = retry::backoff(failures);
     warn!(object = %obj.name_any(), namespace = ?obj.namespace(), failures, retry_in = ?wait, error = %chain(err), "reconcile failed; retrying");
     Requeue::requeue(wait)
@@ -87,6 +87,24 @@ pub fn error_policy(obj: Arc<CSIDriverDeployment>, err: &Error, ctx: Arc<Context
 /// One reconciliation of one object.
 pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Result<Requeue, Error> {
     let _timer = ctx.metrics.reconcile_started();
+    let key = object_key(&obj);
+    match run_pass(obj, ctx.clone(), &key).await? {
+        Some(requeue) => Ok(requeue),
+        // The one place where what is kept of an object is dropped: it is
+        // gone, or its teardown is done.
+        None => {
+            ctx.objects.forget(&key);
+            Ok(Requeue::await_change())
+        }
+    }
+}
+
+/// [`reconcile`]: `None` once the object is gone or torn down.
+async fn run_pass(
+    obj: Arc<CSIDriverDeployment>,
+    ctx: Arc<Context>,
+    key: &str,
+) -> Result<Option<Requeue>, Error> {
     let ns = obj.namespace().ok_or(Error::MissingMetadata("namespace"))?;
     let uid = obj.uid().ok_or(Error::MissingMetadata("uid"))?;
     let name = obj.name_any();
@@ -100,29 +118,29 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
     // Outside --watch-namespaces: not ours to act on, whatever it asks.
     if !ctx.scope.allows(&ns) {
         debug!(object = %name, namespace = %ns, "not in --watch-namespaces; left alone");
-        return Ok(Requeue::await_change());
+        return Ok(Some(Requeue::await_change()));
     }
 
     // Nothing is judged on caches still filling (every node would look
     // lost, every workload missing).
     if !ctx.caches.synced.ready() {
-        return Ok(Requeue::requeue(StdDuration::from_millis(500)));
+        return Ok(Some(Requeue::requeue(StdDuration::from_millis(500))));
     }
-    let key = object_key(&obj);
     let waypoints = waypoints(&ctx.caches, &obj, &ns);
-    if let Some(wait) = ctx
-        .pacer
-        .hold_unless_moved(&key, std::time::Instant::now(), &waypoints)
-    {
+    let now = std::time::Instant::now();
+    if let Some(wait) = ctx.objects.with(key, |o| {
+        ctx.pacer.hold_unless_moved(&mut o.paced, now, &waypoints)
+    }) {
         debug!(object = %name, namespace = %ns, wait_ms = wait.as_millis() as u64, "paced");
-        return Ok(Requeue::requeue(wait));
+        return Ok(Some(Requeue::requeue(wait)));
     }
 
     // Plan from a current copy: the watch cache's when it is known to be
     // current, else the API server's (see `fresh`).
+    let version = obj.resource_version();
     let obj = if ctx
-        .fresh
-        .is_current(&key, obj.resource_version().as_deref())
+        .objects
+        .with(key, |o| o.fresh.is_current(version.as_deref()))
     {
         obj
     } else {
@@ -132,25 +150,20 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
             .map_err(|e| Error::read("get", format!("CSIDriverDeployment {ns}/{name}"), e))?
         {
             Some(current) if current.uid().as_deref() == Some(uid.as_str()) => {
-                ctx.fresh.note(&key, current.resource_version().as_deref());
+                let version = current.resource_version();
+                ctx.objects.with(key, |o| o.fresh.note(version.as_deref()));
                 Arc::new(current)
             }
             // Gone, or deleted and recreated under the same name: the new
             // object gets its own reconcile from the watch.
-            _ => {
-                ctx.pacer.forget(&key);
-                ctx.fresh.forget(&key);
-                ctx.progress_writes.forget(&key);
-                ctx.told.forget(&key);
-                return Ok(Requeue::await_change());
-            }
+            _ => return Ok(None),
         }
     };
 
     if obj.metadata.deletion_timestamp.is_some() {
-        ctx.failures.clear(&key);
+        ctx.objects.with(key, |o| o.failures.clear());
         if !obj.finalizers().iter().any(|f| f == FINALIZER) {
-            return Ok(Requeue::await_change());
+            return Ok(None);
         }
         return teardown(&obj, &ctx, &api, owner).await;
     }
@@ -167,7 +180,7 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
         None => match claim_driver_name(&obj, &ctx).await? {
             Claim::Ours => None,
             Claim::Rival(r) => Some(*r),
-            Claim::TooEarly(wait) => return Ok(Requeue::requeue(wait)),
+            Claim::TooEarly(wait) => return Ok(Some(Requeue::requeue(wait))),
         },
     };
     if let Some(rival) = rival {
@@ -177,7 +190,7 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
         };
         ctx.metrics.reconcile_failed("conflict");
         write_problem(&obj, &ctx, &api, &problem).await?;
-        return Ok(Requeue::requeue(USER_ERROR_REQUEUE));
+        return Ok(Some(Requeue::requeue(USER_ERROR_REQUEUE)));
     }
 
     ensure_finalizer(&obj, &api).await?;
@@ -191,14 +204,14 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
             };
             ctx.metrics.reconcile_failed("render");
             write_problem(&obj, &ctx, &api, &problem).await?;
-            return Ok(Requeue::requeue(USER_ERROR_REQUEUE));
+            return Ok(Some(Requeue::requeue(USER_ERROR_REQUEUE)));
         }
     };
 
     match drive(&obj, &ctx, &api, owner, &rendered).await {
         Ok(requeue) => {
-            ctx.failures.clear(&key);
-            Ok(requeue)
+            ctx.objects.with(key, |o| o.failures.clear());
+            Ok(Some(requeue))
         }
         Err(e) => {
             if let Some(reason) = e.user_facing_reason() {
@@ -208,13 +221,13 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
                     message: chain(&e).to_string(),
                 };
                 write_problem(&obj, &ctx, &api, &problem).await?;
-                return Ok(Requeue::requeue(USER_ERROR_REQUEUE));
+                return Ok(Some(Requeue::requeue(USER_ERROR_REQUEUE)));
             }
             let Some(reason) = e.repeated_failure_reason() else {
                 return Err(e);
             };
             ctx.metrics.reconcile_failed(e.metric_kind());
-            let failures = ctx.failures.record(&key);
+            let failures = ctx.objects.with(key, |o| o.failures.record());
             let wait = retry::backoff(failures);
             warn!(object = %name, namespace = %ns, failures, retry_in = ?wait, error = %chain(&e), "write failed");
             if failures >= retry::REPORT_AFTER {
@@ -226,7 +239,7 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
                 };
                 write_problem(&obj, &ctx, &api, &problem).await?;
             }
-            Ok(Requeue::requeue(wait))
+            Ok(Some(Requeue::requeue(wait)))
         }
     }
 }

@@ -12,37 +12,21 @@
 //! reads only when the object changed since the operator last wrote or read
 //! it: a settled object's periodic resync costs no request at all.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-
-/// The resourceVersion known to be current, per object (`namespace/name`).
+/// The resourceVersion of an object known to be current (kept with the
+/// object's other state).
 #[derive(Debug, Default)]
-pub struct Freshness(Mutex<HashMap<String, String>>);
+pub struct Freshness(Option<String>);
 
 impl Freshness {
     /// `version` is the object's resourceVersion as of a write or read of
-    /// it that came after all of the operator's writes.
-    pub fn note(&self, key: &str, version: Option<&str>) {
-        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        match version {
-            Some(v) => {
-                map.insert(key.to_string(), v.to_string());
-            }
-            None => {
-                map.remove(key);
-            }
-        }
+    /// it that came after all of the operator's writes (`None`: unknown).
+    pub fn note(&mut self, version: Option<&str>) {
+        self.0 = version.map(str::to_string);
     }
 
     /// Whether a copy of the object at `version` is current.
-    pub fn is_current(&self, key: &str, version: Option<&str>) -> bool {
-        let map = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        version.is_some() && map.get(key).map(String::as_str) == version
-    }
-
-    /// Forgets a deleted object.
-    pub fn forget(&self, key: &str) {
-        self.note(key, None);
+    pub fn is_current(&self, version: Option<&str>) -> bool {
+        version.is_some() && self.0.as_deref() == version
     }
 }
 
@@ -52,16 +36,17 @@ mod tests {
 
     #[test]
     fn only_the_noted_version_is_current() {
-        let f = Freshness::default();
-        assert!(!f.is_current("ns/a", Some("5")), "nothing noted: read it");
-        f.note("ns/a", Some("7"));
-        assert!(f.is_current("ns/a", Some("7")));
+        let mut f = Freshness::default();
+        assert!(!f.is_current(Some("5")), "nothing noted: read it");
+        f.note(Some("7"));
+        assert!(f.is_current(Some("7")));
         // The cache behind the operator's write, or someone's edit after it.
-        assert!(!f.is_current("ns/a", Some("6")));
-        assert!(!f.is_current("ns/a", Some("8")));
-        assert!(!f.is_current("ns/a", None));
-        assert!(!f.is_current("ns/b", Some("7")), "per object");
-        f.forget("ns/a");
-        assert!(!f.is_current("ns/a", Some("7")));
+        assert!(!f.is_current(Some("6")));
+        assert!(!f.is_current(Some("8")));
+        assert!(!f.is_current(None));
+        let b = Freshness::default();
+        assert!(!b.is_current(Some("7")), "per object");
+        f.note(None);
+        assert!(!f.is_current(Some("7")));
     }
 }

@@ -10,7 +10,6 @@ use serde_json::{json, Value};
 
 use super::*;
 use crate::metrics::Metrics;
-use crate::reconcile::pacing::fresh;
 use crate::reconcile::scope;
 use crate::reconcile::watch::owned::APPLIED_HASH;
 use crate::render::RenderConfig;
@@ -81,11 +80,9 @@ impl Fixture {
             },
             caches: caches::Caches::empty(),
             deployments,
-            failures: retry::Failures::default(),
             pacer: pace::Pacer::new(std::time::Duration::ZERO),
-            fresh: fresh::Freshness::default(),
             progress_writes: pace::Pacer::new(std::time::Duration::ZERO),
-            told: Default::default(),
+            objects: Default::default(),
         });
         Fixture { ctx, log, objects }
     }

@@ -11,7 +11,7 @@ use tracing::warn;
 
 use super::apply::FIELD_MANAGER;
 use crate::health::Health;
-use crate::reconcile::context::Context;
+use crate::reconcile::context::{object_key, Context};
 use crate::reconcile::error::Error;
 use crate::reconcile::events::{publish, Note};
 use crate::report::{self, Problem, ReportInput};
@@ -149,10 +149,11 @@ pub(crate) async fn write_progress(
         .as_ref()
         .is_some_and(|old| *old != status && report::progress_only(old, &status));
     if minor {
-        if let Some(wait) = ctx.progress_writes.hold(
-            &crate::reconcile::context::object_key(obj),
-            std::time::Instant::now(),
-        ) {
+        let now = std::time::Instant::now();
+        let held = ctx.objects.with(&object_key(obj), |o| {
+            ctx.progress_writes.hold(&mut o.progress_written, now)
+        });
+        if let Some(wait) = held {
             return Ok(Some(wait));
         }
     }
@@ -181,10 +182,9 @@ pub(crate) async fn write_status(
         .await
     {
         Ok(written) => {
-            ctx.fresh.note(
-                &crate::reconcile::context::object_key(obj),
-                written.resource_version().as_deref(),
-            );
+            let version = written.resource_version();
+            ctx.objects
+                .with(&object_key(obj), |o| o.fresh.note(version.as_deref()));
             Ok(())
         }
         // Deleted meanwhile: nothing to report on.

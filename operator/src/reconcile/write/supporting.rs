@@ -185,12 +185,15 @@ async fn apply_csidriver(
     const NOT_STORED: &str = "CSIDriverFieldNotStored";
     let key = crate::reconcile::context::object_key(obj);
     if dropped.is_empty() {
-        ctx.told.ended(&key, NOT_STORED);
+        ctx.objects.with(&key, |o| o.told.ended(NOT_STORED));
     } else {
         let note = csidriver::unstored_note(&name, &dropped);
         // Applied again at every reconcile (the gate may be turned on), but
         // told once until the fields change.
-        if ctx.told.is_news(&key, NOT_STORED, &note) {
+        if ctx
+            .objects
+            .with(&key, |o| o.told.is_news(NOT_STORED, &note))
+        {
             warn!(csidriver = %name, fields = ?dropped, "{note}");
             publish(&ctx.recorder, obj, &Note::warning(NOT_STORED, note)).await;
         } else {

@@ -25,13 +25,14 @@ use crate::render::{labels, names};
 use crate::report::Problem;
 use crate::rollout::{self, TeardownAction};
 
-/// The ordered teardown of a deleted object.
+/// The ordered teardown of a deleted object: `None` once it is done (the
+/// finalizer released).
 pub(crate) async fn teardown(
     obj: &CSIDriverDeployment,
     ctx: &Context,
     api: &Api<CSIDriverDeployment>,
     owner: Owner<'_>,
-) -> Result<Requeue, Error> {
+) -> Result<Option<Requeue>, Error> {
     let now = Utc::now();
     let (sts_api, ds_api) = workload_apis(ctx, owner.namespace);
     let deploy_api: Api<Deployment> = Api::namespaced(ctx.client.clone(), owner.namespace);
@@ -109,7 +110,7 @@ pub(crate) async fn teardown(
                 announce(obj, &ctx.metrics, &ctx.recorder, &plan).await;
                 finalizer::release(obj, api).await?;
                 info!(object = %owner.name, namespace = %owner.namespace, "teardown complete");
-                return Ok(Requeue::await_change());
+                return Ok(None);
             }
         }
     }
@@ -120,7 +121,7 @@ pub(crate) async fn teardown(
     });
     let new_status = status_after(obj, Progress::of(&plan), &health, problem.as_ref(), now);
     write_status(obj, ctx, api, new_status).await?;
-    Ok(Requeue::requeue(StdDuration::from_secs(5)))
+    Ok(Some(Requeue::requeue(StdDuration::from_secs(5))))
 }
 
 fn ignore_not_owned<K>(e: Error) -> Result<Option<K>, Error> {
