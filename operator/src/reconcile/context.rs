@@ -68,6 +68,15 @@ impl Objects {
         f(objects.entry(key.to_string()).or_default())
     }
 
+    /// Whether a record of object `key` is kept.
+    #[cfg(test)]
+    pub fn holds(&self, key: &str) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(key)
+    }
+
     /// Object `key` is gone or torn down.
     pub fn forget(&self, key: &str) {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(key);

@@ -1,10 +1,19 @@
 //! Kubernetes Events for rollout steps and failures, so `kubectl describe csidd`
 //! tells the story of a rollout. Publishing is best effort: a lost Event never
 //! fails a reconciliation.
+//!
+//! A pass collects its Events in [`Notes`] where they arise (the writes and
+//! the decisions only say what happened) and publishes them in that order
+//! at its end; when it writes status, just before that write (see
+//! `write::status::write_status`), and, where a write is watched for before
+//! the pass ends, before it goes on.
+
+use std::sync::Mutex;
 
 use csiops_crds::{CSIDriverDeployment, RolloutKind, RolloutStep, Topology};
 use csiops_runtime::chain;
 use csiops_runtime::error::ellipsize;
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Resource, ResourceExt};
 
@@ -163,8 +172,30 @@ pub fn for_transition(t: &Transition, version: &str, topology: Topology) -> Note
     }
 }
 
+/// The Events of one pass, in the order they arose, until published.
+#[derive(Debug, Default)]
+pub struct Notes(Mutex<Vec<(ObjectReference, Note)>>);
+
+impl Notes {
+    /// `note` about `obj`, to publish with the others.
+    pub fn push(&self, obj: &CSIDriverDeployment, note: Note) {
+        // A poisoned lock only means a write running beside this one
+        // panicked; the notes are still usable.
+        let mut pending = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        pending.push((obj.object_ref(&()), note));
+    }
+
+    /// Publishes what was collected and not published yet, in order.
+    pub async fn publish(&self, recorder: &Recorder) {
+        let pending = std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()));
+        for (regarding, note) in &pending {
+            publish(recorder, regarding, note).await;
+        }
+    }
+}
+
 /// Publishes, logging (not failing) when the API refuses the Event.
-pub async fn publish(recorder: &Recorder, obj: &CSIDriverDeployment, note: &Note) {
+async fn publish(recorder: &Recorder, regarding: &ObjectReference, note: &Note) {
     let event = Event {
         type_: if note.warning {
             EventType::Warning
@@ -176,7 +207,7 @@ pub async fn publish(recorder: &Recorder, obj: &CSIDriverDeployment, note: &Note
         action: note.action.clone(),
         secondary: None,
     };
-    if let Err(e) = recorder.publish(&event, &obj.object_ref(&())).await {
+    if let Err(e) = recorder.publish(&event, regarding).await {
         tracing::warn!(reason = %note.reason, error = %chain(&e), "cannot publish event");
     }
 }
@@ -185,11 +216,11 @@ pub async fn publish(recorder: &Recorder, obj: &CSIDriverDeployment, note: &Note
 const NOTE_MAX: usize = 1000;
 
 /// Events (and metrics) for the plan's transitions.
-pub(crate) async fn announce<A>(
+pub(crate) fn announce<A>(
     obj: &CSIDriverDeployment,
     metrics: &Metrics,
-    recorder: &Recorder,
     plan: &Plan<A>,
+    notes: &Notes,
 ) {
     for t in &plan.transitions {
         if let rollout::Transition::StepStarted(step) = t {
@@ -197,7 +228,7 @@ pub(crate) async fn announce<A>(
         }
         let note = for_transition(t, &obj.spec.version, obj.spec.topology);
         info!(object = %obj.name_any(), reason = %note.reason, "{}", note.note);
-        publish(recorder, obj, &note).await;
+        notes.push(obj, note);
     }
     if let Some(why) = &plan.overdue {
         let already = obj
@@ -206,12 +237,7 @@ pub(crate) async fn announce<A>(
             .and_then(|s| s.condition(report::DEGRADED))
             .is_some_and(|c| c.reason == "RolloutStepTimeout" && c.status == "True");
         if !already {
-            publish(
-                recorder,
-                obj,
-                &Note::warning("RolloutStepTimeout", why.clone()),
-            )
-            .await;
+            notes.push(obj, Note::warning("RolloutStepTimeout", why.clone()));
         }
     }
 }

@@ -25,7 +25,7 @@ use tracing::{debug, info, warn};
 use super::conflict;
 use super::context::{object_key, Context};
 use super::error::Error;
-use super::events::{announce, publish, Note};
+use super::events::{announce, Note, Notes};
 use super::pacing::{pace, retry};
 use super::watch::caches;
 use super::write::apply::{owned_only, Owner};
@@ -88,7 +88,13 @@ pub fn error_policy(obj: Arc<CSIDriverDeployment>, err: &Error, ctx: Arc<Context
 pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Result<Requeue, Error> {
     let _timer = ctx.metrics.reconcile_started();
     let key = object_key(&obj);
-    match run_pass(obj, ctx.clone(), &key).await? {
+    let notes = Notes::default();
+    let outcome = run_pass(obj, ctx.clone(), &key, &notes).await;
+    // What the pass collected and has not published yet (it wrote no
+    // status, or failed): published whatever the outcome, as each Event
+    // was where it arose.
+    notes.publish(&ctx.recorder).await;
+    match outcome? {
         Some(requeue) => Ok(requeue),
         // The one place where what is kept of an object is dropped: it is
         // gone, or its teardown is done.
@@ -104,6 +110,7 @@ async fn run_pass(
     obj: Arc<CSIDriverDeployment>,
     ctx: Arc<Context>,
     key: &str,
+    notes: &Notes,
 ) -> Result<Option<Requeue>, Error> {
     let ns = obj.namespace().ok_or(Error::MissingMetadata("namespace"))?;
     let uid = obj.uid().ok_or(Error::MissingMetadata("uid"))?;
@@ -165,7 +172,7 @@ async fn run_pass(
         if !obj.finalizers().iter().any(|f| f == FINALIZER) {
             return Ok(None);
         }
-        return teardown(&obj, &ctx, &api, owner).await;
+        return teardown(&obj, &ctx, &api, owner, notes).await;
     }
 
     // Who owns the driver name: the cache first (cheap), then, until this
@@ -189,7 +196,7 @@ async fn run_pass(
             message: conflict::message(&obj, &rival),
         };
         ctx.metrics.reconcile_failed("conflict");
-        write_problem(&obj, &ctx, &api, &problem).await?;
+        write_problem(&obj, &ctx, &api, &problem, notes).await?;
         return Ok(Some(Requeue::requeue(USER_ERROR_REQUEUE)));
     }
 
@@ -203,12 +210,12 @@ async fn run_pass(
                 message: format!("cannot render the driver's objects: {}", chain(&e)),
             };
             ctx.metrics.reconcile_failed("render");
-            write_problem(&obj, &ctx, &api, &problem).await?;
+            write_problem(&obj, &ctx, &api, &problem, notes).await?;
             return Ok(Some(Requeue::requeue(USER_ERROR_REQUEUE)));
         }
     };
 
-    match drive(&obj, &ctx, &api, owner, &rendered).await {
+    match drive(&obj, &ctx, &api, owner, &rendered, notes).await {
         Ok(requeue) => {
             ctx.objects.with(key, |o| o.failures.clear());
             Ok(Some(requeue))
@@ -220,7 +227,7 @@ async fn run_pass(
                     reason,
                     message: chain(&e).to_string(),
                 };
-                write_problem(&obj, &ctx, &api, &problem).await?;
+                write_problem(&obj, &ctx, &api, &problem, notes).await?;
                 return Ok(Some(Requeue::requeue(USER_ERROR_REQUEUE)));
             }
             let Some(reason) = e.repeated_failure_reason() else {
@@ -237,7 +244,7 @@ async fn run_pass(
                     reason,
                     message: format!("{}; retrying with backoff", chain(&e)),
                 };
-                write_problem(&obj, &ctx, &api, &problem).await?;
+                write_problem(&obj, &ctx, &api, &problem, notes).await?;
             }
             Ok(Some(Requeue::requeue(wait)))
         }
@@ -294,6 +301,7 @@ async fn drive(
     api: &Api<CSIDriverDeployment>,
     owner: Owner<'_>,
     rendered: &Rendered,
+    notes: &Notes,
 ) -> Result<Requeue, Error> {
     let now = Utc::now();
     let started = std::time::Instant::now();
@@ -302,8 +310,12 @@ async fn drive(
 
     let mut supporting_done = StdDuration::ZERO;
     if !spec.paused {
-        apply_supporting(obj, ctx, owner, rendered).await?;
+        apply_supporting(obj, ctx, owner, rendered, notes).await?;
         supporting_done = started.elapsed();
+        // A re-created CSIDriver or class is told before the workloads are
+        // written (which take a while and may fail): whoever watches for it
+        // finds its Event with it.
+        notes.publish(&ctx.recorder).await;
     }
 
     let controller = LiveController::cached(ctx, obj, owner)?;
@@ -382,8 +394,8 @@ async fn drive(
         tidy(obj, ctx, owner, rendered).await?;
     }
     let tidied = started.elapsed();
-    announce(obj, &ctx.metrics, &ctx.recorder, &plan).await;
-    announce_lost_nodes(obj, ctx, &health).await;
+    announce(obj, &ctx.metrics, &plan, notes);
+    announce_lost_nodes(obj, &health, notes);
 
     // No node to run on says more than any step deadline it causes.
     let no_nodes =
@@ -392,7 +404,7 @@ async fn drive(
             message: why,
         });
     if let Some(p) = &no_nodes {
-        warn_once(obj, ctx, p).await;
+        warn_once(obj, p, notes);
     }
     let (lost_problem, next_lost) = lost_nodes_problem(obj, &health, now);
     let problem = no_nodes
@@ -404,7 +416,7 @@ async fn drive(
         })
         .or(lost_problem);
     let new_status = status_after(obj, Progress::of(&plan), &health, problem.as_ref(), now);
-    let deferred = write_progress(obj, ctx, api, new_status).await?;
+    let deferred = write_progress(obj, ctx, api, new_status, notes).await?;
     // Where a pass spends its time, cumulative from its start (milliseconds).
     debug!(
         object = %owner.name,
@@ -497,7 +509,7 @@ fn lost_nodes_problem(
 }
 
 /// An Event when nodes are newly lost, and one when lost nodes return.
-async fn announce_lost_nodes(obj: &CSIDriverDeployment, ctx: &Context, health: &Health) {
+fn announce_lost_nodes(obj: &CSIDriverDeployment, health: &Health, notes: &Notes) {
     let before: BTreeSet<&str> = obj
         .status
         .as_ref()
@@ -523,21 +535,19 @@ async fn announce_lost_nodes(obj: &CSIDriverDeployment, ctx: &Context, health: &
             "node(s) lost: {}; the driver serves nothing there, and rollouts go on without them",
             newly.join(", ")
         );
-        publish(&ctx.recorder, obj, &Note::warning("NodesLost", note)).await;
+        notes.push(obj, Note::warning("NodesLost", note));
     }
     let back: Vec<&str> = before.difference(&now).copied().collect();
     if !back.is_empty() && health.fleet.lost.len() <= csiops_crds::MAX_LOST_NODES_LISTED {
-        publish(
-            &ctx.recorder,
+        notes.push(
             obj,
-            &Note {
+            Note {
                 warning: false,
                 reason: "NodesReturned".into(),
                 action: "Observe".into(),
                 note: format!("node(s) no longer lost: {}", back.join(", ")),
             },
-        )
-        .await;
+        );
     }
 }
 

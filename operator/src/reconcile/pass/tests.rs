@@ -688,3 +688,57 @@ async fn an_object_outside_watch_namespaces_is_left_alone() {
     fx.reconcile().await.expect("reconciled");
     assert!(!fx.writes().is_empty());
 }
+
+/// Where a pass's collected Events go out among its writes.
+fn event_positions(fx: &Fixture) -> (Vec<usize>, Vec<String>) {
+    let writes = fx.log.writes();
+    let at = writes
+        .iter()
+        .enumerate()
+        .filter(|(_, w)| w.contains("/events"))
+        .map(|(i, _)| i)
+        .collect();
+    (at, writes)
+}
+
+#[tokio::test]
+async fn a_pass_publishes_its_events_before_its_status_write() {
+    let fx = Fixture::new(cdd(json!({}), json!({})));
+    fx.reconcile().await.expect("reconciled");
+    let (events, writes) = event_positions(&fx);
+    let status = writes
+        .iter()
+        .position(|w| *w == format!("PATCH {OBJ}/status"))
+        .expect("a status write");
+    assert!(events.len() >= 2, "{writes:#?}");
+    assert!(events.iter().all(|&e| e < status), "{writes:#?}");
+
+    // A problem the user must fix: its Warning, then the status saying it.
+    let fx = Fixture::new(cdd(
+        json!({}),
+        json!({"driver": {"image": "x", "args": []}, "node": {"kubeletDir": "relative/path"}}),
+    ));
+    fx.reconcile().await.expect("reported, not failed");
+    let (events, writes) = event_positions(&fx);
+    assert_eq!(events.len(), 1, "{writes:#?}");
+    assert_eq!(writes.last(), Some(&format!("PATCH {OBJ}/status")));
+}
+
+#[tokio::test]
+async fn a_finished_teardown_tells_it_before_the_finalizer_goes_and_drops_the_record() {
+    let fx = Fixture::new(cdd(
+        json!({"finalizers": [FINALIZER], "deletionTimestamp": "2026-11-21T11:00:00Z"}),
+        json!({}),
+    ));
+    fx.reconcile().await.expect("torn down");
+    let (events, writes) = event_positions(&fx);
+    let release = writes
+        .iter()
+        .position(|w| *w == format!("PATCH {OBJ}"))
+        .expect("the finalizer released");
+    assert!(events.iter().all(|&e| e < release), "{writes:#?}");
+    assert!(
+        !fx.ctx.objects.holds("storage/hp"),
+        "forgotten once torn down"
+    );
+}

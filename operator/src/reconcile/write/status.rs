@@ -13,7 +13,7 @@ use super::apply::FIELD_MANAGER;
 use crate::health::Health;
 use crate::reconcile::context::{object_key, Context};
 use crate::reconcile::error::Error;
-use crate::reconcile::events::{publish, Note};
+use crate::reconcile::events::{Note, Notes};
 use crate::report::{self, Problem, ReportInput};
 use crate::rollout::Plan;
 
@@ -65,18 +65,13 @@ pub(crate) fn status_after(
 
 /// A Warning Event for `problem`, unless the object already reports it
 /// (its reason: the message of a standing problem may vary).
-pub(crate) async fn warn_once(obj: &CSIDriverDeployment, ctx: &Context, problem: &Problem) {
-    warn_unless_reported(obj, ctx, problem, false).await;
+pub(crate) fn warn_once(obj: &CSIDriverDeployment, problem: &Problem, notes: &Notes) {
+    warn_unless_reported(obj, problem, false, notes);
 }
 
 /// A log line and a Warning Event for `problem`, unless the object's
 /// Degraded condition has its reason (and, when `exact`, its message).
-async fn warn_unless_reported(
-    obj: &CSIDriverDeployment,
-    ctx: &Context,
-    problem: &Problem,
-    exact: bool,
-) {
+fn warn_unless_reported(obj: &CSIDriverDeployment, problem: &Problem, exact: bool, notes: &Notes) {
     let already = obj
         .status
         .as_ref()
@@ -88,12 +83,7 @@ async fn warn_unless_reported(
         });
     if !already {
         warn!(object = %obj.name_any(), reason = problem.reason, "{}", problem.message);
-        publish(
-            &ctx.recorder,
-            obj,
-            &Note::warning(problem.reason, problem.message.clone()),
-        )
-        .await;
+        notes.push(obj, Note::warning(problem.reason, problem.message.clone()));
     }
 }
 
@@ -103,8 +93,9 @@ pub(crate) async fn write_problem(
     ctx: &Context,
     api: &Api<CSIDriverDeployment>,
     problem: &Problem,
+    notes: &Notes,
 ) -> Result<(), Error> {
-    warn_unless_reported(obj, ctx, problem, true).await;
+    warn_unless_reported(obj, problem, true, notes);
     let previous = obj.status.as_ref();
     // Keep the last known counts and rollout: nothing was observed or changed.
     let health = previous.map(health_of_status).unwrap_or_default();
@@ -114,7 +105,7 @@ pub(crate) async fn write_problem(
         completed: false,
     };
     let new_status = status_after(obj, progress, &health, Some(problem), Utc::now());
-    write_status(obj, ctx, api, new_status).await
+    write_status(obj, ctx, api, new_status, notes).await
 }
 
 fn health_of_status(s: &CSIDriverDeploymentStatus) -> Health {
@@ -143,6 +134,7 @@ pub(crate) async fn write_progress(
     ctx: &Context,
     api: &Api<CSIDriverDeployment>,
     status: CSIDriverDeploymentStatus,
+    notes: &Notes,
 ) -> Result<Option<std::time::Duration>, Error> {
     let minor = obj
         .status
@@ -157,20 +149,24 @@ pub(crate) async fn write_progress(
             return Ok(Some(wait));
         }
     }
-    write_status(obj, ctx, api, status).await?;
+    write_status(obj, ctx, api, status, notes).await?;
     Ok(None)
 }
 
-/// Writes status by server-side apply, only when it changed.
+/// Writes status by server-side apply, only when it changed, after the
+/// Events the pass collected: whoever waits for the status (a user, an
+/// alert, a test) finds the Events that tell why already there.
 pub(crate) async fn write_status(
     obj: &CSIDriverDeployment,
     ctx: &Context,
     api: &Api<CSIDriverDeployment>,
     status: CSIDriverDeploymentStatus,
+    notes: &Notes,
 ) -> Result<(), Error> {
     if obj.status.as_ref() == Some(&status) {
         return Ok(());
     }
+    notes.publish(&ctx.recorder).await;
     let patch = json!({
         "apiVersion": "csiops.dev/v1alpha1",
         "kind": "CSIDriverDeployment",

@@ -27,7 +27,7 @@ use super::apply::{
 };
 use crate::reconcile::context::Context;
 use crate::reconcile::error::Error;
-use crate::reconcile::events::{publish, Note};
+use crate::reconcile::events::{Note, Notes};
 use crate::reconcile::watch::owned::Owned;
 use crate::render::{csidriver, AppliedCSIDriver, Rendered};
 
@@ -44,6 +44,7 @@ pub(crate) async fn apply_supporting(
     ctx: &Context,
     owner: Owner<'_>,
     r: &Rendered,
+    notes: &Notes,
 ) -> Result<(), Error> {
     let c = &ctx.client;
     let known = &ctx.caches.owned;
@@ -87,12 +88,14 @@ pub(crate) async fn apply_supporting(
             known,
         ));
     }
-    writes.push(apply_csidriver(obj, ctx, owner, r).boxed());
+    writes.push(apply_csidriver(obj, ctx, owner, r, notes).boxed());
     for class in &r.storage_classes {
-        writes.push(apply_storage_class(obj, ctx, &classes, owner, class).boxed());
+        writes.push(apply_storage_class(obj, ctx, &classes, owner, class, notes).boxed());
     }
     for class in &r.attributes_classes {
-        writes.push(apply_attributes_class(obj, ctx, &attributes_classes, owner, class).boxed());
+        writes.push(
+            apply_attributes_class(obj, ctx, &attributes_classes, owner, class, notes).boxed(),
+        );
     }
     let results: Vec<Result<(), Error>> = futures::stream::iter(writes)
         .buffer_unordered(PARALLEL)
@@ -140,6 +143,7 @@ async fn apply_csidriver(
     ctx: &Context,
     owner: Owner<'_>,
     r: &Rendered,
+    notes: &Notes,
 ) -> Result<(), Error> {
     let drivers: Api<AppliedCSIDriver> = Api::all(ctx.client.clone());
     let name = r.csi_driver.name_any();
@@ -172,12 +176,7 @@ async fn apply_csidriver(
             .await?;
             let note =
                 format!("CSIDriver {name} re-created: an immutable field changed ({message})");
-            publish(
-                &ctx.recorder,
-                obj,
-                &Note::warning("CSIDriverRecreated", note),
-            )
-            .await;
+            notes.push(obj, Note::warning("CSIDriverRecreated", note));
             dropped
         }
         other => other?.1,
@@ -195,7 +194,7 @@ async fn apply_csidriver(
             .with(&key, |o| o.told.is_news(NOT_STORED, &note))
         {
             warn!(csidriver = %name, fields = ?dropped, "{note}");
-            publish(&ctx.recorder, obj, &Note::warning(NOT_STORED, note)).await;
+            notes.push(obj, Note::warning(NOT_STORED, note));
         } else {
             debug!(csidriver = %name, fields = ?dropped, "still not stored");
         }
@@ -212,6 +211,7 @@ async fn apply_storage_class(
     classes: &Api<StorageClass>,
     owner: Owner<'_>,
     class: &StorageClass,
+    notes: &Notes,
 ) -> Result<(), Error> {
     let applied = apply(
         classes,
@@ -222,34 +222,26 @@ async fn apply_storage_class(
         &ctx.caches.owned,
     )
     .await?;
-    tell_class(obj, ctx, "StorageClass", &class.name_any(), applied).await;
+    tell_class(obj, "StorageClass", &class.name_any(), applied, notes);
     Ok(())
 }
 
 /// Logs a created class and tells a re-created one with a `<kind>Recreated`
 /// Event: claims made since use the new spec.
-async fn tell_class(
-    obj: &CSIDriverDeployment,
-    ctx: &Context,
-    kind: &str,
-    name: &str,
-    applied: Applied,
-) {
+fn tell_class(obj: &CSIDriverDeployment, kind: &str, name: &str, applied: Applied, notes: &Notes) {
     match applied {
         Applied::Created => info!(kind, name, "class created"),
         Applied::Recreated => {
             let note = format!("{kind} {name} re-created with the new spec");
-            publish(
-                &ctx.recorder,
+            notes.push(
                 obj,
-                &Note {
+                Note {
                     warning: false,
                     reason: format!("{kind}Recreated"),
                     action: "Apply".into(),
                     note,
                 },
-            )
-            .await;
+            );
         }
         Applied::Updated | Applied::Unchanged => {}
     }
@@ -269,6 +261,7 @@ async fn apply_attributes_class(
     classes: &Api<VolumeAttributesClass>,
     owner: Owner<'_>,
     class: &VolumeAttributesClass,
+    notes: &Notes,
 ) -> Result<(), Error> {
     let name = class.name_any();
     let apply_once = || {
@@ -289,12 +282,7 @@ async fn apply_attributes_class(
                 Release::Held => {
                     let note = format!("VolumeAttributesClass {name} changed, but claims or PVs still use the old one: Kubernetes deletes it once none does, and it is created again with the new parameters then");
                     warn!(volume_attributes_class = %name, "{note}");
-                    publish(
-                        &ctx.recorder,
-                        obj,
-                        &Note::warning("VolumeAttributesClassInUse", note),
-                    )
-                    .await;
+                    notes.push(obj, Note::warning("VolumeAttributesClassInUse", note));
                     return Ok(());
                 }
                 Release::NotDeleting => Err(e),
@@ -302,7 +290,7 @@ async fn apply_attributes_class(
         }
         other => other,
     };
-    tell_class(obj, ctx, "VolumeAttributesClass", &name, applied?).await;
+    tell_class(obj, "VolumeAttributesClass", &name, applied?, notes);
     Ok(())
 }
 

@@ -20,7 +20,7 @@ use super::{finalizer, monitoring};
 use crate::health::{self, HealthInput};
 use crate::reconcile::context::Context;
 use crate::reconcile::error::Error;
-use crate::reconcile::events::announce;
+use crate::reconcile::events::{announce, Notes};
 use crate::render::{labels, names};
 use crate::report::Problem;
 use crate::rollout::{self, TeardownAction};
@@ -32,6 +32,7 @@ pub(crate) async fn teardown(
     ctx: &Context,
     api: &Api<CSIDriverDeployment>,
     owner: Owner<'_>,
+    notes: &Notes,
 ) -> Result<Option<Requeue>, Error> {
     let now = Utc::now();
     let (sts_api, ds_api) = workload_apis(ctx, owner.namespace);
@@ -107,20 +108,24 @@ pub(crate) async fn teardown(
                 cluster.delete_all().await?;
             }
             TeardownAction::RemoveFinalizer => {
-                announce(obj, &ctx.metrics, &ctx.recorder, &plan).await;
+                announce(obj, &ctx.metrics, &plan, notes);
+                // Published before the finalizer goes: with it goes the
+                // object, and whoever waits for that finds the teardown's
+                // story complete.
+                notes.publish(&ctx.recorder).await;
                 finalizer::release(obj, api).await?;
                 info!(object = %owner.name, namespace = %owner.namespace, "teardown complete");
                 return Ok(None);
             }
         }
     }
-    announce(obj, &ctx.metrics, &ctx.recorder, &plan).await;
+    announce(obj, &ctx.metrics, &plan, notes);
     let problem = plan.overdue.as_ref().map(|why| Problem {
         reason: "RolloutStepTimeout",
         message: why.clone(),
     });
     let new_status = status_after(obj, Progress::of(&plan), &health, problem.as_ref(), now);
-    write_status(obj, ctx, api, new_status).await?;
+    write_status(obj, ctx, api, new_status, notes).await?;
     Ok(Some(Requeue::requeue(StdDuration::from_secs(5))))
 }
 
