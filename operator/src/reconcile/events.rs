@@ -172,24 +172,36 @@ pub fn for_transition(t: &Transition, version: &str, topology: Topology) -> Note
     }
 }
 
-/// The Events of one pass, in the order they arose, until published.
-#[derive(Debug, Default)]
-pub struct Notes(Mutex<Vec<(ObjectReference, Note)>>);
+/// The Events of one pass about one object, in the order they arose,
+/// until published.
+#[derive(Debug)]
+pub struct Notes {
+    regarding: ObjectReference,
+    pending: Mutex<Vec<Note>>,
+}
 
 impl Notes {
-    /// `note` about `obj`, to publish with the others.
-    pub fn push(&self, obj: &CSIDriverDeployment, note: Note) {
+    /// The Events about `obj` (the copy the pass acts on).
+    pub fn about(obj: &CSIDriverDeployment) -> Self {
+        Notes {
+            regarding: obj.object_ref(&()),
+            pending: Mutex::default(),
+        }
+    }
+
+    /// `note`, to publish with the others.
+    pub fn push(&self, note: Note) {
         // A poisoned lock only means a write running beside this one
         // panicked; the notes are still usable.
-        let mut pending = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        pending.push((obj.object_ref(&()), note));
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        pending.push(note);
     }
 
     /// Publishes what was collected and not published yet, in order.
     pub async fn publish(&self, recorder: &Recorder) {
-        let pending = std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()));
-        for (regarding, note) in &pending {
-            publish(recorder, regarding, note).await;
+        let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
+        for note in &pending {
+            publish(recorder, &self.regarding, note).await;
         }
     }
 }
@@ -228,7 +240,7 @@ pub(crate) fn announce<A>(
         }
         let note = for_transition(t, &obj.spec.version, obj.spec.topology);
         info!(object = %obj.name_any(), reason = %note.reason, "{}", note.note);
-        notes.push(obj, note);
+        notes.push(note);
     }
     if let Some(why) = &plan.overdue {
         let already = obj
@@ -237,7 +249,7 @@ pub(crate) fn announce<A>(
             .and_then(|s| s.condition(report::DEGRADED))
             .is_some_and(|c| c.reason == "RolloutStepTimeout" && c.status == "True");
         if !already {
-            notes.push(obj, Note::warning("RolloutStepTimeout", why.clone()));
+            notes.push(Note::warning("RolloutStepTimeout", why.clone()));
         }
     }
 }

@@ -88,13 +88,7 @@ pub fn error_policy(obj: Arc<CSIDriverDeployment>, err: &Error, ctx: Arc<Context
 pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Result<Requeue, Error> {
     let _timer = ctx.metrics.reconcile_started();
     let key = object_key(&obj);
-    let notes = Notes::default();
-    let outcome = run_pass(obj, ctx.clone(), &key, &notes).await;
-    // What the pass collected and has not published yet (it wrote no
-    // status, or failed): published whatever the outcome, as each Event
-    // was where it arose.
-    notes.publish(&ctx.recorder).await;
-    match outcome? {
+    match run_pass(obj, ctx.clone(), &key).await? {
         Some(requeue) => Ok(requeue),
         // The one place where what is kept of an object is dropped: it is
         // gone, or its teardown is done.
@@ -110,7 +104,6 @@ async fn run_pass(
     obj: Arc<CSIDriverDeployment>,
     ctx: Arc<Context>,
     key: &str,
-    notes: &Notes,
 ) -> Result<Option<Requeue>, Error> {
     let ns = obj.namespace().ok_or(Error::MissingMetadata("namespace"))?;
     let uid = obj.uid().ok_or(Error::MissingMetadata("uid"))?;
@@ -167,12 +160,29 @@ async fn run_pass(
         }
     };
 
+    // What the pass tells of the object from here on is collected and
+    // published at its end, whatever the outcome (see `events::Notes`).
+    let notes = Notes::about(&obj);
+    let outcome = act(&obj, &ctx, &api, owner, key, &notes).await;
+    notes.publish(&ctx.recorder).await;
+    outcome
+}
+
+/// What a pass does with a current copy of a live or deleted object.
+async fn act(
+    obj: &CSIDriverDeployment,
+    ctx: &Context,
+    api: &Api<CSIDriverDeployment>,
+    owner: Owner<'_>,
+    key: &str,
+    notes: &Notes,
+) -> Result<Option<Requeue>, Error> {
     if obj.metadata.deletion_timestamp.is_some() {
         ctx.objects.with(key, |o| o.failures.clear());
         if !obj.finalizers().iter().any(|f| f == FINALIZER) {
             return Ok(None);
         }
-        return teardown(&obj, &ctx, &api, owner, notes).await;
+        return teardown(obj, ctx, api, owner, notes).await;
     }
 
     // Who owns the driver name: the cache first (cheap), then, until this
@@ -181,10 +191,10 @@ async fn run_pass(
     let all = ctx.deployments.state();
     let in_scope = |d: &&CSIDriverDeployment| ctx.scope.allows(&d.namespace().unwrap_or_default());
     let cached_rival =
-        conflict::rival(&obj, all.iter().map(|d| d.as_ref()).filter(in_scope)).cloned();
+        conflict::rival(obj, all.iter().map(|d| d.as_ref()).filter(in_scope)).cloned();
     let rival = match cached_rival {
         Some(r) => Some(r),
-        None => match claim_driver_name(&obj, &ctx).await? {
+        None => match claim_driver_name(obj, ctx).await? {
             Claim::Ours => None,
             Claim::Rival(r) => Some(*r),
             Claim::TooEarly(wait) => return Ok(Some(Requeue::requeue(wait))),
@@ -193,16 +203,16 @@ async fn run_pass(
     if let Some(rival) = rival {
         let problem = Problem {
             reason: "Conflict",
-            message: conflict::message(&obj, &rival),
+            message: conflict::message(obj, &rival),
         };
         ctx.metrics.reconcile_failed("conflict");
-        write_problem(&obj, &ctx, &api, &problem, notes).await?;
+        write_problem(obj, ctx, api, &problem, notes).await?;
         return Ok(Some(Requeue::requeue(USER_ERROR_REQUEUE)));
     }
 
-    ensure_finalizer(&obj, &api).await?;
+    ensure_finalizer(obj, api).await?;
 
-    let rendered = match render::render(&obj, &ctx.render_cfg) {
+    let rendered = match render::render(obj, &ctx.render_cfg) {
         Ok(r) => r,
         Err(e) => {
             let problem = Problem {
@@ -210,12 +220,12 @@ async fn run_pass(
                 message: format!("cannot render the driver's objects: {}", chain(&e)),
             };
             ctx.metrics.reconcile_failed("render");
-            write_problem(&obj, &ctx, &api, &problem, notes).await?;
+            write_problem(obj, ctx, api, &problem, notes).await?;
             return Ok(Some(Requeue::requeue(USER_ERROR_REQUEUE)));
         }
     };
 
-    match drive(&obj, &ctx, &api, owner, &rendered, notes).await {
+    match drive(obj, ctx, api, owner, &rendered, notes).await {
         Ok(requeue) => {
             ctx.objects.with(key, |o| o.failures.clear());
             Ok(Some(requeue))
@@ -227,7 +237,7 @@ async fn run_pass(
                     reason,
                     message: chain(&e).to_string(),
                 };
-                write_problem(&obj, &ctx, &api, &problem, notes).await?;
+                write_problem(obj, ctx, api, &problem, notes).await?;
                 return Ok(Some(Requeue::requeue(USER_ERROR_REQUEUE)));
             }
             let Some(reason) = e.repeated_failure_reason() else {
@@ -236,7 +246,7 @@ async fn run_pass(
             ctx.metrics.reconcile_failed(e.metric_kind());
             let failures = ctx.objects.with(key, |o| o.failures.record());
             let wait = retry::backoff(failures);
-            warn!(object = %name, namespace = %ns, failures, retry_in = ?wait, error = %chain(&e), "write failed");
+            warn!(object = %owner.name, namespace = %owner.namespace, failures, retry_in = ?wait, error = %chain(&e), "write failed");
             if failures >= retry::REPORT_AFTER {
                 // The message stays the same while the failure does, so the
                 // condition and the Event are written once, not per retry.
@@ -244,7 +254,7 @@ async fn run_pass(
                     reason,
                     message: format!("{}; retrying with backoff", chain(&e)),
                 };
-                write_problem(&obj, &ctx, &api, &problem, notes).await?;
+                write_problem(obj, ctx, api, &problem, notes).await?;
             }
             Ok(Some(Requeue::requeue(wait)))
         }
@@ -535,19 +545,16 @@ fn announce_lost_nodes(obj: &CSIDriverDeployment, health: &Health, notes: &Notes
             "node(s) lost: {}; the driver serves nothing there, and rollouts go on without them",
             newly.join(", ")
         );
-        notes.push(obj, Note::warning("NodesLost", note));
+        notes.push(Note::warning("NodesLost", note));
     }
     let back: Vec<&str> = before.difference(&now).copied().collect();
     if !back.is_empty() && health.fleet.lost.len() <= csiops_crds::MAX_LOST_NODES_LISTED {
-        notes.push(
-            obj,
-            Note {
-                warning: false,
-                reason: "NodesReturned".into(),
-                action: "Observe".into(),
-                note: format!("node(s) no longer lost: {}", back.join(", ")),
-            },
-        );
+        notes.push(Note {
+            warning: false,
+            reason: "NodesReturned".into(),
+            action: "Observe".into(),
+            note: format!("node(s) no longer lost: {}", back.join(", ")),
+        });
     }
 }
 

@@ -83,7 +83,7 @@ fn warn_unless_reported(obj: &CSIDriverDeployment, problem: &Problem, exact: boo
         });
     if !already {
         warn!(object = %obj.name_any(), reason = problem.reason, "{}", problem.message);
-        notes.push(obj, Note::warning(problem.reason, problem.message.clone()));
+        notes.push(Note::warning(problem.reason, problem.message.clone()));
     }
 }
 

@@ -90,12 +90,10 @@ pub(crate) async fn apply_supporting(
     }
     writes.push(apply_csidriver(obj, ctx, owner, r, notes).boxed());
     for class in &r.storage_classes {
-        writes.push(apply_storage_class(obj, ctx, &classes, owner, class, notes).boxed());
+        writes.push(apply_storage_class(ctx, &classes, owner, class, notes).boxed());
     }
     for class in &r.attributes_classes {
-        writes.push(
-            apply_attributes_class(obj, ctx, &attributes_classes, owner, class, notes).boxed(),
-        );
+        writes.push(apply_attributes_class(ctx, &attributes_classes, owner, class, notes).boxed());
     }
     let results: Vec<Result<(), Error>> = futures::stream::iter(writes)
         .buffer_unordered(PARALLEL)
@@ -176,7 +174,7 @@ async fn apply_csidriver(
             .await?;
             let note =
                 format!("CSIDriver {name} re-created: an immutable field changed ({message})");
-            notes.push(obj, Note::warning("CSIDriverRecreated", note));
+            notes.push(Note::warning("CSIDriverRecreated", note));
             dropped
         }
         other => other?.1,
@@ -194,7 +192,7 @@ async fn apply_csidriver(
             .with(&key, |o| o.told.is_news(NOT_STORED, &note))
         {
             warn!(csidriver = %name, fields = ?dropped, "{note}");
-            notes.push(obj, Note::warning(NOT_STORED, note));
+            notes.push(Note::warning(NOT_STORED, note));
         } else {
             debug!(csidriver = %name, fields = ?dropped, "still not stored");
         }
@@ -206,7 +204,6 @@ async fn apply_csidriver(
 /// mode are immutable: a changed class is re-created. Existing PVs are not
 /// affected.
 async fn apply_storage_class(
-    obj: &CSIDriverDeployment,
     ctx: &Context,
     classes: &Api<StorageClass>,
     owner: Owner<'_>,
@@ -222,26 +219,23 @@ async fn apply_storage_class(
         &ctx.caches.owned,
     )
     .await?;
-    tell_class(obj, "StorageClass", &class.name_any(), applied, notes);
+    tell_class("StorageClass", &class.name_any(), applied, notes);
     Ok(())
 }
 
 /// Logs a created class and tells a re-created one with a `<kind>Recreated`
 /// Event: claims made since use the new spec.
-fn tell_class(obj: &CSIDriverDeployment, kind: &str, name: &str, applied: Applied, notes: &Notes) {
+fn tell_class(kind: &str, name: &str, applied: Applied, notes: &Notes) {
     match applied {
         Applied::Created => info!(kind, name, "class created"),
         Applied::Recreated => {
             let note = format!("{kind} {name} re-created with the new spec");
-            notes.push(
-                obj,
-                Note {
-                    warning: false,
-                    reason: format!("{kind}Recreated"),
-                    action: "Apply".into(),
-                    note,
-                },
-            );
+            notes.push(Note {
+                warning: false,
+                reason: format!("{kind}Recreated"),
+                action: "Apply".into(),
+                note,
+            });
         }
         Applied::Updated | Applied::Unchanged => {}
     }
@@ -256,7 +250,6 @@ fn tell_class(obj: &CSIDriverDeployment, kind: &str, name: &str, applied: Applie
 /// rather than failed, and its deletion (watched) brings the object back
 /// here then.
 async fn apply_attributes_class(
-    obj: &CSIDriverDeployment,
     ctx: &Context,
     classes: &Api<VolumeAttributesClass>,
     owner: Owner<'_>,
@@ -282,7 +275,7 @@ async fn apply_attributes_class(
                 Release::Held => {
                     let note = format!("VolumeAttributesClass {name} changed, but claims or PVs still use the old one: Kubernetes deletes it once none does, and it is created again with the new parameters then");
                     warn!(volume_attributes_class = %name, "{note}");
-                    notes.push(obj, Note::warning("VolumeAttributesClassInUse", note));
+                    notes.push(Note::warning("VolumeAttributesClassInUse", note));
                     return Ok(());
                 }
                 Release::NotDeleting => Err(e),
@@ -290,7 +283,7 @@ async fn apply_attributes_class(
         }
         other => other,
     };
-    tell_class(obj, "VolumeAttributesClass", &name, applied?, notes);
+    tell_class("VolumeAttributesClass", &name, applied?, notes);
     Ok(())
 }
 
