@@ -2,15 +2,15 @@
 //! children, drives the ordered rollout one step further and writes status.
 //!
 //! The loop itself is [`run`] (the watches that wake an object) and
-//! [`pass`] (one reconciliation); around it, by concern:
-//! - [`watch`]: the caches the watches keep (pods, workloads, nodes,
+//! `pass` (one reconciliation); around it, by concern:
+//! - `watch`: the caches the watches keep (pods, workloads, nodes,
 //!   CSINodes, mount failures, the objects applied) and when they synced;
-//! - [`write`]: every write to the API server (ownership-checked apply,
+//! - `write`: every write to the API server (ownership-checked apply,
 //!   supporting objects, workloads, pruning, status, the finalizer and the
 //!   ordered teardown);
-//! - [`pacing`]: how often an object is reconciled and retried.
+//! - `pacing`: how often an object is reconciled and retried.
 //!
-//! A pass reads [`context::Context`] and the caches, decides with the pure
+//! A pass reads `context::Context` and the caches, decides with the pure
 //! `render`, `health`, `rollout` and `report` modules, and writes; nothing
 //! under `watch`, `write` or `pacing` calls back into the loop.
 

@@ -1,6 +1,7 @@
 //! The controller and node workloads of one object as the reconciler and the
 //! teardown both read and change them: the live controller of either kind,
-//! this object's pods, and the observation the rollout state machine decides on.
+//! this object's pods, the observation the rollout state machine decides on,
+//! and the writes of the actions it plans ([`execute`]).
 
 use csiops_crds::{CSIDriverDeployment, ControllerKind};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
