@@ -12,26 +12,28 @@ use tracing::info;
 
 use super::apply::{delete_owned, get_owned, Owner};
 use super::cluster::ClusterScoped;
-use super::error::Error;
-use super::events::announce;
-use super::finalizer;
 use super::status::{status_after, write_status, Progress};
 use super::workloads::{
     delete_controller, observe, other_kind, pods_of, workload_apis, LiveController,
 };
-use super::Context;
+use super::{finalizer, monitoring};
 use crate::health::{self, HealthInput};
+use crate::reconcile::context::Context;
+use crate::reconcile::error::Error;
+use crate::reconcile::events::{announce, Notes};
 use crate::render::{labels, names};
 use crate::report::Problem;
 use crate::rollout::{self, TeardownAction};
 
-/// The ordered teardown of a deleted object.
-pub(super) async fn teardown(
+/// The ordered teardown of a deleted object: `None` once it is done (the
+/// finalizer released).
+pub(crate) async fn teardown(
     obj: &CSIDriverDeployment,
     ctx: &Context,
     api: &Api<CSIDriverDeployment>,
     owner: Owner<'_>,
-) -> Result<Requeue, Error> {
+    notes: &Notes,
+) -> Result<Option<Requeue>, Error> {
     let now = Utc::now();
     let (sts_api, ds_api) = workload_apis(ctx, owner.namespace);
     let deploy_api: Api<Deployment> = Api::namespaced(ctx.client.clone(), owner.namespace);
@@ -102,25 +104,29 @@ pub(super) async fn teardown(
                 .await?;
             }
             TeardownAction::CleanupClusterScoped => {
-                super::monitoring::delete_monitoring(&ctx.client, owner, &ctx.caches.owned).await?;
+                monitoring::delete_monitoring(&ctx.client, owner, &ctx.caches.owned).await?;
                 cluster.delete_all().await?;
             }
             TeardownAction::RemoveFinalizer => {
-                announce(obj, ctx, &plan).await;
+                announce(obj, &ctx.metrics, &plan, notes);
+                // Published before the finalizer goes: with it goes the
+                // object, and whoever waits for that finds the teardown's
+                // story complete.
+                notes.publish(&ctx.recorder).await;
                 finalizer::release(obj, api).await?;
                 info!(object = %owner.name, namespace = %owner.namespace, "teardown complete");
-                return Ok(Requeue::await_change());
+                return Ok(None);
             }
         }
     }
-    announce(obj, ctx, &plan).await;
+    announce(obj, &ctx.metrics, &plan, notes);
     let problem = plan.overdue.as_ref().map(|why| Problem {
         reason: "RolloutStepTimeout",
         message: why.clone(),
     });
     let new_status = status_after(obj, Progress::of(&plan), &health, problem.as_ref(), now);
-    write_status(obj, ctx, api, new_status).await?;
-    Ok(Requeue::requeue(StdDuration::from_secs(5)))
+    write_status(obj, ctx, api, new_status, notes).await?;
+    Ok(Some(Requeue::requeue(StdDuration::from_secs(5))))
 }
 
 fn ignore_not_owned<K>(e: Error) -> Result<Option<K>, Error> {

@@ -20,7 +20,7 @@ use kube::{Client, ResourceExt};
 
 use super::apply::Owner;
 use super::cluster::delete_all;
-use super::error::Error;
+use crate::reconcile::error::Error;
 use crate::render::labels::{INSTANCE, MANAGED_BY, MANAGED_BY_VALUE};
 use crate::render::Rendered;
 

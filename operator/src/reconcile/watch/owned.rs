@@ -5,7 +5,7 @@
 //! [`APPLIED_HASH`] annotation of what was last applied. A label-filtered
 //! watch per kind (metadata only for the supporting objects; the workloads
 //! come from their full watches) keeps, per object, that hash and its
-//! `metadata.generation`. [`super::apply::apply`] then skips an object whose
+//! `metadata.generation`. [`apply`](crate::reconcile::write::apply::apply) then skips an object whose
 //! live hash is what it would apply (and, for a workload, whose generation
 //! is still the one our last apply produced: nobody edited its spec since),
 //! and a change or deletion by anyone else wakes the owner's reconcile,
@@ -25,10 +25,14 @@ use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
-use super::apply::APPLIED_HASH;
 use crate::render::labels::{
     INSTANCE, MANAGED_BY, MANAGED_BY_VALUE, OWNER_NAME, OWNER_NAMESPACE, OWNER_UID,
 };
+
+/// Annotation with the hash of what was last applied to a supporting object,
+/// so an unchanged object costs a read and no write. Written by
+/// [`apply`](crate::reconcile::write::apply), read back here.
+pub const APPLIED_HASH: &str = "csiops.dev/applied-hash";
 
 /// One owned object: `(kind, namespace or "", name)`.
 pub type Key = (&'static str, String, String);

@@ -127,12 +127,9 @@ impl PodCache {
     }
 
     /// How many pods are kept.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.0.read().map(|i| i.pods.len()).unwrap_or(0)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// Watches the operator's pods into the cache, marking `synced` at the

@@ -20,7 +20,6 @@ use kube::{Api, Client, ResourceExt};
 
 use super::sync::SyncFlag;
 use crate::fleet::{NodeInfo, Readiness, TaintInfo};
-use csiops_crds::READINESS_TAINT_PREFIX;
 
 /// [`NodeInfo`] per node name.
 #[derive(Clone, Debug, Default)]
@@ -158,17 +157,18 @@ impl NodeCache {
     }
 }
 
-/// Whether `key` is a driver-readiness taint (any driver's).
-pub fn is_readiness_taint(key: &str) -> bool {
-    key.starts_with(READINESS_TAINT_PREFIX)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use csiops_crds::READINESS_TAINT_PREFIX;
     use k8s_openapi::api::core::v1::{NodeCondition, NodeSpec, NodeStatus, Taint};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use kube::api::ObjectMeta;
+
+    /// Whether `key` is a driver-readiness taint (any driver's).
+    fn is_readiness_taint(key: &str) -> bool {
+        key.starts_with(READINESS_TAINT_PREFIX)
+    }
 
     fn node(name: &str, keys: &[&str], ready: &str, heartbeat: i64) -> Node {
         let at = |s: i64| Time(k8s_openapi::jiff::Timestamp::from_second(s).expect("time"));

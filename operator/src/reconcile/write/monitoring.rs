@@ -12,8 +12,8 @@ use kube::Client;
 use tracing::{debug, info, warn};
 
 use super::apply::{apply, delete_owned, Applied, Mode, Owner};
-use super::error::Error;
-use super::owned::Owned;
+use crate::reconcile::error::Error;
+use crate::reconcile::watch::owned::Owned;
 use crate::render::monitoring::pod_monitor_resource;
 use crate::render::Rendered;
 use csiops_runtime::chain;
@@ -71,7 +71,7 @@ where
 /// no longer rendered. `spec_changed`: the spec changed since the last
 /// status, so a removed `spec.monitoring` may have left objects behind
 /// (without a change there is nothing to look for, and no call is made).
-pub(super) async fn apply_monitoring(
+pub(crate) async fn apply_monitoring(
     client: &Client,
     owner: Owner<'_>,
     r: &Rendered,
@@ -115,7 +115,7 @@ pub(super) async fn apply_monitoring(
 
 /// Teardown: deletes ours of both (the owner reference would let the
 /// garbage collector do it later; teardown leaves nothing behind itself).
-pub(super) async fn delete_monitoring(
+pub(crate) async fn delete_monitoring(
     client: &Client,
     owner: Owner<'_>,
     known: &Owned,

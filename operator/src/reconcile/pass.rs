@@ -1,257 +1,55 @@
-//! The controller: one reconciliation turns a `CSIDriverDeployment` into its
-//! children, drives the ordered rollout one step further and writes status.
+//! One reconciliation of one object.
 //!
 //! Flow of [`reconcile`]:
-//! 1. deleted object → ordered teardown ([`teardown`](teardown::teardown));
+//! 1. deleted object → ordered teardown ([`teardown`]);
 //! 2. another object owns the driver name → Degraded (Conflict), nothing touched;
 //! 3. render (pure) → a render error is Degraded (RenderFailed) + Event;
-//! 4. supporting objects applied (ownership-checked, side by side, [`supporting`]);
+//! 4. supporting objects applied (ownership-checked, side by side, [`apply_supporting`]);
 //! 5. workloads observed, the state machine planned, its actions executed;
 //! 6. the metrics Service and PodMonitor applied, objects the spec no longer
 //!    renders pruned (after the workloads: no pod waits on them);
-//! 7. Events for every transition, status by server-side apply ([`status`]).
+//! 7. Events for every transition, status by server-side apply ([`write_progress`]).
 
-pub mod apply;
-pub mod caches;
-pub mod cluster;
-pub mod conflict;
-pub mod csinodes;
-pub mod error;
-pub mod events;
-mod finalizer;
-pub mod fresh;
-mod monitoring;
-pub mod namespaced;
-pub mod nodes;
-pub mod owned;
-pub mod pace;
-pub mod pod_cache;
-pub mod pod_events;
-pub mod pod_watch;
-pub mod retry;
-pub mod scope;
-mod status;
-mod supporting;
-pub mod sync;
-mod teardown;
-#[cfg(test)]
-mod tests;
-pub mod throttle;
-mod workloads;
-
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration as StdDuration;
 
 use chrono::{Duration, Utc};
 use csiops_crds::CSIDriverDeployment;
-use csiops_crds::ControllerKind;
-use std::collections::BTreeSet;
-
-use futures::StreamExt;
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::controller::{Action as Requeue, Controller};
-use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
-use kube::{Client, ResourceExt};
-use serde_json::json;
+use kube::api::Api;
+use kube::runtime::controller::Action as Requeue;
+use kube::runtime::reflector::ObjectRef;
+use kube::ResourceExt;
 use tracing::{debug, info, warn};
 
-use self::apply::{apply, owned_only, Mode, Owner};
-use self::cluster::ClusterScoped;
-use self::error::Error;
-use self::events::announce;
-use self::events::{publish, Note};
-use self::finalizer::ensure_finalizer;
-pub use self::finalizer::FINALIZER;
-use self::status::{status_after, warn_once, write_problem, write_progress, Progress};
-use self::supporting::apply_supporting;
-use self::teardown::teardown;
-use self::workloads::{
-    delete_controller, observe, other_kind, pods_of, workload_apis, LiveController,
-};
+use super::conflict;
+use super::context::{object_key, Context};
+use super::error::Error;
+use super::events::{announce, Note, Notes};
+use super::pacing::{pace, retry};
+use super::watch::caches;
+use super::write::apply::{owned_only, Owner};
+use super::write::cluster::ClusterScoped;
+use super::write::finalizer::{ensure_finalizer, FINALIZER};
+use super::write::status::{status_after, warn_once, write_problem, write_progress, Progress};
+use super::write::supporting::apply_supporting;
+use super::write::teardown::teardown;
+use super::write::workloads::{execute, observe, pods_of, LiveController};
+use super::write::{monitoring, namespaced};
 use crate::health::{self, Health, HealthInput};
-use crate::metrics::Metrics;
-use crate::pods::PodView;
-use crate::render::labels::{self, INSTANCE};
-use crate::render::{self, names, ControllerWorkload, RenderConfig, Rendered};
+use crate::render::labels;
+use crate::render::{self, names, Rendered};
 use crate::report::{self, Problem};
-use crate::rollout::{self, Action, Desired};
+use crate::rollout::{self, Desired};
 use csiops_runtime::chain;
 
+/// How often an object is looked at while a rollout runs, besides watch events
+/// (the step deadline must be noticed even if nothing changes).
 const ROLLOUT_REQUEUE: StdDuration = StdDuration::from_secs(10);
 /// Resync of a settled object.
 const IDLE_REQUEUE: StdDuration = StdDuration::from_secs(300);
 /// An object the user must fix is retried at this pace.
 const USER_ERROR_REQUEUE: StdDuration = StdDuration::from_secs(60);
-
-/// Shared state of every reconciliation.
-pub struct Context {
-    pub client: Client,
-    pub recorder: Recorder,
-    pub metrics: Arc<Metrics>,
-    pub render_cfg: RenderConfig,
-    /// Pods, workloads, nodes, CSINodes, mount failures and the objects
-    /// applied, kept by watches (see [`caches`]).
-    pub caches: caches::Caches,
-    pub deployments: Store<CSIDriverDeployment>,
-    /// Consecutive failed writes per object, for backoff and reporting.
-    pub failures: retry::Failures,
-    /// At most one reconcile per object every quarter second.
-    pub pacer: pace::Pacer,
-    /// `--watch-namespaces`: where objects are acted on.
-    pub scope: scope::Namespaces,
-    /// Which cached copies are current (see [`fresh`]).
-    pub fresh: fresh::Freshness,
-    /// At most one status write a second that only moves counts.
-    pub progress_writes: pace::Pacer,
-    /// Standing warnings already published (see [`events::Told`]).
-    pub told: events::Told,
-}
-
-/// Options of [`run`].
-pub struct RunConfig {
-    pub render: RenderConfig,
-    /// Reconciliations in parallel.
-    pub concurrency: u16,
-    /// Reporter instance in Events (the pod name).
-    pub instance: Option<String>,
-    /// `--watch-namespaces`.
-    pub scope: scope::Namespaces,
-}
-
-/// Runs the controller until `shutdown` resolves. `on_ready` is called once
-/// the caches have synced.
-pub async fn run(
-    client: Client,
-    metrics: Arc<Metrics>,
-    cfg: RunConfig,
-    on_ready: impl FnOnce() + Send + 'static,
-    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
-) {
-    let (caches, triggers) = caches::Caches::start(&client);
-    let controller = Controller::new(
-        Api::<CSIDriverDeployment>::all(client.clone()),
-        watcher::Config::default(),
-    );
-    let deployments = controller.store();
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "csiops-operator".into(),
-                instance: cfg.instance,
-            },
-        ),
-        metrics,
-        render_cfg: cfg.render,
-        caches: caches.clone(),
-        deployments: deployments.clone(),
-        failures: retry::Failures::default(),
-        pacer: pace::Pacer::default(),
-        scope: cfg.scope,
-        fresh: fresh::Freshness::default(),
-        progress_writes: pace::Pacer::new(status::PROGRESS_WRITE_INTERVAL),
-        told: events::Told::default(),
-    });
-
-    // Readiness once every cache has its first full list.
-    let gate = caches.synced.clone();
-    tokio::spawn(async move {
-        while !gate.ready() {
-            tokio::time::sleep(StdDuration::from_millis(100)).await;
-        }
-        info!("caches synced");
-        on_ready();
-    });
-
-    let all = |store: Store<CSIDriverDeployment>| {
-        move || {
-            store
-                .state()
-                .iter()
-                .map(|d| ObjectRef::from_obj(d.as_ref()))
-                .collect::<Vec<_>>()
-        }
-    };
-    let every = all(deployments.clone());
-    let by_driver = deployments.clone();
-    let pod_owners = caches.clone();
-    // Drivers whose CSINode entries came or went (all after a relist).
-    let csinode_refs = triggers
-        .csinodes
-        .filter_map(|r| futures::future::ready(r.ok()))
-        .flat_map(move |changed| {
-            let refs: Vec<_> = by_driver
-                .state()
-                .iter()
-                .filter(|d| match &changed {
-                    csinodes::Changed::All => true,
-                    csinodes::Changed::Drivers(names) => names.contains(&d.spec.driver_name),
-                })
-                .map(|d| ObjectRef::from_obj(d.as_ref()))
-                .collect();
-            futures::stream::iter(refs)
-        });
-    // A pod whose mount failure is new: its owner.
-    let failure_refs = triggers.mount_failures.filter_map(move |r| {
-        let owner = r
-            .ok()
-            .and_then(|(ns, name)| pod_owners.owner_of_pod(&ns, &name));
-        futures::future::ready(owner)
-    });
-    // A pod that changed or went: its owner, at most once per pacing
-    // interval (a node roll changes pods far faster than that; see
-    // `throttle`).
-    let pod_refs = throttle::throttle(
-        triggers
-            .pods
-            .filter_map(|r| futures::future::ready(r.ok().and_then(|p| pod_owner(&p))))
-            .boxed(),
-        pace::MIN_INTERVAL,
-    );
-    let supporting_refs = triggers
-        .supporting
-        .map(|(ns, name)| ObjectRef::new(&name).within(&ns));
-    let node_targets = every;
-    controller
-        .owns_stream(triggers.statefulsets)
-        .owns_stream(triggers.deployments)
-        .owns_stream(triggers.daemonsets)
-        .reconcile_on(pod_refs)
-        // Only changes of what is kept of a node come through (readiness,
-        // cordon, taints; see `nodes`), never heartbeats: a node lost or
-        // back can concern any driver.
-        .watches_stream(triggers.nodes, move |_node: Node| node_targets())
-        .reconcile_on(csinode_refs)
-        .reconcile_on(failure_refs)
-        .reconcile_on(supporting_refs)
-        .with_config(kube::runtime::controller::Config::default().concurrency(cfg.concurrency))
-        .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
-        .for_each(|res| async move {
-            if let Err(e) = res {
-                warn!(error = %chain(&e), "reconcile loop");
-            }
-        })
-        .await;
-}
-
-/// The CSIDriverDeployment a pod belongs to, from its instance label.
-fn pod_owner(pod: &PodView) -> Option<ObjectRef<CSIDriverDeployment>> {
-    let name = pod.label(INSTANCE)?;
-    Some(ObjectRef::new(name).within(&pod.namespace))
-}
-
-/// `namespace/name`: how the per-object bookkeeping (pacing, freshness,
-/// failures, progress writes) keys an object.
-pub(crate) fn object_key(obj: &CSIDriverDeployment) -> String {
-    format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())
-}
 
 /// What of `obj` and its cached workloads lets a reconcile through the
 /// pacer at once when it moved (see [`pace`]).
@@ -280,7 +78,7 @@ fn waypoints(caches: &caches::Caches, obj: &CSIDriverDeployment, ns: &str) -> pa
 /// write) back off per object like the reported ones, from 5s to 5 minutes.
 pub fn error_policy(obj: Arc<CSIDriverDeployment>, err: &Error, ctx: Arc<Context>) -> Requeue {
     ctx.metrics.reconcile_failed(err.metric_kind());
-    let failures = ctx.failures.record(&object_key(&obj));
+    let failures = ctx.objects.with(&object_key(&obj), |o| o.failures.record());
     let wait = retry::backoff(failures);
     warn!(object = %obj.name_any(), namespace = ?obj.namespace(), failures, retry_in = ?wait, error = %chain(err), "reconcile failed; retrying");
     Requeue::requeue(wait)
@@ -289,6 +87,24 @@ pub fn error_policy(obj: Arc<CSIDriverDeployment>, err: &Error, ctx: Arc<Context
 /// One reconciliation of one object.
 pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Result<Requeue, Error> {
     let _timer = ctx.metrics.reconcile_started();
+    let key = object_key(&obj);
+    match run_pass(obj, ctx.clone(), &key).await? {
+        Some(requeue) => Ok(requeue),
+        // The one place where what is kept of an object is dropped: it is
+        // gone, or its teardown is done.
+        None => {
+            ctx.objects.forget(&key);
+            Ok(Requeue::await_change())
+        }
+    }
+}
+
+/// [`reconcile`]: `None` once the object is gone or torn down.
+async fn run_pass(
+    obj: Arc<CSIDriverDeployment>,
+    ctx: Arc<Context>,
+    key: &str,
+) -> Result<Option<Requeue>, Error> {
     let ns = obj.namespace().ok_or(Error::MissingMetadata("namespace"))?;
     let uid = obj.uid().ok_or(Error::MissingMetadata("uid"))?;
     let name = obj.name_any();
@@ -302,29 +118,29 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
     // Outside --watch-namespaces: not ours to act on, whatever it asks.
     if !ctx.scope.allows(&ns) {
         debug!(object = %name, namespace = %ns, "not in --watch-namespaces; left alone");
-        return Ok(Requeue::await_change());
+        return Ok(Some(Requeue::await_change()));
     }
 
     // Nothing is judged on caches still filling (every node would look
     // lost, every workload missing).
     if !ctx.caches.synced.ready() {
-        return Ok(Requeue::requeue(StdDuration::from_millis(500)));
+        return Ok(Some(Requeue::requeue(StdDuration::from_millis(500))));
     }
-    let key = object_key(&obj);
     let waypoints = waypoints(&ctx.caches, &obj, &ns);
-    if let Some(wait) = ctx
-        .pacer
-        .hold_unless_moved(&key, std::time::Instant::now(), &waypoints)
-    {
+    let now = std::time::Instant::now();
+    if let Some(wait) = ctx.objects.with(key, |o| {
+        ctx.pacer.hold_unless_moved(&mut o.paced, now, &waypoints)
+    }) {
         debug!(object = %name, namespace = %ns, wait_ms = wait.as_millis() as u64, "paced");
-        return Ok(Requeue::requeue(wait));
+        return Ok(Some(Requeue::requeue(wait)));
     }
 
     // Plan from a current copy: the watch cache's when it is known to be
     // current, else the API server's (see `fresh`).
+    let version = obj.resource_version();
     let obj = if ctx
-        .fresh
-        .is_current(&key, obj.resource_version().as_deref())
+        .objects
+        .with(key, |o| o.fresh.is_current(version.as_deref()))
     {
         obj
     } else {
@@ -334,27 +150,39 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
             .map_err(|e| Error::read("get", format!("CSIDriverDeployment {ns}/{name}"), e))?
         {
             Some(current) if current.uid().as_deref() == Some(uid.as_str()) => {
-                ctx.fresh.note(&key, current.resource_version().as_deref());
+                let version = current.resource_version();
+                ctx.objects.with(key, |o| o.fresh.note(version.as_deref()));
                 Arc::new(current)
             }
             // Gone, or deleted and recreated under the same name: the new
             // object gets its own reconcile from the watch.
-            _ => {
-                ctx.pacer.forget(&key);
-                ctx.fresh.forget(&key);
-                ctx.progress_writes.forget(&key);
-                ctx.told.forget(&key);
-                return Ok(Requeue::await_change());
-            }
+            _ => return Ok(None),
         }
     };
 
+    // What the pass tells of the object from here on is collected and
+    // published at its end, whatever the outcome (see `events::Notes`).
+    let notes = Notes::about(&obj);
+    let outcome = act(&obj, &ctx, &api, owner, key, &notes).await;
+    notes.publish(&ctx.recorder).await;
+    outcome
+}
+
+/// What a pass does with a current copy of a live or deleted object.
+async fn act(
+    obj: &CSIDriverDeployment,
+    ctx: &Context,
+    api: &Api<CSIDriverDeployment>,
+    owner: Owner<'_>,
+    key: &str,
+    notes: &Notes,
+) -> Result<Option<Requeue>, Error> {
     if obj.metadata.deletion_timestamp.is_some() {
-        ctx.failures.clear(&key);
+        ctx.objects.with(key, |o| o.failures.clear());
         if !obj.finalizers().iter().any(|f| f == FINALIZER) {
-            return Ok(Requeue::await_change());
+            return Ok(None);
         }
-        return teardown(&obj, &ctx, &api, owner).await;
+        return teardown(obj, ctx, api, owner, notes).await;
     }
 
     // Who owns the driver name: the cache first (cheap), then, until this
@@ -363,28 +191,28 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
     let all = ctx.deployments.state();
     let in_scope = |d: &&CSIDriverDeployment| ctx.scope.allows(&d.namespace().unwrap_or_default());
     let cached_rival =
-        conflict::rival(&obj, all.iter().map(|d| d.as_ref()).filter(in_scope)).cloned();
+        conflict::rival(obj, all.iter().map(|d| d.as_ref()).filter(in_scope)).cloned();
     let rival = match cached_rival {
         Some(r) => Some(r),
-        None => match claim_driver_name(&obj, &ctx).await? {
+        None => match claim_driver_name(obj, ctx).await? {
             Claim::Ours => None,
             Claim::Rival(r) => Some(*r),
-            Claim::TooEarly(wait) => return Ok(Requeue::requeue(wait)),
+            Claim::TooEarly(wait) => return Ok(Some(Requeue::requeue(wait))),
         },
     };
     if let Some(rival) = rival {
         let problem = Problem {
             reason: "Conflict",
-            message: conflict::message(&obj, &rival),
+            message: conflict::message(obj, &rival),
         };
         ctx.metrics.reconcile_failed("conflict");
-        write_problem(&obj, &ctx, &api, &problem).await?;
-        return Ok(Requeue::requeue(USER_ERROR_REQUEUE));
+        write_problem(obj, ctx, api, &problem, notes).await?;
+        return Ok(Some(Requeue::requeue(USER_ERROR_REQUEUE)));
     }
 
-    ensure_finalizer(&obj, &api).await?;
+    ensure_finalizer(obj, api).await?;
 
-    let rendered = match render::render(&obj, &ctx.render_cfg) {
+    let rendered = match render::render(obj, &ctx.render_cfg) {
         Ok(r) => r,
         Err(e) => {
             let problem = Problem {
@@ -392,15 +220,15 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
                 message: format!("cannot render the driver's objects: {}", chain(&e)),
             };
             ctx.metrics.reconcile_failed("render");
-            write_problem(&obj, &ctx, &api, &problem).await?;
-            return Ok(Requeue::requeue(USER_ERROR_REQUEUE));
+            write_problem(obj, ctx, api, &problem, notes).await?;
+            return Ok(Some(Requeue::requeue(USER_ERROR_REQUEUE)));
         }
     };
 
-    match drive(&obj, &ctx, &api, owner, &rendered).await {
+    match drive(obj, ctx, api, owner, &rendered, notes).await {
         Ok(requeue) => {
-            ctx.failures.clear(&key);
-            Ok(requeue)
+            ctx.objects.with(key, |o| o.failures.clear());
+            Ok(Some(requeue))
         }
         Err(e) => {
             if let Some(reason) = e.user_facing_reason() {
@@ -409,16 +237,16 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
                     reason,
                     message: chain(&e).to_string(),
                 };
-                write_problem(&obj, &ctx, &api, &problem).await?;
-                return Ok(Requeue::requeue(USER_ERROR_REQUEUE));
+                write_problem(obj, ctx, api, &problem, notes).await?;
+                return Ok(Some(Requeue::requeue(USER_ERROR_REQUEUE)));
             }
             let Some(reason) = e.repeated_failure_reason() else {
                 return Err(e);
             };
             ctx.metrics.reconcile_failed(e.metric_kind());
-            let failures = ctx.failures.record(&key);
+            let failures = ctx.objects.with(key, |o| o.failures.record());
             let wait = retry::backoff(failures);
-            warn!(object = %name, namespace = %ns, failures, retry_in = ?wait, error = %chain(&e), "write failed");
+            warn!(object = %owner.name, namespace = %owner.namespace, failures, retry_in = ?wait, error = %chain(&e), "write failed");
             if failures >= retry::REPORT_AFTER {
                 // The message stays the same while the failure does, so the
                 // condition and the Event are written once, not per retry.
@@ -426,9 +254,9 @@ pub async fn reconcile(obj: Arc<CSIDriverDeployment>, ctx: Arc<Context>) -> Resu
                     reason,
                     message: format!("{}; retrying with backoff", chain(&e)),
                 };
-                write_problem(&obj, &ctx, &api, &problem).await?;
+                write_problem(obj, ctx, api, &problem, notes).await?;
             }
-            Ok(Requeue::requeue(wait))
+            Ok(Some(Requeue::requeue(wait)))
         }
     }
 }
@@ -483,6 +311,7 @@ async fn drive(
     api: &Api<CSIDriverDeployment>,
     owner: Owner<'_>,
     rendered: &Rendered,
+    notes: &Notes,
 ) -> Result<Requeue, Error> {
     let now = Utc::now();
     let started = std::time::Instant::now();
@@ -491,8 +320,12 @@ async fn drive(
 
     let mut supporting_done = StdDuration::ZERO;
     if !spec.paused {
-        apply_supporting(obj, ctx, owner, rendered).await?;
+        apply_supporting(obj, ctx, owner, rendered, notes).await?;
         supporting_done = started.elapsed();
+        // A re-created CSIDriver or class is told before the workloads are
+        // written (which take a while and may fail): whoever watches for it
+        // finds its Event with it.
+        notes.publish(&ctx.recorder).await;
     }
 
     let controller = LiveController::cached(ctx, obj, owner)?;
@@ -571,8 +404,8 @@ async fn drive(
         tidy(obj, ctx, owner, rendered).await?;
     }
     let tidied = started.elapsed();
-    announce(obj, ctx, &plan).await;
-    announce_lost_nodes(obj, ctx, &health).await;
+    announce(obj, &ctx.metrics, &plan, notes);
+    announce_lost_nodes(obj, &health, notes);
 
     // No node to run on says more than any step deadline it causes.
     let no_nodes =
@@ -581,7 +414,7 @@ async fn drive(
             message: why,
         });
     if let Some(p) = &no_nodes {
-        warn_once(obj, ctx, p).await;
+        warn_once(obj, p, notes);
     }
     let (lost_problem, next_lost) = lost_nodes_problem(obj, &health, now);
     let problem = no_nodes
@@ -593,7 +426,7 @@ async fn drive(
         })
         .or(lost_problem);
     let new_status = status_after(obj, Progress::of(&plan), &health, problem.as_ref(), now);
-    let deferred = write_progress(obj, ctx, api, new_status).await?;
+    let deferred = write_progress(obj, ctx, api, new_status, notes).await?;
     // Where a pass spends its time, cumulative from its start (milliseconds).
     debug!(
         object = %owner.name,
@@ -686,7 +519,7 @@ fn lost_nodes_problem(
 }
 
 /// An Event when nodes are newly lost, and one when lost nodes return.
-async fn announce_lost_nodes(obj: &CSIDriverDeployment, ctx: &Context, health: &Health) {
+fn announce_lost_nodes(obj: &CSIDriverDeployment, health: &Health, notes: &Notes) {
     let before: BTreeSet<&str> = obj
         .status
         .as_ref()
@@ -712,109 +545,18 @@ async fn announce_lost_nodes(obj: &CSIDriverDeployment, ctx: &Context, health: &
             "node(s) lost: {}; the driver serves nothing there, and rollouts go on without them",
             newly.join(", ")
         );
-        publish(&ctx.recorder, obj, &Note::warning("NodesLost", note)).await;
+        notes.push(Note::warning("NodesLost", note));
     }
     let back: Vec<&str> = before.difference(&now).copied().collect();
     if !back.is_empty() && health.fleet.lost.len() <= csiops_crds::MAX_LOST_NODES_LISTED {
-        publish(
-            &ctx.recorder,
-            obj,
-            &Note {
-                warning: false,
-                reason: "NodesReturned".into(),
-                action: "Observe".into(),
-                note: format!("node(s) no longer lost: {}", back.join(", ")),
-            },
-        )
-        .await;
+        notes.push(Note {
+            warning: false,
+            reason: "NodesReturned".into(),
+            action: "Observe".into(),
+            note: format!("node(s) no longer lost: {}", back.join(", ")),
+        });
     }
 }
 
-/// Runs one action of the state machine. `node_budget` is the DaemonSet's
-/// `maxUnavailable` for now (the user's, plus the lost nodes).
-async fn execute(
-    action: Action,
-    obj: &CSIDriverDeployment,
-    ctx: &Context,
-    owner: Owner<'_>,
-    r: &Rendered,
-    node_budget: &IntOrString,
-) -> Result<(), Error> {
-    let (sts_api, ds_api) = workload_apis(ctx, owner.namespace);
-    let known = &ctx.caches.owned;
-    match action {
-        Action::ApplyNode => {
-            let ds = render::node::with_max_unavailable(r.daemonset.clone(), node_budget);
-            apply(&ds_api, "DaemonSet", ds, owner, Mode::Always, known).await?;
-        }
-        Action::ApplyControllerSurge {
-            replicas,
-            partition,
-        } => {
-            if let Some(ControllerWorkload::StatefulSet(sts)) = &r.controller {
-                let sts = render::controller::with_surge(sts.clone(), replicas, partition);
-                apply(&sts_api, "StatefulSet", sts, owner, Mode::Always, known).await?;
-            }
-        }
-        Action::ApplyController => match &r.controller {
-            Some(ControllerWorkload::StatefulSet(sts)) => {
-                apply(
-                    &sts_api,
-                    "StatefulSet",
-                    sts.clone(),
-                    owner,
-                    Mode::Always,
-                    known,
-                )
-                .await?;
-            }
-            Some(ControllerWorkload::Deployment(deploy)) => {
-                let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), owner.namespace);
-                apply(
-                    &api,
-                    "Deployment",
-                    deploy.clone(),
-                    owner,
-                    Mode::Always,
-                    known,
-                )
-                .await?;
-            }
-            // Never planned without a controller workload.
-            None => {}
-        },
-        Action::ScaleControllerToZero => {
-            // Replicas only: the old template stays until the node side is rolled.
-            let name = names::controller_name(obj);
-            let patch = json!({"spec": {"replicas": 0}});
-            let params = PatchParams::default();
-            let kind = obj.spec.controller.kind;
-            let result = match kind {
-                ControllerKind::StatefulSet => sts_api
-                    .patch(&name, &params, &Patch::Merge(&patch))
-                    .await
-                    .map(drop),
-                ControllerKind::Deployment => {
-                    let api: Api<Deployment> = Api::namespaced(ctx.client.clone(), owner.namespace);
-                    api.patch(&name, &params, &Patch::Merge(&patch))
-                        .await
-                        .map(drop)
-                }
-            };
-            result.map_err(|e| Error::from_write(kind.as_str(), &name, e))?;
-        }
-        Action::DeleteStaleController => {
-            let stale = other_kind(obj.spec.controller.kind);
-            if delete_controller(ctx, obj, owner, stale).await? {
-                info!(object = %owner.name, kind = stale.as_str(), "removed the controller of the previous kind");
-            }
-        }
-        Action::DeleteController => {
-            let kind = obj.spec.controller.kind;
-            if delete_controller(ctx, obj, owner, kind).await? {
-                info!(object = %owner.name, kind = kind.as_str(), "removed the controller workload: topology NodeLocal runs none");
-            }
-        }
-    }
-    Ok(())
-}
+#[cfg(test)]
+mod tests;

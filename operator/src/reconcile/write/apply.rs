@@ -13,15 +13,12 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use super::error::Error;
-use super::owned::Owned;
+use crate::reconcile::error::Error;
+use crate::reconcile::watch::owned::{Owned, APPLIED_HASH};
 use crate::render::labels::{OWNER_NAME, OWNER_NAMESPACE, OWNER_UID};
 
 /// The one field manager of every write this operator makes.
 pub const FIELD_MANAGER: &str = "csiops-operator";
-/// Annotation with the hash of what was last applied to a supporting object,
-/// so an unchanged object costs a read and no write.
-pub const APPLIED_HASH: &str = "csiops.dev/applied-hash";
 
 /// Who must own an object for us to touch it.
 #[derive(Clone, Copy, Debug)]

@@ -245,6 +245,7 @@ impl Caches {
 
     /// Caches that watch nothing and stay empty (unit tests of a reconcile
     /// against a mocked API server); synced from the start.
+    #[cfg(test)]
     pub fn empty() -> Caches {
         Caches {
             pods: PodCache::default(),

@@ -6,8 +6,6 @@
 //! and the operator keeps retrying, further apart each time, until the write
 //! succeeds (which clears the condition).
 
-use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::Duration;
 
 /// Consecutive failures after which a failing write is reported.
@@ -24,27 +22,21 @@ pub fn backoff(failures: u32) -> Duration {
     BASE.saturating_mul(1u32 << doublings).min(MAX)
 }
 
-/// Consecutive failed reconciliations per object (`namespace/name`).
-#[derive(Default)]
-pub struct Failures {
-    counts: Mutex<HashMap<String, u32>>,
-}
+/// Consecutive failed reconciliations of one object (kept with the
+/// object's other state).
+#[derive(Debug, Default)]
+pub struct Failures(u32);
 
 impl Failures {
-    /// Counts one more failure of `key`; returns the count.
-    pub fn record(&self, key: &str) -> u32 {
-        // A poisoned lock only means another reconciliation panicked while
-        // counting; the counts are still usable.
-        let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
-        let n = counts.entry(key.to_string()).or_insert(0);
-        *n = n.saturating_add(1);
-        *n
+    /// Counts one more failure; returns the count.
+    pub fn record(&mut self) -> u32 {
+        self.0 = self.0.saturating_add(1);
+        self.0
     }
 
-    /// Forgets the failures of `key` (after a success or a deletion).
-    pub fn clear(&self, key: &str) {
-        let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
-        counts.remove(key);
+    /// Forgets the failures (after a success or a deletion).
+    pub fn clear(&mut self) {
+        self.0 = 0;
     }
 }
 
@@ -64,11 +56,11 @@ mod tests {
 
     #[test]
     fn failures_count_per_object_and_clear() {
-        let f = Failures::default();
-        assert_eq!(f.record("a/x"), 1);
-        assert_eq!(f.record("a/x"), 2);
-        assert_eq!(f.record("b/x"), 1);
-        f.clear("a/x");
-        assert_eq!(f.record("a/x"), 1);
+        let (mut a, mut b) = (Failures::default(), Failures::default());
+        assert_eq!(a.record(), 1);
+        assert_eq!(a.record(), 2);
+        assert_eq!(b.record(), 1);
+        a.clear();
+        assert_eq!(a.record(), 1);
     }
 }

@@ -13,12 +13,12 @@ use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
 use super::apply::{is_owned_by, Owner};
-use super::error::Error;
+use crate::reconcile::error::Error;
 use crate::render::Rendered;
 
 /// Names (and uids) of the objects of one kind that carry `selector` and,
 /// when `owner` is given, its controller owner reference.
-pub(super) async fn owned_names<K>(
+pub(crate) async fn owned_names<K>(
     api: &Api<K>,
     kind: &'static str,
     selector: &str,
@@ -40,7 +40,7 @@ where
 }
 
 /// Deletes the objects [`owned_names`] finds, but those in `keep`.
-pub(super) async fn delete_all<K>(
+pub(crate) async fn delete_all<K>(
     api: &Api<K>,
     kind: &'static str,
     selector: &str,

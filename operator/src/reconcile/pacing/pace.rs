@@ -9,23 +9,20 @@
 //! does nothing and asks to run again when the interval is over, and the
 //! events that arrive meanwhile all fold into that one run.
 //!
-//! The interval is short (a quarter second): at a second, the fleet
-//! benchmark's 1000-node upgrade spent three seconds on the steps that
-//! wait on the cluster; at a quarter second a busy object still costs at
-//! most four reads (and status writes, when its counts moved) a second.
+//! The interval is short (a quarter second) because every step of a
+//! rollout that waits on the cluster may notice its end up to one interval
+//! late; a quarter second still bounds a busy object to four reads (and
+//! status writes, when its counts moved) a second.
 //!
 //! Folding is only for the churn of pods and nodes. The few changes a
 //! rollout's next step waits on ([`Waypoints`]: the object edited, its node
 //! DaemonSet settling, any change of its controller workload) let a
-//! reconcile through at once, interval or not: measured on 200 kwok nodes,
-//! the controller's surge roll (three phases, each waking the object right
-//! after the last reconcile) and the end of the node roll otherwise waited
-//! out an interval each, 0.5–0.7 s of an upgrade's last second. They are
-//! rare (a handful per rollout), so they cost no rate.
+//! reconcile through at once, interval or not: they often come right after
+//! the last reconcile (each phase of the controller's surge roll, the end
+//! of the node roll), and holding them would add an interval to every such
+//! step. They are rare (a handful per rollout), so they cost no rate.
 
-use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use csiops_crds::CSIDriverDeployment;
@@ -89,12 +86,16 @@ pub fn settled(ds: &DaemonSet) -> bool {
         && s.number_unavailable.unwrap_or(0) == 0
 }
 
-/// When each object's last reconcile started, and what its [`Waypoints`]
-/// were then.
+/// When an object's last reconcile started, and what its [`Waypoints`]
+/// were then (kept with the object's other state).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Last(Option<(Instant, u64)>);
+
+/// At most one reconcile of an object per interval, judged against the
+/// object's [`Last`].
 #[derive(Debug)]
 pub struct Pacer {
     interval: Duration,
-    last: Mutex<HashMap<String, (Instant, u64)>>,
 }
 
 impl Default for Pacer {
@@ -106,44 +107,32 @@ impl Default for Pacer {
 impl Pacer {
     /// A pacer of `interval` (zero: never holds).
     pub fn new(interval: Duration) -> Self {
-        Pacer {
-            interval,
-            last: Mutex::new(HashMap::new()),
-        }
+        Pacer { interval }
     }
 
     /// `None`: go ahead (recorded as started now). `Some(wait)`: too soon,
     /// come back after `wait`.
-    pub fn hold(&self, key: &str, now: Instant) -> Option<Duration> {
-        self.hold_unless_moved(key, now, &Waypoints::default())
+    pub fn hold(&self, last: &mut Last, now: Instant) -> Option<Duration> {
+        self.hold_unless_moved(last, now, &Waypoints::default())
     }
 
     /// [`Pacer::hold`], but go ahead at once when `waypoints` differ from
     /// those of the last reconcile let through.
     pub fn hold_unless_moved(
         &self,
-        key: &str,
+        last: &mut Last,
         now: Instant,
         waypoints: &Waypoints,
     ) -> Option<Duration> {
         let digest = waypoints.digest();
-        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((at, seen)) = last.get(key) {
-            let since = now.saturating_duration_since(*at);
-            if since < self.interval && *seen == digest {
+        if let Some((at, seen)) = last.0 {
+            let since = now.saturating_duration_since(at);
+            if since < self.interval && seen == digest {
                 return Some(self.interval - since);
             }
         }
-        last.insert(key.to_string(), (now, digest));
+        *last = Last(Some((now, digest)));
         None
-    }
-
-    /// Forgets a deleted object.
-    pub fn forget(&self, key: &str) {
-        self.last
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(key);
     }
 }
 
@@ -155,20 +144,24 @@ mod tests {
     fn a_second_reconcile_within_the_interval_waits_for_the_rest_of_it() {
         let pacer = Pacer::new(Duration::from_secs(1));
         let t = Instant::now();
-        assert_eq!(pacer.hold("ns/a", t), None);
-        let wait = pacer.hold("ns/a", t + Duration::from_millis(300));
+        let (mut a, mut b) = (Last::default(), Last::default());
+        assert_eq!(pacer.hold(&mut a, t), None);
+        let wait = pacer.hold(&mut a, t + Duration::from_millis(300));
         assert_eq!(wait, Some(Duration::from_millis(700)));
         // Other objects are not held.
-        assert_eq!(pacer.hold("ns/b", t + Duration::from_millis(300)), None);
-        assert_eq!(pacer.hold("ns/a", t + Duration::from_secs(1)), None);
+        assert_eq!(pacer.hold(&mut b, t + Duration::from_millis(300)), None);
+        assert_eq!(pacer.hold(&mut a, t + Duration::from_secs(1)), None);
         let pacer = Pacer::default();
-        assert_eq!(pacer.hold("ns/a", t), None);
-        assert!(pacer.hold("ns/a", t + MIN_INTERVAL / 2).is_some());
-        assert_eq!(pacer.hold("ns/a", t + MIN_INTERVAL), None);
-        pacer.forget("ns/a");
-        assert_eq!(pacer.hold("ns/a", t + MIN_INTERVAL), None);
+        let mut a = Last::default();
+        assert_eq!(pacer.hold(&mut a, t), None);
+        assert!(pacer.hold(&mut a, t + MIN_INTERVAL / 2).is_some());
+        assert_eq!(pacer.hold(&mut a, t + MIN_INTERVAL), None);
+        // A forgotten object (its state dropped) starts afresh.
+        let mut a = Last::default();
+        assert_eq!(pacer.hold(&mut a, t + MIN_INTERVAL), None);
         let off = Pacer::new(Duration::ZERO);
-        assert_eq!((off.hold("x", t), off.hold("x", t)), (None, None));
+        let mut x = Last::default();
+        assert_eq!((off.hold(&mut x, t), off.hold(&mut x, t)), (None, None));
     }
 
     fn ds(generation: i64, observed: i64, updated: i32, available: i32) -> DaemonSet {
@@ -239,20 +232,21 @@ mod tests {
     fn moved_waypoints_let_a_reconcile_through_within_the_interval() {
         let pacer = Pacer::default();
         let t = Instant::now();
+        let mut a = Last::default();
         let still = Waypoints::default();
         let moved = Waypoints {
             generation: Some(2),
             ..Waypoints::default()
         };
-        assert_eq!(pacer.hold_unless_moved("ns/a", t, &still), None);
+        assert_eq!(pacer.hold_unless_moved(&mut a, t, &still), None);
         let soon = t + MIN_INTERVAL / 5;
-        assert!(pacer.hold_unless_moved("ns/a", soon, &still).is_some());
-        assert_eq!(pacer.hold_unless_moved("ns/a", soon, &moved), None);
+        assert!(pacer.hold_unless_moved(&mut a, soon, &still).is_some());
+        assert_eq!(pacer.hold_unless_moved(&mut a, soon, &moved), None);
         // Now the moved ones are the last seen: the same again is held,
         // for the rest of an interval counted from the last run.
         let later = soon + MIN_INTERVAL / 5;
         assert_eq!(
-            pacer.hold_unless_moved("ns/a", later, &moved),
+            pacer.hold_unless_moved(&mut a, later, &moved),
             Some(MIN_INTERVAL - MIN_INTERVAL / 5)
         );
     }

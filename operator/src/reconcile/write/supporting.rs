@@ -25,25 +25,26 @@ use tracing::{debug, info, warn};
 use super::apply::{
     apply, apply_checked, delete_owned, get_owned, Applied, Mode, Owner, StoreCheck,
 };
-use super::error::Error;
-use super::events::{publish, Note};
-use super::owned::Owned;
-use super::Context;
+use crate::reconcile::context::Context;
+use crate::reconcile::error::Error;
+use crate::reconcile::events::{Note, Notes};
+use crate::reconcile::watch::owned::Owned;
 use crate::render::{csidriver, AppliedCSIDriver, Rendered};
 
 /// Supporting objects written at once.
-pub(super) const PARALLEL: usize = 8;
+pub(crate) const PARALLEL: usize = 8;
 
 /// ServiceAccounts, RBAC, the CSIDriver and the classes: applied before any
 /// workload so pods never start without their permissions. Every write runs
 /// to its end, and then the first error is returned: a failure elsewhere
 /// must not cut a re-creation (CSIDriver, a class) between its delete
 /// and its create.
-pub(super) async fn apply_supporting(
+pub(crate) async fn apply_supporting(
     obj: &CSIDriverDeployment,
     ctx: &Context,
     owner: Owner<'_>,
     r: &Rendered,
+    notes: &Notes,
 ) -> Result<(), Error> {
     let c = &ctx.client;
     let known = &ctx.caches.owned;
@@ -87,12 +88,12 @@ pub(super) async fn apply_supporting(
             known,
         ));
     }
-    writes.push(apply_csidriver(obj, ctx, owner, r).boxed());
+    writes.push(apply_csidriver(obj, ctx, owner, r, notes).boxed());
     for class in &r.storage_classes {
-        writes.push(apply_storage_class(obj, ctx, &classes, owner, class).boxed());
+        writes.push(apply_storage_class(ctx, &classes, owner, class, notes).boxed());
     }
     for class in &r.attributes_classes {
-        writes.push(apply_attributes_class(obj, ctx, &attributes_classes, owner, class).boxed());
+        writes.push(apply_attributes_class(ctx, &attributes_classes, owner, class, notes).boxed());
     }
     let results: Vec<Result<(), Error>> = futures::stream::iter(writes)
         .buffer_unordered(PARALLEL)
@@ -140,6 +141,7 @@ async fn apply_csidriver(
     ctx: &Context,
     owner: Owner<'_>,
     r: &Rendered,
+    notes: &Notes,
 ) -> Result<(), Error> {
     let drivers: Api<AppliedCSIDriver> = Api::all(ctx.client.clone());
     let name = r.csi_driver.name_any();
@@ -172,27 +174,25 @@ async fn apply_csidriver(
             .await?;
             let note =
                 format!("CSIDriver {name} re-created: an immutable field changed ({message})");
-            publish(
-                &ctx.recorder,
-                obj,
-                &Note::warning("CSIDriverRecreated", note),
-            )
-            .await;
+            notes.push(Note::warning("CSIDriverRecreated", note));
             dropped
         }
         other => other?.1,
     };
     const NOT_STORED: &str = "CSIDriverFieldNotStored";
-    let key = super::object_key(obj);
+    let key = crate::reconcile::context::object_key(obj);
     if dropped.is_empty() {
-        ctx.told.ended(&key, NOT_STORED);
+        ctx.objects.with(&key, |o| o.told.ended(NOT_STORED));
     } else {
         let note = csidriver::unstored_note(&name, &dropped);
         // Applied again at every reconcile (the gate may be turned on), but
         // told once until the fields change.
-        if ctx.told.is_news(&key, NOT_STORED, &note) {
+        if ctx
+            .objects
+            .with(&key, |o| o.told.is_news(NOT_STORED, &note))
+        {
             warn!(csidriver = %name, fields = ?dropped, "{note}");
-            publish(&ctx.recorder, obj, &Note::warning(NOT_STORED, note)).await;
+            notes.push(Note::warning(NOT_STORED, note));
         } else {
             debug!(csidriver = %name, fields = ?dropped, "still not stored");
         }
@@ -204,11 +204,11 @@ async fn apply_csidriver(
 /// mode are immutable: a changed class is re-created. Existing PVs are not
 /// affected.
 async fn apply_storage_class(
-    obj: &CSIDriverDeployment,
     ctx: &Context,
     classes: &Api<StorageClass>,
     owner: Owner<'_>,
     class: &StorageClass,
+    notes: &Notes,
 ) -> Result<(), Error> {
     let applied = apply(
         classes,
@@ -219,34 +219,23 @@ async fn apply_storage_class(
         &ctx.caches.owned,
     )
     .await?;
-    tell_class(obj, ctx, "StorageClass", &class.name_any(), applied).await;
+    tell_class("StorageClass", &class.name_any(), applied, notes);
     Ok(())
 }
 
 /// Logs a created class and tells a re-created one with a `<kind>Recreated`
 /// Event: claims made since use the new spec.
-async fn tell_class(
-    obj: &CSIDriverDeployment,
-    ctx: &Context,
-    kind: &str,
-    name: &str,
-    applied: Applied,
-) {
+fn tell_class(kind: &str, name: &str, applied: Applied, notes: &Notes) {
     match applied {
         Applied::Created => info!(kind, name, "class created"),
         Applied::Recreated => {
             let note = format!("{kind} {name} re-created with the new spec");
-            publish(
-                &ctx.recorder,
-                obj,
-                &Note {
-                    warning: false,
-                    reason: format!("{kind}Recreated"),
-                    action: "Apply".into(),
-                    note,
-                },
-            )
-            .await;
+            notes.push(Note {
+                warning: false,
+                reason: format!("{kind}Recreated"),
+                action: "Apply".into(),
+                note,
+            });
         }
         Applied::Updated | Applied::Unchanged => {}
     }
@@ -261,11 +250,11 @@ async fn tell_class(
 /// rather than failed, and its deletion (watched) brings the object back
 /// here then.
 async fn apply_attributes_class(
-    obj: &CSIDriverDeployment,
     ctx: &Context,
     classes: &Api<VolumeAttributesClass>,
     owner: Owner<'_>,
     class: &VolumeAttributesClass,
+    notes: &Notes,
 ) -> Result<(), Error> {
     let name = class.name_any();
     let apply_once = || {
@@ -286,12 +275,7 @@ async fn apply_attributes_class(
                 Release::Held => {
                     let note = format!("VolumeAttributesClass {name} changed, but claims or PVs still use the old one: Kubernetes deletes it once none does, and it is created again with the new parameters then");
                     warn!(volume_attributes_class = %name, "{note}");
-                    publish(
-                        &ctx.recorder,
-                        obj,
-                        &Note::warning("VolumeAttributesClassInUse", note),
-                    )
-                    .await;
+                    notes.push(Note::warning("VolumeAttributesClassInUse", note));
                     return Ok(());
                 }
                 Release::NotDeleting => Err(e),
@@ -299,7 +283,7 @@ async fn apply_attributes_class(
         }
         other => other,
     };
-    tell_class(obj, ctx, "VolumeAttributesClass", &name, applied?).await;
+    tell_class("VolumeAttributesClass", &name, applied?, notes);
     Ok(())
 }
 

@@ -10,15 +10,15 @@ use serde_json::json;
 use tracing::warn;
 
 use super::apply::FIELD_MANAGER;
-use super::error::Error;
-use super::events::{publish, Note};
-use super::Context;
 use crate::health::Health;
+use crate::reconcile::context::{object_key, Context};
+use crate::reconcile::error::Error;
+use crate::reconcile::events::{Note, Notes};
 use crate::report::{self, Problem, ReportInput};
 use crate::rollout::Plan;
 
 /// Where the rollout stands after a pass.
-pub(super) struct Progress<'a> {
+pub(crate) struct Progress<'a> {
     pub rollout: Option<&'a RolloutStatus>,
     pub waiting_for: Option<&'a str>,
     /// A rollout completed in this pass.
@@ -39,7 +39,7 @@ impl<'a> Progress<'a> {
 /// The status of `obj` after a pass: `progress`, the `health` observed and
 /// the `problem` found, over the status it had. Paused and deleting are read
 /// from the object (a deleted object is torn down even when paused).
-pub(super) fn status_after(
+pub(crate) fn status_after(
     obj: &CSIDriverDeployment,
     progress: Progress<'_>,
     health: &Health,
@@ -65,18 +65,13 @@ pub(super) fn status_after(
 
 /// A Warning Event for `problem`, unless the object already reports it
 /// (its reason: the message of a standing problem may vary).
-pub(super) async fn warn_once(obj: &CSIDriverDeployment, ctx: &Context, problem: &Problem) {
-    warn_unless_reported(obj, ctx, problem, false).await;
+pub(crate) fn warn_once(obj: &CSIDriverDeployment, problem: &Problem, notes: &Notes) {
+    warn_unless_reported(obj, problem, false, notes);
 }
 
 /// A log line and a Warning Event for `problem`, unless the object's
 /// Degraded condition has its reason (and, when `exact`, its message).
-async fn warn_unless_reported(
-    obj: &CSIDriverDeployment,
-    ctx: &Context,
-    problem: &Problem,
-    exact: bool,
-) {
+fn warn_unless_reported(obj: &CSIDriverDeployment, problem: &Problem, exact: bool, notes: &Notes) {
     let already = obj
         .status
         .as_ref()
@@ -88,23 +83,19 @@ async fn warn_unless_reported(
         });
     if !already {
         warn!(object = %obj.name_any(), reason = problem.reason, "{}", problem.message);
-        publish(
-            &ctx.recorder,
-            obj,
-            &Note::warning(problem.reason, problem.message.clone()),
-        )
-        .await;
+        notes.push(Note::warning(problem.reason, problem.message.clone()));
     }
 }
 
 /// Status and a Warning Event for a problem the user must fix.
-pub(super) async fn write_problem(
+pub(crate) async fn write_problem(
     obj: &CSIDriverDeployment,
     ctx: &Context,
     api: &Api<CSIDriverDeployment>,
     problem: &Problem,
+    notes: &Notes,
 ) -> Result<(), Error> {
-    warn_unless_reported(obj, ctx, problem, true).await;
+    warn_unless_reported(obj, problem, true, notes);
     let previous = obj.status.as_ref();
     // Keep the last known counts and rollout: nothing was observed or changed.
     let health = previous.map(health_of_status).unwrap_or_default();
@@ -114,7 +105,7 @@ pub(super) async fn write_problem(
         completed: false,
     };
     let new_status = status_after(obj, progress, &health, Some(problem), Utc::now());
-    write_status(obj, ctx, api, new_status).await
+    write_status(obj, ctx, api, new_status, notes).await
 }
 
 fn health_of_status(s: &CSIDriverDeploymentStatus) -> Health {
@@ -132,44 +123,50 @@ fn health_of_status(s: &CSIDriverDeploymentStatus) -> Health {
 /// messages ([`report::progress_only`]) is written: a node roll changes
 /// them with every pod, and the object is reconciled up to four times a
 /// second; one write a second keeps `kubectl get` current.
-pub(super) const PROGRESS_WRITE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+pub(crate) const PROGRESS_WRITE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// [`write_status`], unless `status` is mere progress over the object's and
 /// the last such write was less than [`PROGRESS_WRITE_INTERVAL`] ago: then
 /// nothing is written, and the time after which to reconcile again to write
 /// it is returned.
-pub(super) async fn write_progress(
+pub(crate) async fn write_progress(
     obj: &CSIDriverDeployment,
     ctx: &Context,
     api: &Api<CSIDriverDeployment>,
     status: CSIDriverDeploymentStatus,
+    notes: &Notes,
 ) -> Result<Option<std::time::Duration>, Error> {
     let minor = obj
         .status
         .as_ref()
         .is_some_and(|old| *old != status && report::progress_only(old, &status));
     if minor {
-        if let Some(wait) = ctx
-            .progress_writes
-            .hold(&super::object_key(obj), std::time::Instant::now())
-        {
+        let now = std::time::Instant::now();
+        let held = ctx.objects.with(&object_key(obj), |o| {
+            ctx.progress_writes.hold(&mut o.progress_written, now)
+        });
+        if let Some(wait) = held {
             return Ok(Some(wait));
         }
     }
-    write_status(obj, ctx, api, status).await?;
+    write_status(obj, ctx, api, status, notes).await?;
     Ok(None)
 }
 
-/// Writes status by server-side apply, only when it changed.
-pub(super) async fn write_status(
+/// Writes status by server-side apply, only when it changed, after the
+/// Events the pass collected: whoever waits for the status (a user, an
+/// alert, a test) finds the Events that tell why already there.
+pub(crate) async fn write_status(
     obj: &CSIDriverDeployment,
     ctx: &Context,
     api: &Api<CSIDriverDeployment>,
     status: CSIDriverDeploymentStatus,
+    notes: &Notes,
 ) -> Result<(), Error> {
     if obj.status.as_ref() == Some(&status) {
         return Ok(());
     }
+    notes.publish(&ctx.recorder).await;
     let patch = json!({
         "apiVersion": "csiops.dev/v1alpha1",
         "kind": "CSIDriverDeployment",
@@ -181,10 +178,9 @@ pub(super) async fn write_status(
         .await
     {
         Ok(written) => {
-            ctx.fresh.note(
-                &super::object_key(obj),
-                written.resource_version().as_deref(),
-            );
+            let version = written.resource_version();
+            ctx.objects
+                .with(&object_key(obj), |o| o.fresh.note(version.as_deref()));
             Ok(())
         }
         // Deleted meanwhile: nothing to report on.

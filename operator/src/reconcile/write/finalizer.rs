@@ -5,14 +5,14 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::ResourceExt;
 use serde_json::json;
 
-use super::error::Error;
+use crate::reconcile::error::Error;
 
 /// Finalizer that holds a deleted object until its ordered teardown is done.
 pub const FINALIZER: &str = "csiops.dev/teardown";
 
-/// How often an object is looked at while a rollout runs, besides watch events
-/// (the step deadline must be noticed even if nothing changes).
-pub(super) async fn ensure_finalizer(
+/// Adds the finalizer unless the object has it, before any child is written:
+/// what the operator creates is then always torn down in order.
+pub(crate) async fn ensure_finalizer(
     obj: &CSIDriverDeployment,
     api: &Api<CSIDriverDeployment>,
 ) -> Result<(), Error> {
@@ -48,7 +48,7 @@ async fn patch_finalizers(
 }
 
 /// Drops our finalizer, keeping every other writer's: the teardown is done.
-pub(super) async fn release(
+pub(crate) async fn release(
     obj: &CSIDriverDeployment,
     api: &Api<CSIDriverDeployment>,
 ) -> Result<(), Error> {

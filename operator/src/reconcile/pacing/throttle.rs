@@ -1,15 +1,15 @@
 //! Pod churn folded before it reaches the controller: at most one trigger
 //! per object every [`pace::MIN_INTERVAL`](super::pace::MIN_INTERVAL).
 //!
-//! During a node roll of a 1000-node driver its pods change about 150
-//! times a second (deleted, created, scheduled, running, ready). The pacer
-//! lets four reconciles a second through, but each trigger still ran the
-//! controller's scheduling and a reconcile call that only found it was too
-//! soon: measured in the fleet bench, 58 000 of those against 4 700 real
-//! passes. This stream passes an object's first trigger at once and folds
-//! every later one within the interval into a single trigger at its end, so
-//! the last change of a burst is never lost, only late by at most the
-//! interval, the same delay the pacer would have imposed.
+//! During a node roll a driver's pods change many times a second (deleted,
+//! created, scheduled, running, ready, on every node). The pacer turns most
+//! of those triggers away, but each would still cost the controller's
+//! scheduling and a reconcile call that only finds it is too soon, many
+//! times the passes that do work. This stream passes an object's first
+//! trigger at once and folds every later one within the interval into a
+//! single trigger at its end, so the last change of a burst is never lost,
+//! only late by at most the interval, the same delay the pacer would have
+//! imposed.
 //!
 //! Only pod triggers go through here. What a rollout step waits on (the
 //! object, its workloads, nodes, CSINodes) keeps its own unthrottled

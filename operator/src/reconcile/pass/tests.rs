@@ -9,6 +9,11 @@ use kube::runtime::watcher::Event;
 use serde_json::{json, Value};
 
 use super::*;
+use crate::metrics::Metrics;
+use crate::reconcile::scope;
+use crate::reconcile::watch::owned::APPLIED_HASH;
+use crate::render::RenderConfig;
+use kube::runtime::events::{Recorder, Reporter};
 
 const NS: &str = "storage";
 const OBJ: &str = "/apis/csiops.dev/v1alpha1/namespaces/storage/csidriverdeployments/hp";
@@ -75,11 +80,9 @@ impl Fixture {
             },
             caches: caches::Caches::empty(),
             deployments,
-            failures: retry::Failures::default(),
             pacer: pace::Pacer::new(std::time::Duration::ZERO),
-            fresh: super::fresh::Freshness::default(),
             progress_writes: pace::Pacer::new(std::time::Duration::ZERO),
-            told: Default::default(),
+            objects: Default::default(),
         });
         Fixture { ctx, log, objects }
     }
@@ -195,7 +198,7 @@ fn csidriver_patches(log: &Log) -> Vec<testing::Call> {
 
 /// The applied-hash annotation a CSIDriver PATCH carries ("" without one).
 fn applied_hash(c: &testing::Call) -> String {
-    c.body["metadata"]["annotations"][super::apply::APPLIED_HASH]
+    c.body["metadata"]["annotations"][APPLIED_HASH]
         .as_str()
         .unwrap_or_default()
         .to_string()
@@ -677,12 +680,66 @@ async fn csidriver_fields_an_older_api_server_does_not_know_are_left_out_and_war
 async fn an_object_outside_watch_namespaces_is_left_alone() {
     let mut fx = Fixture::new(cdd(json!({}), json!({})));
     let ctx = Arc::get_mut(&mut fx.ctx).expect("one owner");
-    ctx.scope = super::scope::Namespaces::from_list(["storage-system"]);
+    ctx.scope = scope::Namespaces::from_list(["storage-system"]);
     fx.reconcile().await.expect("nothing to do");
     assert!(fx.log.calls().is_empty(), "{:#?}", fx.log.lines());
     // In scope: the same object is acted on.
     let ctx = Arc::get_mut(&mut fx.ctx).expect("one owner");
-    ctx.scope = super::scope::Namespaces::from_list(["storage-system", NS]);
+    ctx.scope = scope::Namespaces::from_list(["storage-system", NS]);
     fx.reconcile().await.expect("reconciled");
     assert!(!fx.writes().is_empty());
+}
+
+/// Where a pass's collected Events go out among its writes.
+fn event_positions(fx: &Fixture) -> (Vec<usize>, Vec<String>) {
+    let writes = fx.log.writes();
+    let at = writes
+        .iter()
+        .enumerate()
+        .filter(|(_, w)| w.contains("/events"))
+        .map(|(i, _)| i)
+        .collect();
+    (at, writes)
+}
+
+#[tokio::test]
+async fn a_pass_publishes_its_events_before_its_status_write() {
+    let fx = Fixture::new(cdd(json!({}), json!({})));
+    fx.reconcile().await.expect("reconciled");
+    let (events, writes) = event_positions(&fx);
+    let status = writes
+        .iter()
+        .position(|w| *w == format!("PATCH {OBJ}/status"))
+        .expect("a status write");
+    assert!(events.len() >= 2, "{writes:#?}");
+    assert!(events.iter().all(|&e| e < status), "{writes:#?}");
+
+    // A problem the user must fix: its Warning, then the status saying it.
+    let fx = Fixture::new(cdd(
+        json!({}),
+        json!({"driver": {"image": "x", "args": []}, "node": {"kubeletDir": "relative/path"}}),
+    ));
+    fx.reconcile().await.expect("reported, not failed");
+    let (events, writes) = event_positions(&fx);
+    assert_eq!(events.len(), 1, "{writes:#?}");
+    assert_eq!(writes.last(), Some(&format!("PATCH {OBJ}/status")));
+}
+
+#[tokio::test]
+async fn a_finished_teardown_tells_it_before_the_finalizer_goes_and_drops_the_record() {
+    let fx = Fixture::new(cdd(
+        json!({"finalizers": [FINALIZER], "deletionTimestamp": "2026-11-21T11:00:00Z"}),
+        json!({}),
+    ));
+    fx.reconcile().await.expect("torn down");
+    let (events, writes) = event_positions(&fx);
+    let release = writes
+        .iter()
+        .position(|w| *w == format!("PATCH {OBJ}"))
+        .expect("the finalizer released");
+    assert!(events.iter().all(|&e| e < release), "{writes:#?}");
+    assert!(
+        !fx.ctx.objects.holds("storage/hp"),
+        "forgotten once torn down"
+    );
 }
