@@ -28,8 +28,9 @@ use std::time::Duration;
 use csiops_crds::SERVICE_ACCOUNT_TOKEN_IN_SECRETS_MESSAGE;
 use csiops_e2e::cluster::ALLOCATABLE_COUNT_GATE;
 use csiops_e2e::{operator_bin, testkit, wait_for, Cluster, ClusterOptions};
-use k8s_openapi::api::storage::v1::CSIDriver;
-use kube::api::{Api, ApiResource, DynamicObject};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::{CSIDriver, CSINode};
+use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use kube::ResourceExt;
 use serde_json::{json, Value};
 
@@ -477,6 +478,148 @@ async fn fields_of_newer_apis_are_stored_where_the_server_has_them() {
         "1.{minor}: {:#?}",
         events(&cluster).await
     );
+
+    operator.check_running().expect("operator still running");
+    operator.stop().await;
+    cluster.stop().await.expect("cluster stops");
+}
+
+/// A claim bound to a volume of [`DRIVER`], and a pod that uses it.
+fn claim_and_pod() -> (String, String) {
+    let claim = format!(
+        r#"apiVersion: v1
+kind: PersistentVolume
+metadata:
+  name: fields-pv
+spec:
+  capacity: {{storage: 1Gi}}
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Retain
+  claimRef: {{namespace: {NS}, name: data}}
+  csi: {{driver: {DRIVER}, volumeHandle: vol-1}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: data
+  namespace: {NS}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: ""
+  volumeName: fields-pv
+  resources: {{requests: {{storage: 1Gi}}}}
+"#
+    );
+    let pod = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: app
+  namespace: {NS}
+spec:
+  containers:
+  - {{name: app, image: registry.example.com/app:1}}
+  volumes:
+  - {{name: data, persistentVolumeClaim: {{claimName: data}}}}
+"#
+    );
+    (claim, pod)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prevent_pod_scheduling_if_missing_keeps_pods_off_nodes_without_the_driver() {
+    // Two kwok nodes, neither with the driver in its CSINode (no kubelet
+    // registers anything there). Where the server stores the field (1.37),
+    // kube-scheduler keeps the pod off both until one node's CSINode lists
+    // the driver, then places it there; elsewhere the field is not stored
+    // and the pod is placed at once.
+    let cluster = Cluster::start(ClusterOptions::kwok(2))
+        .await
+        .expect("cluster starts");
+    let minor = cluster.server_minor().await.expect("server version");
+    let enforced = minor >= 37;
+    testkit::install_crd(&cluster).await.expect("CRD installs");
+    let mut operator = cluster
+        .run_operator(&operator_bin().expect("operator built"))
+        .expect("operator starts");
+    let api = csidrivers(&cluster);
+    testkit::apply_ok(
+        &cluster,
+        "prevent",
+        &object("    attachRequired: false\n    preventPodSchedulingIfMissing: true\n"),
+    )
+    .await;
+    wait_spec(&api, &cluster, "exists", |s| s["attachRequired"] == false).await;
+    // The pod only once its claim is bound: a pod the scheduler first
+    // turned down for an unbound claim may wait minutes for its next try.
+    let (claim, pod) = claim_and_pod();
+    testkit::apply_ok(&cluster, "claim", &claim).await;
+    let client = cluster.client().expect("client");
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NS);
+    wait_for(DEADLINE, POLL, || async {
+        let c = claims.get_opt("data").await.ok().flatten()?;
+        (c.status?.phase.as_deref() == Some("Bound")).then_some(())
+    })
+    .await
+    .expect("the claim is bound");
+    testkit::apply_ok(&cluster, "pod", &pod).await;
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let node_of = || async {
+        pods.get_opt("app")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|p| p.spec)
+            .and_then(|s| s.node_name)
+    };
+    if enforced {
+        // The scheduler says why, naming the driver (after an earlier
+        // FailedScheduling, maybe, while the claim was not yet bound).
+        let missing = format!("{DRIVER} CSI driver is not installed on the node");
+        let why = wait_for(DEADLINE, POLL, || async {
+            testkit::kubectl_text(&cluster, &["-n", NS, "get", "events"])
+                .lines()
+                .find(|l| l.contains("FailedScheduling") && l.contains(&missing))
+                .map(str::to_string)
+        })
+        .await;
+        assert!(
+            why.is_ok(),
+            "no FailedScheduling naming the driver: {}\n{}",
+            testkit::kubectl_text(&cluster, &["-n", NS, "get", "events"]),
+            testkit::kubectl_text(&cluster, &["-n", NS, "get", "pv,pvc", "-o", "yaml"])
+        );
+        assert_eq!(
+            node_of().await,
+            None,
+            "not placed before a node has the driver"
+        );
+        // The driver registers on the first node.
+        let node = "kwok-node-0";
+        let csinodes: Api<CSINode> = Api::all(client.clone());
+        csinodes
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": {"name": node},
+                    "spec": {"drivers": [{"name": DRIVER, "nodeID": node}]}
+                }))
+                .expect("a CSINode"),
+            )
+            .await
+            .expect("CSINode created");
+        let placed = wait_for(DEADLINE, POLL, || async { node_of().await })
+            .await
+            .expect("placed once a node has the driver");
+        assert_eq!(placed, node, "on the node whose CSINode lists the driver");
+    } else {
+        let placed = wait_for(DEADLINE, POLL, || async { node_of().await }).await;
+        assert!(
+            placed.is_ok(),
+            "1.{minor} does not store the field: the pod is placed"
+        );
+    }
 
     operator.check_running().expect("operator still running");
     operator.stop().await;
