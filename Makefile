@@ -69,7 +69,7 @@ test: toolchain lint cluster-bins e2e-suite node-prereqs images build
 	CSIOPS_UPSTREAM_PROTOS="$$(e2e/cluster-bins/upstream-protos.sh)" \
 	CSIOPS_HELM="$$(e2e/cluster-bins/helm.sh)" \
 	CSIOPS_E2E_SUITE="$$(e2e/cluster-bins/e2e-suite.sh)" \
-	$(CARGO) test --workspace
+	$(CARGO) test --workspace --no-fail-fast
 
 ## The cross-version subset on each older supported minor (not part of
 ## `test`; run it before landing a change to version-dependent code): per
