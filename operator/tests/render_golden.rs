@@ -1067,7 +1067,10 @@ fn token_requests_and_the_allocatable_period_reach_only_the_csidriver() {
     obj.spec.csi_driver.prevent_pod_scheduling_if_missing = Some(true);
     let newer = must_render(&obj);
     assert_ne!(newer.csi_driver, changed.csi_driver);
-    assert_eq!(newer.csi_driver.spec.pinned, changed.csi_driver.spec.pinned);
+    // serviceAccountTokenInSecrets is the pinned (1.35) API's own field.
+    let mut pinned = changed.csi_driver.spec.pinned.clone();
+    pinned.service_account_token_in_secrets = Some(false);
+    assert_eq!(newer.csi_driver.spec.pinned, pinned);
     assert_eq!(newer.controller_hash, base.controller_hash);
     assert_eq!(newer.node_hash, base.node_hash);
 }
