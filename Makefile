@@ -5,7 +5,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 CARGO ?= cargo
 
-.PHONY: all build test unit e2e lint fmt crds api-docs manifests cluster-bins e2e-suite node-prereqs images demo conformance toolchain clean-cache bench-attacher bench-fleet
+.PHONY: all build test test-matrix unit e2e lint fmt crds api-docs manifests cluster-bins e2e-suite node-prereqs images demo conformance toolchain clean-cache bench-attacher bench-fleet
 
 all: build
 
@@ -69,7 +69,23 @@ test: toolchain lint cluster-bins e2e-suite node-prereqs images build
 	CSIOPS_UPSTREAM_PROTOS="$$(e2e/cluster-bins/upstream-protos.sh)" \
 	CSIOPS_HELM="$$(e2e/cluster-bins/helm.sh)" \
 	CSIOPS_E2E_SUITE="$$(e2e/cluster-bins/e2e-suite.sh)" \
-	$(CARGO) test --workspace
+	$(CARGO) test --workspace --no-fail-fast
+
+## The cross-version subset on each older supported minor (not part of
+## `test`; run it before landing a change to version-dependent code): per
+## minor its own control plane, kubelet and kube-proxy (built once from
+## e2e/cluster-bins/matrix/<minor>/), then the named e2e tests. See
+## docs/kubernetes-versions.md. MATRIX_MINORS, MATRIX_TESTS.
+MATRIX_MINORS ?= 1.35 1.36
+MATRIX_TESTS ?= cluster csidriver_fields real_node walkthrough node_local fleet_upgrade security
+test-matrix: toolchain node-prereqs images build
+	for minor in $(MATRIX_MINORS); do \
+	  echo "=== Kubernetes $$minor: $(MATRIX_TESTS)"; \
+	  CSIOPS_K8S_MINOR=$$minor \
+	  CSIOPS_BIN_DIR="$$(CSIOPS_K8S_MINOR=$$minor e2e/cluster-bins/build.sh --core)" \
+	  CSIOPS_IMAGES_DIR="$$(e2e/images/build.sh)" \
+	  $(CARGO) test -p csiops-e2e $(addprefix --test ,$(MATRIX_TESTS)) || exit 1; \
+	done
 
 ## Unit tests only (no control plane; Go fetches the published protos once).
 unit:

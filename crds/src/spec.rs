@@ -729,8 +729,8 @@ impl VolumeLifecycleMode {
 }
 
 /// The cluster's `CSIDriver` object for this driver. Each field is the
-/// `CSIDriver.spec` field of the same name (the Kubernetes 1.34 API, and
-/// two fields of newer ones), with the API server's own limits written into
+/// `CSIDriver.spec` field of the same name (the Kubernetes 1.35 API, the
+/// oldest supported, and one field of 1.36), with the API server's own limits written into
 /// the schema.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
@@ -789,7 +789,7 @@ pub struct CsiDriverObjectSpec {
     /// after an attach fails for lack of room) and updates the node's
     /// CSINode `allocatable.count`. At least 10 seconds. Needs the
     /// `MutableCSINodeAllocatableCount` feature gate on kube-apiserver and
-    /// kubelet (beta and off by default in Kubernetes 1.34); where the API
+    /// kubelet (on by default from Kubernetes 1.35, GA in 1.36); where the API
     /// server has it off, it does not store the field, and the operator
     /// says so with a Warning Event.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -14,12 +14,20 @@
 #   e2e/cluster-bins/build.sh --core   # all but external-snapshotter (what
 #                                      # `make demo` runs; a later full run
 #                                      # adds the rest to the same dir)
+#   CSIOPS_K8S_MINOR=1.35 e2e/cluster-bins/build.sh [--sync|--core|...]
+#                                      # an older supported minor for
+#                                      # `make test-matrix` (matrix/<minor>/)
 #
 # Versions live in e2e/versions.env (the only place they are pinned). Each
 # upstream project is built from a small wrapper Go module in this folder
 # (kube/, etcd/, kwok/) so that the upstream replace directives do not get
 # in the way; kube/ also holds csi-mock-driver's main package. See
-# e2e/README.md.
+# e2e/README.md. An older minor of the support matrix has its own
+# versions.env (K8S_VERSION, ETCD_VERSION over the default ones) and its own
+# kube/ and etcd/ go.mod/go.sum under matrix/<minor>/; its kube module is
+# assembled in the cache from kube/'s sources with matrix/<minor>/kube/ laid
+# over them (the go.mod/go.sum, and any source that differs for that
+# release); see matrix.sh.
 #
 # Environment:
 #   CSIOPS_CACHE_DIR  cache root (default: $HOME/.cache/csiops)
@@ -39,6 +47,9 @@ die() { log "ERROR: $*"; exit 1; }
 [[ -f "$VERSIONS_ENV" ]] || die "missing $VERSIONS_ENV"
 # shellcheck source=/dev/null
 source "$VERSIONS_ENV"
+# shellcheck source=matrix.sh
+source "$HERE/matrix.sh"
+matrix_select # CSIOPS_K8S_MINOR: that entry's versions over the default ones
 : "${K8S_VERSION:?K8S_VERSION not set in versions.env}"
 : "${ETCD_VERSION:?ETCD_VERSION not set in versions.env}"
 : "${KWOK_VERSION:?KWOK_VERSION not set in versions.env}"
@@ -64,7 +75,7 @@ sync_modules() {
   # kube: require k8s.io/kubernetes and replace every staging module (the
   # `v0.0.0` requirements in its go.mod, which upstream replaces with
   # ./staging/src/...) by the published v0.Y.Z release.
-  d="$HERE/kube"
+  d="$(kube_module_dir)"
   log "sync kube -> k8s.io/kubernetes@$K8S_VERSION (staging $K8S_STAGING_VERSION)"
   local kmod staging godebug
   kmod="$(cd "$d" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" |
@@ -99,12 +110,19 @@ sync_modules() {
     go get -tool "github.com/onsi/ginkgo/v2/ginkgo@$ginkgo"
     go mod tidy
   ) >&2
+  matrix_keep_modules "$d"
 
-  d="$HERE/etcd"
+  d="$(etcd_module_dir)"
   log "sync etcd -> go.etcd.io/etcd/server/v3@$ETCD_VERSION"
+  mkdir -p "$d"
   rm -f "$d/go.mod" "$d/go.sum"
   printf 'module csiops.local/e2e/cluster-bins/etcd\n\ngo 1.24.0\n' >"$d/go.mod"
   (cd "$d" && go get -tool "go.etcd.io/etcd/server/v3@$ETCD_VERSION" && go mod tidy) >&2
+  # kwok and external-snapshotter are the same on every minor.
+  if [[ -n "$MATRIX_MINOR" ]]; then
+    log "sync done; commit $MATRIX_DIR"
+    return
+  fi
 
   d="$HERE/kwok"
   log "sync kwok -> sigs.k8s.io/kwok@$KWOK_VERSION"
@@ -134,11 +152,13 @@ sync_modules() {
 
 # The wrapper go.mod files must agree with versions.env.
 check_pins() {
-  grep -Eq "^[[:space:]]*(require )?k8s\.io/kubernetes $K8S_VERSION( |$)" "$HERE/kube/go.mod" ||
+  local kube etcd
+  kube="$(kube_mod_file_dir)" etcd="$(etcd_module_dir)"
+  grep -Eq "^[[:space:]]*(require )?k8s\.io/kubernetes $K8S_VERSION( |$)" "$kube/go.mod" ||
     die "kube/go.mod does not pin k8s.io/kubernetes $K8S_VERSION; run: $0 --sync"
-  grep -Eq "=> k8s\.io/api $K8S_STAGING_VERSION$" "$HERE/kube/go.mod" ||
+  grep -Eq "=> k8s\.io/api $K8S_STAGING_VERSION$" "$kube/go.mod" ||
     die "kube/go.mod staging replaces are not $K8S_STAGING_VERSION; run: $0 --sync"
-  grep -Eq "^[[:space:]]*(require )?go\.etcd\.io/etcd/server/v3 $ETCD_VERSION( |$)" "$HERE/etcd/go.mod" ||
+  grep -Eq "^[[:space:]]*(require )?go\.etcd\.io/etcd/server/v3 $ETCD_VERSION( |$)" "$etcd/go.mod" ||
     die "etcd/go.mod does not pin go.etcd.io/etcd/server/v3 $ETCD_VERSION; run: $0 --sync"
   grep -Eq "^[[:space:]]*(require )?sigs\.k8s\.io/kwok $KWOK_VERSION( |$)" "$HERE/kwok/go.mod" ||
     die "kwok/go.mod does not pin sigs.k8s.io/kwok $KWOK_VERSION; run: $0 --sync"
@@ -166,8 +186,9 @@ SNAPSHOTTER_BINARIES=(snapshot-controller csi-snapshotter)
 cache_key() {
   local gover goos goarch h
   { read -r gover; read -r goos; read -r goarch; } < <(go env GOVERSION GOOS GOARCH)
-  h="$( { echo "recipe=$RECIPE"; cat "$HERE"/{kube,etcd,kwok,snapshotter}/go.{mod,sum} \
-    "$HERE"/kube/csi-mock-driver/*.go "$HERE"/kube/regclient/*.go; } |
+  h="$( { echo "recipe=$RECIPE"; cat "$(kube_mod_file_dir)"/go.{mod,sum} "$(etcd_module_dir)"/go.{mod,sum} \
+    "$HERE"/{kwok,snapshotter}/go.{mod,sum} \
+    "$HERE"/kube/csi-mock-driver/*.go "$HERE"/kube/regclient/*.go; matrix_overlay_files; } |
     sha256sum | cut -c1-12)"
   printf 'k8s-%s_etcd-%s_kwok-%s_snap-%s_%s_%s-%s_%s' \
     "$K8S_VERSION" "$ETCD_VERSION" "$KWOK_VERSION" "$EXTERNAL_SNAPSHOTTER_VERSION" "$gover" "$goos" "$goarch" "$h"
@@ -233,21 +254,22 @@ build_core_into() {
 
   # Fetch everything up front (a no-op when GOMODCACHE is warm); go.sum is
   # complete, so this never edits go.mod/go.sum (-mod=readonly).
-  local d
-  for d in kube etcd kwok; do
-    log "go mod download ($d)"
-    (cd "$HERE/$d" && go mod download) >&2
+  local d kube etcd
+  kube="$(kube_module_dir)" etcd="$(etcd_module_dir)"
+  for d in "$kube" "$etcd" "$HERE/kwok"; do
+    log "go mod download (${d#"$HERE"/})"
+    (cd "$d" && go mod download) >&2
   done
 
   # --- Kubernetes control plane -------------------------------------------
   local kld
-  kld="$(k8s_version_ldflags "$HERE/kube" "$K8S_VERSION")"
+  kld="$(k8s_version_ldflags "$kube" "$K8S_VERSION")"
   # csi-mock-driver (our main package around k8s.io/kubernetes/test/e2e/
   # storage/drivers/csi-test) shares the pinned module graph and most compiled
   # packages, so it goes in the same invocation. It takes its --version from
   # the embedded build info; the -X flags do not touch it.
   log "building kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy, csi-mock-driver $K8S_VERSION (slowest step: ~5-7 min cold on 2 cores)"
-  (cd "$HERE/kube" && CGO_ENABLED=0 go build "${build_flags[@]}" -ldflags="$kld" -o "$out/" \
+  (cd "$kube" && CGO_ENABLED=0 go build "${build_flags[@]}" -ldflags="$kld" -o "$out/" \
     k8s.io/kubernetes/cmd/kube-apiserver \
     k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler \
@@ -257,7 +279,7 @@ build_core_into() {
 
   # --- etcd ------------------------------------------------------------------
   log "building etcd $ETCD_VERSION"
-  (cd "$HERE/etcd" && CGO_ENABLED=0 go build "${build_flags[@]}" \
+  (cd "$etcd" && CGO_ENABLED=0 go build "${build_flags[@]}" \
     -ldflags="-s -w -X go.etcd.io/etcd/api/v3/version.GitSHA=gomod-$ETCD_VERSION" \
     -o "$out/etcd" go.etcd.io/etcd/server/v3) >&2
 
@@ -282,7 +304,7 @@ build_core_into() {
     cat "$kwok_dir/kustomize/stage/$f"
   done >"$out/kwok-stages.yaml"
 
-  cp "$VERSIONS_ENV" "$out/versions.env"
+  matrix_versions_env >"$out/versions.env"
   touch "$out/.complete-core"
 }
 

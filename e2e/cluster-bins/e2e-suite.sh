@@ -24,13 +24,15 @@
 #
 # The images. There is no container registry here, so the suite's images are
 # built locally, FROM scratch, with buildah (as e2e/images/build.sh does):
-#   busybox:1.37.0-1    Debian's static busybox (busybox-static), one symlink
+#   busybox:1.37.0-2    Debian's static busybox (busybox-static), one symlink
 #                       per applet: the suite's default test image
-#   agnhost:2.56        upstream's agnhost binary built above, with the same
+#   agnhost:2.66.1      upstream's agnhost binary built above, with the same
 #                       busybox (HostExec pods run `nsenter … sh -c` in it)
-#   nginx:1.14-4        the storage suites run it only as a shell (`sh -c`
+#   nginx:1.27.0-2      the storage suites run it only as a shell (`sh -c`
 #                       scripts), so it is the busybox image under that name
-#   jessie-dnsutils:1.7 the busybox image with Debian's dash as /bin/sh and
+#   glibc-dns-testing:2.1.1
+#                       (jessie-dnsutils before Kubernetes 1.37)
+#                       the busybox image with Debian's dash as /bin/sh and
 #                       GNU coreutils' dd (and their shared libraries): the
 #                       suites run it as a shell that writes with
 #                       `dd oflag=nocache`, which busybox's dd lacks, and
@@ -51,7 +53,7 @@ VERSIONS_ENV="$(dirname "$HERE")/versions.env"
 RECIPE=5 # bump when the build flags, the image recipes or the layout change
 SUITE_REGISTRY=localhost/csiops-e2e
 # name:tag of each image, with the ImageID of manifest.go it must match.
-SUITE_IMAGES=(busybox:1.37.0-1:BusyBox agnhost:2.56:Agnhost nginx:1.14-4:Nginx jessie-dnsutils:1.7:JessieDnsutils)
+SUITE_IMAGES=(busybox:1.37.0-2:BusyBox agnhost:2.66.1:Agnhost nginx:1.27.0-2:Nginx glibc-dns-testing:2.1.1:GlibcDnsTesting)
 
 log() { printf '[e2e-suite %s] %s\n' "$(date +%T)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -179,7 +181,7 @@ build_images() {
     ref="$SUITE_REGISTRY/$name:$tag"
     local dir="$ctx"
     [[ "$name" == agnhost ]] && dir="$work/agnhost-ctx"
-    [[ "$name" == jessie-dnsutils ]] && dir="$work/dnsutils-ctx"
+    [[ "$name" == glibc-dns-testing ]] && dir="$work/dnsutils-ctx"
     log "buildah bud $ref"
     buildah "${storage[@]}" bud --quiet --format oci --timestamp 0 -t "$ref" "$dir" >&2 ||
       die "buildah bud $ref failed"

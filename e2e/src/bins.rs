@@ -86,14 +86,29 @@ pub(crate) fn dir_from_env_or_script(env_var: &str, script: &str) -> Result<Path
     Ok(PathBuf::from(dir))
 }
 
-/// `e2e/versions.env` as a map (`K8S_VERSION` → `v1.34.4`, …).
+/// `e2e/versions.env` as a map (`K8S_VERSION` → `v1.37.2`, …); with
+/// `CSIOPS_K8S_MINOR` (`make test-matrix`), that support-matrix entry's
+/// versions over it (`e2e/cluster-bins/matrix/<minor>/versions.env`), as
+/// `build.sh` reads them.
 pub fn versions() -> Result<BTreeMap<String, String>> {
     let path = e2e_dir().join("versions.env");
-    let text = std::fs::read_to_string(&path).map_err(io("reading", &path))?;
+    let mut text = std::fs::read_to_string(&path).map_err(io("reading", &path))?;
+    if let Some(minor) = std::env::var("CSIOPS_K8S_MINOR")
+        .ok()
+        .filter(|m| !m.is_empty())
+    {
+        let entry = e2e_dir()
+            .join("cluster-bins/matrix")
+            .join(&minor)
+            .join("versions.env");
+        let more = std::fs::read_to_string(&entry).map_err(io("reading", &entry))?;
+        text.push('\n');
+        text.push_str(&more);
+    }
     Ok(parse_env(&text))
 }
 
-/// The pinned Kubernetes version, e.g. `v1.34.4`.
+/// The pinned Kubernetes version, e.g. `v1.37.2`.
 pub fn k8s_version() -> Result<String> {
     versions()?
         .remove("K8S_VERSION")
@@ -168,14 +183,19 @@ mod tests {
 
     #[test]
     fn parses_versions_env() {
-        let m = parse_env("# c\n\nK8S_VERSION=v1.34.4\nKWOK_VERSION=v0.8.0\n");
-        assert_eq!(m["K8S_VERSION"], "v1.34.4");
+        let m = parse_env("# c\n\nK8S_VERSION=v1.37.2\nKWOK_VERSION=v0.8.0\n");
+        assert_eq!(m["K8S_VERSION"], "v1.37.2");
         assert_eq!(m["KWOK_VERSION"], "v0.8.0");
         assert_eq!(m.len(), 2);
+        // A matrix entry's lines come last and win.
+        let m = parse_env("K8S_VERSION=v1.37.2\nETCD_VERSION=v3.7.0\nK8S_VERSION=v1.35.4\n");
+        assert_eq!(m["K8S_VERSION"], "v1.35.4");
+        assert_eq!(m["ETCD_VERSION"], "v3.7.0");
     }
 
     #[test]
-    fn pinned_version_is_1_34() {
-        assert!(k8s_version().unwrap().starts_with("v1.34."));
+    fn the_test_bed_runs_the_newest_supported_minor() {
+        let text = std::fs::read_to_string(e2e_dir().join("versions.env")).unwrap();
+        assert!(parse_env(&text)["K8S_VERSION"].starts_with("v1.37."));
     }
 }

@@ -62,7 +62,8 @@ pub struct ClusterOptions {
     pub extra_images: Vec<PathBuf>,
 }
 
-/// KEP-4876's gate, beta and off by default in Kubernetes 1.34: with it,
+/// KEP-4876's gate (beta and on by default in Kubernetes 1.35, GA and
+/// locked on from 1.36; named so that a test needing it says so): with it,
 /// kube-apiserver stores `CSIDriver.spec.nodeAllocatableUpdatePeriodSeconds`
 /// and lets `CSINode` `allocatable.count` change, and kubelet updates the
 /// count from NodeGetInfo.
@@ -445,6 +446,16 @@ impl Cluster {
     /// one per runtime, since a client is bound to the runtime it was made in.
     pub fn client(&self) -> Result<kube::Client> {
         Ok(kube::Client::try_from(self.config.clone())?)
+    }
+
+    /// The API server's minor version (`37` for v1.37.2), for tests whose
+    /// expectations differ across the supported minors.
+    pub async fn server_minor(&self) -> Result<u32> {
+        let info = self.client()?.apiserver_version().await?;
+        info.minor
+            .trim_end_matches('+')
+            .parse()
+            .map_err(|_| Error::Other(format!("API server minor {:?} is no number", info.minor)))
     }
 
     /// The client configuration behind [`Cluster::client`].

@@ -1,6 +1,8 @@
-//! `spec.csiDriver` round-trips through a real kube-apiserver (v1.34) into
-//! the cluster's `CSIDriver` object: every field, `tokenRequests` and
-//! `nodeAllocatableUpdatePeriodSeconds` (KEP-4876) included.
+//! `spec.csiDriver` round-trips through a real kube-apiserver (the test
+//! bed's, v1.37 by default; `make test-matrix` runs it on the older
+//! supported minors) into the cluster's `CSIDriver` object: every field,
+//! `tokenRequests` and `nodeAllocatableUpdatePeriodSeconds` (KEP-4876)
+//! included.
 //!
 //! - The CRD refuses what the CSIDriver API would (a period under 10 s, a
 //!   token shorter than 10 minutes or longer than 2^32 s, an audience twice),
@@ -8,13 +10,15 @@
 //! - A change of a mutable field updates the CSIDriver in place (same UID),
 //!   unsetting a field removes it; a change of an immutable one
 //!   (`attachRequired`) re-creates it, with a `CSIDriverRecreated` Event.
-//! - On an API server whose `MutableCSINodeAllocatableCount` gate is off (the
-//!   1.34 default), the period is not stored: the operator says so with a
-//!   `CSIDriverFieldNotStored` Warning naming the gate, and the rest of the
-//!   CSIDriver is applied. So are `serviceAccountTokenInSecrets` (1.35) and
-//!   `preventPodSchedulingIfMissing` (1.36), which a 1.34 API server does not
-//!   know: it refuses a server-side apply that sets them, so the operator
-//!   leaves them out and names them with what they need.
+//! - The fields of newer APIs than the oldest supported (1.35) are stored
+//!   where the server has them: `serviceAccountTokenInSecrets` (1.35) and
+//!   `nodeAllocatableUpdatePeriodSeconds` on every supported minor,
+//!   `preventPodSchedulingIfMissing` (1.36, behind `VolumeLimitScaling`)
+//!   from 1.37, where its gate is on by default. No Warning then.
+//! - Where the server does not store one (its gate off, or a server older
+//!   than the field, which refuses a server-side apply that sets it), the
+//!   operator leaves it out, says so with one `CSIDriverFieldNotStored`
+//!   Warning naming what it needs, and applies the rest.
 //!
 //! The operator runs as a local process; no driver pod needs to run (the
 //! CSIDriver is applied before any workload).
@@ -24,8 +28,9 @@ use std::time::Duration;
 use csiops_crds::SERVICE_ACCOUNT_TOKEN_IN_SECRETS_MESSAGE;
 use csiops_e2e::cluster::ALLOCATABLE_COUNT_GATE;
 use csiops_e2e::{operator_bin, testkit, wait_for, Cluster, ClusterOptions};
-use k8s_openapi::api::storage::v1::CSIDriver;
-use kube::api::{Api, ApiResource, DynamicObject};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::{CSIDriver, CSINode};
+use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use kube::ResourceExt;
 use serde_json::{json, Value};
 
@@ -191,9 +196,7 @@ async fn every_csidriver_field_round_trips_and_changes_in_place_or_by_re_creatio
         s["nodeAllocatableUpdatePeriodSeconds"] == 10
     })
     .await;
-    assert_eq!(
-        spec,
-        json!({
+    let mut want = json!({
             "attachRequired": true,
             "podInfoOnMount": true,
             "fsGroupPolicy": "File",
@@ -206,8 +209,16 @@ async fn every_csidriver_field_round_trips_and_changes_in_place_or_by_re_creatio
                 {"audience": ""}
             ],
             "nodeAllocatableUpdatePeriodSeconds": 10
-        }),
-        "the CSIDriver as the API server stores it"
+    });
+    // From 1.37 (VolumeLimitScaling on by default) the API server defaults
+    // preventPodSchedulingIfMissing to false.
+    let minor = cluster.server_minor().await.expect("server version");
+    if minor >= 37 {
+        want["preventPodSchedulingIfMissing"] = json!(false);
+    }
+    assert_eq!(
+        spec, want,
+        "1.{minor}: the CSIDriver as the API server stores it"
     );
 
     // --- Mutable fields change in place. --------------------------------------
@@ -291,42 +302,29 @@ async fn every_csidriver_field_round_trips_and_changes_in_place_or_by_re_creatio
     cluster.stop().await.expect("cluster stops");
 }
 
-/// [`ALL_FIELDS`] and the fields of newer APIs than 1.34's.
+/// The fields of newer APIs than the oldest supported one (1.35) that
+/// [`ALL_FIELDS`] lacks.
 const NEWER_FIELDS: &str = r#"    serviceAccountTokenInSecrets: true
     preventPodSchedulingIfMissing: true
 "#;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fields_the_api_server_does_not_store_are_warned_about() {
-    // A stock 1.34 API server: MutableCSINodeAllocatableCount is off, and
-    // serviceAccountTokenInSecrets and preventPodSchedulingIfMissing are
-    // newer than its API.
-    let cluster = Cluster::start(ClusterOptions::kwok(1))
-        .await
-        .expect("cluster starts");
-    testkit::install_crd(&cluster).await.expect("CRD installs");
-    let mut operator = cluster
-        .run_operator(&operator_bin().expect("operator built"))
-        .expect("operator starts");
-    let api = csidrivers(&cluster);
+/// The stored-or-not fields the tests look at.
+const CHECKED: [&str; 3] = [
+    "nodeAllocatableUpdatePeriodSeconds",
+    "serviceAccountTokenInSecrets",
+    "preventPodSchedulingIfMissing",
+];
 
+/// Applies [`ALL_FIELDS`] and [`NEWER_FIELDS`] and waits for the CSIDriver;
+/// its stored spec.
+async fn apply_all_and_newer(cluster: &Cluster, api: &Api<DynamicObject>) -> Value {
     testkit::apply_ok(
-        &cluster,
+        cluster,
         "all",
         &object(&format!("{ALL_FIELDS}{NEWER_FIELDS}")),
     )
     .await;
-    let (spec, _) = wait_spec(&api, &cluster, "exists", |s| s["requiresRepublish"] == true).await;
-    for field in [
-        "nodeAllocatableUpdatePeriodSeconds",
-        "serviceAccountTokenInSecrets",
-        "preventPodSchedulingIfMissing",
-    ] {
-        assert!(
-            spec.get(field).is_none(),
-            "the API server does not store {field}: {spec}"
-        );
-    }
+    let (spec, _) = wait_spec(api, cluster, "exists", |s| s["requiresRepublish"] == true).await;
     assert_eq!(
         spec["tokenRequests"],
         json!([
@@ -336,6 +334,48 @@ async fn fields_the_api_server_does_not_store_are_warned_about() {
         "the rest is applied: {spec}"
     );
     assert_eq!(spec["fsGroupPolicy"], "File", "{spec}");
+    spec
+}
+
+/// The CSIDriver's `csiops.dev/applied-hash`.
+async fn applied_hash(api: &Api<DynamicObject>) -> String {
+    let d = api.get(DRIVER).await.expect("CSIDriver");
+    d.annotations()
+        .get("csiops.dev/applied-hash")
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fields_the_api_server_does_not_store_are_warned_about() {
+    // VolumeLimitScaling off: 1.37 (beta) and 1.36 (alpha) then drop
+    // preventPodSchedulingIfMissing; 1.35 does not know the field and
+    // refuses an apply that sets it. The other two are stored on every
+    // supported minor (their gates are on by default from 1.35).
+    let cluster = Cluster::start(ClusterOptions {
+        nodes: 1,
+        feature_gates: vec![("VolumeLimitScaling", false)],
+        ..ClusterOptions::default()
+    })
+    .await
+    .expect("cluster starts");
+    testkit::install_crd(&cluster).await.expect("CRD installs");
+    let mut operator = cluster
+        .run_operator(&operator_bin().expect("operator built"))
+        .expect("operator starts");
+    let api = csidrivers(&cluster);
+
+    let spec = apply_all_and_newer(&cluster, &api).await;
+    assert!(
+        spec.get("preventPodSchedulingIfMissing").is_none(),
+        "the API server does not store preventPodSchedulingIfMissing: {spec}"
+    );
+    assert_eq!(
+        spec["nodeAllocatableUpdatePeriodSeconds"],
+        json!(10),
+        "{spec}"
+    );
+    assert_eq!(spec["serviceAccountTokenInSecrets"], json!(true), "{spec}");
     let warning = wait_for(DEADLINE, POLL, || async {
         events(&cluster)
             .await
@@ -351,20 +391,19 @@ async fn fields_the_api_server_does_not_store_are_warned_about() {
         );
     };
     for needs in [
-        "spec.nodeAllocatableUpdatePeriodSeconds (it needs the MutableCSINodeAllocatableCount feature gate",
-        "spec.serviceAccountTokenInSecrets (it needs Kubernetes 1.35 or later with the CSIServiceAccountTokenSecrets feature gate",
         "spec.preventPodSchedulingIfMissing (it needs Kubernetes 1.36 or later with the VolumeLimitScaling feature gate",
         DRIVER,
     ] {
         assert!(warning.contains(needs), "{needs}: {warning}");
     }
+    for stored in [
+        "nodeAllocatableUpdatePeriodSeconds",
+        "serviceAccountTokenInSecrets",
+    ] {
+        assert!(!warning.contains(stored), "{stored} is stored: {warning}");
+    }
     // Stamped so that it is applied again (and checked) at every reconcile.
-    let d = api.get(DRIVER).await.expect("CSIDriver");
-    let hash = d
-        .annotations()
-        .get("csiops.dev/applied-hash")
-        .cloned()
-        .unwrap_or_default();
+    let hash = applied_hash(&api).await;
     assert!(hash.ends_with("-incomplete"), "{hash}");
     // Nothing failed meanwhile: the object is not Degraded by the refusals.
     let conditions = testkit::kubectl_text(
@@ -380,6 +419,207 @@ async fn fields_the_api_server_does_not_store_are_warned_about() {
         ],
     );
     assert!(!conditions.contains("ApplyFailed"), "{conditions}");
+
+    operator.check_running().expect("operator still running");
+    operator.stop().await;
+    cluster.stop().await.expect("cluster stops");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fields_of_newer_apis_are_stored_where_the_server_has_them() {
+    // A stock API server of the minor under test, no gate changed.
+    let cluster = Cluster::start(ClusterOptions::kwok(1))
+        .await
+        .expect("cluster starts");
+    let minor = cluster.server_minor().await.expect("server version");
+    testkit::install_crd(&cluster).await.expect("CRD installs");
+    let mut operator = cluster
+        .run_operator(&operator_bin().expect("operator built"))
+        .expect("operator starts");
+    let api = csidrivers(&cluster);
+
+    // preventPodSchedulingIfMissing's gate is on by default from 1.37.
+    let prevent_stored = minor >= 37;
+    apply_all_and_newer(&cluster, &api).await;
+    // The hash is stamped once the stored object was compared with the
+    // applied one: "-incomplete" where something was not stored.
+    let hash = wait_for(DEADLINE, POLL, || async {
+        Some(applied_hash(&api).await).filter(|h| !h.is_empty())
+    })
+    .await
+    .expect("the CSIDriver's applied hash is stamped");
+    let (spec, _) = stored(&api).await.expect("CSIDriver");
+    for field in CHECKED {
+        let want = field != "preventPodSchedulingIfMissing" || prevent_stored;
+        assert_eq!(
+            spec.get(field).is_some(),
+            want,
+            "1.{minor}: {field} stored is {want}: {spec}"
+        );
+    }
+    assert_eq!(
+        hash.ends_with("-incomplete"),
+        !prevent_stored,
+        "1.{minor}: {hash}"
+    );
+    // The Warning follows the apply within the same reconcile; where none
+    // is due, a few seconds without one (the operator's other Events of
+    // the pass arrive meanwhile) stand for "never".
+    let warned = wait_for(Duration::from_secs(5), POLL, || async {
+        events(&cluster)
+            .await
+            .into_iter()
+            .find(|e| e.starts_with("CSIDriverFieldNotStored|"))
+    })
+    .await;
+    assert_eq!(
+        warned.is_ok(),
+        !prevent_stored,
+        "1.{minor}: {:#?}",
+        events(&cluster).await
+    );
+
+    operator.check_running().expect("operator still running");
+    operator.stop().await;
+    cluster.stop().await.expect("cluster stops");
+}
+
+/// A claim bound to a volume of [`DRIVER`], and a pod that uses it.
+fn claim_and_pod() -> (String, String) {
+    let claim = format!(
+        r#"apiVersion: v1
+kind: PersistentVolume
+metadata:
+  name: fields-pv
+spec:
+  capacity: {{storage: 1Gi}}
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Retain
+  claimRef: {{namespace: {NS}, name: data}}
+  csi: {{driver: {DRIVER}, volumeHandle: vol-1}}
+---
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: data
+  namespace: {NS}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: ""
+  volumeName: fields-pv
+  resources: {{requests: {{storage: 1Gi}}}}
+"#
+    );
+    let pod = format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: app
+  namespace: {NS}
+spec:
+  containers:
+  - {{name: app, image: registry.example.com/app:1}}
+  volumes:
+  - {{name: data, persistentVolumeClaim: {{claimName: data}}}}
+"#
+    );
+    (claim, pod)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prevent_pod_scheduling_if_missing_keeps_pods_off_nodes_without_the_driver() {
+    // Two kwok nodes, neither with the driver in its CSINode (no kubelet
+    // registers anything there). Where the server stores the field (1.37),
+    // kube-scheduler keeps the pod off both until one node's CSINode lists
+    // the driver, then places it there; elsewhere the field is not stored
+    // and the pod is placed at once.
+    let cluster = Cluster::start(ClusterOptions::kwok(2))
+        .await
+        .expect("cluster starts");
+    let minor = cluster.server_minor().await.expect("server version");
+    let enforced = minor >= 37;
+    testkit::install_crd(&cluster).await.expect("CRD installs");
+    let mut operator = cluster
+        .run_operator(&operator_bin().expect("operator built"))
+        .expect("operator starts");
+    let api = csidrivers(&cluster);
+    testkit::apply_ok(
+        &cluster,
+        "prevent",
+        &object("    attachRequired: false\n    preventPodSchedulingIfMissing: true\n"),
+    )
+    .await;
+    wait_spec(&api, &cluster, "exists", |s| s["attachRequired"] == false).await;
+    // The pod only once its claim is bound: a pod the scheduler first
+    // turned down for an unbound claim may wait minutes for its next try.
+    let (claim, pod) = claim_and_pod();
+    testkit::apply_ok(&cluster, "claim", &claim).await;
+    let client = cluster.client().expect("client");
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NS);
+    wait_for(DEADLINE, POLL, || async {
+        let c = claims.get_opt("data").await.ok().flatten()?;
+        (c.status?.phase.as_deref() == Some("Bound")).then_some(())
+    })
+    .await
+    .expect("the claim is bound");
+    testkit::apply_ok(&cluster, "pod", &pod).await;
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let node_of = || async {
+        pods.get_opt("app")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|p| p.spec)
+            .and_then(|s| s.node_name)
+    };
+    if enforced {
+        // The scheduler says why, naming the driver (after an earlier
+        // FailedScheduling, maybe, while the claim was not yet bound).
+        let missing = format!("{DRIVER} CSI driver is not installed on the node");
+        let why = wait_for(DEADLINE, POLL, || async {
+            testkit::kubectl_text(&cluster, &["-n", NS, "get", "events"])
+                .lines()
+                .find(|l| l.contains("FailedScheduling") && l.contains(&missing))
+                .map(str::to_string)
+        })
+        .await;
+        assert!(
+            why.is_ok(),
+            "no FailedScheduling naming the driver: {}\n{}",
+            testkit::kubectl_text(&cluster, &["-n", NS, "get", "events"]),
+            testkit::kubectl_text(&cluster, &["-n", NS, "get", "pv,pvc", "-o", "yaml"])
+        );
+        assert_eq!(
+            node_of().await,
+            None,
+            "not placed before a node has the driver"
+        );
+        // The driver registers on the first node.
+        let node = "kwok-node-0";
+        let csinodes: Api<CSINode> = Api::all(client.clone());
+        csinodes
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({
+                    "metadata": {"name": node},
+                    "spec": {"drivers": [{"name": DRIVER, "nodeID": node}]}
+                }))
+                .expect("a CSINode"),
+            )
+            .await
+            .expect("CSINode created");
+        let placed = wait_for(DEADLINE, POLL, || async { node_of().await })
+            .await
+            .expect("placed once a node has the driver");
+        assert_eq!(placed, node, "on the node whose CSINode lists the driver");
+    } else {
+        let placed = wait_for(DEADLINE, POLL, || async { node_of().await }).await;
+        assert!(
+            placed.is_ok(),
+            "1.{minor} does not store the field: the pod is placed"
+        );
+    }
 
     operator.check_running().expect("operator still running");
     operator.stop().await;

@@ -222,6 +222,8 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
         "{err:?}"
     );
     assert!(err.time.is_some(), "{err:?}");
+    // The driver's gRPC code (Internal), which kubelet reads (KEP-4876).
+    assert_eq!(err.error_code, Some(13), "{err:?}");
     assert!(
         has_finalizer(&failed.metadata, &s.finalizer),
         "finalizer precedes the publish"
@@ -398,12 +400,14 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
     })
     .await
     .expect("exists");
-    let msg = refused
+    let refusal = refused
         .status
         .and_then(|s| s.attach_error)
-        .and_then(|e| e.message)
-        .unwrap_or_default();
+        .expect("attachError");
+    let msg = refusal.message.clone().unwrap_or_default();
     assert!(msg.contains("marked for deletion"), "{msg}");
+    // Refused before any CSI call: no gRPC code to report.
+    assert_eq!(refusal.error_code, None, "{refusal:?}");
     assert!(published(&s, &ids[7]).is_empty());
     assert!(!has_finalizer(&refused.metadata, &s.finalizer));
 

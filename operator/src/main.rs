@@ -17,9 +17,8 @@ use tracing::{error, info};
 
 // One thread: the operator's work is many small wake-ups (watch events,
 // paced reconciles of a few milliseconds), and on a multi-threaded runtime
-// each of them also parked and woke a worker. Profiled during a 400-node
-// roll, a fifth of the operator's CPU was the kernel switching its threads
-// (futex waits); nothing here blocks or needs a second core.
+// each of them would also park and wake a worker thread, which costs more
+// than the work; nothing here blocks or needs a second core.
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let args = Args::parse();
@@ -65,7 +64,7 @@ async fn run(args: Args) -> Result<(), MainError> {
     info!(
         operator = env!("CARGO_PKG_VERSION"),
         apiserver = %version.git_version,
-        watch_namespaces = ?reconcile::scope::Namespaces::from_list(&args.watch_namespaces)
+        watch_namespaces = ?reconcile::Namespaces::from_list(&args.watch_namespaces)
             .listed()
             .unwrap_or_else(|| vec!["(all)"]),
         "csiops-operator starting"
@@ -108,7 +107,7 @@ async fn run(args: Args) -> Result<(), MainError> {
         },
         concurrency: args.concurrency,
         instance: Some(identity),
-        scope: reconcile::scope::Namespaces::from_list(&args.watch_namespaces),
+        scope: reconcile::Namespaces::from_list(&args.watch_namespaces),
     };
     let controller_client = client.clone();
     let controller_metrics = metrics.clone();

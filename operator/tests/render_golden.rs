@@ -1020,7 +1020,10 @@ fn token_requests_and_the_allocatable_period_reach_only_the_csidriver() {
             .node_allocatable_update_period_seconds,
         None
     );
-    assert_eq!(base.csi_driver.spec.service_account_token_in_secrets, None);
+    assert_eq!(
+        base.csi_driver.spec.pinned.service_account_token_in_secrets,
+        None
+    );
     assert_eq!(base.csi_driver.spec.prevent_pod_scheduling_if_missing, None);
     let r = must_render(&custom());
     let tokens = r
@@ -1044,7 +1047,7 @@ fn token_requests_and_the_allocatable_period_reach_only_the_csidriver() {
     );
     assert_eq!(r.csi_driver.spec.pinned.requires_republish, Some(true));
     assert_eq!(
-        r.csi_driver.spec.service_account_token_in_secrets,
+        r.csi_driver.spec.pinned.service_account_token_in_secrets,
         Some(true)
     );
     assert_eq!(

@@ -300,7 +300,8 @@ pub fn cni_conflist(l: &Layout) -> String {
 
 /// kubelet's KubeletConfiguration, with the settings this VM needs
 /// (cgroupfs, swap allowed, no QoS cgroups or node-allocatable enforcement,
-/// oomScoreAdj 0) and every listener on the node's address or loopback (of
+/// oomScoreAdj 0, and cgroup v1 allowed: the VM's kernel mounts cgroup v1,
+/// which kubelet refuses by default since 1.35) and every listener on the node's address or loopback (of
 /// the node's network namespace).
 /// The apiserver reaches kubelet (logs, exec) anonymously: a throwaway node
 /// on a private bridge.
@@ -336,6 +337,7 @@ authorization:
   mode: AlwaysAllow
 cgroupDriver: cgroupfs
 cgroupsPerQOS: false
+failCgroupV1: false
 enforceNodeAllocatable: []
 failSwapOn: false
 oomScoreAdj: 0
@@ -456,6 +458,7 @@ mod tests {
             "cgroupDriver: cgroupfs",
             "failSwapOn: false",
             "cgroupsPerQOS: false",
+            "failCgroupV1: false",
             "enforceNodeAllocatable: []",
             "oomScoreAdj: 0",
             "containerRuntimeEndpoint: unix:///tmp/csiops-e2e-x/node/containerd/c.sock",

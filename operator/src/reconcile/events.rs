@@ -1,16 +1,25 @@
 //! Kubernetes Events for rollout steps and failures, so `kubectl describe csidd`
 //! tells the story of a rollout. Publishing is best effort: a lost Event never
 //! fails a reconciliation.
+//!
+//! A pass collects its Events in [`Notes`] where they arise (the writes and
+//! the decisions only say what happened) and publishes them in that order
+//! at its end; when it writes status, just before that write (see
+//! `write::status::write_status`), and, where a write is watched for before
+//! the pass ends, before it goes on.
+
+use std::sync::Mutex;
 
 use csiops_crds::{CSIDriverDeployment, RolloutKind, RolloutStep, Topology};
 use csiops_runtime::chain;
 use csiops_runtime::error::ellipsize;
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Resource, ResourceExt};
 
 use tracing::info;
 
-use super::Context;
+use crate::metrics::Metrics;
 use crate::report;
 use crate::rollout::{self, Plan, Transition};
 
@@ -34,37 +43,27 @@ impl Note {
     }
 }
 
-/// The standing warnings already told, per object and reason, so a
+/// The standing warnings already told of one object, by reason, so a
 /// condition that holds across reconciles (a CSIDriver field the API server
 /// does not store) gives one Event when it starts or changes, not one per
-/// reconcile.
+/// reconcile (kept with the object's other state).
 #[derive(Debug, Default)]
-pub struct Told(std::sync::Mutex<std::collections::HashMap<(String, &'static str), String>>);
+pub struct Told(std::collections::HashMap<&'static str, String>);
 
 impl Told {
-    /// Whether `note` is news for object `key` under `reason`: true the
-    /// first time and whenever it differs from the last one told.
-    pub fn is_news(&self, key: &str, reason: &'static str, note: &str) -> bool {
-        let mut told = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let k = (key.to_string(), reason);
-        if told.get(&k).map(String::as_str) == Some(note) {
+    /// Whether `note` is news under `reason`: true the first time and
+    /// whenever it differs from the last one told.
+    pub fn is_news(&mut self, reason: &'static str, note: &str) -> bool {
+        if self.0.get(reason).map(String::as_str) == Some(note) {
             return false;
         }
-        told.insert(k, note.to_string());
+        self.0.insert(reason, note.to_string());
         true
     }
 
-    /// The condition behind `reason` ended for object `key`: tell it again
-    /// if it comes back.
-    pub fn ended(&self, key: &str, reason: &'static str) {
-        let mut told = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        told.remove(&(key.to_string(), reason));
-    }
-
-    /// Object `key` is gone.
-    pub fn forget(&self, key: &str) {
-        let mut told = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        told.retain(|(k, _), _| k != key);
+    /// The condition behind `reason` ended: tell it again if it comes back.
+    pub fn ended(&mut self, reason: &'static str) {
+        self.0.remove(reason);
     }
 }
 
@@ -173,8 +172,42 @@ pub fn for_transition(t: &Transition, version: &str, topology: Topology) -> Note
     }
 }
 
+/// The Events of one pass about one object, in the order they arose,
+/// until published.
+#[derive(Debug)]
+pub struct Notes {
+    regarding: ObjectReference,
+    pending: Mutex<Vec<Note>>,
+}
+
+impl Notes {
+    /// The Events about `obj` (the copy the pass acts on).
+    pub fn about(obj: &CSIDriverDeployment) -> Self {
+        Notes {
+            regarding: obj.object_ref(&()),
+            pending: Mutex::default(),
+        }
+    }
+
+    /// `note`, to publish with the others.
+    pub fn push(&self, note: Note) {
+        // A poisoned lock only means a write running beside this one
+        // panicked; the notes are still usable.
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        pending.push(note);
+    }
+
+    /// Publishes what was collected and not published yet, in order.
+    pub async fn publish(&self, recorder: &Recorder) {
+        let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()));
+        for note in &pending {
+            publish(recorder, &self.regarding, note).await;
+        }
+    }
+}
+
 /// Publishes, logging (not failing) when the API refuses the Event.
-pub async fn publish(recorder: &Recorder, obj: &CSIDriverDeployment, note: &Note) {
+async fn publish(recorder: &Recorder, regarding: &ObjectReference, note: &Note) {
     let event = Event {
         type_: if note.warning {
             EventType::Warning
@@ -186,7 +219,7 @@ pub async fn publish(recorder: &Recorder, obj: &CSIDriverDeployment, note: &Note
         action: note.action.clone(),
         secondary: None,
     };
-    if let Err(e) = recorder.publish(&event, &obj.object_ref(&())).await {
+    if let Err(e) = recorder.publish(&event, regarding).await {
         tracing::warn!(reason = %note.reason, error = %chain(&e), "cannot publish event");
     }
 }
@@ -195,14 +228,19 @@ pub async fn publish(recorder: &Recorder, obj: &CSIDriverDeployment, note: &Note
 const NOTE_MAX: usize = 1000;
 
 /// Events (and metrics) for the plan's transitions.
-pub(super) async fn announce<A>(obj: &CSIDriverDeployment, ctx: &Context, plan: &Plan<A>) {
+pub(crate) fn announce<A>(
+    obj: &CSIDriverDeployment,
+    metrics: &Metrics,
+    plan: &Plan<A>,
+    notes: &Notes,
+) {
     for t in &plan.transitions {
         if let rollout::Transition::StepStarted(step) = t {
-            ctx.metrics.rollout_step(step.as_str());
+            metrics.rollout_step(step.as_str());
         }
         let note = for_transition(t, &obj.spec.version, obj.spec.topology);
         info!(object = %obj.name_any(), reason = %note.reason, "{}", note.note);
-        publish(&ctx.recorder, obj, &note).await;
+        notes.push(note);
     }
     if let Some(why) = &plan.overdue {
         let already = obj
@@ -211,12 +249,7 @@ pub(super) async fn announce<A>(obj: &CSIDriverDeployment, ctx: &Context, plan: 
             .and_then(|s| s.condition(report::DEGRADED))
             .is_some_and(|c| c.reason == "RolloutStepTimeout" && c.status == "True");
         if !already {
-            publish(
-                &ctx.recorder,
-                obj,
-                &Note::warning("RolloutStepTimeout", why.clone()),
-            )
-            .await;
+            notes.push(Note::warning("RolloutStepTimeout", why.clone()));
         }
     }
 }

@@ -13,7 +13,8 @@ use super::names::csi_driver_name;
 use super::Ctx;
 
 /// The CSIDriver as the operator applies it: k8s-openapi's `CSIDriver` of
-/// the pinned API (`v1_34`) plus the `spec` fields of newer APIs, which that
+/// the pinned API (`v1_35`, the oldest supported) plus the `spec` fields of
+/// newer APIs, which that
 /// type cannot carry. It serializes as a `CSIDriver` does (`apiVersion`,
 /// `kind`, `metadata`, `spec`), the newer fields inside `spec` only when
 /// set, so a CSIDriver without them is byte for byte what k8s-openapi
@@ -33,9 +34,6 @@ pub struct AppliedCSIDriver {
 pub struct AppliedCSIDriverSpec {
     #[serde(flatten)]
     pub pinned: CSIDriverSpec,
-    /// Kubernetes 1.35 (`CSIServiceAccountTokenSecrets`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub service_account_token_in_secrets: Option<bool>,
     /// Kubernetes 1.36 (`VolumeLimitScaling`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prevent_pod_scheduling_if_missing: Option<bool>,
@@ -126,12 +124,12 @@ pub(crate) fn csi_driver(ctx: &Ctx<'_>) -> AppliedCSIDriver {
                         .collect()
                 }),
                 node_allocatable_update_period_seconds: s.node_allocatable_update_period_seconds,
+                service_account_token_in_secrets: s.service_account_token_in_secrets,
                 // No `..Default::default()`: every field of the pinned API's
                 // CSIDriverSpec is named, so moving to a newer k8s-openapi
                 // API fails to build here until its new fields are decided
-                // on (1.35's and 1.36's are the two beside this one).
+                // on (1.36's is the one beside this struct).
             },
-            service_account_token_in_secrets: s.service_account_token_in_secrets,
             prevent_pod_scheduling_if_missing: s.prevent_pod_scheduling_if_missing,
         },
     }
@@ -144,7 +142,7 @@ pub(crate) fn csi_driver(ctx: &Ctx<'_>) -> AppliedCSIDriver {
 fn feature_gate(field: &str) -> Option<&'static str> {
     match field {
         "nodeAllocatableUpdatePeriodSeconds" => Some(
-            "the MutableCSINodeAllocatableCount feature gate on kube-apiserver and kubelet, beta and off by default in Kubernetes 1.34",
+            "the MutableCSINodeAllocatableCount feature gate on kube-apiserver and kubelet, beta and on by default in Kubernetes 1.35, GA from 1.36",
         ),
         "seLinuxMount" => Some("the SELinuxMountReadWriteOncePod feature gate on kube-apiserver"),
         "serviceAccountTokenInSecrets" => Some(
@@ -243,7 +241,7 @@ mod tests {
             }]),
             ..Default::default()
         });
-        d.spec.service_account_token_in_secrets = Some(token_in_secrets);
+        d.spec.pinned.service_account_token_in_secrets = Some(token_in_secrets);
         d.spec.prevent_pod_scheduling_if_missing = Some(prevent_scheduling);
         d
     }
@@ -276,7 +274,7 @@ mod tests {
             "serviceAccountTokenInSecrets": true,
             "preventPodSchedulingIfMissing": false
         }));
-        assert_eq!(set.spec.service_account_token_in_secrets, Some(true));
+        assert_eq!(set.spec.pinned.service_account_token_in_secrets, Some(true));
         assert_eq!(set.spec.prevent_pod_scheduling_if_missing, Some(false));
         let json = serde_json::to_value(&set).expect("serializes");
         assert_eq!(json["apiVersion"], "storage.k8s.io/v1");
@@ -323,7 +321,7 @@ mod tests {
             }]),
             ..Default::default()
         });
-        // A 1.34 API server with MutableCSINodeAllocatableCount off: the
+        // A 1.35 API server with MutableCSINodeAllocatableCount turned off: the
         // period is cleared, the server's defaults are added.
         let mut stored = desired.clone();
         stored.spec.pinned.node_allocatable_update_period_seconds = None;
@@ -368,7 +366,7 @@ mod tests {
         stored.spec.pinned.fs_group_policy = Some("ReadWriteOnceWithFSType".into());
         assert!(unstored_fields(&desired, &stored).is_empty());
         // Neither stored.
-        stored.spec.service_account_token_in_secrets = None;
+        stored.spec.pinned.service_account_token_in_secrets = None;
         stored.spec.prevent_pod_scheduling_if_missing = None;
         let dropped = unstored_fields(&desired, &stored);
         assert_eq!(
@@ -401,7 +399,10 @@ mod tests {
             Some("preventPodSchedulingIfMissing")
         );
         assert_eq!(left.spec.prevent_pod_scheduling_if_missing, None);
-        assert_eq!(left.spec.service_account_token_in_secrets, Some(false));
+        assert_eq!(
+            left.spec.pinned.service_account_token_in_secrets,
+            Some(false)
+        );
         assert_eq!(left.spec.pinned, desired.spec.pinned);
         // Named again (it is gone): not a field to leave out, the refusal
         // stands; so do other messages and fields not set.
@@ -431,7 +432,7 @@ mod tests {
             leave_out_unknown(&mut left, &refusal("serviceAccountTokenInSecrets")).as_deref(),
             Some("serviceAccountTokenInSecrets")
         );
-        assert_eq!(left.spec.service_account_token_in_secrets, None);
+        assert_eq!(left.spec.pinned.service_account_token_in_secrets, None);
         // A pinned field an even older server lacks goes the same way.
         let mut old = desired.clone();
         old.spec.pinned.node_allocatable_update_period_seconds = Some(10);

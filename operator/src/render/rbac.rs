@@ -193,15 +193,6 @@ pub const HEALTH_MONITOR_GRANTS: &[Grant] = &[
     grant("", "events", &["get", "list", "watch", "create", "patch"]),
 ];
 
-/// The grants of one upstream helper.
-pub fn helper_grants(helper: Helper) -> &'static [Grant] {
-    match helper {
-        Helper::Resizer => RESIZER_GRANTS,
-        Helper::Snapshotter => SNAPSHOTTER_GRANTS,
-        Helper::HealthMonitor => HEALTH_MONITOR_GRANTS,
-    }
-}
-
 /// Registrar: maintains its node's CSINode entry, topology labels and the
 /// node-id annotation on the Node.
 pub const REGISTRAR_GRANTS: &[Grant] = &[

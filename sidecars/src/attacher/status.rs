@@ -62,17 +62,27 @@ pub fn detached() -> Value {
 }
 
 /// Status merge patch recording a failed attach; `attached` stays as is (false).
-pub fn attach_error(message: &str, time: Time) -> Value {
-    json!({ "status": { "attachError": volume_error(message, time) } })
+/// `code`: the driver's gRPC code when the CSI call failed (see [`volume_error`]).
+pub fn attach_error(message: &str, code: Option<i32>, time: Time) -> Value {
+    json!({ "status": { "attachError": volume_error(message, code, time) } })
 }
 
 /// Status merge patch recording a failed detach; `attached` stays as is (true).
-pub fn detach_error(message: &str, time: Time) -> Value {
-    json!({ "status": { "detachError": volume_error(message, time) } })
+pub fn detach_error(message: &str, code: Option<i32>, time: Time) -> Value {
+    json!({ "status": { "detachError": volume_error(message, code, time) } })
 }
 
-fn volume_error(message: &str, time: Time) -> Value {
-    json!({ "message": truncate(message, MAX_ERROR_MESSAGE), "time": time })
+/// A `VolumeError`. `errorCode` is set only when the driver answered with a
+/// gRPC error: kubelet reads it (KEP-4876) and, on `ResourceExhausted`,
+/// refreshes the node's attach limit from the driver, so a code of ours for
+/// a failure before the call would mislead it. Always `null` otherwise, so a
+/// merge patch never leaves an earlier error's code beside a new message.
+fn volume_error(message: &str, code: Option<i32>, time: Time) -> Value {
+    json!({
+        "message": truncate(message, MAX_ERROR_MESSAGE),
+        "errorCode": code,
+        "time": time,
+    })
 }
 
 #[cfg(test)]
@@ -131,18 +141,23 @@ mod tests {
     #[test]
     fn errors_carry_time_and_a_bounded_message() {
         let t = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
-        let p = attach_error("rpc error: code = Unavailable", t.clone());
+        let p = attach_error("rpc error: code = Unavailable", Some(14), t.clone());
         assert_eq!(
             p["status"]["attachError"]["message"],
             json!("rpc error: code = Unavailable")
         );
+        assert_eq!(p["status"]["attachError"]["errorCode"], json!(14));
         assert_eq!(
             p["status"]["attachError"]["time"],
             json!("1970-01-01T00:00:00Z")
         );
         assert!(p["status"].get("attached").is_none());
         let long = "é".repeat(MAX_ERROR_MESSAGE);
-        let p = detach_error(&long, t);
+        let p = detach_error(&long, None, t);
+        // Present and null: a merge patch clears an earlier error's code.
+        assert!(p["status"]["detachError"]
+            .as_object()
+            .is_some_and(|e| e.get("errorCode") == Some(&Value::Null)));
         let msg = p["status"]["detachError"]["message"]
             .as_str()
             .unwrap_or_default();

@@ -60,6 +60,15 @@ pub enum SyncError {
 }
 
 impl SyncError {
+    /// The driver's gRPC code when the CSI call itself failed: what
+    /// `VolumeError.errorCode` carries (upstream's attacher since v4.10).
+    fn csi_code(&self) -> Option<i32> {
+        match self {
+            SyncError::Csi(status) => Some(i32::from(status.code())),
+            _ => None,
+        }
+    }
+
     /// Whether the error belongs in `attachError`/`detachError`.
     fn recorded(&self) -> bool {
         !matches!(
@@ -330,29 +339,31 @@ impl Controller {
     /// retry would only load the API server.
     async fn record_error(&self, va: &VolumeAttachment, err: &SyncError, detach: bool) {
         let message = chain(err).to_string();
-        let recorded = va
-            .status
-            .as_ref()
-            .and_then(|s| {
-                if detach {
-                    s.detach_error.as_ref()
-                } else {
-                    s.attach_error.as_ref()
-                }
-            })
-            .and_then(|e| e.message.as_deref());
-        if recorded == Some(truncate(&message, status::MAX_ERROR_MESSAGE)) {
+        let code = err.csi_code();
+        let recorded = va.status.as_ref().and_then(|s| {
+            if detach {
+                s.detach_error.as_ref()
+            } else {
+                s.attach_error.as_ref()
+            }
+        });
+        // The message alone decides: a CSI error's message names its code,
+        // and a server whose MutableCSINodeAllocatableCount gate is off
+        // drops `errorCode`, which must not make every retry a new write.
+        if recorded.and_then(|e| e.message.as_deref())
+            == Some(truncate(&message, status::MAX_ERROR_MESSAGE))
+        {
             return;
         }
         let (patch, reason, action) = if detach {
             (
-                status::detach_error(&message, now()),
+                status::detach_error(&message, code, now()),
                 REASON_DETACH_FAILED,
                 "Detach",
             )
         } else {
             (
-                status::attach_error(&message, now()),
+                status::attach_error(&message, code, now()),
                 REASON_ATTACH_FAILED,
                 "Attach",
             )

@@ -6,16 +6,15 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use csiops_runtime::admin::{self, AdminState, HealthCheck};
-use csiops_runtime::leader::{run_as_leader_guarded, LeadError, LeaseGuard};
+use csiops_runtime::admin::{self, AdminError, AdminState, HealthCheck};
+use csiops_runtime::leader::{run_as_leader_guarded, LeadError, LeaderError, LeaseGuard};
 use csiops_runtime::shutdown::{on_signals, CancellationToken};
 
 use super::args::CommonArgs;
 use super::controller::ControllerArgs;
 use super::driver::Driver;
-use super::kube::{self as kube_client, KubeArgs};
+use super::kube::{self as kube_client, KubeArgs, KubeError};
 use super::metrics::Metrics;
-use crate::SidecarError;
 
 /// How long the admin server may take to stop once the role is done.
 const ADMIN_STOP: Duration = Duration::from_secs(2);
@@ -59,7 +58,7 @@ impl Role {
         metrics: &Arc<Metrics>,
         health: HealthCheck,
         kubeconfig: Option<&Path>,
-    ) -> Result<(), SidecarError> {
+    ) -> Result<(), AdminError> {
         let Some(addr) = addr else { return Ok(()) };
         // Bound before the client is made: a taken port fails first.
         let listener = admin::bind(addr).await?;
@@ -121,8 +120,9 @@ impl Role {
 
     /// Ends the role with `outcome`: stops the admin servers and waits a
     /// little for each. A server's own failure is the error when the role
-    /// had none.
-    pub async fn finish(self, outcome: Result<(), SidecarError>) -> Result<(), SidecarError> {
+    /// had none. Generic over the role's error so that this shared start-up
+    /// knows no role.
+    pub async fn finish<E: From<AdminError>>(self, outcome: Result<(), E>) -> Result<(), E> {
         self.shutdown.cancel();
         let mut outcome = outcome;
         for server in self.admin {
@@ -160,19 +160,21 @@ pub fn lease_guard(controller_args: &ControllerArgs) -> LeaseGuard {
 /// does not slow down (see [`kube_client::election_client`]). `guard` (from
 /// [`lease_guard`], given to the clients and the CSI calls before) is held
 /// exactly while the controller may act; on a loss the controller is
-/// dropped at once, aborting the tasks it owns.
-pub async fn lead<F, Fut, E>(
+/// dropped at once, aborting the tasks it owns. `R` is the role's error,
+/// which wraps the controller's `E` and the election's failures.
+pub async fn lead<F, Fut, E, R>(
     kube: &KubeArgs,
     controller_args: &ControllerArgs,
     lease: &str,
     guard: LeaseGuard,
     shutdown: &CancellationToken,
     controller: F,
-) -> Result<(), SidecarError>
+) -> Result<(), R>
 where
     F: FnOnce() -> Fut,
     Fut: std::future::Future<Output = Result<(), E>>,
-    E: std::error::Error + Into<SidecarError> + 'static,
+    E: std::error::Error + 'static,
+    R: From<E> + From<KubeError> + From<LeaderError>,
 {
     let election = controller_args
         .leader_election
@@ -180,7 +182,7 @@ where
     let client = kube_client::election_client(kube).await?;
     match run_as_leader_guarded(client, election, guard, shutdown, |_| {}, controller).await {
         Ok(()) => Ok(()),
-        Err(LeadError::Leader(e)) => Err(e.into()),
-        Err(LeadError::Controller(e)) => Err(e.into()),
+        Err(LeadError::Leader(e)) => Err(R::from(e)),
+        Err(LeadError::Controller(e)) => Err(R::from(e)),
     }
 }

@@ -28,6 +28,24 @@ pub const VOLUME_MODE_FILESYSTEM: &str = "Filesystem";
 /// The resource name of a claim's size.
 pub const STORAGE: &str = "storage";
 
+/// What the driver said it can do.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DriverCapabilities {
+    /// Plugin VOLUME_ACCESSIBILITY_CONSTRAINTS (and topology enabled).
+    pub topology: bool,
+    /// Controller SINGLE_NODE_MULTI_WRITER.
+    pub single_node_multi_writer: bool,
+    /// Controller CREATE_DELETE_SNAPSHOT: restore from a snapshot.
+    pub create_delete_snapshot: bool,
+    /// Controller CLONE_VOLUME: a claim as data source.
+    pub clone_volume: bool,
+    /// Controller PUBLISH_UNPUBLISH_VOLUME: the volumes get
+    /// VolumeAttachments (a node's provisioner watches them only then).
+    pub publish_unpublish: bool,
+    /// Controller MODIFY_VOLUME: claims may name a VolumeAttributesClass.
+    pub modify_volume: bool,
+}
+
 /// Why the claim cannot be expressed as a CreateVolume request, or the
 /// driver's answer does not fit it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

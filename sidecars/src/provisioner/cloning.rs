@@ -1,6 +1,6 @@
 //! Cloning protection: the provisioner puts [`CLONE_FINALIZER`] on a
 //! clone's source claim before CreateVolume (see
-//! [`Provisioner::protect_source`]), so the source cannot be deleted while
+//! [`super::content_source::fetch::protect_source`]), so the source cannot be deleted while
 //! the driver copies it; `--cloning-protection-threads` workers take it off
 //! again once no clone of that claim is pending.
 //!
@@ -24,17 +24,14 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
-use kube::ResourceExt;
-use tracing::Instrument;
 
 use super::content_source::{clone_source_of, CLONE_FINALIZER};
-use super::controller::{ClaimKey, Provisioner};
-use super::finalizer;
+use super::decide::ClaimKey;
 use crate::common::workqueue::{Backoff, WorkQueue};
-use csiops_runtime::chain;
+
+pub mod release;
 
 /// The queue of clone sources to look at, and the lock ordering finalizer
 /// checks (see the module docs).
@@ -97,65 +94,6 @@ pub fn keys_to_check(event: &watcher::Event<PersistentVolumeClaim>) -> Vec<Claim
         }
         watcher::Event::Delete(c) => clone_source_of(c).into_iter().collect(),
         _ => Vec::new(),
-    }
-}
-
-impl Provisioner {
-    pub(super) async fn cloning_worker(self: Arc<Self>) {
-        let queue = &self.cloning.queue;
-        while let Some(key) = queue.next().await {
-            let span = tracing::info_span!("cloning", claim = %super::claim::display(&key));
-            async {
-                match self.release_source(&key).await {
-                    Ok(()) => queue.forget(&key),
-                    Err(e) => {
-                        tracing::warn!(error = %chain(&e), "cannot remove the cloning-protection finalizer; will retry");
-                        queue.add_rate_limited(key.clone());
-                    }
-                }
-            }
-            .instrument(span)
-            .await;
-            queue.done(&key);
-        }
-    }
-
-    /// Takes [`CLONE_FINALIZER`] off the claim when [`may_release`] says so.
-    async fn release_source(&self, key: &ClaimKey) -> Result<(), kube::Error> {
-        let _held = self.cloning.lock.lock().await;
-        let Some(claim) = self.caches.claims.get(key) else {
-            return Ok(());
-        };
-        if !may_release(&claim, &self.caches.claims.store().state()) {
-            return Ok(());
-        }
-        let Some(patch) = finalizer::remove_at_index(&claim.metadata, CLONE_FINALIZER) else {
-            return Ok(());
-        };
-        // Bookkeeping: nothing waits on it but a deletion of the source.
-        let api: Api<PersistentVolumeClaim> = Api::namespaced(
-            self.bookkeeping.clone(),
-            &claim.namespace().unwrap_or_default(),
-        );
-        match api
-            .patch(
-                &claim.name_any(),
-                &PatchParams::default(),
-                &Patch::<()>::Json(patch),
-            )
-            .await
-        {
-            Ok(written) => {
-                self.caches.claims.wrote(written);
-                tracing::info!("no clone pending: cloning-protection finalizer removed");
-                Ok(())
-            }
-            Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
-            // 422: the finalizer list moved (the test failed); the watch
-            // event of that change brings the claim back, and so does the
-            // retry.
-            Err(e) => Err(e),
-        }
     }
 }
 

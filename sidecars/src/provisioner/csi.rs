@@ -106,6 +106,15 @@ pub fn rejects_request(status: &Status) -> bool {
     )
 }
 
+/// An RPC error in upstream's words, which admins grep for.
+pub fn rpc(status: &Status) -> String {
+    format!(
+        "rpc error: code = {:?} desc = {}",
+        status.code(),
+        status.message()
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,10 +11,23 @@
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
+use kube::runtime::reflector::ObjectRef;
 
 use super::pv::{PROVISIONED_BY_ANNOTATION, PV_PROTECTION_FINALIZER, RECLAIM_DELETE};
 use super::topology::selected_node;
 use crate::common::migration::{Plugin, MIGRATED_TO_ANNOTATION};
+
+/// The key of a claim in the caches and the claim queue.
+pub type ClaimKey = ObjectRef<PersistentVolumeClaim>;
+
+/// `namespace/name`, as admins write it.
+pub fn display(key: &ClaimKey) -> String {
+    format!(
+        "{}/{}",
+        key.namespace.as_deref().unwrap_or_default(),
+        key.name
+    )
+}
 
 /// On a claim from just before CreateVolume until its PV exists.
 pub const CLAIM_FINALIZER: &str = "csiops.dev/volume-provisioning";

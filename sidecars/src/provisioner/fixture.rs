@@ -1,4 +1,4 @@
-//! A [`Provisioner`] for the sync tests: a mocked API client, a fake driver,
+//! A [`Context`] for the sync tests: a mocked API client, a fake driver,
 //! and caches holding what each test puts there.
 
 use std::sync::Arc;
@@ -12,11 +12,13 @@ use kube::runtime::watcher::Event;
 use serde_json::Value;
 use tokio::sync::Semaphore;
 
-use super::controller::{fixed_store, Caches, Provisioner, Queues};
+use super::capabilities::DriverCapabilities;
+use super::context::{Caches, Context, Queues};
+use super::controller::fixed_store;
 use super::journal::{Holds, Journal};
 use super::metrics::OperationMetrics;
 use super::node_deployment::{LocalNode, NodeDeployment, ThisNode};
-use super::plan::{DriverCapabilities, ProvisionerConfig};
+use super::plan::ProvisionerConfig;
 use crate::common::cache::Cached;
 use crate::common::driver::Driver;
 use crate::common::workqueue::Backoff;
@@ -48,12 +50,12 @@ pub struct Fixture {
 }
 
 impl Fixture {
-    pub fn provisioner(self) -> Provisioner {
+    pub fn provisioner(self) -> Context {
         let queues = Queues::new(Backoff {
             start: Duration::from_secs(1),
             max: Duration::from_secs(10),
         });
-        Provisioner {
+        Context {
             client: self.client.clone(),
             critical: self.client.clone(),
             bookkeeping: self.client.clone(),
@@ -96,7 +98,7 @@ impl Fixture {
 /// reports `segment`, with the Node and CSINode caches made from it and
 /// immediate binding on. The race waits not at all (a zero base delay):
 /// its timing is tested in `node_deployment`.
-pub fn on_node(p: &mut Provisioner, name: &str, segment: Option<&[(&str, &str)]>) -> Arc<ThisNode> {
+pub fn on_node(p: &mut Context, name: &str, segment: Option<&[(&str, &str)]>) -> Arc<ThisNode> {
     let local = LocalNode {
         name: name.into(),
         node_id: format!("{name}-id"),

@@ -49,6 +49,7 @@ pub mod capacity;
 pub mod claim;
 pub mod cloning;
 pub mod content_source;
+pub mod context;
 pub mod controller;
 pub mod csi;
 pub mod decide;
@@ -65,6 +66,7 @@ pub mod plan;
 pub mod pv;
 pub mod quantity;
 pub mod secrets;
+pub mod snapshot_api;
 pub mod snapshot_protection;
 pub mod sweep;
 pub mod topology;
@@ -77,10 +79,8 @@ use csiops_proto::csi::v1::controller_service_capability::rpc::Type as Rpc;
 use csiops_proto::csi::v1::plugin_capability::service::Type as Service;
 
 pub use args::ProvisionerArgs;
-pub use plan::{
-    finish, prepare, Cluster, DriverCapabilities, FinishError, PrepareError, Prepared,
-    ProvisionerConfig,
-};
+pub use capabilities::DriverCapabilities;
+pub use plan::{finish, prepare, Cluster, FinishError, PrepareError, Prepared, ProvisionerConfig};
 
 use crate::common::controller::lease_name;
 use crate::common::driver::{code_name, Driver};
@@ -89,7 +89,8 @@ use crate::common::metrics::Metrics;
 use crate::common::role::{lead, lease_guard, Role, Wait};
 use crate::common::workqueue::QueueMetrics;
 use crate::SidecarError;
-use controller::{Provisioner, Queues, Setup};
+use context::Queues;
+use controller::Setup;
 use csiops_runtime::admin::HealthCheck;
 use csiops_runtime::shutdown::CancellationToken;
 
@@ -308,7 +309,7 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
         {
             let (namespace, name) = journal_at;
             let journal = open_journal(&clients, &namespace, &name, &finalizer, &stop).await;
-            let (provisioner, watches) = Provisioner::new(clients, setup, journal);
+            let (provisioner, watches) = controller::build(clients, setup, journal);
             // Capacity is published by the leader only (on a node, by each
             // node for itself), from the provisioner's caches.
             let publish = async {
@@ -323,7 +324,7 @@ pub async fn run(args: ProvisionerArgs) -> Result<(), SidecarError> {
                 }
             };
             tokio::join!(
-                provisioner.clone().run(watches, workers, stop.clone()),
+                controller::run(provisioner.clone(), watches, workers, stop.clone()),
                 publish
             );
             Ok::<(), std::convert::Infallible>(())

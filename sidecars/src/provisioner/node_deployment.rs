@@ -58,9 +58,10 @@ use k8s_openapi::api::storage::v1::{CSINode, CSINodeDriver, CSINodeSpec, Storage
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tokio::time::Instant;
 
+use super::capabilities::DriverCapabilities;
 use super::decide::{ClaimAction, VolumeAction};
 use super::naming::bounded_name;
-use super::plan::{Cluster, DriverCapabilities, ProvisionerConfig};
+use super::plan::{Cluster, ProvisionerConfig};
 use super::topology::{self, TopologyInputs, SELECTED_NODE_ANNOTATION};
 use crate::common::workqueue::Backoff;
 

@@ -22,7 +22,7 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::{CSINode, StorageClass, VolumeAttributesClass};
 
 use super::attributes_class::{self, AttributesClassError};
-use super::capabilities::{self, CapabilityError};
+use super::capabilities::{self, CapabilityError, DriverCapabilities};
 use super::content_source::{self, ContentSourceError};
 use super::decide;
 use super::naming::{NamingError, VolumeNamer};
@@ -64,24 +64,6 @@ pub struct ProvisionerConfig {
     /// The `VolumeAttributesClass` gate, as resolved at start (see
     /// [`super::args::FeatureGates::attributes_class_enabled`]).
     pub volume_attributes_class: bool,
-}
-
-/// What the driver said it can do.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct DriverCapabilities {
-    /// Plugin VOLUME_ACCESSIBILITY_CONSTRAINTS (and topology enabled).
-    pub topology: bool,
-    /// Controller SINGLE_NODE_MULTI_WRITER.
-    pub single_node_multi_writer: bool,
-    /// Controller CREATE_DELETE_SNAPSHOT: restore from a snapshot.
-    pub create_delete_snapshot: bool,
-    /// Controller CLONE_VOLUME: a claim as data source.
-    pub clone_volume: bool,
-    /// Controller PUBLISH_UNPUBLISH_VOLUME: the volumes get
-    /// VolumeAttachments (a node's provisioner watches them only then).
-    pub publish_unpublish: bool,
-    /// Controller MODIFY_VOLUME: claims may name a VolumeAttributesClass.
-    pub modify_volume: bool,
 }
 
 /// The informer caches topology is computed from.

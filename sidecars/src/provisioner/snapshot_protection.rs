@@ -13,14 +13,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{ListParams, Patch, PatchParams};
 
 use super::content_source::{
-    self, get_custom, ContentSourceError, DataSource, ResolveError, SourceKind, VolumeSnapshot,
+    self, ContentSourceError, DataSource, ResolveError, SourceKind, VolumeSnapshot,
     SNAPSHOT_SOURCE_FINALIZER,
 };
-use super::controller::Provisioner;
+use super::context::Context;
 use super::finalizer;
+use super::snapshot_api::{get_custom, snapshots};
 
 /// `namespace/name` of every VolumeSnapshot a pending claim restores from
 /// (any driver's claim: another provisioner's restore counts too).
@@ -66,124 +67,109 @@ pub fn orphans<'a>(
         .collect()
 }
 
-fn snapshots(client: &kube::Client, namespace: Option<&str>) -> Api<DynamicObject> {
-    let resource = content_source::snapshot_resource(content_source::SNAPSHOT_KIND);
-    match namespace {
-        Some(ns) => Api::namespaced_with(client.clone(), ns, &resource),
-        None => Api::all_with(client.clone(), &resource),
+/// Puts the finalizer on the snapshot `source` names, before
+/// CreateVolume, starting from the copy `read` while resolving it (read
+/// again only when it changed since).
+pub(super) async fn protect_snapshot(
+    cx: &Context,
+    source: &DataSource,
+    read: Option<VolumeSnapshot>,
+) -> Result<(), ResolveError> {
+    let api = snapshots(&cx.client, Some(&source.namespace));
+    let mut current = read;
+    for _ in 0..3 {
+        let snapshot = match current.take() {
+            Some(s) => s,
+            None => get_custom(api.clone(), &source.name)
+                .await?
+                .ok_or_else(|| ContentSourceError::SnapshotNotFound(source.name.clone()))?,
+        };
+        let Some(patch) = finalizer::add(&snapshot.metadata, SNAPSHOT_SOURCE_FINALIZER) else {
+            return Ok(());
+        };
+        match api
+            .patch(&source.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 403 => {
+                tracing::info!(snapshot = %format!("{}/{}", source.namespace, source.name), "no RBAC to write VolumeSnapshots: restoring without source protection");
+                return Ok(());
+            }
+            Err(kube::Error::Api(s)) if s.is_conflict() => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(ContentSourceError::SnapshotBusy(format!("{}/{}", source.namespace, source.name)).into())
+}
+
+/// Takes the finalizer off once the PV exists; a failure is logged and
+/// left to the orphan sweep (the volume is made, nothing waits on it).
+pub(super) async fn release_snapshot(cx: &Context, source: &DataSource) {
+    let api = snapshots(&cx.client, Some(&source.namespace));
+    let snapshot = match get_custom::<VolumeSnapshot>(api, &source.name).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the restored snapshot; the orphan sweep will release it");
+            None
+        }
+    };
+    if let Some(snapshot) = snapshot {
+        if let Err(e) = remove_snapshot_finalizer(cx, &snapshot).await {
+            tracing::warn!(error = %e, "cannot release the restored snapshot; the orphan sweep will");
+        }
     }
 }
 
-impl Provisioner {
-    /// Puts the finalizer on the snapshot `source` names, before
-    /// CreateVolume, starting from the copy `read` while resolving it (read
-    /// again only when it changed since).
-    pub(super) async fn protect_snapshot(
-        &self,
-        source: &DataSource,
-        read: Option<VolumeSnapshot>,
-    ) -> Result<(), ResolveError> {
-        let api = snapshots(&self.client, Some(&source.namespace));
-        let mut current = read;
-        for _ in 0..3 {
-            let snapshot = match current.take() {
-                Some(s) => s,
-                None => get_custom(api.clone(), &source.name)
-                    .await?
-                    .ok_or_else(|| ContentSourceError::SnapshotNotFound(source.name.clone()))?,
-            };
-            let Some(patch) = finalizer::add(&snapshot.metadata, SNAPSHOT_SOURCE_FINALIZER) else {
-                return Ok(());
-            };
-            match api
-                .patch(&source.name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
-                Ok(_) => return Ok(()),
-                Err(kube::Error::Api(s)) if s.code == 403 => {
-                    tracing::info!(snapshot = %format!("{}/{}", source.namespace, source.name), "no RBAC to write VolumeSnapshots: restoring without source protection");
-                    return Ok(());
-                }
-                Err(kube::Error::Api(s)) if s.is_conflict() => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Err(
-            ContentSourceError::SnapshotBusy(format!("{}/{}", source.namespace, source.name))
-                .into(),
-        )
+async fn remove_snapshot_finalizer(
+    cx: &Context,
+    snapshot: &VolumeSnapshot,
+) -> Result<(), kube::Error> {
+    let Some(patch) = finalizer::remove_at_index(&snapshot.metadata, SNAPSHOT_SOURCE_FINALIZER)
+    else {
+        return Ok(());
+    };
+    let name = snapshot.metadata.name.clone().unwrap_or_default();
+    let api = snapshots(&cx.bookkeeping, snapshot.metadata.namespace.as_deref());
+    match api
+        .patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        // Gone, or changed since read: the next sweep looks again.
+        Err(kube::Error::Api(s)) if s.is_not_found() || s.code == 422 || s.is_conflict() => Ok(()),
+        Err(e) => Err(e),
     }
+}
 
-    /// Takes the finalizer off once the PV exists; a failure is logged and
-    /// left to the orphan sweep (the volume is made, nothing waits on it).
-    pub(super) async fn release_snapshot(&self, source: &DataSource) {
-        let api = snapshots(&self.client, Some(&source.namespace));
-        let snapshot = match get_custom::<VolumeSnapshot>(api, &source.name).await {
-            Ok(s) => s,
+/// Every `interval`: the finalizer off every snapshot no pending claim
+/// restores from. Stops quietly without RBAC to list snapshots, or when
+/// the snapshot API is not installed.
+pub async fn sweep_snapshot_finalizers(cx: Arc<Context>, interval: Duration) {
+    let api = snapshots(&cx.client, None);
+    loop {
+        tokio::time::sleep(interval).await;
+        let listed = match api.list(&ListParams::default()).await {
+            Ok(list) => list
+                .items
+                .into_iter()
+                .filter_map(|o| serde_json::to_value(o).ok())
+                .filter_map(|v| serde_json::from_value(v).ok())
+                .collect::<Vec<VolumeSnapshot>>(),
+            Err(kube::Error::Api(s)) if s.code == 403 || s.is_not_found() => {
+                tracing::info!(error = %s.message, "snapshot source-protection sweep off");
+                return;
+            }
             Err(e) => {
-                tracing::warn!(error = %e, "cannot read the restored snapshot; the orphan sweep will release it");
-                None
+                tracing::warn!(error = %e, "cannot list VolumeSnapshots for the source-protection sweep");
+                continue;
             }
         };
-        if let Some(snapshot) = snapshot {
-            if let Err(e) = self.remove_snapshot_finalizer(&snapshot).await {
-                tracing::warn!(error = %e, "cannot release the restored snapshot; the orphan sweep will");
-            }
-        }
-    }
-
-    async fn remove_snapshot_finalizer(
-        &self,
-        snapshot: &VolumeSnapshot,
-    ) -> Result<(), kube::Error> {
-        let Some(patch) = finalizer::remove_at_index(&snapshot.metadata, SNAPSHOT_SOURCE_FINALIZER)
-        else {
-            return Ok(());
-        };
-        let name = snapshot.metadata.name.clone().unwrap_or_default();
-        let api = snapshots(&self.bookkeeping, snapshot.metadata.namespace.as_deref());
-        match api
-            .patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch))
-            .await
-        {
-            Ok(_) => Ok(()),
-            // Gone, or changed since read: the next sweep looks again.
-            Err(kube::Error::Api(s)) if s.is_not_found() || s.code == 422 || s.is_conflict() => {
-                Ok(())
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Every `interval`: the finalizer off every snapshot no pending claim
-    /// restores from. Stops quietly without RBAC to list snapshots, or when
-    /// the snapshot API is not installed.
-    pub(super) async fn sweep_snapshot_finalizers(self: Arc<Self>, interval: Duration) {
-        let api = snapshots(&self.client, None);
-        loop {
-            tokio::time::sleep(interval).await;
-            let listed = match api.list(&ListParams::default()).await {
-                Ok(list) => list
-                    .items
-                    .into_iter()
-                    .filter_map(|o| serde_json::to_value(o).ok())
-                    .filter_map(|v| serde_json::from_value(v).ok())
-                    .collect::<Vec<VolumeSnapshot>>(),
-                Err(kube::Error::Api(s)) if s.code == 403 || s.is_not_found() => {
-                    tracing::info!(error = %s.message, "snapshot source-protection sweep off");
-                    return;
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot list VolumeSnapshots for the source-protection sweep");
-                    continue;
-                }
-            };
-            let claims = self.caches.claims.store().state();
-            let pending = pending_sources(claims.iter().map(|c| c.as_ref()));
-            for snapshot in orphans(&listed, &pending) {
-                if let Err(e) = self.remove_snapshot_finalizer(snapshot).await {
-                    tracing::warn!(error = %e, "cannot release an orphaned snapshot");
-                }
+        let claims = cx.caches.claims.store().state();
+        let pending = pending_sources(claims.iter().map(|c| c.as_ref()));
+        for snapshot in orphans(&listed, &pending) {
+            if let Err(e) = remove_snapshot_finalizer(&cx, snapshot).await {
+                tracing::warn!(error = %e, "cannot release an orphaned snapshot");
             }
         }
     }

@@ -26,9 +26,8 @@ use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
 use tonic::{Code, Status};
 
-use super::claim::rpc;
-use super::controller::Provisioner;
-use super::csi;
+use super::context::Context;
+use super::csi::{self, rpc};
 use super::journal::{intent_action, IntentAction, Record};
 use super::node_deployment::{AffinityError, PvSeen};
 use super::secrets::{self, SecretError};
@@ -95,154 +94,152 @@ impl SweepError {
     }
 }
 
-impl Provisioner {
-    pub(super) async fn sync_intent(&self, name: &str) -> Result<(), SweepError> {
-        let Some(journal) = &self.journal else {
-            return Ok(());
-        };
-        let Some(record) = journal.get(name) else {
-            return Ok(());
-        };
-        // A claim sync works on it: look again once it is done.
-        let Some(_hold) = self.holds.take(name) else {
-            self.intents.add_after(name.to_string(), HELD_RETRY);
-            return Ok(());
-        };
-        // The server's word, not the caches': the sweep runs at leader start
-        // and right after deletions, when the caches may lag.
-        let claims: Api<PersistentVolumeClaim> =
-            Api::namespaced(self.client.clone(), &record.claim.namespace);
-        let claim = claims.get_opt(&record.claim.name).await?;
-        let volumes: Api<PersistentVolume> = Api::all(self.client.clone());
-        let pv = volumes.get_opt(name).await?;
-        let (pv, node) = match &self.node {
-            // Centrally the PV, if any, is the volume's.
-            None => (
-                if pv.is_some() {
-                    PvSeen::Here
-                } else {
-                    PvSeen::Absent
-                },
-                None,
-            ),
-            // Never guessed: an affinity that cannot be read stops the sweep.
-            Some(node) => {
-                let seen = match &pv {
-                    None => PvSeen::Absent,
-                    Some(pv) if node.local.holds(pv)? => PvSeen::Here,
-                    Some(_) => PvSeen::Elsewhere,
-                };
-                (seen, Some(node.name()))
-            }
-        };
-        let action = intent_action(name, &record, claim.as_ref(), pv, false, node);
-        // An intent an earlier leader left without a PV: it stopped between
-        // the intent and the PV (killed, or the Lease lost).
-        if journal.take_inherited(name) && pv == PvSeen::Absent {
-            self.metrics.journal.recovered(action);
+pub async fn sync_intent(cx: &Context, name: &str) -> Result<(), SweepError> {
+    let Some(journal) = &cx.journal else {
+        return Ok(());
+    };
+    let Some(record) = journal.get(name) else {
+        return Ok(());
+    };
+    // A claim sync works on it: look again once it is done.
+    let Some(_hold) = cx.holds.take(name) else {
+        cx.intents.add_after(name.to_string(), HELD_RETRY);
+        return Ok(());
+    };
+    // The server's word, not the caches': the sweep runs at leader start
+    // and right after deletions, when the caches may lag.
+    let claims: Api<PersistentVolumeClaim> =
+        Api::namespaced(cx.client.clone(), &record.claim.namespace);
+    let claim = claims.get_opt(&record.claim.name).await?;
+    let volumes: Api<PersistentVolume> = Api::all(cx.client.clone());
+    let pv = volumes.get_opt(name).await?;
+    let (pv, node) = match &cx.node {
+        // Centrally the PV, if any, is the volume's.
+        None => (
+            if pv.is_some() {
+                PvSeen::Here
+            } else {
+                PvSeen::Absent
+            },
+            None,
+        ),
+        // Never guessed: an affinity that cannot be read stops the sweep.
+        Some(node) => {
+            let seen = match &pv {
+                None => PvSeen::Absent,
+                Some(pv) if node.local.holds(pv)? => PvSeen::Here,
+                Some(_) => PvSeen::Elsewhere,
+            };
+            (seen, Some(node.name()))
         }
-        match action {
-            IntentAction::Keep => {
-                // The claim's own sync provisions it (again) and trims.
-                self.claims
-                    .add(ObjectRef::new(&record.claim.name).within(&record.claim.namespace));
-                Ok(())
-            }
-            IntentAction::Trim => {
-                journal.trim(name);
-                Ok(())
-            }
-            IntentAction::CleanUp => {
-                let verified = claim
-                    .as_ref()
-                    .is_some_and(|c| c.metadata.uid.as_deref() == Some(record.claim.uid.as_str()));
-                self.delete_abandoned(name, &record, verified).await?;
-                journal.trim(name);
-                Ok(())
-            }
+    };
+    let action = intent_action(name, &record, claim.as_ref(), pv, false, node);
+    // An intent an earlier leader left without a PV: it stopped between
+    // the intent and the PV (killed, or the Lease lost).
+    if journal.take_inherited(name) && pv == PvSeen::Absent {
+        cx.metrics.journal.recovered(action);
+    }
+    match action {
+        IntentAction::Keep => {
+            // The claim's own sync provisions it (again) and trims.
+            cx.claims
+                .add(ObjectRef::new(&record.claim.name).within(&record.claim.namespace));
+            Ok(())
+        }
+        IntentAction::Trim => {
+            journal.trim(name);
+            Ok(())
+        }
+        IntentAction::CleanUp => {
+            let verified = claim
+                .as_ref()
+                .is_some_and(|c| c.metadata.uid.as_deref() == Some(record.claim.uid.as_str()));
+            delete_abandoned(cx, name, &record, verified).await?;
+            journal.trim(name);
+            Ok(())
         }
     }
+}
 
-    /// CreateVolume with the stored request returns the volume if it exists
-    /// (and creates it if it did not, which the DeleteVolume that follows
-    /// undoes). No answer but a volume tells whether it exists: a refusal of
-    /// the request leaves the intent, as AlreadyExists does.
-    async fn delete_abandoned(
-        &self,
-        name: &str,
-        record: &Record,
-        claim_verified: bool,
-    ) -> Result<(), SweepError> {
-        let claim = format!("{}/{}", record.claim.namespace, record.claim.name);
-        let mut request = record.request().map_err(|source| SweepError::Corrupt {
-            volume: name.to_string(),
-            source,
-        })?;
-        // The class from the server, and only when the intent names a
-        // Secret (the check needs it then only).
-        let class = match record.secret {
-            Some(_) => {
-                Api::<StorageClass>::all(self.client.clone())
-                    .get_opt(&record.class)
-                    .await?
-            }
-            None => None,
-        };
-        let secret = trust::check(
-            name,
-            record,
-            &request.name,
-            class.as_ref(),
-            &self.config.driver_name,
-            claim_verified,
-        )
-        .map_err(|why| SweepError::Untrusted {
-            volume: name.to_string(),
-            claim: claim.clone(),
-            why,
-        })?;
-        if let Some(secret) = secret {
-            request.secrets = secrets::fetch(&self.client, &secret)
+/// CreateVolume with the stored request returns the volume if it exists
+/// (and creates it if it did not, which the DeleteVolume that follows
+/// undoes). No answer but a volume tells whether it exists: a refusal of
+/// the request leaves the intent, as AlreadyExists does.
+async fn delete_abandoned(
+    cx: &Context,
+    name: &str,
+    record: &Record,
+    claim_verified: bool,
+) -> Result<(), SweepError> {
+    let claim = format!("{}/{}", record.claim.namespace, record.claim.name);
+    let mut request = record.request().map_err(|source| SweepError::Corrupt {
+        volume: name.to_string(),
+        source,
+    })?;
+    // The class from the server, and only when the intent names a
+    // Secret (the check needs it then only).
+    let class = match record.secret {
+        Some(_) => {
+            Api::<StorageClass>::all(cx.client.clone())
+                .get_opt(&record.class)
+                .await?
+        }
+        None => None,
+    };
+    let secret = trust::check(
+        name,
+        record,
+        &request.name,
+        class.as_ref(),
+        &cx.config.driver_name,
+        claim_verified,
+    )
+    .map_err(|why| SweepError::Untrusted {
+        volume: name.to_string(),
+        claim: claim.clone(),
+        why,
+    })?;
+    if let Some(secret) = secret {
+        request.secrets = secrets::fetch(&cx.client, &secret)
+            .await
+            .map_err(|source| SweepError::Secret {
+                volume: name.to_string(),
+                claim: claim.clone(),
+                source,
+            })?;
+    }
+    let secrets = request.secrets.clone();
+    let _permit = cx.calls.acquire().await;
+    match cx.create_volume(request).await {
+        Ok(volume) => {
+            cx.delete_volume(&volume.volume_id, secrets)
                 .await
-                .map_err(|source| SweepError::Secret {
+                .map_err(|status| SweepError::Failed {
                     volume: name.to_string(),
                     claim: claim.clone(),
-                    source,
+                    status,
                 })?;
+            tracing::info!(%claim, volume = %volume.volume_id, "deleted the volume of a claim that no longer needs it");
+            Ok(())
         }
-        let secrets = request.secrets.clone();
-        let _permit = self.calls.acquire().await;
-        match self.create_volume(request).await {
-            Ok(volume) => {
-                self.delete_volume(&volume.volume_id, secrets)
-                    .await
-                    .map_err(|status| SweepError::Failed {
-                        volume: name.to_string(),
-                        claim: claim.clone(),
-                        status,
-                    })?;
-                tracing::info!(%claim, volume = %volume.volume_id, "deleted the volume of a claim that no longer needs it");
-                Ok(())
-            }
-            // The name is taken by a volume this request does not match: it
-            // may be ours, so it must not be forgotten.
-            Err(status) if status.code() == Code::AlreadyExists => Err(SweepError::Blocked {
-                volume: name.to_string(),
-                claim,
-                status,
-            }),
-            // This call made nothing, but the call the intent stands for may
-            // have: a driver upgraded since may refuse the older request.
-            Err(status) if csi::rejects_request(&status) => Err(SweepError::Refused {
-                volume: name.to_string(),
-                claim,
-                status,
-            }),
-            Err(status) => Err(SweepError::Failed {
-                volume: name.to_string(),
-                claim,
-                status,
-            }),
-        }
+        // The name is taken by a volume this request does not match: it
+        // may be ours, so it must not be forgotten.
+        Err(status) if status.code() == Code::AlreadyExists => Err(SweepError::Blocked {
+            volume: name.to_string(),
+            claim,
+            status,
+        }),
+        // This call made nothing, but the call the intent stands for may
+        // have: a driver upgraded since may refuse the older request.
+        Err(status) if csi::rejects_request(&status) => Err(SweepError::Refused {
+            volume: name.to_string(),
+            claim,
+            status,
+        }),
+        Err(status) => Err(SweepError::Failed {
+            volume: name.to_string(),
+            claim,
+            status,
+        }),
     }
 }

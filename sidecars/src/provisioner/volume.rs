@@ -21,7 +21,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 use tonic::Status;
 
-use super::controller::Provisioner;
+use super::context::Context;
 use super::decide::{self, VolumeAction};
 use super::finalizer;
 use super::metrics::Operation;
@@ -71,123 +71,120 @@ pub fn deletion_secret(pv: &PersistentVolume) -> Option<SecretRef> {
     })
 }
 
-impl Provisioner {
-    pub(super) async fn sync_volume(&self, name: &str) -> Result<(), VolumeError> {
-        let Some(pv) = self.caches.volumes.get(&ObjectRef::new(name)) else {
+pub async fn sync_volume(cx: &Context, name: &str) -> Result<(), VolumeError> {
+    let Some(pv) = cx.caches.volumes.get(&ObjectRef::new(name)) else {
+        return Ok(());
+    };
+    let mut action = decide::volume_action(&pv, &cx.config.driver_name);
+    if let (Some(node), VolumeAction::Delete) = (&cx.node, &action) {
+        let csi = migration::csi_view(&pv)?;
+        action = node_deployment::volume_action(action, node.local.holds(&csi)?);
+    }
+    match action {
+        VolumeAction::Nothing(why) => {
+            tracing::debug!(why, "nothing to do");
+            Ok(())
+        }
+        VolumeAction::RemoveFinalizer => remove_pv_finalizer(cx, &pv).await,
+        VolumeAction::Delete => delete(cx, &pv).await,
+    }
+}
+
+async fn delete(cx: &Context, pv: &PersistentVolume) -> Result<(), VolumeError> {
+    let started = Instant::now();
+    let name = pv.name_any();
+    let attached = cx
+        .caches
+        .attachments
+        .state()
+        .into_iter()
+        .find(|va| va.spec.source.persistent_volume_name.as_deref() == Some(name.as_str()));
+    if let Some(va) = attached {
+        return Err(VolumeError::StillAttached {
+            pv: name,
+            node: va.spec.node_name.clone(),
+        });
+    }
+    let handle = migration::csi_view(pv)?
+        .spec
+        .as_ref()
+        .and_then(|s| s.csi.as_ref())
+        .map(|c| c.volume_handle.clone())
+        .filter(|h| !h.is_empty())
+        .ok_or(VolumeError::NoHandle)?;
+    let secrets = match deletion_secret(pv) {
+        Some(r) => secrets::fetch(&cx.client, &r).await?,
+        None => Default::default(),
+    };
+    {
+        let _permit = cx.calls.acquire().await;
+        cx.delete_volume(&handle, secrets)
+            .await
+            .map_err(VolumeError::Delete)?;
+    }
+    remove_pv_and_finalizer(cx, pv).await?;
+    // Until the watch shows it gone, a sync finds nothing to delete.
+    cx.caches.volumes.deleted(pv);
+    cx.metrics
+        .succeeded(Operation::Delete, class_of(pv), started.elapsed());
+    tracing::info!(volume = %handle, "deleted");
+    Ok(())
+}
+
+/// Our finalizer off, then the PV deleted (unless it is already).
+async fn remove_pv_and_finalizer(cx: &Context, pv: &PersistentVolume) -> Result<(), VolumeError> {
+    let name = pv.name_any();
+    remove_pv_finalizer(cx, pv).await?;
+    if pv.metadata.deletion_timestamp.is_none() {
+        let api: Api<PersistentVolume> = Api::all(cx.critical.clone());
+        let params = DeleteParams {
+            // Never the PV of someone else that took the name since.
+            preconditions: Some(Preconditions {
+                uid: pv.uid(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(&name, &params).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.is_not_found() => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Takes [`PV_PROTECTION_FINALIZER`] off, re-reading when the list moved.
+async fn remove_pv_finalizer(cx: &Context, pv: &PersistentVolume) -> Result<(), VolumeError> {
+    // On the way to the PV being gone: as critical as the delete.
+    let api: Api<PersistentVolume> = Api::all(cx.critical.clone());
+    let name = pv.name_any();
+    let mut current = pv.clone();
+    for _ in 0..4 {
+        let Some(patch) = finalizer::remove_at_index(&current.metadata, PV_PROTECTION_FINALIZER)
+        else {
             return Ok(());
         };
-        let mut action = decide::volume_action(&pv, &self.config.driver_name);
-        if let (Some(node), VolumeAction::Delete) = (&self.node, &action) {
-            let csi = migration::csi_view(&pv)?;
-            action = node_deployment::volume_action(action, node.local.holds(&csi)?);
-        }
-        match action {
-            VolumeAction::Nothing(why) => {
-                tracing::debug!(why, "nothing to do");
-                Ok(())
-            }
-            VolumeAction::RemoveFinalizer => self.remove_pv_finalizer(&pv).await,
-            VolumeAction::Delete => self.delete(&pv).await,
-        }
-    }
-
-    async fn delete(&self, pv: &PersistentVolume) -> Result<(), VolumeError> {
-        let started = Instant::now();
-        let name = pv.name_any();
-        let attached = self
-            .caches
-            .attachments
-            .state()
-            .into_iter()
-            .find(|va| va.spec.source.persistent_volume_name.as_deref() == Some(name.as_str()));
-        if let Some(va) = attached {
-            return Err(VolumeError::StillAttached {
-                pv: name,
-                node: va.spec.node_name.clone(),
-            });
-        }
-        let handle = migration::csi_view(pv)?
-            .spec
-            .as_ref()
-            .and_then(|s| s.csi.as_ref())
-            .map(|c| c.volume_handle.clone())
-            .filter(|h| !h.is_empty())
-            .ok_or(VolumeError::NoHandle)?;
-        let secrets = match deletion_secret(pv) {
-            Some(r) => secrets::fetch(&self.client, &r).await?,
-            None => Default::default(),
-        };
+        match api
+            .patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch))
+            .await
         {
-            let _permit = self.calls.acquire().await;
-            self.delete_volume(&handle, secrets)
-                .await
-                .map_err(VolumeError::Delete)?;
-        }
-        self.remove_pv_and_finalizer(pv).await?;
-        // Until the watch shows it gone, a sync finds nothing to delete.
-        self.caches.volumes.deleted(pv);
-        self.metrics
-            .succeeded(Operation::Delete, class_of(pv), started.elapsed());
-        tracing::info!(volume = %handle, "deleted");
-        Ok(())
-    }
-
-    /// Our finalizer off, then the PV deleted (unless it is already).
-    async fn remove_pv_and_finalizer(&self, pv: &PersistentVolume) -> Result<(), VolumeError> {
-        let name = pv.name_any();
-        self.remove_pv_finalizer(pv).await?;
-        if pv.metadata.deletion_timestamp.is_none() {
-            let api: Api<PersistentVolume> = Api::all(self.critical.clone());
-            let params = DeleteParams {
-                // Never the PV of someone else that took the name since.
-                preconditions: Some(Preconditions {
-                    uid: pv.uid(),
-                    resource_version: None,
-                }),
-                ..DeleteParams::default()
-            };
-            match api.delete(&name, &params).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.is_not_found() => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Ok(())
-    }
-
-    /// Takes [`PV_PROTECTION_FINALIZER`] off, re-reading when the list moved.
-    async fn remove_pv_finalizer(&self, pv: &PersistentVolume) -> Result<(), VolumeError> {
-        // On the way to the PV being gone: as critical as the delete.
-        let api: Api<PersistentVolume> = Api::all(self.critical.clone());
-        let name = pv.name_any();
-        let mut current = pv.clone();
-        for _ in 0..4 {
-            let Some(patch) =
-                finalizer::remove_at_index(&current.metadata, PV_PROTECTION_FINALIZER)
-            else {
+            Ok(patched) => {
+                cx.caches.volumes.wrote(patched);
                 return Ok(());
-            };
-            match api
-                .patch(&name, &PatchParams::default(), &Patch::<()>::Json(patch))
-                .await
-            {
-                Ok(patched) => {
-                    self.caches.volumes.wrote(patched);
-                    return Ok(());
-                }
-                Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(()),
-                // The finalizer list changed under us (a failed test): re-read.
-                Err(kube::Error::Api(s)) if s.is_conflict() || s.code == 422 => {
-                    match api.get_opt(&name).await? {
-                        Some(fresh) if fresh.uid() == pv.uid() => current = fresh,
-                        _ => return Ok(()),
-                    }
-                }
-                Err(e) => return Err(e.into()),
             }
+            Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(()),
+            // The finalizer list changed under us (a failed test): re-read.
+            Err(kube::Error::Api(s)) if s.is_conflict() || s.code == 422 => {
+                match api.get_opt(&name).await? {
+                    Some(fresh) if fresh.uid() == pv.uid() => current = fresh,
+                    _ => return Ok(()),
+                }
+            }
+            Err(e) => return Err(e.into()),
         }
-        Err(VolumeError::Busy(name))
     }
+    Err(VolumeError::Busy(name))
 }
 
 #[cfg(test)]

@@ -37,7 +37,8 @@ import (
 	_ "k8s.io/kubernetes/test/e2e/framework/debug/init"
 	_ "k8s.io/kubernetes/test/e2e/framework/metrics/init"
 	_ "k8s.io/kubernetes/test/e2e/framework/node/init"
-	_ "k8s.io/kubernetes/test/utils/format"
+	// test/utils/ktesting/format (Gomega's object formatting): format.go,
+	// whose path differs before 1.37 (the matrix entries replace it).
 )
 
 func handleFlags() {

@@ -1,4 +1,4 @@
-//! [`Provisioner::sync_claim`] against a mocked API server and a fake CSI
+//! [`super::sync_claim`] against a mocked API server and a fake CSI
 //! driver in the test process: the exact sequence of requests and calls.
 
 use std::sync::Arc;
@@ -8,11 +8,14 @@ use csiops_runtime::testing::{self, Log};
 use kube::runtime::reflector::ObjectRef;
 use serde_json::{json, Value};
 
-use super::super::controller::{ClaimKey, Provisioner};
+use super::super::capabilities::DriverCapabilities;
+use super::super::context::Context;
+use super::super::decide::ClaimKey;
 use super::super::decide::STORAGE_PROVISIONER_ANNOTATION;
 use super::super::fixture::{self, Fixture};
 use super::super::journal::{test_limiter, Journal};
-use super::super::plan::{DriverCapabilities, ProvisionerConfig};
+use super::super::plan::ProvisionerConfig;
+use super::super::{controller, sweep};
 use super::ClaimError;
 use crate::common::fake_csi::FakeController;
 use csiops_runtime::shutdown::CancellationToken;
@@ -46,12 +49,12 @@ fn class() -> Value {
 
 /// A provisioner without a journal: each claim carries the finalizer (the
 /// fallback without RBAC for the journal, see `super::journal`).
-async fn provisioner(log: &Log, dir: &std::path::Path) -> Provisioner {
+async fn provisioner(log: &Log, dir: &std::path::Path) -> Context {
     provisioner_with(log, dir, testing::Objects::new([(CLAIM, claim())]), None).await
 }
 
 /// A provisioner whose journal is in `objects`, its writer running.
-async fn journaled(log: &Log, dir: &std::path::Path, objects: testing::Objects) -> Provisioner {
+async fn journaled(log: &Log, dir: &std::path::Path, objects: testing::Objects) -> Context {
     let client = {
         let objects = objects.clone();
         testing::client(log, move |call| objects.answer(call))
@@ -70,7 +73,7 @@ async fn provisioner_with(
     dir: &std::path::Path,
     objects: testing::Objects,
     journal: Option<Arc<Journal>>,
-) -> Provisioner {
+) -> Context {
     provisioner_of(log, dir, claim(), objects, journal).await
 }
 
@@ -81,7 +84,7 @@ async fn provisioner_of(
     cached: Value,
     objects: testing::Objects,
     journal: Option<Arc<Journal>>,
-) -> Provisioner {
+) -> Context {
     let client = testing::client(log, move |call| objects.answer(call));
     Fixture {
         client,
@@ -109,7 +112,7 @@ async fn the_claim_holds_a_finalizer_from_before_the_volume_until_its_pv_exists(
     let log = Log::default();
     let dir = tempfile::tempdir().expect("tempdir");
     let p = provisioner(&log, dir.path()).await;
-    p.sync_claim(&key()).await.expect("provisioned");
+    super::sync_claim(&p, &key()).await.expect("provisioned");
     let calls: Vec<String> = log
         .lines()
         .into_iter()
@@ -142,7 +145,7 @@ async fn the_claim_holds_a_finalizer_from_before_the_volume_until_its_pv_exists(
     // Queued again by the events of these writes before the watch brought
     // them: our own writes say the claim has its volume.
     log.clear();
-    p.sync_claim(&key()).await.expect("nothing to do");
+    super::sync_claim(&p, &key()).await.expect("nothing to do");
     assert_eq!(log.lines(), Vec::<String>::new());
 }
 
@@ -159,7 +162,9 @@ async fn a_failed_create_leaves_the_finalizer_and_no_pv() {
     }
     .serve(&second)
     .await;
-    let err = p.sync_claim(&key()).await.expect_err("the driver refused");
+    let err = super::sync_claim(&p, &key())
+        .await
+        .expect_err("the driver refused");
     assert!(err.to_string().contains("no space"), "{err}");
     assert_eq!(
         log.writes(),
@@ -173,7 +178,7 @@ async fn with_the_journal_the_claim_is_never_written_and_the_intent_outlives_the
     let dir = tempfile::tempdir().expect("tempdir");
     let objects = testing::Objects::new([(CLAIM, claim())]);
     let p = journaled(&log, dir.path(), objects.clone()).await;
-    p.sync_claim(&key()).await.expect("provisioned");
+    super::sync_claim(&p, &key()).await.expect("provisioned");
     // The intent, the volume, the PV; the trim is written later, alone or
     // with the next intents.
     let writes: Vec<String> = log
@@ -230,7 +235,9 @@ async fn with_the_journal_a_failed_create_keeps_the_intent_unless_the_driver_pro
         }
         .serve(&second)
         .await;
-        p.sync_claim(&key()).await.expect_err("the driver refused");
+        super::sync_claim(&p, &key())
+            .await
+            .expect_err("the driver refused");
         let journal = p.journal.clone().expect("journal");
         assert_eq!(journal.names().len(), usize::from(kept), "{status:?}");
         assert!(
@@ -282,9 +289,9 @@ async fn a_refusal_after_an_attempt_of_unknown_outcome_keeps_the_intent() {
     )
     .await;
     let journal = p.journal.clone().expect("journal");
-    p.sync_claim(&key()).await.expect_err("timed out");
+    super::sync_claim(&p, &key()).await.expect_err("timed out");
     let name = journal.names().pop().expect("the intent stays");
-    p.sync_claim(&key()).await.expect_err("refused");
+    super::sync_claim(&p, &key()).await.expect_err("refused");
     assert_eq!(
         journal.names(),
         vec![name.clone()],
@@ -308,7 +315,7 @@ async fn the_sweep_keeps_and_reports_an_intent_whose_request_the_driver_now_refu
         ],
     )
     .await;
-    p.sync_claim(&key()).await.expect_err("timed out");
+    super::sync_claim(&p, &key()).await.expect_err("timed out");
     let journal = p.journal.clone().expect("journal");
     let name = journal.names().pop().expect("the intent stays");
     // The claim goes; the sweep sends the stored request to a driver that
@@ -316,7 +323,7 @@ async fn the_sweep_keeps_and_reports_an_intent_whose_request_the_driver_now_refu
     objects.remove(CLAIM);
     log.clear();
     let p = Arc::new(p);
-    p.intent_pass(&name).await;
+    controller::intent_pass(&p, &name).await;
     assert!(
         log.lines().contains(&"CSI CreateVolume".to_string()),
         "{:?}",
@@ -353,7 +360,9 @@ async fn the_sweep_keeps_and_reports_an_intent_whose_request_the_driver_now_refu
         note.contains("unknown parameter") && note.contains(&name),
         "{note}"
     );
-    let err = p.sync_intent(&name).await.expect_err("still blocked");
+    let err = sweep::sync_intent(&p, &name)
+        .await
+        .expect_err("still blocked");
     assert!(err.is_blocked(), "{err}");
 }
 
@@ -368,7 +377,7 @@ async fn without_the_journal_a_refused_first_attempt_takes_the_finalizer_off() {
         vec![Err(tonic::Status::invalid_argument("bad parameter"))],
     )
     .await;
-    p.sync_claim(&key()).await.expect_err("refused");
+    super::sync_claim(&p, &key()).await.expect_err("refused");
     let writes: Vec<String> = log
         .writes()
         .into_iter()
@@ -400,7 +409,7 @@ async fn the_clean_up_of_a_claim_whose_request_is_now_refused_keeps_the_finalize
         vec![Err(tonic::Status::invalid_argument("unknown parameter"))],
     )
     .await;
-    let err = p.sync_claim(&key()).await.expect_err("blocked");
+    let err = super::sync_claim(&p, &key()).await.expect_err("blocked");
     assert!(matches!(err, ClaimError::CleanUpBlocked { .. }), "{err}");
     assert!(err.to_string().contains("unknown parameter"), "{err}");
     assert_eq!(
@@ -433,12 +442,12 @@ async fn the_sweep_deletes_the_volume_of_a_claim_deleted_after_its_intent() {
     }
     .serve(&second)
     .await;
-    p.sync_claim(&key()).await.expect_err("timed out");
+    super::sync_claim(&p, &key()).await.expect_err("timed out");
     let journal = p.journal.clone().expect("journal");
     let name = journal.names().pop().expect("the intent stays");
     objects.remove(CLAIM);
     log.clear();
-    p.sync_intent(&name).await.expect("cleaned up");
+    sweep::sync_intent(&p, &name).await.expect("cleaned up");
     let lines: Vec<String> = log.lines();
     assert_eq!(
         lines,
@@ -505,7 +514,7 @@ async fn sweep_forged(
     all.extend(extra);
     let objects = testing::Objects::new(all.iter().map(|(k, v)| (k.as_str(), v.clone())));
     let p = journaled(&log, dir.path(), objects).await;
-    let result = p.sync_intent(key).await;
+    let result = sweep::sync_intent(&p, key).await;
     (log, result)
 }
 
@@ -626,7 +635,7 @@ async fn a_claim_of_an_in_tree_class_gets_an_in_tree_pv() {
         journal: None,
     }
     .provisioner();
-    p.sync_claim(&key()).await.expect("provisioned");
+    super::sync_claim(&p, &key()).await.expect("provisioned");
     let calls = log.calls();
     let pv = &calls
         .iter()

@@ -1,4 +1,4 @@
-//! [`Provisioner::sync_claim`] of restores and clones against a mocked API
+//! [`super::super::claim::sync_claim`] of restores and clones against a mocked API
 //! server and a fake CSI driver: the order of reads, finalizers and the
 //! CreateVolume call, and that a refused source creates nothing.
 
@@ -10,10 +10,12 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::runtime::reflector::ObjectRef;
 use serde_json::{json, Value};
 
-use super::super::controller::Provisioner;
+use super::super::capabilities::DriverCapabilities;
+use super::super::claim;
+use super::super::context::Context;
 use super::super::decide::STORAGE_PROVISIONER_ANNOTATION;
 use super::super::fixture::{self, Fixture};
-use super::super::plan::{DriverCapabilities, ProvisionerConfig};
+use super::super::plan::ProvisionerConfig;
 use super::*;
 use crate::common::fake_csi::FakeController;
 
@@ -103,7 +105,7 @@ async fn provisioner(
     claims: &[Value],
     pvs: &[Value],
     content: VolumeContentSource,
-) -> Provisioner {
+) -> Context {
     let objects = testing::Objects::new(objects);
     let client = testing::client(log, move |call| objects.answer(call));
     let mut fake = FakeController::new(log.clone());
@@ -179,7 +181,7 @@ async fn a_restore_reads_the_snapshot_before_the_finalizer_and_the_volume() {
         snapshot_content(),
     )
     .await;
-    p.sync_claim(&key()).await.expect("provisioned");
+    claim::sync_claim(&p, &key()).await.expect("provisioned");
     assert_eq!(
         calls(&log),
         vec![
@@ -229,7 +231,7 @@ async fn a_refused_restore_writes_nothing_and_creates_nothing() {
         snapshot_content(),
     )
     .await;
-    let err = p.sync_claim(&key()).await.expect_err("too small");
+    let err = claim::sync_claim(&p, &key()).await.expect_err("too small");
     assert_eq!(
         err.to_string(),
         "requested volume size 536870912 is less than the size 1073741824 for the source snapshot snap"
@@ -254,7 +256,9 @@ async fn a_missing_snapshot_is_an_error_without_writes() {
         snapshot_content(),
     )
     .await;
-    let err = p.sync_claim(&key()).await.expect_err("no snapshot");
+    let err = claim::sync_claim(&p, &key())
+        .await
+        .expect_err("no snapshot");
     assert_eq!(
         err.to_string(),
         "error getting snapshot ns/snap from api server: not found"
@@ -281,7 +285,7 @@ async fn a_clone_protects_its_source_before_the_volume_is_created() {
         cloned,
     )
     .await;
-    p.sync_claim(&key()).await.expect("provisioned");
+    claim::sync_claim(&p, &key()).await.expect("provisioned");
     assert_eq!(
         calls(&log),
         vec![
@@ -335,7 +339,7 @@ async fn a_volume_without_the_content_asked_for_is_deleted() {
     });
     let other = tempfile::tempdir().expect("tempdir");
     p.driver = fake.serve(other.path()).await;
-    let err = p.sync_claim(&key()).await.expect_err("no content");
+    let err = claim::sync_claim(&p, &key()).await.expect_err("no content");
     assert_eq!(
         err.to_string(),
         "the created volume is unusable (volume content source missing); it was deleted and will be created again"

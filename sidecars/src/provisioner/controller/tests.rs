@@ -1,4 +1,4 @@
-//! [`Provisioner::run`] under the Lease: once the Lease is lost, no worker
+//! [`super::run`] under the Lease: once the Lease is lost, no worker
 //! sends CreateVolume or DeleteVolume any more.
 
 use std::sync::Arc;
@@ -12,12 +12,14 @@ use csiops_runtime::testing::{self, Log, Objects};
 use kube::runtime::reflector::ObjectRef;
 use serde_json::{json, Value};
 
+use super::super::capabilities::DriverCapabilities;
 use super::super::decide::STORAGE_PROVISIONER_ANNOTATION;
 use super::super::fixture::{self, Fixture};
-use super::super::plan::{DriverCapabilities, ProvisionerConfig};
-use super::{fixed_store, Caches};
+use super::super::plan::ProvisionerConfig;
+use super::fixed_store;
 use crate::common::cache::Cached;
 use crate::common::fake_csi::FakeController;
+use crate::provisioner::context::Caches;
 
 const DRIVER: &str = "fake.csi.csiops.dev";
 const LEASE: &str = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/provisioner";
@@ -143,7 +145,7 @@ async fn after_the_lease_is_lost_no_worker_calls_create_or_delete_volume() {
                 &stop,
                 |_| {},
                 move || async move {
-                    p.run(Vec::new(), 4, inner).await;
+                    super::run(p, Vec::new(), 4, inner).await;
                     Ok::<(), std::convert::Infallible>(())
                 },
             )

@@ -11,12 +11,15 @@ use kube::runtime::reflector::ObjectRef;
 use serde_json::{json, Value};
 
 use crate::common::fake_csi::FakeController;
-use crate::provisioner::controller::{ClaimKey, Provisioner};
+use crate::provisioner::capabilities::DriverCapabilities;
+use crate::provisioner::context::Context;
+use crate::provisioner::decide::ClaimKey;
 use crate::provisioner::decide::STORAGE_PROVISIONER_ANNOTATION;
 use crate::provisioner::fixture::{self, on_node, Fixture};
 use crate::provisioner::journal::{test_limiter, Journal, Record};
-use crate::provisioner::plan::{DriverCapabilities, ProvisionerConfig};
+use crate::provisioner::plan::ProvisionerConfig;
 use crate::provisioner::topology::SELECTED_NODE_ANNOTATION;
+use crate::provisioner::{claim, sweep, volume};
 
 const DRIVER: &str = "fake.csi.csiops.dev";
 const KEY: &str = "topology.fake.csi/node";
@@ -86,7 +89,7 @@ impl Setup {
         log: &Log,
         dir: &std::path::Path,
         journal: bool,
-    ) -> (Provisioner, testing::Objects) {
+    ) -> (Context, testing::Objects) {
         let objects = testing::Objects::new([(CLAIM, self.server_claim)]);
         let answer = objects.clone();
         let client = testing::client(log, move |call| answer.answer(call));
@@ -150,12 +153,12 @@ async fn the_node_that_waited_writes_itself_into_the_claim_then_provisions_it() 
     let node = p.node.clone().expect("on a node");
 
     // First look: the wait starts, nothing is written.
-    p.sync_claim(&key()).await.expect("waiting");
+    claim::sync_claim(&p, &key()).await.expect("waiting");
     assert_eq!(log.lines(), Vec::<String>::new());
     assert_eq!(node.races.attempts(UID), 1);
 
     // Its turn: room here, then the update at the version seen.
-    p.sync_claim(&key()).await.expect("claimed");
+    claim::sync_claim(&p, &key()).await.expect("claimed");
     assert_eq!(
         calls(&log),
         vec!["CSI GetCapacity".to_string(), format!("PUT {CLAIM}")]
@@ -175,7 +178,7 @@ async fn the_node_that_waited_writes_itself_into_the_claim_then_provisions_it() 
     // The next sync (queued by the win) provisions, with this node's own
     // claim finalizer (no journal here).
     log.clear();
-    p.sync_claim(&key()).await.expect("provisioned");
+    claim::sync_claim(&p, &key()).await.expect("provisioned");
     assert_eq!(
         calls(&log),
         vec![
@@ -200,9 +203,11 @@ async fn a_conflict_means_another_wait_a_longer_one() {
     setup.server_claim = claim(|c| c["metadata"]["resourceVersion"] = json!("2"));
     let (p, objects) = setup.on_n1(&log, dir.path(), false).await;
     let node = p.node.clone().expect("on a node");
-    p.sync_claim(&key()).await.expect("waiting");
+    claim::sync_claim(&p, &key()).await.expect("waiting");
     // GetCapacity is unimplemented: that does not keep the node out.
-    p.sync_claim(&key()).await.expect("a conflict is no error");
+    claim::sync_claim(&p, &key())
+        .await
+        .expect("a conflict is no error");
     assert_eq!(
         calls(&log),
         vec!["CSI GetCapacity".to_string(), format!("PUT {CLAIM}")]
@@ -226,8 +231,8 @@ async fn without_room_here_the_node_stays_out() {
     let mut setup = Setup::new(&log);
     setup.driver.capacity = room((1 << 30) - 1);
     let (p, _) = setup.on_n1(&log, dir.path(), false).await;
-    p.sync_claim(&key()).await.expect("waiting");
-    p.sync_claim(&key()).await.expect("stays out");
+    claim::sync_claim(&p, &key()).await.expect("waiting");
+    claim::sync_claim(&p, &key()).await.expect("stays out");
     assert_eq!(log.lines(), vec!["CSI GetCapacity".to_string()]);
     // Looked at again later (a claim informer's resync, upstream).
     assert!(p.claims.delayed_len() >= 1);
@@ -239,7 +244,7 @@ async fn another_nodes_win_ends_the_race_unwritten() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (p, _) = Setup::new(&log).on_n1(&log, dir.path(), false).await;
     let node = p.node.clone().expect("on a node");
-    p.sync_claim(&key()).await.expect("waiting");
+    claim::sync_claim(&p, &key()).await.expect("waiting");
     assert_eq!(node.races.len(), 1);
     // The watch brings n2's win.
     let won: k8s_openapi::api::core::v1::PersistentVolumeClaim =
@@ -249,7 +254,7 @@ async fn another_nodes_win_ends_the_race_unwritten() {
         }))
         .expect("claim");
     p.caches.claims.wrote(won);
-    p.sync_claim(&key()).await.expect("not ours");
+    claim::sync_claim(&p, &key()).await.expect("not ours");
     assert_eq!(log.lines(), Vec::<String>::new());
     assert!(node.races.is_empty());
 }
@@ -274,7 +279,7 @@ async fn claims_of_other_nodes_and_of_the_scheduler_are_left_alone() {
         setup.cached_claim = claim(edit_claim);
         setup.class = class(edit_class);
         let (p, _) = setup.on_n1(&log, dir.path(), false).await;
-        p.sync_claim(&key()).await.expect(name);
+        claim::sync_claim(&p, &key()).await.expect(name);
         assert_eq!(
             log.lines(),
             Vec::<String>::new(),
@@ -300,8 +305,8 @@ async fn immediate_binding_off_leaves_unselected_claims_to_others() {
         node.local.clone(),
     );
     p.node = Some(Arc::new(off));
-    p.sync_claim(&key()).await.expect("left");
-    p.sync_claim(&key()).await.expect("left");
+    claim::sync_claim(&p, &key()).await.expect("left");
+    claim::sync_claim(&p, &key()).await.expect("left");
     assert_eq!(log.lines(), Vec::<String>::new());
 }
 
@@ -317,7 +322,7 @@ async fn allowed_topologies_decide_whether_the_node_races() {
                 json!([{"matchLabelExpressions": [{"key": KEY, "values": [allowed]}]}])
         });
         let (p, _) = setup.on_n1(&log, dir.path(), false).await;
-        p.sync_claim(&key()).await.expect("looked");
+        claim::sync_claim(&p, &key()).await.expect("looked");
         assert_eq!(log.lines(), Vec::<String>::new());
         assert_eq!(
             p.node.as_ref().expect("node").races.attempts(UID),
@@ -334,7 +339,7 @@ async fn a_missing_class_of_an_unselected_claim_is_retried_quietly() {
     let mut setup = Setup::new(&log);
     setup.class = class(|c| c["metadata"]["name"] = json!("other"));
     let (p, _) = setup.on_n1(&log, dir.path(), false).await;
-    let err = p.sync_claim(&key()).await.expect_err("retried");
+    let err = claim::sync_claim(&p, &key()).await.expect_err("retried");
     assert!(err.quiet(), "{err}");
     // Selected here, it is this node's to report.
     let log = Log::default();
@@ -343,7 +348,7 @@ async fn a_missing_class_of_an_unselected_claim_is_retried_quietly() {
     setup.class = class(|c| c["metadata"]["name"] = json!("other"));
     setup.cached_claim = claim(selected("n1"));
     let (p, _) = setup.on_n1(&log, dir.path(), false).await;
-    let err = p.sync_claim(&key()).await.expect_err("reported");
+    let err = claim::sync_claim(&p, &key()).await.expect_err("reported");
     assert!(!err.quiet(), "{err}");
 }
 
@@ -376,7 +381,7 @@ async fn only_the_node_holding_a_released_volume_deletes_it() {
             std::slice::from_ref(&pv),
         )));
         objects.put(&format!("{PVS}/{PV}"), pv);
-        p.sync_volume(PV).await.expect("synced");
+        volume::sync_volume(&p, PV).await.expect("synced");
         let want: Vec<String> = if deletes {
             vec!["CSI DeleteVolume".into(), format!("DELETE {PVS}/{PV}")]
         } else {
@@ -406,7 +411,7 @@ async fn the_sweep_on_a_node_cleans_up_after_a_claim_that_moved_away() {
         .await
         .expect("recorded");
     log.clear();
-    p.sync_intent(PV).await.expect("cleaned up");
+    sweep::sync_intent(&p, PV).await.expect("cleaned up");
     assert_eq!(
         log.lines(),
         vec![
@@ -438,7 +443,7 @@ async fn the_sweep_on_a_node_keeps_what_is_still_its_own() {
         .await
         .expect("recorded");
     log.clear();
-    p.sync_intent(PV).await.expect("kept");
+    sweep::sync_intent(&p, PV).await.expect("kept");
     assert_eq!(
         log.lines(),
         vec![format!("GET {CLAIM}"), format!("GET {PVS}/{PV}")]

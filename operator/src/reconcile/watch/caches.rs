@@ -1,0 +1,287 @@
+//! Everything the reconciles read, kept by watches, so that a settled
+//! driver costs no request but the read of its object.
+//!
+//! - the driver's pods, as [`PodView`]s ([`PodCache`]);
+//! - its workloads (StatefulSet, Deployment, DaemonSet), without their
+//!   managed fields;
+//! - what is kept of every Node ([`NodeCache`]) and of every CSINode
+//!   ([`CsiNodeDrivers`]);
+//! - kubelet's `FailedMount` Events ([`MountFailures`]);
+//! - the applied hash and generation of every object the operator applies
+//!   ([`Owned`]).
+//!
+//! Each watch marks its [`SyncGate`] flag at its first complete list; the
+//! reconciles wait for all of them.
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
+use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass, VolumeAttributesClass};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+use tracing::warn;
+
+use super::csinodes::CsiNodeDrivers;
+use super::nodes::NodeCache;
+use super::owned::Owned;
+use super::pod_cache::PodCache;
+use super::pod_events::MountFailures;
+use super::sync::{SyncFlag, SyncGate};
+use crate::pods::PodView;
+use crate::render::labels::{MANAGED_BY, MANAGED_BY_VALUE};
+use csiops_crds::CSIDriverDeployment;
+use csiops_runtime::chain;
+
+/// The caches, shared by every reconcile.
+#[derive(Clone)]
+pub struct Caches {
+    pub pods: PodCache,
+    pub statefulsets: Store<StatefulSet>,
+    pub deployments: Store<Deployment>,
+    pub daemonsets: Store<DaemonSet>,
+    pub nodes: NodeCache,
+    pub csinodes: CsiNodeDrivers,
+    pub mount_failures: MountFailures,
+    pub owned: Owned,
+    pub synced: SyncGate,
+}
+
+fn managed() -> watcher::Config {
+    watcher::Config::default().labels(&format!("{MANAGED_BY}={MANAGED_BY_VALUE}"))
+}
+
+/// A watch of our objects of kind `K` into a store, feeding `owned` (when
+/// `kind` is given) and marking `flag` at its first list; yields the objects
+/// that changed.
+fn reflect<K>(
+    client: &Client,
+    store_writer: reflector::store::Writer<K>,
+    flag: SyncFlag,
+    owned: Option<(Owned, &'static str)>,
+) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let api: Api<K> = Api::all(client.clone());
+    watcher::watcher(api, managed())
+        .default_backoff()
+        .modify(|o| o.meta_mut().managed_fields = None)
+        .reflect(store_writer)
+        .inspect(move |event| {
+            if let Ok(e) = event {
+                if let Some((owned, kind)) = &owned {
+                    owned.observe(kind, e);
+                }
+                if matches!(e, Event::InitDone) {
+                    flag.mark();
+                }
+            }
+        })
+        .touched_objects()
+}
+
+/// The watch streams that wake reconciles, to be wired into the controller.
+pub struct Triggers<S1, S2, S3, S4, S5, S6, S7, S8> {
+    pub pods: S1,
+    pub statefulsets: S2,
+    pub deployments: S3,
+    pub daemonsets: S4,
+    pub nodes: S5,
+    pub csinodes: S6,
+    pub mount_failures: S7,
+    /// Owners of supporting objects changed or deleted by someone else.
+    pub supporting: S8,
+}
+
+impl Caches {
+    /// Starts every watch (lazily: nothing runs until the streams are polled).
+    #[allow(clippy::type_complexity)]
+    pub fn start(
+        client: &Client,
+    ) -> (
+        Caches,
+        Triggers<
+            impl Stream<Item = Result<PodView, watcher::Error>> + Send + 'static,
+            impl Stream<Item = Result<StatefulSet, watcher::Error>> + Send + 'static,
+            impl Stream<Item = Result<Deployment, watcher::Error>> + Send + 'static,
+            impl Stream<Item = Result<DaemonSet, watcher::Error>> + Send + 'static,
+            impl Stream<Item = Result<k8s_openapi::api::core::v1::Node, watcher::Error>>
+                + Send
+                + 'static,
+            impl Stream<Item = Result<super::csinodes::Changed, watcher::Error>> + Send + 'static,
+            impl Stream<Item = Result<super::pod_events::PodKey, watcher::Error>> + Send + 'static,
+            impl Stream<Item = (String, String)> + Send + 'static,
+        >,
+    ) {
+        let synced = SyncGate::default();
+        let owned = Owned::default();
+        let pods = PodCache::default();
+        let (statefulsets, sts_w) = reflector::store();
+        let (deployments, deploy_w) = reflector::store();
+        let (daemonsets, ds_w) = reflector::store();
+        let nodes = NodeCache::default();
+        let csinodes = CsiNodeDrivers::default();
+        let mount_failures = MountFailures::default();
+
+        let pod_stream = pods.watch(client.clone(), synced.flag());
+        let sts_stream = reflect(
+            client,
+            sts_w,
+            synced.flag(),
+            Some((owned.clone(), "StatefulSet")),
+        );
+        let deploy_stream = reflect(
+            client,
+            deploy_w,
+            synced.flag(),
+            Some((owned.clone(), "Deployment")),
+        );
+        let ds_stream = reflect(
+            client,
+            ds_w,
+            synced.flag(),
+            Some((owned.clone(), "DaemonSet")),
+        );
+        let node_stream = nodes.watch(client.clone(), synced.flag());
+        let csinode_stream = csinodes.watch(client.clone(), synced.flag());
+        let failure_stream = mount_failures.watch(client.clone(), synced.flag());
+
+        // Metadata only: hash and generation are all that is compared.
+        let meta = |s: std::pin::Pin<
+            Box<dyn Stream<Item = Result<Option<(String, String)>, watcher::Error>> + Send>,
+        >,
+                    flag: SyncFlag| {
+            s.filter_map(move |r| {
+                let out = match r {
+                    Ok(Some(owner)) => Some(owner),
+                    Ok(None) => {
+                        flag.mark();
+                        None
+                    }
+                    Err(e) => {
+                        warn!(error = %chain(&e), "watching the objects csiops applies");
+                        None
+                    }
+                };
+                futures::future::ready(out)
+            })
+        };
+        let supporting = futures::stream::select_all(vec![
+            meta(
+                Box::pin(owned.watch_meta::<ServiceAccount>(client, "ServiceAccount")),
+                synced.flag(),
+            )
+            .boxed(),
+            meta(
+                Box::pin(owned.watch_meta::<RoleBinding>(client, "RoleBinding")),
+                synced.flag(),
+            )
+            .boxed(),
+            meta(
+                Box::pin(owned.watch_meta::<ClusterRoleBinding>(client, "ClusterRoleBinding")),
+                synced.flag(),
+            )
+            .boxed(),
+            meta(
+                Box::pin(owned.watch_meta::<CSIDriver>(client, "CSIDriver")),
+                synced.flag(),
+            )
+            .boxed(),
+            meta(
+                Box::pin(owned.watch_meta::<StorageClass>(client, "StorageClass")),
+                synced.flag(),
+            )
+            .boxed(),
+            // Also what brings a driver back when Kubernetes finally
+            // deletes a replaced class that was in use (see `supporting`).
+            meta(
+                Box::pin(
+                    owned.watch_meta::<VolumeAttributesClass>(client, "VolumeAttributesClass"),
+                ),
+                synced.flag(),
+            )
+            .boxed(),
+            meta(
+                Box::pin(owned.watch_meta::<Service>(client, "Service")),
+                synced.flag(),
+            )
+            .boxed(),
+        ]);
+
+        (
+            Caches {
+                pods,
+                statefulsets,
+                deployments,
+                daemonsets,
+                nodes,
+                csinodes,
+                mount_failures,
+                owned,
+                synced,
+            },
+            Triggers {
+                pods: pod_stream,
+                statefulsets: sts_stream,
+                deployments: deploy_stream,
+                daemonsets: ds_stream,
+                nodes: node_stream,
+                csinodes: csinode_stream,
+                mount_failures: failure_stream,
+                supporting,
+            },
+        )
+    }
+
+    /// Caches that watch nothing and stay empty (unit tests of a reconcile
+    /// against a mocked API server); synced from the start.
+    #[cfg(test)]
+    pub fn empty() -> Caches {
+        Caches {
+            pods: PodCache::default(),
+            statefulsets: reflector::store().0,
+            deployments: reflector::store().0,
+            daemonsets: reflector::store().0,
+            nodes: NodeCache::default(),
+            csinodes: CsiNodeDrivers::default(),
+            mount_failures: MountFailures::default(),
+            owned: Owned::default(),
+            synced: SyncGate::default(),
+        }
+    }
+
+    /// The live object of kind `K` named `name` in `namespace`, from `store`.
+    pub fn get<K>(store: &Store<K>, namespace: &str, name: &str) -> Option<K>
+    where
+        K: Resource<DynamicType = ()> + Clone,
+    {
+        store
+            .get(&ObjectRef::new(name).within(namespace))
+            .map(|o| (*o).clone())
+    }
+
+    /// This object's pods.
+    pub fn pods_of(&self, namespace: &str, instance: &str) -> Vec<PodView> {
+        self.pods.pods_of(namespace, instance)
+    }
+
+    /// The object a pod belongs to, by its instance label.
+    pub fn owner_of_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Option<ObjectRef<CSIDriverDeployment>> {
+        let owner = self.pods.owner_of(namespace, name)?;
+        Some(ObjectRef::new(&owner).within(namespace))
+    }
+}
