@@ -114,7 +114,7 @@ print_refs() {
 }
 
 # Every input of the images, relative to $ROOT.
-INPUT_PATHS=(Cargo.toml Cargo.lock .dockerignore crds proto operator/Cargo.toml operator/src
+INPUT_PATHS=(Cargo.toml Cargo.lock .dockerignore crds proto runtime operator/Cargo.toml operator/src
   operator/Dockerfile sidecars e2e/Cargo.toml e2e/src e2e/Dockerfile e2e/images)
 
 input_files() {

@@ -147,7 +147,7 @@ mod tests {
     fn every_listed_module_exists() {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
         let mut found = std::collections::BTreeSet::new();
-        for dir in [root.join("src"), root.join("runtime/src")] {
+        for dir in [root.join("src"), root.join("../runtime/src")] {
             let mut stack = vec![dir];
             while let Some(d) = stack.pop() {
                 for e in std::fs::read_dir(&d).expect("read src").flatten() {
