@@ -11,7 +11,7 @@ use csiops_operator::metrics::Metrics;
 use csiops_operator::reconcile::{self, RunConfig};
 use csiops_operator::render::RenderConfig;
 use csiops_runtime::admin::{self, AdminState};
-use csiops_runtime::leader::{run_as_leader, LeadError, LeaderConfig, Role};
+use csiops_runtime::leader::{run_as_leader, LeadError, LeaderConfig, LeaseGuard, Role};
 use csiops_runtime::{chain, kube as kube_config, logging, requests, shutdown};
 use tracing::{error, info};
 
@@ -112,17 +112,26 @@ async fn run(args: Args) -> Result<(), MainError> {
     let controller_client = client.clone();
     let controller_metrics = metrics.clone();
     let controller_stop = stop.clone();
-    let result = run_as_leader(client, election, &stop, role, move || async move {
-        reconcile::run(
-            controller_client,
-            controller_metrics,
-            run_config,
-            move || ready_flag.store(true, Ordering::SeqCst),
-            controller_stop.cancelled_owned(),
-        )
-        .await;
-        Ok::<(), std::convert::Infallible>(())
-    })
+    // Nothing in the operator consults the guard: a lost Lease drops the
+    // controller, and the process exits.
+    let result = run_as_leader(
+        client,
+        election,
+        LeaseGuard::new(),
+        &stop,
+        role,
+        move || async move {
+            reconcile::run(
+                controller_client,
+                controller_metrics,
+                run_config,
+                move || ready_flag.store(true, Ordering::SeqCst),
+                controller_stop.cancelled_owned(),
+            )
+            .await;
+            Ok::<(), std::convert::Infallible>(())
+        },
+    )
     .await
     .map_err(|e| match e {
         LeadError::Leader(e) => MainError::Leader(e),

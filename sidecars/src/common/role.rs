@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use csiops_runtime::admin::{self, AdminError, AdminState, HealthCheck};
-use csiops_runtime::leader::{run_as_leader_guarded, LeadError, LeaderError, LeaseGuard};
+use csiops_runtime::leader::{run_as_leader, LeadError, LeaderError, LeaseGuard};
 use csiops_runtime::shutdown::{on_signals, CancellationToken};
 
 use super::args::CommonArgs;
@@ -180,7 +180,7 @@ where
         .leader_election
         .then(|| controller_args.leader_config(lease));
     let client = kube_client::election_client(kube).await?;
-    match run_as_leader_guarded(client, election, guard, shutdown, |_| {}, controller).await {
+    match run_as_leader(client, election, guard, shutdown, |_| {}, controller).await {
         Ok(()) => Ok(()),
         Err(LeadError::Leader(e)) => Err(R::from(e)),
         Err(LeadError::Controller(e)) => Err(R::from(e)),

@@ -4,9 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use csiops_runtime::leader::{
-    run_as_leader_guarded, LeadError, LeaderConfig, LeaderError, LeaseGuard,
-};
+use csiops_runtime::leader::{run_as_leader, LeadError, LeaderConfig, LeaderError, LeaseGuard};
 use csiops_runtime::shutdown::CancellationToken;
 use csiops_runtime::testing::{self, Log, Objects};
 use kube::runtime::reflector::ObjectRef;
@@ -138,7 +136,7 @@ async fn after_the_lease_is_lost_no_worker_calls_create_or_delete_volume() {
         let (p, stop, guard) = (p.clone(), stop.clone(), guard.clone());
         tokio::spawn(async move {
             let inner = stop.clone();
-            run_as_leader_guarded(
+            run_as_leader(
                 client,
                 Some(election),
                 guard,
