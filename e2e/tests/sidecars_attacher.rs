@@ -584,6 +584,15 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
             .await
             .expect("delete");
     }
+    // The attachment comes once both detach workers are busy (the driver
+    // has their calls), not while the deletions may still be on their way
+    // to the attacher: only then does "attached during the detaches" say
+    // anything about starvation.
+    wait_for(DEADLINE, POLL, || async {
+        (slow.driver.received_count("ControllerUnpublishVolume", "") >= 2).then_some(())
+    })
+    .await
+    .unwrap_or_else(|_| panic!("two detaches in flight\n{}", slow_attacher.log_tail(30)));
     vas.create(&pp, &attach::va("sva-4", &slow.driver_name, "spv-4", NODE))
         .await
         .expect("VA");
@@ -642,6 +651,16 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
     .await
     .unwrap_or_else(|_| panic!("the first attacher leads\n{}", first.log_tail(20)));
     let second = start_attacher(&cluster, &l, free_port().expect("port"), &election, 1);
+    let second_log = || std::fs::read_to_string(second.log_path()).unwrap_or_default();
+    // The standby is in the election before the leader gets work: a
+    // standby still starting up would pass "the standby acted" trivially.
+    wait_for(DEADLINE, POLL, || async {
+        second_log()
+            .contains("waiting to acquire leader lease")
+            .then_some(())
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the second attacher waits for the Lease\n{}", second_log()));
     let lcsi = l.driver.client().await.expect("client");
     let lids = attach::create_volumes(&lcsi, "lvol", 2)
         .await
@@ -658,7 +677,6 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
         va.is_some_and(|v| attached(v, &l.finalizer))
     })
     .await;
-    let second_log = || std::fs::read_to_string(second.log_path()).unwrap_or_default();
     assert!(
         !second_log().contains("attaching"),
         "the standby acted:\n{}",

@@ -635,12 +635,19 @@ async fn a_claim_bound_elsewhere_leaves_no_volume_behind() {
     let c = a.claims.get("taken").await.expect("claim");
     let uid = c.uid().expect("uid");
     let ours = format!("pvc-{uid}");
-    // The intent is written: CreateVolume is under way. Kill the provisioner.
+    // The intent is written before CreateVolume is sent; kill the
+    // provisioner only once the driver has the call (the intent alone can
+    // come before it, and a call never sent leaves no volume to sweep).
     wait_for(DEADLINE, POLL, || async {
         journal_keys(&cluster).await?.contains(&ours).then_some(())
     })
     .await
     .expect("intent recorded before CreateVolume");
+    wait_for(DEADLINE, POLL, || async {
+        bed.driver.received("CreateVolume", &ours).then_some(())
+    })
+    .await
+    .expect("the driver received CreateVolume");
     bed.kill9_sidecar();
     assert!(
         !a.claims

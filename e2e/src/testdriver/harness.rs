@@ -7,6 +7,7 @@ use std::time::Duration;
 use csiops_proto::client::CsiClient;
 use csiops_proto::csi::v1::ProbeRequest;
 
+use super::service::RECEIVED;
 use super::state::{load_state, State};
 use crate::process::ManagedProcess;
 use crate::{Error, Result};
@@ -144,5 +145,24 @@ impl TestDriverProcess {
     /// The log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Whether the driver has received a `method` call whose redacted
+    /// request contains `needle` (its [`RECEIVED`] log line, written when
+    /// the call's detached work begins). From then on the call completes
+    /// even if the caller is killed, so tests that kill a caller mid-call
+    /// wait for this first.
+    pub fn received(&self, method: &str, needle: &str) -> bool {
+        self.received_count(method, needle) > 0
+    }
+
+    /// How many `method` calls whose redacted request contains `needle`
+    /// the driver has received so far (see [`received`](Self::received)).
+    pub fn received_count(&self, method: &str, needle: &str) -> usize {
+        let prefix = format!(" {RECEIVED} method=\"{method}\" ");
+        self.log()
+            .lines()
+            .filter(|l| l.contains(&prefix) && l.contains(needle))
+            .count()
     }
 }

@@ -1,7 +1,7 @@
 //! The CSI Identity, Controller and Node services of `csi-test-driver`.
 //!
-//! Every RPC goes through [`Driver::call`]: injected failure (`--fail`),
-//! delay (`--delay`), the work itself as one state transaction in a
+//! Every RPC goes through [`Driver::call`]: a [`RECEIVED`] log line,
+//! injected failure (`--fail`), delay (`--delay`), the work itself as one state transaction in a
 //! detached blocking task (so it completes even if the caller hangs up),
 //! `--fail-after`, `--delay-after`, and one log line with the redacted
 //! request, the code and the response.
@@ -48,6 +48,11 @@ use super::state::{
 };
 
 type Reply<T> = Result<Response<T>, Status>;
+
+/// The message of the line logged when a call's detached work begins
+/// (before `--fail`/`--delay`): from then on the call completes even if the
+/// caller goes away.
+pub const RECEIVED: &str = "call received";
 
 /// The driver: configuration, state store and fault injection. Implements
 /// the three CSI services (clone the `Arc` into each tonic server).
@@ -264,11 +269,14 @@ impl Driver {
         let req = request.into_inner();
         let req_text = redacted_debug(&req);
         let started = Instant::now();
-        tracing::debug!(method, request = %req_text, "call started");
         let this = self.clone();
         // Detached: if the caller hangs up or its deadline passes, the work
         // still completes (and is logged), as a real storage backend's would.
         let task = tokio::spawn(async move {
+            // From this line on the call completes whatever the caller does:
+            // tests wait for it before killing a caller (see
+            // TestDriverProcess::received).
+            tracing::info!(method, request = %req_text, "{RECEIVED}");
             let result = async {
                 if let Some(status) = this.injected(&this.fail, method) {
                     return Err(status);
