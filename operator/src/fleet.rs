@@ -27,7 +27,7 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::Toleration;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use crate::pods::PodView;
+use crate::pods::{PodView, POD_TEMPLATE_GENERATION_LABEL};
 
 /// Node readiness as its Ready condition says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,8 +66,6 @@ pub const TAINT_NOT_READY: &str = "node.kubernetes.io/not-ready";
 /// template change, and copied by the DaemonSet controller into its pods'
 /// `pod-template-generation` label.
 pub const TEMPLATE_GENERATION_ANNOTATION: &str = "deprecated.daemonset.template.generation";
-/// The label of a DaemonSet pod with its template generation.
-pub const POD_TEMPLATE_GENERATION_LABEL: &str = "pod-template-generation";
 
 /// Why a node is lost, as status says it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]

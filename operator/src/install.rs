@@ -187,7 +187,7 @@ pub fn operator_rules() -> Vec<PolicyRule> {
         OPERATOR_GRANTS,
         // The operator's own --metrics-auth (TokenReview and
         // SubjectAccessReview, as system:auth-delegator grants).
-        crate::render::monitoring::METRICS_AUTH_GRANTS,
+        crate::render::rbac::METRICS_AUTH_GRANTS,
     ]);
     rules.push(bind_rule());
     rules

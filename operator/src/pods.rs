@@ -21,13 +21,14 @@ use std::sync::Arc;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use serde::Deserialize;
 
-use crate::fleet::POD_TEMPLATE_GENERATION_LABEL;
 use crate::render::labels::{COMPONENT, INSTANCE};
 
 pub mod wire;
 
 /// The StatefulSet's and DaemonSet's label with the pod's revision.
 pub const REVISION_LABEL: &str = "controller-revision-hash";
+/// The label of a DaemonSet pod with its template generation.
+pub const POD_TEMPLATE_GENERATION_LABEL: &str = "pod-template-generation";
 
 /// Labels kept of a pod: the rest is never read.
 const KEPT_LABELS: [&str; 4] = [

@@ -328,7 +328,7 @@ fn pods_on_lost_nodes_are_counted_once_and_named_not_reported_unhealthy() {
                 {"type": "Ready", "status": if ready {"True"} else {"False"},
                  "lastTransitionTime": "2026-11-21T09:00:00Z"}]}),
         );
-        p.set_label(crate::fleet::POD_TEMPLATE_GENERATION_LABEL, generation);
+        p.set_label(crate::pods::POD_TEMPLATE_GENERATION_LABEL, generation);
         p
     };
     let pods = [

@@ -19,28 +19,13 @@ use super::names::{
     CONTAINER_PROVISIONER, CONTAINER_REGISTRAR, CONTAINER_RESIZER, CONTAINER_SNAPSHOTTER,
     REGISTRATION_DIR_MOUNT, SOCKET_DIR_MOUNT, VOLUME_REGISTRATION_DIR, VOLUME_SOCKET_DIR,
 };
+use super::ports::{
+    ATTACHER_HTTP_PORT, ATTACHER_PORT_NAME, HEALTHZ_PORT, HEALTHZ_PORT_NAME,
+    HEALTH_MONITOR_HTTP_PORT, NODE_PROVISIONER_HTTP_PORT, PROVISIONER_HTTP_PORT,
+    PROVISIONER_PORT_NAME, REGISTRAR_HTTP_PORT, REGISTRAR_PORT_NAME, RESIZER_HTTP_PORT,
+    SNAPSHOTTER_HTTP_PORT,
+};
 use super::{none_if_empty, Ctx};
-
-/// Port of the liveness-probe sidecar; declared on the driver container
-/// (named [`HEALTHZ_PORT_NAME`]) because kubelet probes the driver's health
-/// through it.
-pub const HEALTHZ_PORT: i32 = 9808;
-/// Name of [`HEALTHZ_PORT`] on the driver container.
-pub const HEALTHZ_PORT_NAME: &str = "healthz";
-/// HTTP endpoint (metrics, healthz) of the provisioner in controller pods.
-pub const PROVISIONER_HTTP_PORT: i32 = 9809;
-/// HTTP endpoint (metrics, healthz) of the provisioner in node pods
-/// (topology NodeLocal): the registrar has 9809 there, and the pod's
-/// containers share one network namespace.
-pub const NODE_PROVISIONER_HTTP_PORT: i32 = 9815;
-/// HTTP endpoint (metrics, healthz) of the attacher in controller pods.
-pub const ATTACHER_HTTP_PORT: i32 = 9810;
-/// HTTP endpoint (metrics, leader-election health) of the resizer helper.
-pub const RESIZER_HTTP_PORT: i32 = 9811;
-/// HTTP endpoint of the snapshotter helper.
-pub const SNAPSHOTTER_HTTP_PORT: i32 = 9812;
-/// HTTP endpoint of the health-monitor helper.
-pub const HEALTH_MONITOR_HTTP_PORT: i32 = 9813;
 
 /// Default image of the resizer helper. The tags are those upstream
 /// csi-driver-host-path deploys for Kubernetes 1.34 and 1.35
@@ -51,11 +36,6 @@ pub const DEFAULT_SNAPSHOTTER_IMAGE: &str = "registry.k8s.io/sig-storage/csi-sna
 /// Default image of the health-monitor helper.
 pub const DEFAULT_HEALTH_MONITOR_IMAGE: &str =
     "registry.k8s.io/sig-storage/csi-external-health-monitor-controller:v0.18.0";
-
-/// HTTP endpoint of the registrar in node pods; kubelet probes its `/healthz`.
-pub const REGISTRAR_HTTP_PORT: i32 = 9809;
-/// Name of [`REGISTRAR_HTTP_PORT`] on the registrar container.
-pub const REGISTRAR_PORT_NAME: &str = "registrar-http";
 
 /// Env var holding the CSI endpoint in every driver container.
 pub const ENV_CSI_ENDPOINT: &str = "CSI_ENDPOINT";
@@ -339,11 +319,7 @@ pub(crate) fn provisioner_container(ctx: &Ctx<'_>) -> Result<Container, RenderEr
             env: &capacity_env,
         },
     )?;
-    container.ports = monitoring::metrics_port(
-        ctx,
-        monitoring::PROVISIONER_PORT_NAME,
-        PROVISIONER_HTTP_PORT,
-    );
+    container.ports = monitoring::metrics_port(ctx, PROVISIONER_PORT_NAME, PROVISIONER_HTTP_PORT);
     Ok(container)
 }
 
@@ -385,11 +361,8 @@ pub(crate) fn node_provisioner_container(ctx: &Ctx<'_>) -> Result<Container, Ren
         &env,
         vec![socket_dir_mount()],
     )?;
-    container.ports = monitoring::metrics_port(
-        ctx,
-        monitoring::PROVISIONER_PORT_NAME,
-        NODE_PROVISIONER_HTTP_PORT,
-    );
+    container.ports =
+        monitoring::metrics_port(ctx, PROVISIONER_PORT_NAME, NODE_PROVISIONER_HTTP_PORT);
     Ok(container)
 }
 
@@ -404,8 +377,7 @@ pub(crate) fn attacher_container(ctx: &Ctx<'_>) -> Result<Container, RenderError
         ATTACHER_HTTP_PORT,
         OperatorExtra::default(),
     )?;
-    container.ports =
-        monitoring::metrics_port(ctx, monitoring::ATTACHER_PORT_NAME, ATTACHER_HTTP_PORT);
+    container.ports = monitoring::metrics_port(ctx, ATTACHER_PORT_NAME, ATTACHER_HTTP_PORT);
     Ok(container)
 }
 

@@ -25,6 +25,7 @@ pub mod labels;
 pub mod monitoring;
 pub mod names;
 pub mod node;
+pub mod ports;
 pub mod rbac;
 mod storageclass;
 pub mod validate;
@@ -43,15 +44,18 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 pub use api_access::{API_ACCESS_MOUNT, TOKEN_EXPIRATION_SECONDS};
 pub use containers::{
-    Helper, ATTACHER_HTTP_PORT, DEFAULT_HEALTH_MONITOR_IMAGE, DEFAULT_RESIZER_IMAGE,
-    DEFAULT_SNAPSHOTTER_IMAGE, ENV_CSI_ENDPOINT, ENV_KUBE_NODE_NAME, HEALTHZ_PORT,
-    HEALTHZ_PORT_NAME, HEALTH_MONITOR_HTTP_PORT, NODE_PROVISIONER_HTTP_PORT, PROVISIONER_HTTP_PORT,
-    REGISTRAR_HTTP_PORT, REGISTRAR_PORT_NAME, RESIZER_HTTP_PORT, SNAPSHOTTER_HTTP_PORT,
+    Helper, DEFAULT_HEALTH_MONITOR_IMAGE, DEFAULT_RESIZER_IMAGE, DEFAULT_SNAPSHOTTER_IMAGE,
+    ENV_CSI_ENDPOINT, ENV_KUBE_NODE_NAME,
 };
 pub use controller::ControllerWorkload;
 pub use csidriver::{AppliedCSIDriver, AppliedCSIDriverSpec};
 pub use error::RenderError;
 pub use labels::Component;
+pub use ports::{
+    ATTACHER_HTTP_PORT, HEALTHZ_PORT, HEALTHZ_PORT_NAME, HEALTH_MONITOR_HTTP_PORT,
+    NODE_PROVISIONER_HTTP_PORT, PROVISIONER_HTTP_PORT, REGISTRAR_HTTP_PORT, REGISTRAR_PORT_NAME,
+    RESIZER_HTTP_PORT, SNAPSHOTTER_HTTP_PORT,
+};
 
 use labels::{common_labels, owner_reference, DEFAULT_CONTAINER, OPERATOR_VERSION, VERSION};
 

@@ -15,27 +15,18 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{ApiResource, DynamicObject};
 use serde_json::json;
 
-use super::containers::{
-    ATTACHER_HTTP_PORT, HEALTHZ_PORT, HEALTHZ_PORT_NAME, PROVISIONER_HTTP_PORT, REGISTRAR_PORT_NAME,
-};
 use super::labels::{Component, INSTANCE, MANAGED_BY, MANAGED_BY_VALUE};
 use super::names::metrics_name;
-use super::rbac::Grant;
+use super::ports::{
+    ATTACHER_HTTP_PORT, ATTACHER_PORT_NAME, HEALTHZ_PORT, HEALTHZ_PORT_NAME, PROVISIONER_HTTP_PORT,
+    PROVISIONER_PORT_NAME, REGISTRAR_PORT_NAME, REGISTRAR_SERVICE_PORT,
+};
 use super::{namespaced_meta, Ctx};
 
 /// Volume of the serving certificate (`spec.monitoring.tlsSecretName`).
 pub const VOLUME_METRICS_TLS: &str = "metrics-tls";
 /// Where the sidecars see the certificate Secret.
 pub const METRICS_TLS_MOUNT: &str = "/etc/csiops/metrics-tls";
-/// Name of the provisioner's metrics port (PodMonitor and Service address
-/// ports by name: a named port exists only in the pods that run it).
-pub const PROVISIONER_PORT_NAME: &str = "provisioner";
-/// Name of the attacher's metrics port.
-pub const ATTACHER_PORT_NAME: &str = "attacher";
-/// Service port of the registrar. The registrar listens on 9809 like the
-/// provisioner, in other pods; one Service needs distinct port numbers,
-/// and the Service is headless, so this number is never dialled.
-pub const REGISTRAR_SERVICE_PORT: i32 = 9814;
 /// The metrics path the operator leaves at the sidecars' default.
 pub const METRICS_PATH: &str = "/metrics";
 
@@ -50,20 +41,6 @@ pub fn pod_monitor_resource() -> ApiResource {
     }
 }
 
-/// What the reviewing sidecars call: the checks of `--metrics-auth`.
-pub const METRICS_AUTH_GRANTS: &[Grant] = &[
-    Grant {
-        api_group: "authentication.k8s.io",
-        resource: "tokenreviews",
-        verbs: &["create"],
-    },
-    Grant {
-        api_group: "authorization.k8s.io",
-        resource: "subjectaccessreviews",
-        verbs: &["create"],
-    },
-];
-
 fn monitoring<'a>(ctx: &'a Ctx<'_>) -> Option<&'a MonitoringSpec> {
     ctx.spec().monitoring.as_ref()
 }
@@ -73,9 +50,9 @@ pub(crate) fn metrics_auth(ctx: &Ctx<'_>) -> bool {
     monitoring(ctx).is_some_and(|m| m.metrics_auth)
 }
 
-/// The grants of `--metrics-auth` for the pods of `component`, when one of
-/// our sidecars runs there.
-pub(crate) fn auth_grants(ctx: &Ctx<'_>, component: Component) -> Option<&'static [Grant]> {
+/// Whether the pods of `component` need the grants of `--metrics-auth`:
+/// one of our sidecars runs there and checks its callers.
+pub(crate) fn needs_auth_grants(ctx: &Ctx<'_>, component: Component) -> bool {
     let node_provisioner = ctx.node_local() && ctx.provisioner_enabled();
     let ours = match component {
         Component::Controller => {
@@ -88,7 +65,7 @@ pub(crate) fn auth_grants(ctx: &Ctx<'_>, component: Component) -> Option<&'stati
             ctx.registrar_enabled() || ctx.liveness_probe_enabled() || node_provisioner
         }
     };
-    (metrics_auth(ctx) && ours).then_some(METRICS_AUTH_GRANTS)
+    metrics_auth(ctx) && ours
 }
 
 /// Flags of every bundled sidecar.

@@ -46,6 +46,20 @@ const fn grant(
 const READ: &[&str] = &["get", "list", "watch"];
 const STORAGE: &str = "storage.k8s.io";
 
+/// What the reviewing sidecars call: the checks of `--metrics-auth`.
+pub const METRICS_AUTH_GRANTS: &[Grant] = &[
+    Grant {
+        api_group: "authentication.k8s.io",
+        resource: "tokenreviews",
+        verbs: &["create"],
+    },
+    Grant {
+        api_group: "authorization.k8s.io",
+        resource: "subjectaccessreviews",
+        verbs: &["create"],
+    },
+];
+
 /// external-provisioner: PVs for PVCs, StorageClass parameters, the
 /// claims' VolumeAttributesClasses (watched, so a claim waiting for its
 /// class goes on when it appears; upstream only gets them), topology from
@@ -351,7 +365,7 @@ pub const METRICS_AUTH_ROLE: ShippedRole = shipped(
     "csiops:metrics-auth",
     "metrics-auth",
     Scope::Cluster,
-    monitoring::METRICS_AUTH_GRANTS,
+    METRICS_AUTH_GRANTS,
 );
 // Binding suffix "leases", not "leader-election": the RoleBinding an
 // earlier version named `<cr>-leader-election` points at a Role, and a
@@ -425,7 +439,7 @@ pub fn shipped_cluster_roles(labels: &BTreeMap<String, String>) -> Vec<ClusterRo
 /// ServiceAccount.)
 fn roles_of(ctx: &Ctx<'_>, component: Component) -> Vec<ShippedRole> {
     let mut roles = Vec::new();
-    let auth = monitoring::auth_grants(ctx, component).is_some();
+    let auth = monitoring::needs_auth_grants(ctx, component);
     match component {
         Component::Controller => {
             let mut cluster = Vec::new();

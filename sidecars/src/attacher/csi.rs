@@ -2,7 +2,7 @@
 //! connection so they are timed into `csi_sidecar_operations_seconds` like
 //! every other call, each with the `--timeout` deadline.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use csiops_proto::client::with_timeout;
@@ -52,6 +52,9 @@ pub async fn unpublish(
         .map(drop)
 }
 
+/// Volume ID → the node IDs ListVolumes says it is published to.
+pub type Published = HashMap<String, BTreeSet<String>>;
+
 pub const LIST_VOLUMES: &str = "/csi.v1.Controller/ListVolumes";
 
 /// Every volume's published node IDs, from ListVolumes, page by page
@@ -60,8 +63,8 @@ pub async fn list_published(
     driver: &Driver,
     timeout: Duration,
     max_entries: i32,
-) -> Result<super::published_sync::Published, Status> {
-    let mut published = super::published_sync::Published::new();
+) -> Result<Published, Status> {
+    let mut published = Published::new();
     let mut token = String::new();
     loop {
         let mut c = driver.client().controller();

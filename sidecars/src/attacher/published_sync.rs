@@ -14,7 +14,7 @@
 //! The decision is [`lost_attachments`], a pure function of the caches and
 //! the driver's answer; [`Controller::sync_published`] does the I/O.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::PersistentVolume;
@@ -30,8 +30,7 @@ use crate::common::migration::{self, Plugin};
 use csiops_runtime::chain;
 use csiops_runtime::shutdown::CancellationToken;
 
-/// Volume ID → the node IDs ListVolumes says it is published to.
-pub type Published = HashMap<String, BTreeSet<String>>;
+pub use super::csi::Published;
 
 /// An attachment the driver does not report.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,6 +180,7 @@ mod tests {
     };
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use kube::api::ObjectMeta;
+    use std::collections::BTreeSet;
 
     const DRIVER: &str = "csi.example.com";
 

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use clap::Args;
 
+pub use super::goflags::{parse_duration, MAX_DURATION};
+
 use csiops_runtime::logging::LogFormat;
 
 /// Flags of every role.
@@ -120,96 +122,6 @@ impl std::error::Error for FlagError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         Some(self.reason.as_ref())
     }
-}
-
-/// The longest duration accepted: Go's (`math.MaxInt64` nanoseconds, about
-/// 292 years). Anything longer is refused like Go refuses it; this bound also
-/// keeps `Instant::now() + d` from overflowing wherever a flag's value is
-/// used as a timeout or period.
-pub const MAX_DURATION: Duration = Duration::from_nanos(i64::MAX as u64);
-
-/// Parses a Go duration (`time.ParseDuration`): an optional sign, then a
-/// sequence of `<decimal number><unit>` with units `ns`, `us` (`µs`, `μs`),
-/// `ms`, `s`, `m`, `h` (`1m30s`, `250ms`, `2.5s`, `.5h`). A negative
-/// duration is refused (none of the flags means anything by it), as is one
-/// longer than [`MAX_DURATION`]. Exact integer arithmetic: a fraction finer
-/// than a nanosecond is truncated, as in Go.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (negative, body) = match s.as_bytes().first() {
-        Some(b'-') => (true, &s[1..]),
-        Some(b'+') => (false, &s[1..]),
-        _ => (false, s),
-    };
-    if body == "0" {
-        return Ok(Duration::ZERO);
-    }
-    if body.is_empty() {
-        return Err(format!("invalid duration {s:?}"));
-    }
-    let too_long = || format!("duration {s:?} is longer than {MAX_DURATION:?}");
-    let mut total: u128 = 0;
-    let mut rest = body;
-    while !rest.is_empty() {
-        let int_len = rest
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let (int_digits, tail) = rest.split_at(int_len);
-        let (frac_digits, tail) = match tail.strip_prefix('.') {
-            Some(t) => t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len())),
-            None => ("", tail),
-        };
-        if int_digits.is_empty() && frac_digits.is_empty() {
-            return Err(format!("invalid duration {s:?}"));
-        }
-        let unit_len = tail
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(tail.len());
-        let (unit, next) = tail.split_at(unit_len);
-        let unit_nanos: u128 = match unit {
-            "ns" => 1,
-            "us" | "\u{b5}s" | "\u{3bc}s" => 1_000,
-            "ms" => 1_000_000,
-            "s" => 1_000_000_000,
-            "m" => 60_000_000_000,
-            "h" => 3_600_000_000_000,
-            "" => return Err(format!("duration {s:?} lacks a unit (ns, us, ms, s, m, h)")),
-            other => return Err(format!("duration {s:?}: unknown unit {other:?}")),
-        };
-        let mut int: u128 = 0;
-        for d in int_digits.bytes() {
-            int = int
-                .checked_mul(10)
-                .and_then(|v| v.checked_add(u128::from(d - b'0')))
-                .filter(|&v| v <= MAX_DURATION.as_nanos())
-                .ok_or_else(too_long)?;
-        }
-        // Digits past the 25th add less than a nanosecond even with the
-        // largest unit (an hour is 3.6e12 ns), and 25 digits times that unit
-        // stay far inside u128.
-        let frac = &frac_digits[..frac_digits.len().min(25)];
-        let mut numerator: u128 = 0;
-        for d in frac.bytes() {
-            numerator = numerator * 10 + u128::from(d - b'0');
-        }
-        let scale = 10u128.pow(frac.len() as u32);
-        let nanos = int
-            .checked_mul(unit_nanos)
-            .and_then(|v| v.checked_add(numerator * unit_nanos / scale))
-            .ok_or_else(too_long)?;
-        total = total
-            .checked_add(nanos)
-            .filter(|&t| t <= MAX_DURATION.as_nanos())
-            .ok_or_else(too_long)?;
-        rest = next;
-    }
-    if negative && total != 0 {
-        return Err(format!("duration {s:?} is negative"));
-    }
-    let secs = u64::try_from(total / 1_000_000_000).map_err(|_| too_long())?;
-    // The remainder of a division by 1e9 always fits.
-    let nanos = (total % 1_000_000_000) as u32;
-    Ok(Duration::new(secs, nanos))
 }
 
 /// Parses `host:port`, `:port` (every address) or empty (disabled).

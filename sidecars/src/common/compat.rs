@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::{ArgAction, Args};
 
-use super::args::parse_duration;
+use super::goflags::parse_duration;
 use super::goflags::IGNORED_HEADING;
 
 /// Upstream logging and runtime flags (see the module doc).

@@ -8,15 +8,13 @@
 //! flood the API server. Long-lived watches take one token when they start.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use clap::Args;
 
 use super::args::FlagError;
-use prometheus_client::registry::Registry;
-use tokio::time::Instant;
 
-use super::ratelimit::{Limiter, LimiterMetrics, Priority, PriorityLayer};
+pub use super::ratelimit::ApiRequests;
+use super::ratelimit::{Limiter, Priority, PriorityLayer};
 use csiops_runtime::leader::LeaseGuard;
 
 /// Flags of the sidecars that talk to the API server.
@@ -74,33 +72,6 @@ pub enum KubeError {
         "--kube-api-qps must be positive and --kube-api-burst at least 1 (got {qps}, {burst})"
     )]
     Limits { qps: f64, burst: u32 },
-}
-
-/// `csiops_kube_api_requests_total{verb}` (the counter every csiops process
-/// shares, see `csiops_runtime::requests`): every request the sidecar sent,
-/// counted by its rate limiter when the request goes out. What the QPS
-/// limit is spent on, and the write counts the benchmarks report. With it,
-/// the rate limiter's own counts (see `ratelimit::LimiterMetrics`).
-#[derive(Clone, Debug, Default)]
-pub struct ApiRequests {
-    sent: csiops_runtime::requests::ApiRequests,
-    pub limiter: LimiterMetrics,
-}
-
-impl ApiRequests {
-    pub fn register(&self, registry: &mut Registry) {
-        self.sent.register(registry);
-        self.limiter.register(registry);
-    }
-
-    pub(crate) fn count(&self, method: &http::Method) {
-        self.sent.count(method);
-    }
-
-    /// Requests so far with `method` (`GET`, `PATCH`, …).
-    pub fn get(&self, method: &str) -> u64 {
-        self.sent.get(method)
-    }
 }
 
 /// The sidecar's clients, one per [`Priority`], sharing one token bucket
@@ -196,46 +167,6 @@ fn parse_master(m: &str) -> Result<http::Uri, KubeError> {
     Ok(uri)
 }
 
-/// A token bucket: `burst` tokens, refilled at `qps` per second.
-#[derive(Debug)]
-pub struct TokenBucket {
-    qps: f64,
-    burst: f64,
-    tokens: f64,
-    last: Instant,
-}
-
-impl TokenBucket {
-    /// A full bucket.
-    pub fn new(qps: f64, burst: u32) -> Self {
-        let burst = f64::from(burst.max(1));
-        TokenBucket {
-            qps,
-            burst,
-            tokens: burst,
-            last: Instant::now(),
-        }
-    }
-
-    /// Puts back a token taken for a request that was then not sent.
-    pub fn refund(&mut self) {
-        self.tokens = (self.tokens + 1.0).min(self.burst);
-    }
-
-    /// Takes a token now, or says how long until one is available.
-    pub fn try_take(&mut self, now: Instant) -> Result<(), Duration> {
-        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
-        self.tokens = (self.tokens + elapsed * self.qps).min(self.burst);
-        self.last = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            Ok(())
-        } else {
-            Err(Duration::from_secs_f64((1.0 - self.tokens) / self.qps))
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -272,26 +203,5 @@ mod tests {
             let err = args(bad, None).check().expect_err(bad);
             assert!(csiops_runtime::chain(&err).to_string().contains("--master"));
         }
-    }
-
-    #[test]
-    fn bucket_allows_a_burst_then_the_rate() {
-        let mut b = TokenBucket::new(10.0, 3);
-        let t0 = b.last;
-        for _ in 0..3 {
-            assert_eq!(b.try_take(t0), Ok(()));
-        }
-        let wait = b.try_take(t0).expect_err("bucket empty");
-        assert!((wait.as_secs_f64() - 0.1).abs() < 1e-6, "{wait:?}");
-        // 100ms later exactly one token is back.
-        let t1 = t0 + Duration::from_millis(100);
-        assert_eq!(b.try_take(t1), Ok(()));
-        assert!(b.try_take(t1).is_err());
-        // A long pause refills to the burst, not beyond.
-        let t2 = t1 + Duration::from_secs(60);
-        for _ in 0..3 {
-            assert_eq!(b.try_take(t2), Ok(()));
-        }
-        assert!(b.try_take(t2).is_err());
     }
 }
