@@ -47,7 +47,7 @@ pub struct TaintInfo {
     pub effect: String,
 }
 
-/// What the operator keeps of a Node (see `reconcile::nodes`).
+/// What the operator keeps of a Node (see `reconcile::watch::nodes`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeInfo {
     pub readiness: Readiness,

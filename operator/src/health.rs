@@ -83,15 +83,15 @@ pub struct HealthInput<'a> {
     pub node_hash: &'a str,
     /// This object's pods (controller and node).
     pub pods: &'a [PodView],
-    /// What is known of every Node (see `reconcile::nodes`).
+    /// What is known of every Node (see `reconcile::watch::nodes`).
     pub nodes: &'a std::collections::BTreeMap<String, NodeInfo>,
     /// Nodes whose CSINode lists the driver.
     pub registered: &'a BTreeSet<String>,
     /// Nodes carrying this driver's readiness taint (see
-    /// `reconcile::node_taints`), passed through to status.
+    /// `reconcile::watch::nodes`), passed through to status.
     pub tainted_nodes: i32,
     /// kubelet's latest `FailedMount` message per pod name, for the pods
-    /// [`stuck_creating`] named (see `reconcile::pod_events`).
+    /// [`stuck_creating`] named (see `reconcile::watch::pod_events`).
     pub mount_failures: &'a std::collections::BTreeMap<String, String>,
     pub now: DateTime<Utc>,
 }

@@ -9,9 +9,9 @@
 //! `ObjectMeta` (360 bytes empty, and a label map of its own): the strings
 //! that repeat from pod to pod (namespace, node, phase, the kept labels) are
 //! shared `Arc<str>`s once the cache interned them (see
-//! `reconcile::pod_cache`), so a pod costs a few hundred bytes.
+//! `reconcile::watch::pod_cache`), so a pod costs a few hundred bytes.
 //!
-//! The watch reads pods in protobuf ([`wire`], `reconcile::pod_watch`);
+//! The watch reads pods in protobuf ([`wire`], `reconcile::watch::pod_watch`);
 //! the JSON reading is kept for the tests and anything that has a pod as
 //! JSON. Both go through one conversion.
 

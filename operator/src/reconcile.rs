@@ -160,7 +160,7 @@ pub async fn run(
         .owns_stream(triggers.daemonsets)
         .reconcile_on(pod_refs)
         // Only changes of what is kept of a node come through (readiness,
-        // cordon, taints; see `nodes`), never heartbeats: a node lost or
+        // cordon, taints; see `watch::nodes`), never heartbeats: a node lost or
         // back can concern any driver.
         .watches_stream(triggers.nodes, move |_node: Node| node_targets())
         .reconcile_on(csinode_refs)

@@ -221,7 +221,7 @@ pub fn build(input: &ReportInput<'_>) -> CSIDriverDeploymentStatus {
 /// counts, the summary, messages, unhealthy pods. Phase, conditions (type,
 /// status, reason), generation, versions, the rollout step and the lost
 /// nodes are what a user or the state machine acts on. Such a status may
-/// wait a moment to be written (see `reconcile::status`).
+/// wait a moment to be written (see `reconcile::write::status`).
 pub fn progress_only(old: &CSIDriverDeploymentStatus, new: &CSIDriverDeploymentStatus) -> bool {
     let conditions = |s: &CSIDriverDeploymentStatus| -> Vec<(String, String, String)> {
         s.conditions

@@ -43,7 +43,7 @@ pub struct ObjectState {
     pub paced: pace::Last,
     /// Its last status write let through [`Context::progress_writes`].
     pub progress_written: pace::Last,
-    /// Which copy of it is current (see [`fresh`]).
+    /// Which copy of it is current (see `pacing::fresh`).
     pub fresh: fresh::Freshness,
     /// Consecutive failed writes, for backoff and reporting.
     pub failures: retry::Failures,

@@ -136,7 +136,7 @@ async fn run_pass(
     }
 
     // Plan from a current copy: the watch cache's when it is known to be
-    // current, else the API server's (see `fresh`).
+    // current, else the API server's (see `pacing::fresh`).
     let version = obj.resource_version();
     let obj = if ctx
         .objects

@@ -203,7 +203,7 @@ impl Caches {
             )
             .boxed(),
             // Also what brings a driver back when Kubernetes finally
-            // deletes a replaced class that was in use (see `supporting`).
+            // deletes a replaced class that was in use (see `write::supporting`).
             meta(
                 Box::pin(
                     owned.watch_meta::<VolumeAttributesClass>(client, "VolumeAttributesClass"),
