@@ -25,11 +25,11 @@ use std::time::{Duration, Instant};
 
 use csiops_e2e::cluster::ALLOCATABLE_COUNT_GATE;
 use csiops_e2e::realnode::{images, NODE_NAME};
-use csiops_e2e::walkthrough::{self, VolumeDriver, DATA_MOUNT, DRIVER, NAME, NS};
+use csiops_e2e::walkthrough::{self, App, Use, VolumeDriver, DATA_MOUNT, DRIVER, NAME, NS};
 use csiops_e2e::{testkit, wait_for, Cluster, ClusterOptions};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::storage::v1::{CSIDriver, CSINode};
+use k8s_openapi::api::core::v1::{PersistentVolume, Pod};
+use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, VolumeAttachment};
 use kube::api::{Api, ListParams};
 use kube::runtime::{watcher, WatchStreamExt};
 
@@ -97,105 +97,159 @@ async fn registrar_node_get_info_calls(pod_ip: &str) -> Option<u64> {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubelet_keeps_the_allocatable_count_and_the_registrar_never_writes_it() {
-    let cluster = Cluster::start(ClusterOptions {
-        nodes: 0,
-        real_node: true,
-        feature_gates: vec![ALLOCATABLE_COUNT_GATE],
-        ..ClusterOptions::default()
-    })
-    .await
-    .unwrap_or_else(|e| panic!("cluster with a real node starts: {e}"));
-    let client = cluster.client().expect("client");
-    let node = cluster.real_node().expect("a real node");
-    let driver_image = node
-        .images()
-        .reference(images::TEST_DRIVER)
-        .expect("driver image")
-        .to_string();
-    let (kubelet_dir, data_dir) = (
-        node.layout().kubelet_dir(),
-        node.layout().root.join("csi-data"),
-    );
-    std::fs::create_dir_all(&data_dir).expect("data dir");
-    let limit_file = data_dir.join(LIMIT_FILE);
-    let set_limit = |n: i32| std::fs::write(&limit_file, format!("{n}\n")).expect("limit file");
-    set_limit(5);
+/// The test bed of both tests: a real node, the operator, and
+/// csi-test-driver deployed through it with `period` and the registrar
+/// asking NodeGetInfo every [`REGISTRAR_INTERVAL`].
+struct Bed {
+    cluster: Cluster,
+    client: kube::Client,
+    driver_image: String,
+    limit_file: std::path::PathBuf,
+}
 
-    walkthrough::install_operator(&cluster)
+impl Bed {
+    /// Sets the driver's `max_volumes_per_node`, read at every NodeGetInfo.
+    fn set_limit(&self, n: i32) {
+        std::fs::write(&self.limit_file, format!("{n}\n")).expect("limit file");
+    }
+
+    async fn start(period: Duration, controller_args: &[&str]) -> Bed {
+        let cluster = Cluster::start(ClusterOptions {
+            nodes: 0,
+            real_node: true,
+            feature_gates: vec![ALLOCATABLE_COUNT_GATE],
+            ..ClusterOptions::default()
+        })
         .await
-        .unwrap_or_else(|e| panic!("operator ready: {e}\n{}", diagnostics(&cluster)));
+        .unwrap_or_else(|e| panic!("cluster with a real node starts: {e}"));
+        let client = cluster.client().expect("client");
+        let node = cluster.real_node().expect("a real node");
+        let driver_image = node
+            .images()
+            .reference(images::TEST_DRIVER)
+            .expect("driver image")
+            .to_string();
+        let (kubelet_dir, data_dir) = (
+            node.layout().kubelet_dir(),
+            node.layout().root.join("csi-data"),
+        );
+        std::fs::create_dir_all(&data_dir).expect("data dir");
+        let bed = Bed {
+            limit_file: data_dir.join(LIMIT_FILE),
+            cluster,
+            client,
+            driver_image,
+        };
+        bed.set_limit(5);
 
-    // --- csi-test-driver with the period, through the operator. -------------
-    let limit_arg = format!("--max-volumes-per-node-file={DATA_MOUNT}/{LIMIT_FILE}");
-    let driver = VolumeDriver {
-        image: &driver_image,
-        version: "v0.1.0",
-        kubelet_dir: &kubelet_dir,
-        data_dir: &data_dir,
-        on_simulated_nodes: false,
-        controller_args: &[],
-        node_args: &[&limit_arg],
-        node_fields: "",
-    };
-    let csi_driver = "  csiDriver:\n    attachRequired: true\n";
-    let base = driver.yaml();
-    assert!(base.contains(csi_driver), "{base}");
-    let yaml = format!(
-        "{}  sidecars:\n    registrar:\n      extraArgs: [\"--node-info-interval={REGISTRAR_INTERVAL}\"]\n",
-        base.replace(
-            csi_driver,
-            &format!(
-                "{csi_driver}    nodeAllocatableUpdatePeriodSeconds: {}\n",
-                PERIOD.as_secs()
+        walkthrough::install_operator(&bed.cluster)
+            .await
+            .unwrap_or_else(|e| panic!("operator ready: {e}\n{}", diagnostics(&bed.cluster)));
+
+        let limit_arg = format!("--max-volumes-per-node-file={DATA_MOUNT}/{LIMIT_FILE}");
+        let driver = VolumeDriver {
+            image: &bed.driver_image,
+            version: "v0.1.0",
+            kubelet_dir: &kubelet_dir,
+            data_dir: &data_dir,
+            on_simulated_nodes: false,
+            controller_args,
+            node_args: &[&limit_arg],
+            node_fields: "",
+        };
+        let csi_driver = "  csiDriver:\n    attachRequired: true\n";
+        let base = driver.yaml();
+        assert!(base.contains(csi_driver), "{base}");
+        let yaml = format!(
+            "{}  sidecars:\n    registrar:\n      extraArgs: [\"--node-info-interval={REGISTRAR_INTERVAL}\"]\n",
+            base.replace(
+                csi_driver,
+                &format!(
+                    "{csi_driver}    nodeAllocatableUpdatePeriodSeconds: {}\n",
+                    period.as_secs()
+                )
             )
-        )
-    );
-    testkit::apply_ok(&cluster, "driver", &yaml).await;
-    testkit::wait_running(&cluster, NS, NAME, "v0.1.0", 1, DEADLINE)
-        .await
-        .unwrap_or_else(|e| panic!("{e}\n{}", diagnostics(&cluster)));
-    let csidriver = Api::<CSIDriver>::all(client.clone())
-        .get(DRIVER)
-        .await
-        .expect("CSIDriver");
-    assert_eq!(
-        csidriver.spec.node_allocatable_update_period_seconds,
-        Some(PERIOD.as_secs() as i64),
-        "the API server stored the period"
-    );
+        );
+        testkit::apply_ok(&bed.cluster, "driver", &yaml).await;
+        testkit::wait_running(&bed.cluster, NS, NAME, "v0.1.0", 1, DEADLINE)
+            .await
+            .unwrap_or_else(|e| panic!("{e}\n{}", diagnostics(&bed.cluster)));
+        let csidriver = Api::<CSIDriver>::all(bed.client.clone())
+            .get(DRIVER)
+            .await
+            .expect("CSIDriver");
+        assert_eq!(
+            csidriver.spec.node_allocatable_update_period_seconds,
+            Some(period.as_secs() as i64),
+            "the API server stored the period"
+        );
+        bed
+    }
 
-    // --- Every write of the CSINode from now on, as a watch sees it. --------
-    let csinodes: Api<CSINode> = Api::all(client.clone());
-    let history: Arc<Mutex<Vec<Seen>>> = Arc::default();
-    let watch = {
-        let history = history.clone();
-        let config = watcher::Config::default().fields(&format!("metadata.name={NODE_NAME}"));
-        let stream = watcher::watcher(csinodes.clone(), config).applied_objects();
-        tokio::spawn(async move {
-            let mut stream = std::pin::pin!(stream);
-            while let Some(item) = stream.next().await {
-                if let Ok(c) = item {
-                    if let Ok(mut h) = history.lock() {
-                        h.push(seen(&c));
+    /// Every write of the node's CSINode from now on, as a watch sees it.
+    fn watch_csinode(&self) -> (Arc<Mutex<Vec<Seen>>>, tokio::task::JoinHandle<()>) {
+        let csinodes: Api<CSINode> = Api::all(self.client.clone());
+        let history: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let watch = {
+            let history = history.clone();
+            let config = watcher::Config::default().fields(&format!("metadata.name={NODE_NAME}"));
+            let stream = watcher::watcher(csinodes, config).applied_objects();
+            tokio::spawn(async move {
+                let mut stream = std::pin::pin!(stream);
+                while let Some(item) = stream.next().await {
+                    if let Ok(c) = item {
+                        if let Ok(mut h) = history.lock() {
+                            h.push(seen(&c));
+                        }
                     }
                 }
-            }
+            })
+        };
+        (history, watch)
+    }
+
+    /// Waits until kubelet has registered the driver with `count`.
+    async fn wait_count(&self, history: &Mutex<Vec<Seen>>, count: i32) {
+        let latest = || history.lock().ok().and_then(|h| h.last().cloned());
+        wait_for(DEADLINE, Duration::from_millis(200), || async {
+            latest().filter(|s| s.count == Some(count)).map(drop)
         })
-    };
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "kubelet registered the driver with count {count}: {:?}\n{}",
+                latest(),
+                diagnostics(&self.cluster)
+            )
+        });
+    }
+
+    /// Teardown through the operator; the cluster then stops clean.
+    async fn stop(self) {
+        self.cluster
+            .kubectl_ok([
+                "-n",
+                NS,
+                "delete",
+                "csidriverdeployment",
+                NAME,
+                "--timeout=120s",
+            ])
+            .await
+            .unwrap_or_else(|e| panic!("teardown: {e}\n{}", diagnostics(&self.cluster)));
+        let left = self.cluster.stop_and_report().await.expect("cluster stops");
+        assert!(left.is_empty(), "left on the host: {left:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_keeps_the_allocatable_count_and_the_registrar_never_writes_it() {
+    let bed = Bed::start(PERIOD, &[]).await;
+    let (cluster, client) = (&bed.cluster, bed.client.clone());
+    let (history, watch) = bed.watch_csinode();
     let latest = || history.lock().ok().and_then(|h| h.last().cloned());
-    wait_for(DEADLINE, Duration::from_millis(200), || async {
-        latest().filter(|s| s.count == Some(5)).map(drop)
-    })
-    .await
-    .unwrap_or_else(|_| {
-        panic!(
-            "kubelet registered the driver with count 5: {:?}\n{}",
-            latest(),
-            diagnostics(&cluster)
-        )
-    });
+    bed.wait_count(&history, 5).await;
+    let set_limit = |n: i32| bed.set_limit(n);
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let node_pod = pods
@@ -248,7 +302,7 @@ async fn kubelet_keeps_the_allocatable_count_and_the_registrar_never_writes_it()
                 "kubelet did not update allocatable.count {from} -> {to} within {:?}: {:#?}\n{}",
                 PERIOD * 4,
                 history.lock().map(|h| h.clone()).unwrap_or_default(),
-                diagnostics(&cluster)
+                diagnostics(cluster)
             )
         });
         let took = updated.at.duration_since(t0);
@@ -271,7 +325,7 @@ async fn kubelet_keeps_the_allocatable_count_and_the_registrar_never_writes_it()
         .unwrap_or_else(|_| {
             panic!(
                 "the registrar did not ask NodeGetInfo ten times (--node-info-interval={REGISTRAR_INTERVAL})\n{}",
-                diagnostics(&cluster)
+                diagnostics(cluster)
             )
         });
         let h = history.lock().map(|h| h.clone()).unwrap_or_default();
@@ -319,7 +373,7 @@ async fn kubelet_keeps_the_allocatable_count_and_the_registrar_never_writes_it()
     );
 
     let log = testkit::kubectl_text(
-        &cluster,
+        cluster,
         &[
             "-n",
             NS,
@@ -338,20 +392,7 @@ async fn kubelet_keeps_the_allocatable_count_and_the_registrar_never_writes_it()
         "the registrar wrote the CSINode:\n{log}"
     );
 
-    // Teardown through the operator; the cluster then stops clean.
-    cluster
-        .kubectl_ok([
-            "-n",
-            NS,
-            "delete",
-            "csidriverdeployment",
-            NAME,
-            "--timeout=120s",
-        ])
-        .await
-        .unwrap_or_else(|e| panic!("teardown: {e}\n{}", diagnostics(&cluster)));
-    let left = cluster.stop_and_report().await.expect("cluster stops");
-    assert!(left.is_empty(), "left on the host: {left:?}");
+    bed.stop().await;
 }
 
 fn diagnostics(cluster: &Cluster) -> String {
@@ -373,4 +414,128 @@ fn diagnostics(cluster: &Cluster) -> String {
             .map(|n| n.log_tails(30))
             .unwrap_or_default(),
     )
+}
+
+/// `nodeAllocatableUpdatePeriodSeconds` of the reactive test: far longer
+/// than the test, so kubelet's periodic refresh never comes into it.
+const LONG_PERIOD: Duration = Duration::from_secs(3600);
+/// kubelet gives a pod's volumes this long to attach and mount before it
+/// looks for a ResourceExhausted attach (`podAttachAndMountTimeout`, 2m3s),
+/// plus slack for the pod's start.
+const ATTACH_AND_MOUNT_WAIT: Duration = Duration::from_secs(300);
+
+/// KEP-4876's reactive path, which needs our attacher's
+/// `VolumeError.errorCode`: the driver refuses every ControllerPublish
+/// with ResourceExhausted (a node out of attach slots), the attacher
+/// records code 8 on the VolumeAttachment, and kubelet, once the pod's
+/// volume did not attach, reads that code, asks the driver's NodeGetInfo
+/// at once (not at its next period, an hour away) and writes the new count
+/// into the CSINode; it rejects the pod with `VolumeAttachmentLimitExceeded`
+/// so that its controller can place it elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attach_refused_as_resource_exhausted_makes_kubelet_refresh_the_count() {
+    let bed = Bed::start(
+        LONG_PERIOD,
+        &["--fail=ControllerPublishVolume=ResourceExhausted"],
+    )
+    .await;
+    let (history, watch) = bed.watch_csinode();
+    let latest = || history.lock().ok().and_then(|h| h.last().cloned());
+    bed.wait_count(&history, 5).await;
+
+    // The node lost slots the CSINode does not know of yet.
+    bed.set_limit(2);
+    let t0 = Instant::now();
+    let app = App {
+        name: "exhausted",
+        image: &bed.driver_image,
+        text: "never-written",
+        access_mode: "ReadWriteOnce",
+        usage: Use::Filesystem,
+        fs_group: None,
+    };
+    testkit::apply_ok(&bed.cluster, "app", &app.yaml()).await;
+
+    // The attacher records the driver's code.
+    let vas: Api<VolumeAttachment> = Api::all(bed.client.clone());
+    let code = wait_for(DEADLINE, Duration::from_millis(500), || async {
+        let list = vas.list(&ListParams::default()).await.ok()?;
+        list.items
+            .into_iter()
+            .filter(|va| va.spec.attacher == DRIVER)
+            .find_map(|va| va.status?.attach_error?.error_code)
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "no attachError.errorCode on the VolumeAttachment\n{}",
+            diagnostics(&bed.cluster)
+        )
+    });
+    assert_eq!(code, 8, "ResourceExhausted is gRPC code 8");
+    assert_eq!(
+        latest().and_then(|s| s.count),
+        Some(5),
+        "nobody refreshed the count before kubelet's attach wait ran out"
+    );
+
+    // kubelet gives up on the attach, sees code 8, refreshes and rejects.
+    let pods: Api<Pod> = Api::namespaced(bed.client.clone(), NS);
+    let rejected = wait_for(ATTACH_AND_MOUNT_WAIT, Duration::from_secs(1), || async {
+        let status = pods.get_opt(app.name).await.ok()??.status?;
+        (status.phase.as_deref() == Some("Failed")).then_some(status)
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "kubelet did not reject the pod within {ATTACH_AND_MOUNT_WAIT:?}\n{}",
+            diagnostics(&bed.cluster)
+        )
+    });
+    assert_eq!(
+        rejected.reason.as_deref(),
+        Some("VolumeAttachmentLimitExceeded"),
+        "{rejected:?}"
+    );
+    wait_for(Duration::from_secs(30), Duration::from_millis(200), || async {
+        latest().filter(|s| s.count == Some(2)).map(drop)
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "kubelet did not refresh allocatable.count to 2 on the ResourceExhausted attach: {:#?}\n{}",
+            history.lock().map(|h| h.clone()).unwrap_or_default(),
+            diagnostics(&bed.cluster)
+        )
+    });
+    eprintln!(
+        "ResourceExhausted attach: pod rejected and allocatable.count 5 -> 2 written {:?} after the driver's limit changed (period {LONG_PERIOD:?})",
+        t0.elapsed()
+    );
+    let last = latest().expect("a write");
+    let managers: std::collections::BTreeSet<&str> =
+        last.managers.iter().map(String::as_str).collect();
+    assert_eq!(
+        managers,
+        ["kubelet/Update"].into(),
+        "only kubelet wrote the CSINode"
+    );
+    watch.abort();
+
+    // The pod and claim go; the volume is detached and deleted before the
+    // driver is torn down.
+    for kind in ["pod", "pvc"] {
+        bed.cluster
+            .kubectl_ok(["-n", NS, "delete", kind, app.name, "--timeout=120s"])
+            .await
+            .unwrap_or_else(|e| panic!("delete {kind}: {e}\n{}", diagnostics(&bed.cluster)));
+    }
+    let pvs: Api<PersistentVolume> = Api::all(bed.client.clone());
+    wait_for(DEADLINE, Duration::from_millis(500), || async {
+        let list = pvs.list(&ListParams::default()).await.ok()?;
+        list.items.is_empty().then_some(())
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the volume was not deleted\n{}", diagnostics(&bed.cluster)));
+    bed.stop().await;
 }
