@@ -77,12 +77,13 @@ test: toolchain lint cluster-bins e2e-suite node-prereqs images build
 ## e2e/cluster-bins/matrix/<minor>/), then the named e2e tests. See
 ## docs/kubernetes-versions.md. MATRIX_MINORS, MATRIX_TESTS.
 MATRIX_MINORS ?= 1.35 1.36
-MATRIX_TESTS ?= cluster csidriver_fields real_node walkthrough node_local fleet_upgrade security
+MATRIX_TESTS ?= cluster csidriver_fields real_node walkthrough node_local fleet_upgrade security conformance
 test-matrix: toolchain node-prereqs images build
 	for minor in $(MATRIX_MINORS); do \
 	  echo "=== Kubernetes $$minor: $(MATRIX_TESTS)"; \
 	  CSIOPS_K8S_MINOR=$$minor \
-	  CSIOPS_BIN_DIR="$$(CSIOPS_K8S_MINOR=$$minor e2e/cluster-bins/build.sh --core)" \
+	  CSIOPS_BIN_DIR="$$(CSIOPS_K8S_MINOR=$$minor e2e/cluster-bins/build.sh)" \
+	  CSIOPS_E2E_SUITE="$$(CSIOPS_K8S_MINOR=$$minor e2e/cluster-bins/e2e-suite.sh)" \
 	  CSIOPS_IMAGES_DIR="$$(e2e/images/build.sh)" \
 	  $(CARGO) test -p csiops-e2e $(addprefix --test ,$(MATRIX_TESTS)) || exit 1; \
 	done

@@ -52,15 +52,20 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 VERSIONS_ENV="$(dirname "$HERE")/versions.env"
 RECIPE=5 # bump when the build flags, the image recipes or the layout change
 SUITE_REGISTRY=localhost/csiops-e2e
-# name:tag of each image, with the ImageID of manifest.go it must match.
-SUITE_IMAGES=(busybox:1.37.0-2:BusyBox agnhost:2.66.1:Agnhost nginx:1.27.0-2:Nginx glibc-dns-testing:2.1.1:GlibcDnsTesting)
 
 log() { printf '[e2e-suite %s] %s\n' "$(date +%T)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 
 # shellcheck source=/dev/null
 source "$VERSIONS_ENV"
+# shellcheck source=matrix.sh
+source "$HERE/matrix.sh"
+matrix_select # CSIOPS_K8S_MINOR: the suite of that minor, with its image tags
 : "${K8S_VERSION:?K8S_VERSION not set in versions.env}"
+: "${SUITE_IMAGES:?SUITE_IMAGES not set in versions.env}"
+# name:tag:ImageID of each image (versions.env lists them comma-separated):
+# the tag test/utils/image/manifest.go of K8S_VERSION gives that ImageID.
+IFS=, read -r -a SUITE_IMAGES <<<"$SUITE_IMAGES"
 : "${EXTERNAL_SNAPSHOTTER_VERSION:?EXTERNAL_SNAPSHOTTER_VERSION not set in versions.env}"
 # shellcheck source=k8s-ldflags.sh
 source "$HERE/k8s-ldflags.sh"
@@ -105,7 +110,8 @@ cache_key() {
   gover="$(go env GOVERSION)"
   h="$( {
     echo "recipe=$RECIPE registry=$SUITE_REGISTRY ${SUITE_IMAGES[*]}"
-    cat "$HERE"/{kube,snapshotter}/go.{mod,sum} "$HERE"/kube/e2e-storage/*.go "$HERE/k8s-ldflags.sh"
+    cat "$(kube_mod_file_dir)"/go.{mod,sum} "$HERE"/snapshotter/go.{mod,sum} "$HERE"/kube/e2e-storage/*.go "$HERE/k8s-ldflags.sh"
+    matrix_overlay_files
     busybox_version
     buildah --version 2>/dev/null || echo "no buildah"
   } | sha256sum | cut -c1-12)"
@@ -123,18 +129,18 @@ dir_ok() {
 # The tag manifest.go of K8S_VERSION gives each image must be ours.
 check_tags() {
   local manifest i name tag id
-  manifest="$(cd "$HERE/kube" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)/test/utils/image/manifest.go"
+  manifest="$(cd "$KUBE_DIR" && go list -m -f '{{.Dir}}' k8s.io/kubernetes)/test/utils/image/manifest.go"
   for i in "${SUITE_IMAGES[@]}"; do
     IFS=: read -r name tag id <<<"$i"
     grep -Eq "configs\[$id\] = Config\{list\.PromoterE2eRegistry, \"$name\", \"$tag\"\}" "$manifest" ||
-      die "$manifest does not name $name:$tag (ImageID $id): update SUITE_IMAGES for $K8S_VERSION"
+      die "$manifest does not name $name:$tag (ImageID $id): update SUITE_IMAGES in the versions.env of $K8S_VERSION"
   done
 }
 
 build_binaries() (
   local out="$1" kld ginkgo_version
-  kld="$(k8s_version_ldflags "$HERE/kube" "$K8S_VERSION")"
-  cd "$HERE/kube"
+  kld="$(k8s_version_ldflags "$KUBE_DIR" "$K8S_VERSION")"
+  cd "$KUBE_DIR"
   go mod download >&2
   log "go test -c e2e.test (External Storage) $K8S_VERSION"
   CGO_ENABLED=0 go test -c "${GO_COMPILE_FLAGS[@]}" -ldflags="$kld" -o "$out/e2e.test" ./e2e-storage >&2
@@ -181,7 +187,7 @@ build_images() {
     ref="$SUITE_REGISTRY/$name:$tag"
     local dir="$ctx"
     [[ "$name" == agnhost ]] && dir="$work/agnhost-ctx"
-    [[ "$name" == glibc-dns-testing ]] && dir="$work/dnsutils-ctx"
+    [[ "$name" == glibc-dns-testing || "$name" == jessie-dnsutils ]] && dir="$work/dnsutils-ctx"
     log "buildah bud $ref"
     buildah "${storage[@]}" bud --quiet --format oci --timestamp 0 -t "$ref" "$dir" >&2 ||
       die "buildah bud $ref failed"
@@ -224,6 +230,9 @@ main() {
   exec 9>"$root/.$key.lock"
   flock 9
   if [[ "${CSIOPS_REBUILD:-0}" != 1 ]] && dir_ok "$dir"; then echo "$dir"; return; fi
+  # The kube module to build in: kube/, or for an older minor kube/'s
+  # sources with its matrix entry laid over them (see matrix.sh).
+  KUBE_DIR="$(kube_module_dir)"
   check_tags
   local work
   work="$(mktemp -d "$root/.tmp.$key.XXXXXX")"
