@@ -377,6 +377,7 @@ pub fn objects() -> Objects {
         policies: vec![
             crate::policy::registrar_own_node(&labels()),
             crate::policy::host_access(&labels()),
+            crate::policy::host_access_label(&labels()),
         ],
         cluster_role: ClusterRole {
             metadata: meta(NAME, false),

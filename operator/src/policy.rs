@@ -15,8 +15,9 @@
 //! verb [`HOST_ACCESS_VERB`] on `csidriverdeployments.csiops.dev` granted
 //! **cluster-wide** (a ClusterRoleBinding; a RoleBinding in the namespace
 //! does not count, so a namespace admin's wildcard Role does not either),
-//! or the label [`HOST_ACCESS_LABEL`]`=allowed` on the object's namespace
-//! (Namespaces are cluster-scoped: only who may patch them sets it).
+//! or the label [`HOST_ACCESS_LABEL`]`=allowed` on the object's namespace,
+//! which only those holding that verb may set ([`host_access_label`]: whoever
+//! may create a namespace writes its labels).
 //! Deleting, and updates that leave the spec alone (the operator's
 //! finalizer, labels), stay open.
 //!
@@ -284,6 +285,77 @@ pub fn host_access(
         metadata: meta(HOST_ACCESS_POLICY, labels),
         spec: Some(ValidatingAdmissionPolicyBindingSpec {
             policy_name: Some(HOST_ACCESS_POLICY.into()),
+            validation_actions: Some(vec!["Deny".into()]),
+            ..Default::default()
+        }),
+    };
+    (policy, binding)
+}
+
+/// Name of the policy guarding the namespace label, and its binding.
+pub const HOST_ACCESS_LABEL_POLICY: &str = "csiops-host-access-label";
+
+/// The policy that keeps [`HOST_ACCESS_LABEL`] a cluster admin's switch,
+/// and its binding (Deny). Namespaces are cluster-scoped, but whoever may
+/// *create* one writes its labels: without this, a user allowed to create
+/// namespaces and CSIDriverDeployments would create a namespace that already
+/// carries the label and gain host access. Setting the label, or changing
+/// its value, on create or update therefore needs what host access itself
+/// needs: the verb [`HOST_ACCESS_VERB`] granted cluster-wide. Removing it
+/// takes access away and stays open; so does every other label.
+pub fn host_access_label(
+    labels: &BTreeMap<String, String>,
+) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
+    let value = |obj: &str| {
+        format!(
+            "has({obj}.metadata.labels) && '{HOST_ACCESS_LABEL}' in {obj}.metadata.labels ? \
+             {obj}.metadata.labels['{HOST_ACCESS_LABEL}'] : ''"
+        )
+    };
+    let policy = ValidatingAdmissionPolicy {
+        metadata: meta(HOST_ACCESS_LABEL_POLICY, labels),
+        spec: Some(ValidatingAdmissionPolicySpec {
+            failure_policy: Some("Fail".into()),
+            match_constraints: Some(MatchResources {
+                resource_rules: Some(vec![rule("", "namespaces", &["CREATE", "UPDATE"])]),
+                ..Default::default()
+            }),
+            variables: Some(vec![
+                Variable {
+                    name: "label".into(),
+                    expression: value("object"),
+                },
+                Variable {
+                    name: "before".into(),
+                    expression: format!(
+                        "request.operation == 'UPDATE' ? ({}) : ''",
+                        value("oldObject")
+                    ),
+                },
+            ]),
+            validations: Some(vec![Validation {
+                expression: format!(
+                    "variables.label == '' || variables.label == variables.before || \
+                     authorizer.group('{MARKER_GROUP}').resource('csidriverdeployments').check('{HOST_ACCESS_VERB}').allowed()"
+                ),
+                message_expression: Some(format!(
+                    "request.userInfo.username + ' may not set the label {HOST_ACCESS_LABEL} on \
+                     namespace ' + request.name + ': it lets every CSIDriverDeployment of the \
+                     namespace run privileged on every node, so setting it needs what host access \
+                     needs, the verb {HOST_ACCESS_VERB} on csidriverdeployments.csiops.dev granted \
+                     cluster-wide (a ClusterRoleBinding)'"
+                )),
+                reason: Some("Forbidden".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        status: None,
+    };
+    let binding = ValidatingAdmissionPolicyBinding {
+        metadata: meta(HOST_ACCESS_LABEL_POLICY, labels),
+        spec: Some(ValidatingAdmissionPolicyBindingSpec {
+            policy_name: Some(HOST_ACCESS_LABEL_POLICY.into()),
             validation_actions: Some(vec!["Deny".into()]),
             ..Default::default()
         }),
