@@ -637,3 +637,144 @@ spec:
     drop(operator);
     cluster.stop().await.expect("cluster stops");
 }
+
+/// Issue 37 §1: whoever may create namespaces writes their labels, so the
+/// host-access label is guarded by its own policy. Bob may create
+/// Namespaces and CSIDriverDeployments anywhere, nothing else: a namespace
+/// already carrying `csiops.dev/host-access=allowed` is refused, as is
+/// adding the label to his own namespace later; removing it, and every
+/// other label, pass; an admin holding host access sets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_creator_cannot_label_his_way_to_host_access() {
+    const BOB: &str = "bob@example.com";
+    let cluster = Cluster::start(ClusterOptions::kwok(1))
+        .await
+        .expect("cluster starts");
+    testkit::install_operator_rbac(&cluster)
+        .await
+        .expect("install.yaml's RBAC and policies apply");
+    let rbac = format!(
+        r#"apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {{name: namespace-creator}}
+rules:
+- apiGroups: [""]
+  resources: [namespaces]
+  verbs: [get, list, create, update, patch]
+- apiGroups: [csiops.dev]
+  resources: [csidriverdeployments]
+  verbs: [get, list, create, update, patch, delete]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {{name: bob-namespace-creator}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: namespace-creator}}
+subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: "{BOB}"}}]
+"#
+    );
+    testkit::apply_ok(&cluster, "bob", &rbac).await;
+    let as_bob = |args: Vec<String>| {
+        let cluster = &cluster;
+        async move {
+            let mut all = vec![format!("--as={BOB}")];
+            all.extend(args);
+            let out = cluster.kubectl(&all).await.expect("kubectl runs");
+            (
+                out.status.success(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        }
+    };
+    let namespace = |name: &str, label: Option<&str>| {
+        let labels = label
+            .map(|v| format!("\n  labels: {{csiops.dev/host-access: {v}}}"))
+            .unwrap_or_default();
+        format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}{labels}\n")
+    };
+    let create = |name: &str, label: Option<&str>| {
+        let path = cluster.work_dir().join(format!("{name}.yaml"));
+        std::fs::write(&path, namespace(name, label)).expect("write manifest");
+        vec![
+            "create".to_string(),
+            "-f".into(),
+            path.display().to_string(),
+        ]
+    };
+
+    // The policy is enforced once the API server's informer has it.
+    let labelled = create("bob-labelled", Some("allowed"));
+    let refused = wait_for(Duration::from_secs(60), Duration::from_millis(500), || {
+        let args = labelled.clone();
+        let as_bob = &as_bob;
+        async move {
+            let (ok, err) = as_bob(args).await;
+            (!ok).then_some(err)
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("bob created a namespace carrying the host-access label"));
+    assert!(
+        refused.contains("may not set the label csiops.dev/host-access")
+            && refused.contains("host-access on csidriverdeployments.csiops.dev"),
+        "the refusal says why: {refused}"
+    );
+
+    // His own namespace, created plain: adding the label is refused, as is
+    // any other value; other labels pass.
+    let (ok, err) = as_bob(create("bob-plain", None)).await;
+    assert!(ok, "a plain namespace: {err}");
+    let label = |value: &str| {
+        vec![
+            "label".to_string(),
+            "namespace".into(),
+            "bob-plain".into(),
+            "--overwrite".into(),
+            format!("csiops.dev/host-access={value}"),
+        ]
+    };
+    for value in ["allowed", "yes"] {
+        let (ok, err) = as_bob(label(value)).await;
+        assert!(!ok, "bob labelled his namespace host-access={value}");
+        assert!(err.contains("may not set the label"), "{err}");
+    }
+    let (ok, err) = as_bob(vec![
+        "label".into(),
+        "namespace".into(),
+        "bob-plain".into(),
+        "team=storage".into(),
+    ])
+    .await;
+    assert!(ok, "another label passes: {err}");
+
+    // An admin holding host access labels it; bob may then change other
+    // labels, and remove it (taking access away), but not set it again.
+    cluster
+        .kubectl_ok([
+            "label",
+            "namespace",
+            "bob-plain",
+            "csiops.dev/host-access=allowed",
+        ])
+        .await
+        .expect("the admin labels the namespace");
+    let (ok, err) = as_bob(vec![
+        "label".into(),
+        "namespace".into(),
+        "bob-plain".into(),
+        "--overwrite".into(),
+        "team=db".into(),
+    ])
+    .await;
+    assert!(ok, "an update keeping the label passes: {err}");
+    let (ok, err) = as_bob(vec![
+        "label".into(),
+        "namespace".into(),
+        "bob-plain".into(),
+        "csiops.dev/host-access-".into(),
+    ])
+    .await;
+    assert!(ok, "removing the label passes: {err}");
+    let (ok, _) = as_bob(label("allowed")).await;
+    assert!(!ok, "bob set the label again after removing it");
+    cluster.stop().await.expect("cluster stops");
+}
