@@ -28,6 +28,120 @@ fn label_patch(value: &str) -> String {
     format!(r#"{{"metadata":{{"labels":{{"example.com/touched":"{value}"}}}}}}"#)
 }
 
+/// Issue 37 §3: on its own Node a registrar's token adds topology labels,
+/// writes the node-ID annotation and removes a driver-readiness taint, and
+/// nothing else: no `node-role` or `node-restriction.kubernetes.io` label,
+/// no change to an existing label or another annotation, no other taint
+/// added or removed, no `unschedulable`, no delete.
+async fn what_a_registrar_may_change_on_its_node(cluster: &Cluster, token: &str, own: &str) {
+    let readiness = "csiops.dev/driver-not-ready.sec.csi.example.com";
+    let patch = |p: String| {
+        vec![
+            "patch".to_string(),
+            "node".into(),
+            own.to_string(),
+            "--type=merge".into(),
+            "-p".into(),
+            p,
+        ]
+    };
+    let labels = |k: &str, v: &str| format!(r#"{{"metadata":{{"labels":{{"{k}":"{v}"}}}}}}"#);
+    let annotation =
+        |k: &str, v: &str| format!(r#"{{"metadata":{{"annotations":{{"{k}":"{v}"}}}}}}"#);
+    let taints = |keys: &[&str]| {
+        let list: Vec<String> = keys
+            .iter()
+            .map(|k| format!(r#"{{"key":"{k}","effect":"NoSchedule"}}"#))
+            .collect();
+        format!(r#"{{"spec":{{"taints":[{}]}}}}"#, list.join(","))
+    };
+    // The node as kubelet registered it with the readiness taint, and an
+    // admin's maintenance taint beside it.
+    cluster
+        .kubectl_ok(patch(taints(&[readiness, "example.com/maintenance"])))
+        .await
+        .expect("the admin taints the node");
+    let run = |args: Vec<String>| async move {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        as_token(cluster, token, &args).await
+    };
+    let refused = [
+        (
+            patch(labels("node-role.kubernetes.io/control-plane", "")),
+            "add a label under kubernetes.io",
+        ),
+        (
+            patch(labels("node-restriction.kubernetes.io/pool", "gold")),
+            "add a label under kubernetes.io",
+        ),
+        (
+            patch(labels("example.com/touched", "changed")),
+            "change or remove a label",
+        ),
+        (
+            patch(annotation("example.com/note", "x")),
+            "change an annotation",
+        ),
+        (patch(taints(&[readiness])), "add, change or remove a taint"),
+        (
+            patch(taints(&[
+                readiness,
+                "example.com/maintenance",
+                "example.com/new",
+            ])),
+            "add, change or remove a taint",
+        ),
+        (
+            patch(r#"{"spec":{"unschedulable":true}}"#.into()),
+            "change the spec but its taints",
+        ),
+    ];
+    for (args, why) in refused {
+        let (ok, err) = run(args.clone()).await;
+        assert!(!ok, "the registrar token was allowed: {args:?}");
+        assert!(
+            err.contains("csiops-registrar-own-node") && err.contains(why),
+            "{args:?}: {err}"
+        );
+    }
+    // Deleting its Node: RBAC refuses it first; the policy would too.
+    let (ok, err) = run(vec![
+        "delete".into(),
+        "node".into(),
+        own.to_string(),
+        "--dry-run=server".into(),
+    ])
+    .await;
+    assert!(
+        !ok && err.contains("delete"),
+        "the registrar deleted its node: {err}"
+    );
+    let allowed = [
+        patch(labels("topology.sec.csi.example.com/zone", "a")),
+        patch(labels("topology.kubernetes.io/zone", "z1")),
+        patch(annotation(
+            "csi.volume.kubernetes.io/nodeid",
+            r#"{\"sec.csi.example.com\":\"n1\"}"#,
+        )),
+        patch(taints(&["example.com/maintenance"])),
+    ];
+    for args in allowed {
+        let (ok, err) = run(args.clone()).await;
+        assert!(ok, "{args:?}: {err}");
+    }
+    let left = testkit::jsonpath(cluster, &["get", "node", own], "{.spec.taints[*].key}")
+        .await
+        .expect("taints");
+    assert_eq!(
+        left, "example.com/maintenance",
+        "only the readiness taint went"
+    );
+    cluster
+        .kubectl_ok(patch(r#"{"spec":{"taints":null}}"#.into()))
+        .await
+        .expect("the admin removes the maintenance taint");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_registrar_token_writes_only_its_own_node() {
     let cluster = Cluster::start(ClusterOptions::kwok(2))
@@ -157,6 +271,8 @@ spec:
         .await
         .expect("labels");
     assert!(!labels.contains("example.com/touched"), "{labels}");
+
+    what_a_registrar_may_change_on_its_node(&cluster, &token, own).await;
 
     // CSINodes alike: its own created, another's refused.
     let csinode = |node: &str| {

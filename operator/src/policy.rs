@@ -121,34 +121,47 @@ pub fn registrar_own_node(
                 expression: format!("{} && !{}", check(OWN_NODE_VERB), check(ANY_NODE_VERB)),
             }]),
             // The requester's node, from its token ('' without the claim).
-            variables: Some(vec![Variable {
-                name: "node".into(),
-                expression: node,
-            }]),
-            validations: Some(vec![
-                Validation {
-                    expression: "variables.node != ''".into(),
-                    message_expression: Some(format!(
-                        "request.userInfo.username + ' may write only its own node, and its \
+            variables: Some(vec![
+                Variable {
+                    name: "node".into(),
+                    expression: node,
+                },
+                Variable {
+                    name: "nodeUpdate".into(),
+                    expression:
+                        "request.resource.resource == 'nodes' && request.operation == 'UPDATE'"
+                            .into(),
+                },
+            ]),
+            validations: Some(
+                vec![
+                    Validation {
+                        expression: "variables.node != ''".into(),
+                        message_expression: Some(format!(
+                            "request.userInfo.username + ' may write only its own node, and its \
                          token names none (the {NODE_NAME_EXTRA} claim of a token bound to a \
                          pod, Kubernetes 1.30+): refusing to write ' + \
                          request.resource.resource + ' ' + request.name"
-                    )),
-                    reason: Some("Forbidden".into()),
-                    ..Default::default()
-                },
-                Validation {
-                    expression: "variables.node == '' || variables.node == request.name".into(),
-                    message_expression: Some(
-                        "request.userInfo.username + ' runs on node ' + variables.node + \
+                        )),
+                        reason: Some("Forbidden".into()),
+                        ..Default::default()
+                    },
+                    Validation {
+                        expression: "variables.node == '' || variables.node == request.name".into(),
+                        message_expression: Some(
+                            "request.userInfo.username + ' runs on node ' + variables.node + \
                          ' and may write only that node\\'s Node and CSINode, not ' + \
                          request.resource.resource + ' ' + request.name"
-                            .into(),
-                    ),
-                    reason: Some("Forbidden".into()),
-                    ..Default::default()
-                },
-            ]),
+                                .into(),
+                        ),
+                        reason: Some("Forbidden".into()),
+                        ..Default::default()
+                    },
+                ]
+                .into_iter()
+                .chain(own_node_changes())
+                .collect(),
+            ),
             ..Default::default()
         }),
         status: None,
@@ -162,6 +175,109 @@ pub fn registrar_own_node(
         }),
     };
     (policy, binding)
+}
+
+/// The annotation with every registered driver's node ID (kubelet's and
+/// the registrar's).
+pub const NODE_ID_ANNOTATION: &str = "csi.volume.kubernetes.io/nodeid";
+/// Node fields of `spec` a registrar never writes (all but `taints`).
+const NODE_SPEC_FIELDS: &[&str] = &[
+    "podCIDR",
+    "podCIDRs",
+    "providerID",
+    "unschedulable",
+    "configSource",
+    "externalID",
+];
+
+/// What a registrar may change on its own Node, which is what it needs and
+/// no more (Kubernetes' NodeRestriction holds kubelets to the same kind of
+/// list): add topology labels, but none under `kubernetes.io` or `k8s.io`
+/// but `topology.kubernetes.io` (so no `node-role`, no
+/// `node-restriction.kubernetes.io`), and never change or remove a label;
+/// write the node-ID annotation and no other; remove a driver-readiness
+/// taint (`csiops.dev/driver-not-ready.<driver>`) and add, change or
+/// remove no other taint; touch no other field of the spec (no
+/// `unschedulable`). A registrar never deletes a Node. These checks run on
+/// Node updates only; a CSINode is the registrar's own object.
+fn own_node_changes() -> Vec<Validation> {
+    let map = |obj: &str, field: &str| {
+        format!("has({obj}.metadata.{field}) ? {obj}.metadata.{field} : {{}}")
+    };
+    let (old_labels, new_labels) = (map("oldObject", "labels"), map("object", "labels"));
+    let (old_ann, new_ann) = (
+        map("oldObject", "annotations"),
+        map("object", "annotations"),
+    );
+    let taints = |obj: &str| format!("(has({obj}.spec.taints) ? {obj}.spec.taints : [])");
+    let (old_taints, new_taints) = (taints("oldObject"), taints("object"));
+    let domain = "(k.indexOf('/') < 0 ? '' : k.substring(0, k.indexOf('/')))";
+    let reserved = format!(
+        "({domain} == 'kubernetes.io' || {domain}.endsWith('.kubernetes.io') || \
+         {domain} == 'k8s.io' || {domain}.endsWith('.k8s.io')) && {domain} != 'topology.kubernetes.io'"
+    );
+    let spec_same = NODE_SPEC_FIELDS
+        .iter()
+        .map(|f| {
+            format!(
+                "(has(object.spec.{f}) == has(oldObject.spec.{f}) && \
+                 (!has(object.spec.{f}) || object.spec.{f} == oldObject.spec.{f}))"
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" && ");
+    let refuse = |what: &str| {
+        Some(format!(
+            "request.userInfo.username + ' may not {what} on Node ' + request.name + \
+             ': a registrar adds the topology labels and node ID of its driver and removes its \
+             readiness taint, nothing else'"
+        ))
+    };
+    let check = |expression: String, what: &str| Validation {
+        expression: format!("!variables.nodeUpdate || ({expression})"),
+        message_expression: refuse(what),
+        reason: Some("Forbidden".into()),
+        ..Default::default()
+    };
+    vec![
+        Validation {
+            expression: "request.resource.resource != 'nodes' || request.operation != 'DELETE'"
+                .into(),
+            message_expression: Some(
+                "request.userInfo.username + ' may not delete Node ' + request.name".into(),
+            ),
+            reason: Some("Forbidden".into()),
+            ..Default::default()
+        },
+        check(
+            format!(
+                "({old_labels}).all(k, k in ({new_labels}) && ({new_labels})[k] == ({old_labels})[k])"
+            ),
+            "change or remove a label",
+        ),
+        check(
+            format!("({new_labels}).all(k, k in ({old_labels}) || !({reserved}))"),
+            "add a label under kubernetes.io or k8s.io (node-role, node-restriction)",
+        ),
+        check(
+            format!(
+                "({old_ann}).all(k, k == '{NODE_ID_ANNOTATION}' || \
+                 (k in ({new_ann}) && ({new_ann})[k] == ({old_ann})[k])) && \
+                 ({new_ann}).all(k, k == '{NODE_ID_ANNOTATION}' || k in ({old_ann}))"
+            ),
+            "change an annotation but the node-ID one",
+        ),
+        check(
+            format!(
+                "{new_taints}.all(t, {old_taints}.exists(o, o == t)) && \
+                 {old_taints}.all(o, {new_taints}.exists(t, t == o) || \
+                 o.key.startsWith('{}'))",
+                csiops_crds::READINESS_TAINT_PREFIX
+            ),
+            "add, change or remove a taint but a driver-readiness one",
+        ),
+        check(spec_same, "change the spec but its taints"),
+    ]
 }
 
 /// Name of the host-access policy and its binding.
