@@ -894,3 +894,121 @@ subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: "{BOB}"}}]
     assert!(!ok, "bob set the label again after removing it");
     cluster.stop().await.expect("cluster stops");
 }
+
+/// Issue 37 §6: the operator's token binds the shipped roles and writes
+/// workloads only for what a CSIDriverDeployment owns, naming only that
+/// object's ServiceAccounts. RBAC alone lets it bind `csiops:provisioner`
+/// to anyone (its `bind` is limited by role, not subject) and run pods as
+/// any account; the fence refuses both, and lets its real writes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operators_token_cannot_bind_roles_or_run_pods_beyond_its_objects() {
+    const OPERATOR: &str = "system:serviceaccount:csiops-system:csiops-operator";
+    let cluster = Cluster::start(ClusterOptions::kwok(1))
+        .await
+        .expect("cluster starts");
+    testkit::install_operator_rbac(&cluster)
+        .await
+        .expect("install.yaml's RBAC and policies apply");
+    let as_operator = |yaml: String, name: &'static str| {
+        let cluster = &cluster;
+        async move {
+            let path = cluster.work_dir().join(format!("{name}.yaml"));
+            std::fs::write(&path, yaml).expect("write manifest");
+            let out = cluster
+                .kubectl([
+                    format!("--as={OPERATOR}"),
+                    "create".into(),
+                    "--dry-run=server".into(),
+                    "-f".into(),
+                    path.display().to_string(),
+                ])
+                .await
+                .expect("kubectl runs");
+            (
+                out.status.success(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        }
+    };
+    let crb = |name: &str, labels: &str, subject_ns: &str, subject: &str| {
+        format!(
+            r#"apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: {name}
+  labels: {{{labels}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "csiops:provisioner"}}
+subjects: [{{kind: ServiceAccount, name: {subject}, namespace: {subject_ns}}}]
+"#
+        )
+    };
+    let owned = "app.kubernetes.io/managed-by: csiops-operator, csiops.dev/owner-name: drv, \
+                 csiops.dev/owner-namespace: storage, csiops.dev/owner-uid: 0000-1111";
+
+    // The policy is enforced once the API server's informer has it.
+    let to_itself = crb("grab", owned, "csiops-system", "csiops-operator");
+    let refused = wait_for(Duration::from_secs(60), Duration::from_millis(500), || {
+        let yaml = to_itself.clone();
+        let as_operator = &as_operator;
+        async move {
+            let (ok, err) = as_operator(yaml, "grab").await;
+            (!ok).then_some(err)
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the operator's token bound csiops:provisioner to itself"));
+    assert!(
+        refused.contains("csiops-operator-fence")
+            && refused.contains("binds roles only to the ServiceAccounts"),
+        "{refused}"
+    );
+    for (yaml, why) in [
+        (
+            crb("unowned", "a: b", "storage", "drv-controller"),
+            "names no owner",
+        ),
+        (
+            crb("user", owned, "storage", "drv-controller").replace(
+                "{kind: ServiceAccount, name: drv-controller, namespace: storage}",
+                "{apiGroup: rbac.authorization.k8s.io, kind: User, name: mallory}",
+            ),
+            "binds roles only to the ServiceAccounts",
+        ),
+        (
+            r#"apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: loose, namespace: default}
+spec:
+  serviceName: loose
+  selector: {matchLabels: {a: b}}
+  template:
+    metadata: {labels: {a: b}}
+    spec:
+      serviceAccountName: default
+      containers: [{name: c, image: registry.invalid/none:1}]
+"#
+            .to_string(),
+            "names no owner",
+        ),
+    ] {
+        let (ok, err) = as_operator(yaml.clone(), "attempt").await;
+        assert!(!ok, "the operator's token wrote:\n{yaml}");
+        assert!(
+            err.contains("csiops-operator-fence") && err.contains(why),
+            "{err}"
+        );
+    }
+    // What it really writes passes: the binding of a driver's controller
+    // account, owned by its CSIDriverDeployment.
+    cluster
+        .kubectl_ok(["create", "namespace", "storage"])
+        .await
+        .expect("namespace");
+    let (ok, err) = as_operator(
+        crb("csiops:drv:provisioner", owned, "storage", "drv-controller"),
+        "real",
+    )
+    .await;
+    assert!(ok, "the operator's own kind of binding was refused: {err}");
+    cluster.stop().await.expect("cluster stops");
+}

@@ -378,6 +378,10 @@ pub fn objects() -> Objects {
             crate::policy::registrar_own_node(&labels()),
             crate::policy::host_access(&labels()),
             crate::policy::host_access_label(&labels()),
+            crate::policy::operator_fence(
+                &labels(),
+                &format!("system:serviceaccount:{NAMESPACE}:{NAME}"),
+            ),
         ],
         cluster_role: ClusterRole {
             metadata: meta(NAME, false),

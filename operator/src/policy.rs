@@ -479,6 +479,140 @@ pub fn host_access_label(
     (policy, binding)
 }
 
+/// Name of the policy fencing the operator's own writes, and its binding.
+pub const OPERATOR_FENCE_POLICY: &str = "csiops-operator-fence";
+
+/// The policy that fences the operator's own power, and its binding (Deny).
+/// RBAC's `bind` check limits which roles the operator may bind, not to
+/// whom, and its workload verbs reach every namespace: its token alone
+/// could bind `csiops:provisioner` to any account and run pods with it.
+/// So every binding and workload the operator writes must be owned by a
+/// CSIDriverDeployment (a controller owner reference in its namespace; the
+/// owner labels on a ClusterRoleBinding) and may name only that object's
+/// two ServiceAccounts, `<name>-controller` and `<name>-node` in its
+/// namespace: as subjects of a binding, as the account of a workload's
+/// pods. `account` is the operator's user name
+/// (`system:serviceaccount:<namespace>:<name>`).
+pub fn operator_fence(
+    labels: &BTreeMap<String, String>,
+    account: &str,
+) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
+    use crate::render::labels::{OWNER_NAME, OWNER_NAMESPACE, OWNER_UID};
+    use crate::render::names::{CONTROLLER_SUFFIX, NODE_SUFFIX};
+    let owner_name = format!(
+        "request.resource.resource == 'clusterrolebindings' ? \
+         (has(object.metadata.labels) && '{OWNER_UID}' in object.metadata.labels && \
+          '{OWNER_NAME}' in object.metadata.labels ? object.metadata.labels['{OWNER_NAME}'] : '') : \
+         (has(object.metadata.ownerReferences) ? \
+          object.metadata.ownerReferences.filter(o, o.kind == 'CSIDriverDeployment' && \
+            o.apiVersion.startsWith('{MARKER_GROUP}/') && has(o.controller) && o.controller) : [])\
+          .map(o, o.name).join('')"
+    );
+    let owner_namespace = format!(
+        "request.resource.resource == 'clusterrolebindings' ? \
+         (has(object.metadata.labels) && '{OWNER_NAMESPACE}' in object.metadata.labels ? \
+          object.metadata.labels['{OWNER_NAMESPACE}'] : '') : request.namespace"
+    );
+    let policy = ValidatingAdmissionPolicy {
+        metadata: meta(OPERATOR_FENCE_POLICY, labels),
+        spec: Some(ValidatingAdmissionPolicySpec {
+            failure_policy: Some("Fail".into()),
+            match_constraints: Some(MatchResources {
+                resource_rules: Some(vec![
+                    rule(
+                        "rbac.authorization.k8s.io",
+                        "rolebindings",
+                        &["CREATE", "UPDATE"],
+                    ),
+                    rule(
+                        "rbac.authorization.k8s.io",
+                        "clusterrolebindings",
+                        &["CREATE", "UPDATE"],
+                    ),
+                    rule("apps", "statefulsets", &["CREATE", "UPDATE"]),
+                    rule("apps", "daemonsets", &["CREATE", "UPDATE"]),
+                    rule("apps", "deployments", &["CREATE", "UPDATE"]),
+                ]),
+                ..Default::default()
+            }),
+            match_conditions: Some(vec![MatchCondition {
+                name: "csiops-operator".into(),
+                expression: format!("request.userInfo.username == '{account}'"),
+            }]),
+            variables: Some(vec![
+                Variable {
+                    name: "owner".into(),
+                    expression: owner_name,
+                },
+                Variable {
+                    name: "ownerNamespace".into(),
+                    expression: owner_namespace,
+                },
+                Variable {
+                    name: "accounts".into(),
+                    expression: format!(
+                        "[variables.owner + '{CONTROLLER_SUFFIX}', variables.owner + '{NODE_SUFFIX}']"
+                    ),
+                },
+            ]),
+            validations: Some(vec![
+                Validation {
+                    expression: "variables.owner != ''".into(),
+                    message_expression: Some(
+                        "'the operator writes only objects a CSIDriverDeployment owns, and ' + \
+                         request.resource.resource + ' ' + request.name + ' names no owner'"
+                            .into(),
+                    ),
+                    reason: Some("Forbidden".into()),
+                    ..Default::default()
+                },
+                Validation {
+                    expression: "!(request.resource.resource in ['rolebindings', 'clusterrolebindings']) || \
+                         (has(object.subjects) && object.subjects.all(s, s.kind == 'ServiceAccount' && \
+                          has(s.namespace) && s.namespace == variables.ownerNamespace && \
+                          s.name in variables.accounts))"
+                        .into(),
+                    message_expression: Some(
+                        "'the operator binds roles only to the ServiceAccounts of the \
+                         CSIDriverDeployment that owns the binding (' + variables.ownerNamespace + \
+                         '/' + variables.accounts.join(', ') + '): refusing ' + \
+                         request.resource.resource + ' ' + request.name"
+                            .into(),
+                    ),
+                    reason: Some("Forbidden".into()),
+                    ..Default::default()
+                },
+                Validation {
+                    expression: "request.resource.resource in ['rolebindings', 'clusterrolebindings'] || \
+                         (has(object.spec.template.spec.serviceAccountName) && \
+                          object.spec.template.spec.serviceAccountName in variables.accounts)"
+                        .into(),
+                    message_expression: Some(
+                        "'the operator runs pods only as the ServiceAccounts of the \
+                         CSIDriverDeployment that owns the workload (' + \
+                         variables.accounts.join(', ') + '): refusing ' + \
+                         request.resource.resource + ' ' + request.name"
+                            .into(),
+                    ),
+                    reason: Some("Forbidden".into()),
+                    ..Default::default()
+                },
+            ]),
+            ..Default::default()
+        }),
+        status: None,
+    };
+    let binding = ValidatingAdmissionPolicyBinding {
+        metadata: meta(OPERATOR_FENCE_POLICY, labels),
+        spec: Some(ValidatingAdmissionPolicyBindingSpec {
+            policy_name: Some(OPERATOR_FENCE_POLICY.into()),
+            validation_actions: Some(vec!["Deny".into()]),
+            ..Default::default()
+        }),
+    };
+    (policy, binding)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
