@@ -178,11 +178,21 @@ impl MetricsGate {
     /// The verdict on the caller of `path` with `headers`, remembered or
     /// asked.
     pub async fn check(&self, headers: &HeaderMap, path: &str) -> Result<Verdict, GateError> {
+        self.check_at(headers, path, Instant::now()).await
+    }
+
+    /// [`check`](Self::check) at `now` (the verdicts' clock).
+    async fn check_at(
+        &self,
+        headers: &HeaderMap,
+        path: &str,
+        now: Instant,
+    ) -> Result<Verdict, GateError> {
         let Some(token) = bearer_token(headers) else {
             return Ok(Verdict::Unauthenticated);
         };
         let key = digest(token);
-        if let Some(verdict) = lock(&self.verdicts).get(&key, Instant::now()) {
+        if let Some(verdict) = lock(&self.verdicts).get(&key, now) {
             return Ok(verdict);
         }
         // One review per token at a time: later callers wait for it (if the
@@ -191,10 +201,13 @@ impl MetricsGate {
         let outcome = cell
             .get_or_init(|| async {
                 // Another caller may have just finished the review.
-                if let Some(verdict) = lock(&self.verdicts).get(&key, Instant::now()) {
+                if let Some(verdict) = lock(&self.verdicts).get(&key, now) {
                     return Ok(verdict);
                 }
-                if !lock(&self.budget).take(Instant::now()) {
+                // The budget is for tokens never allowed: a scraper whose
+                // allow just expired is reviewed whatever a sprayer spent.
+                let known = lock(&self.verdicts).was_allowed(&key, now);
+                if !known && !lock(&self.budget).take(now) {
                     return Err(GateError::Throttled);
                 }
                 let verdict = self
@@ -202,7 +215,7 @@ impl MetricsGate {
                     .review(token, path)
                     .await
                     .map_err(|e| GateError::Review(Arc::new(e)))?;
-                lock(&self.verdicts).insert(key, verdict, Instant::now());
+                lock(&self.verdicts).insert(key, verdict, now);
                 Ok(verdict)
             })
             .await
@@ -509,5 +522,52 @@ mod tests {
             Verdict::Allowed
         );
         assert_eq!(fake.0.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn a_sprayer_cannot_keep_a_known_scraper_out_once_its_verdict_expires() {
+        use super::super::verdicts::{ALLOWED_REMEMBERED, ALLOWED_TTL};
+        let fake = Arc::new(Fake::default());
+        let gate = MetricsGate::with_budget(fake.clone(), ReviewBudget::new(1, 1));
+        let t0 = Instant::now();
+        let good = headers("Bearer good");
+        assert_eq!(
+            gate.check_at(&good, "/metrics", t0).await.unwrap(),
+            Verdict::Allowed
+        );
+        // The scraper's verdict expires while a sprayer keeps the budget spent.
+        let later = t0 + ALLOWED_TTL + std::time::Duration::from_secs(1);
+        for i in 0..20 {
+            let _ = gate
+                .check_at(&headers(&format!("Bearer spray{i}")), "/metrics", later)
+                .await;
+        }
+        assert!(matches!(
+            gate.check_at(&headers("Bearer never-seen"), "/metrics", later)
+                .await,
+            Err(GateError::Throttled)
+        ));
+        let reviews = fake.0.load(Ordering::SeqCst);
+        // The known scraper is reviewed again, not throttled…
+        assert_eq!(
+            gate.check_at(&good, "/metrics", later).await.unwrap(),
+            Verdict::Allowed
+        );
+        assert_eq!(fake.0.load(Ordering::SeqCst), reviews + 1, "one re-review");
+        // …but not forever: a token long gone waits for the budget again.
+        let much_later = later + ALLOWED_TTL + ALLOWED_REMEMBERED;
+        for i in 0..5 {
+            let _ = gate
+                .check_at(
+                    &headers(&format!("Bearer again{i}")),
+                    "/metrics",
+                    much_later,
+                )
+                .await;
+        }
+        assert!(matches!(
+            gate.check_at(&good, "/metrics", much_later).await,
+            Err(GateError::Throttled)
+        ));
     }
 }

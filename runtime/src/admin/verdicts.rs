@@ -40,6 +40,12 @@ pub const DENIED_TTL: Duration = Duration::from_secs(10);
 /// `REVIEWS_PER_SECOND * DENIED_TTL` live entries, far fewer, so a scraper
 /// in use is never evicted by it.
 pub const MAX_ENTRIES: usize = 1024;
+/// How long an expired allow is still remembered as one: its token's next
+/// review skips the [`ReviewBudget`], so a caller spraying new tokens
+/// cannot keep a scraper in use out once its verdict expires. Only reviews
+/// that allowed leave such an entry, so what it exempts is bounded by the
+/// scrapers that really exist.
+pub const ALLOWED_REMEMBERED: Duration = Duration::from_secs(600);
 /// Reviews of tokens not yet judged, per second, sustained…
 pub const REVIEWS_PER_SECOND: u32 = 10;
 /// …and in a burst (a fleet of scrapers starting together).
@@ -88,11 +94,24 @@ impl Verdicts {
         Some(entry.verdict)
     }
 
+    /// Whether `key` was allowed at its last review, however long ago
+    /// within [`ALLOWED_REMEMBERED`]: a scraper in use, whose re-review
+    /// the budget must not hold up.
+    pub fn was_allowed(&self, key: &TokenDigest, now: Instant) -> bool {
+        self.entries
+            .get(key)
+            .is_some_and(|e| e.verdict == Verdict::Allowed && e.expires + ALLOWED_REMEMBERED > now)
+    }
+
     /// Remembers `verdict` for `key` from `now` for its TTL. At capacity,
-    /// expired verdicts go first, then the least recently used one.
+    /// expired verdicts go first (but allows still remembered, see
+    /// [`ALLOWED_REMEMBERED`]), then the least recently used one.
     pub fn insert(&mut self, key: TokenDigest, verdict: Verdict, now: Instant) {
         if self.entries.len() >= MAX_ENTRIES && !self.entries.contains_key(&key) {
-            self.entries.retain(|_, e| e.expires > now);
+            self.entries.retain(|_, e| {
+                e.expires > now
+                    || (e.verdict == Verdict::Allowed && e.expires + ALLOWED_REMEMBERED > now)
+            });
             if self.entries.len() >= MAX_ENTRIES {
                 if let Some(oldest) = self
                     .entries
