@@ -653,8 +653,16 @@ fn a_disruption_budget_takes_one_bound_that_lets_a_drain_finish() {
         (2, serde_json::json!({"maxUnavailable": "0%"}), "at least 1"),
         (2, serde_json::json!({"minAvailable": -1}), "at least 0"),
         (2, serde_json::json!({"minAvailable": "100%"}), "0% to 99%"),
-        (2, serde_json::json!({"minAvailable": 2}), "less than controller.replicas"),
-        (3, serde_json::json!({"minAvailable": 5}), "less than controller.replicas"),
+        (
+            2,
+            serde_json::json!({"minAvailable": 2}),
+            "less than controller.replicas",
+        ),
+        (
+            3,
+            serde_json::json!({"minAvailable": 5}),
+            "less than controller.replicas",
+        ),
     ] {
         let err = with(replicas, budget.clone()).expect_err(&budget.to_string());
         assert!(format!("{err:?}").contains(message), "{budget}: {err:?}");
