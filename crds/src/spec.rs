@@ -112,6 +112,9 @@ pub const MAX_NAME_LEN: usize = 41;
 #[x_kube(validation = crate::topology::extra_rule())]
 #[x_kube(validation = crate::security::registrar_env_rule())]
 #[x_kube(validation = kube::core::Rule::new(
+    "!has(self.controller) || !has(self.controller.disruptionBudget) || !has(self.controller.disruptionBudget.minAvailable) || string(self.controller.disruptionBudget.minAvailable).endsWith('%') || !has(self.controller.replicas) || self.controller.replicas <= 1 || int(string(self.controller.disruptionBudget.minAvailable)) < self.controller.replicas"
+).message(DISRUPTION_BUDGET_MIN_MESSAGE))]
+#[x_kube(validation = kube::core::Rule::new(
     "!has(self.storageClasses) || self.storageClasses.all(a, self.storageClasses.exists_one(b, b.name == a.name))"
 ).message("storageClasses names must be unique"))]
 #[x_kube(validation = kube::core::Rule::new(
@@ -412,9 +415,27 @@ pub struct ControllerSpec {
     /// replicas over nodes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub affinity: Option<Affinity>,
-    /// PriorityClass of the controller pods.
+    /// PriorityClass of the controller pods. Unset:
+    /// `system-cluster-critical`, which Kubernetes creates in every cluster,
+    /// so a drain or a busy node never preempts the controller for ordinary
+    /// workloads. `""`: no priority class (the cluster's default priority).
+    /// On a cluster whose admin limits the `system-*` classes to some
+    /// namespaces (OpenShift: `kube-system` and `openshift-*`), set a class
+    /// of your own or `""`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(max = 253),
+        pattern(r"^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
     pub priority_class_name: Option<String>,
+    /// PodDisruptionBudget of the controller pods, rendered when
+    /// `replicas` is more than 1 so a node drain (`kubectl drain`, a
+    /// cluster upgrade) evicts them one at a time and a replica always
+    /// stays to serve. Unset: enabled, `maxUnavailable: 1`. Never rendered
+    /// for one replica: a budget there either allows the eviction anyway
+    /// or blocks every drain of its node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disruption_budget: Option<DisruptionBudgetSpec>,
     /// Overrides of the driver container in controller pods.
     #[serde(default, flatten)]
     pub driver: DriverOverride,
@@ -427,6 +448,70 @@ fn default_replicas() -> i32 {
     1
 }
 
+/// PriorityClass of the controller pods when `spec.controller.priorityClassName`
+/// is unset: built into every cluster, below only the node-critical class.
+pub const DEFAULT_CONTROLLER_PRIORITY_CLASS: &str = "system-cluster-critical";
+/// PriorityClass of the node pods when `spec.node.priorityClassName` is
+/// unset: what upstream's and OpenShift's CSI node plugins run with.
+pub const DEFAULT_NODE_PRIORITY_CLASS: &str = "system-node-critical";
+
+/// The PriorityClass a pod gets from a `priorityClassName` field: the field
+/// when set (`None` for `""`, which asks for none), else `default`.
+pub fn effective_priority_class<'a>(
+    field: Option<&'a str>,
+    default: &'static str,
+) -> Option<&'a str> {
+    match field {
+        None => Some(default),
+        Some("") => None,
+        Some(name) => Some(name),
+    }
+}
+
+/// Message of the rule that refuses both bounds in one disruption budget.
+pub const DISRUPTION_BUDGET_BOTH_MESSAGE: &str = "disruptionBudget: set maxUnavailable or minAvailable, not both (a PodDisruptionBudget takes one)";
+/// Message of the rule that refuses a count `minAvailable` that would
+/// block every drain.
+pub const DISRUPTION_BUDGET_MIN_MESSAGE: &str = "controller.disruptionBudget.minAvailable must be less than controller.replicas: with every replica required, no controller pod can ever be evicted and every drain of its node waits forever";
+
+/// The controller's PodDisruptionBudget (`spec.controller.disruptionBudget`).
+/// At most one of `maxUnavailable` and `minAvailable`; neither:
+/// `maxUnavailable: 1`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = kube::core::Rule::new(
+    "!(has(self.maxUnavailable) && has(self.minAvailable))"
+).message(DISRUPTION_BUDGET_BOTH_MESSAGE))]
+pub struct DisruptionBudgetSpec {
+    /// Render the budget (with more than one replica). `false`: none, and
+    /// one the operator made before is removed.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// How many controller pods an eviction may leave unavailable: a count
+    /// of at least 1 or a percentage (rounded up, so at least one pod).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    // string(): one form for a count and a percentage, without type(),
+    // which the client-side CEL of the tests cannot evaluate.
+    #[x_kube(validation = kube::core::Rule::new("string(self).matches('^[1-9][0-9]*$|^(100|[1-9][0-9]?)%$')").message("disruptionBudget.maxUnavailable must be a count of at least 1 or a percentage from 1% to 100%: 0 would block every drain"))]
+    pub max_unavailable: Option<IntOrString>,
+    /// How many controller pods must stay available through evictions: a
+    /// count below `replicas`, or a percentage (rounded up: it must leave
+    /// at least one pod evictable, e.g. at most 50% of 2 replicas).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = kube::core::Rule::new("string(self).matches('^[0-9]+$|^([0-9]|[1-9][0-9])%$')").message("disruptionBudget.minAvailable must be a count of at least 0 or a percentage from 0% to 99%"))]
+    pub min_available: Option<IntOrString>,
+}
+
+impl Default for DisruptionBudgetSpec {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_unavailable: None,
+            min_available: None,
+        }
+    }
+}
+
 impl Default for ControllerSpec {
     fn default() -> Self {
         Self {
@@ -436,6 +521,7 @@ impl Default for ControllerSpec {
             tolerations: Vec::new(),
             affinity: None,
             priority_class_name: None,
+            disruption_budget: None,
             driver: DriverOverride::default(),
             pod: PodSettings::default(),
         }
@@ -472,8 +558,19 @@ pub struct NodeSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = kube::core::Rule::new("type(self) == int ? self >= 1 : self.matches('^(100|[1-9][0-9]?)%$')").message("maxUnavailable must be a count of at least 1 or a percentage from 1% to 100% (for example 10%)"))]
     pub max_unavailable: Option<IntOrString>,
-    /// PriorityClass of the node pods (for example `system-node-critical`).
+    /// PriorityClass of the node pods. Unset: `system-node-critical`, the
+    /// class of upstream's and OpenShift's CSI node plugins: the scheduler
+    /// preempts other pods to place a node pod, and kubelet evicts it last
+    /// under node pressure, since every volume of the node needs it. `""`:
+    /// no priority class (the cluster's default priority). On a cluster
+    /// whose admin limits the `system-*` classes to some namespaces
+    /// (OpenShift: `kube-system` and `openshift-*`), set a class of your
+    /// own or `""`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(max = 253),
+        pattern(r"^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
     pub priority_class_name: Option<String>,
     /// Driver-readiness taint. When true, nodes may carry the taint
     /// `csiops.dev/driver-not-ready.<driverName>:NoSchedule` (placed by

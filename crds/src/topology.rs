@@ -73,6 +73,7 @@ pub const CONTROLLER_FIELDS: &[(&str, FieldKind)] = &[
     ("tolerations", FieldKind::Collection),
     ("affinity", FieldKind::Value),
     ("priorityClassName", FieldKind::Value),
+    ("disruptionBudget", FieldKind::Value),
     ("image", FieldKind::Value),
     ("args", FieldKind::Collection),
     ("env", FieldKind::Collection),
@@ -95,7 +96,7 @@ const NODE_LOCAL: &str = "has(self.topology) && self.topology == 'NodeLocal'";
 /// Message of [`attach_rule`]; the operator's own check says the same.
 pub const ATTACH_MESSAGE: &str = "spec.topology NodeLocal needs csiDriver.attachRequired: false: no controller runs an attacher, a node's driver can publish only its own volumes, and a node-local volume needs no attach";
 /// Message of [`controller_fields_rule`].
-pub const CONTROLLER_MESSAGE: &str = "spec.topology NodeLocal runs no controller workload: spec.controller must keep its defaults (kind StatefulSet, replicas 1) and set nothing else (nodeSelector, tolerations, affinity, priorityClassName, image, args, env, resources, volumeMounts, securityContext, volumes, hostNetwork, dnsPolicy, hostPID, podAnnotations, podLabels); the driver's pods are set in spec.node";
+pub const CONTROLLER_MESSAGE: &str = "spec.topology NodeLocal runs no controller workload: spec.controller must keep its defaults (kind StatefulSet, replicas 1) and set nothing else (nodeSelector, tolerations, affinity, priorityClassName, disruptionBudget, image, args, env, resources, volumeMounts, securityContext, volumes, hostNetwork, dnsPolicy, hostPID, podAnnotations, podLabels); the driver's pods are set in spec.node";
 /// Message of [`helpers_rule`].
 pub const HELPERS_MESSAGE: &str = "spec.topology NodeLocal runs no controller pods: the resizer, snapshotter and healthMonitor helpers cannot run (they have no per-node mode: one per node would act on every node's volumes through its own node's driver); disable them";
 /// Message of [`extra_rule`].
@@ -167,6 +168,7 @@ impl ControllerSpec {
             ("tolerations", !self.tolerations.is_empty()),
             ("affinity", self.affinity.is_some()),
             ("priorityClassName", self.priority_class_name.is_some()),
+            ("disruptionBudget", self.disruption_budget.is_some()),
             ("image", d.image.is_some()),
             ("args", d.args.as_ref().is_some_and(|a| !a.is_empty())),
             ("env", !d.env.is_empty()),

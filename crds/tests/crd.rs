@@ -390,6 +390,7 @@ fn node_local_refuses_every_controller_setting() {
         ("tolerations", serde_json::json!([{"operator": "Exists"}])),
         ("affinity", serde_json::json!({"nodeAffinity": {}})),
         ("priorityClassName", serde_json::json!("high")),
+        ("disruptionBudget", serde_json::json!({"enabled": false})),
         ("image", serde_json::json!("other:1")),
         ("args", serde_json::json!(["--x"])),
         ("env", serde_json::json!([{"name": "A", "value": "1"}])),
@@ -614,4 +615,77 @@ fn the_registrars_node_is_not_the_specs_to_choose() {
         serde_json::from_value(serde_json::json!([{"name": "NODE_NAMES", "value": "x"}]))
             .expect("env parses");
     assert!(validate_cel(&object(spec)).is_ok());
+}
+
+/// `spec.controller.disruptionBudget`: one bound at most, never one that
+/// keeps every replica from being evicted.
+#[test]
+fn a_disruption_budget_takes_one_bound_that_lets_a_drain_finish() {
+    let with = |replicas: i32, budget: serde_json::Value| {
+        let mut json = serde_json::to_value(base_spec()).expect("serializes");
+        json["controller"] = serde_json::json!({"replicas": replicas, "disruptionBudget": budget});
+        let spec: CSIDriverDeploymentSpec = serde_json::from_value(json).expect("parses");
+        validate_cel(&object(spec))
+    };
+    for (replicas, budget) in [
+        (2, serde_json::json!({})),
+        (2, serde_json::json!({"enabled": false})),
+        (2, serde_json::json!({"maxUnavailable": 1})),
+        (4, serde_json::json!({"maxUnavailable": "25%"})),
+        (3, serde_json::json!({"minAvailable": 2})),
+        (2, serde_json::json!({"minAvailable": "50%"})),
+        // One replica renders no budget: nothing to refuse.
+        (1, serde_json::json!({"minAvailable": 1})),
+    ] {
+        assert!(
+            with(replicas, budget.clone()).is_ok(),
+            "{replicas} {budget}: {:?}",
+            with(replicas, budget.clone())
+        );
+    }
+    for (replicas, budget, message) in [
+        (
+            3,
+            serde_json::json!({"maxUnavailable": 1, "minAvailable": 1}),
+            "not both",
+        ),
+        (2, serde_json::json!({"maxUnavailable": 0}), "at least 1"),
+        (2, serde_json::json!({"maxUnavailable": "0%"}), "at least 1"),
+        (2, serde_json::json!({"minAvailable": -1}), "at least 0"),
+        (2, serde_json::json!({"minAvailable": "100%"}), "0% to 99%"),
+        (
+            2,
+            serde_json::json!({"minAvailable": 2}),
+            "less than controller.replicas",
+        ),
+        (
+            3,
+            serde_json::json!({"minAvailable": 5}),
+            "less than controller.replicas",
+        ),
+    ] {
+        let err = with(replicas, budget.clone()).expect_err(&budget.to_string());
+        assert!(format!("{err:?}").contains(message), "{budget}: {err:?}");
+    }
+}
+
+/// `priorityClassName`: empty (no class) or a PriorityClass name.
+#[test]
+fn priority_class_names_are_empty_or_a_dns_subdomain() {
+    let schema = schema_json().to_string();
+    let pattern = r#"^$|^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"#;
+    assert_eq!(
+        schema.matches(pattern).count(),
+        2,
+        "controller and node priorityClassName carry the pattern"
+    );
+    let unset = base_spec();
+    assert_eq!(unset.controller.priority_class_name, None);
+    assert_eq!(
+        csiops_crds::effective_priority_class(
+            unset.node.priority_class_name.as_deref(),
+            csiops_crds::DEFAULT_NODE_PRIORITY_CLASS
+        ),
+        Some("system-node-critical")
+    );
 }

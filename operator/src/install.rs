@@ -159,6 +159,12 @@ const OPERATOR_GRANTS: &[Grant] = &[
         resource: "podmonitors",
         verbs: WRITE,
     },
+    // The controller's PodDisruptionBudget (spec.controller.disruptionBudget).
+    Grant {
+        api_group: "policy",
+        resource: "poddisruptionbudgets",
+        verbs: WRITE,
+    },
 ];
 
 /// `bind` on the shipped roles, by name: what lets the operator create a

@@ -310,3 +310,29 @@ fn example_is_the_hostpath_driver_and_renders() {
     assert_eq!(r.storage_classes.len(), 2);
     assert!(r.controller.is_none());
 }
+
+/// Every namespaced kind the operator applies, watches and prunes: it holds
+/// all of the verbs that takes, in its ClusterRole (and so in the chart).
+#[test]
+fn the_operator_may_apply_watch_and_prune_every_namespaced_kind_it_renders() {
+    let held = triples(&install::operator_rules());
+    // The controller's PodDisruptionBudget is rendered (2 replicas), so it
+    // belongs in the list.
+    let mut replicated = central();
+    replicated.spec.controller.replicas = 2;
+    let r = render(&replicated, &cfg()).expect("object renders");
+    assert!(r.controller_disruption_budget.is_some());
+    for (group, resource) in [
+        ("", "serviceaccounts"),
+        ("", "services"),
+        ("rbac.authorization.k8s.io", "rolebindings"),
+        ("policy", "poddisruptionbudgets"),
+    ] {
+        for verb in ["get", "list", "watch", "create", "patch", "delete"] {
+            assert!(
+                held.contains(&(group.to_string(), resource.to_string(), verb.to_string())),
+                "the operator may not {verb} {group}/{resource}"
+            );
+        }
+    }
+}

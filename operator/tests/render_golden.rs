@@ -199,6 +199,7 @@ fn objects(r: &Rendered) -> Vec<Value> {
     out.push(v(&r.node_service_account));
     out.extend(r.role_bindings.iter().map(v));
     out.extend(r.cluster_role_bindings.iter().map(v));
+    out.extend(r.controller_disruption_budget.iter().map(v));
     out.push(v(&r.csi_driver));
     out.extend(r.storage_classes.iter().map(v));
     out.extend(r.attributes_classes.iter().map(v));
@@ -2739,4 +2740,181 @@ fn the_registrar_writes_only_its_own_node() {
             "{msg}"
         );
     }
+}
+
+// ------------------------------------------------- maintenance defaults
+
+/// The central fixture with `replicas` controller replicas and `budget`
+/// as `spec.controller.disruptionBudget` (`Null`: unset).
+fn replicated(replicas: i32, budget: Value) -> CSIDriverDeployment {
+    let mut controller = serde_json::json!({"replicas": replicas});
+    if !budget.is_null() {
+        controller["disruptionBudget"] = budget;
+    }
+    with_spec(serde_json::json!({ "controller": controller }))
+}
+
+#[test]
+fn two_controller_replicas_get_a_budget_of_one_unavailable() {
+    let obj = replicated(2, Value::Null);
+    let r = must_render(&obj);
+    let pdb = r
+        .controller_disruption_budget
+        .as_ref()
+        .expect("a budget at 2 replicas");
+    assert_eq!(
+        pdb.metadata.name.as_deref(),
+        Some(names::controller_name(&obj).as_str())
+    );
+    assert_eq!(pdb.metadata.namespace, obj.metadata.namespace);
+    // Owned like every namespaced child: controller owner reference and
+    // the managed-by label (the prune and the watch find it by them).
+    let owner = pdb
+        .metadata
+        .owner_references
+        .as_ref()
+        .and_then(|o| o.first())
+        .expect("owner reference");
+    assert_eq!(owner.uid, UID);
+    assert_eq!(owner.controller, Some(true));
+    let meta_labels = pdb.metadata.labels.as_ref().expect("labels");
+    assert_eq!(
+        meta_labels.get(MANAGED_BY).map(String::as_str),
+        Some("csiops-operator")
+    );
+    let spec = pdb.spec.as_ref().expect("spec");
+    assert_eq!(spec.max_unavailable, Some(IntOrString::Int(1)));
+    assert_eq!(spec.min_available, None);
+    assert_eq!(
+        spec.unhealthy_pod_eviction_policy.as_deref(),
+        Some("AlwaysAllow")
+    );
+    // It selects exactly the controller pods: the workload's own selector,
+    // which the pod template carries and the node pods do not match.
+    let selector = spec
+        .selector
+        .as_ref()
+        .and_then(|s| s.match_labels.clone())
+        .expect("matchLabels");
+    assert_eq!(
+        Some(&selector),
+        sts(&r)
+            .spec
+            .as_ref()
+            .and_then(|s| s.selector.match_labels.as_ref())
+    );
+    let template = r
+        .controller
+        .as_ref()
+        .and_then(|c| c.template())
+        .and_then(|t| t.metadata.as_ref())
+        .and_then(|m| m.labels.clone())
+        .expect("template labels");
+    assert!(selector.iter().all(|(k, v)| template.get(k) == Some(v)));
+    let node_labels = r
+        .daemonset
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.metadata.as_ref())
+        .and_then(|m| m.labels.clone())
+        .expect("node template labels");
+    assert!(!selector.iter().all(|(k, v)| node_labels.get(k) == Some(v)));
+    // The same for a Deployment controller.
+    let mut deploy = obj.clone();
+    deploy.spec.controller.kind = csiops_crds::ControllerKind::Deployment;
+    assert!(must_render(&deploy).controller_disruption_budget.is_some());
+}
+
+#[test]
+fn one_replica_a_disabled_budget_or_node_local_renders_none() {
+    assert!(must_render(&replicated(1, Value::Null))
+        .controller_disruption_budget
+        .is_none());
+    assert!(must_render(&replicated(0, Value::Null))
+        .controller_disruption_budget
+        .is_none());
+    let disabled = replicated(3, serde_json::json!({"enabled": false}));
+    assert!(must_render(&disabled)
+        .controller_disruption_budget
+        .is_none());
+    // One replica with a minAvailable that would block drains: nothing
+    // rendered, nothing refused (it applies once scaled up, if valid then).
+    let one = replicated(1, serde_json::json!({"minAvailable": 1}));
+    assert!(must_render(&one).controller_disruption_budget.is_none());
+    assert!(must_render(&example())
+        .controller_disruption_budget
+        .is_none());
+}
+
+#[test]
+fn a_configured_bound_replaces_the_default() {
+    let r = must_render(&replicated(3, serde_json::json!({"minAvailable": 2})));
+    let spec = r
+        .controller_disruption_budget
+        .and_then(|p| p.spec)
+        .expect("budget");
+    assert_eq!(spec.min_available, Some(IntOrString::Int(2)));
+    assert_eq!(spec.max_unavailable, None);
+    let r = must_render(&replicated(4, serde_json::json!({"maxUnavailable": "50%"})));
+    let spec = r
+        .controller_disruption_budget
+        .and_then(|p| p.spec)
+        .expect("budget");
+    assert_eq!(
+        spec.max_unavailable,
+        Some(IntOrString::String("50%".into()))
+    );
+    assert_eq!(spec.min_available, None);
+}
+
+#[test]
+fn a_budget_that_would_block_every_drain_is_refused() {
+    for budget in [
+        serde_json::json!({"minAvailable": 2}),
+        serde_json::json!({"minAvailable": "60%"}),
+        serde_json::json!({"maxUnavailable": 0}),
+        serde_json::json!({"maxUnavailable": 1, "minAvailable": 1}),
+    ] {
+        let err = render(&replicated(2, budget.clone()), &cfg()).expect_err(&budget.to_string());
+        assert!(
+            matches!(err, RenderError::DisruptionBudget { .. }),
+            "{budget}: {err:?}"
+        );
+        assert!(
+            err.to_string().contains("spec.controller.disruptionBudget"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn driver_pods_get_the_critical_priority_classes_unless_told_otherwise() {
+    let r = must_render(&central());
+    assert_eq!(
+        pod(&r, Component::Node).priority_class_name.as_deref(),
+        Some("system-node-critical")
+    );
+    assert_eq!(
+        pod(&r, Component::Controller)
+            .priority_class_name
+            .as_deref(),
+        Some("system-cluster-critical")
+    );
+    // Node-local: the node pods run the provisioner too; still node-critical.
+    let r = must_render(&example());
+    assert_eq!(
+        pod(&r, Component::Node).priority_class_name.as_deref(),
+        Some("system-node-critical")
+    );
+    // A class of the user's, and "" for none.
+    let obj = with_spec(serde_json::json!({
+        "controller": {"priorityClassName": ""},
+        "node": {"priorityClassName": "storage-critical"}
+    }));
+    let r = must_render(&obj);
+    assert_eq!(
+        pod(&r, Component::Node).priority_class_name.as_deref(),
+        Some("storage-critical")
+    );
+    assert_eq!(pod(&r, Component::Controller).priority_class_name, None);
 }

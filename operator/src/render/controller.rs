@@ -112,7 +112,7 @@ pub(crate) fn controller(ctx: &Ctx<'_>) -> Result<(ControllerWorkload, String), 
         node_selector: none_if_map_empty(&spec.controller.node_selector),
         tolerations: none_if_empty(spec.controller.tolerations.clone()),
         affinity: spec.controller.affinity.clone(),
-        priority_class_name: spec.controller.priority_class_name.clone(),
+        priority_class_name: super::disruption::controller_priority_class(ctx),
         image_pull_secrets: image_pull_secrets(spec),
         ..Default::default()
     };

@@ -68,6 +68,13 @@ pub enum RenderError {
     )]
     InvalidContainerName { field: String, name: String },
 
+    /// `spec.controller.disruptionBudget` is malformed, or would keep every
+    /// controller replica from being evicted (every drain of their nodes
+    /// would wait forever). The CRD refuses most of it; a percentage
+    /// `minAvailable` is only caught here, where it is rounded.
+    #[error("{field}: {why}")]
+    DisruptionBudget { field: &'static str, why: String },
+
     /// A sidecar is enabled but there is no image to run it from.
     #[error(
         "the {sidecar} sidecar is enabled but no sidecar image is configured: set \

@@ -19,6 +19,7 @@ mod attributes_class;
 mod containers;
 pub mod controller;
 pub(crate) mod csidriver;
+pub mod disruption;
 mod error;
 pub mod hash;
 pub mod labels;
@@ -38,6 +39,7 @@ use csiops_crds::{
 };
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{LocalObjectReference, PodSpec, Service, ServiceAccount, Volume};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
 use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttributesClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -90,6 +92,9 @@ pub struct Rendered {
     /// The controller StatefulSet or Deployment (`spec.controller.kind`);
     /// `None` with topology NodeLocal.
     pub controller: Option<ControllerWorkload>,
+    /// The controller's PodDisruptionBudget (more than one replica, not
+    /// disabled); `None`: delete a leftover one.
+    pub controller_disruption_budget: Option<PodDisruptionBudget>,
     pub daemonset: DaemonSet,
     pub storage_classes: Vec<StorageClass>,
     pub attributes_classes: Vec<VolumeAttributesClass>,
@@ -125,6 +130,7 @@ pub fn render(obj: &CSIDriverDeployment, cfg: &RenderConfig) -> Result<Rendered,
         let (workload, hash) = controller::controller(&ctx)?;
         (Some(workload), hash)
     };
+    let controller_disruption_budget = disruption::controller_budget(&ctx)?;
     let (daemonset, node_hash) = node::daemonset(&ctx)?;
     let (cluster_role_bindings, role_bindings) = rbac::bindings(&ctx);
 
@@ -136,6 +142,7 @@ pub fn render(obj: &CSIDriverDeployment, cfg: &RenderConfig) -> Result<Rendered,
         role_bindings,
         csi_driver: csidriver::csi_driver(&ctx),
         controller,
+        controller_disruption_budget,
         daemonset,
         storage_classes: storageclass::storage_classes(&ctx),
         attributes_classes: attributes_class::attributes_classes(&ctx),

@@ -130,7 +130,7 @@ pub(crate) fn daemonset(ctx: &Ctx<'_>) -> Result<(DaemonSet, String), RenderErro
         containers,
         node_selector: none_if_map_empty(&spec.node.node_selector),
         tolerations: none_if_empty(node_tolerations(ctx)),
-        priority_class_name: spec.node.priority_class_name.clone(),
+        priority_class_name: super::disruption::node_priority_class(ctx),
         image_pull_secrets: image_pull_secrets(spec),
         ..Default::default()
     };

@@ -290,6 +290,35 @@ async fn with_the_pod_monitor_crd_the_pod_monitor_is_applied_and_removed_with_th
     );
 }
 
+const BUDGET: &str = "/apis/policy/v1/namespaces/storage/poddisruptionbudgets/hp-controller";
+
+#[tokio::test]
+async fn a_replicated_controller_gets_its_budget_before_the_workloads_and_loses_it_at_one() {
+    let fx = Fixture::new(cdd(json!({}), json!({"controller": {"replicas": 2}})));
+    fx.reconcile().await.expect("reconciled");
+    let writes = fx.writes();
+    let budget = writes.iter().position(|w| *w == format!("PATCH {BUDGET}"));
+    let daemonset = writes
+        .iter()
+        .position(|w| w.ends_with("/daemonsets/hp-node"));
+    assert!(budget.is_some() && budget < daemonset, "{writes:#?}");
+    let live = fx.objects.get(BUDGET).expect("the budget");
+    assert_eq!(live["spec"]["maxUnavailable"], json!(1), "{live}");
+    assert!(
+        live["metadata"]["annotations"][APPLIED_HASH].is_string(),
+        "{live}"
+    );
+
+    // Down to one replica (a new generation): the budget is pruned.
+    let mut obj = fx.objects.get(OBJ).expect("the object");
+    obj["metadata"]["generation"] = json!(2);
+    obj["spec"]["controller"]["replicas"] = json!(1);
+    fx.objects.put(OBJ, obj);
+    fx.log.clear();
+    fx.reconcile().await.expect("reconciled");
+    assert!(fx.objects.get(BUDGET).is_none(), "{:#?}", fx.log.lines());
+}
+
 #[tokio::test]
 async fn a_read_the_api_server_refuses_is_reported_once_it_repeats() {
     // The operator may not list StorageClasses (a 403 on the prune of a

@@ -16,6 +16,7 @@
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass, VolumeAttributesClass};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -213,6 +214,11 @@ impl Caches {
             .boxed(),
             meta(
                 Box::pin(owned.watch_meta::<Service>(client, "Service")),
+                synced.flag(),
+            )
+            .boxed(),
+            meta(
+                Box::pin(owned.watch_meta::<PodDisruptionBudget>(client, "PodDisruptionBudget")),
                 synced.flag(),
             )
             .boxed(),

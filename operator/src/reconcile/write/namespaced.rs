@@ -1,7 +1,9 @@
 //! The namespaced supporting objects of a driver (ServiceAccounts, the
-//! RoleBindings of the shipped namespaced roles, the metrics Service) that
-//! the current spec no longer renders (the controller's ServiceAccount and
-//! leader-election binding once a driver is node-local): found by the
+//! RoleBindings of the shipped namespaced roles, the metrics Service, the
+//! controller's PodDisruptionBudget) that the current spec no longer
+//! renders (the controller's ServiceAccount and leader-election binding
+//! once a driver is node-local; the budget once the controller is down to
+//! one replica or the budget is disabled): found by the
 //! driver's selector labels and our owner reference, and deleted when the
 //! spec changes, as their cluster-scoped siblings are (see
 //! [`super::cluster`]). The workloads are the rollout's, and the
@@ -14,6 +16,7 @@
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::{Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::Api;
 use kube::{Client, ResourceExt};
@@ -30,6 +33,7 @@ pub struct Keep {
     pub service_accounts: BTreeSet<String>,
     pub role_bindings: BTreeSet<String>,
     pub services: BTreeSet<String>,
+    pub disruption_budgets: BTreeSet<String>,
 }
 
 impl Keep {
@@ -52,6 +56,11 @@ impl Keep {
                 .iter()
                 .map(|s| s.name_any())
                 .collect(),
+            disruption_budgets: rendered
+                .controller_disruption_budget
+                .iter()
+                .map(|b| b.name_any())
+                .collect(),
         }
     }
 }
@@ -65,10 +74,19 @@ pub async fn prune(client: &Client, owner: Owner<'_>, keep: &Keep) -> Result<usi
     let role_bindings: Api<RoleBinding> = Api::namespaced(client.clone(), ns);
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
     let services: Api<Service> = Api::namespaced(client.clone(), ns);
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), ns);
     Ok(
         delete_all(&role_bindings, "RoleBinding", sel, o, &keep.role_bindings).await?
             + delete_all(&accounts, "ServiceAccount", sel, o, &keep.service_accounts).await?
-            + delete_all(&services, "Service", sel, o, &keep.services).await?,
+            + delete_all(&services, "Service", sel, o, &keep.services).await?
+            + delete_all(
+                &budgets,
+                "PodDisruptionBudget",
+                sel,
+                o,
+                &keep.disruption_budgets,
+            )
+            .await?,
     )
 }
 

@@ -1,5 +1,6 @@
 //! The objects a driver's pods need before they start: ServiceAccounts,
-//! RBAC bindings, the CSIDriver, StorageClasses and VolumeAttributesClasses,
+//! RBAC bindings, the controller's PodDisruptionBudget, the CSIDriver,
+//! StorageClasses and VolumeAttributesClasses,
 //! applied ownership-checked; the immutable CSIDriver, StorageClasses and
 //! VolumeAttributesClasses re-created when they change.
 //!
@@ -14,6 +15,7 @@ use csiops_crds::CSIDriverDeployment;
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
 use k8s_openapi::api::storage::v1::{StorageClass, VolumeAttributesClass};
 use kube::api::Api;
@@ -53,6 +55,7 @@ pub(crate) async fn apply_supporting(
     // which may bind them by name but holds none of their verbs.
     let role_bindings: Api<RoleBinding> = Api::namespaced(c.clone(), owner.namespace);
     let cluster_bindings: Api<ClusterRoleBinding> = Api::all(c.clone());
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(c.clone(), owner.namespace);
     let classes: Api<StorageClass> = Api::all(c.clone());
     let attributes_classes: Api<VolumeAttributesClass> = Api::all(c.clone());
 
@@ -84,6 +87,19 @@ pub(crate) async fn apply_supporting(
             &cluster_bindings,
             "ClusterRoleBinding",
             binding,
+            owner,
+            known,
+        ));
+    }
+    // Before the workloads: a scale-up is protected from the first new
+    // replica on. One the spec no longer renders (one replica, disabled)
+    // is pruned after them (`namespaced::prune`), by when a scale-down is
+    // written; it never blocks a scale-down anyway, only evictions.
+    if let Some(budget) = &r.controller_disruption_budget {
+        writes.push(if_changed(
+            &budgets,
+            "PodDisruptionBudget",
+            budget,
             owner,
             known,
         ));

@@ -1,11 +1,13 @@
 //! The ordered teardown of a deleted object: controller, then node
-//! DaemonSet, then the cluster-scoped objects, then the finalizer.
+//! DaemonSet, then the cluster-scoped objects (with the metrics objects and
+//! the controller's PodDisruptionBudget), then the finalizer.
 
 use std::time::Duration as StdDuration;
 
 use chrono::{Duration, Utc};
 use csiops_crds::CSIDriverDeployment;
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::Api;
 use kube::runtime::controller::Action as Requeue;
 use tracing::info;
@@ -105,6 +107,19 @@ pub(crate) async fn teardown(
             }
             TeardownAction::CleanupClusterScoped => {
                 monitoring::delete_monitoring(&ctx.client, owner, &ctx.caches.owned).await?;
+                // The garbage collector would take it with the object; the
+                // teardown leaves nothing behind itself, as with the metrics
+                // Service.
+                let budgets: Api<PodDisruptionBudget> =
+                    Api::namespaced(ctx.client.clone(), owner.namespace);
+                delete_owned(
+                    &budgets,
+                    "PodDisruptionBudget",
+                    &names::controller_name(obj),
+                    owner,
+                    &ctx.caches.owned,
+                )
+                .await?;
                 cluster.delete_all().await?;
             }
             TeardownAction::RemoveFinalizer => {
