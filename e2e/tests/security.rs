@@ -990,6 +990,21 @@ spec:
             .to_string(),
             "names no owner",
         ),
+        (
+            r#"apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata:
+  name: hold
+  namespace: default
+  ownerReferences:
+  - {apiVersion: csiops.dev/v1alpha1, kind: CSIDriverDeployment, name: drv, uid: 0000-1111, controller: true}
+spec:
+  maxUnavailable: 0
+  selector: {matchLabels: {app: someone-elses}}
+"#
+            .to_string(),
+            "guards only the pods of the CSIDriverDeployment",
+        ),
     ] {
         let (ok, err) = as_operator(yaml.clone(), "attempt").await;
         assert!(!ok, "the operator's token wrote:\n{yaml}");

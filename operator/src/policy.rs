@@ -491,13 +491,15 @@ pub const OPERATOR_FENCE_POLICY: &str = "csiops-operator-fence";
 /// owner labels on a ClusterRoleBinding) and may name only that object's
 /// two ServiceAccounts, `<name>-controller` and `<name>-node` in its
 /// namespace: as subjects of a binding, as the account of a workload's
-/// pods. `account` is the operator's user name
+/// pods; and a PodDisruptionBudget it writes selects only that object's
+/// pods (one over anyone else's would block their drains). `account` is
+/// the operator's user name
 /// (`system:serviceaccount:<namespace>:<name>`).
 pub fn operator_fence(
     labels: &BTreeMap<String, String>,
     account: &str,
 ) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
-    use crate::render::labels::{OWNER_NAME, OWNER_NAMESPACE, OWNER_UID};
+    use crate::render::labels::{INSTANCE, OWNER_NAME, OWNER_NAMESPACE, OWNER_UID};
     use crate::render::names::{CONTROLLER_SUFFIX, NODE_SUFFIX};
     let owner_name = format!(
         "request.resource.resource == 'clusterrolebindings' ? \
@@ -532,6 +534,7 @@ pub fn operator_fence(
                     rule("apps", "statefulsets", &["CREATE", "UPDATE"]),
                     rule("apps", "daemonsets", &["CREATE", "UPDATE"]),
                     rule("apps", "deployments", &["CREATE", "UPDATE"]),
+                    rule("policy", "poddisruptionbudgets", &["CREATE", "UPDATE"]),
                 ]),
                 ..Default::default()
             }),
@@ -583,7 +586,7 @@ pub fn operator_fence(
                     ..Default::default()
                 },
                 Validation {
-                    expression: "request.resource.resource in ['rolebindings', 'clusterrolebindings'] || \
+                    expression: "!(request.resource.resource in ['statefulsets', 'daemonsets', 'deployments']) || \
                          (has(object.spec.template.spec.serviceAccountName) && \
                           object.spec.template.spec.serviceAccountName in variables.accounts)"
                         .into(),
@@ -591,6 +594,22 @@ pub fn operator_fence(
                         "'the operator runs pods only as the ServiceAccounts of the \
                          CSIDriverDeployment that owns the workload (' + \
                          variables.accounts.join(', ') + '): refusing ' + \
+                         request.resource.resource + ' ' + request.name"
+                            .into(),
+                    ),
+                    reason: Some("Forbidden".into()),
+                    ..Default::default()
+                },
+                Validation {
+                    expression: format!(
+                        "request.resource.resource != 'poddisruptionbudgets' || \
+                         (has(object.spec.selector) && has(object.spec.selector.matchLabels) && \
+                          '{INSTANCE}' in object.spec.selector.matchLabels && \
+                          object.spec.selector.matchLabels['{INSTANCE}'] == variables.owner)"
+                    ),
+                    message_expression: Some(
+                        "'the operator guards only the pods of the CSIDriverDeployment that owns \
+                         the budget (' + variables.owner + '): refusing ' + \
                          request.resource.resource + ' ' + request.name"
                             .into(),
                     ),
