@@ -863,6 +863,8 @@ fn storage_capacity_turns_on_publishing_with_its_owner_env_and_rbac() {
     const EVENTS: (&str, &str, &str) = ("", "events", "create,patch");
     // The provisioner's intent journal.
     const JOURNAL: (&str, &str, &str) = ("", "configmaps", "create,get,patch");
+    // The key that seals its entries.
+    const JOURNAL_KEY: (&str, &str, &str) = ("", "secrets", "create,get");
 
     // Off (the hostpath example): no flag, no POD_NAME, leader election and
     // the journal only.
@@ -872,7 +874,10 @@ fn storage_capacity_turns_on_publishing_with_its_owner_env_and_rbac() {
     assert!(!args.iter().any(|a| a.contains("capacity")), "{args:?}");
     let env: Vec<_> = prov.env.iter().flatten().map(|e| e.name.as_str()).collect();
     assert_eq!(env, ["CSIOPS_DRIVER_NAME", "NAMESPACE"]);
-    assert_eq!(role_rules(&r), owned(&[JOURNAL, EVENTS, LEASES]));
+    assert_eq!(
+        role_rules(&r),
+        owned(&[JOURNAL, EVENTS, JOURNAL_KEY, LEASES])
+    );
 
     // On with a StatefulSet: owner one level up, pods readable.
     let mut obj = central();
@@ -899,7 +904,14 @@ fn storage_capacity_turns_on_publishing_with_its_owner_env_and_rbac() {
     assert_eq!(pod_name, Some("metadata.name"));
     assert_eq!(
         role_rules(&r),
-        owned(&[JOURNAL, EVENTS, ("", "pods", "get"), LEASES, CAPACITY_RULE,])
+        owned(&[
+            JOURNAL,
+            EVENTS,
+            ("", "pods", "get"),
+            JOURNAL_KEY,
+            LEASES,
+            CAPACITY_RULE,
+        ])
     );
     assert_eq!(r.csi_driver.spec.pinned.storage_capacity, Some(true));
 
@@ -919,6 +931,7 @@ fn storage_capacity_turns_on_publishing_with_its_owner_env_and_rbac() {
             JOURNAL,
             EVENTS,
             ("", "pods", "get"),
+            JOURNAL_KEY,
             ("apps", "replicasets", "get"),
             LEASES,
             CAPACITY_RULE,
@@ -1888,7 +1901,10 @@ fn node_local_grants_the_node_service_account_what_its_provisioner_calls() {
     // objects and its own pod (the owner, level 0). No Leases.
     let rules = |r: &Rendered| triples_of(&namespace_rules(r, Component::Node));
     let journal = ["create", "get", "patch"]
-        .map(|v| ("".to_string(), "configmaps".to_string(), v.to_string()));
+        .map(|v| ("".to_string(), "configmaps".to_string(), v.to_string()))
+        .into_iter()
+        .chain(["create", "get"].map(|v| ("".to_string(), "secrets".to_string(), v.to_string())))
+        .collect::<Vec<_>>();
     assert_eq!(rules(&r), journal.iter().cloned().collect());
     assert_eq!(r.role_bindings.len(), 1);
     let binding = &r.role_bindings[0];

@@ -240,10 +240,13 @@ pub const LEADER_ELECTION_GRANTS: &[Grant] = &[
     grant("", "events", &["create", "patch"]),
 ];
 
-/// The provisioner's intent journal: one ConfigMap beside its Lease (see
-/// the sidecar's `provisioner::journal`).
-pub const PROVISIONER_NAMESPACED_GRANTS: &[Grant] =
-    &[grant("", "configmaps", &["get", "create", "patch"])];
+/// The provisioner's intent journal: one ConfigMap beside its Lease, and
+/// the Secret with the key that seals its entries, which the first
+/// provisioner makes (see the sidecar's `provisioner::journal`).
+pub const PROVISIONER_NAMESPACED_GRANTS: &[Grant] = &[
+    grant("", "configmaps", &["get", "create", "patch"]),
+    grant("", "secrets", &["get", "create"]),
+];
 
 /// CSIStorageCapacity publishing (`--enable-capacity`), in the CR's
 /// namespace only, where the objects live; and `get` on the pod, where the

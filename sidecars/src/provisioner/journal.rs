@@ -55,7 +55,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use csiops_proto::csi::v1::CreateVolumeRequest;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::ByteString;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -63,6 +63,10 @@ use kube::ResourceExt;
 use prost::Message;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{oneshot, Notify};
+
+mod seal;
+
+pub use seal::{key_secret_name, JournalKey, SealError, KEY_FIELD, SEALED_PREFIX};
 
 use super::naming::bounded_name;
 use super::node_deployment::{self, PvSeen};
@@ -85,11 +89,18 @@ pub const JOURNAL_LABEL: &str = "csiops.dev/provisioning-journal";
 /// Why an intent could not be recorded, or the journal opened.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum JournalError {
-    #[error("the provisioner may not {verb} ConfigMap {namespace}/{name} (no RBAC for configmaps in its namespace)")]
+    #[error("the provisioner may not {verb} {kind} {namespace}/{name} (no RBAC for it in its namespace)")]
     Forbidden {
         verb: &'static str,
+        kind: &'static str,
         namespace: String,
         name: String,
+    },
+    #[error("the intent journal's key in Secret {namespace}/{name} is unusable: {why}")]
+    Key {
+        namespace: String,
+        name: String,
+        why: String,
     },
     #[error("cannot write the intent journal ConfigMap {namespace}/{name}: {why}")]
     Write {
@@ -212,20 +223,85 @@ fn journal_object(namespace: &str, name: &str, data: BTreeMap<String, String>) -
     }
 }
 
-/// The entries of a journal ConfigMap; an entry that does not parse is
-/// returned apart (logged, and never trimmed by us: a human may need it).
-pub fn parse_entries(cm: &ConfigMap) -> (BTreeMap<String, Record>, Vec<String>) {
+/// The entries of a journal ConfigMap that open with `key`, with their
+/// values; an entry that does not (not made with the key, or not parsing)
+/// is returned apart: logged, never swept and never trimmed by us (a human
+/// may need it). With `legacy`, unsealed entries are taken too: the
+/// journal of an earlier version, read the first time a key is made for it.
+pub fn parse_entries(
+    cm: &ConfigMap,
+    key: &JournalKey,
+    legacy: bool,
+) -> (BTreeMap<String, (Record, String)>, Vec<String>) {
     let mut good = BTreeMap::new();
     let mut bad = Vec::new();
-    for (key, value) in cm.data.iter().flatten() {
-        match serde_json::from_str::<Record>(value) {
-            Ok(r) => {
-                good.insert(key.clone(), r);
+    for (name, value) in cm.data.iter().flatten() {
+        let plain = match key.open(name, value) {
+            Ok(plain) => Some(plain),
+            Err(SealError::NotSealed) if legacy => Some(value.as_bytes().to_vec()),
+            Err(_) => None,
+        };
+        match plain.and_then(|p| serde_json::from_slice::<Record>(&p).ok()) {
+            Some(r) => {
+                good.insert(name.clone(), (r, value.clone()));
             }
-            Err(_) => bad.push(key.clone()),
+            None => bad.push(name.clone()),
         }
     }
     (good, bad)
+}
+
+/// The journal's key from its Secret, made (and the Secret created) when
+/// there is none yet; with whether it was made now.
+async fn load_or_create_key(
+    secrets: &Api<Secret>,
+    namespace: &str,
+    name: &str,
+) -> Result<(JournalKey, bool), JournalError> {
+    let unusable = |why: String| JournalError::Key {
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+        why,
+    };
+    let from_secret = |s: &Secret| -> Result<JournalKey, JournalError> {
+        let bytes = s
+            .data
+            .as_ref()
+            .and_then(|d| d.get(KEY_FIELD))
+            .ok_or_else(|| unusable(format!("no field {KEY_FIELD:?}")))?;
+        JournalKey::from_bytes(&bytes.0).map_err(|e| unusable(e.to_string()))
+    };
+    match secrets.get_opt(name).await {
+        Ok(Some(s)) => return Ok((from_secret(&s)?, false)),
+        Ok(None) => {}
+        Err(e) => return Err(forbidden_or_kind(e, "get", "Secret", namespace, name)),
+    }
+    let (key, bytes) = JournalKey::generate().map_err(|e| unusable(e.to_string()))?;
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(namespace.to_string()),
+            labels: Some(BTreeMap::from([(
+                JOURNAL_LABEL.to_string(),
+                "true".to_string(),
+            )])),
+            ..Default::default()
+        },
+        data: Some(BTreeMap::from([(KEY_FIELD.to_string(), ByteString(bytes))])),
+        ..Default::default()
+    };
+    match secrets.create(&PostParams::default(), &secret).await {
+        Ok(_) => Ok((key, true)),
+        // Another provisioner made it first: use theirs.
+        Err(kube::Error::Api(s)) if s.is_already_exists() => {
+            let s = secrets
+                .get(name)
+                .await
+                .map_err(|e| forbidden_or_kind(e, "get", "Secret", namespace, name))?;
+            Ok((from_secret(&s)?, false))
+        }
+        Err(e) => Err(forbidden_or_kind(e, "create", "Secret", namespace, name)),
+    }
 }
 
 /// What the sweep does with one intent.
@@ -358,14 +434,15 @@ pub enum Recorded {
 /// An intent as the ConfigMap holds it.
 struct Written {
     record: Record,
-    /// Its value in the ConfigMap (encoded once).
+    /// Its value in the ConfigMap (sealed once).
     json: String,
 }
 
 impl Written {
-    fn new(record: Record) -> Written {
-        let json = record.encode();
-        Written { record, json }
+    /// `record` sealed as entry `name`.
+    fn new(key: &JournalKey, name: &str, record: Record) -> Result<Written, SealError> {
+        let json = key.seal(name, record.encode().as_bytes())?;
+        Ok(Written { record, json })
     }
 }
 
@@ -391,6 +468,8 @@ struct State {
 pub struct Journal {
     namespace: String,
     name: String,
+    /// Seals every entry written, opens every entry read.
+    key: JournalKey,
     /// The ConfigMap, through the throttled client (its writes are
     /// [`Prepaid`]: see [`Journal::take_token`]).
     api: Api<ConfigMap>,
@@ -411,9 +490,20 @@ struct Batch {
 }
 
 fn forbidden_or(e: kube::Error, verb: &'static str, ns: &str, name: &str) -> JournalError {
+    forbidden_or_kind(e, verb, "ConfigMap", ns, name)
+}
+
+fn forbidden_or_kind(
+    e: kube::Error,
+    verb: &'static str,
+    kind: &'static str,
+    ns: &str,
+    name: &str,
+) -> JournalError {
     match e {
         kube::Error::Api(s) if s.code == 403 => JournalError::Forbidden {
             verb,
+            kind,
             namespace: ns.to_string(),
             name: name.to_string(),
         },
@@ -434,6 +524,9 @@ impl Journal {
         namespace: &str,
         name: &str,
     ) -> Result<(Arc<Journal>, Vec<String>), JournalError> {
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+        let (key, new_key) =
+            load_or_create_key(&secrets, namespace, &key_secret_name(name)).await?;
         let api: Api<ConfigMap> = Api::namespaced(client, namespace);
         let cm = match api.get_opt(name).await {
             Ok(Some(cm)) => cm,
@@ -451,15 +544,40 @@ impl Journal {
             }
             Err(e) => return Err(forbidden_or(e, "get", namespace, name)),
         };
-        let (entries, bad) = parse_entries(&cm);
+        let (entries, bad) = parse_entries(&cm, &key, new_key);
         let inherited = entries.keys().cloned().collect();
-        let entries = entries
-            .into_iter()
-            .map(|(k, r)| (k, Written::new(r)))
-            .collect();
+        // An earlier version's unsealed intents (read once, as the key is
+        // made): sealed in place before anything else is written.
+        let mut resealed = serde_json::Map::new();
+        let mut written = BTreeMap::new();
+        for (k, (record, value)) in entries {
+            let w = if value.starts_with(SEALED_PREFIX) {
+                Written {
+                    record,
+                    json: value,
+                }
+            } else {
+                let w = Written::new(&key, &k, record).map_err(|e| JournalError::Key {
+                    namespace: namespace.to_string(),
+                    name: key_secret_name(name),
+                    why: e.to_string(),
+                })?;
+                resealed.insert(k.clone(), serde_json::Value::String(w.json.clone()));
+                w
+            };
+            written.insert(k, w);
+        }
+        if !resealed.is_empty() {
+            let patch = serde_json::json!({ "data": resealed });
+            api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(|e| forbidden_or(e, "patch", namespace, name))?;
+        }
+        let entries = written;
         let journal = Journal {
             namespace: namespace.to_string(),
             name: name.to_string(),
+            key,
             api,
             limiter,
             state: Mutex::new(State {
@@ -676,11 +794,27 @@ impl Journal {
     /// answered with the error and retried by their claims' syncs; trims
     /// go back for the next write).
     async fn write(&self, mut batch: Batch) -> bool {
-        let mut written: BTreeMap<String, Written> = batch
-            .adds
-            .iter()
-            .map(|(name, (record, _))| (name.clone(), Written::new(record.clone())))
-            .collect();
+        let mut written = BTreeMap::new();
+        let mut unsealed = Vec::new();
+        for (name, (record, _)) in &batch.adds {
+            match Written::new(&self.key, name, record.clone()) {
+                Ok(w) => {
+                    written.insert(name.clone(), w);
+                }
+                Err(e) => unsealed.push((name.clone(), e)),
+            }
+        }
+        for (name, e) in unsealed {
+            if let Some((_, waiters)) = batch.adds.remove(&name) {
+                for w in waiters {
+                    let _ = w.send(Err(JournalError::Write {
+                        namespace: self.namespace.clone(),
+                        name: self.name.clone(),
+                        why: e.to_string(),
+                    }));
+                }
+            }
+        }
         // Over budget: refuse the newest intents, keep trims.
         {
             let state = self.state();

@@ -13,6 +13,18 @@ use super::*;
 use crate::provisioner::params::SecretRef;
 
 const CM: &str = "/api/v1/namespaces/kube-system/configmaps/csiops-provisioning-fake-csi";
+const KEY: &str = "/api/v1/namespaces/kube-system/secrets/csiops-provisioning-fake-csi-key";
+
+/// The journal's key as the fake API server holds it.
+fn stored_key(objects: &testing::Objects) -> JournalKey {
+    use base64::Engine;
+    let secret = objects.get(KEY).expect("the key Secret");
+    let b64 = secret["data"][KEY_FIELD].as_str().expect("key field");
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .expect("base64");
+    JournalKey::from_bytes(&bytes).expect("key")
+}
 
 fn claim(edit: impl FnOnce(&mut Value)) -> PersistentVolumeClaim {
     let mut v = json!({
@@ -60,20 +72,37 @@ fn a_record_keeps_the_request_but_never_its_secrets() {
         })
     );
     assert_eq!(r.claim.uid, "u1");
-    // What is written is what is read back.
+    // What is written is what is read back; what the key did not seal
+    // is not (a forgery, or another journal's entry), unless the journal
+    // predates its key.
+    let (key, _) = JournalKey::generate().expect("key");
+    let sealed = key.seal("pvc-u1", r.encode().as_bytes()).expect("seal");
+    assert!(!sealed.contains("fast") && !sealed.contains("pvc-u1"));
     let cm = ConfigMap {
         data: Some(
             [
-                ("pvc-u1".to_string(), r.encode()),
+                ("pvc-u1".to_string(), sealed.clone()),
+                ("pvc-moved".to_string(), sealed.clone()),
+                ("pvc-plain".to_string(), r.encode()),
                 ("pvc-bad".to_string(), "{not json".to_string()),
             ]
             .into(),
         ),
         ..Default::default()
     };
-    let (good, bad) = parse_entries(&cm);
-    assert_eq!(good.get("pvc-u1"), Some(&r));
-    assert_eq!(bad, vec!["pvc-bad".to_string()]);
+    let (good, bad) = parse_entries(&cm, &key, false);
+    assert_eq!(good.get("pvc-u1"), Some(&(r.clone(), sealed)));
+    assert_eq!(good.len(), 1);
+    assert_eq!(
+        bad,
+        vec![
+            "pvc-bad".to_string(),
+            "pvc-moved".to_string(),
+            "pvc-plain".to_string()
+        ]
+    );
+    let (good, _) = parse_entries(&cm, &key, true);
+    assert_eq!(good.get("pvc-plain").map(|(r, _)| r), Some(&r));
 }
 
 #[test]
@@ -211,6 +240,8 @@ async fn open_creates_an_empty_journal_once() {
     assert_eq!(
         log.lines(),
         vec![
+            format!("GET {KEY}"),
+            "POST /api/v1/namespaces/kube-system/secrets".to_string(),
             format!("GET {CM}"),
             "POST /api/v1/namespaces/kube-system/configmaps".to_string()
         ]
@@ -219,15 +250,18 @@ async fn open_creates_an_empty_journal_once() {
     let cm = objects.get(CM).expect("created");
     assert_eq!(cm["metadata"]["labels"][JOURNAL_LABEL], json!("true"));
 
-    // A second leader reads what the first wrote.
+    // A second leader reads what the first wrote, with the same key.
+    let sealed = stored_key(&objects)
+        .seal("pvc-u1", record("u1").encode().as_bytes())
+        .expect("seal");
     objects.put(
         CM,
         json!({"metadata": {"name": "csiops-provisioning-fake-csi", "namespace": "kube-system"},
-               "data": {"pvc-u1": record("u1").encode()}}),
+               "data": {"pvc-u1": sealed}}),
     );
     log.clear();
     let journal = open(&log, objects).await;
-    assert_eq!(log.lines(), vec![format!("GET {CM}")]);
+    assert_eq!(log.lines(), vec![format!("GET {KEY}"), format!("GET {CM}")]);
     assert_eq!(journal.names(), vec!["pvc-u1".to_string()]);
     assert_eq!(journal.get("pvc-u1"), Some(record("u1")));
     // What the first left is inherited, once.
@@ -469,4 +503,46 @@ async fn an_intent_beyond_the_size_budget_is_refused_and_the_journal_keeps_the_r
     let keys: Vec<&String> = cm["data"].as_object().expect("data").keys().collect();
     assert_eq!(keys, ["pvc-a"]);
     stop.cancel();
+}
+
+#[tokio::test]
+async fn an_unsealed_journal_is_sealed_once_and_forgeries_are_not_read() {
+    let log = Log::default();
+    // An earlier version's journal: plain entries, no key yet.
+    let objects = testing::Objects::new([(
+        CM,
+        json!({"metadata": {"name": "csiops-provisioning-fake-csi", "namespace": "kube-system"},
+               "data": {"pvc-u1": record("u1").encode()}}),
+    )]);
+    let journal = open(&log, objects.clone()).await;
+    assert_eq!(
+        journal.get("pvc-u1"),
+        Some(record("u1")),
+        "taken once, as the key is made"
+    );
+    let value = objects.get(CM).expect("cm")["data"]["pvc-u1"]
+        .as_str()
+        .expect("entry")
+        .to_string();
+    assert!(value.starts_with(SEALED_PREFIX), "sealed in place: {value}");
+    assert!(log.lines().contains(&format!("PATCH {CM}")));
+
+    // From now on a plain entry is a forgery: not read, so never swept.
+    let mut cm = objects.get(CM).expect("cm");
+    cm["data"]["pvc-forged"] = json!(record("forged").encode());
+    objects.put(CM, cm);
+    let client = {
+        let objects = objects.clone();
+        testing::client(&log, move |call| objects.answer(call))
+    };
+    let (journal, bad) = Journal::open(
+        client,
+        test_limiter(),
+        "kube-system",
+        "csiops-provisioning-fake-csi",
+    )
+    .await
+    .expect("opens");
+    assert_eq!(bad, vec!["pvc-forged".to_string()]);
+    assert_eq!(journal.names(), vec!["pvc-u1".to_string()]);
 }
