@@ -7,14 +7,16 @@
 #![allow(clippy::duplicated_attributes)] // kube(printcolumn(..)) repeats keys by design
 
 pub mod apidoc;
+pub mod node_local;
 pub mod security;
 pub mod spec;
 pub mod status;
 pub mod topology;
 
+pub use node_local::NodeLocalConflict;
 pub use spec::*;
 pub use status::*;
-pub use topology::{NodeLocalConflict, Topology};
+pub use topology::Topology;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
