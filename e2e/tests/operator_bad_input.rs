@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use csiops_e2e::testkit;
+use csiops_e2e::testkit::{self, DriverCr};
 use csiops_e2e::{operator_bin, sigterm_and_wait, wait_for, Cluster, ClusterOptions};
 use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
 use kube::api::Api;
@@ -12,25 +12,14 @@ use kube::api::Api;
 const NS: &str = "csi-hostpath";
 const DEADLINE: Duration = Duration::from_secs(90);
 
+/// The Namespace and a CSIDriverDeployment of hostpathplugin with
+/// `extra_spec`, spec fields as YAML lines indented by two spaces.
 fn object(ns: &str, name: &str, driver: &str, extra_spec: &str) -> String {
-    format!(
-        r#"apiVersion: v1
-kind: Namespace
-metadata:
-  name: {ns}
----
-apiVersion: csiops.dev/v1alpha1
-kind: CSIDriverDeployment
-metadata:
-  name: {name}
-  namespace: {ns}
-spec:
-  driverName: {driver}
-  version: v1.17.0
-  driver:
-    image: registry.k8s.io/sig-storage/hostpathplugin:v1.17.0
-{extra_spec}"#
-    )
+    DriverCr::new(ns, name, driver, "v1.17.0")
+        .image("registry.k8s.io/sig-storage/hostpathplugin:v1.17.0")
+        .merge_yaml("", extra_spec)
+        .expect("the extra spec is a YAML mapping")
+        .yaml()
 }
 
 async fn degraded(cluster: &Cluster, ns: &str, name: &str) -> Option<(String, String)> {
