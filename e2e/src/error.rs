@@ -56,6 +56,20 @@ pub enum Error {
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
 
+    /// A YAML fragment given to [`crate::testkit::DriverCr::merge_yaml`]
+    /// does not parse.
+    #[error("CSIDriverDeployment fragment {fragment:?}: {source}")]
+    CrFragment {
+        fragment: String,
+        #[source]
+        source: serde_yaml::Error,
+    },
+
+    /// A fragment given to [`crate::testkit::DriverCr::merge_yaml`] is a
+    /// YAML value but not a mapping of fields.
+    #[error("CSIDriverDeployment fragment {fragment:?} is not a mapping of fields")]
+    CrFragmentNotMapping { fragment: String },
+
     #[error("{0}")]
     Other(String),
 }

@@ -23,6 +23,7 @@ use kube::api::{
 };
 use serde_json::{json, Value};
 
+use crate::testkit::DriverCr;
 use crate::{wait_for, Error, Result};
 
 /// Requests in flight while the bench writes its own objects.
@@ -63,38 +64,17 @@ impl FleetDriver {
     /// driver image's tag, as a release would bump both), rolling
     /// `max_unavailable` node pods at a time (`"10%"` or `"1"`).
     pub fn yaml(&self, version: &str, max_unavailable: &str) -> String {
+        // An int-or-string: a count is an int, a percentage a string.
         let max_unavailable = match max_unavailable.parse::<u32>() {
-            Ok(n) => n.to_string(),
-            Err(_) => format!("{max_unavailable:?}"),
+            Ok(n) => json!(n),
+            Err(_) => json!(max_unavailable),
         };
-        format!(
-            r#"apiVersion: v1
-kind: Namespace
-metadata:
-  name: {ns}
----
-apiVersion: csiops.dev/v1alpha1
-kind: CSIDriverDeployment
-metadata:
-  name: {name}
-  namespace: {ns}
-spec:
-  driverName: {driver}
-  version: {version}
-  driver:
-    image: example.invalid/fleet-driver:{version}
-    args:
-    - --endpoint=$(CSI_ENDPOINT)
-    - --nodeid=$(KUBE_NODE_NAME)
-  node:
-    maxUnavailable: {max_unavailable}
-  csiDriver:
-    attachRequired: false
-"#,
-            ns = self.namespace,
-            name = self.name,
-            driver = self.driver,
-        )
+        DriverCr::new(&self.namespace, &self.name, &self.driver, version)
+            .image(&format!("example.invalid/fleet-driver:{version}"))
+            .driver_args(["--endpoint=$(CSI_ENDPOINT)", "--nodeid=$(KUBE_NODE_NAME)"])
+            .with("node.maxUnavailable", max_unavailable)
+            .with("csiDriver.attachRequired", false)
+            .yaml()
     }
 
     fn api(&self, client: &kube::Client) -> Api<DynamicObject> {

@@ -14,11 +14,13 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Container, PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::api::{Api, ListParams};
 use kube::ResourceExt;
+use serde_json::json;
 use tokio::sync::Mutex;
 
 use crate::node_side::{kubelet_register, registration_socket, start_registrar};
 use crate::process::ManagedProcess;
 use crate::testdriver::mounts;
+use crate::testkit::DriverCr;
 use crate::walkthrough::Use;
 use crate::{Cluster, Error, Result};
 
@@ -66,68 +68,53 @@ impl TestDriverNodeLocal<'_> {
     /// the data dir: two processes, two states, as a mistaken deployment of
     /// hostpathplugin has.
     pub fn yaml(&self) -> String {
-        let capacity_arg = self
-            .capacity
-            .map(|c| format!("\n    - --capacity={c}"))
-            .unwrap_or_default();
-        let controller = if self.topology == "Central" {
-            format!(
-                "\n  controller:\n    args:\n    - --drivername={driver}\n    - --endpoint=$(CSI_ENDPOINT)\n    - --nodeid=$(KUBE_NODE_NAME)\n    - --node-local\n    - --state-dir=/csi/state\n    - --data-dir=/csi/volumes",
-                driver = self.driver
-            )
-        } else {
-            String::new()
+        let args = |state: &str, volumes: &str| -> Vec<String> {
+            vec![
+                format!("--drivername={}", self.driver),
+                "--endpoint=$(CSI_ENDPOINT)".into(),
+                "--nodeid=$(KUBE_NODE_NAME)".into(),
+                "--node-local".into(),
+                format!("--state-dir={state}"),
+                format!("--data-dir={volumes}"),
+            ]
         };
-        format!(
-            r#"apiVersion: v1
-kind: Namespace
-metadata:
-  name: {ns}
----
-apiVersion: csiops.dev/v1alpha1
-kind: CSIDriverDeployment
-metadata:
-  name: {name}
-  namespace: {ns}
-spec:
-  driverName: {driver}
-  version: {version}
-  topology: {topology}
-  driver:
-    image: {image}
-    args:
-    - --drivername={driver}
-    - --endpoint=$(CSI_ENDPOINT)
-    - --nodeid=$(KUBE_NODE_NAME)
-    - --node-local
-    - --state-dir={DATA_MOUNT}/state
-    - --data-dir={DATA_MOUNT}/volumes{capacity_arg}{controller}
-  node:
-    kubeletDir: {kubelet_dir}
-    volumes:
-    - {{name: csi-data, hostPath: {{path: {data}, type: DirectoryOrCreate}}}}
-    - {{name: dev-dir, hostPath: {{path: /dev, type: Directory}}}}
-    volumeMounts:
-    - {{name: csi-data, mountPath: {DATA_MOUNT}}}
-    - {{name: dev-dir, mountPath: /dev}}
-  csiDriver:
-    attachRequired: false
-    storageCapacity: {storage_capacity}
-  storageClasses:
-  - name: {class}
-    volumeBindingMode: WaitForFirstConsumer
-"#,
-            ns = self.namespace,
-            name = self.name,
-            driver = self.driver,
-            version = self.version,
-            topology = self.topology,
-            image = self.image,
-            kubelet_dir = self.kubelet_dir.display(),
-            data = self.data_dir.display(),
-            storage_capacity = self.capacity.is_some(),
-            class = self.class,
-        )
+        let mut driver_args = args(
+            &format!("{DATA_MOUNT}/state"),
+            &format!("{DATA_MOUNT}/volumes"),
+        );
+        driver_args.extend(self.capacity.map(|c| format!("--capacity={c}")));
+        let mut cr = DriverCr::new(self.namespace, self.name, self.driver, self.version)
+            .topology(self.topology)
+            .image(self.image)
+            .driver_args(driver_args)
+            .with("node.kubeletDir", self.kubelet_dir.display().to_string())
+            .with(
+                "node.volumes",
+                json!([
+                    {
+                        "name": "csi-data",
+                        "hostPath": {"path": self.data_dir.display().to_string(), "type": "DirectoryOrCreate"},
+                    },
+                    {"name": "dev-dir", "hostPath": {"path": "/dev", "type": "Directory"}},
+                ]),
+            )
+            .with(
+                "node.volumeMounts",
+                json!([
+                    {"name": "csi-data", "mountPath": DATA_MOUNT},
+                    {"name": "dev-dir", "mountPath": "/dev"},
+                ]),
+            )
+            .with("csiDriver.attachRequired", false)
+            .with("csiDriver.storageCapacity", self.capacity.is_some())
+            .with(
+                "storageClasses",
+                json!([{"name": self.class, "volumeBindingMode": "WaitForFirstConsumer"}]),
+            );
+        if self.topology == "Central" {
+            cr = cr.with("controller.args", args("/csi/state", "/csi/volumes"));
+        }
+        cr.yaml()
     }
 }
 

@@ -8,6 +8,10 @@ use std::time::Duration;
 use crate::node_side::{NodeSideConfig, NodeSideSim};
 use crate::{wait_for, Cluster, Error, Result};
 
+pub mod cr;
+
+pub use cr::DriverCr;
+
 /// The workspace root (the checkout).
 pub fn workspace_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -472,49 +476,32 @@ pub struct TestDriverDeployment<'a> {
 impl TestDriverDeployment<'_> {
     /// The Namespace and the CSIDriverDeployment as YAML.
     pub fn yaml(&self) -> String {
-        let tolerations = if self.on_simulated_nodes {
-            format!(
-                "\n    tolerations:\n    - {{key: {}, operator: Exists, effect: {}}}",
-                crate::kwok::SIMULATED_TAINT.0,
-                crate::kwok::SIMULATED_TAINT.1
-            )
+        let cr = DriverCr::new(self.namespace, self.name, self.driver, self.version)
+            .image(self.image)
+            .driver_args([
+                format!("--drivername={}", self.driver),
+                "--endpoint=$(CSI_ENDPOINT)".into(),
+                "--nodeid=$(KUBE_NODE_NAME)".into(),
+                "--state-dir=/csi/state".into(),
+            ])
+            .with("node.kubeletDir", self.kubelet_dir.display().to_string())
+            .with("csiDriver.attachRequired", false);
+        if self.on_simulated_nodes {
+            cr.with("node.tolerations", simulated_toleration())
         } else {
-            String::new()
-        };
-        format!(
-            r#"apiVersion: v1
-kind: Namespace
-metadata:
-  name: {ns}
----
-apiVersion: csiops.dev/v1alpha1
-kind: CSIDriverDeployment
-metadata:
-  name: {name}
-  namespace: {ns}
-spec:
-  driverName: {driver}
-  version: {version}
-  driver:
-    image: {image}
-    args:
-    - --drivername={driver}
-    - --endpoint=$(CSI_ENDPOINT)
-    - --nodeid=$(KUBE_NODE_NAME)
-    - --state-dir=/csi/state
-  node:
-    kubeletDir: {kubelet_dir}{tolerations}
-  csiDriver:
-    attachRequired: false
-"#,
-            ns = self.namespace,
-            name = self.name,
-            driver = self.driver,
-            version = self.version,
-            image = self.image,
-            kubelet_dir = self.kubelet_dir.display(),
-        )
+            cr
+        }
+        .yaml()
     }
+}
+
+/// `node.tolerations` that let node pods onto the (tainted) kwok nodes.
+pub fn simulated_toleration() -> serde_json::Value {
+    serde_json::json!([{
+        "key": crate::kwok::SIMULATED_TAINT.0,
+        "operator": "Exists",
+        "effect": crate::kwok::SIMULATED_TAINT.1,
+    }])
 }
 
 #[cfg(test)]

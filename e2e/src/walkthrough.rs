@@ -10,8 +10,11 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 
+use serde_json::json;
+
 use crate::error::{Error, Result};
 use crate::realnode::NODE_NAME;
+use crate::testkit::DriverCr;
 use crate::{testkit, wait_for, Cluster};
 
 /// Namespace of the walkthrough's driver, claims and pods.
@@ -82,9 +85,8 @@ pub struct VolumeDriver<'a> {
     pub controller_args: &'a [&'a str],
     /// Driver flags added in node pods only (fault injection).
     pub node_args: &'a [&'a str],
-    /// More fields of `spec.node`, as YAML lines indented by four spaces
-    /// (e.g. `"\n    readinessTaint: true"`).
-    pub node_fields: &'a str,
+    /// More fields of `spec.node` (e.g. `("readinessTaint", json!(true))`).
+    pub node_fields: &'a [(&'a str, serde_json::Value)],
 }
 
 impl VolumeDriver<'_> {
@@ -101,16 +103,14 @@ impl VolumeDriver<'_> {
 
     /// The Namespace and the CSIDriverDeployment as YAML.
     pub fn yaml(&self) -> String {
-        let tolerations = if self.on_simulated_nodes {
-            format!(
-                "\n    tolerations:\n    - {{key: {}, operator: Exists, effect: {}}}",
-                crate::kwok::SIMULATED_TAINT.0,
-                crate::kwok::SIMULATED_TAINT.1
-            )
-        } else {
-            String::new()
-        };
-        let data = self.data_dir.display();
+        self.cr().yaml()
+    }
+
+    /// The CSIDriverDeployment. Controller and node pods share one state
+    /// file (flock'ed), as a real backend is shared; the node pod mounts
+    /// into kubelet's directory, which the operator mounts Bidirectional.
+    pub fn cr(&self) -> DriverCr {
+        let data = self.data_dir.display().to_string();
         let base = [
             format!("--drivername={DRIVER}"),
             "--endpoint=$(CSI_ENDPOINT)".to_string(),
@@ -120,66 +120,44 @@ impl VolumeDriver<'_> {
             format!("--data-dir={DATA_MOUNT}/volumes"),
         ];
         // `args` of a workload replaces the driver's: the base flags plus extras.
-        let list = |extra: &[&str], indent: &str| -> String {
+        let args = |extra: &[&str]| -> Vec<String> {
             base.iter()
-                .map(String::as_str)
-                .chain(extra.iter().copied())
-                .map(|a| format!("\n{indent}- {a}"))
+                .cloned()
+                .chain(extra.iter().map(|a| a.to_string()))
                 .collect()
         };
-        let overrides = |extra: &[&str]| -> String {
-            if extra.is_empty() {
-                String::new()
-            } else {
-                format!("\n    args:{}", list(extra, "    "))
-            }
-        };
-        // Controller and node pods share one state file (flock'ed), as a
-        // real backend is shared; the node pod mounts into kubelet's
-        // directory, which the operator mounts Bidirectional.
-        format!(
-            r#"apiVersion: v1
-kind: Namespace
-metadata:
-  name: {NS}
----
-apiVersion: csiops.dev/v1alpha1
-kind: CSIDriverDeployment
-metadata:
-  name: {NAME}
-  namespace: {NS}
-spec:
-  driverName: {DRIVER}
-  version: {version}
-  driver:
-    image: {image}
-    args:{args}
-  controller:{controller_args}
-    volumes:
-    - {{name: csi-data, hostPath: {{path: {data}, type: DirectoryOrCreate}}}}
-    volumeMounts:
-    - {{name: csi-data, mountPath: {DATA_MOUNT}}}
-  node:
-    kubeletDir: {kubelet_dir}{tolerations}{node_args}{node_fields}
-    volumes:
-    - {{name: csi-data, hostPath: {{path: {data}, type: DirectoryOrCreate}}}}
-    volumeMounts:
-    - {{name: csi-data, mountPath: {DATA_MOUNT}}}
-  csiDriver:
-    attachRequired: true
-    fsGroupPolicy: File
-  storageClasses:
-  - name: {STORAGE_CLASS}
-    volumeBindingMode: WaitForFirstConsumer
-"#,
-            version = self.version,
-            image = self.image,
-            kubelet_dir = self.kubelet_dir.display(),
-            args = list(&[], "    "),
-            controller_args = overrides(self.controller_args),
-            node_args = overrides(self.node_args),
-            node_fields = self.node_fields,
-        )
+        let volumes = json!([{
+            "name": "csi-data",
+            "hostPath": {"path": data, "type": "DirectoryOrCreate"},
+        }]);
+        let mounts = json!([{"name": "csi-data", "mountPath": DATA_MOUNT}]);
+        let mut cr = DriverCr::new(NS, NAME, DRIVER, self.version)
+            .image(self.image)
+            .driver_args(base.clone())
+            .with("controller.volumes", volumes.clone())
+            .with("controller.volumeMounts", mounts.clone())
+            .with("node.kubeletDir", self.kubelet_dir.display().to_string())
+            .with("node.volumes", volumes)
+            .with("node.volumeMounts", mounts)
+            .with("csiDriver.attachRequired", true)
+            .with("csiDriver.fsGroupPolicy", "File")
+            .with(
+                "storageClasses",
+                json!([{"name": STORAGE_CLASS, "volumeBindingMode": "WaitForFirstConsumer"}]),
+            );
+        if self.on_simulated_nodes {
+            cr = cr.with("node.tolerations", testkit::simulated_toleration());
+        }
+        if !self.controller_args.is_empty() {
+            cr = cr.with("controller.args", args(self.controller_args));
+        }
+        if !self.node_args.is_empty() {
+            cr = cr.with("node.args", args(self.node_args));
+        }
+        for (field, value) in self.node_fields {
+            cr = cr.with(&format!("node.{field}"), value.clone());
+        }
+        cr
     }
 }
 

@@ -155,7 +155,7 @@ impl Bed {
             on_simulated_nodes: false,
             controller_args,
             node_args: &[&limit_arg],
-            node_fields: "",
+            node_fields: &[],
         };
         let csi_driver = "  csiDriver:\n    attachRequired: true\n";
         let base = driver.yaml();

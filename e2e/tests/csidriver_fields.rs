@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use csiops_crds::SERVICE_ACCOUNT_TOKEN_IN_SECRETS_MESSAGE;
 use csiops_e2e::cluster::ALLOCATABLE_COUNT_GATE;
+use csiops_e2e::testkit::DriverCr;
 use csiops_e2e::{operator_bin, testkit, wait_for, Cluster, ClusterOptions};
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::{CSIDriver, CSINode};
@@ -43,25 +44,11 @@ const POLL: Duration = Duration::from_millis(250);
 /// The Namespace and a CSIDriverDeployment whose `spec.csiDriver` is `csi`
 /// (YAML lines indented by four spaces).
 fn object(csi: &str) -> String {
-    format!(
-        r#"apiVersion: v1
-kind: Namespace
-metadata:
-  name: {NS}
----
-apiVersion: csiops.dev/v1alpha1
-kind: CSIDriverDeployment
-metadata:
-  name: {NAME}
-  namespace: {NS}
-spec:
-  driverName: {DRIVER}
-  version: v1.0.0
-  driver:
-    image: registry.example.com/fields-driver:v1.0.0
-  csiDriver:
-{csi}"#
-    )
+    DriverCr::new(NS, NAME, DRIVER, "v1.0.0")
+        .image("registry.example.com/fields-driver:v1.0.0")
+        .merge_yaml("csiDriver", csi)
+        .expect("the csiDriver fields are a YAML mapping")
+        .yaml()
 }
 
 /// Every field of `spec.csiDriver` set away from its default.

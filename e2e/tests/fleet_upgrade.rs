@@ -108,7 +108,7 @@ async fn an_upgrade_losing_a_tenth_of_its_nodes_completes_and_storage_keeps_serv
     // --- v1 on 201 nodes -----------------------------------------------------
     // One node pod at a time: the roll of 201 nodes lasts minutes, long
     // enough to lose nodes in the middle of it.
-    let node_fields = "\n    maxUnavailable: 1".to_string();
+    let node_fields = [("maxUnavailable", json!(1))];
     let driver = |version: &'static str| VolumeDriver {
         image: &image,
         version,

@@ -20,12 +20,14 @@ use csiops_e2e::node_local::{NodeLocalSideConfig, NodeLocalSideSim};
 use csiops_e2e::testdriver::config::DEFAULT_TOPOLOGY_KEY;
 use csiops_e2e::testdriver::harness::test_driver_bin;
 use csiops_e2e::testdriver::load_state;
+use csiops_e2e::testkit::DriverCr;
 use csiops_e2e::{operator_bin, sidecar_bin, testkit, wait_for, Cluster, ClusterOptions};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::CSIStorageCapacity;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::ResourceExt;
+use serde_json::json;
 
 const NS: &str = "csi-nodelocal";
 const NAME: &str = "nodelocal";
@@ -35,41 +37,31 @@ const NODES: usize = 3;
 const DEADLINE: Duration = Duration::from_secs(120);
 
 fn object() -> String {
-    format!(
-        r#"apiVersion: v1
-kind: Namespace
-metadata:
-  name: {NS}
----
-apiVersion: csiops.dev/v1alpha1
-kind: CSIDriverDeployment
-metadata:
-  name: {NAME}
-  namespace: {NS}
-spec:
-  driverName: {DRIVER}
-  version: v0.1.0
-  topology: NodeLocal
-  driver:
-    # kwok runs no container; the node side plays it (see the module docs).
-    image: example.invalid/csi-test-driver:v0
-    args:
-    - --drivername={DRIVER}
-    - --endpoint=$(CSI_ENDPOINT)
-    - --nodeid=$(KUBE_NODE_NAME)
-    - --node-local
-    - --state-dir=/csi-data/state
-  sidecars:
-    provisioner:
-      extraArgs: [--retry-interval-start=200ms, --capacity-poll-interval=2s]
-  csiDriver:
-    attachRequired: false
-    storageCapacity: true
-  storageClasses:
-  - name: {CLASS}
-    volumeBindingMode: WaitForFirstConsumer
-"#
-    )
+    DriverCr::new(NS, NAME, DRIVER, "v0.1.0")
+        .topology("NodeLocal")
+        // kwok runs no container; the node side plays it (see the module docs).
+        .image("example.invalid/csi-test-driver:v0")
+        .driver_args([
+            format!("--drivername={DRIVER}"),
+            "--endpoint=$(CSI_ENDPOINT)".into(),
+            "--nodeid=$(KUBE_NODE_NAME)".into(),
+            "--node-local".into(),
+            "--state-dir=/csi-data/state".into(),
+        ])
+        .with(
+            "sidecars.provisioner.extraArgs",
+            json!([
+                "--retry-interval-start=200ms",
+                "--capacity-poll-interval=2s"
+            ]),
+        )
+        .with("csiDriver.attachRequired", false)
+        .with("csiDriver.storageCapacity", true)
+        .with(
+            "storageClasses",
+            json!([{"name": CLASS, "volumeBindingMode": "WaitForFirstConsumer"}]),
+        )
+        .yaml()
 }
 
 fn claim(name: &str) -> PersistentVolumeClaim {

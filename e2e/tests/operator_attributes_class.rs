@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use csiops_e2e::testkit;
+use csiops_e2e::testkit::{self, DriverCr};
 use csiops_e2e::{operator_bin, wait_for, Cluster, ClusterOptions};
 use k8s_openapi::api::core::v1::{
     PersistentVolumeClaim, PersistentVolumeClaimSpec, VolumeResourceRequirements,
@@ -22,25 +22,14 @@ const DEADLINE: Duration = Duration::from_secs(90);
 const POLL: Duration = Duration::from_millis(300);
 const OWNER_UID: &str = "csiops.dev/owner-uid";
 
+/// The Namespace and the CSIDriverDeployment with `classes`, spec fields
+/// as YAML lines indented by two spaces.
 fn object(classes: &str) -> String {
-    format!(
-        r#"apiVersion: v1
-kind: Namespace
-metadata:
-  name: {NS}
----
-apiVersion: csiops.dev/v1alpha1
-kind: CSIDriverDeployment
-metadata:
-  name: vac
-  namespace: {NS}
-spec:
-  driverName: {DRIVER}
-  version: v1.0.0
-  driver:
-    image: registry.example.com/vac-csi:1.0.0
-{classes}"#
-    )
+    DriverCr::new(NS, "vac", DRIVER, "v1.0.0")
+        .image("registry.example.com/vac-csi:1.0.0")
+        .merge_yaml("", classes)
+        .expect("the classes are a YAML mapping")
+        .yaml()
 }
 
 async fn apply(cluster: &Cluster, classes: &str) {

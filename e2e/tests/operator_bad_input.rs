@@ -4,33 +4,25 @@
 
 use std::time::Duration;
 
-use csiops_e2e::testkit;
-use csiops_e2e::{operator_bin, sigterm_and_wait, wait_for, Cluster, ClusterOptions};
+use csiops_e2e::node_side::NodeSideSim;
+use csiops_e2e::testkit::{self, DriverCr};
+use csiops_e2e::{
+    operator_bin, sigterm_and_wait, wait_for, Cluster, ClusterOptions, OperatorProcess,
+};
 use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
 use kube::api::Api;
 
 const NS: &str = "csi-hostpath";
 const DEADLINE: Duration = Duration::from_secs(90);
 
+/// The Namespace and a CSIDriverDeployment of hostpathplugin with
+/// `extra_spec`, spec fields as YAML lines indented by two spaces.
 fn object(ns: &str, name: &str, driver: &str, extra_spec: &str) -> String {
-    format!(
-        r#"apiVersion: v1
-kind: Namespace
-metadata:
-  name: {ns}
----
-apiVersion: csiops.dev/v1alpha1
-kind: CSIDriverDeployment
-metadata:
-  name: {name}
-  namespace: {ns}
-spec:
-  driverName: {driver}
-  version: v1.17.0
-  driver:
-    image: registry.k8s.io/sig-storage/hostpathplugin:v1.17.0
-{extra_spec}"#
-    )
+    DriverCr::new(ns, name, driver, "v1.17.0")
+        .image("registry.k8s.io/sig-storage/hostpathplugin:v1.17.0")
+        .merge_yaml("", extra_spec)
+        .expect("the extra spec is a YAML mapping")
+        .yaml()
 }
 
 async fn degraded(cluster: &Cluster, ns: &str, name: &str) -> Option<(String, String)> {
@@ -81,6 +73,14 @@ async fn fingerprint(
     (s.metadata.resource_version, d.metadata.resource_version)
 }
 
+/// What every phase works on: the cluster, an admin client and the operator
+/// (for its log when a wait fails).
+struct Bed {
+    cluster: Cluster,
+    client: kube::Client,
+    operator: OperatorProcess,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_refused_or_degraded_and_the_good_driver_is_untouched() {
     let cluster = Cluster::start(ClusterOptions::kwok(3))
@@ -88,7 +88,7 @@ async fn bad_input_is_refused_or_degraded_and_the_good_driver_is_untouched() {
         .expect("cluster starts");
     let client = cluster.client().expect("client");
     testkit::install_crd(&cluster).await.expect("CRD installs");
-    let mut operator = cluster
+    let operator = cluster
         .run_operator(&operator_bin().expect("operator built"))
         .expect("operator starts");
     let _hostpath_nodes =
@@ -107,8 +107,46 @@ async fn bad_input_is_refused_or_degraded_and_the_good_driver_is_untouched() {
     let sts: Api<StatefulSet> = Api::namespaced(client.clone(), NS);
     let ds: Api<DaemonSet> = Api::namespaced(client.clone(), NS);
     let before = fingerprint(&sts, &ds).await;
+    let mut bed = Bed {
+        cluster,
+        client,
+        operator,
+    };
 
-    // The schema refuses what it can judge, with the field named.
+    the_schema_refuses_what_it_can_judge(&bed).await;
+    a_second_object_for_the_same_driver_is_a_conflict(&bed).await;
+    an_unrenderable_object_is_degraded_until_fixed(&bed).await;
+    a_node_selector_matching_no_node_is_said_plainly(&bed).await;
+    a_write_the_api_server_keeps_failing_is_retried(&bed).await;
+    // The slow driver's node side runs on to the end, as it did when this
+    // was one function.
+    let _slow_nodes = a_step_past_its_deadline_is_degraded_and_waits(&bed).await;
+    a_changed_storage_class_is_recreated(&bed).await;
+    deleting_the_duplicate_removes_nothing_of_the_first(&bed, &sts, &ds, &before).await;
+
+    // SIGTERM ends the operator cleanly and promptly.
+    bed.operator.check_running().expect("operator alive");
+    assert!(
+        sigterm_and_wait(bed.operator.pid(), Duration::from_secs(10)).await,
+        "operator still running 10s after SIGTERM:\n{}",
+        bed.operator.log_tail(20)
+    );
+    assert!(
+        bed.operator.log_tail(5).contains("csiops-operator stopped"),
+        "{}",
+        bed.operator.log_tail(20)
+    );
+    let Bed {
+        cluster, operator, ..
+    } = bed;
+    drop(operator);
+    cluster.stop().await.expect("cluster stops");
+}
+
+/// The schema refuses what it can judge, with the field named; a name too
+/// long for the names derived from it, and a changed driverName, too.
+async fn the_schema_refuses_what_it_can_judge(bed: &Bed) {
+    let Bed { cluster, .. } = bed;
     for (driver, extra, expect) in [
         ("Bad_Name", "", "spec.driverName"),
         ("ok.csi.example.com", "  node:\n    kubeletDir: var/lib/kubelet\n", "spec.node.kubeletDir"),
@@ -127,12 +165,12 @@ async fn bad_input_is_refused_or_degraded_and_the_good_driver_is_untouched() {
         ("ok.csi.example.com", "  topology: NodeLocal\n  csiDriver:\n    attachRequired: false\n  sidecars:\n    extra:\n    - {name: x, image: x}\n", "needs pod: Node"),
         ("ok.csi.example.com", "  topology: Local\n", "spec.topology"),
     ] {
-        testkit::assert_refused(&cluster, &format!("{driver}/{extra:?}"), &object("csi-bad", "bad", driver, extra), expect).await;
+        testkit::assert_refused(cluster, &format!("{driver}/{extra:?}"), &object("csi-bad", "bad", driver, extra), expect).await;
     }
     // A name too long for the names derived from it is refused at admission.
     let long = "a".repeat(42);
     testkit::assert_refused(
-        &cluster,
+        cluster,
         "a 42-character name",
         &object("csi-bad", &long, "ok.csi.example.com", ""),
         "at most 41 characters",
@@ -154,10 +192,19 @@ async fn bad_input_is_refused_or_degraded_and_the_good_driver_is_untouched() {
         .expect("kubectl runs");
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("driverName is immutable"));
+}
 
-    // A second object claiming the same driver: Degraded (Conflict) with an Event, nothing deployed.
+/// A second object claiming the same driver: Degraded (Conflict) with an
+/// Event, nothing deployed.
+async fn a_second_object_for_the_same_driver_is_a_conflict(bed: &Bed) {
+    let Bed {
+        cluster,
+        client,
+        operator,
+        ..
+    } = bed;
     let dup = object("csi-hostpath-2", "hostpath", "hostpath.csi.k8s.io", "");
-    let out = testkit::apply_yaml(&cluster, "dup", &dup)
+    let out = testkit::apply_yaml(cluster, "dup", &dup)
         .await
         .expect("kubectl runs");
     assert!(
@@ -166,14 +213,14 @@ async fn bad_input_is_refused_or_degraded_and_the_good_driver_is_untouched() {
         String::from_utf8_lossy(&out.stderr)
     );
     let (reason, message) = wait_for(DEADLINE, Duration::from_millis(300), || {
-        degraded(&cluster, "csi-hostpath-2", "hostpath")
+        degraded(cluster, "csi-hostpath-2", "hostpath")
     })
     .await
     .unwrap_or_else(|_| panic!("duplicate never Degraded\n{}", operator.log_tail(40)));
     assert_eq!(reason, "Conflict");
     assert!(message.contains("csi-hostpath/hostpath"), "{message}");
     let events = wait_for(DEADLINE, Duration::from_millis(300), || async {
-        let e = warning_events(&cluster, "csi-hostpath-2", "hostpath").await;
+        let e = warning_events(cluster, "csi-hostpath-2", "hostpath").await;
         e.contains("Conflict").then_some(e)
     })
     .await
@@ -185,15 +232,22 @@ async fn bad_input_is_refused_or_degraded_and_the_good_driver_is_untouched() {
         .await
         .expect("get")
         .is_none());
+}
 
-    // An object the operator cannot render: Degraded (RenderFailed) naming the flag, and an Event.
+/// An object the operator cannot render: Degraded (RenderFailed) naming the
+/// flag, and an Event. The controller keeps serving: fixing the object
+/// deploys it.
+async fn an_unrenderable_object_is_degraded_until_fixed(bed: &Bed) {
+    let Bed {
+        cluster, operator, ..
+    } = bed;
     let unrenderable = object(
         "csi-other",
         "other",
         "other.csi.example.com",
         "  sidecars:\n    provisioner:\n      extraArgs: [\"--csi-address=/tmp/x.sock\"]\n  csiDriver:\n    attachRequired: false\n",
     );
-    let out = testkit::apply_yaml(&cluster, "other", &unrenderable)
+    let out = testkit::apply_yaml(cluster, "other", &unrenderable)
         .await
         .expect("kubectl runs");
     assert!(
@@ -202,13 +256,13 @@ async fn bad_input_is_refused_or_degraded_and_the_good_driver_is_untouched() {
         String::from_utf8_lossy(&out.stderr)
     );
     let (reason, message) = wait_for(DEADLINE, Duration::from_millis(300), || {
-        degraded(&cluster, "csi-other", "other")
+        degraded(cluster, "csi-other", "other")
     })
     .await
     .expect("unrenderable object Degraded");
     assert_eq!(reason, "RenderFailed");
     assert!(message.contains("--csi-address"), "{message}");
-    assert!(warning_events(&cluster, "csi-other", "other")
+    assert!(warning_events(cluster, "csi-other", "other")
         .await
         .contains("RenderFailed"));
 
@@ -219,22 +273,27 @@ async fn bad_input_is_refused_or_degraded_and_the_good_driver_is_untouched() {
         "other.csi.example.com",
         "  csiDriver:\n    attachRequired: false\n",
     );
-    let out = testkit::apply_yaml(&cluster, "other-fixed", &fixed)
+    let out = testkit::apply_yaml(cluster, "other-fixed", &fixed)
         .await
         .expect("kubectl runs");
     assert!(out.status.success());
-    testkit::wait_running(&cluster, "csi-other", "other", "v1.17.0", 3, DEADLINE)
+    testkit::wait_running(cluster, "csi-other", "other", "v1.17.0", 3, DEADLINE)
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", operator.log_tail(40)));
+}
 
-    // A nodeSelector that matches no node: said plainly, with an Event.
+/// A nodeSelector that matches no node: said plainly, with an Event.
+async fn a_node_selector_matching_no_node_is_said_plainly(bed: &Bed) {
+    let Bed {
+        cluster, operator, ..
+    } = bed;
     let nomatch = object(
         "csi-nomatch",
         "nomatch",
         "nomatch.csi.example.com",
         "  node:\n    nodeSelector:\n      disk: nvme\n  csiDriver:\n    attachRequired: false\n",
     );
-    let out = testkit::apply_yaml(&cluster, "nomatch", &nomatch)
+    let out = testkit::apply_yaml(cluster, "nomatch", &nomatch)
         .await
         .expect("kubectl runs");
     assert!(
@@ -243,7 +302,7 @@ async fn bad_input_is_refused_or_degraded_and_the_good_driver_is_untouched() {
         String::from_utf8_lossy(&out.stderr)
     );
     let (reason, message) = wait_for(DEADLINE, Duration::from_millis(300), || async {
-        degraded(&cluster, "csi-nomatch", "nomatch")
+        degraded(cluster, "csi-nomatch", "nomatch")
             .await
             .filter(|(r, _)| r == "NoMatchingNodes")
     })
@@ -253,14 +312,19 @@ async fn bad_input_is_refused_or_degraded_and_the_good_driver_is_untouched() {
         message.contains("spec.node.nodeSelector disk=nvme"),
         "{reason}: {message}"
     );
-    assert!(warning_events(&cluster, "csi-nomatch", "nomatch")
+    assert!(warning_events(cluster, "csi-nomatch", "nomatch")
         .await
         .contains("NoMatchingNodes"));
+}
 
-    // A write the API server keeps failing (here a 500 from an admission
-    // webhook nobody serves): Degraded ApplyFailed with the API server's
-    // message and an Event; the operator keeps retrying and recovers once
-    // the cause is gone.
+/// A write the API server keeps failing (here a 500 from an admission
+/// webhook nobody serves): Degraded ApplyFailed with the API server's
+/// message and an Event; the operator keeps retrying and recovers once the
+/// cause is gone.
+async fn a_write_the_api_server_keeps_failing_is_retried(bed: &Bed) {
+    let Bed {
+        cluster, operator, ..
+    } = bed;
     let webhook = r#"apiVersion: admissionregistration.k8s.io/v1
 kind: ValidatingWebhookConfiguration
 metadata:
@@ -282,7 +346,7 @@ webhooks:
         operations: ["CREATE", "UPDATE"]
         resources: ["daemonsets"]
 "#;
-    let out = testkit::apply_yaml(&cluster, "webhook", webhook)
+    let out = testkit::apply_yaml(cluster, "webhook", webhook)
         .await
         .expect("kubectl runs");
     assert!(
@@ -296,7 +360,7 @@ webhooks:
         "hooked.csi.example.com",
         "  csiDriver:\n    attachRequired: false\n",
     );
-    let out = testkit::apply_yaml(&cluster, "hooked", &hooked)
+    let out = testkit::apply_yaml(cluster, "hooked", &hooked)
         .await
         .expect("kubectl runs");
     assert!(
@@ -305,7 +369,7 @@ webhooks:
         String::from_utf8_lossy(&out.stderr)
     );
     let (reason, message) = wait_for(DEADLINE, Duration::from_millis(300), || async {
-        degraded(&cluster, "csi-webhook", "hooked")
+        degraded(cluster, "csi-webhook", "hooked")
             .await
             .filter(|(r, _)| r == "ApplyFailed")
     })
@@ -316,7 +380,7 @@ webhooks:
         "{reason}: {message}"
     );
     assert!(message.contains("failed calling webhook"), "{message}");
-    let events = warning_events(&cluster, "csi-webhook", "hooked").await;
+    let events = warning_events(cluster, "csi-webhook", "hooked").await;
     assert!(events.contains("ApplyFailed"), "{events}");
     cluster
         .kubectl_ok([
@@ -327,22 +391,29 @@ webhooks:
         .await
         .expect("webhook deleted");
     let _hooked_nodes =
-        testkit::node_side(&cluster, "csi-webhook", "hooked", "hooked.csi.example.com")
+        testkit::node_side(cluster, "csi-webhook", "hooked", "hooked.csi.example.com")
             .expect("node side");
-    testkit::wait_running(&cluster, "csi-webhook", "hooked", "v1.17.0", 3, DEADLINE)
+    testkit::wait_running(cluster, "csi-webhook", "hooked", "v1.17.0", 3, DEADLINE)
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", operator.log_tail(40)));
+}
 
-    // A step past its deadline: without a node side nothing registers, so the
-    // install waits in NodeInstall; after rollout.stepTimeoutSeconds the object
-    // is Degraded with the concrete reason and an Event, and keeps waiting.
+/// A step past its deadline: without a node side nothing registers, so the
+/// install waits in NodeInstall; after rollout.stepTimeoutSeconds the object
+/// is Degraded with the concrete reason and an Event, and keeps waiting.
+/// Once the nodes register, the same rollout completes. The node side, to
+/// keep running.
+async fn a_step_past_its_deadline_is_degraded_and_waits(bed: &Bed) -> NodeSideSim {
+    let Bed {
+        cluster, operator, ..
+    } = bed;
     let slow = object(
         "csi-slow",
         "slow",
         "slow.csi.example.com",
         "  rollout:\n    stepTimeoutSeconds: 10\n  csiDriver:\n    attachRequired: false\n",
     );
-    let out = testkit::apply_yaml(&cluster, "slow", &slow)
+    let out = testkit::apply_yaml(cluster, "slow", &slow)
         .await
         .expect("kubectl runs");
     assert!(
@@ -351,7 +422,7 @@ webhooks:
         String::from_utf8_lossy(&out.stderr)
     );
     let (reason, message) = wait_for(DEADLINE, Duration::from_millis(500), || async {
-        degraded(&cluster, "csi-slow", "slow")
+        degraded(cluster, "csi-slow", "slow")
             .await
             .filter(|(r, _)| r == "RolloutStepTimeout")
     })
@@ -365,25 +436,34 @@ webhooks:
         "{message}"
     );
     let progressing = testkit::jsonpath(
-        &cluster,
+        cluster,
         &["-n", "csi-slow", "get", "csidd", "slow"],
         "{.status.conditions[?(@.type==\"Progressing\")].reason}",
     )
     .await
     .expect("jsonpath");
     assert_eq!(progressing, "ProgressDeadlineExceeded");
-    assert!(warning_events(&cluster, "csi-slow", "slow")
+    assert!(warning_events(cluster, "csi-slow", "slow")
         .await
         .contains("RolloutStepTimeout"));
     // Once the nodes register, the same rollout completes.
-    let _slow_nodes = testkit::node_side(&cluster, "csi-slow", "slow", "slow.csi.example.com")
-        .expect("node side");
-    testkit::wait_running(&cluster, "csi-slow", "slow", "v1.17.0", 3, DEADLINE)
+    let _slow_nodes =
+        testkit::node_side(cluster, "csi-slow", "slow", "slow.csi.example.com").expect("node side");
+    testkit::wait_running(cluster, "csi-slow", "slow", "v1.17.0", 3, DEADLINE)
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", operator.log_tail(40)));
+    _slow_nodes
+}
 
-    // A StorageClass is immutable: a changed class is deleted and created
-    // again (with an Event), and the driver's workloads are not touched.
+/// A StorageClass is immutable: a changed class is deleted and created
+/// again (with an Event), and the driver's workloads are not touched.
+async fn a_changed_storage_class_is_recreated(bed: &Bed) {
+    let Bed {
+        cluster,
+        client,
+        operator,
+        ..
+    } = bed;
     let classes: Api<k8s_openapi::api::storage::v1::StorageClass> = Api::all(client.clone());
     let old_uid = classes
         .get("csi-hostpath-sc")
@@ -426,13 +506,24 @@ webhooks:
         .await
         .expect("events");
     assert!(events.contains("StorageClassRecreated"), "{events}");
+}
 
-    // Deleting the duplicate removes nothing of the first.
+/// Deleting the duplicate removes nothing of the first: its workloads are
+/// as `before` (see [`fingerprint`]).
+async fn deleting_the_duplicate_removes_nothing_of_the_first(
+    bed: &Bed,
+    sts: &Api<StatefulSet>,
+    ds: &Api<DaemonSet>,
+    before: &(Option<String>, Option<String>),
+) {
+    let Bed {
+        cluster, client, ..
+    } = bed;
     cluster
         .kubectl_ok(["-n", "csi-hostpath-2", "delete", "csidd", "hostpath"])
         .await
         .expect("delete dup");
-    let row = testkit::csidd_row(&cluster, NS, "hostpath")
+    let row = testkit::csidd_row(cluster, NS, "hostpath")
         .await
         .expect("row");
     assert_eq!(row["PHASE"], "Running");
@@ -444,23 +535,8 @@ webhooks:
             .is_some()
     );
     assert_eq!(
-        fingerprint(&sts, &ds).await,
-        before,
+        fingerprint(sts, ds).await,
+        *before,
         "the good driver's workloads were written to"
     );
-
-    // SIGTERM ends the operator cleanly and promptly.
-    operator.check_running().expect("operator alive");
-    assert!(
-        sigterm_and_wait(operator.pid(), Duration::from_secs(10)).await,
-        "operator still running 10s after SIGTERM:\n{}",
-        operator.log_tail(20)
-    );
-    assert!(
-        operator.log_tail(5).contains("csiops-operator stopped"),
-        "{}",
-        operator.log_tail(20)
-    );
-    drop(operator);
-    cluster.stop().await.expect("cluster stops");
 }

@@ -18,7 +18,7 @@ use std::time::Duration;
 use csiops_e2e::rollout_clock::RolloutClock;
 use csiops_e2e::testkit;
 use csiops_e2e::timeline::{Entry, Timeline};
-use csiops_e2e::{operator_bin, wait_for, Cluster, ClusterOptions};
+use csiops_e2e::{operator_bin, wait_for, Cluster, ClusterOptions, OperatorProcess};
 use k8s_openapi::api::apps::v1::{DaemonSet, StatefulSet};
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
@@ -39,16 +39,61 @@ fn is_ds(e: &Entry) -> bool {
     e.kind == "DaemonSet" && e.name == "hostpath-node"
 }
 
+/// What every phase works on: the cluster, an admin client and the operator
+/// (for its log when a wait fails).
+struct Bed {
+    cluster: Cluster,
+    client: kube::Client,
+    operator: OperatorProcess,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn install_upgrade_and_delete_in_order() {
     let cluster = Cluster::start(ClusterOptions::kwok(NODES))
         .await
         .expect("cluster starts");
     let client = cluster.client().expect("client");
+    the_crd_and_its_short_name_are_served(&cluster).await;
 
-    // The CRD installs (with install.yaml's RBAC) and kubectl knows the
-    // resource and its short name.
-    testkit::install_operator_rbac(&cluster)
+    let operator = cluster
+        .run_operator_as(
+            &operator_bin().expect("operator built"),
+            testkit::OPERATOR_NAMESPACE,
+            testkit::OPERATOR_ACCOUNT,
+            &[],
+        )
+        .expect("operator starts");
+    let _nodes = testkit::node_side(&cluster, NS, NAME, DRIVER).expect("node side starts");
+    let mut bed = Bed {
+        cluster,
+        client,
+        operator,
+    };
+
+    install_brings_the_node_pods_up_before_the_controller(&bed).await;
+    the_accounts_are_bound_to_the_shipped_roles_only(&bed).await;
+    each_account_may_do_what_it_needs_and_no_more(&bed).await;
+    the_csidriver_and_storage_class_exist(&bed).await;
+    an_upgrade_rolls_nodes_then_the_controller_with_a_surge(&bed).await;
+    let hashes = an_extra_container_named_like_ours_is_degraded(&bed).await;
+    helpers_join_the_controller_without_a_node_roll(&bed, hashes).await;
+    teardown_goes_controller_then_nodes_then_cluster_objects(&bed).await;
+    nothing_is_left(&bed).await;
+
+    bed.operator
+        .check_running()
+        .expect("operator still running after the whole lifecycle");
+    let Bed {
+        cluster, operator, ..
+    } = bed;
+    drop(operator);
+    cluster.stop().await.expect("cluster stops");
+}
+
+/// The CRD installs (with install.yaml's RBAC) and kubectl knows the
+/// resource and its short name.
+async fn the_crd_and_its_short_name_are_served(cluster: &Cluster) {
+    testkit::install_operator_rbac(cluster)
         .await
         .expect("install.yaml's CRD and RBAC apply");
     let out = cluster
@@ -69,25 +114,23 @@ async fn install_upgrade_and_delete_in_order() {
         "short name csidd: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
 
-    let mut operator = cluster
-        .run_operator_as(
-            &operator_bin().expect("operator built"),
-            testkit::OPERATOR_NAMESPACE,
-            testkit::OPERATOR_ACCOUNT,
-            &[],
-        )
-        .expect("operator starts");
-    let _nodes = testkit::node_side(&cluster, NS, NAME, DRIVER).expect("node side starts");
-
-    // --- install -------------------------------------------------------------
-    let install = Timeline::start(&client, NS);
+/// The central fixture reaches Running, and the node pods were up before
+/// the controller was created.
+async fn install_brings_the_node_pods_up_before_the_controller(bed: &Bed) {
+    let Bed {
+        cluster,
+        client,
+        operator,
+    } = bed;
+    let install = Timeline::start(client, NS);
     let example = testkit::central_fixture_path();
     cluster
         .kubectl_ok(["apply", "-f", &example.to_string_lossy()])
         .await
         .expect("central fixture applies");
-    let row = testkit::wait_running(&cluster, NS, NAME, "v1.17.0", NODES, DEADLINE)
+    let row = testkit::wait_running(cluster, NS, NAME, "v1.17.0", NODES, DEADLINE)
         .await
         .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", operator.log_tail(40)));
     assert_eq!(row["DRIVER"], DRIVER);
@@ -115,8 +158,12 @@ async fn install_upgrade_and_delete_in_order() {
         "install must bring the node pods up before the controller:\n{dump}"
     );
     drop(install);
+}
 
-    // Everything of the design exists.
+/// Everything of the design exists. RBAC: bindings of the shipped roles
+/// only; the operator made no role.
+async fn the_accounts_are_bound_to_the_shipped_roles_only(bed: &Bed) {
+    let client = &bed.client;
     let ns_sa: Api<ServiceAccount> = Api::namespaced(client.clone(), NS);
     for sa in ["hostpath-controller", "hostpath-node"] {
         assert!(
@@ -161,9 +208,20 @@ async fn install_upgrade_and_delete_in_order() {
         .expect("list")
         .items
         .is_empty());
-    // What each account may do, as the API server's authorizer answers.
-    let controller = format!("system:serviceaccount:{NS}:hostpath-controller");
-    let node = format!("system:serviceaccount:{NS}:hostpath-node");
+}
+
+/// The controller's and node's account from the driver's namespace.
+fn driver_accounts() -> (String, String) {
+    (
+        format!("system:serviceaccount:{NS}:hostpath-controller"),
+        format!("system:serviceaccount:{NS}:hostpath-node"),
+    )
+}
+
+/// What each account may do, as the API server's authorizer answers.
+async fn each_account_may_do_what_it_needs_and_no_more(bed: &Bed) {
+    let cluster = &bed.cluster;
+    let (controller, node) = driver_accounts();
     let operator_sa = format!(
         "system:serviceaccount:{}:{}",
         testkit::OPERATOR_NAMESPACE,
@@ -229,11 +287,18 @@ async fn install_upgrade_and_delete_in_order() {
         ),
     ] {
         assert_eq!(
-            testkit::can_i(&cluster, who, &args).await,
+            testkit::can_i(cluster, who, &args).await,
             allowed,
             "{who} {args:?}"
         );
     }
+}
+
+/// The CSIDriver and StorageClass of the fixture, and the object Available.
+async fn the_csidriver_and_storage_class_exist(bed: &Bed) {
+    let Bed {
+        cluster, client, ..
+    } = bed;
     let csidriver = Api::<CSIDriver>::all(client.clone())
         .get(DRIVER)
         .await
@@ -252,15 +317,24 @@ async fn install_upgrade_and_delete_in_order() {
         Some("WaitForFirstConsumer")
     );
     let phase = testkit::jsonpath(
-        &cluster,
+        cluster,
         &["-n", NS, "get", "csidd", NAME],
         "{.status.conditions[?(@.type==\"Available\")].status}",
     )
     .await
     .expect("jsonpath");
     assert_eq!(phase, "True");
+}
 
-    // --- ordered upgrade -----------------------------------------------------
+/// An edit of `spec.version` is seen as Upgrading and rolls the node pods
+/// first, then the controller with a surge replica, never without a Ready
+/// one; the Events tell each step.
+async fn an_upgrade_rolls_nodes_then_the_controller_with_a_surge(bed: &Bed) {
+    let Bed {
+        cluster,
+        client,
+        operator,
+    } = bed;
     let sts_api: Api<StatefulSet> = Api::namespaced(client.clone(), NS);
     let ds_api: Api<DaemonSet> = Api::namespaced(client.clone(), NS);
     let old_sts_hash = sts_api
@@ -278,11 +352,11 @@ async fn install_upgrade_and_delete_in_order() {
         .annotations
         .and_then(|a| a.get("csiops.dev/template-hash").cloned());
 
-    let upgrade = Timeline::start(&client, NS);
+    let upgrade = Timeline::start(client, NS);
     // The object's status as a watch sees it: on a quiet machine the whole
     // upgrade of three played nodes takes well under a second, quicker
     // than polls of `kubectl get` reliably catch.
-    let phases = RolloutClock::watch(&client, NS, "hostpath-node", None, Some(NAME));
+    let phases = RolloutClock::watch(client, NS, "hostpath-node", None, Some(NAME));
     phases
         .synced(DEADLINE)
         .await
@@ -305,7 +379,7 @@ async fn install_upgrade_and_delete_in_order() {
         .await
         .unwrap_or_else(|| panic!("rollout never visible as Upgrading: {:?}", phases.marks()));
     drop(phases);
-    testkit::wait_running(&cluster, NS, NAME, "v1.18.0", NODES, DEADLINE)
+    testkit::wait_running(cluster, NS, NAME, "v1.18.0", NODES, DEADLINE)
         .await
         .unwrap_or_else(|e| panic!("{e}\noperator log:\n{}", operator.log_tail(40)));
 
@@ -371,11 +445,31 @@ async fn install_upgrade_and_delete_in_order() {
     }
     assert!(events.contains("NodeRoll"), "{events}");
     assert!(!events.contains("ControllerScaleDown"), "{events}");
+}
 
-    // --- helper containers: a controller-only rollout ---------------------------
-    let template_hash = |annotations: Option<std::collections::BTreeMap<String, String>>| {
-        annotations.and_then(|a| a.get("csiops.dev/template-hash").cloned())
-    };
+/// The controller's and the DaemonSet's template hashes.
+struct Hashes {
+    sts: Option<String>,
+    ds: Option<String>,
+}
+
+/// The template hash among an object's annotations.
+fn template_hash(
+    annotations: Option<std::collections::BTreeMap<String, String>>,
+) -> Option<String> {
+    annotations.and_then(|a| a.get("csiops.dev/template-hash").cloned())
+}
+
+/// An extra container named like one of the operator's: Degraded, naming
+/// the collision, and nothing applied. The hashes from before the edit.
+async fn an_extra_container_named_like_ours_is_degraded(bed: &Bed) -> Hashes {
+    let Bed {
+        cluster,
+        client,
+        operator,
+    } = bed;
+    let sts_api: Api<StatefulSet> = Api::namespaced(client.clone(), NS);
+    let ds_api: Api<DaemonSet> = Api::namespaced(client.clone(), NS);
     let sts_hash = template_hash(
         sts_api
             .get("hostpath-controller")
@@ -404,14 +498,14 @@ async fn install_upgrade_and_delete_in_order() {
     let message = wait_for(DEADLINE, Duration::from_millis(300), || async {
         let args = ["-n", NS, "get", "csidd", NAME];
         let reason = testkit::jsonpath(
-            &cluster,
+            cluster,
             &args,
             "{.status.conditions[?(@.type==\"Degraded\")].reason}",
         )
         .await
         .ok()?;
         let message = testkit::jsonpath(
-            &cluster,
+            cluster,
             &args,
             "{.status.conditions[?(@.type==\"Degraded\")].message}",
         )
@@ -435,11 +529,29 @@ async fn install_upgrade_and_delete_in_order() {
             .annotations,
     );
     assert_eq!(unchanged, sts_hash, "nothing is applied while Degraded");
+    Hashes {
+        sts: sts_hash,
+        ds: ds_hash,
+    }
+}
 
-    // The three upstream helpers and a vendor container (renamed): they join
-    // the controller pod; the DaemonSet is not touched and the controller is
-    // not scaled down first, as for any controller-only change.
-    let helpers = Timeline::start(&client, NS);
+/// The three upstream helpers and a vendor container (renamed): they join
+/// the controller pod; the DaemonSet is not touched and the controller is
+/// not scaled down first, as for any controller-only change. Their
+/// upstream RBAC is granted to the controller's ServiceAccount.
+async fn helpers_join_the_controller_without_a_node_roll(bed: &Bed, hashes: Hashes) {
+    let Bed {
+        cluster,
+        client,
+        operator,
+    } = bed;
+    let Hashes {
+        sts: sts_hash,
+        ds: ds_hash,
+    } = hashes;
+    let sts_api: Api<StatefulSet> = Api::namespaced(client.clone(), NS);
+    let (controller, _) = driver_accounts();
+    let helpers = Timeline::start(client, NS);
     cluster
         .kubectl_ok([
             "-n", NS, "patch", "csidd", NAME, "--type=merge", "-p",
@@ -470,7 +582,7 @@ async fn install_upgrade_and_delete_in_order() {
         );
     }
     wait_for(DEADLINE, Duration::from_millis(300), || async {
-        let row = testkit::csidd_row(&cluster, NS, NAME).await.ok()?;
+        let row = testkit::csidd_row(cluster, NS, NAME).await.ok()?;
         let sts = sts_api.get("hostpath-controller").await.ok()?;
         let status = sts.status?;
         let done = row["PHASE"] == "Running"
@@ -519,13 +631,20 @@ async fn install_upgrade_and_delete_in_order() {
         ["list", "pods", "-A"],
     ] {
         assert!(
-            testkit::can_i(&cluster, &controller, &args).await,
+            testkit::can_i(cluster, &controller, &args).await,
             "{controller} may not {args:?}"
         );
     }
+}
 
-    // --- ordered teardown ----------------------------------------------------
-    let teardown = Timeline::start(&client, NS);
+/// Delete tears down controller → DaemonSet → cluster-scoped objects.
+async fn teardown_goes_controller_then_nodes_then_cluster_objects(bed: &Bed) {
+    let Bed {
+        cluster,
+        client,
+        operator,
+    } = bed;
+    let teardown = Timeline::start(client, NS);
     cluster
         .kubectl_ok(["-n", NS, "delete", "csidd", NAME, "--wait=false"])
         .await
@@ -553,8 +672,16 @@ async fn install_upgrade_and_delete_in_order() {
         sts_gone < ds_gone && ds_gone < driver_gone,
         "teardown order controller → node → cluster objects:\n{dump}"
     );
+}
 
-    // Nothing is left, cluster-scoped objects included (namespaced ones via GC).
+/// Nothing is left, cluster-scoped objects included (namespaced ones via GC).
+async fn nothing_is_left(bed: &Bed) {
+    let client = &bed.client;
+    let ns_sa: Api<ServiceAccount> = Api::namespaced(client.clone(), NS);
+    let cluster_roles: Api<ClusterRole> = Api::all(client.clone());
+    let cluster_bindings: Api<ClusterRoleBinding> = Api::all(client.clone());
+    let sts_api: Api<StatefulSet> = Api::namespaced(client.clone(), NS);
+    let ds_api: Api<DaemonSet> = Api::namespaced(client.clone(), NS);
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     wait_for(DEADLINE, Duration::from_millis(300), || async {
         let left = pods
@@ -605,10 +732,4 @@ async fn install_upgrade_and_delete_in_order() {
         .await
         .expect("get")
         .is_none());
-
-    operator
-        .check_running()
-        .expect("operator still running after the whole lifecycle");
-    drop(operator);
-    cluster.stop().await.expect("cluster stops");
 }

@@ -112,8 +112,10 @@ async fn pods_wait_for_the_driver_on_a_node_registered_with_the_readiness_taint(
         .expect("kubectl taint");
 
     // The driver, its node pods held back by the gate label.
-    let node_fields =
-        format!("\n    readinessTaint: true\n    nodeSelector: {{{GATE_LABEL}: \"yes\"}}");
+    let node_fields = [
+        ("readinessTaint", serde_json::json!(true)),
+        ("nodeSelector", serde_json::json!({ GATE_LABEL: "yes" })),
+    ];
     let driver = VolumeDriver {
         image: &driver_image,
         version: "v0.1.0",

@@ -9,6 +9,7 @@
 
 use std::time::Duration;
 
+use csiops_e2e::testkit::DriverCr;
 use csiops_e2e::{testkit, wait_for, Cluster, ClusterOptions};
 
 const NS: &str = "csi-sec";
@@ -383,18 +384,12 @@ async fn as_alice(cluster: &Cluster, args: &[&str]) -> (bool, String) {
     )
 }
 
-fn driver_cr(name: &str, extra_spec: &str) -> String {
-    format!(
-        r#"apiVersion: csiops.dev/v1alpha1
-kind: CSIDriverDeployment
-metadata: {{name: {name}, namespace: {TEAM}}}
-spec:
-  driverName: {name}.csi.example.com
-  version: v1
-  driver: {{image: "registry.example.com/driver:v1"}}
-  csiDriver: {{attachRequired: false}}
-{extra_spec}"#
-    )
+/// A CSIDriverDeployment `name` in alice's namespace (which exists).
+fn driver_cr(name: &str) -> String {
+    DriverCr::new(TEAM, name, &format!("{name}.csi.example.com"), "v1")
+        .image("registry.example.com/driver:v1")
+        .with("csiDriver.attachRequired", false)
+        .object_yaml()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -479,7 +474,7 @@ subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: "{ALICE}"}}]
     // a dry run: a new policy is enforced once the API server's informer
     // has it.
     let path = cluster.work_dir().join("alice-drv.yaml");
-    std::fs::write(&path, driver_cr("mine", "")).expect("write");
+    std::fs::write(&path, driver_cr("mine")).expect("write");
     let dry = ["create", "--dry-run=server", "-f", &*path.to_string_lossy()];
     wait_for(
         Duration::from_secs(60),
@@ -501,7 +496,7 @@ subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: "{ALICE}"}}]
 
     // An admin's driver in her namespace: every change that reaches what its
     // privileged pods run is refused, naming the field.
-    testkit::apply_ok(&cluster, "admin-drv", &driver_cr("admins", "")).await;
+    testkit::apply_ok(&cluster, "admin-drv", &driver_cr("admins")).await;
     let attempts: [(&str, &str); 11] = [
         (
             "node",
@@ -684,21 +679,10 @@ async fn the_operator_acts_only_in_its_watch_namespaces() {
         )
         .expect("operator starts");
     let cr = |ns: &str, name: &str| {
-        format!(
-            r#"apiVersion: v1
-kind: Namespace
-metadata: {{name: {ns}}}
----
-apiVersion: csiops.dev/v1alpha1
-kind: CSIDriverDeployment
-metadata: {{name: {name}, namespace: {ns}}}
-spec:
-  driverName: {name}.csi.example.com
-  version: v1
-  driver: {{image: "registry.example.com/driver:v1"}}
-  csiDriver: {{attachRequired: false}}
-"#
-        )
+        DriverCr::new(ns, name, &format!("{name}.csi.example.com"), "v1")
+            .image("registry.example.com/driver:v1")
+            .with("csiDriver.attachRequired", false)
+            .yaml()
     };
     // The one elsewhere first: by the time the allowed one is served, the
     // other has had every chance.

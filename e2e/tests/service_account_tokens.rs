@@ -98,7 +98,7 @@ async fn tokens_travel_in_secrets_or_in_the_volume_context_as_the_field_says() {
         on_simulated_nodes: false,
         controller_args: &[],
         node_args: &[],
-        node_fields: "",
+        node_fields: &[],
     };
     let csi_driver = "  csiDriver:\n    attachRequired: true\n";
     let with_tokens = |in_secrets: bool| {

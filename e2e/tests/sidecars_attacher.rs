@@ -162,6 +162,24 @@ async fn create_pvs(client: &kube::Client, driver_name: &str, ids: &[String]) {
     }
 }
 
+/// The first driver (attach enabled, its first three publishes failing),
+/// its attacher and volumes with their PVs, and what every phase uses.
+struct Bed {
+    // Dropped in this order, as the locals of the one function were: the
+    // processes before the cluster.
+    /// The volumes of `pv-<i>`.
+    ids: Vec<String>,
+    attacher: ManagedProcess,
+    /// The attacher's metrics port.
+    port: u16,
+    s: Setup,
+    pp: PostParams,
+    pvs: Api<PersistentVolume>,
+    vas: Api<VolumeAttachment>,
+    client: kube::Client,
+    cluster: Cluster,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
     let cluster = Cluster::start(ClusterOptions::kwok(1))
@@ -183,7 +201,7 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
     )
     .await;
     let port = free_port().expect("port");
-    let mut attacher = start_attacher(
+    let attacher = start_attacher(
         &cluster,
         &s,
         port,
@@ -202,11 +220,48 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
         .expect("volumes");
     create_pvs(&client, &s.driver_name, &ids).await;
 
-    // 1. A failing publish: attachError and an Event, then recovery.
-    vas.create(&pp, &attach::va("va-0", &s.driver_name, "pv-0", NODE))
+    let mut bed = Bed {
+        cluster,
+        client,
+        vas,
+        pvs,
+        pp,
+        s,
+        port,
+        attacher,
+        ids,
+    };
+
+    a_failing_publish_shows_its_error_then_recovers(&bed).await;
+    fresh_attachments_write_once_each(&bed).await;
+    a_detach_unpublishes_with_one_write(&bed).await;
+    a_pv_is_deleted_only_after_its_attachment(&bed).await;
+    an_attachment_of_a_pv_being_deleted_is_refused(&bed).await;
+    node_id_fallbacks_and_the_publish_secret(&bed).await;
+    // Each phase's drivers and attachers run on to the end, as they did
+    // when this was one function.
+    let _trivial = trivial_mode_writes_no_finalizer(&mut bed).await;
+    let _slow = detaches_never_starve_attaches(&bed).await;
+    let _leader = only_the_lease_holder_acts(&bed).await;
+    metrics_name_the_csi_calls_and_queues(&mut bed).await;
+}
+
+/// Step 1: A failing publish: attachError and an Event, then recovery.
+async fn a_failing_publish_shows_its_error_then_recovers(bed: &Bed) {
+    let Bed {
+        client,
+        vas,
+        pvs,
+        pp,
+        s,
+        attacher,
+        ids,
+        ..
+    } = bed;
+    vas.create(pp, &attach::va("va-0", &s.driver_name, "pv-0", NODE))
         .await
         .expect("VA");
-    let failed = wait_va(&vas, "va-0", "attachError", &attacher, |va| {
+    let failed = wait_va(vas, "va-0", "attachError", attacher, |va| {
         va.and_then(|v| v.status.as_ref())
             .and_then(|s| s.attach_error.as_ref())
             .is_some()
@@ -242,13 +297,9 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
     })
     .await
     .expect("an AttachFailed Event for va-0");
-    let ok = wait_va(
-        &vas,
-        "va-0",
-        "attached after the failures",
-        &attacher,
-        |va| va.is_some_and(|v| attached(v, &s.finalizer)),
-    )
+    let ok = wait_va(vas, "va-0", "attached after the failures", attacher, |va| {
+        va.is_some_and(|v| attached(v, &s.finalizer))
+    })
     .await
     .expect("exists");
     let st = ok.status.expect("status");
@@ -259,23 +310,35 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
             .and_then(|m| m.get("devicePath")),
         Some(&format!("/dev/test-{}", ids[0]))
     );
-    assert_eq!(published(&s, &ids[0]), vec![NODE_ID.to_string()]);
+    assert_eq!(published(s, &ids[0]), vec![NODE_ID.to_string()]);
     let pv0 = pvs.get("pv-0").await.expect("pv-0");
     assert!(has_finalizer(&pv0.metadata, &s.finalizer), "PV finalizer");
+}
 
-    // 2. Five fresh attachments: both finalizers, metadata, driver state,
-    //    and exactly one PV write and two VolumeAttachment writes each.
+/// Step 2: Five fresh attachments: both finalizers, metadata, driver state,
+/// and exactly one PV write and two VolumeAttachment writes each.
+async fn fresh_attachments_write_once_each(bed: &Bed) {
+    let port = bed.port;
+    let Bed {
+        vas,
+        pvs,
+        pp,
+        s,
+        attacher,
+        ids,
+        ..
+    } = bed;
     let before = writes(port).await;
     for i in 1..=5 {
         vas.create(
-            &pp,
+            pp,
             &attach::va(&format!("va-{i}"), &s.driver_name, &format!("pv-{i}"), NODE),
         )
         .await
         .expect("VA");
     }
     for (i, id) in ids.iter().enumerate().take(6).skip(1) {
-        let va = wait_va(&vas, &format!("va-{i}"), "attached", &attacher, |va| {
+        let va = wait_va(vas, &format!("va-{i}"), "attached", attacher, |va| {
             va.is_some_and(|v| attached(v, &s.finalizer))
         })
         .await
@@ -285,7 +348,7 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
             .and_then(|s| s.attachment_metadata)
             .unwrap_or_default();
         assert_eq!(meta.get("devicePath"), Some(&format!("/dev/test-{id}")));
-        assert_eq!(published(&s, id), vec![NODE_ID.to_string()]);
+        assert_eq!(published(s, id), vec![NODE_ID.to_string()]);
         let pv = pvs.get(&format!("pv-{i}")).await.expect("pv");
         assert!(has_finalizer(&pv.metadata, &s.finalizer));
     }
@@ -314,9 +377,19 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
             .count(),
         6
     );
+}
 
-    // 3. Detach: unpublished in the driver, then the object is gone, with
-    //    one write each.
+/// Step 3: Detach: unpublished in the driver, then the object is gone, with
+/// one write each.
+async fn a_detach_unpublishes_with_one_write(bed: &Bed) {
+    let port = bed.port;
+    let Bed {
+        vas,
+        s,
+        attacher,
+        ids,
+        ..
+    } = bed;
     let before = writes(port).await;
     for i in 1..=3 {
         vas.delete(&format!("va-{i}"), &DeleteParams::default())
@@ -324,11 +397,8 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
             .expect("delete VA");
     }
     for (i, id) in ids.iter().enumerate().take(4).skip(1) {
-        wait_va(&vas, &format!("va-{i}"), "gone", &attacher, |va| {
-            va.is_none()
-        })
-        .await;
-        assert!(published(&s, id).is_empty(), "volume {i} unpublished");
+        wait_va(vas, &format!("va-{i}"), "gone", attacher, |va| va.is_none()).await;
+        assert!(published(s, id).is_empty(), "volume {i} unpublished");
     }
     let after = writes(port).await;
     assert_eq!(
@@ -341,9 +411,19 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
         count(&before, "va_status"),
         "{after:?}"
     );
+}
 
-    // 4. PV deletion waits for its attachment: pv-4 is attached (va-4), pv-1
-    //    is not attached any more. Both keep our finalizer until deleted.
+/// Step 4: PV deletion waits for its attachment: pv-4 is attached (va-4), pv-1
+/// is not attached any more. Both keep our finalizer until deleted.
+async fn a_pv_is_deleted_only_after_its_attachment(bed: &Bed) {
+    let Bed {
+        vas,
+        pvs,
+        s,
+        attacher,
+        ids,
+        ..
+    } = bed;
     for pv in ["pv-1", "pv-4"] {
         pvs.delete(pv, &DeleteParams::default())
             .await
@@ -375,9 +455,20 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
             attacher.log_tail(30)
         )
     });
-    assert!(published(&s, &ids[4]).is_empty());
+    assert!(published(s, &ids[4]).is_empty());
+}
 
-    // A new attachment of a PV being deleted is refused and never published.
+/// A new attachment of a PV being deleted is refused and never published.
+async fn an_attachment_of_a_pv_being_deleted_is_refused(bed: &Bed) {
+    let Bed {
+        vas,
+        pvs,
+        pp,
+        s,
+        attacher,
+        ids,
+        ..
+    } = bed;
     let pv7 = pvs.get("pv-7").await.expect("pv-7");
     assert!(!has_finalizer(&pv7.metadata, &s.finalizer));
     let mut protect = pv7.clone();
@@ -386,14 +477,14 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
         .finalizers
         .get_or_insert_with(Vec::new)
         .push("e2e.csiops.dev/hold".into());
-    pvs.replace("pv-7", &pp, &protect).await.expect("hold pv-7");
+    pvs.replace("pv-7", pp, &protect).await.expect("hold pv-7");
     pvs.delete("pv-7", &DeleteParams::default())
         .await
         .expect("delete pv-7");
-    vas.create(&pp, &attach::va("va-7", &s.driver_name, "pv-7", NODE))
+    vas.create(pp, &attach::va("va-7", &s.driver_name, "pv-7", NODE))
         .await
         .expect("VA");
-    let refused = wait_va(&vas, "va-7", "refused", &attacher, |va| {
+    let refused = wait_va(vas, "va-7", "refused", attacher, |va| {
         va.and_then(|v| v.status.as_ref())
             .and_then(|s| s.attach_error.as_ref())
             .is_some()
@@ -408,12 +499,25 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
     assert!(msg.contains("marked for deletion"), "{msg}");
     // Refused before any CSI call: no gRPC code to report.
     assert_eq!(refusal.error_code, None, "{refusal:?}");
-    assert!(published(&s, &ids[7]).is_empty());
+    assert!(published(s, &ids[7]).is_empty());
     assert!(!has_finalizer(&refused.metadata, &s.finalizer));
+}
 
-    // Node-ID fallbacks: without the driver's CSINode entry, a detach uses
-    // the ID the attach stored on the attachment, and an attach the Node's
-    // `csi.volume.kubernetes.io/nodeid` annotation.
+/// Node-ID fallbacks: without the driver's CSINode entry, a detach uses
+/// the ID the attach stored on the attachment, and an attach the Node's
+/// `csi.volume.kubernetes.io/nodeid` annotation. The publish carries the
+/// PV's controller-publish secret; its value is never logged.
+async fn node_id_fallbacks_and_the_publish_secret(bed: &Bed) {
+    let Bed {
+        cluster,
+        client,
+        vas,
+        pp,
+        s,
+        attacher,
+        ids,
+        ..
+    } = bed;
     let va5 = vas.get("va-5").await.expect("va-5");
     assert_eq!(
         va5.metadata
@@ -423,21 +527,21 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
             .map(String::as_str),
         Some(NODE_ID)
     );
-    attach::unregister_driver(&client, NODE, &s.driver_name)
+    attach::unregister_driver(client, NODE, &s.driver_name)
         .await
         .expect("CSINode entry removed");
     vas.delete("va-5", &DeleteParams::default())
         .await
         .expect("delete va-5");
     wait_va(
-        &vas,
+        vas,
         "va-5",
         "detached without a CSINode entry",
-        &attacher,
+        attacher,
         |va| va.is_none(),
     )
     .await;
-    assert!(published(&s, &ids[5]).is_empty(), "va-5 unpublished");
+    assert!(published(s, &ids[5]).is_empty(), "va-5 unpublished");
     let nodes: Api<Node> = Api::all(client.clone());
     let ann = serde_json::json!({"metadata": {"annotations": {
         "csi.volume.kubernetes.io/nodeid": serde_json::json!({ s.driver_name.clone(): NODE_ID }).to_string()
@@ -449,10 +553,10 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
 
     // The publish carries the PV's controller-publish secret; its value is
     // never logged. (Attached through the Node annotation, see above.)
-    vas.create(&pp, &attach::va("va-6", &s.driver_name, "pv-6", NODE))
+    vas.create(pp, &attach::va("va-6", &s.driver_name, "pv-6", NODE))
         .await
         .expect("VA");
-    let va6 = wait_va(&vas, "va-6", "attached with a secret", &attacher, |va| {
+    let va6 = wait_va(vas, "va-6", "attached with a secret", attacher, |va| {
         va.is_some_and(|v| attached(v, &s.finalizer))
     })
     .await;
@@ -473,7 +577,7 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
     vas.delete("va-6", &DeleteParams::default())
         .await
         .expect("delete");
-    wait_va(&vas, "va-6", "gone", &attacher, |va| va.is_none()).await;
+    wait_va(vas, "va-6", "gone", attacher, |va| va.is_none()).await;
     let log = std::fs::read_to_string(
         cluster
             .log_dir()
@@ -484,22 +588,33 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
         !log.contains(SECRET_VALUE),
         "the secret leaked into the log"
     );
+}
 
-    // 5. Trivial mode: a driver without PUBLISH_UNPUBLISH_VOLUME.
-    let t = start_driver(&cluster, "trivial.test.csi.csiops.dev", &[]).await;
+/// Step 5: Trivial mode: a driver without PUBLISH_UNPUBLISH_VOLUME. Its driver
+/// and attacher, to keep running.
+async fn trivial_mode_writes_no_finalizer(bed: &mut Bed) -> (Setup, ManagedProcess) {
+    let Bed {
+        cluster,
+        vas,
+        pvs,
+        pp,
+        attacher,
+        ..
+    } = bed;
+    let t = start_driver(cluster, "trivial.test.csi.csiops.dev", &[]).await;
     let tport = free_port().expect("port");
-    let trivial = start_attacher(&cluster, &t, tport, &[], 0);
+    let trivial = start_attacher(cluster, &t, tport, &[], 0);
     let tcsi = t.driver.client().await.expect("client");
     let tid = attach::create_volumes(&tcsi, "tvol", 1)
         .await
         .expect("volume");
-    pvs.create(&pp, &attach::pv("tpv-0", &t.driver_name, &tid[0]))
+    pvs.create(pp, &attach::pv("tpv-0", &t.driver_name, &tid[0]))
         .await
         .expect("PV");
-    vas.create(&pp, &attach::va("tva-0", &t.driver_name, "tpv-0", NODE))
+    vas.create(pp, &attach::va("tva-0", &t.driver_name, "tpv-0", NODE))
         .await
         .expect("VA");
-    let tva = wait_va(&vas, "tva-0", "attached (trivial)", &trivial, |va| {
+    let tva = wait_va(vas, "tva-0", "attached (trivial)", &trivial, |va| {
         va.and_then(|v| v.status.as_ref())
             .is_some_and(|s| s.attached)
     })
@@ -534,20 +649,31 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
     vas.delete("tva-0", &DeleteParams::default())
         .await
         .expect("delete");
-    wait_va(&vas, "tva-0", "gone", &trivial, |va| va.is_none()).await;
+    wait_va(vas, "tva-0", "gone", &trivial, |va| va.is_none()).await;
 
-    // 6. Detaches never starve attaches: two workers per queue, four
-    //    detaches of 6 s each queued; a new attachment is attached while at
-    //    least two of them are still waiting (one shared pool of two would
-    //    take ~12 s of detaches first).
+    (t, trivial)
+}
+
+/// Step 6: Detaches never starve attaches: two workers per queue, four
+/// detaches of 6 s each queued; a new attachment is attached while at
+/// least two of them are still waiting (one shared pool of two would take
+/// ~12 s of detaches first). Its driver and attacher, to keep running.
+async fn detaches_never_starve_attaches(bed: &Bed) -> (Setup, ManagedProcess) {
+    let Bed {
+        cluster,
+        vas,
+        pvs,
+        pp,
+        ..
+    } = bed;
     let slow = start_driver(
-        &cluster,
+        cluster,
         "slow.test.csi.csiops.dev",
         &["--enable-attach", "--delay=ControllerUnpublishVolume=6s"],
     )
     .await;
     let slow_attacher = start_attacher(
-        &cluster,
+        cluster,
         &slow,
         free_port().expect("port"),
         &[
@@ -562,19 +688,19 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
         .await
         .expect("volumes");
     for (i, id) in sids.iter().enumerate() {
-        pvs.create(&pp, &attach::pv(&format!("spv-{i}"), &slow.driver_name, id))
+        pvs.create(pp, &attach::pv(&format!("spv-{i}"), &slow.driver_name, id))
             .await
             .expect("PV");
     }
     for i in 0..4 {
         let name = format!("sva-{i}");
         vas.create(
-            &pp,
+            pp,
             &attach::va(&name, &slow.driver_name, &format!("spv-{i}"), NODE),
         )
         .await
         .expect("VA");
-        wait_va(&vas, &name, "attached", &slow_attacher, |va| {
+        wait_va(vas, &name, "attached", &slow_attacher, |va| {
             va.is_some_and(|v| attached(v, &slow.finalizer))
         })
         .await;
@@ -593,11 +719,11 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
     })
     .await
     .unwrap_or_else(|_| panic!("two detaches in flight\n{}", slow_attacher.log_tail(30)));
-    vas.create(&pp, &attach::va("sva-4", &slow.driver_name, "spv-4", NODE))
+    vas.create(pp, &attach::va("sva-4", &slow.driver_name, "spv-4", NODE))
         .await
         .expect("VA");
     wait_va(
-        &vas,
+        vas,
         "sva-4",
         "attached during the detaches",
         &slow_attacher,
@@ -620,19 +746,28 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
         "only {still_detaching} detaches were pending when the attach finished"
     );
     for i in 0..4 {
-        wait_va(
-            &vas,
-            &format!("sva-{i}"),
-            "detached",
-            &slow_attacher,
-            |va| va.is_none(),
-        )
+        wait_va(vas, &format!("sva-{i}"), "detached", &slow_attacher, |va| {
+            va.is_none()
+        })
         .await;
     }
 
-    // 7. Leader election: of two attachers only the Lease holder acts; when
-    //    it is killed, the other takes over.
-    let l = start_driver(&cluster, "leader.test.csi.csiops.dev", &["--enable-attach"]).await;
+    (slow, slow_attacher)
+}
+
+/// Step 7: Leader election: of two attachers only the Lease holder acts; when
+/// it is killed, the other takes over. The driver and both attachers, to
+/// keep running.
+async fn only_the_lease_holder_acts(bed: &Bed) -> (Setup, ManagedProcess, ManagedProcess) {
+    let Bed {
+        cluster,
+        client,
+        vas,
+        pvs,
+        pp,
+        ..
+    } = bed;
+    let l = start_driver(cluster, "leader.test.csi.csiops.dev", &["--enable-attach"]).await;
     let election = [
         "--leader-election",
         "--leader-election-namespace=default",
@@ -640,7 +775,7 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
         "--leader-election-renew-deadline=2s",
         "--leader-election-retry-period=500ms",
     ];
-    let mut first = start_attacher(&cluster, &l, free_port().expect("port"), &election, 0);
+    let mut first = start_attacher(cluster, &l, free_port().expect("port"), &election, 0);
     let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
     let lease_name = "external-attacher-leader-leader-test-csi-csiops-dev";
     wait_for(DEADLINE, POLL, || async {
@@ -650,7 +785,7 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
     })
     .await
     .unwrap_or_else(|_| panic!("the first attacher leads\n{}", first.log_tail(20)));
-    let second = start_attacher(&cluster, &l, free_port().expect("port"), &election, 1);
+    let second = start_attacher(cluster, &l, free_port().expect("port"), &election, 1);
     let second_log = || std::fs::read_to_string(second.log_path()).unwrap_or_default();
     // The standby is in the election before the leader gets work: a
     // standby still starting up would pass "the standby acted" trivially.
@@ -666,14 +801,14 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
         .await
         .expect("volumes");
     for (i, id) in lids.iter().enumerate() {
-        pvs.create(&pp, &attach::pv(&format!("lpv-{i}"), &l.driver_name, id))
+        pvs.create(pp, &attach::pv(&format!("lpv-{i}"), &l.driver_name, id))
             .await
             .expect("PV");
     }
-    vas.create(&pp, &attach::va("lva-0", &l.driver_name, "lpv-0", NODE))
+    vas.create(pp, &attach::va("lva-0", &l.driver_name, "lpv-0", NODE))
         .await
         .expect("VA");
-    wait_va(&vas, "lva-0", "attached by the leader", &first, |va| {
+    wait_va(vas, "lva-0", "attached by the leader", &first, |va| {
         va.is_some_and(|v| attached(v, &l.finalizer))
     })
     .await;
@@ -683,16 +818,23 @@ async fn attach_detach_errors_pv_deletion_and_trivial_mode() {
         second_log()
     );
     first.kill9();
-    vas.create(&pp, &attach::va("lva-1", &l.driver_name, "lpv-1", NODE))
+    vas.create(pp, &attach::va("lva-1", &l.driver_name, "lpv-1", NODE))
         .await
         .expect("VA");
-    wait_va(&vas, "lva-1", "attached by the new leader", &second, |va| {
+    wait_va(vas, "lva-1", "attached by the new leader", &second, |va| {
         va.is_some_and(|v| attached(v, &l.finalizer))
     })
     .await;
     assert!(second_log().contains("attaching"), "{}", second_log());
 
-    // Metrics with the upstream name for the CSI calls, and the queues.
+    (l, first, second)
+}
+
+/// Metrics with the upstream name for the CSI calls, and the queues; then
+/// the first attacher stops.
+async fn metrics_name_the_csi_calls_and_queues(bed: &mut Bed) {
+    let port = bed.port;
+    let Bed { attacher, .. } = bed;
     let (_, body) = testkit::http_get_async(([127, 0, 0, 1], port).into(), "/metrics")
         .await
         .expect("metrics");

@@ -402,7 +402,7 @@ impl Bed {
             on_simulated_nodes: false,
             controller_args: self.controller_args,
             node_args: self.node_args,
-            node_fields: "",
+            node_fields: &[],
         }
     }
 }

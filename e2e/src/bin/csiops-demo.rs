@@ -72,7 +72,7 @@ async fn demo() -> Result<(), Box<dyn std::error::Error>> {
         on_simulated_nodes: true,
         controller_args: &[],
         node_args: &[],
-        node_fields: "",
+        node_fields: &[],
     };
     eprintln!(
         "\n==> kubectl apply -f - (a CSIDriverDeployment of csi-test-driver)\n{}",

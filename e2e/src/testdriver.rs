@@ -34,7 +34,9 @@
 //!
 //! - [`state`]: the persisted types, [`load_state`], [`StateStore`].
 //! - [`config`]: flags and fault specs.
-//! - [`service`]: the Identity, Controller and Node services.
+//! - [`service`]: the [`Driver`] and the plumbing of every RPC.
+//! - [`identity`], [`controller`], [`node`]: the three CSI services.
+//! - [`volume_data`]: the volumes' and snapshots' data under `--data-dir`.
 //! - [`mounts`]: the bind mounts and loop devices of `--data-dir`.
 //! - [`copy`]: the data copies of `--data-dir` snapshots and clones.
 //! - [`node_local`]: the decisions of `--node-local`.
@@ -43,14 +45,18 @@
 //! - [`harness`]: [`TestDriverProcess`], the driver as a child of a test.
 
 pub mod config;
+mod controller;
 pub mod copy;
 pub mod harness;
+mod identity;
 pub mod leftovers;
 pub mod mounts;
+mod node;
 pub mod node_local;
 pub mod serve;
 pub mod service;
 pub mod state;
+mod volume_data;
 
 pub use config::Config;
 pub use harness::{test_driver_bin, TestDriverProcess};
