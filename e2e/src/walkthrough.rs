@@ -262,6 +262,23 @@ spec:
     }
 }
 
+/// What a driver on the real node needs from it: csi-test-driver's image
+/// reference, the node's kubelet directory, and the host directory
+/// `<node root>/<data>` for the driver's volumes (created).
+pub fn real_node_bed(cluster: &Cluster, data: &str) -> Result<(String, PathBuf, PathBuf)> {
+    let node = cluster
+        .real_node()
+        .ok_or_else(|| Error::Other("the cluster has no real node".into()))?;
+    let image = node
+        .images()
+        .reference(crate::realnode::images::TEST_DRIVER)?
+        .to_string();
+    let data_dir = node.layout().root.join(data);
+    std::fs::create_dir_all(&data_dir)
+        .map_err(|e| Error::Other(format!("creating {}: {e}", data_dir.display())))?;
+    Ok((image, node.layout().kubelet_dir(), data_dir))
+}
+
 /// Waits until the pod `name` of [`NS`] is Running.
 pub async fn wait_pod_running(cluster: &Cluster, name: &str, timeout: Duration) -> Result<Pod> {
     let pods: Api<Pod> = Api::namespaced(cluster.client()?, NS);

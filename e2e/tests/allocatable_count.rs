@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use csiops_e2e::cluster::ALLOCATABLE_COUNT_GATE;
-use csiops_e2e::realnode::{images, NODE_NAME};
+use csiops_e2e::realnode::NODE_NAME;
 use csiops_e2e::walkthrough::{self, App, Use, VolumeDriver, DATA_MOUNT, DRIVER, NAME, NS};
 use csiops_e2e::{testkit, wait_for, Cluster, ClusterOptions};
 use futures::StreamExt;
@@ -123,17 +123,8 @@ impl Bed {
         .await
         .unwrap_or_else(|e| panic!("cluster with a real node starts: {e}"));
         let client = cluster.client().expect("client");
-        let node = cluster.real_node().expect("a real node");
-        let driver_image = node
-            .images()
-            .reference(images::TEST_DRIVER)
-            .expect("driver image")
-            .to_string();
-        let (kubelet_dir, data_dir) = (
-            node.layout().kubelet_dir(),
-            node.layout().root.join("csi-data"),
-        );
-        std::fs::create_dir_all(&data_dir).expect("data dir");
+        let (driver_image, kubelet_dir, data_dir) =
+            walkthrough::real_node_bed(&cluster, "csi-data").expect("the real node's bed");
         let bed = Bed {
             limit_file: data_dir.join(LIMIT_FILE),
             cluster,

@@ -25,6 +25,18 @@ async fn as_token(cluster: &Cluster, token: &str, args: &[&str]) -> (bool, Strin
     )
 }
 
+/// A cluster of `nodes` kwok nodes with install.yaml's RBAC and admission
+/// policies, which every test here puts to the proof.
+async fn policed_cluster(nodes: usize) -> Cluster {
+    let cluster = Cluster::start(ClusterOptions::kwok(nodes))
+        .await
+        .expect("cluster starts");
+    testkit::install_operator_rbac(&cluster)
+        .await
+        .expect("install.yaml's RBAC and policies apply");
+    cluster
+}
+
 fn label_patch(value: &str) -> String {
     format!(r#"{{"metadata":{{"labels":{{"example.com/touched":"{value}"}}}}}}"#)
 }
@@ -145,12 +157,7 @@ async fn what_a_registrar_may_change_on_its_node(cluster: &Cluster, token: &str,
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_registrar_token_writes_only_its_own_node() {
-    let cluster = Cluster::start(ClusterOptions::kwok(2))
-        .await
-        .expect("cluster starts");
-    testkit::install_operator_rbac(&cluster)
-        .await
-        .expect("install.yaml's RBAC and policies apply");
+    let cluster = policed_cluster(2).await;
     let nodes = cluster.node_names().to_vec();
     let (own, other) = (&nodes[0], &nodes[1]);
 
@@ -394,12 +401,7 @@ fn driver_cr(name: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_namespace_user_gains_nothing_through_a_csidriverdeployment() {
-    let cluster = Cluster::start(ClusterOptions::kwok(1))
-        .await
-        .expect("cluster starts");
-    testkit::install_operator_rbac(&cluster)
-        .await
-        .expect("install.yaml's RBAC and policies apply");
+    let cluster = policed_cluster(1).await;
     // Alice may manage CSIDriverDeployments in her namespace, nothing else.
     let rbac = format!(
         r#"apiVersion: v1
@@ -664,12 +666,7 @@ subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: "{ALICE}"}}]
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operator_acts_only_in_its_watch_namespaces() {
-    let cluster = Cluster::start(ClusterOptions::kwok(1))
-        .await
-        .expect("cluster starts");
-    testkit::install_operator_rbac(&cluster)
-        .await
-        .expect("install.yaml's RBAC and policies apply");
+    let cluster = policed_cluster(1).await;
     let operator = cluster
         .run_operator_as(
             &csiops_e2e::operator_bin().expect("operator built"),
@@ -747,12 +744,7 @@ async fn the_operator_acts_only_in_its_watch_namespaces() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_namespace_creator_cannot_label_his_way_to_host_access() {
     const BOB: &str = "bob@example.com";
-    let cluster = Cluster::start(ClusterOptions::kwok(1))
-        .await
-        .expect("cluster starts");
-    testkit::install_operator_rbac(&cluster)
-        .await
-        .expect("install.yaml's RBAC and policies apply");
+    let cluster = policed_cluster(1).await;
     let rbac = format!(
         r#"apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRole
@@ -887,12 +879,7 @@ subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: "{BOB}"}}]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operators_token_cannot_bind_roles_or_run_pods_beyond_its_objects() {
     const OPERATOR: &str = "system:serviceaccount:csiops-system:csiops-operator";
-    let cluster = Cluster::start(ClusterOptions::kwok(1))
-        .await
-        .expect("cluster starts");
-    testkit::install_operator_rbac(&cluster)
-        .await
-        .expect("install.yaml's RBAC and policies apply");
+    let cluster = policed_cluster(1).await;
     let as_operator = |yaml: String, name: &'static str| {
         let cluster = &cluster;
         async move {

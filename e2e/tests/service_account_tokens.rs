@@ -14,7 +14,6 @@
 
 use std::time::Duration;
 
-use csiops_e2e::realnode::images;
 use csiops_e2e::walkthrough::{self, App, Use, VolumeDriver, NAME, NS};
 use csiops_e2e::{testkit, wait_for, Cluster, ClusterOptions};
 use k8s_openapi::api::storage::v1::CSIDriver;
@@ -76,16 +75,8 @@ async fn tokens_travel_in_secrets_or_in_the_volume_context_as_the_field_says() {
     .await
     .unwrap_or_else(|e| panic!("cluster with a real node starts: {e}"));
     let client = cluster.client().expect("client");
-    let node = cluster.real_node().expect("a real node");
-    let image = node
-        .images()
-        .reference(images::TEST_DRIVER)
-        .expect("driver image")
-        .to_string();
-    let (kubelet_dir, data_dir) = (
-        node.layout().kubelet_dir(),
-        node.layout().root.join("csi-data"),
-    );
+    let (image, kubelet_dir, data_dir) =
+        walkthrough::real_node_bed(&cluster, "csi-data").expect("the real node's bed");
     walkthrough::install_operator(&cluster)
         .await
         .unwrap_or_else(|e| panic!("operator ready: {e}"));
