@@ -94,11 +94,11 @@ async fn csiops_keeps_serving_through_a_kubernetes_upgrade_on_two_real_nodes() {
 
     // Every failed check at once: the run takes minutes, and one cause
     // (say, no PodDisruptionBudget) shows in several of them.
-    if watched.zero_ready_polls > 0 {
+    if watched.controller.zero_ready_polls > 0 {
         findings.push(format!(
             "no controller replica was Ready for up to {:.1}s ({} observations; {}): a drain evicted every replica",
-            watched.longest_gap.as_secs_f64(),
-            watched.zero_ready_polls,
+            watched.controller.longest.as_secs_f64(),
+            watched.controller.zero_ready_polls,
             watched.pdb
         ));
     }
@@ -680,15 +680,74 @@ async fn give_back(cluster: &Cluster, findings: &mut Vec<String>) {
     }
 }
 
+/// Selector of the driver's controller pods.
+fn controller_pods() -> String {
+    format!("app.kubernetes.io/managed-by=csiops-operator,app.kubernetes.io/component=controller,app.kubernetes.io/instance={NAME}")
+}
+/// Selector of the operator's own pods (install.yaml's Deployment).
+const OPERATOR_PODS: &str = "app.kubernetes.io/name=csiops-operator";
+const OPERATOR_NS: &str = "csiops-system";
+
+/// Times without a Ready pod of one workload, as the poller saw them.
+#[derive(Debug, Default)]
+struct Gaps {
+    /// Observations with no pod Ready.
+    zero_ready_polls: usize,
+    /// The longest time between two observations of a Ready pod with
+    /// none seen in between (an open gap counts up to the poller's end).
+    longest: Duration,
+    /// When a Ready pod was last seen.
+    ready_seen: Option<Instant>,
+    in_gap: bool,
+}
+
+impl Gaps {
+    /// Records one observation of the `ready` pods (of `total`); what
+    /// changed, for the timeline.
+    fn observe(&mut self, what: &str, ready: &[String], total: usize) -> Option<String> {
+        let now = Instant::now();
+        if ready.is_empty() {
+            self.zero_ready_polls += 1;
+            let opened = !self.in_gap;
+            self.in_gap = true;
+            return opened.then(|| format!("  ! no {what} pod Ready ({total} pods)"));
+        }
+        let gap = self.ready_seen.map(|g| now - g).unwrap_or_default();
+        self.ready_seen = Some(now);
+        if !std::mem::replace(&mut self.in_gap, false) {
+            return None;
+        }
+        self.longest = self.longest.max(gap);
+        Some(format!(
+            "  {what} Ready again after {:.1}s: {ready:?}",
+            gap.as_secs_f64()
+        ))
+    }
+
+    fn close(&mut self) {
+        if let Some(since) = self.ready_seen.filter(|_| self.in_gap) {
+            self.longest = self.longest.max(since.elapsed());
+        }
+    }
+
+    fn report(&self, what: &str) -> String {
+        format!(
+            "{what}: {} observations with no pod Ready, longest gap {:.1}s",
+            self.zero_ready_polls,
+            self.longest.as_secs_f64()
+        )
+    }
+}
+
 /// What the poller saw.
 #[derive(Debug, Default)]
 struct Watched {
     polls: usize,
-    /// Observations with no controller replica Ready.
-    zero_ready_polls: usize,
-    /// The longest time between two observations of a Ready controller
-    /// replica with none seen in between.
-    longest_gap: Duration,
+    /// The driver's controller replicas.
+    controller: Gaps,
+    /// The operator's replicas (reported: the operator being away stops
+    /// status updates, not the driver).
+    operator: Gaps,
     /// Observations of the status that were not healthy, distinct ones.
     unhealthy: Vec<String>,
     /// The namespace's PodDisruptionBudgets when the poller started.
@@ -698,19 +757,19 @@ struct Watched {
 impl Watched {
     fn report(&self) -> String {
         format!(
-            "poller: {} observations; controller: {} with no replica Ready, longest gap {:.1}s; {}; \
-             unhealthy status observations: {}",
+            "poller: {} observations; {}; {}; {}; unhealthy status observations: {}",
             self.polls,
-            self.zero_ready_polls,
-            self.longest_gap.as_secs_f64(),
+            self.controller.report("controller"),
+            self.operator.report("operator"),
             self.pdb,
             self.unhealthy.len()
         )
     }
 }
 
-/// Polls the controller replicas and the CSIDriverDeployment's status
-/// every [`POLL`] until stopped, noting each change in the timeline.
+/// Polls the controller replicas, the operator's and the
+/// CSIDriverDeployment's status every [`POLL`] until stopped, noting each
+/// change in the timeline.
 struct Monitor {
     stop: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<Watched>,
@@ -721,17 +780,17 @@ impl Monitor {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let task = tokio::spawn(async move {
-            let mut w = Watched::default();
-            let pdbs = pdbs_text(&client).await;
-            w.pdb = pdbs;
-            let mut state = PollState::default();
+            let mut w = Watched {
+                pdb: pdbs_text(&client).await,
+                ..Watched::default()
+            };
+            let mut last_status = String::new();
             while !flag.load(Ordering::Relaxed) {
-                poll_once(&client, &tl, &mut w, &mut state).await;
+                poll_once(&client, &tl, &mut w, &mut last_status).await;
                 tokio::time::sleep(POLL).await;
             }
-            if let Some(since) = state.gap_since.filter(|_| state.in_gap) {
-                w.longest_gap = w.longest_gap.max(since.elapsed());
-            }
+            w.controller.close();
+            w.operator.close();
             w
         });
         Monitor { stop, task }
@@ -757,73 +816,50 @@ async fn pdbs_text(client: &Client) -> String {
     }
 }
 
-#[derive(Default)]
-struct PollState {
-    /// When a Ready replica was last seen.
-    gap_since: Option<Instant>,
-    in_gap: bool,
-    last_status: String,
+/// The Ready pods (`name@node`) of `selector` in `ns` and how many pods
+/// there are; `None` when the API server does not answer (it is being
+/// replaced): no observation.
+async fn ready_pods(client: &Client, ns: &str, selector: &str) -> Option<(Vec<String>, usize)> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let lp = ListParams::default().labels(selector);
+    let list = tokio::time::timeout(Duration::from_secs(5), pods.list(&lp))
+        .await
+        .ok()?
+        .ok()?;
+    let ready = list
+        .items
+        .iter()
+        .filter(|p| pod_ready(p))
+        .map(|p| {
+            let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
+            format!("{}@{}", p.name_any(), node.unwrap_or_default())
+        })
+        .collect();
+    Some((ready, list.items.len()))
 }
 
-/// One observation; API errors (the API server being replaced) count as
-/// none.
-async fn poll_once(client: &Client, tl: &Timeline, w: &mut Watched, s: &mut PollState) {
-    let t = Duration::from_secs(5);
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
-    let sel = format!(
-        "app.kubernetes.io/managed-by=csiops-operator,app.kubernetes.io/component=controller,app.kubernetes.io/instance={NAME}"
-    );
-    if let Ok(Ok(list)) =
-        tokio::time::timeout(t, pods.list(&ListParams::default().labels(&sel))).await
-    {
+/// One observation of each; what does not answer counts as none.
+async fn poll_once(client: &Client, tl: &Timeline, w: &mut Watched, last_status: &mut String) {
+    if let Some((ready, total)) = ready_pods(client, NS, &controller_pods()).await {
         w.polls += 1;
-        let ready: Vec<String> = list
-            .items
-            .iter()
-            .filter(|p| pod_ready(p))
-            .map(|p| {
-                format!(
-                    "{}@{}",
-                    p.name_any(),
-                    p.spec
-                        .as_ref()
-                        .and_then(|s| s.node_name.clone())
-                        .unwrap_or_default()
-                )
-            })
-            .collect();
-        let now = Instant::now();
-        if ready.is_empty() {
-            w.zero_ready_polls += 1;
-            if !s.in_gap {
-                s.in_gap = true;
-                tl.mark(format!(
-                    "  ! no controller replica Ready ({} pods)",
-                    list.items.len()
-                ));
-            }
-        } else {
-            if s.in_gap {
-                let gap = s.gap_since.map(|g| now - g).unwrap_or_default();
-                w.longest_gap = w.longest_gap.max(gap);
-                s.in_gap = false;
-                tl.mark(format!(
-                    "  controller Ready again after {:.1}s: {ready:?}",
-                    gap.as_secs_f64()
-                ));
-            }
-            s.gap_since = Some(now);
+        if let Some(change) = w.controller.observe("controller", &ready, total) {
+            tl.mark(change);
+        }
+    }
+    if let Some((ready, total)) = ready_pods(client, OPERATOR_NS, OPERATOR_PODS).await {
+        if let Some(change) = w.operator.observe("operator", &ready, total) {
+            tl.mark(change);
         }
     }
     let csidds: Api<CSIDriverDeployment> = Api::namespaced(client.clone(), NS);
-    if let Ok(Ok(d)) = tokio::time::timeout(t, csidds.get(NAME)).await {
+    if let Ok(Ok(d)) = tokio::time::timeout(Duration::from_secs(5), csidds.get(NAME)).await {
         let (line, healthy) = status_line(&d);
-        if line != s.last_status {
+        if line != *last_status {
             tl.mark(format!("  status: {line}"));
             if !healthy && !w.unhealthy.contains(&line) {
                 w.unhealthy.push(line.clone());
             }
-            s.last_status = line;
+            *last_status = line;
         }
     }
 }
