@@ -906,6 +906,6 @@ fn status_line(d: &CSIDriverDeployment) -> (String, bool) {
         && st
             .condition("Available")
             .is_some_and(|c| c.status == "True")
-        && !st.condition("Degraded").is_some_and(|c| c.status == "True");
+        && st.condition("Degraded").is_none_or(|c| c.status != "True");
     (line, healthy)
 }
