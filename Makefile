@@ -5,7 +5,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 CARGO ?= cargo
 
-.PHONY: all build test test-matrix unit e2e lint fmt crds api-docs manifests cluster-bins e2e-suite node-prereqs images demo conformance toolchain clean-cache bench-attacher bench-fleet
+.PHONY: all build test test-matrix test-upgrade unit e2e lint fmt crds api-docs manifests cluster-bins e2e-suite node-prereqs images demo conformance toolchain clean-cache bench-attacher bench-fleet
 
 all: build
 
@@ -87,6 +87,20 @@ test-matrix: toolchain node-prereqs images build
 	  CSIOPS_IMAGES_DIR="$$(e2e/images/build.sh)" \
 	  $(CARGO) test -p csiops-e2e $(addprefix --test ,$(MATRIX_TESTS)) || exit 1; \
 	done
+
+## A Kubernetes upgrade under csiops (not part of `test`: it needs a second
+## minor's binaries; run it before landing a change to version-dependent
+## code or to what a drain touches): two real nodes start on UPGRADE_FROM,
+## the operator deploys a central driver with two controller replicas and a
+## writer uses a volume, then the control plane and each node's kubelet
+## (drain, restart, uncordon) move to the pinned release. Prints a timeline.
+## See e2e/tests/cluster_upgrade.rs and docs/kubernetes-versions.md.
+UPGRADE_FROM ?= 1.36
+test-upgrade: toolchain cluster-bins node-prereqs images
+	CSIOPS_UPGRADE_FROM_BIN_DIR="$$(CSIOPS_K8S_MINOR=$(UPGRADE_FROM) e2e/cluster-bins/build.sh --core)" \
+	CSIOPS_BIN_DIR="$$(e2e/cluster-bins/build.sh)" \
+	CSIOPS_IMAGES_DIR="$$(e2e/images/build.sh)" \
+	$(CARGO) test -p csiops-e2e --test cluster_upgrade -- --ignored --nocapture
 
 ## Unit tests only (no control plane; Go fetches the published protos once).
 unit:

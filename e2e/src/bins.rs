@@ -41,13 +41,50 @@ pub fn bin_dir() -> Result<PathBuf> {
     if let Some(d) = DIR.get() {
         return Ok(d.clone());
     }
-    let dir = resolve_bin_dir()?;
+    let dir = checked_bin_dir(resolve_bin_dir()?)?;
+    Ok(DIR.get_or_init(|| dir).clone())
+}
+
+/// `dir` if it holds every one of [`CLUSTER_BINARIES`]: a bin dir given
+/// explicitly (`ClusterOptions::bin_dir`, an upgrade's target) is checked
+/// the way the default one is, so a half-built dir fails here, naming the
+/// missing binary, not later as a process that cannot be spawned.
+pub fn checked_bin_dir(dir: PathBuf) -> Result<PathBuf> {
     for b in CLUSTER_BINARIES {
         if !dir.join(b).is_file() {
             return Err(Error::Bins(format!("{} has no {b}", dir.display())));
         }
     }
-    Ok(DIR.get_or_init(|| dir).clone())
+    Ok(dir)
+}
+
+/// The Kubernetes version a binary of a bin dir reports (`kubelet
+/// --version` prints `Kubernetes v1.37.2`): `v1.37.2`.
+pub fn kube_version(binary: &Path) -> Result<String> {
+    let out = Command::new(binary)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .output()
+        .map_err(io("running", binary))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    match text.trim().strip_prefix("Kubernetes ") {
+        Some(v) if out.status.success() && v.starts_with('v') => Ok(v.to_string()),
+        _ => Err(Error::Bins(format!(
+            "{} --version printed {text:?} ({})",
+            binary.display(),
+            out.status
+        ))),
+    }
+}
+
+/// The minor of a version such as `v1.37.2` (`37`).
+pub fn minor_of(version: &str) -> Result<u32> {
+    version
+        .trim_start_matches('v')
+        .split('.')
+        .nth(1)
+        .and_then(|m| m.trim_end_matches('+').parse().ok())
+        .ok_or_else(|| Error::Bins(format!("{version:?} has no minor version")))
 }
 
 fn resolve_bin_dir() -> Result<PathBuf> {
@@ -191,6 +228,13 @@ mod tests {
         let m = parse_env("K8S_VERSION=v1.37.2\nETCD_VERSION=v3.7.0\nK8S_VERSION=v1.35.4\n");
         assert_eq!(m["K8S_VERSION"], "v1.35.4");
         assert_eq!(m["ETCD_VERSION"], "v3.7.0");
+    }
+
+    #[test]
+    fn minor_versions() {
+        assert_eq!(minor_of("v1.37.2").unwrap(), 37);
+        assert_eq!(minor_of("1.36.3").unwrap(), 36);
+        assert!(minor_of("v1").is_err());
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! optionally real nodes (containerd, kubelet, kube-proxy each; see
 //! [`crate::realnode`]).
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -20,7 +21,10 @@ use crate::error::{io, Error, Result};
 use crate::kwok;
 use crate::operator::OperatorProcess;
 use crate::process::{self, ManagedProcess, DEFAULT_GRACE};
-use crate::workdir::WorkDir;
+use crate::workdir::{Ports, WorkDir};
+
+mod upgrade;
+pub use upgrade::{kubelet_version, Replaced, CONTROL_PLANE_ORDER};
 
 /// How long `Cluster::start` may take before it gives up with the log tails.
 /// Override with `CSIOPS_E2E_START_TIMEOUT_SECS` (slow CI machines).
@@ -60,6 +64,11 @@ pub struct ClusterOptions {
     /// More OCI archives to import into every real node's containerd (the
     /// storage e2e suite's images).
     pub extra_images: Vec<PathBuf>,
+    /// The bin dir to run the control plane and the real nodes from: an
+    /// older minor's (`CSIOPS_K8S_MINOR=1.36 e2e/cluster-bins/build.sh`) for
+    /// a cluster that is then upgraded ([`Cluster::upgrade_control_plane`]).
+    /// `None`: [`bins::bin_dir`], the pinned release.
+    pub bin_dir: Option<PathBuf>,
 }
 
 /// KEP-4876's gate (beta and on by default in Kubernetes 1.35, GA and
@@ -79,6 +88,7 @@ impl Default for ClusterOptions {
             simulation: kwok::Simulation::DEFAULT,
             real_node_count: 1,
             extra_images: Vec::new(),
+            bin_dir: None,
         }
     }
 }
@@ -110,6 +120,11 @@ pub struct Cluster {
     nodes: Vec<String>,
     /// In start order; etcd first.
     procs: Vec<ManagedProcess>,
+    /// The arguments each of `procs` was started with, by name: an upgrade
+    /// starts the new binary with the same ones.
+    args: BTreeMap<String, Vec<String>>,
+    /// The ports the control plane listens on (its health endpoints).
+    ports: Ports,
     real: Option<RealNodes>,
     started_in: Duration,
     operator_runs: AtomicUsize,
@@ -130,9 +145,12 @@ impl Cluster {
     /// Starts a cluster and waits until the apiserver is ready, the `default`
     /// ServiceAccount exists (so Pods can be created) and all Nodes are Ready.
     pub async fn start(opts: ClusterOptions) -> Result<Cluster> {
-        let bin_dir = tokio::task::spawn_blocking(bins::bin_dir)
-            .await
-            .map_err(|e| Error::Other(format!("resolving bin dir: {e}")))??;
+        let chosen = opts.bin_dir.clone();
+        let bin_dir = blocking("resolving the bin dir", move || match chosen {
+            Some(dir) => bins::checked_bin_dir(dir),
+            None => bins::bin_dir(),
+        })
+        .await?;
         // Before the start deadline: a cold image build takes minutes.
         let images = if opts.real_node {
             let extra = opts.extra_images.clone();
@@ -221,6 +239,8 @@ impl Cluster {
             host,
             nodes: (0..opts.nodes).map(kwok::node_name).collect(),
             procs: Vec::new(),
+            args: BTreeMap::new(),
+            ports: w.ports,
             real: None,
             started_in: Duration::ZERO,
             operator_runs: AtomicUsize::new(0),
@@ -242,15 +262,8 @@ impl Cluster {
         cluster.spawn("kube-apiserver", apiserver)?;
         let client = cluster.client()?;
         cluster
-            .poll_until("kube-apiserver /readyz", deadline, || async {
-                let req = http::Request::get("/readyz")
-                    .body(Vec::new())
-                    .expect("static request");
-                match client.request_text(req).await {
-                    Ok(body) if body.trim() == "ok" => Ok(()),
-                    Ok(body) => Err(body),
-                    Err(e) => Err(e.to_string()),
-                }
+            .poll_until("kube-apiserver /readyz", deadline, || {
+                health_ok(&client, "/readyz")
             })
             .await?;
 
@@ -359,7 +372,13 @@ impl Cluster {
 
     /// The first real node, to restart its kubelet.
     pub fn real_node_mut(&mut self) -> Option<&mut RealNode> {
-        self.real.as_mut().and_then(|r| r.node_mut(0))
+        self.real_node_at_mut(0)
+    }
+
+    /// Real node `index` (0: [`realnode::NODE_NAME`]), to restart or
+    /// upgrade its kubelet.
+    pub fn real_node_at_mut(&mut self, index: usize) -> Option<&mut RealNode> {
+        self.real.as_mut().and_then(|r| r.node_mut(index))
     }
 
     /// Every real node, node 0 first.
@@ -372,6 +391,7 @@ impl Cluster {
         let log = self.logs.join(format!("{name}.log"));
         self.procs
             .push(ManagedProcess::spawn(name, &program, &args, &log)?);
+        self.args.insert(name.to_string(), args);
         Ok(())
     }
 
@@ -483,7 +503,8 @@ impl Cluster {
         &self.logs
     }
 
-    /// The bin dir the cluster was started from.
+    /// The bin dir the cluster was started from (kwok, and the real nodes'
+    /// kube-proxy, keep running from it after an upgrade).
     pub fn bin_dir(&self) -> &Path {
         &self.bin_dir
     }
@@ -669,6 +690,19 @@ where
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| Error::Other(format!("{what}: {e}")))?
+}
+
+/// `Ok` when `GET path` (`/readyz`, `/healthz`) through `client` answers
+/// `ok`; the body or the error otherwise (a poll's last observation).
+async fn health_ok(client: &kube::Client, path: &str) -> Result<(), String> {
+    let req = http::Request::get(path)
+        .body(Vec::new())
+        .map_err(|e| e.to_string())?;
+    match client.request_text(req).await {
+        Ok(body) if body.trim() == "ok" => Ok(()),
+        Ok(body) => Err(body),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 fn is_port_conflict(e: &Error) -> bool {

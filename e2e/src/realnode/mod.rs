@@ -354,6 +354,9 @@ pub struct RealNode {
     layout: Layout,
     kubeconfig: PathBuf,
     bin_dir: PathBuf,
+    /// The kubelet binary: `bin_dir`'s, until an upgrade
+    /// ([`RealNode::restart_kubelet_from`]) names another one.
+    kubelet: PathBuf,
     logs: PathBuf,
     /// containerd, kubelet, kube-proxy (start order).
     procs: Vec<ManagedProcess>,
@@ -394,6 +397,7 @@ impl RealNode {
             layout,
             kubeconfig: env.kubeconfig.clone(),
             bin_dir: env.bin_dir.clone(),
+            kubelet: env.bin_dir.join("kubelet"),
             logs: env.logs.clone(),
             procs: Vec::new(),
             images,
@@ -410,7 +414,7 @@ impl RealNode {
         node.images.import(&node.layout.containerd_socket())?;
 
         let kubelet_args = config::kubelet_args(&node.layout, &node.kubeconfig, &node.taints);
-        let kubelet = node.bin_dir.join("kubelet");
+        let kubelet = node.kubelet.clone();
         node.spawn("kubelet", &kubelet, &kubelet_args)?;
         let proxy_args = config::kube_proxy_args(&node.layout, &node.kubeconfig, p[2], p[3]);
         let proxy = node.bin_dir.join("kube-proxy");
@@ -480,6 +484,26 @@ impl RealNode {
     /// the same flags, appending to the same log. Containers and mounts
     /// stay; plugins must register again.
     pub fn restart_kubelet(&mut self) -> Result<()> {
+        let program = self.kubelet.clone();
+        self.replace_kubelet(&program)
+    }
+
+    /// [`RealNode::restart_kubelet`] with `<bin_dir>/kubelet`, as a node
+    /// upgrade does: the same flags, config file and root dir, so the new
+    /// kubelet finds the old one's pods, checkpoints and plugin sockets.
+    /// Later restarts keep the new binary.
+    pub fn restart_kubelet_from(&mut self, bin_dir: &Path) -> Result<()> {
+        let program = bin_dir.join("kubelet");
+        if !program.is_file() {
+            return Err(Error::Bins(format!("{} has no kubelet", bin_dir.display())));
+        }
+        self.replace_kubelet(&program)?;
+        self.kubelet = program;
+        Ok(())
+    }
+
+    /// Stops the running kubelet and starts `program` with its flags.
+    fn replace_kubelet(&mut self, program: &Path) -> Result<()> {
         let name = self.proc_name("kubelet");
         let i = self
             .procs
@@ -489,8 +513,7 @@ impl RealNode {
         let mut old = self.procs.remove(i);
         old.terminate(process::DEFAULT_GRACE);
         let args = config::kubelet_args(&self.layout, &self.kubeconfig, &self.taints);
-        let program = self.bin_dir.join("kubelet");
-        self.spawn("kubelet", &program, &args)
+        self.spawn("kubelet", program, &args)
     }
 
     /// `Err(ProcessExited)` with its log tail if a node process died.
