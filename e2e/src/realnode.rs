@@ -208,7 +208,7 @@ impl RealNodes {
             .map(|r| r.display().to_string())
             .collect();
         let mut cmd = std::process::Command::new("bash");
-        cmd.args(["-c", include_str!("reaper.sh"), "csiops-reaper"])
+        cmd.args(["-c", include_str!("realnode/reaper.sh"), "csiops-reaper"])
             .env(
                 "REAPER_PARENT",
                 parent.map(|p| p.to_string()).unwrap_or_default(),
