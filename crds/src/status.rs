@@ -274,6 +274,12 @@ pub struct CSIDriverDeploymentStatus {
     /// most 20 (`node.lost` is the full count).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub lost_nodes: Vec<LostNode>,
+    /// Nodes that run the driver and are cordoned (`kubectl drain`, a
+    /// cluster upgrade, maintenance), sorted by name; at most 20. Their
+    /// node pod still serves, so they count as healthy; a cordoned node
+    /// whose node pod is down is in `lostNodes` (reason `Cordoned`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cordoned_nodes: Vec<String>,
 }
 
 impl CSIDriverDeploymentStatus {

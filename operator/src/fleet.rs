@@ -128,6 +128,10 @@ pub struct Fleet {
     pub missing: i32,
     /// Lost nodes hosting a node pod, sorted by name.
     pub lost: Vec<Lost>,
+    /// Healthy nodes hosting a node pod that are cordoned (drained, under
+    /// maintenance), sorted by name: told, not counted against the driver,
+    /// while their pod serves.
+    pub cordoned: Vec<String>,
     /// The DaemonSet carries the desired content and its controller has
     /// seen it (without this, "current" pods are the previous ones).
     pub daemonset_current: bool,
@@ -288,6 +292,9 @@ pub fn assess(input: &FleetInput<'_>) -> Fleet {
         }
         if on.live.is_some() {
             healthy_hosting += 1;
+        }
+        if info.is_some_and(|n| n.unschedulable) {
+            fleet.cordoned.push(name.to_string());
         }
         fleet.ready += i32::from(up);
         fleet.updated += i32::from(on.live_current);

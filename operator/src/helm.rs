@@ -109,6 +109,10 @@ pub fn chart() -> Result<Vec<ChartFile>, HelmError> {
             content: deployment_template(o.deployment)?,
         },
         ChartFile {
+            path: "templates/poddisruptionbudget.yaml",
+            content: namespaced(&o.disruption_budget)?,
+        },
+        ChartFile {
             path: "templates/csidriverdeployment.yaml",
             content: DRIVER_TEMPLATE.to_string(),
         },

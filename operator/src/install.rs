@@ -21,6 +21,7 @@ use k8s_openapi::api::core::v1::{
     ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
     SeccompProfile, SecurityContext, ServiceAccount,
 };
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
 };
@@ -365,6 +366,9 @@ pub struct Objects {
     pub lease_role: Role,
     pub lease_role_binding: RoleBinding,
     pub deployment: Deployment,
+    /// One operator pod at a time through a drain: the other keeps the
+    /// Lease, or takes it over, while the evicted one moves.
+    pub disruption_budget: PodDisruptionBudget,
 }
 
 /// The installation's objects (the CRD comes from `csiops_crds::crd`).
@@ -421,6 +425,29 @@ pub fn objects() -> Objects {
             subjects: Some(vec![subject()]),
         },
         deployment: deployment(),
+        disruption_budget: disruption_budget(),
+    }
+}
+
+/// The operator's PodDisruptionBudget: `maxUnavailable: 1`, so a drain
+/// evicts its replicas one by one (with one replica it still may, as a
+/// budget must not block drains).
+fn disruption_budget() -> PodDisruptionBudget {
+    PodDisruptionBudget {
+        metadata: meta(NAME, true),
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::Int(1)),
+            selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([(
+                    "app.kubernetes.io/name".to_string(),
+                    NAME.to_string(),
+                )])),
+                ..LabelSelector::default()
+            }),
+            unhealthy_pod_eviction_policy: Some("AlwaysAllow".into()),
+            ..PodDisruptionBudgetSpec::default()
+        }),
+        status: None,
     }
 }
 
@@ -442,6 +469,7 @@ pub fn manifest() -> Result<String, serde_yaml::Error> {
         doc(&o.lease_role)?,
         doc(&o.lease_role_binding)?,
         doc(&o.deployment)?,
+        doc(&o.disruption_budget)?,
     ]);
     let mut out = String::from(
         "# csiops: the CSIDriverDeployment CRD and the operator.\n\

@@ -69,7 +69,11 @@ pub fn build(input: &ReportInput<'_>) -> CSIDriverDeploymentStatus {
     let nodes_ok = h.nodes_serving;
     let deployed = current_version.is_some();
     let lost = lost_nodes(&h.fleet.lost, input.previous, input.now);
-    let lost_text = lost_suffix(&lost, h.fleet.lost.len());
+    let lost_text = format!(
+        "{}{}",
+        lost_suffix(&lost, h.fleet.lost.len()),
+        cordoned_suffix(&h.fleet.cordoned)
+    );
     let available = (
         if deployed && controller_ok && nodes_ok {
             "True"
@@ -214,7 +218,33 @@ pub fn build(input: &ReportInput<'_>) -> CSIDriverDeploymentStatus {
         },
         unhealthy_pods: h.unhealthy.clone(),
         lost_nodes: lost,
+        cordoned_nodes: h
+            .fleet
+            .cordoned
+            .iter()
+            .take(MAX_LOST_NODES_LISTED)
+            .cloned()
+            .collect(),
     }
+}
+
+/// `; 2 node(s) cordoned: a, b` (the first five named), or nothing.
+fn cordoned_suffix(cordoned: &[String]) -> String {
+    if cordoned.is_empty() {
+        return String::new();
+    }
+    const NAMED: usize = 5;
+    let names: Vec<&str> = cordoned.iter().take(NAMED).map(String::as_str).collect();
+    let more = if cordoned.len() > names.len() {
+        format!(" and {} more", cordoned.len() - names.len())
+    } else {
+        String::new()
+    };
+    format!(
+        "; {} node(s) cordoned: {}{more}",
+        cordoned.len(),
+        names.join(", ")
+    )
 }
 
 /// Whether `new` differs from `old` only in what moves as pods come and go:

@@ -306,12 +306,15 @@ fn cordoned_nodes_roll_like_others_unless_their_pod_is_down() {
     };
     let f = w.fleet();
     assert!(f.lost.is_empty());
+    assert_eq!(f.cordoned, vec!["n2".to_string()], "told, while its pod serves");
+    assert_eq!(f.ready, 2, "and counted healthy");
     assert_eq!(
         f.pending,
         vec![("n2".to_string(), "runs the previous node pod")]
     );
     w.pods[1] = pod("b", "n2", 2, false, false);
     let f = w.fleet();
+    assert!(f.cordoned.is_empty(), "a lost node is told as lost");
     assert_eq!(f.lost.len(), 1);
     assert_eq!(f.lost[0].reason, LostReason::Cordoned);
     assert!(f.lost[0].current);

@@ -304,6 +304,29 @@ fn lost_nodes_are_listed_and_named_in_the_message() {
 }
 
 #[test]
+fn cordoned_nodes_are_listed_and_named_without_costing_availability() {
+    let mut h = healthy();
+    h.fleet.cordoned = (0..22).map(|i| format!("n{i:02}")).collect();
+    let s = build(&ReportInput {
+        completed: true,
+        ..input(&h, None)
+    });
+    assert_eq!(s.cordoned_nodes.len(), csiops_crds::MAX_LOST_NODES_LISTED);
+    assert_eq!(s.cordoned_nodes[0], "n00");
+    assert!(
+        s.message
+            .ends_with("; 22 node(s) cordoned: n00, n01, n02, n03, n04 and 17 more"),
+        "{}",
+        s.message
+    );
+    let available = s.condition("Available").expect("Available");
+    assert_eq!(available.status, "True", "{available:?}");
+    h.fleet.cordoned.clear();
+    let s = build(&input(&h, None));
+    assert!(s.cordoned_nodes.is_empty() && !s.message.contains("cordoned"));
+}
+
+#[test]
 fn a_lost_node_without_a_transition_time_keeps_the_first_time_it_was_seen() {
     use crate::fleet::LostReason;
     let first = t("2026-11-21T10:00:00Z");
