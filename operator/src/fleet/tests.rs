@@ -306,7 +306,11 @@ fn cordoned_nodes_roll_like_others_unless_their_pod_is_down() {
     };
     let f = w.fleet();
     assert!(f.lost.is_empty());
-    assert_eq!(f.cordoned, vec!["n2".to_string()], "told, while its pod serves");
+    assert_eq!(
+        f.cordoned,
+        vec!["n2".to_string()],
+        "told, while its pod serves"
+    );
     assert_eq!(f.ready, 2, "and counted healthy");
     assert_eq!(
         f.pending,
