@@ -513,6 +513,20 @@ async fn upgrade_node(
             String::from_utf8_lossy(&drain.stderr)
         ));
     }
+    // The drained node is told in status (cordonedNodes) before it
+    // comes back, and not counted as broken (the poller checks that).
+    let csidds: Api<CSIDriverDeployment> = Api::namespaced(client.clone(), NS);
+    let told = wait_for(Duration::from_secs(30), POLL, || async {
+        let d = csidds.get(NAME).await.ok()?;
+        d.status?.cordoned_nodes.contains(&node).then_some(())
+    })
+    .await;
+    match told {
+        Ok(()) => tl.mark(format!("{node}: status names it cordoned")),
+        Err(_) => findings.push(format!(
+            "status.cordonedNodes never named the drained node {node} within 30s"
+        )),
+    }
     let claim = format!("during-drain-{i}");
     let created = create_claim(client.clone(), &claim).await;
     let replaced = cluster
@@ -888,13 +902,14 @@ fn status_line(d: &CSIDriverDeployment) -> (String, bool) {
         .iter()
         .map(|l| format!("{}:{}", l.name, l.reason))
         .collect();
+    let cordoned = &st.cordoned_nodes;
     let unhealthy: Vec<String> = st
         .unhealthy_pods
         .iter()
         .map(|p| format!("{}:{}", p.name, p.reason))
         .collect();
     let line = format!(
-        "{} Available={} Degraded={} controller={} nodes={} registered={} lost={lost:?} unhealthy={unhealthy:?}",
+        "{} Available={} Degraded={} controller={} nodes={} registered={} lost={lost:?} cordoned={cordoned:?} unhealthy={unhealthy:?}",
         st.phase.as_str(),
         cond("Available"),
         cond("Degraded"),
