@@ -211,6 +211,25 @@ pub async fn wait_bound(
     .unwrap_or_else(|_| panic!("claim {name} not Bound within {deadline:?}"))
 }
 
+/// Waits until no PersistentVolume is left (every claim's volume deleted
+/// by its provisioner), as a test does before tearing a driver down;
+/// `Err` with what `kubectl get pv` shows at the deadline.
+pub async fn wait_no_volumes(cluster: &Cluster, deadline: Duration) -> Result<()> {
+    let pvs: kube::Api<k8s_openapi::api::core::v1::PersistentVolume> =
+        kube::Api::all(cluster.client()?);
+    wait_for(deadline, Duration::from_millis(500), || async {
+        let list = pvs.list(&Default::default()).await.ok()?;
+        list.items.is_empty().then_some(())
+    })
+    .await
+    .map_err(|_| {
+        Error::Other(format!(
+            "PersistentVolumes left after {deadline:?}:\n{}",
+            kubectl_text(cluster, &["get", "pv"])
+        ))
+    })
+}
+
 /// [`wait_bound`], with the claim's PersistentVolume.
 pub async fn wait_bound_volume(
     claims: &kube::Api<k8s_openapi::api::core::v1::PersistentVolumeClaim>,

@@ -28,7 +28,7 @@ use csiops_e2e::realnode::NODE_NAME;
 use csiops_e2e::walkthrough::{self, App, Use, VolumeDriver, DATA_MOUNT, DRIVER, NAME, NS};
 use csiops_e2e::{testkit, wait_for, Cluster, ClusterOptions};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{PersistentVolume, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::storage::v1::{CSIDriver, CSINode, VolumeAttachment};
 use kube::api::{Api, ListParams};
 use kube::runtime::{watcher, WatchStreamExt};
@@ -521,12 +521,13 @@ async fn an_attach_refused_as_resource_exhausted_makes_kubelet_refresh_the_count
             .await
             .unwrap_or_else(|e| panic!("delete {kind}: {e}\n{}", diagnostics(&bed.cluster)));
     }
-    let pvs: Api<PersistentVolume> = Api::all(bed.client.clone());
-    wait_for(DEADLINE, Duration::from_millis(500), || async {
-        let list = pvs.list(&ListParams::default()).await.ok()?;
-        list.items.is_empty().then_some(())
-    })
-    .await
-    .unwrap_or_else(|_| panic!("the volume was not deleted\n{}", diagnostics(&bed.cluster)));
+    testkit::wait_no_volumes(&bed.cluster, DEADLINE)
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "the volume was not deleted: {e}\n{}",
+                diagnostics(&bed.cluster)
+            )
+        });
     bed.stop().await;
 }

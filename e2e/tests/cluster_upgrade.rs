@@ -32,7 +32,7 @@ use csiops_e2e::bins::{kube_version, minor_of};
 use csiops_e2e::cluster::kubelet_version;
 use csiops_e2e::realnode::{images, node_name, NODE_NAME};
 use csiops_e2e::{testkit, wait_for, Cluster, ClusterOptions};
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 
@@ -673,22 +673,8 @@ async fn give_back(cluster: &Cluster, findings: &mut Vec<String>) {
             findings.push(format!("teardown: {e}"));
         }
         if k == 1 {
-            let client = cluster.client().expect("client");
-            let pvs: Api<PersistentVolume> = Api::all(client);
-            let gone = wait_for(DEADLINE, POLL, || async {
-                pvs.list(&ListParams::default())
-                    .await
-                    .ok()?
-                    .items
-                    .is_empty()
-                    .then_some(())
-            })
-            .await;
-            if gone.is_err() {
-                findings.push(format!(
-                    "PersistentVolumes left:\n{}",
-                    testkit::kubectl_text(cluster, &["get", "pv"])
-                ));
+            if let Err(e) = testkit::wait_no_volumes(cluster, DEADLINE).await {
+                findings.push(e.to_string());
             }
         }
     }

@@ -16,8 +16,18 @@ const NS: &str = "csi-sec";
 
 /// `kubectl` with `token` instead of the admin's credentials: (ok, stderr).
 async fn as_token(cluster: &Cluster, token: &str, args: &[&str]) -> (bool, String) {
-    let mut all = vec![format!("--token={token}")];
-    all.extend(args.iter().map(|a| a.to_string()));
+    kubectl_as(cluster, &[format!("--token={token}")], args).await
+}
+
+/// `kubectl` with `identity` (flags naming who asks) before `args`:
+/// (ok, stderr).
+async fn kubectl_as<S: AsRef<str>>(
+    cluster: &Cluster,
+    identity: &[String],
+    args: &[S],
+) -> (bool, String) {
+    let mut all = identity.to_vec();
+    all.extend(args.iter().map(|a| a.as_ref().to_string()));
     let out = cluster.kubectl(&all).await.expect("kubectl runs");
     (
         out.status.success(),
@@ -382,13 +392,8 @@ const ALICE: &str = "alice@example.com";
 
 /// `kubectl --as=alice`: (ok, stderr).
 async fn as_alice(cluster: &Cluster, args: &[&str]) -> (bool, String) {
-    let mut all = vec![format!("--as={ALICE}"), "-n".into(), TEAM.into()];
-    all.extend(args.iter().map(|a| a.to_string()));
-    let out = cluster.kubectl(&all).await.expect("kubectl runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let identity = [format!("--as={ALICE}"), "-n".into(), TEAM.into()];
+    kubectl_as(cluster, &identity, args).await
 }
 
 /// A CSIDriverDeployment `name` in alice's namespace (which exists).
@@ -765,17 +770,10 @@ subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: "{BOB}"}}]
 "#
     );
     testkit::apply_ok(&cluster, "bob", &rbac).await;
+    let bob = [format!("--as={BOB}")];
     let as_bob = |args: Vec<String>| {
-        let cluster = &cluster;
-        async move {
-            let mut all = vec![format!("--as={BOB}")];
-            all.extend(args);
-            let out = cluster.kubectl(&all).await.expect("kubectl runs");
-            (
-                out.status.success(),
-                String::from_utf8_lossy(&out.stderr).into_owned(),
-            )
-        }
+        let (cluster, bob) = (&cluster, &bob);
+        async move { kubectl_as(cluster, bob, &args).await }
     };
     let namespace = |name: &str, label: Option<&str>| {
         let labels = label
@@ -885,20 +883,9 @@ async fn the_operators_token_cannot_bind_roles_or_run_pods_beyond_its_objects() 
         async move {
             let path = cluster.work_dir().join(format!("{name}.yaml"));
             std::fs::write(&path, yaml).expect("write manifest");
-            let out = cluster
-                .kubectl([
-                    format!("--as={OPERATOR}"),
-                    "create".into(),
-                    "--dry-run=server".into(),
-                    "-f".into(),
-                    path.display().to_string(),
-                ])
-                .await
-                .expect("kubectl runs");
-            (
-                out.status.success(),
-                String::from_utf8_lossy(&out.stderr).into_owned(),
-            )
+            let path = path.display().to_string();
+            let args = ["create", "--dry-run=server", "-f", path.as_str()];
+            kubectl_as(cluster, &[format!("--as={OPERATOR}")], &args).await
         }
     };
     let crb = |name: &str, labels: &str, subject_ns: &str, subject: &str| {

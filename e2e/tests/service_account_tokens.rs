@@ -167,13 +167,9 @@ async fn tokens_travel_in_secrets_or_in_the_volume_context_as_the_field_says() {
             .await
             .unwrap_or_else(|e| panic!("delete {kind}: {e}"));
     }
-    let pvs: Api<k8s_openapi::api::core::v1::PersistentVolume> = Api::all(client.clone());
-    wait_for(DEADLINE, Duration::from_millis(500), || async {
-        let list = pvs.list(&Default::default()).await.ok()?;
-        list.items.is_empty().then_some(())
-    })
-    .await
-    .unwrap_or_else(|_| panic!("the volume was not deleted"));
+    testkit::wait_no_volumes(&cluster, DEADLINE)
+        .await
+        .unwrap_or_else(|e| panic!("the volume was not deleted: {e}"));
     cluster
         .kubectl_ok([
             "-n",

@@ -230,21 +230,7 @@ pub fn build(input: &ReportInput<'_>) -> CSIDriverDeploymentStatus {
 
 /// `; 2 node(s) cordoned: a, b` (the first five named), or nothing.
 fn cordoned_suffix(cordoned: &[String]) -> String {
-    if cordoned.is_empty() {
-        return String::new();
-    }
-    const NAMED: usize = 5;
-    let names: Vec<&str> = cordoned.iter().take(NAMED).map(String::as_str).collect();
-    let more = if cordoned.len() > names.len() {
-        format!(" and {} more", cordoned.len() - names.len())
-    } else {
-        String::new()
-    };
-    format!(
-        "; {} node(s) cordoned: {}{more}",
-        cordoned.len(),
-        names.join(", ")
-    )
+    nodes_suffix("cordoned", cordoned.iter().cloned(), cordoned.len())
 }
 
 /// Whether `new` differs from `old` only in what moves as pods come and go:
@@ -302,21 +288,24 @@ pub fn lost_nodes(
 
 /// `; 3 node(s) lost: a (NotReady), b (Unreachable), …` for the message.
 fn lost_suffix(listed: &[LostNode], total: usize) -> String {
+    let names = listed.iter().map(|n| format!("{} ({})", n.name, n.reason));
+    nodes_suffix("lost", names, total)
+}
+
+/// `; <total> node(s) <what>: a, b, …` with the first five named, or
+/// nothing when `total` is 0.
+fn nodes_suffix(what: &str, names: impl Iterator<Item = String>, total: usize) -> String {
     if total == 0 {
         return String::new();
     }
     const NAMED: usize = 5;
-    let names: Vec<String> = listed
-        .iter()
-        .take(NAMED)
-        .map(|n| format!("{} ({})", n.name, n.reason))
-        .collect();
+    let names: Vec<String> = names.take(NAMED).collect();
     let more = if total > names.len() {
         format!(" and {} more", total - names.len())
     } else {
         String::new()
     };
-    format!("; {total} node(s) lost: {}{more}", names.join(", "))
+    format!("; {total} node(s) {what}: {}{more}", names.join(", "))
 }
 
 /// The lost nodes of `status` lost for longer than `timeout`, for the

@@ -219,17 +219,22 @@ fn one_hold_per_name() {
 }
 
 async fn open(log: &Log, objects: testing::Objects) -> Arc<Journal> {
+    let (journal, bad) = open_with_unreadable(log, objects).await;
+    assert!(bad.is_empty());
+    journal
+}
+
+/// The journal, with the keys of the entries it could not read.
+async fn open_with_unreadable(log: &Log, objects: testing::Objects) -> (Arc<Journal>, Vec<String>) {
     let client = testing::client(log, move |call| objects.answer(call));
-    let (journal, bad) = Journal::open(
+    Journal::open(
         client,
         test_limiter(),
         "kube-system",
         "csiops-provisioning-fake-csi",
     )
     .await
-    .expect("opens");
-    assert!(bad.is_empty());
-    journal
+    .expect("opens")
 }
 
 #[tokio::test]
@@ -531,18 +536,7 @@ async fn an_unsealed_journal_is_sealed_once_and_forgeries_are_not_read() {
     let mut cm = objects.get(CM).expect("cm");
     cm["data"]["pvc-forged"] = json!(record("forged").encode());
     objects.put(CM, cm);
-    let client = {
-        let objects = objects.clone();
-        testing::client(&log, move |call| objects.answer(call))
-    };
-    let (journal, bad) = Journal::open(
-        client,
-        test_limiter(),
-        "kube-system",
-        "csiops-provisioning-fake-csi",
-    )
-    .await
-    .expect("opens");
+    let (journal, bad) = open_with_unreadable(&log, objects).await;
     assert_eq!(bad, vec!["pvc-forged".to_string()]);
     assert_eq!(journal.names(), vec!["pvc-u1".to_string()]);
 }
