@@ -262,13 +262,15 @@ async fn restores_snapshots_and_clones_claims() {
         Some(Some(ContentSource::Snapshot(snapshot_id.clone()))),
         "the driver was asked to restore the snapshot"
     );
-    // The source-protection finalizer came off once the PV existed.
-    let snap = snapshots.get("snap").await.expect("snapshot");
-    assert!(
-        !snap.finalizers().iter().any(|f| f == SOURCE_PROTECTION),
-        "{:?}",
-        snap.finalizers()
-    );
+    // The source-protection finalizer comes off once the PV exists. The
+    // claim can be seen bound a moment before the provisioner's patch lands,
+    // so this waits on the snapshot rather than reading it once.
+    wait_for(DEADLINE, POLL, || async {
+        let s = snapshots.get("snap").await.ok()?;
+        (!s.finalizers().iter().any(|f| f == SOURCE_PROTECTION)).then_some(())
+    })
+    .await
+    .expect("the source-protection finalizer comes off after the restore");
 
     // Too small for the snapshot: refused before any CreateVolume, with an
     // Event saying why, and retried (still Pending).
