@@ -6,6 +6,7 @@
 
 #![allow(clippy::duplicated_attributes)] // kube(printcolumn(..)) repeats keys by design
 
+pub mod adoption;
 pub mod apidoc;
 pub mod node_local;
 pub mod security;
@@ -13,6 +14,7 @@ pub mod spec;
 pub mod status;
 pub mod topology;
 
+pub use adoption::*;
 pub use node_local::NodeLocalConflict;
 pub use spec::*;
 pub use status::*;

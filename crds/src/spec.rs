@@ -216,6 +216,14 @@ pub struct CSIDriverDeploymentSpec {
     /// created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub monitoring: Option<MonitoringSpec>,
+
+    /// Take over a running deployment of this driver (from its vendor's
+    /// manifests, a Helm chart or another operator) without a volume
+    /// outage: its CSIDriver is kept, its node pods are replaced node by
+    /// node, its controller once this object's is Ready, and its objects
+    /// are removed at the end. See docs/adoption.md.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adoption: Option<crate::adoption::AdoptionSpec>,
 }
 
 fn default_log_level() -> i32 {

@@ -131,11 +131,13 @@ const OPERATOR_GRANTS: &[Grant] = &[
         resource: "csinodes",
         verbs: &["get", "list", "watch"],
     },
-    // Nodes' readiness taints, counted in status.taintedNodes.
+    // Nodes' readiness taints, counted in status.taintedNodes; patch: a
+    // takeover's node labels (spec.adoption), and nothing else of a Node
+    // (policy::operator_node_labels).
     Grant {
         api_group: "",
         resource: "nodes",
-        verbs: &["get", "list", "watch"],
+        verbs: &["get", "list", "watch", "patch"],
     },
     Grant {
         api_group: "events.k8s.io",
@@ -389,6 +391,10 @@ pub fn objects() -> Objects {
             crate::policy::host_access(&labels()),
             crate::policy::host_access_label(&labels()),
             crate::policy::operator_fence(
+                &labels(),
+                &format!("system:serviceaccount:{NAMESPACE}:{NAME}"),
+            ),
+            crate::policy::operator_node_labels(
                 &labels(),
                 &format!("system:serviceaccount:{NAMESPACE}:{NAME}"),
             ),

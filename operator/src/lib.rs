@@ -1,4 +1,5 @@
 //! csiops operator: reconciles `CSIDriverDeployment` objects into running CSI drivers.
+pub mod adoption;
 pub mod cli;
 pub mod fleet;
 pub mod health;

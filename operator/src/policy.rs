@@ -479,6 +479,103 @@ pub fn host_access_label(
     (policy, binding)
 }
 
+/// Name of the policy that limits the operator's Node writes to takeover
+/// labels, and its binding.
+pub const OPERATOR_NODE_LABELS_POLICY: &str = "csiops-operator-node-labels";
+
+/// The operator patches Nodes only for a takeover (`spec.adoption`): the
+/// label `adopt.csiops.dev/<driver>` says which plugin runs there. This
+/// policy (Deny) lets the operator's account change nothing else of a Node:
+/// no other label, no annotation, no taint, nothing of its spec.
+pub fn operator_node_labels(
+    labels: &BTreeMap<String, String>,
+    account: &str,
+) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
+    let prefix = csiops_crds::adoption_label_key("");
+    let same_except_adopt = |a: &str, b: &str| {
+        format!(
+            "(!has({a}.metadata.labels) || {a}.metadata.labels.all(k, k.startsWith('{prefix}') || \
+              (has({b}.metadata.labels) && k in {b}.metadata.labels && {b}.metadata.labels[k] == {a}.metadata.labels[k])))"
+        )
+    };
+    let unchanged = |f: &str| {
+        format!(
+            "(has(object.{f}) == has(oldObject.{f}) && (!has(object.{f}) || object.{f} == oldObject.{f}))"
+        )
+    };
+    let expression = [
+        same_except_adopt("object", "oldObject"),
+        same_except_adopt("oldObject", "object"),
+        unchanged("metadata.annotations"),
+        unchanged("spec"),
+    ]
+    .join(" && ");
+    let policy = ValidatingAdmissionPolicy {
+        metadata: meta(OPERATOR_NODE_LABELS_POLICY, labels),
+        spec: Some(ValidatingAdmissionPolicySpec {
+            failure_policy: Some("Fail".into()),
+            match_constraints: Some(MatchResources {
+                resource_rules: Some(vec![rule("", "nodes", &["UPDATE"])]),
+                ..Default::default()
+            }),
+            match_conditions: Some(vec![MatchCondition {
+                name: "csiops-operator".into(),
+                expression: format!("request.userInfo.username == '{account}'"),
+            }]),
+            validations: Some(vec![Validation {
+                expression,
+                message: Some(format!(
+                    "the operator changes only the labels {prefix}<driver> of a Node (a takeover, spec.adoption)"
+                )),
+                reason: Some("Forbidden".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let binding = ValidatingAdmissionPolicyBinding {
+        metadata: meta(OPERATOR_NODE_LABELS_POLICY, labels),
+        spec: Some(ValidatingAdmissionPolicyBindingSpec {
+            policy_name: Some(OPERATOR_NODE_LABELS_POLICY.into()),
+            validation_actions: Some(vec!["Deny".into()]),
+            ..Default::default()
+        }),
+    };
+    (policy, binding)
+}
+
+/// A takeover (`spec.adoption`) confines the old node DaemonSet, which no
+/// CSIDriverDeployment owns, to the nodes it still serves: an update that
+/// changes neither its pods' containers, volumes, account nor host access
+/// (only their scheduling and its update strategy) gives no power, and the
+/// fence lets it through.
+fn confinement_only() -> String {
+    let unchanged = |f: &str| {
+        format!(
+            "(has(object.spec.template.spec.{f}) == has(oldObject.spec.template.spec.{f}) && \
+             (!has(object.spec.template.spec.{f}) || \
+              object.spec.template.spec.{f} == oldObject.spec.template.spec.{f}))"
+        )
+    };
+    let fields = [
+        "containers",
+        "initContainers",
+        "volumes",
+        "serviceAccountName",
+        "hostNetwork",
+        "hostPID",
+        "hostIPC",
+        "securityContext",
+    ];
+    let mut parts = vec![
+        "request.operation == 'UPDATE'".to_string(),
+        "request.resource.resource == 'daemonsets'".to_string(),
+    ];
+    parts.extend(fields.iter().map(|f| unchanged(f)));
+    parts.join(" && ")
+}
+
 /// Name of the policy fencing the operator's own writes, and its binding.
 pub const OPERATOR_FENCE_POLICY: &str = "csiops-operator-fence";
 
@@ -538,10 +635,16 @@ pub fn operator_fence(
                 ]),
                 ..Default::default()
             }),
-            match_conditions: Some(vec![MatchCondition {
-                name: "csiops-operator".into(),
-                expression: format!("request.userInfo.username == '{account}'"),
-            }]),
+            match_conditions: Some(vec![
+                MatchCondition {
+                    name: "csiops-operator".into(),
+                    expression: format!("request.userInfo.username == '{account}'"),
+                },
+                MatchCondition {
+                    name: "not-a-takeover-confinement".into(),
+                    expression: format!("!({})", confinement_only()),
+                },
+            ]),
             variables: Some(vec![
                 Variable {
                     name: "owner".into(),

@@ -207,8 +207,10 @@ fn the_operator_holds_no_data_plane_verb() {
             resource != "configmaps",
             "the operator may {verb} configmaps"
         );
+        // patch: a takeover's node labels, and nothing else of a Node (the
+        // policy csiops-operator-node-labels).
         assert!(
-            resource != "nodes" || ["get", "list", "watch"].contains(&verb.as_str()),
+            resource != "nodes" || ["get", "list", "watch", "patch"].contains(&verb.as_str()),
             "the operator may {verb} nodes"
         );
         assert!(

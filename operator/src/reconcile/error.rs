@@ -29,6 +29,10 @@ pub enum Error {
         detail: String,
     },
 
+    /// `spec.adoption` cannot take over what runs (the message says why).
+    #[error("{0}")]
+    AdoptionRefused(String),
+
     #[error("the API server rejected {kind} {name}: {message}")]
     Rejected {
         kind: &'static str,
@@ -68,6 +72,7 @@ impl Error {
             Error::Kube(_) => "kube",
             Error::Read { .. } => "read",
             Error::NotOwned { .. } => "conflict",
+            Error::AdoptionRefused(_) => "adoption",
             Error::Rejected { .. } => "rejected",
             Error::WriteFailed { .. } => "write",
             Error::Serialize { .. } => "serialize",
@@ -79,6 +84,7 @@ impl Error {
     pub fn user_facing_reason(&self) -> Option<&'static str> {
         match self {
             Error::NotOwned { .. } => Some("Conflict"),
+            Error::AdoptionRefused(_) => Some("AdoptionRefused"),
             Error::Rejected { .. } => Some("ApplyFailed"),
             _ => None,
         }

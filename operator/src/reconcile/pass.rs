@@ -5,7 +5,9 @@
 //! 2. another object owns the driver name → Degraded (Conflict), nothing touched;
 //! 3. render (pure) → a render error is Degraded (RenderFailed) + Event;
 //! 4. supporting objects applied (ownership-checked, side by side, [`apply_supporting`]);
-//! 5. workloads observed, the state machine planned, its actions executed;
+//! 5. workloads observed; a takeover (`spec.adoption`) runs its own plan
+//!    until it is done ([`take_over`]); the state machine planned, its
+//!    actions executed;
 //! 6. the metrics Service and PodMonitor applied, objects the spec no longer
 //!    renders pruned (after the workloads: no pod waits on them);
 //! 7. Events for every transition, status by server-side apply ([`write_progress`]).
@@ -28,6 +30,7 @@ use super::error::Error;
 use super::events::{announce, Note, Notes};
 use super::pacing::{pace, retry};
 use super::watch::caches;
+use super::write::adoption;
 use super::write::apply::{owned_only, Owner};
 use super::write::cluster::ClusterScoped;
 use super::write::finalizer::{ensure_finalizer, FINALIZER};
@@ -320,6 +323,9 @@ async fn drive(
 
     let mut supporting_done = StdDuration::ZERO;
     if !spec.paused {
+        if spec.adoption.is_some() {
+            adoption::keep_csidriver(obj, ctx, owner, rendered).await?;
+        }
         apply_supporting(obj, ctx, owner, rendered, notes).await?;
         supporting_done = started.elapsed();
         // A re-created CSIDriver or class is told before the workloads are
@@ -371,6 +377,9 @@ async fn drive(
         &health,
         &pods,
     );
+    if let Some(requeue) = take_over(obj, ctx, api, owner, rendered, &health, notes).await? {
+        return Ok(requeue);
+    }
     let desired = Desired {
         node_hash: rendered.node_hash.clone(),
         controller_hash: rendered.controller_hash.clone(),
@@ -449,6 +458,51 @@ async fn drive(
         .flatten()
         .fold(next, StdDuration::min);
     Ok(Requeue::requeue(next))
+}
+
+/// How often a takeover is looked at: a node's old pod leaving raises no
+/// event for this object.
+const ADOPTION_REQUEUE: StdDuration = StdDuration::from_secs(2);
+
+/// One pass of a takeover (`spec.adoption`) while it runs, in place of the
+/// rollout: `None` once it is done (or none is asked for), and the rollout
+/// state machine takes over from the objects it left.
+async fn take_over(
+    obj: &CSIDriverDeployment,
+    ctx: &Context,
+    api: &Api<CSIDriverDeployment>,
+    owner: Owner<'_>,
+    rendered: &Rendered,
+    health: &Health,
+    notes: &Notes,
+) -> Result<Option<Requeue>, Error> {
+    let spec = &obj.spec;
+    let Some(wanted) = spec.adoption.as_ref().filter(|_| !spec.paused) else {
+        return Ok(None);
+    };
+    let budget = health
+        .fleet
+        .max_unavailable(spec.node.max_unavailable.as_ref());
+    let plan = adoption::plan(obj, ctx, owner, wanted, rendered, &budget).await?;
+    if let Some(why) = plan.refused {
+        return Err(Error::AdoptionRefused(why));
+    }
+    if plan.phase == crate::adoption::Phase::Done {
+        return Ok(None);
+    }
+    for action in &plan.actions {
+        adoption::execute(action, obj, ctx, owner, wanted, rendered, &budget).await?;
+    }
+    let progress = Progress {
+        rollout: None,
+        waiting_for: None,
+        completed: false,
+    };
+    let status = status_after(obj, progress, health, None, Utc::now());
+    let status = adoption::status_during(status, &plan);
+    let deferred = write_progress(obj, ctx, api, status, notes).await?;
+    let next = deferred.map_or(ADOPTION_REQUEUE, |d| d.min(ADOPTION_REQUEUE));
+    Ok(Some(Requeue::requeue(next)))
 }
 
 /// The metrics Service and PodMonitor, and, when the spec changed since the

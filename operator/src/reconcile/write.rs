@@ -2,6 +2,7 @@
 //! objects, the workloads, the monitoring objects, pruning, status, the
 //! finalizer and the ordered teardown.
 
+pub(crate) mod adoption;
 pub(crate) mod apply;
 pub(crate) mod cluster;
 pub(crate) mod finalizer;

@@ -11,12 +11,13 @@
 
 use std::collections::BTreeMap;
 
-use csiops_crds::ExtraContainerPod;
+use csiops_crds::{adoption_label_key, AdoptionStage, ExtraContainerPod};
 use k8s_openapi::api::apps::v1::{
     DaemonSet, DaemonSetSpec, DaemonSetUpdateStrategy, RollingUpdateDaemonSet,
 };
 use k8s_openapi::api::core::v1::{
-    HostPathVolumeSource, PodSpec, PodTemplateSpec, Toleration, Volume, VolumeMount,
+    Affinity, HostPathVolumeSource, NodeAffinity, NodeSelector, NodeSelectorRequirement,
+    NodeSelectorTerm, PodSpec, PodTemplateSpec, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -132,6 +133,7 @@ pub(crate) fn daemonset(ctx: &Ctx<'_>) -> Result<(DaemonSet, String), RenderErro
         tolerations: none_if_empty(node_tolerations(ctx)),
         priority_class_name: super::disruption::node_priority_class(ctx),
         image_pull_secrets: image_pull_secrets(spec),
+        affinity: adoption_affinity(ctx),
         ..Default::default()
     };
     let mut template_meta = ObjectMeta {
@@ -183,6 +185,37 @@ pub(crate) fn daemonset(ctx: &Ctx<'_>) -> Result<(DaemonSet, String), RenderErro
         },
         hash,
     ))
+}
+
+/// While a DaemonSet is taken over (`spec.adoption.nodeDaemonSet`), this
+/// object's node pods keep off the nodes whose adoption label says the old
+/// plugin still runs there or is leaving (see `csiops_crds::AdoptionStage`):
+/// two plugins of one driver on a node would share its sockets. A node
+/// without the label qualifies, so the label can go once the takeover is
+/// done without changing this template.
+fn adoption_affinity(ctx: &Ctx<'_>) -> Option<Affinity> {
+    let spec = ctx.spec();
+    spec.adoption.as_ref()?.node_daemon_set.as_ref()?;
+    let keep_off = [AdoptionStage::Waiting, AdoptionStage::Leaving]
+        .iter()
+        .map(|s| s.as_str().to_string())
+        .collect();
+    Some(Affinity {
+        node_affinity: Some(NodeAffinity {
+            required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                node_selector_terms: vec![NodeSelectorTerm {
+                    match_expressions: Some(vec![NodeSelectorRequirement {
+                        key: adoption_label_key(&spec.driver_name),
+                        operator: "NotIn".to_string(),
+                        values: Some(keep_off),
+                    }]),
+                    ..Default::default()
+                }],
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
 }
 
 /// `ds` with its rolling update's `maxUnavailable` set to `budget`, the

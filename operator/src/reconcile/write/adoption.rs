@@ -1,0 +1,557 @@
+//! The takeover of a running deployment (`spec.adoption`): what
+//! [`crate::adoption::plan`] needs, read from the API server, and its
+//! actions written back. The decisions are all in `crate::adoption`.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use csiops_crds::{
+    adoption_label_key, AdoptedObjectKind, AdoptedWorkloadKind, AdoptionSpec, AdoptionStage,
+    CSIDriverDeployment, Phase,
+};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{Node, Pod, Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::api::{
+    Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions, PropagationPolicy,
+};
+use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use tracing::info;
+
+use super::apply::{is_owned_by, Owner};
+use super::workloads;
+use crate::adoption::{self, Action, CsiDriverObs, Desired, Observed, Plan};
+use crate::fleet::Readiness;
+use crate::reconcile::context::Context;
+use crate::reconcile::error::Error;
+use crate::render::csidriver::AppliedCSIDriver;
+use crate::render::labels::COMPONENT;
+use crate::render::Rendered;
+use crate::rollout;
+
+/// Reads what the takeover needs and plans the pass.
+pub(crate) async fn plan(
+    obj: &CSIDriverDeployment,
+    ctx: &Context,
+    owner: Owner<'_>,
+    adoption: &AdoptionSpec,
+    rendered: &Rendered,
+    node_budget: &IntOrString,
+) -> Result<Plan, Error> {
+    let observed = observe(obj, ctx, owner, adoption, rendered).await?;
+    let desired = Desired {
+        controller: rendered.controller.is_some(),
+        registration_required: obj.spec.sidecars.registrar.enabled,
+        batch: usize::try_from(crate::fleet::resolve_max_unavailable(
+            node_budget,
+            i32::try_from(observed.nodes.len()).unwrap_or(i32::MAX),
+        ))
+        .unwrap_or(1),
+    };
+    Ok(adoption::plan(&desired, &observed))
+}
+
+/// Only the CSIDriver check: refuses (a user-facing error, nothing
+/// written) or keeps the running CSIDriver, before the supporting objects
+/// are applied (which would otherwise find it not ours).
+pub(crate) async fn keep_csidriver(
+    obj: &CSIDriverDeployment,
+    ctx: &Context,
+    owner: Owner<'_>,
+    rendered: &Rendered,
+) -> Result<(), Error> {
+    let Some(obs) = csidriver(ctx, owner, rendered).await? else {
+        return Ok(());
+    };
+    if obs.ours {
+        return Ok(());
+    }
+    let probe = Observed {
+        csi_driver: Some(obs),
+        ..Observed::default()
+    };
+    let desired = Desired {
+        controller: false,
+        registration_required: false,
+        batch: 1,
+    };
+    let plan = adoption::plan(&desired, &probe);
+    if let Some(why) = plan.refused {
+        return Err(Error::AdoptionRefused(why));
+    }
+    let name = &obj.spec.driver_name;
+    let api: Api<AppliedCSIDriver> = Api::all(ctx.client.clone());
+    let labels = rendered
+        .csi_driver
+        .metadata
+        .labels
+        .clone()
+        .unwrap_or_default();
+    let patch = json!({"metadata": {"labels": labels}});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(|e| Error::from_write("CSIDriver", name, e))?;
+    ctx.caches.owned.forget("CSIDriver", "", name);
+    info!(object = %owner.name, csidriver = %name, "took over the running CSIDriver");
+    Ok(())
+}
+
+async fn csidriver(
+    ctx: &Context,
+    owner: Owner<'_>,
+    rendered: &Rendered,
+) -> Result<Option<CsiDriverObs>, Error> {
+    let api: Api<AppliedCSIDriver> = Api::all(ctx.client.clone());
+    let name = rendered.csi_driver.name_any();
+    let live = api
+        .get_opt(&name)
+        .await
+        .map_err(|e| Error::read("get", format!("CSIDriver {name}"), e))?;
+    Ok(live.map(|live| {
+        let spec = |d: &AppliedCSIDriver| serde_json::to_value(&d.spec).unwrap_or_default();
+        CsiDriverObs {
+            ours: is_owned_by(&live.metadata, owner),
+            differences: adoption::immutable_differences(&spec(&live), &spec(&rendered.csi_driver)),
+        }
+    }))
+}
+
+/// The live old node DaemonSet, unless it is this object's own.
+async fn old_daemonset(
+    ctx: &Context,
+    owner: Owner<'_>,
+    adoption: &AdoptionSpec,
+) -> Result<Option<DaemonSet>, Error> {
+    let Some(name) = adoption.node_daemon_set.as_deref() else {
+        return Ok(None);
+    };
+    let api: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), owner.namespace);
+    let live = api
+        .get_opt(name)
+        .await
+        .map_err(|e| Error::read("get", format!("DaemonSet {name}"), e))?;
+    Ok(live.filter(|ds| !is_owned_by(ds.meta(), owner)))
+}
+
+async fn observe(
+    obj: &CSIDriverDeployment,
+    ctx: &Context,
+    owner: Owner<'_>,
+    adoption: &AdoptionSpec,
+    rendered: &Rendered,
+) -> Result<Observed, Error> {
+    let driver = &obj.spec.driver_name;
+    let key = adoption_label_key(driver);
+    let old_ds = old_daemonset(ctx, owner, adoption).await?;
+
+    let mut nodes: BTreeMap<String, adoption::NodeObs> = BTreeMap::new();
+    let node_api: Api<Node> = Api::all(ctx.client.clone());
+    let labelled = node_api
+        .list_metadata(&ListParams::default().labels(&key))
+        .await
+        .map_err(|e| Error::read("list", format!("Nodes labelled {key}"), e))?;
+    for n in labelled.items {
+        let stage = n.labels().get(&key).and_then(|v| AdoptionStage::parse(v));
+        nodes.entry(n.name_any()).or_default().stage = stage;
+    }
+    if let Some(ds) = &old_ds {
+        for node in old_pod_nodes(ctx, owner, ds).await? {
+            nodes.entry(node).or_default().old_pod = true;
+        }
+    }
+    let infos = ctx.caches.nodes.snapshot();
+    let registered = ctx.caches.csinodes.registered(driver);
+    let new_ready: BTreeSet<String> = workloads::pods_of(ctx, owner)
+        .iter()
+        .filter(|p| p.label(COMPONENT) == Some("node") && p.is_ready() && !p.terminating)
+        .filter_map(|p| p.node.as_deref().map(str::to_string))
+        .collect();
+    for (name, n) in &mut nodes {
+        n.reachable = infos
+            .get(name)
+            .is_some_and(|i| i.readiness == Readiness::Ready);
+        n.new_pod_ready = new_ready.contains(name);
+        n.registered = registered.contains(name);
+    }
+
+    let new_controller_ready = i32::try_from(
+        workloads::pods_of(ctx, owner)
+            .iter()
+            .filter(|p| p.label(COMPONENT) == Some("controller") && p.is_ready())
+            .count(),
+    )
+    .unwrap_or(i32::MAX);
+
+    Ok(Observed {
+        csi_driver: csidriver(ctx, owner, rendered).await?,
+        old_node: old_ds.map(|ds| adoption::OldNodeObs {
+            confined: ds.spec.as_ref().is_some_and(|s| {
+                adoption::is_confined(driver, &serde_json::to_value(s).unwrap_or_default())
+            }),
+            deleting: ds.metadata.deletion_timestamp.is_some(),
+        }),
+        old_controller: old_controller(ctx, owner, adoption).await?,
+        new_controller_ready,
+        nodes,
+        leftovers: leftovers(ctx, owner, adoption, false).await?,
+    })
+}
+
+/// Nodes that run a pod of the old DaemonSet (terminating ones included).
+async fn old_pod_nodes(
+    ctx: &Context,
+    owner: Owner<'_>,
+    ds: &DaemonSet,
+) -> Result<BTreeSet<String>, Error> {
+    let selector = ds
+        .spec
+        .as_ref()
+        .and_then(|s| s.selector.match_labels.as_ref())
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .unwrap_or_default();
+    if selector.is_empty() {
+        // A selector of expressions only: no pod is matched here, and the
+        // takeover would start the new plugin beside the old one.
+        return Err(Error::AdoptionRefused(format!(
+            "DaemonSet {} selects its pods without matchLabels; the takeover needs them to find its pods",
+            ds.name_any()
+        )));
+    }
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), owner.namespace);
+    let list = pods
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(|e| Error::read("list", format!("pods of DaemonSet {}", ds.name_any()), e))?;
+    let uid = ds.uid();
+    Ok(list
+        .items
+        .iter()
+        .filter(|p| {
+            p.owner_references()
+                .iter()
+                .any(|r| Some(&r.uid) == uid.as_ref())
+        })
+        .filter_map(|p| p.spec.as_ref().and_then(|s| s.node_name.clone()))
+        .collect())
+}
+
+async fn old_controller(
+    ctx: &Context,
+    owner: Owner<'_>,
+    adoption: &AdoptionSpec,
+) -> Result<Option<adoption::OldControllerObs>, Error> {
+    let Some(w) = &adoption.controller else {
+        return Ok(None);
+    };
+    let meta = match w.kind {
+        AdoptedWorkloadKind::Deployment => get_other::<Deployment>(ctx, owner, &w.name)
+            .await?
+            .map(|d| d.metadata),
+        AdoptedWorkloadKind::StatefulSet => get_other::<StatefulSet>(ctx, owner, &w.name)
+            .await?
+            .map(|s| s.metadata),
+    };
+    Ok(meta.map(|m| adoption::OldControllerObs {
+        deleting: m.deletion_timestamp.is_some(),
+    }))
+}
+
+/// A namespaced object of the old deployment, unless it is this object's own.
+async fn get_other<K>(ctx: &Context, owner: Owner<'_>, name: &str) -> Result<Option<K>, Error>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), owner.namespace);
+    let live = api
+        .get_opt(name)
+        .await
+        .map_err(|e| Error::read("get", format!("{} {name}", K::kind(&())), e))?;
+    Ok(live.filter(|o| !is_owned_by(o.meta(), owner)))
+}
+
+/// Counts (or, with `delete`, deletes) what `spec.adoption.remove` names
+/// and still exists. Never an object owned by something (an owner
+/// reference: its owner removes it), one of this object's, or a built-in
+/// role.
+async fn leftovers(
+    ctx: &Context,
+    owner: Owner<'_>,
+    adoption: &AdoptionSpec,
+    delete: bool,
+) -> Result<usize, Error> {
+    let mut n = 0;
+    for item in &adoption.remove {
+        if item.kind.cluster_scoped() && adoption::is_builtin(&item.name) {
+            continue;
+        }
+        let c = || ctx.client.clone();
+        let ns = owner.namespace;
+        let found = match item.kind {
+            AdoptedObjectKind::ServiceAccount => {
+                one(
+                    Api::<ServiceAccount>::namespaced(c(), ns),
+                    owner,
+                    &item.name,
+                    delete,
+                )
+                .await?
+            }
+            AdoptedObjectKind::RoleBinding => {
+                one(
+                    Api::<RoleBinding>::namespaced(c(), ns),
+                    owner,
+                    &item.name,
+                    delete,
+                )
+                .await?
+            }
+            AdoptedObjectKind::Service => {
+                one(
+                    Api::<Service>::namespaced(c(), ns),
+                    owner,
+                    &item.name,
+                    delete,
+                )
+                .await?
+            }
+            AdoptedObjectKind::ClusterRoleBinding => {
+                one(
+                    Api::<ClusterRoleBinding>::all(c()),
+                    owner,
+                    &item.name,
+                    delete,
+                )
+                .await?
+            }
+        };
+        n += usize::from(found);
+    }
+    Ok(n)
+}
+
+/// Whether one named object exists and may go; deleted when `delete`.
+async fn one<K>(api: Api<K>, owner: Owner<'_>, name: &str, delete: bool) -> Result<bool, Error>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let kind = K::kind(&());
+    let Some(live) = api
+        .get_opt(name)
+        .await
+        .map_err(|e| Error::read("get", format!("{kind} {name}"), e))?
+    else {
+        return Ok(false);
+    };
+    let meta = live.meta();
+    let owned_elsewhere = meta
+        .owner_references
+        .as_ref()
+        .is_some_and(|r| !r.is_empty());
+    if owned_elsewhere || is_owned_by(meta, owner) || meta.deletion_timestamp.is_some() {
+        return Ok(false);
+    }
+    if delete {
+        delete_exact(&api, &kind, name, live.uid(), PropagationPolicy::Background).await?;
+        info!(object = %owner.name, kind = %kind, name, "removed an object of the deployment taken over");
+    }
+    Ok(true)
+}
+
+async fn delete_exact<K>(
+    api: &Api<K>,
+    kind: &str,
+    name: &str,
+    uid: Option<String>,
+    propagation: PropagationPolicy,
+) -> Result<(), Error>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let params = DeleteParams {
+        propagation_policy: Some(propagation),
+        preconditions: Some(Preconditions {
+            uid,
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(name, &params).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+        Err(e) => Err(Error::WriteFailed {
+            kind: "object",
+            name: format!("{kind} {name}"),
+            message: e.to_string(),
+            source: Box::new(e),
+        }),
+    }
+}
+
+/// Carries out one action of the plan.
+pub(crate) async fn execute(
+    action: &Action,
+    obj: &CSIDriverDeployment,
+    ctx: &Context,
+    owner: Owner<'_>,
+    adoption: &AdoptionSpec,
+    rendered: &Rendered,
+    node_budget: &IntOrString,
+) -> Result<(), Error> {
+    let driver = &obj.spec.driver_name;
+    let key = adoption_label_key(driver);
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    match action {
+        // Done by `keep_csidriver`, before the supporting objects.
+        Action::KeepCsiDriver => {}
+        Action::LabelNode(node, stage) => {
+            let patch = json!({"metadata": {"labels": {key: stage.as_str()}}});
+            nodes
+                .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(|e| Error::from_write("Node", node, e))?;
+            info!(object = %owner.name, node, stage = stage.as_str(), "takeover: node");
+        }
+        Action::UnlabelNode(node) => {
+            let patch = json!({"metadata": {"labels": {key: null}}});
+            match nodes
+                .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.is_not_found() => {}
+                Err(e) => return Err(Error::from_write("Node", node, e)),
+            }
+        }
+        Action::ConfineOldNode => {
+            if let Some(ds) = old_daemonset(ctx, owner, adoption).await? {
+                let affinity = ds
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.template.spec.as_ref())
+                    .and_then(|s| s.affinity.as_ref())
+                    .map(|a| serde_json::to_value(a).unwrap_or_default())
+                    .unwrap_or_default();
+                let patch = adoption::confine_patch(driver, &affinity);
+                let api: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), owner.namespace);
+                let name = ds.name_any();
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map_err(|e| Error::from_write("DaemonSet", &name, e))?;
+                info!(object = %owner.name, daemonset = %name, "takeover: old DaemonSet confined to waiting nodes");
+            }
+        }
+        Action::ApplyNode => {
+            workloads::execute(
+                rollout::Action::ApplyNode,
+                obj,
+                ctx,
+                owner,
+                rendered,
+                node_budget,
+            )
+            .await?;
+        }
+        Action::ApplyController => {
+            workloads::execute(
+                rollout::Action::ApplyController,
+                obj,
+                ctx,
+                owner,
+                rendered,
+                node_budget,
+            )
+            .await?;
+        }
+        Action::DeleteOldController => {
+            if let Some(w) = &adoption.controller {
+                // Foreground: the workload stays until its pods are gone,
+                // which is what the next step waits for.
+                match w.kind {
+                    AdoptedWorkloadKind::Deployment => {
+                        if let Some(d) = get_other::<Deployment>(ctx, owner, &w.name).await? {
+                            let api: Api<Deployment> =
+                                Api::namespaced(ctx.client.clone(), owner.namespace);
+                            delete_exact(
+                                &api,
+                                "Deployment",
+                                &w.name,
+                                d.uid(),
+                                PropagationPolicy::Foreground,
+                            )
+                            .await?;
+                        }
+                    }
+                    AdoptedWorkloadKind::StatefulSet => {
+                        if let Some(s) = get_other::<StatefulSet>(ctx, owner, &w.name).await? {
+                            let api: Api<StatefulSet> =
+                                Api::namespaced(ctx.client.clone(), owner.namespace);
+                            delete_exact(
+                                &api,
+                                "StatefulSet",
+                                &w.name,
+                                s.uid(),
+                                PropagationPolicy::Foreground,
+                            )
+                            .await?;
+                        }
+                    }
+                }
+                info!(object = %owner.name, kind = w.kind.as_str(), name = %w.name, "takeover: old controller deleted");
+            }
+        }
+        Action::DeleteOldNode => {
+            if let Some(ds) = old_daemonset(ctx, owner, adoption).await? {
+                let api: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), owner.namespace);
+                let name = ds.name_any();
+                delete_exact(
+                    &api,
+                    "DaemonSet",
+                    &name,
+                    ds.uid(),
+                    PropagationPolicy::Foreground,
+                )
+                .await?;
+                info!(object = %owner.name, daemonset = %name, "takeover: old DaemonSet deleted");
+            }
+        }
+        Action::RemoveLeftovers => {
+            leftovers(ctx, owner, adoption, true).await?;
+        }
+    }
+    Ok(())
+}
+
+/// The status while a takeover runs: phase Deploying, and the takeover's
+/// progress as the message and the Progressing condition.
+pub(crate) fn status_during(
+    mut status: csiops_crds::CSIDriverDeploymentStatus,
+    plan: &Plan,
+) -> csiops_crds::CSIDriverDeploymentStatus {
+    let waiting = plan.waiting_for.as_deref().unwrap_or("working");
+    let message = format!(
+        "taking over the running deployment ({:?}, {} of {} node(s) moved): {waiting}",
+        plan.phase, plan.nodes_done, plan.nodes_total
+    );
+    if status.phase != Phase::Degraded {
+        status.phase = Phase::Deploying;
+        status.message = message.clone();
+    }
+    for c in &mut status.conditions {
+        if c.type_ == "Progressing" {
+            c.status = "True".to_string();
+            c.reason = "Adopting".to_string();
+            c.message = message.clone();
+        }
+    }
+    status
+}
