@@ -5,7 +5,7 @@
 //! WaitForFirstConsumer StorageClass), and claims and pods that use them.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
@@ -288,4 +288,34 @@ pub async fn wait_pod_running(cluster: &Cluster, name: &str, timeout: Duration) 
     })
     .await
     .map_err(|_| Error::Other(format!("pod {NS}/{name} never Running")))
+}
+
+/// The longest pause, in ms, between counter lines (`<n> <unix ms>`) written
+/// from `from` to `to`; an error if the counter did not run through it.
+pub fn longest_gap(counter: &str, from: u128, to: u128) -> Result<u128, String> {
+    let stamps: Vec<u128> = counter
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .collect();
+    let first = stamps
+        .iter()
+        .position(|&t| t >= from)
+        .ok_or("no counter line after the upgrade began")?;
+    let last = stamps
+        .iter()
+        .position(|&t| t >= to)
+        .ok_or("the counter stopped before the upgrade ended")?;
+    let window = &stamps[first.saturating_sub(1)..=last];
+    Ok(window
+        .windows(2)
+        .map(|w| w[1].saturating_sub(w[0]))
+        .max()
+        .unwrap_or(0))
+}
+
+pub fn now_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0)
 }

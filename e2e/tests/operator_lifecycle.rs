@@ -245,7 +245,10 @@ async fn each_account_may_do_what_it_needs_and_no_more(bed: &Bed) {
         (&node, vec!["get", "secrets", "-A"], false),
         (&operator_sa, vec!["get", "secrets", "-A"], false),
         (&operator_sa, vec!["list", "secrets", "-n", NS], false),
-        (&operator_sa, vec!["patch", "nodes"], false),
+        // patch nodes: a takeover's labels only, which the admission
+        // policy csiops-operator-node-labels enforces (security.rs).
+        (&operator_sa, vec!["patch", "nodes"], true),
+        (&operator_sa, vec!["delete", "clusterroles"], false),
         (&operator_sa, vec!["create", "persistentvolumes"], false),
         (&operator_sa, vec!["delete", "persistentvolumes"], false),
         (&operator_sa, vec!["create", "configmaps", "-n", NS], false),

@@ -985,3 +985,95 @@ spec:
     assert!(ok, "the operator's own kind of binding was refused: {err}");
     cluster.stop().await.expect("cluster stops");
 }
+
+/// A takeover (`spec.adoption`) gives the operator's token two more
+/// writes, each fenced to what the takeover needs: Node patches that change
+/// only the `adopt.csiops.dev/` labels (policy `csiops-operator-node-labels`),
+/// and an update of a DaemonSet no CSIDriverDeployment owns that changes
+/// only its pods' scheduling and its update strategy (the operator fence
+/// lets that through and nothing more).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operators_token_changes_only_takeover_labels_and_foreign_scheduling() {
+    const OPERATOR: &str = "system:serviceaccount:csiops-system:csiops-operator";
+    let cluster = policed_cluster(1).await;
+    let client = cluster.client().expect("client");
+    let node = kube::Api::<k8s_openapi::api::core::v1::Node>::all(client)
+        .list(&Default::default())
+        .await
+        .expect("nodes")
+        .items
+        .into_iter()
+        .find_map(|n| n.metadata.name)
+        .expect("a node");
+    let as_operator = |args: Vec<String>| {
+        let cluster = &cluster;
+        async move {
+            let mut all = args;
+            all.push("--dry-run=server".into());
+            kubectl_as(cluster, &[format!("--as={OPERATOR}")], &all).await
+        }
+    };
+    let patch = |kind: &str, name: &str, ns: Option<&str>, body: &str| {
+        let mut args = vec!["patch".to_string(), kind.to_string(), name.to_string()];
+        if let Some(ns) = ns {
+            args.extend(["-n".to_string(), ns.to_string()]);
+        }
+        args.extend([
+            "--type=merge".to_string(),
+            "-p".to_string(),
+            body.to_string(),
+        ]);
+        args
+    };
+
+    // Any other label: refused, once the API server has the policy.
+    let other = patch("node", &node, None, &label_patch("x"));
+    let refused = wait_for(Duration::from_secs(60), Duration::from_millis(500), || {
+        let other = other.clone();
+        let as_operator = &as_operator;
+        async move {
+            let (ok, err) = as_operator(other).await;
+            (!ok && err.contains("csiops-operator-node-labels")).then_some(err)
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the operator's token set an arbitrary label on node {node}"));
+    assert!(refused.contains("adopt.csiops.dev/"), "{refused}");
+    let takeover = r#"{"metadata":{"labels":{"adopt.csiops.dev/x.csi.example.com":"waiting"}}}"#;
+    let (ok, err) = as_operator(patch("node", &node, None, takeover)).await;
+    assert!(ok, "the takeover label was refused: {err}");
+    let taint = r#"{"spec":{"taints":[{"key":"k","effect":"NoSchedule"}]}}"#;
+    let (ok, err) = as_operator(patch("node", &node, None, taint)).await;
+    assert!(!ok && err.contains("csiops-operator-node-labels"), "{err}");
+
+    // Someone else's DaemonSet: its scheduling, yes; its pods, no.
+    testkit::apply_ok(
+        &cluster,
+        "vendor-node",
+        r#"apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: vendor-node, namespace: default}
+spec:
+  selector: {matchLabels: {app: vendor-node}}
+  template:
+    metadata: {labels: {app: vendor-node}}
+    spec:
+      serviceAccountName: default
+      containers: [{name: plugin, image: registry.invalid/plugin:1}]
+"#,
+    )
+    .await;
+    let confine = r#"{"spec":{"updateStrategy":{"type":"OnDelete","rollingUpdate":null},"template":{"spec":{"affinity":{"nodeAffinity":{"requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[{"matchExpressions":[{"key":"adopt.csiops.dev/x.csi.example.com","operator":"In","values":["waiting"]}]}]}}}}}}}"#;
+    let (ok, err) = as_operator(patch("daemonset", "vendor-node", Some("default"), confine)).await;
+    assert!(ok, "confining a foreign DaemonSet was refused: {err}");
+    let swap = r#"{"spec":{"template":{"spec":{"containers":[{"name":"plugin","image":"registry.invalid/evil:1"}]}}}}"#;
+    let (ok, err) = as_operator(patch("daemonset", "vendor-node", Some("default"), swap)).await;
+    assert!(
+        !ok && err.contains("csiops-operator-fence") && err.contains("names no owner"),
+        "the operator's token changed a foreign DaemonSet's containers: {err}"
+    );
+    let host = r#"{"spec":{"template":{"spec":{"hostNetwork":true}}}}"#;
+    let (ok, err) = as_operator(patch("daemonset", "vendor-node", Some("default"), host)).await;
+    assert!(!ok && err.contains("csiops-operator-fence"), "{err}");
+    cluster.stop().await.expect("cluster stops");
+}

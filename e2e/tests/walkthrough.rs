@@ -14,11 +14,13 @@
 
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use csiops_e2e::realnode::{images, NODE_NAME};
 use csiops_e2e::testdriver::{load_state, mounts};
-use csiops_e2e::walkthrough::{self, App, Use, VolumeDriver, APP_FILE, DRIVER, NAME, NS};
+use csiops_e2e::walkthrough::{
+    self, longest_gap, now_ms, App, Use, VolumeDriver, APP_FILE, DRIVER, NAME, NS,
+};
 use csiops_e2e::{testkit, wait_for, Cluster, ClusterOptions};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
@@ -591,36 +593,6 @@ async fn delete_pod(cluster: &Cluster, name: &str) {
         "pod {name} never went\n{}",
         describe(cluster, name)
     );
-}
-
-/// The longest pause, in ms, between counter lines (`<n> <unix ms>`) written
-/// from `from` to `to`; an error if the counter did not run through it.
-fn longest_gap(counter: &str, from: u128, to: u128) -> Result<u128, String> {
-    let stamps: Vec<u128> = counter
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(1)?.parse().ok())
-        .collect();
-    let first = stamps
-        .iter()
-        .position(|&t| t >= from)
-        .ok_or("no counter line after the upgrade began")?;
-    let last = stamps
-        .iter()
-        .position(|&t| t >= to)
-        .ok_or("the counter stopped before the upgrade ended")?;
-    let window = &stamps[first.saturating_sub(1)..=last];
-    Ok(window
-        .windows(2)
-        .map(|w| w[1].saturating_sub(w[0]))
-        .max()
-        .unwrap_or(0))
-}
-
-fn now_ms() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis())
-        .unwrap_or(0)
 }
 
 /// Mount points of the test process's (the host's) mount namespace.

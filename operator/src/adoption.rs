@@ -25,7 +25,8 @@
 //!    one, and the old one is deleted once a new replica is Ready. The
 //!    sidecars elect their leader on upstream's Lease names, in the same
 //!    namespace, so the old and the new provisioner (and attacher) share
-//!    one Lease and never act at once.
+//!    one Lease and never act at once. Old sidecars that elect no leader,
+//!    or elect it elsewhere ([`lease_sharing`]), are stopped first instead.
 //! 5. **Clean up**: the old DaemonSet (it has no pod left), the objects
 //!    `spec.adoption.remove` names, and the node labels.
 //!
@@ -83,10 +84,59 @@ pub struct OldNodeObs {
 }
 
 /// The old controller workload.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OldControllerObs {
     /// It is being deleted (foreground: it stays until its pods are gone).
     pub deleting: bool,
+    /// Why its sidecars do not share this object's leader-election Leases
+    /// (see [`lease_sharing`]); `None` when they do.
+    pub unshared: Option<String>,
+}
+
+/// Whether the sidecars of an old controller pod (each container's
+/// arguments, `namespace` the pod's) elect their leader on the Leases this
+/// object's sidecars use: upstream's default names, in the pod's namespace.
+/// `None` when they do; otherwise why not. A sidecar is a container with
+/// `--csi-address`; the registrar and the liveness probe elect nothing.
+/// Then the old controller is stopped before the new one starts: a short
+/// pause in provisioning and attaching (mounted volumes keep serving)
+/// rather than two provisioners acting at once.
+pub fn lease_sharing(containers: &[(String, Vec<String>)], namespace: &str) -> Option<String> {
+    let flag = |args: &[String], name: &str| -> Option<String> {
+        args.iter().find_map(|a| {
+            let body = a.strip_prefix("--").or_else(|| a.strip_prefix('-'))?;
+            match body.split_once('=') {
+                Some((n, v)) if n == name => Some(v.to_string()),
+                None if body == name => Some("true".to_string()),
+                _ => None,
+            }
+        })
+    };
+    for (name, args) in containers {
+        let sidecar = flag(args, "csi-address").is_some()
+            && flag(args, "kubelet-registration-path").is_none()
+            && flag(args, "probe-timeout").is_none()
+            && flag(args, "health-port").is_none();
+        if !sidecar {
+            continue;
+        }
+        match flag(args, "leader-election").as_deref() {
+            Some("true") => {}
+            _ => {
+                return Some(format!(
+                    "container {name} runs without --leader-election, so it would act beside this object's"
+                ))
+            }
+        }
+        if let Some(ns) = flag(args, "leader-election-namespace") {
+            if ns != namespace && !ns.starts_with("$(") {
+                return Some(format!(
+                    "container {name} elects its leader in namespace {ns}, not {namespace}"
+                ));
+            }
+        }
+    }
+    None
 }
 
 /// One node, as far as the takeover is concerned.
@@ -213,10 +263,26 @@ pub fn plan(desired: &Desired, observed: &Observed) -> Plan {
     }
 
     plan.phase = Phase::Controller;
+    // Sidecars that do not share the Leases: the old controller goes
+    // first, the new one starts once its pods are gone.
+    if let Some(old) = observed
+        .old_controller
+        .as_ref()
+        .filter(|o| o.unshared.is_some())
+    {
+        if !old.deleting {
+            plan.actions.push(Action::DeleteOldController);
+        }
+        plan.waiting_for = Some(format!(
+            "the old controller's pods to exit before this object's starts ({})",
+            old.unshared.as_deref().unwrap_or_default()
+        ));
+        return plan;
+    }
     if desired.controller {
         plan.actions.push(Action::ApplyController);
     }
-    if let Some(old) = observed.old_controller {
+    if let Some(old) = &observed.old_controller {
         if !old.deleting && desired.controller && observed.new_controller_ready < 1 {
             plan.waiting_for = Some(
                 "this object's controller to have a Ready replica before the old controller goes"

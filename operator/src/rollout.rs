@@ -469,6 +469,11 @@ fn start(desired: &Desired, observed: &Observed, now: DateTime<Utc>) -> Option<R
             RolloutKind::Install
         };
         (kind, RolloutStep::ControllerRoll)
+    } else if !desired.ever_completed {
+        // Everything is in place but no rollout was ever recorded: objects
+        // a takeover (spec.adoption) put there, or a status write lost
+        // after an install. An install checks them and records the version.
+        (RolloutKind::Install, RolloutStep::NodeInstall)
     } else {
         return None;
     };
@@ -513,6 +518,9 @@ fn start_node_local(
         } else {
             (upgrade_kind(desired), RolloutStep::ControllerRoll)
         }
+    } else if !desired.ever_completed {
+        // As in `start`: in place, never recorded.
+        (RolloutKind::Install, RolloutStep::NodeInstall)
     } else {
         return None;
     };

@@ -32,7 +32,10 @@ fn fresh() -> Observed {
             confined: false,
             deleting: false,
         }),
-        old_controller: Some(OldControllerObs { deleting: false }),
+        old_controller: Some(OldControllerObs {
+            deleting: false,
+            unshared: None,
+        }),
         new_controller_ready: 0,
         nodes: ["a", "b", "c"]
             .into_iter()
@@ -217,7 +220,10 @@ fn the_old_controller_goes_only_after_every_node_and_a_ready_new_replica() {
         "cleanup waits for the old controller"
     );
 
-    o.old_controller = Some(OldControllerObs { deleting: true });
+    o.old_controller = Some(OldControllerObs {
+        deleting: true,
+        unshared: None,
+    });
     let p = plan(&desired(), &o);
     assert!(
         !p.actions.contains(&Action::DeleteOldController),
@@ -324,4 +330,85 @@ fn confining_adds_the_requirement_to_each_term_and_switches_to_on_delete() {
 fn builtin_roles_are_recognised() {
     assert!(is_builtin("system:node"));
     assert!(!is_builtin("csi-provisioner-runner"));
+}
+
+fn args(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn sidecars_share_the_leases_only_with_leader_election_in_the_same_namespace() {
+    let ns = "storage";
+    let plugin = (
+        "plugin".to_string(),
+        args(&["--endpoint=unix:///csi/csi.sock"]),
+    );
+    let registrar = (
+        "node-driver-registrar".to_string(),
+        args(&[
+            "--csi-address=/csi/csi.sock",
+            "--kubelet-registration-path=/x",
+        ]),
+    );
+    let elected = (
+        "csi-provisioner".to_string(),
+        args(&["-csi-address=/csi/csi.sock", "-leader-election"]),
+    );
+    assert_eq!(
+        lease_sharing(&[plugin.clone(), registrar, elected.clone()], ns),
+        None
+    );
+    let same_ns = (
+        "csi-attacher".to_string(),
+        args(&[
+            "--csi-address=/csi/csi.sock",
+            "--leader-election=true",
+            "--leader-election-namespace=storage",
+        ]),
+    );
+    assert_eq!(lease_sharing(&[elected.clone(), same_ns], ns), None);
+
+    let lone = (
+        "csi-provisioner".to_string(),
+        args(&["--csi-address=/csi/csi.sock"]),
+    );
+    let why = lease_sharing(&[plugin, lone], ns).expect("unshared");
+    assert!(
+        why.contains("csi-provisioner") && why.contains("--leader-election"),
+        "{why}"
+    );
+    let elsewhere = (
+        "csi-attacher".to_string(),
+        args(&[
+            "--csi-address=/csi/csi.sock",
+            "--leader-election",
+            "--leader-election-namespace=kube-system",
+        ]),
+    );
+    let why = lease_sharing(&[elected, elsewhere], ns).expect("unshared");
+    assert!(why.contains("kube-system"), "{why}");
+}
+
+#[test]
+fn an_old_controller_that_shares_no_lease_is_stopped_before_the_new_one_starts() {
+    let mut o = confined(fresh());
+    for n in ["a", "b", "c"] {
+        o.nodes
+            .insert(n.into(), node(Some(AdoptionStage::Done), false, true));
+    }
+    o.old_controller = Some(OldControllerObs {
+        deleting: false,
+        unshared: Some("container csi-provisioner runs without --leader-election".into()),
+    });
+    let p = plan(&desired(), &o);
+    assert!(p.actions.contains(&Action::DeleteOldController));
+    assert!(
+        !p.actions.contains(&Action::ApplyController),
+        "{:?}",
+        p.actions
+    );
+
+    o.old_controller = None;
+    let p = plan(&desired(), &o);
+    assert!(p.actions.contains(&Action::ApplyController));
 }

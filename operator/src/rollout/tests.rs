@@ -293,11 +293,28 @@ fn a_node_lost_before_the_upgrade_is_not_waited_for() {
 
 #[test]
 fn steady_state_reapplies_both_and_starts_nothing() {
-    let d = desired("n1", "c1");
+    let d = Desired {
+        ever_completed: true,
+        ..desired("n1", "c1")
+    };
     let mut sim = Sim::installed(&d);
     let p = sim.run(&d, t0());
     assert_eq!(p.actions, vec![Action::ApplyNode, Action::ApplyController]);
     assert!(p.rollout.is_none() && p.transitions.is_empty() && !p.completed);
+}
+
+#[test]
+fn objects_in_place_without_a_recorded_rollout_complete_an_install() {
+    // What a takeover (spec.adoption) leaves, or an install whose status
+    // write was lost: every object current, no version recorded.
+    let d = desired("n1", "c1");
+    assert!(!d.ever_completed);
+    let mut sim = Sim::installed(&d);
+    let p = sim.run(&d, t0());
+    assert!(p.completed, "{p:?}");
+    assert!(p
+        .transitions
+        .contains(&Transition::RolloutCompleted(RolloutKind::Install)));
 }
 
 #[test]

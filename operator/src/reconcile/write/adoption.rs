@@ -250,16 +250,32 @@ async fn old_controller(
     let Some(w) = &adoption.controller else {
         return Ok(None);
     };
-    let meta = match w.kind {
+    let live = match w.kind {
         AdoptedWorkloadKind::Deployment => get_other::<Deployment>(ctx, owner, &w.name)
             .await?
-            .map(|d| d.metadata),
+            .map(|d| (d.metadata, d.spec.map(|s| s.template))),
         AdoptedWorkloadKind::StatefulSet => get_other::<StatefulSet>(ctx, owner, &w.name)
             .await?
-            .map(|s| s.metadata),
+            .map(|s| (s.metadata, s.spec.map(|s| s.template))),
     };
-    Ok(meta.map(|m| adoption::OldControllerObs {
-        deleting: m.deletion_timestamp.is_some(),
+    Ok(live.map(|(meta, template)| {
+        let containers: Vec<(String, Vec<String>)> = template
+            .and_then(|t| t.spec)
+            .map(|s| {
+                s.containers
+                    .into_iter()
+                    .map(|c| {
+                        let mut args = c.command.unwrap_or_default();
+                        args.extend(c.args.unwrap_or_default());
+                        (c.name, args)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        adoption::OldControllerObs {
+            deleting: meta.deletion_timestamp.is_some(),
+            unshared: adoption::lease_sharing(&containers, owner.namespace),
+        }
     }))
 }
 
