@@ -115,7 +115,7 @@ print_refs() {
 
 # Every input of the images, relative to $ROOT.
 INPUT_PATHS=(Cargo.toml Cargo.lock .dockerignore crds proto runtime operator/Cargo.toml operator/src
-  operator/Dockerfile sidecars e2e/Cargo.toml e2e/src e2e/Dockerfile e2e/images)
+  operator/Dockerfile sidecars cli/Cargo.toml cli/src e2e/Cargo.toml e2e/src e2e/Dockerfile e2e/images)
 
 input_files() {
   if git -C "$ROOT" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
@@ -216,10 +216,11 @@ build_into() {
   # `make demo`'s own binary is built here too: it shares every dependency
   # (kube, k8s-openapi, tokio…) with the images' binaries, so the demo needs
   # no second, debug build of them.
-  log "cargo build --release --target $TARGET (operator, sidecar, csi-test-driver, csiops-demo) into $target_dir"
+  log "cargo build --release --target $TARGET (operator, kubectl-csiops, sidecar, csi-test-driver, csiops-demo) into $target_dir"
   log "(cold: several minutes on two cores; warm: seconds)"
   (cd "$ROOT" && CARGO_TARGET_DIR="$target_dir" cargo build --release --locked --target "$TARGET" \
     -p csiops-operator --bin csiops-operator \
+    -p kubectl-csiops --bin kubectl-csiops \
     -p csiops-sidecars --bin csiops-sidecar \
     -p csiops-e2e --bin csi-test-driver --bin csiops-demo) >&2 || die "cargo build failed"
   local bin_dir="$target_dir/$TARGET/release"
@@ -251,6 +252,12 @@ build_into() {
       cp "$bin_dir/$i" "$WORK/ctx/$i/$i"
       if [[ "$i" == csiops-sidecar && "$FLAVOUR" == full ]]; then
         cp "$node_bin_dir/csiops-node-sidecar" "$WORK/ctx/$i/"
+      fi
+      # The kubectl plugin ships in the operator image (/usr/local/bin), so
+      # `kubectl cp` or `docker create`+`cp` gets a user the version that
+      # matches the operator (docs/kubectl-plugin.md).
+      if [[ "$i" == csiops-operator ]]; then
+        cp "$bin_dir/kubectl-csiops" "$WORK/ctx/$i/"
       fi
       for bin in "$WORK/ctx/$i"/*; do
         # The images have no debug use for symbols; keep them small.

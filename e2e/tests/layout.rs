@@ -15,6 +15,7 @@ use csiops_e2e::testkit::workspace_root;
 
 /// The crates whose files are scanned, by source folder.
 const CRATES: &[&str] = &[
+    "cli/src",
     "crds/src",
     "operator/src",
     "runtime/src",
