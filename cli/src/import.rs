@@ -10,6 +10,7 @@
 //! - `objects`: CSIDriver, classes, ServiceAccounts, RBAC and the rest;
 //! - `flags`: sidecar flags against the operator's and the sidecars' parser.
 
+mod adopt;
 pub mod classify;
 pub(crate) mod driver;
 pub mod flags;
@@ -43,6 +44,12 @@ pub enum ImportError {
     NoDriverContainer { object: String },
     #[error("cannot tell the driver's name: the input has no CSIDriver object, no --kubelet-registration-path and no --drivername; pass it with --driver")]
     NoDriverName,
+    #[error("{object} runs in namespace {namespace}, the CR in {cr}: a takeover needs them in one namespace (the sidecars' leader-election Leases are); pass --namespace {namespace}")]
+    AdoptionNamespace {
+        object: String,
+        namespace: String,
+        cr: String,
+    },
     #[error("cannot render the operator's sample to learn its sidecar flags: {0}")]
     Sample(#[from] RenderError),
 }
@@ -56,6 +63,8 @@ pub struct Options {
     pub namespace: Option<String>,
     /// The driver name when the input does not say it.
     pub driver_name: Option<String>,
+    /// Take the input's running deployment over (`spec.adoption`).
+    pub adopt: bool,
 }
 
 /// The CR and the report.
@@ -324,6 +333,29 @@ pub fn import(
     ctx.report
         .items
         .sort_by_key(|item| order.get(&item.object).copied().unwrap_or(usize::MAX));
+
+    if opts.adopt {
+        let (adoption, notes) = adopt::adoption(&inv, &namespace)?;
+        for n in notes {
+            ctx.report.note(n);
+        }
+        if !ctx.spec.storage_classes.is_empty() {
+            ctx.report.note(format!(
+                "--adopt: spec.storageClasses left out ({}): the running classes stay as they are and keep provisioning through the new deployment; the operator does not take classes over",
+                ctx.spec
+                    .storage_classes
+                    .iter()
+                    .map(|c| c.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+            ctx.spec.storage_classes.clear();
+        }
+        ctx.report.note(
+            "--adopt: spec.adoption names the running workloads; applying the CR takes them over without a volume outage (docs/adoption.md)",
+        );
+        ctx.spec.adoption = Some(adoption);
+    }
 
     let cr = CSIDriverDeployment {
         metadata: ObjectMeta {

@@ -59,6 +59,10 @@ enum Command {
         /// The driver's name (CSIDriver); with --from-cluster, what to read.
         #[arg(long)]
         driver: Option<String>,
+        /// Write spec.adoption: applying the CR takes the running
+        /// deployment over in place (docs/adoption.md).
+        #[arg(long)]
+        adopt: bool,
     },
     /// Show the differences that matter between manifests and what a CR
     /// renders. Exit code 1: differences; 0: none; 2: trouble.
@@ -132,6 +136,7 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
             allow_partial,
             from_cluster,
             driver,
+            adopt,
         } => {
             let objects = if from_cluster {
                 let driver = driver.clone().unwrap_or_default();
@@ -143,6 +148,7 @@ fn run(cli: Cli) -> Result<ExitCode, Error> {
                 name,
                 namespace,
                 driver_name: driver,
+                adopt,
             };
             let imported = import::import(&objects, &opts, &import::render_config(None))?;
             let yaml =

@@ -293,7 +293,7 @@ impl Report {
 }
 
 /// The end of every report.
-pub const FOOTER: &str = "The CSIDriverDeployment above deploys a new instance of the driver. To take over a driver that is already running (the input's live or existing workloads) without a volume outage, `kubectl csiops import` output can be applied with adoption once it is documented (docs/kubectl-plugin.md).";
+pub const FOOTER: &str = "Without --adopt, the CSIDriverDeployment above deploys a new instance of the driver, beside nothing that runs it. To take over the running deployment these manifests describe, without a volume outage, import again with --adopt (docs/adoption.md).";
 
 fn what_name(what: What) -> &'static str {
     match what {

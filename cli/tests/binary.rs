@@ -169,3 +169,70 @@ fn bad_input_is_an_error_not_a_panic() {
     let out = run_with_stdin(&["diff", "-f", "-"], b"---\n");
     assert_eq!(out.status.code(), Some(2), "diff's trouble is 2");
 }
+
+#[test]
+fn import_adopt_names_the_running_workloads_and_keeps_the_classes() {
+    let dir = fixture("central");
+    let dir = dir.to_str().expect("utf-8 path");
+    let out = bin()
+        .args(["import", "-f", dir, "--adopt", "--allow-partial"])
+        .output()
+        .expect("runs");
+    let report = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{report}");
+    let cr: serde_yaml::Value = serde_yaml::from_slice(&out.stdout).expect("CR YAML");
+    assert_eq!(cr["metadata"]["namespace"], "kube-system");
+    let adoption = &cr["spec"]["adoption"];
+    assert_eq!(adoption["controller"]["kind"], "StatefulSet");
+    assert_eq!(adoption["controller"]["name"], "files-csi-controller");
+    assert_eq!(adoption["nodeDaemonSet"], "files-csi-node");
+    let removed: Vec<(String, String)> = adoption["remove"]
+        .as_sequence()
+        .expect("remove list")
+        .iter()
+        .map(|o| {
+            (
+                o["kind"].as_str().unwrap_or_default().to_string(),
+                o["name"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    for want in [
+        ("ServiceAccount", "files-csi-controller-sa"),
+        ("ServiceAccount", "files-csi-node-sa"),
+        ("ClusterRoleBinding", "files-csi-provisioner-binding"),
+    ] {
+        assert!(
+            removed.contains(&(want.0.to_string(), want.1.to_string())),
+            "{want:?} not in {removed:?}"
+        );
+    }
+    assert!(
+        !removed.iter().any(|(k, _)| k == "ClusterRole"),
+        "roles are never removed: {removed:?}"
+    );
+    assert!(
+        cr["spec"].get("storageClasses").is_none(),
+        "classes of a running driver stay as they are"
+    );
+    assert!(
+        report.contains("files-external-provisioner-role") && report.contains("left for you"),
+        "{report}"
+    );
+    // The CR must be valid for the operator: it parses as the API type.
+    let typed: csiops_crds::CSIDriverDeployment =
+        serde_yaml::from_slice(&out.stdout).expect("a CSIDriverDeployment");
+    assert!(typed.spec.adoption.is_some());
+
+    // A CR in another namespace cannot share the Leases: refused.
+    let out = bin()
+        .args(["import", "-f", dir, "--adopt", "-n", "storage"])
+        .output()
+        .expect("runs");
+    assert_ne!(out.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("one namespace") && err.contains("kube-system"),
+        "{err}"
+    );
+}

@@ -5,8 +5,10 @@
 //! manifests in the layout of kubernetes-csi's `deploy/` directories
 //! (RBAC, CSIDriver, controller StatefulSet, node DaemonSet, StorageClass),
 //! csi-test-driver as the plugin. A pod writes a counter line every 100 ms
-//! to a volume that deployment provisioned, attached and mounted. Then the
-//! object is applied, naming the running workloads, and:
+//! to a volume that deployment provisioned, attached and mounted. Then
+//! `kubectl csiops import --adopt` turns those manifests into a
+//! CSIDriverDeployment naming the running workloads (`spec.adoption`); it
+//! is applied, and:
 //! - a claim made during the takeover is Bound and mounted by a pod;
 //! - the writer never stops for more than two seconds and never restarts
 //!   (an I/O error ends its process);
@@ -35,7 +37,6 @@ use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
 use k8s_openapi::api::storage::v1::{CSIDriver, CSINode};
 use kube::api::{Api, DeleteParams};
 use kube::ResourceExt;
-use serde_json::json;
 
 const DEADLINE: Duration = Duration::from_secs(240);
 const POLL: Duration = Duration::from_millis(500);
@@ -151,17 +152,13 @@ async fn a_running_deployment_is_taken_over_without_a_volume_outage() {
         .unwrap_or_else(|e| panic!("operator installs: {e}\n{}", cluster.log_tails(30)));
 
     // --- the deployment as it runs today ------------------------------------
-    testkit::apply_ok(
-        &cluster,
-        "legacy",
-        &legacy_yaml(
-            &driver_image,
-            &sidecar_image,
-            &kubelet_dir.to_string_lossy(),
-            &data_dir.to_string_lossy(),
-        ),
-    )
-    .await;
+    let legacy = legacy_yaml(
+        &driver_image,
+        &sidecar_image,
+        &kubelet_dir.to_string_lossy(),
+        &data_dir.to_string_lossy(),
+    );
+    testkit::apply_ok(&cluster, "legacy", &legacy).await;
     let csinodes: Api<CSINode> = Api::all(client.clone());
     wait_for(DEADLINE, POLL, || async {
         let c = csinodes.get_opt(NODE_NAME).await.ok()??;
@@ -190,24 +187,24 @@ async fn a_running_deployment_is_taken_over_without_a_volume_outage() {
     let drivers: Api<CSIDriver> = Api::all(client.clone());
     let csidriver_uid = drivers.get(DRIVER).await.expect("CSIDriver").uid();
 
-    // --- the takeover -------------------------------------------------------
+    // --- the takeover: `kubectl csiops import --adopt`, then apply ---------
+    let objects = kubectl_csiops::input::parse_stream(&legacy, "legacy.yaml").expect("parse");
+    let opts = kubectl_csiops::import::Options {
+        name: Some(NAME.to_string()),
+        adopt: true,
+        ..Default::default()
+    };
+    let imported = kubectl_csiops::import::import(
+        &objects,
+        &opts,
+        &kubectl_csiops::import::render_config(None),
+    )
+    .expect("import");
+    println!("import's report:\n{}", imported.report.to_text());
+    let cr_yaml = kubectl_csiops::import::cr_yaml(&imported.cr).expect("CR YAML");
+    println!("the imported CR:\n{cr_yaml}");
     let started = now_ms();
-    let cr = driver.cr().with(
-        "adoption",
-        json!({
-            "controller": {"kind": "StatefulSet", "name": "csi-testdriver-controller"},
-            "nodeDaemonSet": "csi-testdriver-node",
-            "remove": [
-                {"kind": "ServiceAccount", "name": "csi-testdriver-controller-sa"},
-                {"kind": "ServiceAccount", "name": "csi-testdriver-node-sa"},
-                {"kind": "ClusterRoleBinding", "name": "csi-testdriver-provisioner-binding"},
-                {"kind": "ClusterRoleBinding", "name": "csi-testdriver-attacher-binding"},
-                {"kind": "RoleBinding", "name": "csi-testdriver-leader-election"},
-                {"kind": "RoleBinding", "name": "csi-testdriver-journal"},
-            ],
-        }),
-    );
-    testkit::apply_ok(&cluster, "adopting", &cr.object_yaml()).await;
+    testkit::apply_ok(&cluster, "adopting", &cr_yaml).await;
     // Claimed while the takeover runs: some provisioner and attacher serve it.
     let during = App {
         name: "during",
