@@ -258,14 +258,18 @@ async fn a_running_deployment_is_taken_over_without_a_volume_outage() {
         .labels()
         .contains_key(ADOPT_LABEL);
     gone("the node's takeover label", labelled);
-    let old_pods = Api::<Pod>::namespaced(client.clone(), NS)
-        .list(
-            &kube::api::ListParams::default()
-                .labels("app in (csi-testdriver-controller,csi-testdriver-node)"),
-        )
+    // By name: the imported CR carries the old pods' labels over
+    // (spec.*.podLabels), so a label would also select the new pods.
+    let old_pods: Vec<String> = Api::<Pod>::namespaced(client.clone(), NS)
+        .list(&Default::default())
         .await
-        .expect("pods");
-    gone("an old pod", !old_pods.items.is_empty());
+        .expect("pods")
+        .items
+        .iter()
+        .map(|p| p.name_any())
+        .filter(|n| n.starts_with("csi-testdriver-"))
+        .collect();
+    gone(&format!("old pods {old_pods:?}"), !old_pods.is_empty());
 
     // --- the CSIDriver was kept ----------------------------------------------
     let kept = drivers.get(DRIVER).await.expect("CSIDriver");
