@@ -97,16 +97,32 @@ fn add_quantity_patterns(v: &mut Value) {
     }
 }
 
-/// Drops every description below the `items` of a `volumes` property.
+/// Properties whose schemas are Kubernetes' own core types, documented by
+/// `kubectl explain pod.spec…`: their descriptions are dropped below the
+/// property's own one (lists: below `items`).
+const CORE_TYPED: &[&str] = &[
+    "volumes",
+    "initContainers",
+    "affinity",
+    "podSecurityContext",
+    "lifecycle",
+];
+
+/// Drops every description below the core-typed properties ([`CORE_TYPED`]).
 fn strip_volume_descriptions(v: &mut Value) {
     match v {
         Value::Object(map) => {
-            if let Some(items) = map
-                .get_mut("properties")
-                .and_then(|p| p.get_mut("volumes"))
-                .and_then(|vols| vols.get_mut("items"))
-            {
-                drop_descriptions(items);
+            if let Some(props) = map.get_mut("properties").and_then(Value::as_object_mut) {
+                for name in CORE_TYPED {
+                    let Some(prop) = props.get_mut(*name) else {
+                        continue;
+                    };
+                    if let Some(items) = prop.get_mut("items") {
+                        drop_descriptions(items);
+                    } else if let Some(inner) = prop.get_mut("properties") {
+                        drop_descriptions(inner);
+                    }
+                }
             }
             map.values_mut().for_each(strip_volume_descriptions);
         }

@@ -6,7 +6,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Affinity, EnvVar, ResourceRequirements, SecurityContext, Toleration, Volume, VolumeMount,
+    Affinity, Container, ContainerPort, EnvVar, Lifecycle, PodSecurityContext,
+    ResourceRequirements, SecurityContext, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{CustomResource, KubeSchema};
@@ -322,6 +323,16 @@ pub struct DriverOverride {
     /// must keep `privileged: true`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub security_context: Option<SecurityContext>,
+    /// Ports of the driver container in this workload, after the `healthz`
+    /// port the operator manages: a driver's own metrics endpoint, for
+    /// example. A name or number the operator uses in the pod is refused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<ContainerPort>,
+    /// Lifecycle hooks of the driver container in this workload: a
+    /// `preStop` hook that unmounts or flushes before the node plugin stops
+    /// (vendors ship one, e.g. to clean up a FUSE daemon).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lifecycle: Option<Lifecycle>,
 }
 
 /// DNS policy of a workload's pods.
@@ -376,6 +387,17 @@ pub struct PodSettings {
     /// `app.kubernetes.io/*` labels it selects pods by) are refused.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub pod_labels: BTreeMap<String, String>,
+    /// The pods' securityContext: `fsGroup`, `seLinuxOptions`,
+    /// `seccompProfile`, `runAsUser`… for every container of the pod (a
+    /// container's own securityContext still wins). Unset: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_security_context: Option<PodSecurityContext>,
+    /// Init containers of the pods, run in order before the driver and the
+    /// sidecars start (a vendor's module loader, a config renderer, a
+    /// wait for a backend). They get nothing from the operator: mount
+    /// `volumes` of this workload explicitly.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub init_containers: Vec<Container>,
 }
 
 /// Workload kind of the controller (the CSI design's "cluster-level
@@ -549,6 +571,12 @@ pub struct NodeSpec {
     /// run the driver (with `readinessTaint`, the operator adds its own).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tolerations: Vec<Toleration>,
+    /// Affinity of the node pods, e.g. a node affinity keeping them off
+    /// nodes the driver cannot serve (architecture, instance type, a
+    /// storage label). A takeover (`spec.adoption`) adds its own
+    /// requirement to each required term.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
     /// Kubelet root directory on the nodes. Some distributions move it
     /// (k0s: `/var/lib/k0s/kubelet`, microk8s: `/var/snap/microk8s/common/var/lib/kubelet`).
     #[serde(default = "default_kubelet_dir")]
@@ -607,6 +635,7 @@ impl Default for NodeSpec {
         Self {
             node_selector: BTreeMap::new(),
             tolerations: Vec::new(),
+            affinity: None,
             kubelet_dir: default_kubelet_dir(),
             max_unavailable: None,
             priority_class_name: None,
@@ -629,6 +658,15 @@ pub struct SidecarsSpec {
     /// default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_pull_policy: Option<PullPolicy>,
+    /// First of the eight ports the bundled sidecars and helpers listen on
+    /// in the pods (health, metrics): `portBase` to `portBase + 7`. Unset:
+    /// 9808, upstream's defaults (liveness probe 9808, provisioner and
+    /// registrar 9809, attacher 9810…). Two drivers with `hostNetwork:
+    /// true` on one node share its ports: give each its own base (for
+    /// example 9808 and 9828).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1024, max = 65520))]
+    pub port_base: Option<i32>,
     /// The provisioner (`csi-provisioner`): creates and deletes volumes for
     /// PVCs of the driver's StorageClasses. Runs in the controller pods, or
     /// with topology `NodeLocal` in every node pod (`--node-deployment`).

@@ -163,6 +163,12 @@ pub(crate) struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
+    /// A sidecar's port (a default of [`ports`]) under
+    /// `spec.sidecars.portBase`.
+    pub fn port(&self, default: i32) -> i32 {
+        ports::shifted(default, self.spec().sidecars.port_base)
+    }
+
     pub fn spec(&self) -> &CSIDriverDeploymentSpec {
         &self.obj.spec
     }
@@ -328,6 +334,8 @@ pub(crate) fn apply_pod_settings(
             annotations.entry(k.clone()).or_insert_with(|| v.clone());
         }
     }
+    pod.security_context = settings.pod_security_context.clone();
+    pod.init_containers = none_if_empty(settings.init_containers.clone());
 }
 
 pub(crate) fn image_pull_secrets(

@@ -2934,3 +2934,165 @@ fn driver_pods_get_the_critical_priority_classes_unless_told_otherwise() {
     );
     assert_eq!(pod(&r, Component::Controller).priority_class_name, None);
 }
+
+#[test]
+fn node_affinity_pod_security_context_init_containers_ports_and_hooks_are_rendered() {
+    let obj = with_spec(serde_json::json!({
+        "node": {
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]},
+                    {"matchExpressions": [{"key": "storage", "operator": "Exists"}]}
+                ]}}},
+            "podSecurityContext": {"fsGroup": 2000, "seccompProfile": {"type": "RuntimeDefault"}},
+            "initContainers": [{"name": "load-modules", "image": "registry.example.com/modprobe:1",
+                                "args": ["nbd"], "securityContext": {"privileged": true}}],
+            "ports": [{"name": "driver-metrics", "containerPort": 9102}],
+            "lifecycle": {"preStop": {"exec": {"command": ["/bin/sh", "-c", "rm -rf /csi/csi.sock"]}}}
+        },
+        "controller": {
+            "podSecurityContext": {"runAsNonRoot": true}
+        }
+    }));
+    let r = must_render(&obj);
+    let node = pod(&r, Component::Node);
+    let terms = &node
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| {
+            n.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .expect("required node affinity")
+        .node_selector_terms;
+    assert_eq!(
+        terms.len(),
+        2,
+        "the user's terms, unchanged without a takeover"
+    );
+    assert_eq!(
+        node.security_context.as_ref().and_then(|s| s.fs_group),
+        Some(2000)
+    );
+    let init = node.init_containers.as_ref().expect("init containers");
+    assert_eq!(init[0].name, "load-modules");
+    let driver = container(node, names::CONTAINER_DRIVER);
+    let ports: Vec<i32> = driver
+        .ports
+        .iter()
+        .flatten()
+        .map(|p| p.container_port)
+        .collect();
+    assert_eq!(ports, [9808, 9102], "healthz first, then the driver's own");
+    assert!(driver
+        .lifecycle
+        .as_ref()
+        .and_then(|l| l.pre_stop.as_ref())
+        .is_some());
+    let controller = pod(&r, Component::Controller);
+    assert_eq!(
+        controller
+            .security_context
+            .as_ref()
+            .and_then(|s| s.run_as_non_root),
+        Some(true)
+    );
+    assert!(controller.init_containers.is_none());
+
+    // A takeover adds its requirement to each of the user's terms.
+    let mut adopting = obj.clone();
+    adopting.spec.adoption = Some(csiops_crds::AdoptionSpec {
+        node_daemon_set: Some("old-node".into()),
+        ..Default::default()
+    });
+    let r = must_render(&adopting);
+    let terms = pod(&r, Component::Node)
+        .affinity
+        .as_ref()
+        .and_then(|a| a.node_affinity.as_ref())
+        .and_then(|n| {
+            n.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
+        .expect("required node affinity")
+        .node_selector_terms
+        .clone();
+    assert_eq!(terms.len(), 2);
+    for term in &terms {
+        let exprs = term.match_expressions.as_ref().expect("expressions");
+        assert_eq!(exprs.len(), 2, "{exprs:?}");
+        assert_eq!(exprs[1].operator, "NotIn");
+        assert_eq!(
+            exprs[1].key,
+            csiops_crds::adoption_label_key(&adopting.spec.driver_name)
+        );
+    }
+}
+
+#[test]
+fn a_driver_port_the_sidecars_use_is_refused() {
+    for (ports, field) in [
+        (
+            serde_json::json!([{"containerPort": 9809}]),
+            "spec.node.ports[0].containerPort",
+        ),
+        (
+            serde_json::json!([{"name": "healthz", "containerPort": 9200}]),
+            "spec.node.ports[0].name",
+        ),
+    ] {
+        let obj = with_spec(serde_json::json!({"node": {"ports": ports}}));
+        let msg = render(&obj, &cfg()).expect_err(field).to_string();
+        assert!(msg.contains(field), "{msg}");
+    }
+}
+
+#[test]
+fn a_port_base_moves_every_sidecar_port_together() {
+    let endpoints = |r: &Rendered, component: Component| -> Vec<i32> {
+        let p = pod(r, component);
+        let mut found: Vec<i32> = p
+            .containers
+            .iter()
+            .flat_map(|c| c.args.iter().flatten())
+            .filter_map(|a| a.strip_prefix("--http-endpoint=:"))
+            .filter_map(|n| n.parse().ok())
+            .chain(
+                p.containers
+                    .iter()
+                    .flat_map(|c| c.ports.iter().flatten())
+                    .map(|port| port.container_port),
+            )
+            .collect();
+        found.sort_unstable();
+        found.dedup();
+        found
+    };
+    let plain = must_render(&with_spec(serde_json::json!({})));
+    let moved = must_render(&with_spec(
+        serde_json::json!({"sidecars": {"portBase": 9828}}),
+    ));
+    for component in [Component::Controller, Component::Node] {
+        let before = endpoints(&plain, component);
+        let after = endpoints(&moved, component);
+        assert!(!before.is_empty());
+        assert_eq!(
+            after,
+            before.iter().map(|p| p + 20).collect::<Vec<_>>(),
+            "{component:?}"
+        );
+    }
+    // The driver's own ports are judged against the moved ones.
+    let ok = with_spec(
+        serde_json::json!({"sidecars": {"portBase": 9828}, "node": {"ports": [{"containerPort": 9809}]}}),
+    );
+    must_render(&ok);
+    let taken = with_spec(
+        serde_json::json!({"sidecars": {"portBase": 9828}, "node": {"ports": [{"containerPort": 9829}]}}),
+    );
+    let msg = render(&taken, &cfg())
+        .expect_err("9829 is the registrar's")
+        .to_string();
+    assert!(msg.contains("spec.node.ports[0].containerPort"), "{msg}");
+}

@@ -135,14 +135,19 @@ pub(crate) fn driver_container(ctx: &Ctx<'_>, placement: DriverPlacement<'_>) ->
         args: none_if_empty(args),
         env: none_if_empty(env),
         resources,
-        ports: liveness.then(|| {
-            vec![ContainerPort {
-                name: Some(HEALTHZ_PORT_NAME.to_string()),
-                container_port: HEALTHZ_PORT,
-                protocol: Some("TCP".to_string()),
-                ..Default::default()
-            }]
-        }),
+        ports: none_if_empty(
+            liveness
+                .then(|| ContainerPort {
+                    name: Some(HEALTHZ_PORT_NAME.to_string()),
+                    container_port: ctx.port(HEALTHZ_PORT),
+                    protocol: Some("TCP".to_string()),
+                    ..Default::default()
+                })
+                .into_iter()
+                .chain(ov.ports.iter().cloned())
+                .collect(),
+        ),
+        lifecycle: ov.lifecycle.clone(),
         // The upstream recommendation: the liveness-probe sidecar answers for
         // the driver, kubelet restarts the driver when its Probe fails.
         liveness_probe: liveness.then(|| Probe {
@@ -313,13 +318,14 @@ pub(crate) fn provisioner_container(ctx: &Ctx<'_>) -> Result<Container, RenderEr
         "provisioner",
         "provisioner",
         &ctx.spec().sidecars.provisioner,
-        PROVISIONER_HTTP_PORT,
+        ctx.port(PROVISIONER_HTTP_PORT),
         OperatorExtra {
             args: &args,
             env: &capacity_env,
         },
     )?;
-    container.ports = monitoring::metrics_port(ctx, PROVISIONER_PORT_NAME, PROVISIONER_HTTP_PORT);
+    container.ports =
+        monitoring::metrics_port(ctx, PROVISIONER_PORT_NAME, ctx.port(PROVISIONER_HTTP_PORT));
     Ok(container)
 }
 
@@ -340,7 +346,7 @@ pub(crate) fn node_provisioner_container(ctx: &Ctx<'_>) -> Result<Container, Ren
         format!("--csi-address={}", ctx.csi_address()),
         format!("--v={}", ctx.spec().log_level),
         "--timeout=60s".to_string(),
-        format!("--http-endpoint=:{NODE_PROVISIONER_HTTP_PORT}"),
+        format!("--http-endpoint=:{}", ctx.port(NODE_PROVISIONER_HTTP_PORT)),
         "--node-deployment".to_string(),
         "--extra-create-metadata".to_string(),
         "--strict-topology=true".to_string(),
@@ -361,8 +367,11 @@ pub(crate) fn node_provisioner_container(ctx: &Ctx<'_>) -> Result<Container, Ren
         &env,
         vec![socket_dir_mount()],
     )?;
-    container.ports =
-        monitoring::metrics_port(ctx, PROVISIONER_PORT_NAME, NODE_PROVISIONER_HTTP_PORT);
+    container.ports = monitoring::metrics_port(
+        ctx,
+        PROVISIONER_PORT_NAME,
+        ctx.port(NODE_PROVISIONER_HTTP_PORT),
+    );
     Ok(container)
 }
 
@@ -374,10 +383,11 @@ pub(crate) fn attacher_container(ctx: &Ctx<'_>) -> Result<Container, RenderError
         "attacher",
         "attacher",
         &ctx.spec().sidecars.attacher,
-        ATTACHER_HTTP_PORT,
+        ctx.port(ATTACHER_HTTP_PORT),
         OperatorExtra::default(),
     )?;
-    container.ports = monitoring::metrics_port(ctx, ATTACHER_PORT_NAME, ATTACHER_HTTP_PORT);
+    container.ports =
+        monitoring::metrics_port(ctx, ATTACHER_PORT_NAME, ctx.port(ATTACHER_HTTP_PORT));
     Ok(container)
 }
 
@@ -449,7 +459,7 @@ pub(crate) fn helper_container(ctx: &Ctx<'_>, helper: Helper) -> Container {
         // Deployment's rolling update) must not run two active helpers.
         "--leader-election".to_string(),
         "--leader-election-namespace=$(NAMESPACE)".to_string(),
-        format!("--http-endpoint=:{}", helper.http_port()),
+        format!("--http-endpoint=:{}", ctx.port(helper.http_port())),
     ];
     args.extend(spec.extra_args.iter().cloned());
     let mut mounts = vec![socket_dir_mount()];
@@ -503,7 +513,7 @@ pub(crate) fn registrar_container(ctx: &Ctx<'_>) -> Result<Container, RenderErro
         // The path kubelet dials, i.e. the socket as seen on the host.
         format!("--kubelet-registration-path={}", ctx.host_socket_path()),
         format!("--plugin-registration-path={REGISTRATION_DIR_MOUNT}"),
-        format!("--http-endpoint=:{REGISTRAR_HTTP_PORT}"),
+        format!("--http-endpoint=:{}", ctx.port(REGISTRAR_HTTP_PORT)),
         format!("--v={}", ctx.spec().log_level),
         // Its own node, from the pod (kubelet expands the variable): the
         // only Node and CSINode it may write.
@@ -539,7 +549,7 @@ pub(crate) fn registrar_container(ctx: &Ctx<'_>) -> Result<Container, RenderErro
     )?;
     container.ports = Some(vec![ContainerPort {
         name: Some(REGISTRAR_PORT_NAME.to_string()),
-        container_port: REGISTRAR_HTTP_PORT,
+        container_port: ctx.port(REGISTRAR_HTTP_PORT),
         protocol: Some("TCP".to_string()),
         ..Default::default()
     }]);
@@ -565,7 +575,7 @@ pub(crate) fn liveness_probe_container(ctx: &Ctx<'_>) -> Result<Container, Rende
     let args = vec![
         "liveness-probe".to_string(),
         format!("--csi-address={}", ctx.csi_address()),
-        format!("--http-endpoint=:{HEALTHZ_PORT}"),
+        format!("--http-endpoint=:{}", ctx.port(HEALTHZ_PORT)),
         "--probe-timeout=3s".to_string(),
         format!("--v={}", ctx.spec().log_level),
     ];

@@ -145,16 +145,16 @@ pub(crate) fn metrics_port(ctx: &Ctx<'_>, name: &str, port: i32) -> Option<Vec<C
 fn endpoints(ctx: &Ctx<'_>) -> Vec<(&'static str, i32)> {
     let mut ports = Vec::new();
     if ctx.provisioner_enabled() {
-        ports.push((PROVISIONER_PORT_NAME, PROVISIONER_HTTP_PORT));
+        ports.push((PROVISIONER_PORT_NAME, ctx.port(PROVISIONER_HTTP_PORT)));
     }
     if ctx.attacher_enabled() {
-        ports.push((ATTACHER_PORT_NAME, ATTACHER_HTTP_PORT));
+        ports.push((ATTACHER_PORT_NAME, ctx.port(ATTACHER_HTTP_PORT)));
     }
     if ctx.registrar_enabled() {
-        ports.push((REGISTRAR_PORT_NAME, REGISTRAR_SERVICE_PORT));
+        ports.push((REGISTRAR_PORT_NAME, ctx.port(REGISTRAR_SERVICE_PORT)));
     }
     if ctx.liveness_probe_enabled() {
-        ports.push((HEALTHZ_PORT_NAME, HEALTHZ_PORT));
+        ports.push((HEALTHZ_PORT_NAME, ctx.port(HEALTHZ_PORT)));
     }
     ports
 }

@@ -133,7 +133,7 @@ pub(crate) fn daemonset(ctx: &Ctx<'_>) -> Result<(DaemonSet, String), RenderErro
         tolerations: none_if_empty(node_tolerations(ctx)),
         priority_class_name: super::disruption::node_priority_class(ctx),
         image_pull_secrets: image_pull_secrets(spec),
-        affinity: adoption_affinity(ctx),
+        affinity: node_affinity(ctx),
         ..Default::default()
     };
     let mut template_meta = ObjectMeta {
@@ -187,35 +187,54 @@ pub(crate) fn daemonset(ctx: &Ctx<'_>) -> Result<(DaemonSet, String), RenderErro
     ))
 }
 
-/// While a DaemonSet is taken over (`spec.adoption.nodeDaemonSet`), this
-/// object's node pods keep off the nodes whose adoption label says the old
-/// plugin still runs there or is leaving (see `csiops_crds::AdoptionStage`):
-/// two plugins of one driver on a node would share its sockets. A node
-/// without the label qualifies, so the label can go once the takeover is
-/// done without changing this template.
-fn adoption_affinity(ctx: &Ctx<'_>) -> Option<Affinity> {
+/// `spec.node.affinity`, and while a DaemonSet is taken over
+/// (`spec.adoption.nodeDaemonSet`) a requirement added to each of its
+/// required node-selector terms (terms are ORed, so each must carry it):
+/// keep off the nodes whose adoption label says the old plugin still runs
+/// there or is leaving (see `csiops_crds::AdoptionStage`), since two
+/// plugins of one driver on a node would share its sockets. A node without
+/// the label qualifies, so the label can go once the takeover is done
+/// without changing this template.
+fn node_affinity(ctx: &Ctx<'_>) -> Option<Affinity> {
     let spec = ctx.spec();
-    spec.adoption.as_ref()?.node_daemon_set.as_ref()?;
-    let keep_off = [AdoptionStage::Waiting, AdoptionStage::Leaving]
-        .iter()
-        .map(|s| s.as_str().to_string())
-        .collect();
-    Some(Affinity {
-        node_affinity: Some(NodeAffinity {
-            required_during_scheduling_ignored_during_execution: Some(NodeSelector {
-                node_selector_terms: vec![NodeSelectorTerm {
-                    match_expressions: Some(vec![NodeSelectorRequirement {
-                        key: adoption_label_key(&spec.driver_name),
-                        operator: "NotIn".to_string(),
-                        values: Some(keep_off),
-                    }]),
-                    ..Default::default()
-                }],
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    })
+    let user = spec.node.affinity.clone();
+    let adopting = spec
+        .adoption
+        .as_ref()
+        .is_some_and(|a| a.node_daemon_set.is_some());
+    if !adopting {
+        return user;
+    }
+    let keep_off = NodeSelectorRequirement {
+        key: adoption_label_key(&spec.driver_name),
+        operator: "NotIn".to_string(),
+        values: Some(
+            [AdoptionStage::Waiting, AdoptionStage::Leaving]
+                .iter()
+                .map(|s| s.as_str().to_string())
+                .collect(),
+        ),
+    };
+    let mut affinity = user.unwrap_or_default();
+    let node = affinity
+        .node_affinity
+        .get_or_insert_with(NodeAffinity::default);
+    let required = node
+        .required_during_scheduling_ignored_during_execution
+        .get_or_insert_with(|| NodeSelector {
+            node_selector_terms: Vec::new(),
+        });
+    if required.node_selector_terms.is_empty() {
+        required
+            .node_selector_terms
+            .push(NodeSelectorTerm::default());
+    }
+    for term in &mut required.node_selector_terms {
+        term.match_expressions
+            .get_or_insert_with(Vec::new)
+            .push(keep_off.clone());
+    }
+    Some(affinity)
 }
 
 /// `ds` with its rolling update's `maxUnavailable` set to `budget`, the

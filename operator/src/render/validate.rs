@@ -18,6 +18,7 @@ use super::names::{
     SOCKET_DIR_MOUNT, VOLUME_API_ACCESS, VOLUME_KUBELET_DIR, VOLUME_REGISTRATION_DIR,
     VOLUME_SOCKET_DIR,
 };
+use super::ports;
 
 /// Flags of the provisioner and attacher that the operator sets itself.
 /// `--metrics-address` too: like upstream, the sidecar refuses to start
@@ -238,6 +239,8 @@ struct ManagedPod<'a> {
     /// (volume name, what it is for).
     volumes: Vec<(&'static str, &'static str)>,
     containers: Vec<ContainerMounts<'a>>,
+    /// `spec.sidecars.portBase`.
+    port_base: Option<i32>,
 }
 
 fn sidecar_mounts<'a>(
@@ -339,6 +342,7 @@ fn managed_pods<'a>(obj: &'a CSIDriverDeployment, kubelet_dir: &str) -> Vec<Mana
         workload: "controller",
         settings: &spec.controller.pod,
         driver: &spec.controller.driver,
+        port_base: sidecars.port_base,
         driver_privileged_by_default: false,
         driver_managed_mounts: vec![(SOCKET_DIR_MOUNT.to_string(), None)],
         volumes: vec![
@@ -379,6 +383,7 @@ fn managed_pods<'a>(obj: &'a CSIDriverDeployment, kubelet_dir: &str) -> Vec<Mana
         workload: "node",
         settings: &spec.node.pod,
         driver: &spec.node.driver,
+        port_base: sidecars.port_base,
         driver_privileged_by_default: true,
         driver_managed_mounts: vec![
             (SOCKET_DIR_MOUNT.to_string(), None),
@@ -467,6 +472,28 @@ fn check_pod(pod: &ManagedPod<'_>) -> Result<(), RenderError> {
                 field,
                 &v.name,
                 format!("spec.{w}.volumes[{j}]"),
+                "name",
+            ));
+        }
+    }
+
+    // The pod's containers share one network namespace: a driver port
+    // must not be one the sidecars listen on (any of them, whichever pod).
+    for (i, p) in pod.driver.ports.iter().enumerate() {
+        let taken = |(n, _): &&(i32, &str)| ports::shifted(*n, pod.port_base) == p.container_port;
+        if let Some((_, what)) = ports::ALL.iter().find(taken) {
+            return Err(collision(
+                format!("spec.{w}.ports[{i}].containerPort"),
+                &p.container_port.to_string(),
+                format!("the port of {what}"),
+                "port",
+            ));
+        }
+        if let Some(name) = p.name.as_deref().filter(|n| ports::NAMES.contains(n)) {
+            return Err(collision(
+                format!("spec.{w}.ports[{i}].name"),
+                name,
+                "a port name the operator gives its containers".to_string(),
                 "name",
             ));
         }
