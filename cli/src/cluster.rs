@@ -145,6 +145,12 @@ pub fn read_driver(driver: &str) -> Result<Vec<Object>, ClusterError> {
 
 async fn read(driver: &str) -> Result<Vec<Object>, ClusterError> {
     let client = Client::try_default().await.map_err(ClusterError::Client)?;
+    read_with(client, driver).await
+}
+
+/// The live objects of `driver` through `client`, stripped, in a stable
+/// order.
+pub async fn read_with(client: Client, driver: &str) -> Result<Vec<Object>, ClusterError> {
     let mut values: Vec<Value> = Vec::new();
     let csidriver = Api::<CSIDriver>::all(client.clone())
         .get_opt(driver)

@@ -6,7 +6,8 @@
 //! (RBAC, CSIDriver, controller StatefulSet, node DaemonSet, StorageClass),
 //! csi-test-driver as the plugin. A pod writes a counter line every 100 ms
 //! to a volume that deployment provisioned, attached and mounted. Then
-//! `kubectl csiops import --adopt` turns those manifests into a
+//! `kubectl csiops import --from-cluster --adopt` turns its live objects
+//! into a
 //! CSIDriverDeployment naming the running workloads (`spec.adoption`); it
 //! is applied, and:
 //! - a claim made during the takeover is Bound and mounted by a pod;
@@ -187,8 +188,21 @@ async fn a_running_deployment_is_taken_over_without_a_volume_outage() {
     let drivers: Api<CSIDriver> = Api::all(client.clone());
     let csidriver_uid = drivers.get(DRIVER).await.expect("CSIDriver").uid();
 
-    // --- the takeover: `kubectl csiops import --adopt`, then apply ---------
-    let objects = kubectl_csiops::input::parse_stream(&legacy, "legacy.yaml").expect("parse");
+    // --- the takeover: `kubectl csiops import --from-cluster --adopt` -------
+    // The live objects, as a user who kept no manifests would read them.
+    let objects = kubectl_csiops::cluster::read_with(client.clone(), DRIVER)
+        .await
+        .unwrap_or_else(|e| panic!("import --from-cluster: {e}"));
+    let kinds: Vec<String> = objects.iter().map(|o| o.id()).collect();
+    for want in [
+        "StatefulSet/csi-testdriver-controller",
+        "DaemonSet/csi-testdriver-node",
+        "CSIDriver/hostpath.csiops.dev",
+        "ServiceAccount/csi-testdriver-controller-sa",
+        "ClusterRoleBinding/csi-testdriver-provisioner-binding",
+    ] {
+        assert!(kinds.iter().any(|k| k == want), "{want} not read: {kinds:?}");
+    }
     let opts = kubectl_csiops::import::Options {
         name: Some(NAME.to_string()),
         adopt: true,

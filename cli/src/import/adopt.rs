@@ -55,6 +55,10 @@ pub fn adoption(
             "RoleBinding" => AdoptedObjectKind::RoleBinding,
             "Service" => AdoptedObjectKind::Service,
             "ClusterRoleBinding" => AdoptedObjectKind::ClusterRoleBinding,
+            // Shipped and built-in roles are not the old deployment's.
+            "Role" | "ClusterRole" if o.name.starts_with("csiops:") || o.name.starts_with("system:") => {
+                continue
+            }
             "Role" | "ClusterRole" | "ConfigMap" => {
                 notes.push(format!(
                     "{} is left for you to delete after the takeover: the operator holds no verb on {}s (docs/adoption.md)",
