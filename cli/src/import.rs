@@ -25,7 +25,7 @@ use csiops_operator::render::{RenderConfig, RenderError};
 use kube::api::ObjectMeta;
 
 use crate::input::Object;
-use crate::report::{At, Outcome, Report, What};
+use crate::report::{At, Gap, Outcome, Report, What};
 use classify::{Inventory, Pod, Role};
 
 /// Why an import could not produce a CR at all.
@@ -196,6 +196,67 @@ fn kubelet_dir(node: &Pod<'_>, driver_name: &str) -> String {
 
 /// A CR name from the driver name: DNS labels joined by `-`, at most
 /// [`csiops_crds::MAX_NAME_LEN`] characters.
+/// Kubernetes mounts the pod's ServiceAccount token into every container
+/// unless the pod or its ServiceAccount says `automountServiceAccountToken:
+/// false`; the operator mounts it only into containers that ask. When the
+/// input grants its ServiceAccounts rules that csiops' sidecars do not use
+/// (the driver's own RBAC, reported as not representable), the driver and
+/// the extra containers of such a pod call the API with that token: they
+/// keep it (`mountServiceAccountToken: true`), and a note says so.
+fn driver_token(ctx: &mut Ctx, inv: &Inventory<'_>) {
+    let driver_rbac = Gap::DriverRbac.info().why;
+    let has_driver_rbac = ctx.report.items.iter().any(|i| {
+        matches!(&i.outcome, Outcome::NotRepresentable { why, .. } if why.starts_with(driver_rbac))
+    });
+    if !has_driver_rbac {
+        return;
+    }
+    let account_off = |pod: &Pod<'_>| {
+        let name = pod
+            .spec
+            .service_account_name
+            .as_deref()
+            .unwrap_or("default");
+        inv.objects.iter().any(|o| {
+            o.kind == "ServiceAccount"
+                && o.name == name
+                && o.value["automountServiceAccountToken"] == serde_json::Value::Bool(false)
+        })
+    };
+    let automounts = |pod: Option<&Pod<'_>>| {
+        pod.filter(|p| p.spec.automount_service_account_token != Some(false) && !account_off(p))
+            .map(|p| p.object.id())
+    };
+    let controller = automounts(inv.controller.as_ref());
+    let node = automounts(inv.node.as_ref());
+    let pods: Vec<String> = controller.iter().chain(node.iter()).cloned().collect();
+    if pods.is_empty() {
+        return;
+    }
+    let mut set = Vec::new();
+    if !ctx.spec.driver.mount_service_account_token {
+        ctx.spec.driver.mount_service_account_token = true;
+        set.push("spec.driver.mountServiceAccountToken".to_string());
+    }
+    for (i, e) in ctx.spec.sidecars.extra.iter_mut().enumerate() {
+        let automounted = match e.pod {
+            csiops_crds::ExtraContainerPod::Controller => controller.is_some(),
+            csiops_crds::ExtraContainerPod::Node => node.is_some(),
+        };
+        if automounted && !e.mount_service_account_token {
+            e.mount_service_account_token = true;
+            set.push(format!("spec.sidecars.extra[{i}].mountServiceAccountToken"));
+        }
+    }
+    if !set.is_empty() {
+        ctx.report.note(format!(
+            "{}: true: Kubernetes mounts the ServiceAccount token into every container of {} (automountServiceAccountToken is not false), and the input grants rules csiops' sidecars do not use (the driver's own RBAC, listed as not representable), so the driver calls the API; bind those roles to the operator's ServiceAccounts, or set it false if only the sidecars need the API",
+            set.join(", "),
+            pods.join(" and ")
+        ));
+    }
+}
+
 fn cr_name(driver_name: &str) -> String {
     let mut name: String = driver_name
         .chars()
@@ -322,6 +383,7 @@ pub fn import(
         pod::other_workload(&mut ctx, object, *why);
     }
     objects::map_objects(&mut ctx, &inv.objects, &inv);
+    driver_token(&mut ctx, &inv);
 
     // The report in the input's order, each object's items together.
     let order: BTreeMap<String, usize> = objects

@@ -108,13 +108,43 @@ pub fn parse_stream(text: &str, source: &str) -> Result<Vec<Object>, InputError>
             source: source.to_string(),
             doc: i + 1,
         };
-        let value = Value::deserialize(doc).map_err(|source| InputError::Yaml {
+        let mut value = Value::deserialize(doc).map_err(|source| InputError::Yaml {
             origin: origin.to_string(),
             source,
         })?;
+        octal_modes(&mut value);
         push_value(value, &origin, &mut out)?;
     }
     Ok(out)
+}
+
+/// File modes written as YAML 1.1 octal integers (`defaultMode: 0555`):
+/// Kubernetes reads YAML 1.1, where a plain scalar with a leading zero is
+/// an octal number, but serde_yaml reads YAML 1.2 and makes it the string
+/// `"0555"`. A `mode` or `defaultMode` (the volume sources' file
+/// permissions, integers in every Kubernetes type) given as such a string
+/// becomes the number Kubernetes would read: `0555` is 365. (A quoted
+/// `"0555"` reads the same here, and the API server would refuse it.)
+fn octal_modes(value: &mut Value) {
+    match value {
+        Value::Object(map) => {
+            for (key, v) in map.iter_mut() {
+                if key == "mode" || key == "defaultMode" {
+                    let octal = v.as_str().and_then(|t| {
+                        let digits = t.strip_prefix("0o").or_else(|| t.strip_prefix('0'))?;
+                        (!digits.is_empty()).then(|| i64::from_str_radix(digits, 8).ok())?
+                    });
+                    if let Some(n) = octal {
+                        *v = Value::from(n);
+                        continue;
+                    }
+                }
+                octal_modes(v);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(octal_modes),
+        _ => {}
+    }
 }
 
 fn push_value(value: Value, origin: &Origin, out: &mut Vec<Object>) -> Result<(), InputError> {
@@ -226,6 +256,21 @@ mod tests {
         assert_eq!(ids, ["ConfigMap/a", "Secret/b"]);
         assert_eq!(objs[1].namespace.as_deref(), Some("ns"));
         assert_eq!(objs[1].origin.doc, 3);
+    }
+
+    #[test]
+    fn modes_are_read_as_kubernetes_reads_them() {
+        // The shape of a node DaemonSet's ConfigMap volume with a script
+        // in it: YAML 1.1's octal `0555` (365), a decimal mode, an item mode.
+        let text = "apiVersion: apps/v1\nkind: DaemonSet\nmetadata: {name: n}\nspec:\n  template:\n    spec:\n      volumes:\n      - name: script\n        configMap:\n          name: s\n          defaultMode: 0555\n          items:\n          - {key: run, path: run, mode: 0o700}\n      - name: other\n        secret: {secretName: x, defaultMode: 420}\n      containers:\n      - name: c\n        args: [\"--mode\", \"0555\"]\n        env: [{name: mode, value: \"0555\"}]\n";
+        let objs = parse_stream(text, "t.yaml").expect("parses");
+        let volumes = &objs[0].value["spec"]["template"]["spec"]["volumes"];
+        assert_eq!(volumes[0]["configMap"]["defaultMode"], 365);
+        assert_eq!(volumes[0]["configMap"]["items"][0]["mode"], 448);
+        assert_eq!(volumes[1]["secret"]["defaultMode"], 420);
+        let c = &objs[0].value["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(c["args"][1], "0555", "only modes are numbers");
+        assert_eq!(c["env"][0]["value"], "0555");
     }
 
     #[test]

@@ -36,6 +36,7 @@ const CASES: &[(&str, &str)] = &[
     ("projected-tokens", "projected-tokens.yaml"),
     ("extra-sidecar", "extra-sidecar.yaml"),
     ("helm", "helm.yaml"),
+    ("bundled-sidecars", "bundled-sidecars.yaml"),
 ];
 
 fn cfg() -> RenderConfig {

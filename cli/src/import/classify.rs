@@ -106,12 +106,11 @@ pub fn image_tag(image: &str) -> Option<&str> {
         .filter(|t| !t.is_empty())
 }
 
-/// The role of a container by its image (upstream kubernetes-csi images,
-/// or csiops' own sidecar image with its role argument), else by the
-/// container name the operator gives it.
-fn sidecar_role_of(c: &Container) -> Option<Role> {
-    let image = c.image.as_deref().unwrap_or_default();
-    let by_image = match image_base(image) {
+/// The upstream kubernetes-csi program a name stands for: an image's
+/// repository name or a command's file name (`csi-provisioner`,
+/// `/csi-node-driver-registrar`, …).
+fn upstream_role(program: &str) -> Option<Role> {
+    match program {
         "csi-provisioner" => Some(Role::Provisioner),
         "csi-attacher" => Some(Role::Attacher),
         "csi-node-driver-registrar" => Some(Role::Registrar),
@@ -119,6 +118,32 @@ fn sidecar_role_of(c: &Container) -> Option<Role> {
         "csi-resizer" => Some(Role::Helper(Helper::Resizer)),
         "csi-snapshotter" => Some(Role::Helper(Helper::Snapshotter)),
         "csi-external-health-monitor-controller" => Some(Role::Helper(Helper::HealthMonitor)),
+        _ => None,
+    }
+}
+
+/// The role of a container by its image alone: an upstream kubernetes-csi
+/// image, whose entrypoint is the sidecar (what `spec.sidecars.<helper>.image`
+/// must be, since the operator runs a helper image's entrypoint).
+pub fn role_by_image(c: &Container) -> Option<Role> {
+    upstream_role(image_base(c.image.as_deref().unwrap_or_default()))
+}
+
+/// The upstream sidecar a container's `command` runs, when an image that
+/// bundles several programs (TopoLVM's `topolvm-with-sidecar`, for one) is
+/// started with the sidecar's binary as its command.
+pub fn role_by_command(c: &Container) -> Option<Role> {
+    let program = c.command.as_ref()?.first()?;
+    upstream_role(program.rsplit('/').next().unwrap_or(program))
+}
+
+/// The role of a container by its image (upstream kubernetes-csi images,
+/// or csiops' own sidecar image with its role argument), else by the
+/// upstream sidecar its command runs, else by the container name the
+/// operator gives it.
+fn sidecar_role_of(c: &Container) -> Option<Role> {
+    let image = c.image.as_deref().unwrap_or_default();
+    let by_image = match image_base(image) {
         "csiops-sidecar" | "csiops-node-sidecar" => {
             match c.args.as_ref().and_then(|a| a.first()).map(String::as_str) {
                 Some("provisioner") => Some(Role::Provisioner),
@@ -128,9 +153,9 @@ fn sidecar_role_of(c: &Container) -> Option<Role> {
                 _ => None,
             }
         }
-        _ => None,
+        other => upstream_role(other),
     };
-    by_image.or_else(|| {
+    by_image.or_else(|| role_by_command(c)).or_else(|| {
         let name = c.name.as_str();
         [
             (CONTAINER_PROVISIONER, Role::Provisioner),
@@ -283,6 +308,25 @@ impl Pod<'_> {
     }
 }
 
+/// A sidecar started by its command from an image that bundles several
+/// programs, its flags written after the program in `command`: the flags
+/// move to the front of `args`, so they are read (and accounted for, as
+/// `args[i]`) like any sidecar's, and `command` keeps the program alone.
+fn command_flags_to_args(c: &mut Container) {
+    if role_by_image(c).is_some() || role_by_command(c).is_none() {
+        return;
+    }
+    let Some(command) = c.command.as_mut() else {
+        return;
+    };
+    if command.len() < 2 {
+        return;
+    }
+    let mut args: Vec<String> = command.drain(1..).collect();
+    args.extend(c.args.take().unwrap_or_default());
+    c.args = Some(args);
+}
+
 /// Classifies the containers of a workload object's pod template.
 pub fn pod(object: &Object) -> Result<Pod<'_>, ImportError> {
     let template: PodTemplateSpec =
@@ -292,12 +336,15 @@ pub fn pod(object: &Object) -> Result<Pod<'_>, ImportError> {
                 source,
             }
         })?;
-    let spec = template
+    let mut spec = template
         .spec
         .clone()
         .ok_or_else(|| ImportError::NoPodSpec {
             object: object.id(),
         })?;
+    for c in &mut spec.containers {
+        command_flags_to_args(c);
+    }
     let mut roles: Vec<Role> = spec
         .containers
         .iter()

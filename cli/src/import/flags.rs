@@ -252,19 +252,32 @@ pub fn check(role: Role, operator: &[String], carried: &[FlagGroup]) -> Vec<Chec
         return vec![Check::Accepted; carried.len()];
     };
     let operator: Vec<String> = operator.iter().skip(1).cloned().collect();
+    let ignored_or_accepted = |group: &FlagGroup, ignored: &[String]| {
+        let flag = group.name.as_deref().map(|n| format!("--{n}"));
+        if flag.is_some_and(|f| ignored.contains(&f)) {
+            Check::Ignored
+        } else {
+            Check::Accepted
+        }
+    };
+    // Flags that are only valid together (the three leader-election
+    // durations, each checked against the others) are judged together
+    // first: when all the carried flags pass as one command line, each is
+    // accepted (or ignored) as it is.
+    let mut all = operator.clone();
+    all.extend(carried.iter().flat_map(|g| g.tokens.iter().cloned()));
+    if let Ok(ignored) = parse(name, &all) {
+        return carried
+            .iter()
+            .map(|g| ignored_or_accepted(g, &ignored))
+            .collect();
+    }
     let one = |group: &FlagGroup| {
         let mut args = operator.clone();
         args.extend(group.tokens.iter().cloned());
         match parse(name, &args) {
             Err(msg) => Check::Refused(msg),
-            Ok(ignored) => {
-                let flag = group.name.as_deref().map(|n| format!("--{n}"));
-                if flag.is_some_and(|f| ignored.contains(&f)) {
-                    Check::Ignored
-                } else {
-                    Check::Accepted
-                }
-            }
+            Ok(ignored) => ignored_or_accepted(group, &ignored),
         }
     };
     carried.iter().map(one).collect()
@@ -323,6 +336,35 @@ mod tests {
             Some(None)
         );
         assert!(!ops.of(Role::Helper(Helper::Resizer), false).is_empty());
+    }
+
+    #[test]
+    fn flags_valid_only_together_are_judged_together() {
+        // A vSphere-style controller: longer leader-election durations,
+        // each inconsistent with the defaults of the other two.
+        let args = strings(&[
+            "--leader-election-lease-duration=120s",
+            "--leader-election-renew-deadline=60s",
+            "--leader-election-retry-period=30s",
+        ]);
+        let groups = split(Role::Provisioner, &args);
+        let cfg = RenderConfig {
+            sidecar_image: "s".into(),
+            operator_version: "0".into(),
+        };
+        let ops = OperatorArgs::from_operator(&cfg).expect("renders");
+        let operator = ops.of(Role::Provisioner, false);
+        let checks = check(Role::Provisioner, operator, &groups);
+        assert_eq!(checks, vec![Check::Accepted; 3]);
+        // A lease shorter than the (default) renew deadline is refused.
+        let short = split(
+            Role::Provisioner,
+            &strings(&["--leader-election-lease-duration=5s"]),
+        );
+        assert!(matches!(
+            check(Role::Provisioner, operator, &short)[0],
+            Check::Refused(_)
+        ));
     }
 
     #[test]

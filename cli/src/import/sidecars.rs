@@ -411,16 +411,37 @@ fn helper(ctx: &mut Ctx, plan: &PodPlan, c: &Container, h: Helper) {
     let role = Role::Helper(h);
     let at = plan.at(Some(&c.name));
     let key = h.key();
-    ctx.push(
-        &at,
-        What::Container,
-        c.name.clone(),
-        c.image.clone(),
-        Outcome::mapped_note(
-            format!("spec.sidecars.{key}"),
-            "the upstream helper, enabled with this image",
-        ),
-    );
+    // The operator runs a helper image's entrypoint. An image that is not
+    // the upstream helper's (one that bundles several programs and is
+    // started with the helper's binary as its command) would run something
+    // else, so the helper gets the operator's default image instead.
+    let own_image = super::classify::role_by_image(c) == Some(role);
+    if own_image {
+        ctx.push(
+            &at,
+            What::Container,
+            c.name.clone(),
+            c.image.clone(),
+            Outcome::mapped_note(
+                format!("spec.sidecars.{key}"),
+                "the upstream helper, enabled with this image",
+            ),
+        );
+    } else {
+        ctx.push(
+            &at,
+            What::Container,
+            c.name.clone(),
+            c.image.clone(),
+            Outcome::replaced(
+                format!("the upstream helper {} (spec.sidecars.{key}, the operator's default image {})", h.container_name(), h.default_image()),
+                format!(
+                    "this image is not the helper's own: it runs {} by its command, and the operator runs a helper image's entrypoint; set spec.sidecars.{key}.image to another release of the helper's image if you need one",
+                    h.container_name()
+                ),
+            ),
+        );
+    }
     let (extra_args, only_dropped) = map_args(ctx, plan, c, role);
     let env = map_env(ctx, &at, c, role, &only_dropped);
     let (mounts, _) = map_mounts(
@@ -440,18 +461,28 @@ fn helper(ctx: &mut Ctx, plan: &PodPlan, c: &Container, h: Helper) {
         );
     }
     if let Some(p) = &c.image_pull_policy {
+        let outcome = if own_image {
+            Outcome::mapped(format!("spec.sidecars.{key}.imagePullPolicy"))
+        } else {
+            Outcome::replaced(
+                format!("the operator's default image {}", h.default_image()),
+                "the policy of an image that is not used",
+            )
+        };
         ctx.push(
             &at,
             What::Field,
             "imagePullPolicy",
             Some(p.clone()),
-            Outcome::mapped(format!("spec.sidecars.{key}.imagePullPolicy")),
+            outcome,
         );
     }
     let spec = helper_of(&mut ctx.spec.sidecars, h);
     spec.enabled = true;
-    spec.image = c.image.clone();
-    spec.image_pull_policy = pull_policy(c.image_pull_policy.as_deref());
+    if own_image {
+        spec.image = c.image.clone();
+        spec.image_pull_policy = pull_policy(c.image_pull_policy.as_deref());
+    }
     spec.extra_args = extra_args;
     spec.resources = c.resources.clone();
     merge_env(&mut spec.env, env);
