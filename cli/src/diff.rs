@@ -235,12 +235,12 @@ fn container_view(
         c.ports
             .iter()
             .flatten()
-            // The driver's health port is the liveness-probe sidecar's
-            // (9808, the operator's), except on the host network.
+            // The driver's health port is the liveness-probe sidecar's, the
+            // operator's (9808, or moved by spec.sidecars.portBase).
             .filter(|p| {
                 let health = p.container_port == HEALTHZ_PORT
                     || p.name.as_deref().is_some_and(|n| n.contains("health"));
-                !health || (pod.spec.host_network == Some(true) && p.container_port != HEALTHZ_PORT)
+                !health
             })
             .map(|p| {
                 format!(

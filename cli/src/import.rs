@@ -101,6 +101,9 @@ pub(crate) struct Ctx {
     pub ops: flags::OperatorArgs,
     /// `-v` of every upstream sidecar, with where it was seen.
     pub log_levels: Vec<(i32, String)>,
+    /// Custom sidecar ports of a hostNetwork driver (see
+    /// `driver::choose_port_base`).
+    pub port_candidates: Vec<i32>,
 }
 
 impl Ctx {
@@ -322,6 +325,7 @@ pub fn import(
         node_local,
         ops: flags::OperatorArgs::from_operator(cfg)?,
         log_levels: Vec::new(),
+        port_candidates: Vec::new(),
     };
     if version == "unknown" {
         ctx.report.note(format!(
@@ -379,6 +383,7 @@ pub fn import(
         }
     }
     sidecars::log_level(&mut ctx);
+    driver::choose_port_base(&mut ctx);
     for (object, why) in &inv.other_workloads {
         pod::other_workload(&mut ctx, object, *why);
     }

@@ -201,7 +201,10 @@ async fn a_running_deployment_is_taken_over_without_a_volume_outage() {
         "ServiceAccount/csi-testdriver-controller-sa",
         "ClusterRoleBinding/csi-testdriver-provisioner-binding",
     ] {
-        assert!(kinds.iter().any(|k| k == want), "{want} not read: {kinds:?}");
+        assert!(
+            kinds.iter().any(|k| k == want),
+            "{want} not read: {kinds:?}"
+        );
     }
     let opts = kubectl_csiops::import::Options {
         name: Some(NAME.to_string()),

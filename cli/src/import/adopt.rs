@@ -56,7 +56,9 @@ pub fn adoption(
             "Service" => AdoptedObjectKind::Service,
             "ClusterRoleBinding" => AdoptedObjectKind::ClusterRoleBinding,
             // Shipped and built-in roles are not the old deployment's.
-            "Role" | "ClusterRole" if o.name.starts_with("csiops:") || o.name.starts_with("system:") => {
+            "Role" | "ClusterRole"
+                if o.name.starts_with("csiops:") || o.name.starts_with("system:") =>
+            {
                 continue
             }
             "Role" | "ClusterRole" | "ConfigMap" => {

@@ -263,7 +263,7 @@ fn account(
         );
     }
     security_context(ctx, &at, c, w);
-    ports_and_probes(ctx, &at, c, s.plan.host_network);
+    ports_and_probes(ctx, &at, c, s.plan.host_network, w);
     let (mounts, token) = map_mounts(
         &mut ctx.report,
         s.plan,
@@ -322,8 +322,9 @@ fn security_context(ctx: &mut Ctx, at: &At<'_>, c: &Container, w: Workload) {
     ctx.push(at, What::SecurityContext, "securityContext", shown, outcome);
 }
 
-fn ports_and_probes(ctx: &mut Ctx, at: &At<'_>, c: &Container, host_network: bool) {
+fn ports_and_probes(ctx: &mut Ctx, at: &At<'_>, c: &Container, host_network: bool, w: Workload) {
     let liveness = ctx.spec.sidecars.liveness_probe.enabled;
+    let field = w.field();
     for p in c.ports.iter().flatten() {
         let key = p
             .name
@@ -337,9 +338,17 @@ fn ports_and_probes(ctx: &mut Ctx, at: &At<'_>, c: &Container, host_network: boo
                 format!("the liveness-probe sidecar serves the driver's health on {HEALTHZ_PORT}, declared by the operator"),
             )
         } else if health && host_network {
-            Outcome::gap(Gap::SidecarPorts, format!("port {}", p.container_port))
+            // The liveness probe's own port on the host network: the
+            // sidecars' ports move together from it (portBase).
+            set_port_base(ctx, p.container_port)
         } else {
-            Outcome::gap(Gap::DriverPorts, format!("port {}", p.container_port))
+            let driver = match w {
+                Workload::Controller => &mut ctx.spec.controller.driver,
+                Workload::Node => &mut ctx.spec.node.driver,
+            };
+            let i = driver.ports.len();
+            driver.ports.push(p.clone());
+            Outcome::mapped(format!("{field}.ports[{i}]"))
         };
         ctx.push(
             at,
@@ -370,14 +379,64 @@ fn ports_and_probes(ctx: &mut Ctx, at: &At<'_>, c: &Container, host_network: boo
     }
     if let Some(l) = &c.lifecycle {
         let shown = serde_json::to_string(l).ok();
+        match w {
+            Workload::Controller => ctx.spec.controller.driver.lifecycle = Some(l.clone()),
+            Workload::Node => ctx.spec.node.driver.lifecycle = Some(l.clone()),
+        }
         ctx.push(
             at,
             What::Field,
             "lifecycle",
             shown,
-            Outcome::gap(Gap::Lifecycle, ""),
+            Outcome::mapped(format!("{field}.lifecycle")),
         );
     }
+}
+
+/// A custom sidecar port of a hostNetwork driver: the sidecars' ports will
+/// move together from `spec.sidecars.portBase`, chosen once every port is
+/// known ([`choose_port_base`]).
+pub(crate) fn set_port_base(ctx: &mut Ctx, port: i32) -> Outcome {
+    ctx.port_candidates.push(port);
+    Outcome::mapped_note(
+        "spec.sidecars.portBase",
+        "on the host network the sidecars' eight ports move together from portBase (the report's notes say which range); upstream's numbers are not kept",
+    )
+}
+
+/// `spec.sidecars.portBase` from the custom sidecar ports seen: the lowest
+/// of them, moved up past any port of the driver's own, so the range
+/// `portBase..=portBase + 7` stays within what the upstream manifests
+/// claimed as far as possible and never takes a driver port.
+pub(crate) fn choose_port_base(ctx: &mut Ctx) {
+    let Some(mut base) = ctx.port_candidates.iter().copied().min() else {
+        return;
+    };
+    let own: Vec<i32> = ctx
+        .spec
+        .controller
+        .driver
+        .ports
+        .iter()
+        .chain(&ctx.spec.node.driver.ports)
+        .map(|p| p.container_port)
+        .collect();
+    while let Some(&taken) = own.iter().filter(|p| (base..=base + 7).contains(*p)).max() {
+        base = taken + 1;
+    }
+    if !(1024..=65520).contains(&base) {
+        ctx.report.note(format!(
+            "the sidecars' custom ports ({:?}) leave no range of eight free ports: set spec.sidecars.portBase yourself",
+            ctx.port_candidates
+        ));
+        return;
+    }
+    ctx.spec.sidecars.port_base = Some(base);
+    ctx.report.note(format!(
+        "hostNetwork: the sidecars listen on {base}-{} (spec.sidecars.portBase: {base}, from upstream's {:?}); check that no other driver on the nodes uses these ports",
+        base + 7,
+        ctx.port_candidates
+    ));
 }
 
 /// Container fields every mapping handles; the rest is accounted here.

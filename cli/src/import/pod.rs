@@ -410,12 +410,16 @@ pub fn map_pod(ctx: &mut Ctx, pod: &Pod<'_>, w: Workload) -> PodPlan {
 
     for c in pod.spec.init_containers.iter().flatten() {
         let at = plan.at(Some(&c.name));
+        let settings = pod_settings(ctx, w);
+        let i = settings.init_containers.len();
+        settings.init_containers.push(c.clone());
+        let to = format!("{}.initContainers[{i}]", w.field());
         account_container(
             &mut ctx.report,
             &at,
             c,
             What::InitContainer,
-            &Outcome::gap(Gap::InitContainers, ""),
+            &Outcome::mapped(to),
         );
     }
     pod_fields(ctx, pod, w, &at);
@@ -605,18 +609,15 @@ fn pod_fields(ctx: &mut Ctx, pod: &Pod<'_>, w: Workload, at: &At<'_>) {
                 if empty {
                     (What::SecurityContext, Outcome::not_needed("empty"))
                 } else {
+                    let field = w.field();
+                    pod_settings(ctx, w).pod_security_context = s.security_context.clone();
                     for (k, v) in value.as_object().into_iter().flatten() {
-                        let detail = if k == "fsGroup" {
-                            "fsGroup: kubelet sets the group of the volumes the pod mounts"
-                        } else {
-                            ""
-                        };
                         ctx.push(
                             at,
                             What::SecurityContext,
                             format!("pod securityContext.{k}"),
                             Some(v.to_string()),
-                            Outcome::gap(Gap::PodSecurityContext, detail),
+                            Outcome::mapped(format!("{field}.podSecurityContext.{k}")),
                         );
                     }
                     continue;
@@ -712,9 +713,9 @@ fn priority_class(ctx: &mut Ctx, w: Workload, class: Option<&str>) -> Outcome {
     }
 }
 
-/// Affinity: the controller's maps whole; the node pods have only a
-/// nodeSelector, which takes a required node affinity of one term whose
-/// expressions are all `In` with one value.
+/// Affinity: the controller's maps whole; the node pods' too, except that
+/// a required node affinity of one term whose expressions are all `In`
+/// with one value reads better as `spec.node.nodeSelector`.
 fn affinity(ctx: &mut Ctx, pod: &Pod<'_>, w: Workload) -> Outcome {
     let Some(aff) = pod.spec.affinity.clone() else {
         return Outcome::not_needed("empty");
@@ -758,6 +759,9 @@ fn affinity(ctx: &mut Ctx, pod: &Pod<'_>, w: Workload) -> Outcome {
                 "a required node affinity of plain label matches",
             )
         }
-        _ => Outcome::gap(Gap::NodeAffinity, ""),
+        _ => {
+            ctx.spec.node.affinity = pod.spec.affinity.clone();
+            Outcome::mapped("spec.node.affinity")
+        }
     }
 }

@@ -188,10 +188,20 @@ fn map_args(
             Decision::Same(t) => {
                 Outcome::replaced(sidecar.clone(), format!("the operator sets the same ({t})"))
             }
-            Decision::Port(ours) => Outcome::gap(
-                Gap::SidecarPorts,
-                format!("with hostNetwork, {} would serve on {ours}", c.name),
-            ),
+            Decision::Port(ours) => {
+                let theirs = group
+                    .value
+                    .as_deref()
+                    .and_then(|v| v.rsplit(':').next())
+                    .and_then(|p| p.parse::<i32>().ok());
+                match theirs {
+                    Some(port) => super::driver::set_port_base(ctx, port),
+                    None => Outcome::gap(
+                        Gap::SidecarPorts,
+                        format!("with hostNetwork, {} would serve on {ours}", c.name),
+                    ),
+                }
+            }
             Decision::Carry => match checks.next().unwrap_or(Check::Accepted) {
                 Check::Accepted => {
                     let to = if let Some(pos) = find_tokens(&existing, &group.tokens) {
