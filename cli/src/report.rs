@@ -355,6 +355,7 @@ pub enum Gap {
     ForeignClass,
     PullPolicyPerWorkload,
     SidecarFlag,
+    NonRootDriver,
 }
 
 /// Why a gap is one and what the user can do.
@@ -385,6 +386,7 @@ pub const GAPS: &[GapInfo] = &[
     GapInfo { gap: Gap::StorageClassTopology, why: "spec.storageClasses has no allowedTopologies", todo: "apply this StorageClass yourself instead of listing it in the CR" },
     GapInfo { gap: Gap::ForeignClass, why: "the class names another driver", todo: "apply it yourself; csiops creates classes of its own driver only" },
     GapInfo { gap: Gap::PullPolicyPerWorkload, why: "spec.driver.imagePullPolicy is one policy for the driver in both workloads", todo: "the node's policy is used; set one policy for both" },
+    GapInfo { gap: Gap::NonRootDriver, why: "the driver would run as a non-root user and own its CSI socket, which csiops' sidecars (uid 0 with every capability dropped, docs/security.md) cannot connect to", todo: "leave it out: the driver runs as the image's user (root for most drivers); a driver that must run non-root has to make its socket writable for the sidecars" },
     GapInfo { gap: Gap::SidecarFlag, why: "csiops-sidecar refuses this flag", todo: "drop it, or see docs/sidecars.md for the flag that replaces it" },
 ];
 
@@ -421,6 +423,7 @@ mod tests {
             Gap::ForeignClass,
             Gap::PullPolicyPerWorkload,
             Gap::SidecarFlag,
+            Gap::NonRootDriver,
         ];
         assert_eq!(all.len(), GAPS.len());
         for gap in all {

@@ -37,6 +37,7 @@ const CASES: &[(&str, &str)] = &[
     ("extra-sidecar", "extra-sidecar.yaml"),
     ("helm", "helm.yaml"),
     ("bundled-sidecars", "bundled-sidecars.yaml"),
+    ("non-root-pods", "non-root-pods.yaml"),
 ];
 
 fn cfg() -> RenderConfig {
@@ -248,6 +249,21 @@ fn what_each_fixture_must_map_to() {
     assert_eq!(i.cr.spec.node.kubelet_dir, "/var/lib/k0s/kubelet");
     assert_eq!(i.cr.spec.controller.replicas, 0);
     assert_eq!(i.cr.spec.driver.args[0], "--endpoint=unix:///csi/csi.sock");
+
+    // A pod-level non-root user would make the driver own its socket,
+    // which the sidecars (uid 0, no capabilities) cannot connect to: left
+    // out, unless the driver keeps its own user.
+    let (_, n) = imported("non-root-pods.yaml");
+    let psc = n.cr.spec.controller.pod.pod_security_context.as_ref();
+    assert_eq!(psc.and_then(|p| p.run_as_user), None);
+    assert_eq!(psc.and_then(|p| p.run_as_non_root), None);
+    assert_eq!(psc.and_then(|p| p.fs_group), Some(2000));
+    let psc = n.cr.spec.node.pod.pod_security_context.as_ref();
+    assert_eq!(psc.and_then(|p| p.run_as_user), Some(2000));
+    let text = n.report.to_text();
+    assert!(text.contains("own its CSI socket"), "{text}");
+    assert!(text.contains("ports 9808-9815"), "{text}");
+    assert_eq!(n.cr.spec.sidecars.port_base, None);
 
     let (_, e) = imported("env-secrets.yaml");
     let names: Vec<&str> =

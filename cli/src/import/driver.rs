@@ -407,9 +407,16 @@ pub(crate) fn set_port_base(ctx: &mut Ctx, port: i32) -> Outcome {
 /// `spec.sidecars.portBase` from the custom sidecar ports seen: the lowest
 /// of them, moved up past any port of the driver's own, so the range
 /// `portBase..=portBase + 7` stays within what the upstream manifests
-/// claimed as far as possible and never takes a driver port.
+/// claimed as far as possible and never takes a driver port. Without any
+/// (upstream kept the defaults), a hostNetwork driver gets a note: the
+/// default range is shared by every such driver on a node.
 pub(crate) fn choose_port_base(ctx: &mut Ctx) {
     let Some(mut base) = ctx.port_candidates.iter().copied().min() else {
+        if ctx.spec.controller.pod.host_network || ctx.spec.node.pod.host_network {
+            ctx.report.note(
+                "hostNetwork: the sidecars listen on the nodes' ports 9808-9815 (spec.sidecars.portBase unset: upstream's defaults); every other hostNetwork driver on these nodes needs another free range of eight (its spec.sidecars.portBase)",
+            );
+        }
         return;
     };
     let own: Vec<i32> = ctx

@@ -11,11 +11,11 @@ use csiops_operator::render::names::{
     VOLUME_API_ACCESS, VOLUME_KUBELET_DIR, VOLUME_REGISTRATION_DIR, VOLUME_SOCKET_DIR,
 };
 use csiops_operator::render::API_ACCESS_MOUNT;
-use k8s_openapi::api::core::v1::{Container, Volume, VolumeMount};
+use k8s_openapi::api::core::v1::{Container, PodSecurityContext, Volume, VolumeMount};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::Value;
 
-use super::classify::{OtherWorkload, Pod, Socket};
+use super::classify::{OtherWorkload, Pod, Role, Socket};
 use super::{Ctx, Workload};
 use crate::input::Object;
 use crate::report::{At, Gap, Outcome, Report, What};
@@ -610,14 +610,28 @@ fn pod_fields(ctx: &mut Ctx, pod: &Pod<'_>, w: Workload, at: &At<'_>) {
                     (What::SecurityContext, Outcome::not_needed("empty"))
                 } else {
                     let field = w.field();
-                    pod_settings(ctx, w).pod_security_context = s.security_context.clone();
+                    let mut psc = s.security_context.clone().unwrap_or_default();
+                    let non_root = non_root_keys(pod, &psc);
+                    if non_root.contains(&"runAsUser") {
+                        psc.run_as_user = None;
+                    }
+                    if non_root.contains(&"runAsNonRoot") {
+                        psc.run_as_non_root = None;
+                    }
+                    pod_settings(ctx, w).pod_security_context =
+                        (psc != PodSecurityContext::default()).then_some(psc);
                     for (k, v) in value.as_object().into_iter().flatten() {
+                        let outcome = if non_root.contains(&k.as_str()) {
+                            Outcome::gap(Gap::NonRootDriver, format!("pod securityContext.{k}"))
+                        } else {
+                            Outcome::mapped(format!("{field}.podSecurityContext.{k}"))
+                        };
                         ctx.push(
                             at,
                             What::SecurityContext,
                             format!("pod securityContext.{k}"),
                             Some(v.to_string()),
-                            Outcome::mapped(format!("{field}.podSecurityContext.{k}")),
+                            outcome,
                         );
                     }
                     continue;
@@ -671,6 +685,28 @@ fn pod_fields(ctx: &mut Ctx, pod: &Pod<'_>, w: Workload, at: &At<'_>) {
         };
         ctx.push(at, what, key, shown, outcome);
     }
+}
+
+/// The keys of a pod securityContext that would make the driver container
+/// run as a non-root user (`runAsUser` other than 0, `runAsNonRoot: true`)
+/// where its own securityContext does not say otherwise. The driver owns
+/// its socket; csiops' sidecars run as uid 0 with every capability dropped
+/// (docs/security.md), so they could connect only to a root-owned socket.
+fn non_root_keys(pod: &Pod<'_>, psc: &PodSecurityContext) -> Vec<&'static str> {
+    let driver = pod
+        .containers()
+        .find(|(role, _)| *role == Role::Driver)
+        .and_then(|(_, c)| c.security_context.as_ref());
+    let own_user = driver.and_then(|sc| sc.run_as_user);
+    let own_non_root = driver.and_then(|sc| sc.run_as_non_root);
+    let mut keys = Vec::new();
+    if own_user.is_none() && psc.run_as_user.is_some_and(|u| u != 0) {
+        keys.push("runAsUser");
+    }
+    if own_user.is_none() && own_non_root.is_none() && psc.run_as_non_root == Some(true) {
+        keys.push("runAsNonRoot");
+    }
+    keys
 }
 
 fn dns_policy(ctx: &mut Ctx, w: Workload, policy: Option<&str>) -> Outcome {
