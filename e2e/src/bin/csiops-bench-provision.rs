@@ -144,15 +144,6 @@ async fn writes(client: &kube::Client) -> Result<f64, Box<dyn std::error::Error>
     Ok(apimetrics::requests(client, &kinds).await?)
 }
 
-/// [`apimetrics::own_requests`] of the provisioner serving metrics on `port`.
-fn scrape_own_requests(port: u16) -> Result<Option<(f64, f64)>, String> {
-    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    match csiops_e2e::testkit::http_get(addr, "/metrics") {
-        Some((200, body)) => Ok(apimetrics::own_requests(&body)),
-        other => Err(format!("GET {addr}/metrics: {other:?}")),
-    }
-}
-
 fn claim(class: &str, i: usize) -> PersistentVolumeClaim {
     PersistentVolumeClaim {
         metadata: ObjectMeta {
@@ -314,7 +305,7 @@ async fn run_one(
     let deadline = Duration::from_secs(args.phase_timeout);
     let prefix = format!("{class}-");
     let writes0 = writes(&client).await?;
-    let own0 = scrape_own_requests(port)?;
+    let own0 = apimetrics::scrape_own_requests(port)?;
     let cpu0 = csiops_e2e::process::cpu_seconds(proc.pid()).unwrap_or(0.0);
     let t0 = Instant::now();
     for i in 0..args.claims {
@@ -379,7 +370,7 @@ async fn run_one(
     // Late bookkeeping (finalizers, Events) is part of the lifecycle's cost.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let writes1 = writes(&client).await?;
-    let own1 = scrape_own_requests(port)?;
+    let own1 = apimetrics::scrape_own_requests(port)?;
     let cpu_seconds = csiops_e2e::process::cpu_seconds(proc.pid()).unwrap_or(0.0) - cpu0;
     let (_, hwm_kib) = memory_kib(proc.pid()).ok_or("provisioner gone")?;
     let left = driver.volumes_left().unwrap_or(usize::MAX);
