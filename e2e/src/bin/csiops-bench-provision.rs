@@ -46,10 +46,7 @@ use csiops_e2e::process::{memory_kib, ManagedProcess};
 use csiops_e2e::testdriver::config::DEFAULT_TOPOLOGY_KEY;
 use csiops_e2e::testdriver::{test_driver_bin, TestDriverProcess};
 use csiops_e2e::{apimetrics, attach, free_port, sidecar_bin, Cluster, ClusterOptions};
-use k8s_openapi::api::core::v1::{
-    Node, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec,
-    VolumeResourceRequirements,
-};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -142,26 +139,6 @@ async fn writes(client: &kube::Client) -> Result<f64, Box<dyn std::error::Error>
         }
     }
     Ok(apimetrics::requests(client, &kinds).await?)
-}
-
-fn claim(class: &str, i: usize) -> PersistentVolumeClaim {
-    PersistentVolumeClaim {
-        metadata: ObjectMeta {
-            name: Some(format!("{class}-{i:04}")),
-            namespace: Some("default".into()),
-            ..Default::default()
-        },
-        spec: Some(PersistentVolumeClaimSpec {
-            access_modes: Some(vec!["ReadWriteOnce".into()]),
-            storage_class_name: Some(class.into()),
-            resources: Some(VolumeResourceRequirements {
-                requests: Some(BTreeMap::from([("storage".into(), Quantity("1Mi".into()))])),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
 }
 
 /// A driver process: csi-test-driver, or `--driver-bin` with its arguments
@@ -309,8 +286,11 @@ async fn run_one(
     let cpu0 = csiops_e2e::process::cpu_seconds(proc.pid()).unwrap_or(0.0);
     let t0 = Instant::now();
     for i in 0..args.claims {
-        pvcs.create(&PostParams::default(), &claim(&class, i))
-            .await?;
+        pvcs.create(
+            &PostParams::default(),
+            &csiops_e2e::bench::objects::claim(&format!("{class}-{i:04}"), "default", &class),
+        )
+        .await?;
     }
     // When every PV exists (the provisioner's part), and when every claim
     // is Bound (kube-controller-manager's binding on top).
