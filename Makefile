@@ -162,7 +162,8 @@ bench-fleet: toolchain cluster-bins
 ## BENCH_CSINODES CSINodes, BENCH_BURST_CLAIMS claims at once. Upstream
 ## binaries by path (UPSTREAM_PROVISIONER, UPSTREAM_ATTACHER,
 ## UPSTREAM_REGISTRAR); without one that side runs ours only and says so.
-## BENCH_PHASES picks measures (steady,failover,registrar,burst).
+## BENCH_PHASES picks measures (steady,failover,registrar,burst);
+## BENCH_SCALE_ARGS passes more flags (e.g. --rest 30 --settle 30).
 BENCH_VOLUMES ?= 10000
 BENCH_BURST_CLAIMS ?= 50000
 BENCH_CSINODES ?= 10000
@@ -172,10 +173,11 @@ bench-scale: toolchain cluster-bins
 	CSIOPS_BIN_DIR="$$(e2e/cluster-bins/build.sh)" \
 	CSIOPS_SIDECAR_BIN="$${CARGO_TARGET_DIR:-target}/release/csiops-sidecar" \
 	CSIOPS_TEST_DRIVER_BIN="$${CARGO_TARGET_DIR:-target}/release/csi-test-driver" \
-	UPSTREAM_PROVISIONER="$(UPSTREAM_PROVISIONER)" UPSTREAM_ATTACHER="$(UPSTREAM_ATTACHER)" \
-	UPSTREAM_REGISTRAR="$(UPSTREAM_REGISTRAR)" \
 	"$${CARGO_TARGET_DIR:-target}/release/csiops-bench-scale" --volumes $(BENCH_VOLUMES) \
-	  --burst-claims $(BENCH_BURST_CLAIMS) --csinodes $(BENCH_CSINODES) --phases $(BENCH_PHASES)
+	  --burst-claims $(BENCH_BURST_CLAIMS) --csinodes $(BENCH_CSINODES) --phases $(BENCH_PHASES) \
+	  $(if $(UPSTREAM_PROVISIONER),--upstream-provisioner "$(UPSTREAM_PROVISIONER)") \
+	  $(if $(UPSTREAM_ATTACHER),--upstream-attacher "$(UPSTREAM_ATTACHER)") \
+	  $(if $(UPSTREAM_REGISTRAR),--upstream-registrar "$(UPSTREAM_REGISTRAR)") $(BENCH_SCALE_ARGS)
 
 clean-cache:
 	rm -rf "$${CSIOPS_CACHE_DIR:-$$HOME/.cache/csiops}"

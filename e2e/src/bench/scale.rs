@@ -379,6 +379,24 @@ fn emit(section: &str) {
     let _ = std::io::stdout().flush();
 }
 
+/// Until a replica whose host name starts with `prefix` holds `lease`.
+pub(crate) async fn until_holder(client: &kube::Client, lease: &str, prefix: &str) -> Result<()> {
+    crate::wait_for(
+        Duration::from_secs(120),
+        Duration::from_millis(200),
+        || async {
+            sidecar::holder(client, lease)
+                .await
+                .ok()
+                .flatten()
+                .filter(|h| h.starts_with(prefix))
+        },
+    )
+    .await
+    .map_err(|_| Error::Other(format!("{prefix} never held Lease {lease}")))?;
+    Ok(())
+}
+
 /// Runs the chosen measures and prints their tables.
 pub async fn run(args: Args) -> Result<()> {
     let started = Instant::now();

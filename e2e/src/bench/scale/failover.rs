@@ -33,28 +33,11 @@ struct Outcome {
     standby_rss_kib: u64,
 }
 
-async fn until_holder(client: &kube::Client, lease: &str, prefix: &str) -> Result<()> {
-    crate::wait_for(
-        Duration::from_secs(120),
-        Duration::from_millis(200),
-        || async {
-            sidecar::holder(client, lease)
-                .await
-                .ok()
-                .flatten()
-                .filter(|h| h.starts_with(prefix))
-        },
-    )
-    .await
-    .map_err(|_| Error::Other(format!("{prefix} never held Lease {lease}")))?;
-    Ok(())
-}
-
 async fn one(bed: &Bed, args: &Args, side: &Side, role: Role, k: usize) -> Result<Outcome> {
     let client = &bed.client;
     let lease = role.lease(DRIVER);
     let mut a = spawn_on(bed, side, role, &bed.flags(args, true)?, Some("replica-a"))?;
-    until_holder(client, &lease, "replica-a").await?;
+    super::until_holder(client, &lease, "replica-a").await?;
     let b = spawn_on(bed, side, role, &bed.flags(args, true)?, Some("replica-b"))?;
     // The leader settled on its N volumes, the standby waiting.
     tokio::time::sleep(args.settle()).await;

@@ -63,8 +63,10 @@ pub async fn run(bed: &Bed, args: &Args) -> Result<String> {
         for side in args.sides(role)? {
             eprintln!("steady: {} {}", side.name, role.subcommand());
             let flags = bed.flags(args, true)?;
-            let mut proc = spawn_on(bed, &side, role, &flags, None)?;
+            // A host name of its own: it is measured once it holds the Lease.
+            let mut proc = spawn_on(bed, &side, role, &flags, Some("steady"))?;
             let t0 = Instant::now();
+            super::until_holder(&bed.client, &role.lease(super::DRIVER), "steady").await?;
             tokio::time::sleep(args.settle()).await;
             proc.check_running()?;
             let rest = rest_window(bed, Some(proc.pid()), Some(flags.http_port), window).await?;
@@ -98,7 +100,7 @@ pub async fn run(bed: &Bed, args: &Args) -> Result<String> {
     }
     Ok(format!(
         "### Steady state at {n} bound volumes\n\n\
-         Each sidecar alone, leader election on, {settle} s to settle, then {rest} s at rest. \
+         Each sidecar alone, leader election on, {settle} s to settle once it holds the Lease, then {rest} s at rest. \
          Requests a minute: kube-apiserver's own count over the sidecars' resources, Leases apart, minus the same \
          window with no sidecar ({base:.1}/min, Leases {base_l:.1}/min).\n\n\
          | sidecar | VmRSS (MiB) | of it anonymous | VmHWM (MiB) | API requests/min at rest | Lease requests/min | own count/min | CPU s/min at rest | measured after |\n\
