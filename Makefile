@@ -5,7 +5,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 CARGO ?= cargo
 
-.PHONY: all build test test-matrix test-upgrade unit e2e lint fmt crds api-docs manifests cluster-bins e2e-suite node-prereqs images demo conformance toolchain clean-cache bench-attacher bench-fleet
+.PHONY: all build test test-matrix test-upgrade unit e2e lint fmt crds api-docs manifests cluster-bins e2e-suite node-prereqs images demo conformance toolchain clean-cache bench-attacher bench-fleet bench-scale
 
 all: build
 
@@ -155,6 +155,29 @@ bench-fleet: toolchain cluster-bins
 	CSIOPS_OPERATOR_BIN="$${CARGO_TARGET_DIR:-target}/release/csiops-operator" \
 	"$${CARGO_TARGET_DIR:-target}/release/csiops-bench-fleet" --nodes $(BENCH_NODES) --drivers $(BENCH_DRIVERS) \
 	  --idle-seconds $(BENCH_IDLE) --max-unavailable "$(BENCH_MAX_UNAVAILABLE)"
+
+## Benchmark (not part of `test`): the sidecars at cluster scale, ours and
+## upstream's side by side (issue 39; e2e/bench/README.md): steady state and
+## failover at BENCH_VOLUMES bound volumes, a registrar restart among
+## BENCH_CSINODES CSINodes, BENCH_BURST_CLAIMS claims at once. Upstream
+## binaries by path (UPSTREAM_PROVISIONER, UPSTREAM_ATTACHER,
+## UPSTREAM_REGISTRAR); without one that side runs ours only and says so.
+## BENCH_PHASES picks measures (steady,failover,registrar,burst);
+## BENCH_SCALE_ARGS passes more flags (e.g. --rest 30 --settle 30).
+BENCH_VOLUMES ?= 10000
+BENCH_BURST_CLAIMS ?= 50000
+BENCH_CSINODES ?= 10000
+BENCH_PHASES ?= steady,failover,registrar,burst
+bench-scale: toolchain cluster-bins
+	$(CARGO) build --release -p csiops-sidecars --bin csiops-sidecar -p csiops-e2e --bin csi-test-driver --bin csiops-bench-scale
+	CSIOPS_BIN_DIR="$$(e2e/cluster-bins/build.sh)" \
+	CSIOPS_SIDECAR_BIN="$${CARGO_TARGET_DIR:-target}/release/csiops-sidecar" \
+	CSIOPS_TEST_DRIVER_BIN="$${CARGO_TARGET_DIR:-target}/release/csi-test-driver" \
+	"$${CARGO_TARGET_DIR:-target}/release/csiops-bench-scale" --volumes $(BENCH_VOLUMES) \
+	  --burst-claims $(BENCH_BURST_CLAIMS) --csinodes $(BENCH_CSINODES) --phases $(BENCH_PHASES) \
+	  $(if $(UPSTREAM_PROVISIONER),--upstream-provisioner "$(UPSTREAM_PROVISIONER)") \
+	  $(if $(UPSTREAM_ATTACHER),--upstream-attacher "$(UPSTREAM_ATTACHER)") \
+	  $(if $(UPSTREAM_REGISTRAR),--upstream-registrar "$(UPSTREAM_REGISTRAR)") $(BENCH_SCALE_ARGS)
 
 clean-cache:
 	rm -rf "$${CSIOPS_CACHE_DIR:-$$HOME/.cache/csiops}"

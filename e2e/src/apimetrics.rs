@@ -7,42 +7,67 @@ use crate::{Error, Result};
 /// One request kind: which resource and verb.
 pub type Kind<'a> = (&'a str, &'a str);
 
-/// The sum of `apiserver_request_total` over the `(resource, verb)` pairs of
-/// `kinds` (all response codes, all subresources).
-pub async fn requests(client: &kube::Client, kinds: &[Kind<'_>]) -> Result<f64> {
+/// kube-apiserver's `/metrics` text.
+pub async fn text(client: &kube::Client) -> Result<String> {
     let req = http::Request::get("/metrics")
         .body(Vec::new())
         .map_err(|e| Error::Other(format!("metrics request: {e}")))?;
-    let text = client
+    client
         .request_text(req)
         .await
-        .map_err(|e| Error::Other(format!("reading kube-apiserver metrics: {e}")))?;
-    Ok(sum(&text, kinds))
+        .map_err(|e| Error::Other(format!("reading kube-apiserver metrics: {e}")))
+}
+
+/// The sum of `apiserver_request_total` over the `(resource, verb)` pairs of
+/// `kinds` (all response codes, all subresources).
+pub async fn requests(client: &kube::Client, kinds: &[Kind<'_>]) -> Result<f64> {
+    Ok(sum(&text(client).await?, kinds))
 }
 
 /// [`requests`] over a metrics text.
 pub fn sum(text: &str, kinds: &[Kind<'_>]) -> f64 {
+    sum_where(text, "apiserver_request_total", |l| {
+        let (verb, resource) = (l.get("verb"), l.get("resource"));
+        kinds.iter().any(|&(r, v)| r == resource && v == verb)
+    })
+}
+
+/// The labels of one sample line.
+pub struct Labels<'a>(&'a str);
+
+impl<'a> Labels<'a> {
+    /// A label's value, `""` when absent.
+    pub fn get(&self, k: &str) -> &'a str {
+        self.0
+            .split(&format!("{k}=\""))
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+            .unwrap_or("")
+    }
+}
+
+/// The sum of the samples of metric `name` whose labels `keep` accepts.
+pub fn sum_where(text: &str, name: &str, keep: impl Fn(&Labels<'_>) -> bool) -> f64 {
+    let prefix = format!("{name}{{");
     let mut total = 0.0;
-    for line in text
-        .lines()
-        .filter(|l| l.starts_with("apiserver_request_total{"))
-    {
+    for line in text.lines().filter(|l| l.starts_with(&prefix)) {
         let Some((labels, value)) = line.rsplit_once(' ') else {
             continue;
         };
-        let label = |k: &str| {
-            labels
-                .split(&format!("{k}=\""))
-                .nth(1)
-                .and_then(|r| r.split('"').next())
-                .unwrap_or("")
-        };
-        let (verb, resource) = (label("verb"), label("resource"));
-        if kinds.iter().any(|&(r, v)| r == resource && v == verb) {
+        if keep(&Labels(labels)) {
             total += value.parse::<f64>().unwrap_or(0.0);
         }
     }
     total
+}
+
+/// [`own_requests`] of a sidecar serving metrics on `127.0.0.1:port`.
+pub fn scrape_own_requests(port: u16) -> std::result::Result<Option<(f64, f64)>, String> {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    match crate::testkit::http_get(addr, "/metrics") {
+        Some((200, body)) => Ok(own_requests(&body)),
+        other => Err(format!("GET {addr}/metrics: {other:?}")),
+    }
 }
 
 /// A client's own API requests so far, `(writes, all)`, from its metrics

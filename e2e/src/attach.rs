@@ -25,6 +25,13 @@ use crate::{Error, Result};
 /// written out independently of the product's code on purpose: the tests
 /// check the sidecar against upstream's rule, not against itself.
 pub fn finalizer(driver: &str) -> String {
+    format!("external-attacher/{}", csi_lib_utils_name(driver))
+}
+
+/// csi-lib-utils' rule for names made of a driver name (finalizers,
+/// Leases): anything but `[A-Za-z0-9-]` becomes `-`, and a trailing `-`
+/// gets an `X`.
+pub fn csi_lib_utils_name(driver: &str) -> String {
     let mut s: String = driver
         .chars()
         .map(|c| {
@@ -38,7 +45,7 @@ pub fn finalizer(driver: &str) -> String {
     if s.ends_with('-') {
         s.push('X');
     }
-    format!("external-attacher/{s}")
+    s
 }
 
 /// A ReadWriteOnce filesystem PV of `driver`'s volume `handle`.

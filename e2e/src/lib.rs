@@ -18,6 +18,7 @@
 
 pub mod apimetrics;
 pub mod attach;
+pub mod bench;
 pub mod bins;
 pub mod certs;
 pub mod cluster;

@@ -98,6 +98,23 @@ pub async fn kubelet_register(
     Ok(info)
 }
 
+/// Registers a registrar's socket the way kubelet's plugin watcher does,
+/// once it appears (within 30 s).
+pub async fn register_when_ready(socket: &Path) -> std::result::Result<(), crate::WaitTimeout> {
+    crate::wait_for(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || async {
+            if !socket.exists() {
+                return None;
+            }
+            kubelet_register(socket, Ok(())).await.ok()
+        },
+    )
+    .await
+    .map(|_| ())
+}
+
 /// One simulated node's processes.
 struct NodeProcesses {
     _driver: ManagedProcess,

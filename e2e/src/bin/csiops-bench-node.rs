@@ -21,7 +21,7 @@
 
 use std::time::Duration;
 
-use csiops_e2e::node_side::{kubelet_register, registration_socket, start_mock_driver};
+use csiops_e2e::node_side::{register_when_ready, registration_socket, start_mock_driver};
 use csiops_e2e::process::{memory_detail_kib, ManagedProcess};
 use csiops_e2e::{free_port, sidecar_bin, wait_for, Cluster, ClusterOptions};
 
@@ -40,23 +40,6 @@ fn probe(port: u16) -> bool {
     }
     let mut out = String::new();
     s.read_to_string(&mut out).is_ok() && out.starts_with("HTTP/1.1 200")
-}
-
-/// Registers a registrar's socket the way kubelet's plugin watcher does,
-/// once it appears.
-async fn register(socket: &std::path::Path) -> Result<(), csiops_e2e::WaitTimeout> {
-    wait_for(
-        Duration::from_secs(30),
-        Duration::from_millis(100),
-        || async {
-            if !socket.exists() {
-                return None;
-            }
-            kubelet_register(socket, Ok(())).await.ok()
-        },
-    )
-    .await
-    .map(|_| ())
 }
 
 /// How many of 20 liveness probes on `port` answer 200.
@@ -240,7 +223,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     if up_registrar.is_some() {
         let s = registration_socket(&up_registry, driver);
-        register(&s).await?;
+        register_when_ready(&s).await?;
     }
     let up_probes = if up_liveness.is_some() {
         probe_20(up_live_port).await?
@@ -249,7 +232,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
 
     let reg_socket = registration_socket(&registry, driver);
-    register(&reg_socket).await?;
+    register_when_ready(&reg_socket).await?;
     // Our registrar keeps the CSINode entry itself (through its in-cluster
     // client): measure it after it has done so.
     let csinodes: kube::Api<k8s_openapi::api::storage::v1::CSINode> =

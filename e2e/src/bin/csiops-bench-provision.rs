@@ -46,10 +46,7 @@ use csiops_e2e::process::{memory_kib, ManagedProcess};
 use csiops_e2e::testdriver::config::DEFAULT_TOPOLOGY_KEY;
 use csiops_e2e::testdriver::{test_driver_bin, TestDriverProcess};
 use csiops_e2e::{apimetrics, attach, free_port, sidecar_bin, Cluster, ClusterOptions};
-use k8s_openapi::api::core::v1::{
-    Node, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec,
-    VolumeResourceRequirements,
-};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -142,35 +139,6 @@ async fn writes(client: &kube::Client) -> Result<f64, Box<dyn std::error::Error>
         }
     }
     Ok(apimetrics::requests(client, &kinds).await?)
-}
-
-/// [`apimetrics::own_requests`] of the provisioner serving metrics on `port`.
-fn scrape_own_requests(port: u16) -> Result<Option<(f64, f64)>, String> {
-    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    match csiops_e2e::testkit::http_get(addr, "/metrics") {
-        Some((200, body)) => Ok(apimetrics::own_requests(&body)),
-        other => Err(format!("GET {addr}/metrics: {other:?}")),
-    }
-}
-
-fn claim(class: &str, i: usize) -> PersistentVolumeClaim {
-    PersistentVolumeClaim {
-        metadata: ObjectMeta {
-            name: Some(format!("{class}-{i:04}")),
-            namespace: Some("default".into()),
-            ..Default::default()
-        },
-        spec: Some(PersistentVolumeClaimSpec {
-            access_modes: Some(vec!["ReadWriteOnce".into()]),
-            storage_class_name: Some(class.into()),
-            resources: Some(VolumeResourceRequirements {
-                requests: Some(BTreeMap::from([("storage".into(), Quantity("1Mi".into()))])),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
 }
 
 /// A driver process: csi-test-driver, or `--driver-bin` with its arguments
@@ -314,12 +282,15 @@ async fn run_one(
     let deadline = Duration::from_secs(args.phase_timeout);
     let prefix = format!("{class}-");
     let writes0 = writes(&client).await?;
-    let own0 = scrape_own_requests(port)?;
+    let own0 = apimetrics::scrape_own_requests(port)?;
     let cpu0 = csiops_e2e::process::cpu_seconds(proc.pid()).unwrap_or(0.0);
     let t0 = Instant::now();
     for i in 0..args.claims {
-        pvcs.create(&PostParams::default(), &claim(&class, i))
-            .await?;
+        pvcs.create(
+            &PostParams::default(),
+            &csiops_e2e::bench::objects::claim(&format!("{class}-{i:04}"), "default", &class),
+        )
+        .await?;
     }
     // When every PV exists (the provisioner's part), and when every claim
     // is Bound (kube-controller-manager's binding on top).
@@ -379,7 +350,7 @@ async fn run_one(
     // Late bookkeeping (finalizers, Events) is part of the lifecycle's cost.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let writes1 = writes(&client).await?;
-    let own1 = scrape_own_requests(port)?;
+    let own1 = apimetrics::scrape_own_requests(port)?;
     let cpu_seconds = csiops_e2e::process::cpu_seconds(proc.pid()).unwrap_or(0.0) - cpu0;
     let (_, hwm_kib) = memory_kib(proc.pid()).ok_or("provisioner gone")?;
     let left = driver.volumes_left().unwrap_or(usize::MAX);

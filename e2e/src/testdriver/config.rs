@@ -68,6 +68,13 @@ pub struct Config {
     #[arg(long)]
     pub state_dir: Option<PathBuf>,
 
+    /// Keep the state in this process only: `state.json` is read once at
+    /// start (a benchmark may lay out volumes there) and never written, so
+    /// a call costs the same at tens of thousands of volumes. A restart
+    /// forgets everything; not with `--node-local` or `--data-dir`.
+    #[arg(long, conflicts_with_all = ["node_local", "data_dir"])]
+    pub in_memory: bool,
+
     /// Real volumes: a directory `<data-dir>/<volume-id>` (or, for block,
     /// a sparse file `<volume-id>.img` behind a loop device) per volume;
     /// the node service stages and publishes with real bind mounts and
@@ -165,6 +172,7 @@ impl Config {
             drivername: DEFAULT_DRIVER_NAME.to_owned(),
             nodeid: Some(nodeid.to_owned()),
             state_dir: Some(state_dir.to_path_buf()),
+            in_memory: false,
             data_dir: None,
             node_local: false,
             ignore_accessibility_requirements: false,

@@ -80,8 +80,12 @@ impl Driver {
         if cfg.capacity < 0 || cfg.max_volumes_per_node < 0 {
             return Err("--capacity and --max-volumes-per-node must not be negative".into());
         }
-        let store = StateStore::open(state_dir)
-            .map_err(|e| format!("state dir {}: {e}", state_dir.display()))?;
+        let store = if cfg.in_memory {
+            StateStore::in_memory(state_dir)
+        } else {
+            StateStore::open(state_dir)
+        }
+        .map_err(|e| format!("state dir {}: {e}", state_dir.display()))?;
         let state_dir = state_dir
             .canonicalize()
             .map_err(|e| format!("state dir {}: {e}", state_dir.display()))?;

@@ -1,0 +1,214 @@
+//! A controller sidecar under bench, ours (`csiops-sidecar <role>`) or
+//! upstream's (its own binary), as a process with the flags both share;
+//! a replica gets a host name of its own (a UTS namespace), since
+//! upstream's leader-election identity is the host name and two replicas
+//! on one machine would otherwise both hold the Lease.
+
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::Api;
+
+use crate::process::ManagedProcess;
+use crate::Result;
+
+/// Which sidecar.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Provisioner,
+    Attacher,
+}
+
+impl Role {
+    /// Our subcommand.
+    pub fn subcommand(self) -> &'static str {
+        match self {
+            Role::Provisioner => "provisioner",
+            Role::Attacher => "attacher",
+        }
+    }
+
+    /// The variable (and Makefile setting) naming upstream's binary.
+    pub fn upstream_env(self) -> &'static str {
+        match self {
+            Role::Provisioner => "UPSTREAM_PROVISIONER",
+            Role::Attacher => "UPSTREAM_ATTACHER",
+        }
+    }
+
+    /// The Lease both ours and upstream's take for `driver` in leader
+    /// election (csi-lib-utils' names).
+    pub fn lease(self, driver: &str) -> String {
+        let sanitized = crate::attach::csi_lib_utils_name(driver);
+        match self {
+            Role::Provisioner => sanitized,
+            Role::Attacher => format!("external-attacher-leader-{sanitized}"),
+        }
+    }
+}
+
+/// One side of a side-by-side run.
+#[derive(Clone, Debug)]
+pub struct Side {
+    /// `csiops` or `upstream`.
+    pub name: String,
+    pub bin: PathBuf,
+    pub upstream: bool,
+}
+
+impl Side {
+    pub fn ours(bin: PathBuf) -> Side {
+        Side {
+            name: "csiops".into(),
+            bin,
+            upstream: false,
+        }
+    }
+
+    pub fn upstream(bin: PathBuf) -> Side {
+        Side {
+            name: "upstream".into(),
+            bin,
+            upstream: true,
+        }
+    }
+}
+
+/// The flags both sides get.
+#[derive(Clone, Debug)]
+pub struct Flags {
+    pub socket: PathBuf,
+    pub kubeconfig: PathBuf,
+    pub qps: f64,
+    pub burst: u32,
+    pub workers: usize,
+    pub timeout: String,
+    pub leader_election: bool,
+    pub http_port: u16,
+}
+
+impl Flags {
+    fn argv(&self) -> Vec<String> {
+        let mut v = vec![
+            format!("--csi-address=unix://{}", self.socket.display()),
+            format!("--kubeconfig={}", self.kubeconfig.display()),
+            format!("--kube-api-qps={}", self.qps),
+            format!("--kube-api-burst={}", self.burst),
+            format!("--worker-threads={}", self.workers),
+            format!("--timeout={}", self.timeout),
+            format!("--http-endpoint=127.0.0.1:{}", self.http_port),
+            "--v=1".to_string(),
+        ];
+        if self.leader_election {
+            v.push("--leader-election".into());
+            v.push("--leader-election-namespace=default".into());
+        }
+        v
+    }
+}
+
+/// Starts `side`'s `role` with `flags`; `replica` names its host (and so
+/// its leader-election identity), `None` runs it in this host's UTS.
+pub fn spawn(
+    side: &Side,
+    role: Role,
+    flags: &Flags,
+    replica: Option<&str>,
+    log: &Path,
+) -> Result<ManagedProcess> {
+    let mut argv = Vec::new();
+    if !side.upstream {
+        argv.push(role.subcommand().to_string());
+    }
+    argv.extend(flags.argv());
+    let name = format!(
+        "{}-{}{}",
+        side.name,
+        role.subcommand(),
+        replica.map_or(String::new(), |r| format!("-{r}"))
+    );
+    match replica {
+        None => ManagedProcess::spawn(&name, &side.bin, &argv, log),
+        Some(host) => {
+            // unshare and sh exec in place: the pid is the sidecar's.
+            let mut wrapped = vec![
+                "--uts".to_string(),
+                "sh".into(),
+                "-c".into(),
+                "hostname \"$0\" && exec \"$@\"".into(),
+                host.into(),
+                side.bin.display().to_string(),
+            ];
+            wrapped.extend(argv);
+            ManagedProcess::spawn(&name, Path::new("unshare"), &wrapped, log)
+        }
+    }
+}
+
+/// The Lease's holder, if any.
+pub async fn holder(client: &kube::Client, lease: &str) -> Result<Option<String>> {
+    let api: Api<Lease> = Api::namespaced(client.clone(), "default");
+    Ok(api
+        .get_opt(lease)
+        .await?
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity)
+        .filter(|h| !h.is_empty()))
+}
+
+/// A kubeconfig that acts as ServiceAccount `default/<name>`, bound to
+/// cluster-admin: a sidecar (or another client) then goes through API
+/// priority and fairness as a workload does (the admin of the test bed is
+/// in `system:masters`, which APF exempts). Its path.
+pub async fn service_account_kubeconfig(cluster: &crate::Cluster, name: &str) -> Result<PathBuf> {
+    use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
+    use kube::api::PostParams;
+    let bindings: Api<ClusterRoleBinding> = Api::all(cluster.client()?);
+    let binding = ClusterRoleBinding {
+        metadata: kube::api::ObjectMeta {
+            name: Some(format!("bench-{name}")),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "ClusterRole".into(),
+            name: "cluster-admin".into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: name.into(),
+            namespace: Some("default".into()),
+            ..Default::default()
+        }]),
+    };
+    bindings.create(&PostParams::default(), &binding).await?;
+    cluster.impersonating_kubeconfig("default", name)
+}
+
+/// A client from a kubeconfig file.
+pub async fn client_from(kubeconfig: &Path) -> Result<kube::Client> {
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(kubeconfig)?,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await?;
+    Ok(kube::Client::try_from(config)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_names_as_csi_lib_utils() {
+        assert_eq!(
+            Role::Provisioner.lease("scale.bench.csiops.dev"),
+            "scale-bench-csiops-dev"
+        );
+        assert_eq!(
+            Role::Attacher.lease("scale.bench.csiops.dev"),
+            "external-attacher-leader-scale-bench-csiops-dev"
+        );
+        assert_eq!(Role::Provisioner.lease("a/"), "a-X");
+    }
+}
