@@ -386,10 +386,14 @@ async fn deployed_centrally_it_fails_to_mount_until_it_becomes_node_local() {
     loops.track(&block_vol);
     let img = node_local.volumes_dir().join(format!("{block_vol}.img"));
     // Running is not yet written: the app writes once it has started.
-    wait_for(Duration::from_secs(60), Duration::from_millis(250), || async {
-        let head = std::fs::read(&img).ok()?;
-        head.starts_with(block.text.as_bytes()).then_some(())
-    })
+    wait_for(
+        Duration::from_secs(60),
+        Duration::from_millis(250),
+        || async {
+            let head = std::fs::read(&img).ok()?;
+            head.starts_with(block.text.as_bytes()).then_some(())
+        },
+    )
     .await
     .unwrap_or_else(|_| panic!("{} never started with what the pod wrote", img.display()));
     // A new filesystem claim mounts; the stuck one stays stuck (its volume
