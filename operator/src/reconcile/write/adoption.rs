@@ -40,7 +40,7 @@ pub(crate) async fn plan(
     rendered: &Rendered,
     node_budget: &IntOrString,
 ) -> Result<Plan, Error> {
-    let observed = observe(obj, ctx, owner, adoption, rendered).await?;
+    let observed = observe(obj, ctx, owner, adoption).await?;
     let desired = Desired {
         controller: rendered.controller.is_some(),
         registration_required: obj.spec.sidecars.registrar.enabled,
@@ -124,15 +124,10 @@ async fn old_daemonset(
     owner: Owner<'_>,
     adoption: &AdoptionSpec,
 ) -> Result<Option<DaemonSet>, Error> {
-    let Some(name) = adoption.node_daemon_set.as_deref() else {
-        return Ok(None);
-    };
-    let api: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), owner.namespace);
-    let live = api
-        .get_opt(name)
-        .await
-        .map_err(|e| Error::read("get", format!("DaemonSet {name}"), e))?;
-    Ok(live.filter(|ds| !is_owned_by(ds.meta(), owner)))
+    match adoption.node_daemon_set.as_deref() {
+        Some(name) => get_other::<DaemonSet>(ctx, owner, name).await,
+        None => Ok(None),
+    }
 }
 
 async fn observe(
@@ -140,7 +135,6 @@ async fn observe(
     ctx: &Context,
     owner: Owner<'_>,
     adoption: &AdoptionSpec,
-    rendered: &Rendered,
 ) -> Result<Observed, Error> {
     let driver = &obj.spec.driver_name;
     let key = adoption_label_key(driver);
@@ -163,7 +157,8 @@ async fn observe(
     }
     let infos = ctx.caches.nodes.snapshot();
     let registered = ctx.caches.csinodes.registered(driver);
-    let new_ready: BTreeSet<String> = workloads::pods_of(ctx, owner)
+    let pods = workloads::pods_of(ctx, owner);
+    let new_ready: BTreeSet<String> = pods
         .iter()
         .filter(|p| p.label(COMPONENT) == Some("node") && p.is_ready() && !p.terminating)
         .filter_map(|p| p.node.as_deref().map(str::to_string))
@@ -177,15 +172,17 @@ async fn observe(
     }
 
     let new_controller_ready = i32::try_from(
-        workloads::pods_of(ctx, owner)
-            .iter()
+        pods.iter()
             .filter(|p| p.label(COMPONENT) == Some("controller") && p.is_ready())
             .count(),
     )
     .unwrap_or(i32::MAX);
 
     Ok(Observed {
-        csi_driver: csidriver(ctx, owner, rendered).await?,
+        // Judged (refused or kept) by `keep_csidriver` earlier in the
+        // same pass, before the supporting objects were applied: not
+        // read again.
+        csi_driver: None,
         old_node: old_ds.map(|ds| adoption::OldNodeObs {
             confined: ds.spec.as_ref().is_some_and(|s| {
                 adoption::is_confined(driver, &serde_json::to_value(s).unwrap_or_default())
@@ -293,6 +290,30 @@ where
         .await
         .map_err(|e| Error::read("get", format!("{} {name}", K::kind(&())), e))?;
     Ok(live.filter(|o| !is_owned_by(o.meta(), owner)))
+}
+
+/// Deletes (foreground, UID precondition) a namespaced workload of the old
+/// deployment; `false` when it is gone or this object's own.
+async fn delete_other<K>(ctx: &Context, owner: Owner<'_>, name: &str) -> Result<bool, Error>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug,
+{
+    let Some(live) = get_other::<K>(ctx, owner, name).await? else {
+        return Ok(false);
+    };
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), owner.namespace);
+    delete_exact(
+        &api,
+        &K::kind(&()),
+        name,
+        live.uid(),
+        PropagationPolicy::Foreground,
+    )
+    .await?;
+    Ok(true)
 }
 
 /// Counts (or, with `delete`, deletes) what `spec.adoption.remove` names
@@ -492,52 +513,24 @@ pub(crate) async fn execute(
             if let Some(w) = &adoption.controller {
                 // Foreground: the workload stays until its pods are gone,
                 // which is what the next step waits for.
-                match w.kind {
+                let deleted = match w.kind {
                     AdoptedWorkloadKind::Deployment => {
-                        if let Some(d) = get_other::<Deployment>(ctx, owner, &w.name).await? {
-                            let api: Api<Deployment> =
-                                Api::namespaced(ctx.client.clone(), owner.namespace);
-                            delete_exact(
-                                &api,
-                                "Deployment",
-                                &w.name,
-                                d.uid(),
-                                PropagationPolicy::Foreground,
-                            )
-                            .await?;
-                        }
+                        delete_other::<Deployment>(ctx, owner, &w.name).await?
                     }
                     AdoptedWorkloadKind::StatefulSet => {
-                        if let Some(s) = get_other::<StatefulSet>(ctx, owner, &w.name).await? {
-                            let api: Api<StatefulSet> =
-                                Api::namespaced(ctx.client.clone(), owner.namespace);
-                            delete_exact(
-                                &api,
-                                "StatefulSet",
-                                &w.name,
-                                s.uid(),
-                                PropagationPolicy::Foreground,
-                            )
-                            .await?;
-                        }
+                        delete_other::<StatefulSet>(ctx, owner, &w.name).await?
                     }
+                };
+                if deleted {
+                    info!(object = %owner.name, kind = w.kind.as_str(), name = %w.name, "takeover: old controller deleted");
                 }
-                info!(object = %owner.name, kind = w.kind.as_str(), name = %w.name, "takeover: old controller deleted");
             }
         }
         Action::DeleteOldNode => {
-            if let Some(ds) = old_daemonset(ctx, owner, adoption).await? {
-                let api: Api<DaemonSet> = Api::namespaced(ctx.client.clone(), owner.namespace);
-                let name = ds.name_any();
-                delete_exact(
-                    &api,
-                    "DaemonSet",
-                    &name,
-                    ds.uid(),
-                    PropagationPolicy::Foreground,
-                )
-                .await?;
-                info!(object = %owner.name, daemonset = %name, "takeover: old DaemonSet deleted");
+            if let Some(name) = adoption.node_daemon_set.as_deref() {
+                if delete_other::<DaemonSet>(ctx, owner, name).await? {
+                    info!(object = %owner.name, daemonset = %name, "takeover: old DaemonSet deleted");
+                }
             }
         }
         Action::RemoveLeftovers => {
