@@ -5,7 +5,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 CARGO ?= cargo
 
-.PHONY: all build test test-matrix test-upgrade unit e2e lint fmt crds api-docs manifests cluster-bins e2e-suite node-prereqs images demo conformance toolchain clean-cache bench-attacher bench-fleet bench-scale
+.PHONY: all build test test-bed lint-then-build test-matrix test-upgrade unit e2e lint fmt crds api-docs manifests cluster-bins e2e-suite node-prereqs images demo conformance toolchain clean-cache bench-attacher bench-fleet bench-scale
 
 all: build
 
@@ -62,14 +62,34 @@ lint: toolchain
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 ## Every test: lint, unit and golden tests, then the e2e suite on a real local control plane.
-test: toolchain lint cluster-bins e2e-suite node-prereqs images build
+## The Go-built test bed, the image archives and the Rust build are
+## independent, so they are built side by side (each one's output is shown
+## whole when it ends); then csiops-test-run builds every test binary and
+## runs them in two lanes, real-node binaries one at a time beside the rest
+## (e2e/src/testrun.rs). CSIOPS_TEST_JOBS: shared-lane binaries at once.
+test: toolchain node-prereqs
+	$(MAKE) --no-print-directory -j3 --output-sync=target test-bed images lint-then-build
 	CSIOPS_BIN_DIR="$$(e2e/cluster-bins/build.sh)" \
 	CSIOPS_IMAGES_DIR="$$(e2e/images/build.sh)" \
 	CSIOPS_CSI_SANITY="$$(e2e/cluster-bins/csi-sanity.sh)" \
 	CSIOPS_UPSTREAM_PROTOS="$$(e2e/cluster-bins/upstream-protos.sh)" \
 	CSIOPS_HELM="$$(e2e/cluster-bins/helm.sh)" \
 	CSIOPS_E2E_SUITE="$$(e2e/cluster-bins/e2e-suite.sh)" \
-	$(CARGO) test --workspace --no-fail-fast
+	$(CARGO) run -q -p csiops-e2e --bin csiops-test-run
+
+## What `test` needs from Go, built one after the other (they share the Go
+## build cache): the control plane, e2e.test, csi-sanity, the published
+## protos, helm.
+test-bed:
+	@e2e/cluster-bins/build.sh >/dev/null
+	@e2e/cluster-bins/e2e-suite.sh >/dev/null
+	@e2e/cluster-bins/csi-sanity.sh >/dev/null
+	@e2e/cluster-bins/upstream-protos.sh >/dev/null
+	@e2e/cluster-bins/helm.sh >/dev/null
+
+## lint and build share the cargo target dir: one after the other.
+lint-then-build: lint
+	$(CARGO) build --workspace --bins
 
 ## The cross-version subset on each older supported minor (not part of
 ## `test`; run it before landing a change to version-dependent code): per

@@ -37,6 +37,7 @@ pub mod realnode;
 pub mod rollout_clock;
 pub mod testdriver;
 pub mod testkit;
+pub mod testrun;
 pub mod timeline;
 pub mod wait;
 pub mod walkthrough;
