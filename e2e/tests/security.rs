@@ -1077,3 +1077,133 @@ spec:
     assert!(!ok && err.contains("csiops-operator-fence"), "{err}");
     cluster.stop().await.expect("cluster stops");
 }
+
+/// Issue 37 §7: the operator notices when a shipped admission policy is no
+/// longer in force. A binding deleted, or switched to `Warn` only, turns
+/// every object Degraded (`AdmissionPoliciesMissing`, naming the binding,
+/// with a Warning Event); restoring install.yaml's clears it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_reports_admission_policies_that_are_not_in_force() {
+    let cluster = policed_cluster(1).await;
+    let operator = cluster
+        .run_operator_as(
+            &csiops_e2e::operator_bin().expect("operator built"),
+            testkit::OPERATOR_NAMESPACE,
+            testkit::OPERATOR_ACCOUNT,
+            &["--admission-check-seconds=2".to_string()],
+        )
+        .expect("operator starts");
+    let cr = DriverCr::new(NS, "guarded", "guarded.csi.example.com", "v1")
+        .image("registry.example.com/driver:v1")
+        .with("csiDriver.attachRequired", false)
+        .yaml();
+    testkit::apply_ok(&cluster, "guarded", &cr).await;
+    let degraded = || async {
+        testkit::jsonpath(
+            &cluster,
+            &["-n", NS, "get", "csidd", "guarded"],
+            "{.status.conditions[?(@.type==\"Degraded\")].reason}|{.status.conditions[?(@.type==\"Degraded\")].message}",
+        )
+        .await
+        .unwrap_or_default()
+    };
+    // Settled first: the status is written and says nothing of policies.
+    let settled = wait_for(
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || async {
+            let d = degraded().await;
+            (!d.starts_with('|') && !d.is_empty()).then_some(d)
+        },
+    )
+    .await
+    .unwrap_or_else(|_| panic!("no status\n{}", operator.log_tail(40)));
+    assert!(
+        !settled.starts_with("AdmissionPoliciesMissing"),
+        "with install.yaml's policies in place: {settled}"
+    );
+
+    let binding = "csiops-driver-host-access";
+    cluster
+        .kubectl_ok(["delete", "validatingadmissionpolicybinding", binding])
+        .await
+        .expect("the admin deletes a binding");
+    let missing = wait_for(
+        Duration::from_secs(30),
+        Duration::from_millis(500),
+        || async {
+            let d = degraded().await;
+            d.starts_with("AdmissionPoliciesMissing").then_some(d)
+        },
+    )
+    .await
+    .unwrap_or_else(|_| panic!("not reported: {}\n{}", settled, operator.log_tail(40)));
+    assert!(
+        missing.contains(&format!(
+            "ValidatingAdmissionPolicyBinding {binding} is missing"
+        )),
+        "{missing}"
+    );
+    let events = cluster
+        .kubectl_ok([
+            "-n",
+            NS,
+            "get",
+            "events",
+            "--field-selector",
+            "reason=AdmissionPoliciesMissing",
+            "-o",
+            "name",
+        ])
+        .await
+        .expect("events");
+    assert!(!events.trim().is_empty(), "no Warning Event");
+
+    // Restored, but only warning: still not in force.
+    testkit::install_operator_rbac(&cluster)
+        .await
+        .expect("install.yaml re-applied");
+    cluster
+        .kubectl_ok([
+            "patch",
+            "validatingadmissionpolicybinding",
+            binding,
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"validationActions":["Warn"]}}"#,
+        ])
+        .await
+        .expect("the admin weakens the binding");
+    wait_for(
+        Duration::from_secs(30),
+        Duration::from_millis(500),
+        || async {
+            let d = degraded().await;
+            d.contains("does not deny").then_some(d)
+        },
+    )
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "a Warn-only binding not reported: {}",
+            operator.log_tail(40)
+        )
+    });
+
+    testkit::install_operator_rbac(&cluster)
+        .await
+        .expect("install.yaml re-applied");
+    let cleared = wait_for(
+        Duration::from_secs(30),
+        Duration::from_millis(500),
+        || async {
+            let d = degraded().await;
+            (!d.starts_with("AdmissionPoliciesMissing")).then_some(d)
+        },
+    )
+    .await
+    .unwrap_or_else(|_| panic!("not cleared: {}", operator.log_tail(40)));
+    assert!(!cleared.contains("ValidatingAdmissionPolicy"), "{cleared}");
+    drop(operator);
+    cluster.stop().await.expect("cluster stops");
+}

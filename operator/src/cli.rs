@@ -59,6 +59,12 @@ pub struct Args {
     #[arg(long, default_value = "info")]
     pub log_level: String,
 
+    /// Seconds between looks at the shipped admission policies: while one
+    /// is missing or not enforced, every object is Degraded
+    /// (AdmissionPoliciesMissing).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub admission_check_seconds: u64,
+
     /// Namespaces whose CSIDriverDeployments are acted on, comma-separated;
     /// empty: every namespace. Objects elsewhere are left alone.
     #[arg(long, value_delimiter = ',')]

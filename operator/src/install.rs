@@ -168,6 +168,18 @@ const OPERATOR_GRANTS: &[Grant] = &[
         resource: "poddisruptionbudgets",
         verbs: WRITE,
     },
+    // Whether the shipped admission policies are in force (read only:
+    // reconcile::watch::admission).
+    Grant {
+        api_group: "admissionregistration.k8s.io",
+        resource: "validatingadmissionpolicies",
+        verbs: &["list"],
+    },
+    Grant {
+        api_group: "admissionregistration.k8s.io",
+        resource: "validatingadmissionpolicybindings",
+        verbs: &["list"],
+    },
 ];
 
 /// `bind` on the shipped roles, by name: what lets the operator create a

@@ -108,6 +108,7 @@ async fn run(args: Args) -> Result<(), MainError> {
         concurrency: args.concurrency,
         instance: Some(identity),
         scope: reconcile::Namespaces::from_list(&args.watch_namespaces),
+        admission_check: std::time::Duration::from_secs(args.admission_check_seconds),
     };
     let controller_client = client.clone();
     let controller_metrics = metrics.clone();

@@ -54,6 +54,8 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use std::collections::BTreeMap;
 
+pub mod presence;
+
 /// API group of the marker resource.
 pub const MARKER_GROUP: &str = "csiops.dev";
 /// The virtual resource whose verbs mark node-scoped accounts (no such

@@ -42,7 +42,7 @@ use self::context::Context;
 use self::pacing::{pace, throttle};
 use self::pass::{error_policy, reconcile};
 pub use self::scope::Namespaces;
-use self::watch::{caches, csinodes};
+use self::watch::{admission, caches, csinodes};
 use self::write::status;
 use crate::metrics::Metrics;
 use crate::pods::PodView;
@@ -59,6 +59,8 @@ pub struct RunConfig {
     pub instance: Option<String>,
     /// `--watch-namespaces`.
     pub scope: scope::Namespaces,
+    /// `--admission-check-seconds`.
+    pub admission_check: StdDuration,
 }
 
 /// Runs the controller until `shutdown` resolves. `on_ready` is called once
@@ -71,6 +73,7 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let (caches, triggers) = caches::Caches::start(&client);
+    let (admission, admission_changed) = admission::start(&client, cfg.admission_check);
     let controller = Controller::new(
         Api::<CSIDriverDeployment>::all(client.clone()),
         watcher::Config::default(),
@@ -93,6 +96,7 @@ pub async fn run(
         scope: cfg.scope,
         progress_writes: pace::Pacer::new(status::PROGRESS_WRITE_INTERVAL),
         objects: Default::default(),
+        admission,
     });
 
     // Readiness once every cache has its first full list.
@@ -166,6 +170,8 @@ pub async fn run(
         .reconcile_on(csinode_refs)
         .reconcile_on(failure_refs)
         .reconcile_on(supporting_refs)
+        // Every object's status says whether the policies are in force.
+        .reconcile_all_on(admission_changed)
         .with_config(kube::runtime::controller::Config::default().concurrency(cfg.concurrency))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)

@@ -12,7 +12,7 @@ use kube::{Client, ResourceExt};
 use super::events;
 use super::pacing::{fresh, pace, retry};
 use super::scope;
-use super::watch::caches;
+use super::watch::{admission, caches};
 use crate::metrics::Metrics;
 use crate::render::RenderConfig;
 
@@ -34,6 +34,8 @@ pub struct Context {
     pub progress_writes: pace::Pacer,
     /// What is kept of each object between its passes.
     pub objects: Objects,
+    /// Whether the shipped admission policies are in force.
+    pub admission: admission::Admission,
 }
 
 /// What is kept of one object between its passes.

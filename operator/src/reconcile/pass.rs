@@ -40,6 +40,7 @@ use super::write::teardown::teardown;
 use super::write::workloads::{execute, observe, pods_of, LiveController};
 use super::write::{monitoring, namespaced};
 use crate::health::{self, Health, HealthInput};
+use crate::policy::presence;
 use crate::render::labels;
 use crate::render::{self, names, Rendered};
 use crate::report::{self, Problem};
@@ -433,7 +434,11 @@ async fn drive(
                 message: why.clone(),
             })
         })
-        .or(lost_problem);
+        .or(lost_problem)
+        .or_else(|| admission_problem(ctx));
+    if let Some(p) = problem.as_ref().filter(|p| p.reason == presence::REASON) {
+        warn_once(obj, p, notes);
+    }
     let new_status = status_after(obj, Progress::of(&plan), &health, problem.as_ref(), now);
     let deferred = write_progress(obj, ctx, api, new_status, notes).await?;
     // Where a pass spends its time, cumulative from its start (milliseconds).
@@ -545,6 +550,20 @@ async fn tidy(
 /// Degraded when a node has been lost for longer than the step deadline:
 /// the driver serves nothing there. It holds no rollout back. Also how
 /// long until the next lost node passes that deadline, to look again then.
+/// The shipped admission policies not in force: every object says so, for
+/// each is then editable into privileged pods on every node by whoever may
+/// edit it. Announced once per object while it stands.
+fn admission_problem(ctx: &Context) -> Option<Problem> {
+    let differences = ctx.admission.differences();
+    (!differences.is_empty()).then(|| Problem {
+        reason: presence::REASON,
+        message: format!(
+            "{}; without them whoever may edit a CSIDriverDeployment may run privileged pods on every node: re-apply install.yaml or the chart (docs/security.md)",
+            differences.join("; ")
+        ),
+    })
+}
+
 fn lost_nodes_problem(
     obj: &CSIDriverDeployment,
     health: &Health,

@@ -2,6 +2,7 @@
 //! workloads, nodes, CSINodes, mount failures and the objects applied, and
 //! when every cache has its first full list.
 
+pub(crate) mod admission;
 pub(crate) mod caches;
 pub(crate) mod csinodes;
 pub(crate) mod nodes;

@@ -83,6 +83,7 @@ impl Fixture {
             pacer: pace::Pacer::new(std::time::Duration::ZERO),
             progress_writes: pace::Pacer::new(std::time::Duration::ZERO),
             objects: Default::default(),
+            admission: Default::default(),
         });
         Fixture { ctx, log, objects }
     }

@@ -1,0 +1,93 @@
+//! Whether the shipped admission policies are in force, looked at every
+//! `--admission-check-seconds`: two lists of a handful of objects, so a poll costs less
+//! than a watch's reconnects would. The judgement is
+//! `policy::presence::differences`; a change of it wakes every object, so
+//! each status says it within one interval.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::Stream;
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+use kube::api::ListParams;
+use kube::{Api, Client};
+use tracing::warn;
+
+use crate::install;
+use crate::policy::presence;
+use csiops_runtime::chain;
+
+/// What differs from the shipped policies, as last seen (empty before the
+/// first look and when all are in force).
+#[derive(Clone, Debug, Default)]
+pub struct Admission(Arc<Mutex<Vec<String>>>);
+
+impl Admission {
+    pub fn differences(&self) -> Vec<String> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Records `now`; whether it differs from what was recorded.
+    fn record(&self, now: Vec<String>) -> bool {
+        let mut seen = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let changed = *seen != now;
+        *seen = now;
+        changed
+    }
+}
+
+/// Starts looking (lazily: nothing runs until the stream is polled). The
+/// stream yields once each time the differences change.
+pub fn start(
+    client: &Client,
+    interval: Duration,
+) -> (Admission, impl Stream<Item = ()> + Send + 'static) {
+    let admission = Admission::default();
+    let shipped = install::objects().policies;
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
+    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
+    let state = admission.clone();
+    // The first look is at once; a change (from "all in force", the
+    // starting record) is yielded, sameness is not.
+    let changes = futures::stream::unfold(true, move |mut first| {
+        let (state, shipped, policies, bindings) = (
+            state.clone(),
+            shipped.clone(),
+            policies.clone(),
+            bindings.clone(),
+        );
+        async move {
+            loop {
+                if !first {
+                    tokio::time::sleep(interval).await;
+                }
+                first = false;
+                let now = look(&shipped, &policies, &bindings).await;
+                if state.record(now.clone()) {
+                    if !now.is_empty() {
+                        warn!(differences = ?now, "admission policies not in force");
+                    }
+                    return Some(((), false));
+                }
+            }
+        }
+    });
+    (admission, changes)
+}
+
+async fn look(
+    shipped: &[(ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding)],
+    policies: &Api<ValidatingAdmissionPolicy>,
+    bindings: &Api<ValidatingAdmissionPolicyBinding>,
+) -> Vec<String> {
+    let lp = ListParams::default();
+    match (policies.list(&lp).await, bindings.list(&lp).await) {
+        (Ok(p), Ok(b)) => presence::differences(shipped, &p.items, &b.items),
+        (Err(e), _) | (_, Err(e)) => vec![format!(
+            "the admission policies could not be read, so nothing says they are in force: {}",
+            chain(&e)
+        )],
+    }
+}
