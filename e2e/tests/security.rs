@@ -1207,3 +1207,114 @@ async fn the_operator_reports_admission_policies_that_are_not_in_force() {
     drop(operator);
     cluster.stop().await.expect("cluster stops");
 }
+
+/// The memory limit install.yaml gives the operator (MiB).
+const OPERATOR_MEMORY_LIMIT_MIB: u64 = 256;
+
+/// The operator's peak resident memory so far (VmHWM), in MiB.
+fn peak_rss_mib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("the operator runs");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map(|kib| kib / 1024)
+        .expect("VmHWM in /proc/<pid>/status")
+}
+
+/// Issue 37 §5: the operator's watches select on the managed-by label,
+/// which anyone who may create a Deployment may set. 300 Deployments of
+/// about 900 KB each (270 MB, more than the operator's 256 MiB limit),
+/// labelled managed-by and owned by nothing, in a namespace outside
+/// `--watch-namespaces`, are neither kept nor allowed to swell a list:
+/// while they exist the operator starts, deploys a driver in its own
+/// namespace, and its peak memory stays under the limit install.yaml sets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn padded_objects_labelled_managed_by_do_not_swell_the_operator() {
+    use futures::StreamExt;
+    use k8s_openapi::api::apps::v1::Deployment;
+    use kube::api::PostParams;
+
+    let cluster = policed_cluster(2).await;
+    cluster
+        .kubectl_ok(["create", "namespace", "team-b"])
+        .await
+        .expect("namespace");
+    let client = cluster.client().expect("client");
+    let api: kube::Api<Deployment> = kube::Api::namespaced(client, "team-b");
+    let padding = "x".repeat(900 * 1024);
+    let padded = |i: usize| -> Deployment {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {
+                "name": format!("padded-{i}"),
+                "labels": {"app.kubernetes.io/managed-by": "csiops-operator"},
+            },
+            "spec": {
+                "replicas": 0,
+                "selector": {"matchLabels": {"app": "padded"}},
+                "template": {
+                    "metadata": {"labels": {"app": "padded"}},
+                    "spec": {"containers": [{
+                        "name": "c",
+                        "image": "registry.example.com/x:v1",
+                        "env": [{"name": "PAD", "value": padding}],
+                    }]},
+                },
+            },
+        }))
+        .expect("a Deployment")
+    };
+    const PADDED: usize = 300;
+    let created = futures::stream::iter(0..PADDED)
+        .map(|i| {
+            let api = api.clone();
+            let d = padded(i);
+            async move { api.create(&PostParams::default(), &d).await }
+        })
+        .buffer_unordered(8)
+        .filter(|r| futures::future::ready(r.is_ok()))
+        .count()
+        .await;
+    assert_eq!(created, PADDED, "every padded Deployment is created");
+
+    let operator = cluster
+        .run_operator_as(
+            &csiops_e2e::operator_bin().expect("operator built"),
+            testkit::OPERATOR_NAMESPACE,
+            testkit::OPERATOR_ACCOUNT,
+            &["--watch-namespaces=csi-ok".to_string()],
+        )
+        .expect("operator starts");
+    let cr = DriverCr::new("csi-ok", "bounded", "bounded.csi.example.com", "v1")
+        .image("registry.example.com/driver:v1")
+        .with("csiDriver.attachRequired", false)
+        .yaml();
+    testkit::apply_ok(&cluster, "bounded", &cr).await;
+    wait_for(
+        Duration::from_secs(120),
+        Duration::from_millis(500),
+        || async {
+            cluster
+                .kubectl_ok(["-n", "csi-ok", "get", "daemonset", "bounded-node"])
+                .await
+                .ok()
+        },
+    )
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "not deployed beside the padded objects\n{}",
+            operator.log_tail(40)
+        )
+    });
+    let peak = peak_rss_mib(operator.pid());
+    assert!(
+        peak < OPERATOR_MEMORY_LIMIT_MIB,
+        "the operator's peak memory {peak} MiB reached its {OPERATOR_MEMORY_LIMIT_MIB} MiB limit: it would be OOM-killed"
+    );
+    eprintln!("operator peak memory with {PADDED} padded Deployments around: {peak} MiB");
+    drop(operator);
+    cluster.stop().await.expect("cluster stops");
+}

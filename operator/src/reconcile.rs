@@ -72,7 +72,7 @@ pub async fn run(
     on_ready: impl FnOnce() + Send + 'static,
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let (caches, triggers) = caches::Caches::start(&client);
+    let (caches, triggers) = caches::Caches::start(&client, &cfg.scope);
     let (admission, admission_changed) = admission::start(&client, cfg.admission_check);
     let controller = Controller::new(
         Api::<CSIDriverDeployment>::all(client.clone()),

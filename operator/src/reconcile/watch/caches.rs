@@ -12,6 +12,14 @@
 //!
 //! Each watch marks its [`SyncGate`] flag at its first complete list; the
 //! reconciles wait for all of them.
+//!
+//! The watches select on the managed-by label, which anyone who may create
+//! a pod or a Deployment may set. So what is kept is bounded by what the
+//! operator wrote, not by that label: workloads only when a
+//! CSIDriverDeployment controls them ([`ours`]), pods and mount failures
+//! only in the namespaces it acts on (`--watch-namespaces`); and lists come
+//! in pages of [`LIST_PAGE`], so a page of padded objects read whole stays
+//! small.
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
@@ -19,6 +27,7 @@ use k8s_openapi::api::core::v1::{Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
 use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass, VolumeAttributesClass};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
@@ -26,6 +35,7 @@ use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use tracing::warn;
 
+use super::super::scope::Namespaces;
 use super::csinodes::CsiNodeDrivers;
 use super::nodes::NodeCache;
 use super::owned::Owned;
@@ -51,8 +61,45 @@ pub struct Caches {
     pub synced: SyncGate,
 }
 
+/// Objects per page of a list. A page is held whole while it is read, and
+/// one object may be as large as the API server allows (1.5 MB in etcd),
+/// so a page costs at most about 75 MB however its objects were padded;
+/// kube's default of 500 would be 750 MB.
+pub const LIST_PAGE: u32 = 50;
+
 fn managed() -> watcher::Config {
-    watcher::Config::default().labels(&format!("{MANAGED_BY}={MANAGED_BY_VALUE}"))
+    watcher::Config::default()
+        .labels(&format!("{MANAGED_BY}={MANAGED_BY_VALUE}"))
+        .page_size(LIST_PAGE)
+}
+
+/// Whether a watched workload is kept: in a namespace the operator acts
+/// on, and controlled by a CSIDriverDeployment (the owner reference the
+/// operator writes; which one is checked when it is read, `owned_only`).
+/// One left out is not lost: reading it from the cache finds nothing, and
+/// the write that follows gets it from the API server and refuses it when
+/// it is not the object's own (`apply`).
+pub fn ours(meta: &ObjectMeta, scope: &Namespaces) -> bool {
+    let in_scope = meta.namespace.as_deref().is_some_and(|ns| scope.allows(ns));
+    let controlled = meta.owner_references.iter().flatten().any(|o| {
+        o.controller == Some(true)
+            && o.kind == "CSIDriverDeployment"
+            && o.api_version.split('/').next() == Some(csiops_crds::GROUP)
+    });
+    in_scope && controlled
+}
+
+/// Watch events of objects that are not [`ours`] dropped: one that stops
+/// being ours (its owner reference removed) leaves the store as a delete.
+fn only_ours<K: Resource>(
+    event: Result<Event<K>, watcher::Error>,
+    scope: &Namespaces,
+) -> Option<Result<Event<K>, watcher::Error>> {
+    match event {
+        Ok(Event::Apply(o)) if !ours(o.meta(), scope) => Some(Ok(Event::Delete(o))),
+        Ok(Event::InitApply(o)) if !ours(o.meta(), scope) => None,
+        other => Some(other),
+    }
 }
 
 /// A watch of our objects of kind `K` into a store, feeding `owned` (when
@@ -63,6 +110,7 @@ fn reflect<K>(
     store_writer: reflector::store::Writer<K>,
     flag: SyncFlag,
     owned: Option<(Owned, &'static str)>,
+    scope: Namespaces,
 ) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static
 where
     K: Resource<DynamicType = ()>
@@ -76,6 +124,7 @@ where
     let api: Api<K> = Api::all(client.clone());
     watcher::watcher(api, managed())
         .default_backoff()
+        .filter_map(move |e| futures::future::ready(only_ours(e, &scope)))
         .modify(|o| o.meta_mut().managed_fields = None)
         .reflect(store_writer)
         .inspect(move |event| {
@@ -109,6 +158,7 @@ impl Caches {
     #[allow(clippy::type_complexity)]
     pub fn start(
         client: &Client,
+        scope: &Namespaces,
     ) -> (
         Caches,
         Triggers<
@@ -134,28 +184,31 @@ impl Caches {
         let csinodes = CsiNodeDrivers::default();
         let mount_failures = MountFailures::default();
 
-        let pod_stream = pods.watch(client.clone(), synced.flag());
+        let pod_stream = pods.watch(client.clone(), synced.flag(), scope.clone());
         let sts_stream = reflect(
             client,
             sts_w,
             synced.flag(),
             Some((owned.clone(), "StatefulSet")),
+            scope.clone(),
         );
         let deploy_stream = reflect(
             client,
             deploy_w,
             synced.flag(),
             Some((owned.clone(), "Deployment")),
+            scope.clone(),
         );
         let ds_stream = reflect(
             client,
             ds_w,
             synced.flag(),
             Some((owned.clone(), "DaemonSet")),
+            scope.clone(),
         );
         let node_stream = nodes.watch(client.clone(), synced.flag());
         let csinode_stream = csinodes.watch(client.clone(), synced.flag());
-        let failure_stream = mount_failures.watch(client.clone(), synced.flag());
+        let failure_stream = mount_failures.watch(client.clone(), synced.flag(), pods.clone());
 
         // Metadata only: hash and generation are all that is compared.
         let meta = |s: std::pin::Pin<
@@ -289,5 +342,85 @@ impl Caches {
     ) -> Option<ObjectRef<CSIDriverDeployment>> {
         let owner = self.pods.owner_of(namespace, name)?;
         Some(ObjectRef::new(&owner).within(namespace))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+    fn daemonset(ns: &str, owner: Option<(&str, &str, bool)>) -> DaemonSet {
+        DaemonSet {
+            metadata: ObjectMeta {
+                name: Some("x-node".into()),
+                namespace: Some(ns.into()),
+                owner_references: owner.map(|(api_version, kind, controller)| {
+                    vec![OwnerReference {
+                        api_version: api_version.into(),
+                        kind: kind.into(),
+                        name: "x".into(),
+                        uid: "u".into(),
+                        controller: Some(controller),
+                        ..OwnerReference::default()
+                    }]
+                }),
+                ..ObjectMeta::default()
+            },
+            ..DaemonSet::default()
+        }
+    }
+
+    #[test]
+    fn only_workloads_a_csidriverdeployment_controls_in_scope_are_ours() {
+        let all = Namespaces::default();
+        let some = Namespaces::from_list(["storage"]);
+        let owned = Some(("csiops.dev/v1alpha1", "CSIDriverDeployment", true));
+        assert!(ours(daemonset("storage", owned).meta(), &all));
+        assert!(ours(daemonset("storage", owned).meta(), &some));
+        assert!(
+            !ours(daemonset("team-a", owned).meta(), &some),
+            "outside --watch-namespaces"
+        );
+        assert!(
+            !ours(daemonset("storage", None).meta(), &all),
+            "the label alone"
+        );
+        for (api, kind, controller) in [
+            ("csiops.dev/v1alpha1", "CSIDriverDeployment", false),
+            ("example.com/v1", "CSIDriverDeployment", true),
+            ("apps/v1", "ReplicaSet", true),
+        ] {
+            assert!(
+                !ours(
+                    daemonset("storage", Some((api, kind, controller))).meta(),
+                    &all
+                ),
+                "{api} {kind} controller={controller}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_workload_that_stops_being_ours_leaves_the_store() {
+        let all = Namespaces::default();
+        let foreign = daemonset("storage", None);
+        assert!(only_ours(Ok(Event::InitApply(foreign.clone())), &all).is_none());
+        assert!(matches!(
+            only_ours(Ok(Event::Apply(foreign.clone())), &all),
+            Some(Ok(Event::Delete(_)))
+        ));
+        assert!(matches!(
+            only_ours(Ok(Event::Delete(foreign)), &all),
+            Some(Ok(Event::Delete(_)))
+        ));
+        let owned = daemonset(
+            "storage",
+            Some(("csiops.dev/v1alpha1", "CSIDriverDeployment", true)),
+        );
+        assert!(matches!(
+            only_ours(Ok(Event::Apply(owned)), &all),
+            Some(Ok(Event::Apply(_)))
+        ));
     }
 }

@@ -19,6 +19,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::Client;
 
+use super::super::scope::Namespaces;
 use super::sync::SyncFlag;
 use crate::pods::PodView;
 use crate::render::labels::{INSTANCE, MANAGED_BY, MANAGED_BY_VALUE};
@@ -138,6 +139,7 @@ impl PodCache {
         &self,
         client: Client,
         synced: SyncFlag,
+        scope: Namespaces,
     ) -> impl Stream<Item = Result<PodView, watcher::Error>> + Send + 'static {
         let this = self.clone();
         super::pod_watch::watch(client, format!("{MANAGED_BY}={MANAGED_BY_VALUE}"))
@@ -145,6 +147,10 @@ impl PodCache {
             .filter_map(move |event| {
                 let out = match event {
                     Err(e) => Some(Err(e)),
+                    // Pods elsewhere are anyone's: the label is not proof.
+                    Ok(Event::Apply(p) | Event::InitApply(p)) if !scope.allows(&p.namespace) => {
+                        None
+                    }
                     Ok(event) => {
                         let done = matches!(event, Event::InitDone);
                         let pod = this.apply(event);

@@ -15,6 +15,7 @@ use kube::runtime::watcher::{self, Event as WatchEvent};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client};
 
+use super::pod_cache::PodCache;
 use super::sync::SyncFlag;
 use crate::health;
 use crate::pods::PodView;
@@ -25,6 +26,20 @@ pub type PodKey = (String, String);
 /// The latest `FailedMount` message per pod, with its time.
 #[derive(Clone, Debug, Default)]
 pub struct MountFailures(Arc<RwLock<HashMap<PodKey, (i64, String)>>>);
+
+/// The longest message kept of a mount failure (bytes).
+const MAX_MESSAGE: usize = 1024;
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
 
 /// When the Event last happened (seconds since the epoch).
 fn event_time(e: &Event) -> i64 {
@@ -66,7 +81,9 @@ impl MountFailures {
     /// when its message changed.
     fn record(&self, e: &Event) -> Option<PodKey> {
         let pod = pod_of(e)?;
-        let message = e.message.clone()?;
+        // kubelet's messages are a few hundred bytes; an Event's may be far
+        // longer, and only its start is shown.
+        let message = truncate(e.message.as_deref()?, MAX_MESSAGE);
         let at = event_time(e);
         let mut map = self.0.write().ok()?;
         match map.get(&pod) {
@@ -88,25 +105,33 @@ impl MountFailures {
     }
 
     /// Watches the cluster's `FailedMount` Events; yields each pod whose
-    /// latest failure changed.
+    /// latest failure changed. Only the Events of the operator's own pods
+    /// (those in `pods`) are kept: the others concern nobody here, and
+    /// anyone may create Events in their namespace.
     pub fn watch(
         &self,
         client: Client,
         synced: SyncFlag,
+        pods: PodCache,
     ) -> impl Stream<Item = Result<PodKey, watcher::Error>> + Send + 'static {
         let this = self.clone();
-        let config =
-            watcher::Config::default().fields("reason=FailedMount,involvedObject.kind=Pod");
+        let ours = move |e: &Event| {
+            pod_of(e).is_some_and(|(ns, name)| pods.owner_of(&ns, &name).is_some())
+        };
+        let config = watcher::Config::default()
+            .fields("reason=FailedMount,involvedObject.kind=Pod")
+            .page_size(super::caches::LIST_PAGE);
         watcher::watcher(Api::<Event>::all(client), config)
             .default_backoff()
             .filter_map(move |event| {
                 let out = match event {
                     Err(e) => Some(Err(e)),
-                    Ok(WatchEvent::Apply(e)) => this.record(&e).map(Ok),
-                    Ok(WatchEvent::InitApply(e)) => {
+                    Ok(WatchEvent::Apply(e)) if ours(&e) => this.record(&e).map(Ok),
+                    Ok(WatchEvent::InitApply(e)) if ours(&e) => {
                         this.record(&e);
                         None
                     }
+                    Ok(WatchEvent::Apply(_) | WatchEvent::InitApply(_)) => None,
                     Ok(WatchEvent::Delete(e)) => {
                         this.expire(&e);
                         None

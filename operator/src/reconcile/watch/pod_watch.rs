@@ -23,8 +23,8 @@ use kube::Client;
 use crate::pods::wire::{self, Watched, WireError};
 use crate::pods::PodView;
 
-/// Pods per page of a list, as kube's watcher.
-const PAGE: u32 = 500;
+/// Pods per page of a list: the watches' page (see `caches::LIST_PAGE`).
+const PAGE: u32 = super::caches::LIST_PAGE;
 
 /// How long the API server keeps one watch request open (kube's default);
 /// the watch resumes from the last resource version after it.
@@ -430,7 +430,9 @@ mod tests {
             assert!(r.contains("labelSelector=app%3Dx"), "{r}");
             assert!(r.ends_with(&format!("[{}]", wire::PROTOBUF)), "{r}");
         }
-        assert!(requests[0].contains("limit=500") && !requests[0].contains("continue="));
+        assert!(
+            requests[0].contains(&format!("limit={PAGE}")) && !requests[0].contains("continue=")
+        );
         assert!(
             requests[1].contains("continue="),
             "the second page: {}",
