@@ -87,9 +87,12 @@ test-bed:
 	@e2e/cluster-bins/upstream-protos.sh >/dev/null
 	@e2e/cluster-bins/helm.sh >/dev/null
 
-## lint and build share the cargo target dir: one after the other.
+## lint, build and the test binaries share the cargo target dir: one after
+## the other, while the images and the Go test bed (the longer builds) go on
+## beside them; csiops-test-run then finds its binaries built.
 lint-then-build: lint
 	$(CARGO) build --workspace --bins
+	$(CARGO) test --workspace --no-run
 
 ## The cross-version subset on each older supported minor (not part of
 ## `test`; run it before landing a change to version-dependent code): per

@@ -1090,7 +1090,10 @@ async fn the_operator_reports_admission_policies_that_are_not_in_force() {
             &csiops_e2e::operator_bin().expect("operator built"),
             testkit::OPERATOR_NAMESPACE,
             testkit::OPERATOR_ACCOUNT,
-            &["--admission-check-seconds=2".to_string()],
+            &[
+                "--admission-check=true".to_string(),
+                "--admission-check-seconds=2".to_string(),
+            ],
         )
         .expect("operator starts");
     let cr = DriverCr::new(NS, "guarded", "guarded.csi.example.com", "v1")

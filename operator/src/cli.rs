@@ -59,9 +59,14 @@ pub struct Args {
     #[arg(long, default_value = "info")]
     pub log_level: String,
 
-    /// Seconds between looks at the shipped admission policies: while one
-    /// is missing or not enforced, every object is Degraded
-    /// (AdmissionPoliciesMissing).
+    /// Check that the shipped admission policies are in force; while one is
+    /// missing or not enforced, every object is Degraded
+    /// (AdmissionPoliciesMissing). Turn off only where the same rules are
+    /// enforced by other means.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub admission_check: bool,
+
+    /// Seconds between looks at the shipped admission policies.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
     pub admission_check_seconds: u64,
 

@@ -108,7 +108,9 @@ async fn run(args: Args) -> Result<(), MainError> {
         concurrency: args.concurrency,
         instance: Some(identity),
         scope: reconcile::Namespaces::from_list(&args.watch_namespaces),
-        admission_check: std::time::Duration::from_secs(args.admission_check_seconds),
+        admission_check: args
+            .admission_check
+            .then(|| std::time::Duration::from_secs(args.admission_check_seconds)),
     };
     let controller_client = client.clone();
     let controller_metrics = metrics.clone();

@@ -59,8 +59,8 @@ pub struct RunConfig {
     pub instance: Option<String>,
     /// `--watch-namespaces`.
     pub scope: scope::Namespaces,
-    /// `--admission-check-seconds`.
-    pub admission_check: StdDuration,
+    /// `--admission-check-seconds`, or `None` with `--admission-check=false`.
+    pub admission_check: Option<StdDuration>,
 }
 
 /// Runs the controller until `shutdown` resolves. `on_ready` is called once

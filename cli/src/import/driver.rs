@@ -292,9 +292,41 @@ fn is_node_default(sc: &SecurityContext) -> bool {
 }
 
 fn security_context(ctx: &mut Ctx, at: &At<'_>, c: &Container, w: Workload) {
-    let Some(sc) = c.security_context.clone() else {
+    let Some(mut sc) = c.security_context.clone() else {
         return;
     };
+    // A driver run as a non-root user owns its socket, which csiops'
+    // sidecars (uid 0, every capability dropped) cannot connect to: left
+    // out, as the same keys of the pod's securityContext are.
+    for (key, value) in [
+        (
+            "runAsUser",
+            sc.run_as_user
+                .filter(|u| *u != 0)
+                .map(|u| u.to_string()),
+        ),
+        (
+            "runAsNonRoot",
+            sc.run_as_non_root.filter(|n| *n).map(|n| n.to_string()),
+        ),
+    ] {
+        if let Some(value) = value {
+            match key {
+                "runAsUser" => sc.run_as_user = None,
+                _ => sc.run_as_non_root = None,
+            }
+            ctx.push(
+                at,
+                What::SecurityContext,
+                format!("securityContext.{key}"),
+                Some(value),
+                Outcome::gap(Gap::NonRootDriver, format!("securityContext.{key}")),
+            );
+        }
+    }
+    if sc == SecurityContext::default() {
+        return;
+    }
     let shown = serde_json::to_string(&sc).ok();
     let outcome = match w {
         Workload::Node if is_node_default(&sc) => Outcome::replaced(

@@ -697,8 +697,10 @@ fn non_root_keys(pod: &Pod<'_>, psc: &PodSecurityContext) -> Vec<&'static str> {
         .containers()
         .find(|(role, _)| *role == Role::Driver)
         .and_then(|(_, c)| c.security_context.as_ref());
-    let own_user = driver.and_then(|sc| sc.run_as_user);
-    let own_non_root = driver.and_then(|sc| sc.run_as_non_root);
+    // What the driver's own securityContext keeps after the import, which
+    // leaves out its non-root settings too (`driver::security_context`).
+    let own_user = driver.and_then(|sc| sc.run_as_user).filter(|u| *u == 0);
+    let own_non_root = driver.and_then(|sc| sc.run_as_non_root).filter(|n| !n);
     let mut keys = Vec::new();
     if own_user.is_none() && psc.run_as_user.is_some_and(|u| u != 0) {
         keys.push("runAsUser");

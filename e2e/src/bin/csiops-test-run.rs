@@ -1,6 +1,6 @@
 //! `make test`'s runner: builds every test binary of the workspace (`cargo
-//! test --no-run`), runs them in two lanes (see `csiops_e2e::testrun`),
-//! then the doc tests, and fails if anything failed, naming what.
+//! test --no-run`), runs them in two lanes (see `csiops_e2e::testrun`) with
+//! the doc tests beside them, and fails if anything failed, naming what.
 //!
 //! Each binary's output is kept whole and printed when it ends, under the
 //! line cargo would print ("Running …"), so a CI log reads as cargo's does.
@@ -59,6 +59,12 @@ fn main() -> ExitCode {
     let started = Instant::now();
     let failed = Arc::new(Mutex::new(Vec::<String>::new()));
     let out = Arc::new(Mutex::new(()));
+    // Doc tests beside the lanes: rustdoc compiles each one, which takes
+    // minutes of CPU while the lanes mostly wait.
+    let doc = names.is_empty().then(|| {
+        let (failed, out, cargo) = (failed.clone(), out.clone(), cargo.clone());
+        thread::spawn(move || doc_tests(&cargo, &failed, &out))
+    });
     let shared = Arc::new(Mutex::new(shared.into_iter()));
     let mut workers = Vec::new();
     {
@@ -89,18 +95,11 @@ fn main() -> ExitCode {
         }
     }
 
-    // Doc tests last: cargo compiles them only when run.
-    let doc_failed = names.is_empty() && {
-        let doc = Command::new(&cargo)
-            .args(["test", "--workspace", "--doc"])
-            .status();
-        !doc.map(|s| s.success()).unwrap_or(false)
-    };
-    if doc_failed {
+    if doc.is_some_and(|d| d.join().is_err()) {
         failed
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push("doc tests".to_string());
+            .push("the doc-test thread panicked".to_string());
     }
 
     let failed = failed.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -116,6 +115,39 @@ fn main() -> ExitCode {
             eprintln!("    {f}");
         }
         ExitCode::from(101)
+    }
+}
+
+/// `cargo test --workspace --doc`, its output printed whole when it ends.
+fn doc_tests(cargo: &str, failed: &Mutex<Vec<String>>, out: &Mutex<()>) {
+    let started = Instant::now();
+    let result = Command::new(cargo)
+        .args(["test", "--workspace", "--doc"])
+        .output();
+    let _guard = out.lock().unwrap_or_else(|e| e.into_inner());
+    let mut stdout = std::io::stdout().lock();
+    let _ = writeln!(
+        stdout,
+        "   Doc-tests of the workspace [{:.0} s]",
+        started.elapsed().as_secs_f64()
+    );
+    let ok = match result {
+        Ok(o) => {
+            let _ = stdout.write_all(&o.stdout);
+            let _ = stdout.write_all(&o.stderr);
+            o.status.success()
+        }
+        Err(e) => {
+            let _ = writeln!(stdout, "could not run them: {e}");
+            false
+        }
+    };
+    let _ = stdout.flush();
+    if !ok {
+        failed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push("doc tests".to_string());
     }
 }
 

@@ -7,6 +7,7 @@ pub(crate) mod caches;
 pub(crate) mod csinodes;
 pub(crate) mod nodes;
 pub(crate) mod owned;
+pub(crate) mod paging;
 pub(crate) mod pod_cache;
 pub(crate) mod pod_events;
 pub(crate) mod pod_watch;

@@ -7,7 +7,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
@@ -38,13 +38,18 @@ impl Admission {
     }
 }
 
-/// Starts looking (lazily: nothing runs until the stream is polled). The
-/// stream yields once each time the differences change.
+/// Starts looking every `interval` (lazily: nothing runs until the stream
+/// is polled); with no interval (`--admission-check=false`) never looks,
+/// and nothing is reported. The stream yields once each time the
+/// differences change.
 pub fn start(
     client: &Client,
-    interval: Duration,
+    interval: Option<Duration>,
 ) -> (Admission, impl Stream<Item = ()> + Send + 'static) {
     let admission = Admission::default();
+    let Some(interval) = interval else {
+        return (admission, futures::stream::pending::<()>().left_stream());
+    };
     let shipped = install::objects().policies;
     let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
     let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
@@ -74,7 +79,7 @@ pub fn start(
             }
         }
     });
-    (admission, changes)
+    (admission, changes.right_stream())
 }
 
 async fn look(

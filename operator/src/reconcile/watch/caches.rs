@@ -18,7 +18,7 @@
 //! operator wrote, not by that label: workloads only when a
 //! CSIDriverDeployment controls them ([`ours`]), pods and mount failures
 //! only in the namespaces it acts on (`--watch-namespaces`); and lists come
-//! in pages of [`LIST_PAGE`], so a page of padded objects read whole stays
+//! in pages of `paging::LIST_PAGE`, so a page of padded objects read whole stays
 //! small.
 
 use futures::{Stream, StreamExt};
@@ -41,6 +41,7 @@ use super::nodes::NodeCache;
 use super::owned::Owned;
 use super::pod_cache::PodCache;
 use super::pod_events::MountFailures;
+use super::paging::LIST_PAGE;
 use super::sync::{SyncFlag, SyncGate};
 use crate::pods::PodView;
 use crate::render::labels::{MANAGED_BY, MANAGED_BY_VALUE};
@@ -60,12 +61,6 @@ pub struct Caches {
     pub owned: Owned,
     pub synced: SyncGate,
 }
-
-/// Objects per page of a list. A page is held whole while it is read, and
-/// one object may be as large as the API server allows (1.5 MB in etcd),
-/// so a page costs at most about 75 MB however its objects were padded;
-/// kube's default of 500 would be 750 MB.
-pub const LIST_PAGE: u32 = 50;
 
 fn managed() -> watcher::Config {
     watcher::Config::default()

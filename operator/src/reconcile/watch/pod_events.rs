@@ -120,7 +120,7 @@ impl MountFailures {
         };
         let config = watcher::Config::default()
             .fields("reason=FailedMount,involvedObject.kind=Pod")
-            .page_size(super::caches::LIST_PAGE);
+            .page_size(super::paging::LIST_PAGE);
         watcher::watcher(Api::<Event>::all(client), config)
             .default_backoff()
             .filter_map(move |event| {

@@ -23,8 +23,8 @@ use kube::Client;
 use crate::pods::wire::{self, Watched, WireError};
 use crate::pods::PodView;
 
-/// Pods per page of a list: the watches' page (see `caches::LIST_PAGE`).
-const PAGE: u32 = super::caches::LIST_PAGE;
+/// Pods per page of a list: the watches' page.
+const PAGE: u32 = super::paging::LIST_PAGE;
 
 /// How long the API server keeps one watch request open (kube's default);
 /// the watch resumes from the last resource version after it.
