@@ -41,7 +41,10 @@ impl OperatorProcess {
         // The test bed has install.yaml's admission policies only where a
         // test applies them (`testkit::install_operator_rbac`), so the
         // operator does not look for them unless the test asks.
-        if !extra_args.iter().any(|a| a.starts_with("--admission-check")) {
+        if !extra_args
+            .iter()
+            .any(|a| a.starts_with("--admission-check"))
+        {
             args.push("--admission-check=false".to_string());
         }
         args.extend_from_slice(extra_args);

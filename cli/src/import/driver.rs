@@ -301,9 +301,7 @@ fn security_context(ctx: &mut Ctx, at: &At<'_>, c: &Container, w: Workload) {
     for (key, value) in [
         (
             "runAsUser",
-            sc.run_as_user
-                .filter(|u| *u != 0)
-                .map(|u| u.to_string()),
+            sc.run_as_user.filter(|u| *u != 0).map(|u| u.to_string()),
         ),
         (
             "runAsNonRoot",
