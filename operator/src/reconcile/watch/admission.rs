@@ -55,8 +55,10 @@ pub fn start(
     let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
     let state = admission.clone();
     // The first look is at once; a change (from "all in force", the
-    // starting record) is yielded, sameness is not.
-    let changes = futures::stream::unfold(true, move |mut first| {
+    // starting record) is yielded, sameness is not. A failed read counts
+    // only when the one before failed too (as ReadFailed does): one API
+    // server blip does not turn every object Degraded.
+    let changes = futures::stream::unfold((true, 0u32), move |(mut first, mut failed)| {
         let (state, shipped, policies, bindings) = (
             state.clone(),
             shipped.clone(),
@@ -69,12 +71,24 @@ pub fn start(
                     tokio::time::sleep(interval).await;
                 }
                 first = false;
-                let now = look(&shipped, &policies, &bindings).await;
+                let now = match look(&shipped, &policies, &bindings).await {
+                    Ok(now) => {
+                        failed = 0;
+                        now
+                    }
+                    Err(e) => {
+                        failed += 1;
+                        if failed < 2 {
+                            continue;
+                        }
+                        vec![e]
+                    }
+                };
                 if state.record(now.clone()) {
                     if !now.is_empty() {
                         warn!(differences = ?now, "admission policies not in force");
                     }
-                    return Some(((), false));
+                    return Some(((), (false, failed)));
                 }
             }
         }
@@ -86,13 +100,13 @@ async fn look(
     shipped: &[(ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding)],
     policies: &Api<ValidatingAdmissionPolicy>,
     bindings: &Api<ValidatingAdmissionPolicyBinding>,
-) -> Vec<String> {
+) -> Result<Vec<String>, String> {
     let lp = ListParams::default();
     match (policies.list(&lp).await, bindings.list(&lp).await) {
-        (Ok(p), Ok(b)) => presence::differences(shipped, &p.items, &b.items),
-        (Err(e), _) | (_, Err(e)) => vec![format!(
-            "the admission policies could not be read, so nothing says they are in force: {}",
+        (Ok(p), Ok(b)) => Ok(presence::differences(shipped, &p.items, &b.items)),
+        (Err(e), _) | (_, Err(e)) => Err(format!(
+            "the admission policies could not be read twice in a row, so nothing says they are in force: {}",
             chain(&e)
-        )],
+        )),
     }
 }
