@@ -55,7 +55,7 @@ async fn fake_operator_is_started_with_flags_and_killed_on_drop() {
     assert_eq!(
         args,
         format!(
-            "--kubeconfig={kubeconfig} --leader-election=false --http-endpoint={} --log-format=text",
+            "--kubeconfig={kubeconfig} --leader-election=false --http-endpoint={} --log-format=text --admission-check=false",
             op.http_endpoint()
         )
     );
