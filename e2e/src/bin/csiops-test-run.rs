@@ -12,10 +12,9 @@
 //! shared-lane binaries run at once (default 1: two cores are shared with
 //! the control planes the tests start).
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::path::Path;
-use std::process::{Command, ExitCode, Stdio};
-use std::sync::{Arc, Mutex};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, ExitCode, Output, Stdio};
+use std::sync::Mutex;
 use std::thread;
 use std::time::Instant;
 
@@ -57,52 +56,36 @@ fn main() -> ExitCode {
     );
 
     let started = Instant::now();
-    let failed = Arc::new(Mutex::new(Vec::<String>::new()));
-    let out = Arc::new(Mutex::new(()));
-    // Doc tests beside the lanes: rustdoc compiles each one, which takes
-    // minutes of CPU while the lanes mostly wait.
-    let doc = names.is_empty().then(|| {
-        let (failed, out, cargo) = (failed.clone(), out.clone(), cargo.clone());
-        thread::spawn(move || doc_tests(&cargo, &failed, &out))
-    });
-    let shared = Arc::new(Mutex::new(shared.into_iter()));
-    let mut workers = Vec::new();
-    {
-        let (failed, out, pass) = (failed.clone(), out.clone(), pass.clone());
-        workers.push(thread::spawn(move || {
-            for b in real {
-                run_one(&b, &pass, &failed, &out);
+    let run = Run::default();
+    let shared = Mutex::new(shared.into_iter());
+    thread::scope(|scope| {
+        let mut workers = vec![scope.spawn(|| {
+            for b in &real {
+                run.binary(b, &pass);
             }
-        }));
-    }
-    for _ in 0..jobs {
-        let (failed, out, pass, queue) =
-            (failed.clone(), out.clone(), pass.clone(), shared.clone());
-        workers.push(thread::spawn(move || loop {
-            let next = queue.lock().unwrap_or_else(|e| e.into_inner()).next();
-            match next {
-                Some(b) => run_one(&b, &pass, &failed, &out),
-                None => break,
-            }
-        }));
-    }
-    for w in workers {
-        if w.join().is_err() {
-            failed
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push("a runner thread panicked".to_string());
+        })];
+        for _ in 0..jobs {
+            workers.push(scope.spawn(|| loop {
+                let next = shared.lock().unwrap_or_else(|e| e.into_inner()).next();
+                match next {
+                    Some(b) => run.binary(&b, &pass),
+                    None => break,
+                }
+            }));
         }
-    }
+        // Doc tests beside the lanes: rustdoc compiles each one, which
+        // takes minutes of CPU while the lanes mostly wait.
+        if names.is_empty() {
+            workers.push(scope.spawn(|| run.doc_tests(&cargo)));
+        }
+        for w in workers {
+            if w.join().is_err() {
+                run.fail("a runner thread panicked".to_string());
+            }
+        }
+    });
 
-    if doc.is_some_and(|d| d.join().is_err()) {
-        failed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push("the doc-test thread panicked".to_string());
-    }
-
-    let failed = failed.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let failed = run.failed.into_inner().unwrap_or_else(|e| e.into_inner());
     eprintln!(
         "csiops-test-run: finished in {:.0} s",
         started.elapsed().as_secs_f64()
@@ -115,39 +98,6 @@ fn main() -> ExitCode {
             eprintln!("    {f}");
         }
         ExitCode::from(101)
-    }
-}
-
-/// `cargo test --workspace --doc`, its output printed whole when it ends.
-fn doc_tests(cargo: &str, failed: &Mutex<Vec<String>>, out: &Mutex<()>) {
-    let started = Instant::now();
-    let result = Command::new(cargo)
-        .args(["test", "--workspace", "--doc"])
-        .output();
-    let _guard = out.lock().unwrap_or_else(|e| e.into_inner());
-    let mut stdout = std::io::stdout().lock();
-    let _ = writeln!(
-        stdout,
-        "   Doc-tests of the workspace [{:.0} s]",
-        started.elapsed().as_secs_f64()
-    );
-    let ok = match result {
-        Ok(o) => {
-            let _ = stdout.write_all(&o.stdout);
-            let _ = stdout.write_all(&o.stderr);
-            o.status.success()
-        }
-        Err(e) => {
-            let _ = writeln!(stdout, "could not run them: {e}");
-            false
-        }
-    };
-    let _ = stdout.flush();
-    if !ok {
-        failed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push("doc tests".to_string());
     }
 }
 
@@ -184,67 +134,71 @@ fn build(cargo: &str) -> Result<Vec<TestBinary>, String> {
     Ok(bins)
 }
 
-/// Runs one binary where cargo would (its package's directory), keeps its
-/// output, prints it whole when it ends.
-fn run_one(b: &TestBinary, pass: &[String], failed: &Mutex<Vec<String>>, out: &Mutex<()>) {
-    let started = Instant::now();
-    let result = Command::new(&b.executable)
-        .args(pass)
-        .current_dir(&b.package_dir)
-        .env("CARGO_MANIFEST_DIR", &b.package_dir)
-        .env("CARGO_PKG_NAME", &b.package)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .and_then(|mut child| {
-            // stderr on its own thread: a full pipe would stall the child.
-            let mut err_pipe = child.stderr.take();
-            let err = thread::spawn(move || {
-                let mut buf = Vec::new();
-                if let Some(e) = err_pipe.as_mut() {
-                    let _ = e.read_to_end(&mut buf);
-                }
-                buf
-            });
-            let mut stdout = Vec::new();
-            if let Some(o) = child.stdout.as_mut() {
-                o.read_to_end(&mut stdout)?;
-            }
-            let status = child.wait()?;
-            let stderr = err.join().unwrap_or_default();
-            Ok((status, stdout, stderr))
-        });
-    let secs = started.elapsed().as_secs_f64();
-    let _guard = out.lock().unwrap_or_else(|e| e.into_inner());
-    let mut stdout = std::io::stdout().lock();
-    let _ = writeln!(
-        stdout,
-        "     Running {} ({}) [{secs:.0} s]",
-        b.label(),
-        display(&b.executable)
-    );
-    match result {
-        Ok((status, o, e)) => {
-            let _ = stdout.write_all(&o);
-            let _ = stdout.write_all(&e);
-            if !status.success() {
-                failed
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push(format!("{} ({status})", b.label()));
-            }
-        }
-        Err(e) => {
-            let _ = writeln!(stdout, "could not run it: {e}");
-            failed
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(format!("{} (not run: {e})", b.label()));
-        }
-    }
-    let _ = stdout.flush();
+/// What the lanes share: the failures so far, and the terminal, so that
+/// each binary's output is printed in one piece.
+#[derive(Default)]
+struct Run {
+    failed: Mutex<Vec<String>>,
+    out: Mutex<()>,
 }
 
-fn display(p: &Path) -> String {
-    p.display().to_string()
+impl Run {
+    fn fail(&self, what: String) {
+        self.failed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(what);
+    }
+
+    /// Runs one binary where cargo would (its package's directory).
+    fn binary(&self, b: &TestBinary, pass: &[String]) {
+        let started = Instant::now();
+        let result = Command::new(&b.executable)
+            .args(pass)
+            .current_dir(&b.package_dir)
+            .env("CARGO_MANIFEST_DIR", &b.package_dir)
+            .env("CARGO_PKG_NAME", &b.package)
+            .output();
+        let header = format!(
+            "     Running {} ({}) [{:.0} s]",
+            b.label(),
+            b.executable.display(),
+            started.elapsed().as_secs_f64()
+        );
+        self.report(&header, &b.label(), result);
+    }
+
+    /// `cargo test --workspace --doc`.
+    fn doc_tests(&self, cargo: &str) {
+        let started = Instant::now();
+        let result = Command::new(cargo)
+            .args(["test", "--workspace", "--doc"])
+            .output();
+        let header = format!(
+            "   Doc-tests of the workspace [{:.0} s]",
+            started.elapsed().as_secs_f64()
+        );
+        self.report(&header, "doc tests", result);
+    }
+
+    /// Prints `header` and the whole output; records `what` if it failed.
+    fn report(&self, header: &str, what: &str, result: std::io::Result<Output>) {
+        let _guard = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        let mut stdout = std::io::stdout().lock();
+        let _ = writeln!(stdout, "{header}");
+        match result {
+            Ok(o) => {
+                let _ = stdout.write_all(&o.stdout);
+                let _ = stdout.write_all(&o.stderr);
+                if !o.status.success() {
+                    self.fail(format!("{what} ({})", o.status));
+                }
+            }
+            Err(e) => {
+                let _ = writeln!(stdout, "could not run it: {e}");
+                self.fail(format!("{what} (not run: {e})"));
+            }
+        }
+        let _ = stdout.flush();
+    }
 }
