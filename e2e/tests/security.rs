@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use csiops_e2e::testkit::DriverCr;
-use csiops_e2e::{testkit, wait_for, Cluster, ClusterOptions};
+use csiops_e2e::{testkit, wait_for, Cluster, ClusterOptions, OperatorProcess};
 
 const NS: &str = "csi-sec";
 
@@ -45,6 +45,48 @@ async fn policed_cluster(nodes: usize) -> Cluster {
         .await
         .expect("install.yaml's RBAC and policies apply");
     cluster
+}
+
+/// The operator, as install.yaml's account, with `args`.
+fn operator_with(cluster: &Cluster, args: &[&str]) -> OperatorProcess {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    cluster
+        .run_operator_as(
+            &csiops_e2e::operator_bin().expect("operator built"),
+            testkit::OPERATOR_NAMESPACE,
+            testkit::OPERATOR_ACCOUNT,
+            &args,
+        )
+        .expect("operator starts")
+}
+
+/// A driver object `name` in `ns` that kwok nodes can run.
+fn plain_cr(ns: &str, name: &str) -> String {
+    DriverCr::new(ns, name, &format!("{name}.csi.example.com"), "v1")
+        .image("registry.example.com/driver:v1")
+        .with("csiDriver.attachRequired", false)
+        .yaml()
+}
+
+/// Waits until the object `ns/name` is deployed (its node DaemonSet
+/// exists); panics with `what` and the operator's log otherwise.
+async fn wait_deployed(
+    cluster: &Cluster,
+    operator: &OperatorProcess,
+    ns: &str,
+    name: &str,
+    deadline: Duration,
+    what: &str,
+) {
+    let daemonset = format!("{name}-node");
+    wait_for(deadline, Duration::from_millis(500), || async {
+        cluster
+            .kubectl_ok(["-n", ns, "get", "daemonset", &daemonset])
+            .await
+            .ok()
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what}\n{}", operator.log_tail(40)));
 }
 
 fn label_patch(value: &str) -> String {
@@ -672,41 +714,20 @@ subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: "{ALICE}"}}]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operator_acts_only_in_its_watch_namespaces() {
     let cluster = policed_cluster(1).await;
-    let operator = cluster
-        .run_operator_as(
-            &csiops_e2e::operator_bin().expect("operator built"),
-            testkit::OPERATOR_NAMESPACE,
-            testkit::OPERATOR_ACCOUNT,
-            &["--watch-namespaces=csi-ok".to_string()],
-        )
-        .expect("operator starts");
-    let cr = |ns: &str, name: &str| {
-        DriverCr::new(ns, name, &format!("{name}.csi.example.com"), "v1")
-            .image("registry.example.com/driver:v1")
-            .with("csiDriver.attachRequired", false)
-            .yaml()
-    };
+    let operator = operator_with(&cluster, &["--watch-namespaces=csi-ok"]);
     // The one elsewhere first: by the time the allowed one is served, the
     // other has had every chance.
-    testkit::apply_ok(&cluster, "elsewhere", &cr("team-b", "elsewhere")).await;
-    testkit::apply_ok(&cluster, "allowed", &cr("csi-ok", "allowed")).await;
-    wait_for(
+    testkit::apply_ok(&cluster, "elsewhere", &plain_cr("team-b", "elsewhere")).await;
+    testkit::apply_ok(&cluster, "allowed", &plain_cr("csi-ok", "allowed")).await;
+    wait_deployed(
+        &cluster,
+        &operator,
+        "csi-ok",
+        "allowed",
         Duration::from_secs(60),
-        Duration::from_millis(500),
-        || async {
-            cluster
-                .kubectl_ok(["-n", "csi-ok", "get", "daemonset", "allowed-node"])
-                .await
-                .ok()
-        },
+        "the allowed object was not deployed",
     )
-    .await
-    .unwrap_or_else(|_| {
-        panic!(
-            "the allowed object was not deployed\n{}",
-            operator.log_tail(40)
-        )
-    });
+    .await;
     let left = cluster
         .kubectl_ok([
             "-n",
@@ -1085,21 +1106,11 @@ spec:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operator_reports_admission_policies_that_are_not_in_force() {
     let cluster = policed_cluster(1).await;
-    let operator = cluster
-        .run_operator_as(
-            &csiops_e2e::operator_bin().expect("operator built"),
-            testkit::OPERATOR_NAMESPACE,
-            testkit::OPERATOR_ACCOUNT,
-            &[
-                "--admission-check=true".to_string(),
-                "--admission-check-seconds=2".to_string(),
-            ],
-        )
-        .expect("operator starts");
-    let cr = DriverCr::new(NS, "guarded", "guarded.csi.example.com", "v1")
-        .image("registry.example.com/driver:v1")
-        .with("csiDriver.attachRequired", false)
-        .yaml();
+    let operator = operator_with(
+        &cluster,
+        &["--admission-check=true", "--admission-check-seconds=2"],
+    );
+    let cr = plain_cr(NS, "guarded");
     testkit::apply_ok(&cluster, "guarded", &cr).await;
     let degraded = || async {
         testkit::jsonpath(
@@ -1147,20 +1158,13 @@ async fn the_operator_reports_admission_policies_that_are_not_in_force() {
         )),
         "{missing}"
     );
-    let events = cluster
-        .kubectl_ok([
-            "-n",
-            NS,
-            "get",
-            "events",
-            "--field-selector",
-            "reason=AdmissionPoliciesMissing",
-            "-o",
-            "name",
-        ])
-        .await
-        .expect("events");
-    assert!(!events.trim().is_empty(), "no Warning Event");
+    let events = testkit::event_lines(&cluster, NS, "guarded").await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.starts_with("AdmissionPoliciesMissing|") && e.contains(binding)),
+        "no Warning Event naming the binding: {events:?}"
+    );
 
     // Restored, but only warning: still not in force.
     testkit::install_operator_rbac(&cluster)
@@ -1282,36 +1286,17 @@ async fn padded_objects_labelled_managed_by_do_not_swell_the_operator() {
         .await;
     assert_eq!(created, PADDED, "every padded Deployment is created");
 
-    let operator = cluster
-        .run_operator_as(
-            &csiops_e2e::operator_bin().expect("operator built"),
-            testkit::OPERATOR_NAMESPACE,
-            testkit::OPERATOR_ACCOUNT,
-            &["--watch-namespaces=csi-ok".to_string()],
-        )
-        .expect("operator starts");
-    let cr = DriverCr::new("csi-ok", "bounded", "bounded.csi.example.com", "v1")
-        .image("registry.example.com/driver:v1")
-        .with("csiDriver.attachRequired", false)
-        .yaml();
-    testkit::apply_ok(&cluster, "bounded", &cr).await;
-    wait_for(
+    let operator = operator_with(&cluster, &["--watch-namespaces=csi-ok"]);
+    testkit::apply_ok(&cluster, "bounded", &plain_cr("csi-ok", "bounded")).await;
+    wait_deployed(
+        &cluster,
+        &operator,
+        "csi-ok",
+        "bounded",
         Duration::from_secs(120),
-        Duration::from_millis(500),
-        || async {
-            cluster
-                .kubectl_ok(["-n", "csi-ok", "get", "daemonset", "bounded-node"])
-                .await
-                .ok()
-        },
+        "not deployed beside the padded objects",
     )
-    .await
-    .unwrap_or_else(|_| {
-        panic!(
-            "not deployed beside the padded objects\n{}",
-            operator.log_tail(40)
-        )
-    });
+    .await;
     let peak = peak_rss_mib(operator.pid());
     assert!(
         peak < OPERATOR_MEMORY_LIMIT_MIB,

@@ -547,9 +547,6 @@ async fn tidy(
     Ok(())
 }
 
-/// Degraded when a node has been lost for longer than the step deadline:
-/// the driver serves nothing there. It holds no rollout back. Also how
-/// long until the next lost node passes that deadline, to look again then.
 /// The shipped admission policies not in force: every object says so, for
 /// each is then editable into privileged pods on every node by whoever may
 /// edit it. Announced once per object while it stands.
@@ -564,6 +561,9 @@ fn admission_problem(ctx: &Context) -> Option<Problem> {
     })
 }
 
+/// Degraded when a node has been lost for longer than the step deadline:
+/// the driver serves nothing there. It holds no rollout back. Also how
+/// long until the next lost node passes that deadline, to look again then.
 fn lost_nodes_problem(
     obj: &CSIDriverDeployment,
     health: &Health,
