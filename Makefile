@@ -5,7 +5,7 @@ SHELL := /bin/bash
 .SHELLFLAGS := -euo pipefail -c
 CARGO ?= cargo
 
-.PHONY: all build test test-bed lint-then-build test-matrix test-upgrade unit e2e lint fmt crds api-docs manifests cluster-bins e2e-suite node-prereqs images demo conformance toolchain clean-cache bench-attacher bench-fleet bench-scale
+.PHONY: all build test test-binaries test-matrix test-upgrade unit e2e lint fmt crds api-docs manifests cluster-bins e2e-suite node-prereqs images demo conformance toolchain clean-cache bench-attacher bench-fleet bench-scale
 
 all: build
 
@@ -62,35 +62,23 @@ lint: toolchain
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 ## Every test: lint, unit and golden tests, then the e2e suite on a real local control plane.
-## The Go-built test bed, the image archives and the Rust build are
-## independent, so they are built side by side (each one's output is shown
-## whole when it ends); then csiops-test-run builds every test binary and
-## runs them in two lanes, real-node binaries one at a time beside the rest
+## What every test binary needs (the control plane, the image archives, the
+## Rust workspace and its test binaries) is built side by side, each one's
+## output shown whole when it ends; then csiops-test-run runs the binaries
+## in two lanes, real-node binaries one at a time beside the rest, and at
+## idle priority beside them builds what only some binaries wait for (the
+## e2e suite, helm, csi-sanity, the published protos) and runs the lint
 ## (e2e/src/testrun.rs). CSIOPS_TEST_JOBS: shared-lane binaries at once.
 test: toolchain node-prereqs
-	$(MAKE) --no-print-directory -j3 --output-sync=target test-bed images lint-then-build
+	$(MAKE) --no-print-directory -j3 --output-sync=target cluster-bins images test-binaries
 	CSIOPS_BIN_DIR="$$(e2e/cluster-bins/build.sh)" \
 	CSIOPS_IMAGES_DIR="$$(e2e/images/build.sh)" \
-	CSIOPS_CSI_SANITY="$$(e2e/cluster-bins/csi-sanity.sh)" \
-	CSIOPS_UPSTREAM_PROTOS="$$(e2e/cluster-bins/upstream-protos.sh)" \
-	CSIOPS_HELM="$$(e2e/cluster-bins/helm.sh)" \
-	CSIOPS_E2E_SUITE="$$(e2e/cluster-bins/e2e-suite.sh)" \
 	$(CARGO) run -q -p csiops-e2e --bin csiops-test-run
 
-## What `test` needs from Go, built one after the other (they share the Go
-## build cache): the control plane, e2e.test, csi-sanity, the published
-## protos, helm.
-test-bed:
-	@e2e/cluster-bins/build.sh >/dev/null
-	@e2e/cluster-bins/e2e-suite.sh >/dev/null
-	@e2e/cluster-bins/csi-sanity.sh >/dev/null
-	@e2e/cluster-bins/upstream-protos.sh >/dev/null
-	@e2e/cluster-bins/helm.sh >/dev/null
-
-## lint, build and the test binaries share the cargo target dir: one after
-## the other, while the images and the Go test bed (the longer builds) go on
-## beside them; csiops-test-run then finds its binaries built.
-lint-then-build: lint
+## The workspace's binaries and test binaries (they share the cargo target
+## dir: one after the other, while the images and the control plane build
+## beside them); csiops-test-run then finds them built.
+test-binaries:
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace --no-run
 

@@ -12,6 +12,12 @@
 //!
 //! Which lane a binary runs in changes only how long the run takes, never
 //! what passes: a real-node binary put in the shared lane waits on the lock.
+//!
+//! The lanes start as soon as what every binary needs is built (the control
+//! plane, the images, the test binaries). What only a few binaries need (the
+//! [`PREPS`]) and the lint are built at idle priority beside the lanes, which
+//! mostly wait; a binary that needs a prep waits for it, and runs last in its
+//! lane ([`order`]).
 
 use std::path::{Path, PathBuf};
 
@@ -134,6 +140,57 @@ pub fn lane(kind: &str, source: &str) -> Lane {
     }
 }
 
+/// A Go tool only some test binaries use, built beside the lanes: its
+/// script prints the path the binaries read from `env`.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Prep {
+    pub env: &'static str,
+    /// Relative to the workspace root.
+    pub script: &'static str,
+    /// Text in a binary's source that says it needs this (besides `env`).
+    also: Option<&'static str>,
+}
+
+/// In the order they are built: the e2e suite first, the longest and needed
+/// by a real-node binary.
+pub const PREPS: &[Prep] = &[
+    Prep {
+        env: "CSIOPS_E2E_SUITE",
+        script: "e2e/cluster-bins/e2e-suite.sh",
+        also: Some("Suite::resolve"),
+    },
+    Prep {
+        env: "CSIOPS_HELM",
+        script: "e2e/cluster-bins/helm.sh",
+        also: None,
+    },
+    Prep {
+        env: "CSIOPS_CSI_SANITY",
+        script: "e2e/cluster-bins/csi-sanity.sh",
+        also: None,
+    },
+    Prep {
+        env: "CSIOPS_UPSTREAM_PROTOS",
+        script: "e2e/cluster-bins/upstream-protos.sh",
+        also: None,
+    },
+];
+
+/// The preps a binary's source says it needs.
+pub fn needs(source: &str) -> Vec<&'static Prep> {
+    PREPS
+        .iter()
+        .filter(|p| source.contains(p.env) || p.also.is_some_and(|a| source.contains(a)))
+        .collect()
+}
+
+/// A lane's binaries in running order: those that need no prep first (in
+/// cargo's order), so the lane does not wait while the preps build.
+pub fn order<T>(bins: Vec<(T, Vec<&'static Prep>)>) -> Vec<(T, Vec<&'static Prep>)> {
+    let (ready, waiting): (Vec<_>, Vec<_>) = bins.into_iter().partition(|(_, n)| n.is_empty());
+    ready.into_iter().chain(waiting).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,5 +243,37 @@ warning: unused import
         assert_eq!(lane("test", "use csiops_e2e::Cluster;"), Lane::Shared);
         // Unit tests of the harness itself mention it but start no node.
         assert_eq!(lane("lib", "pub mod realnode;"), Lane::Shared);
+    }
+
+    #[test]
+    fn a_binary_needs_the_preps_its_source_names() {
+        let envs = |s: &str| needs(s).iter().map(|p| p.env).collect::<Vec<_>>();
+        assert_eq!(
+            envs("let s = Suite::resolve()?; std::env::var_os(\"CSIOPS_HELM\")"),
+            ["CSIOPS_E2E_SUITE", "CSIOPS_HELM"]
+        );
+        assert_eq!(envs("CSIOPS_UPSTREAM_PROTOS"), ["CSIOPS_UPSTREAM_PROTOS"]);
+        assert!(envs("use csiops_e2e::Cluster;").is_empty());
+    }
+
+    #[test]
+    fn every_prep_script_is_there() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        for p in PREPS {
+            assert!(root.join(p.script).is_file(), "{} is missing", p.script);
+        }
+    }
+
+    #[test]
+    fn binaries_that_wait_for_a_prep_run_last_in_their_lane() {
+        let helm = &PREPS[1];
+        let ordered = order(vec![
+            ("a", vec![helm]),
+            ("b", vec![]),
+            ("c", vec![]),
+            ("d", vec![helm]),
+        ]);
+        let names: Vec<_> = ordered.iter().map(|(n, _)| *n).collect();
+        assert_eq!(names, ["b", "c", "a", "d"]);
     }
 }

@@ -1,24 +1,33 @@
 //! `make test`'s runner: builds every test binary of the workspace (`cargo
 //! test --no-run`), runs them in two lanes (see `csiops_e2e::testrun`) with
-//! the doc tests beside them, and fails if anything failed, naming what.
+//! the doc tests beside them, builds the preps some binaries wait for and
+//! runs the lint at idle priority beside them, and fails if anything failed,
+//! naming what.
 //!
 //! Each binary's output is kept whole and printed when it ends, under the
 //! line cargo would print ("Running …"), so a CI log reads as cargo's does.
 //! `csiops-test-run [NAME...] [-- ARG...]`: with names, only the binaries
-//! whose target or package is named run (and no doc tests); arguments
-//! after `--` go to every test binary (e.g. `--include-ignored`).
+//! whose target or package is named run (with the preps they need, without
+//! the doc tests and the lint); arguments after `--` go to every test
+//! binary (e.g. `--include-ignored`).
 //!
 //! Environment: `CARGO` (default `cargo`); `CSIOPS_TEST_JOBS`, how many
 //! shared-lane binaries run at once (default 1: two cores are shared with
-//! the control planes the tests start).
+//! the control planes the tests start). A prep's variable already set (e.g.
+//! `CSIOPS_E2E_SUITE`) is used as it is, and that prep is not built.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
 use std::process::{Command, ExitCode, Output, Stdio};
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
 use std::thread;
 use std::time::Instant;
 
-use csiops_e2e::testrun::{lane, test_binaries, Lane, TestBinary};
+use csiops_e2e::testrun::{lane, needs, order, test_binaries, Lane, Prep, TestBinary, PREPS};
+
+/// A lane's binaries with the preps each waits for.
+type Queue = Vec<(TestBinary, Vec<&'static Prep>)>;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -32,6 +41,10 @@ fn main() -> ExitCode {
         .and_then(|j| j.parse::<usize>().ok())
         .filter(|j| *j > 0)
         .unwrap_or(1);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
 
     let bins = match build(&cargo) {
         Ok(bins) => bins
@@ -43,38 +56,61 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let (real, shared): (Vec<_>, Vec<_>) = bins.into_iter().partition(|b| {
+    let (mut real, mut shared): (Queue, Queue) = (Vec::new(), Vec::new());
+    for b in bins {
         let source = std::fs::read_to_string(&b.src_path).unwrap_or_default();
-        lane(&b.kind, &source) == Lane::RealNode
-    });
+        let needed = needs(&source);
+        match lane(&b.kind, &source) {
+            Lane::RealNode => real.push((b, needed)),
+            Lane::Shared => shared.push((b, needed)),
+        }
+    }
+    let (real, shared) = (order(real), order(shared));
+    // The preps some selected binary needs and the environment does not
+    // already name.
+    let wanted: Vec<&'static Prep> = PREPS
+        .iter()
+        .filter(|p| real.iter().chain(&shared).any(|(_, n)| n.contains(p)))
+        .filter(|p| std::env::var_os(p.env).is_none_or(|v| v.is_empty()))
+        .collect();
     eprintln!(
-        "csiops-test-run: {} test binaries: {} in the real-node lane, {} shared ({} at a time)",
+        "csiops-test-run: {} test binaries: {} in the real-node lane, {} shared ({} at a time); building beside them: {}",
         real.len() + shared.len(),
         real.len(),
         shared.len(),
-        jobs
+        jobs,
+        wanted.iter().map(|p| p.env).chain(names.is_empty().then_some("lint")).collect::<Vec<_>>().join(", ")
     );
 
     let started = Instant::now();
     let run = Run::default();
+    let preps = Preps::default();
     let shared = Mutex::new(shared.into_iter());
     thread::scope(|scope| {
         let mut workers = vec![scope.spawn(|| {
-            for b in &real {
-                run.binary(b, &pass);
+            for (b, needed) in &real {
+                run.binary(b, needed, &preps, &pass);
             }
         })];
         for _ in 0..jobs {
             workers.push(scope.spawn(|| loop {
                 let next = shared.lock().unwrap_or_else(|e| e.into_inner()).next();
                 match next {
-                    Some(b) => run.binary(&b, &pass),
+                    Some((b, needed)) => run.binary(&b, &needed, &preps, &pass),
                     None => break,
                 }
             }));
         }
-        // Doc tests beside the lanes: rustdoc compiles each one, which
-        // takes minutes of CPU while the lanes mostly wait.
+        // At idle priority: the lanes mostly wait on control planes and
+        // kubelets, and these only fill the CPU they leave.
+        workers.push(scope.spawn(|| {
+            for p in &wanted {
+                preps.build(p, &root, &run);
+            }
+            if names.is_empty() {
+                run.lint(&cargo);
+            }
+        }));
         if names.is_empty() {
             workers.push(scope.spawn(|| run.doc_tests(&cargo)));
         }
@@ -98,6 +134,68 @@ fn main() -> ExitCode {
             eprintln!("    {f}");
         }
         ExitCode::from(101)
+    }
+}
+
+/// `cmd` at idle CPU and I/O priority.
+fn idle(program: &str) -> Command {
+    let mut c = Command::new("nice");
+    c.args(["-n", "19", "ionice", "-c", "3", program]);
+    c
+}
+
+/// The preps built so far: the value of each one's variable, or `None` if
+/// its script failed. Lanes wait on `built` for the ones they need.
+#[derive(Default)]
+struct Preps {
+    done: Mutex<BTreeMap<&'static str, Option<String>>>,
+    built: Condvar,
+}
+
+impl Preps {
+    fn build(&self, p: &'static Prep, root: &Path, run: &Run) {
+        let started = Instant::now();
+        let result = idle("bash")
+            .arg(root.join(p.script))
+            .stdin(Stdio::null())
+            .output();
+        let value = match &result {
+            Ok(o) if o.status.success() => {
+                let path = String::from_utf8_lossy(&o.stdout).trim().to_string();
+                (!path.is_empty() && !path.contains('\n')).then_some(path)
+            }
+            _ => None,
+        };
+        let header = format!(
+            "        Prep {} ({}) [{:.0} s]",
+            p.env,
+            p.script,
+            started.elapsed().as_secs_f64()
+        );
+        run.report(&header, p.script, result);
+        if value.is_none() {
+            run.fail(format!("{} printed no path", p.script));
+        }
+        self.done
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(p.env, value);
+        self.built.notify_all();
+    }
+
+    /// The prep's value once built (`None`: it failed); at once when the
+    /// environment already names it.
+    fn wait(&self, p: &Prep) -> Option<String> {
+        if let Some(v) = std::env::var_os(p.env).filter(|v| !v.is_empty()) {
+            return Some(v.to_string_lossy().into_owned());
+        }
+        let mut done = self.done.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(v) = done.get(p.env) {
+                return v.clone();
+            }
+            done = self.built.wait(done).unwrap_or_else(|e| e.into_inner());
+        }
     }
 }
 
@@ -150,11 +248,23 @@ impl Run {
             .push(what);
     }
 
-    /// Runs one binary where cargo would (its package's directory).
-    fn binary(&self, b: &TestBinary, pass: &[String]) {
+    /// Runs one binary where cargo would (its package's directory), once
+    /// the preps it needs are built.
+    fn binary(&self, b: &TestBinary, needed: &[&'static Prep], preps: &Preps, pass: &[String]) {
+        let mut env = Vec::new();
+        for p in needed {
+            match preps.wait(p) {
+                Some(v) => env.push((p.env, v)),
+                None => {
+                    self.fail(format!("{} (not run: {} failed)", b.label(), p.script));
+                    return;
+                }
+            }
+        }
         let started = Instant::now();
         let result = Command::new(&b.executable)
             .args(pass)
+            .envs(env)
             .current_dir(&b.package_dir)
             .env("CARGO_MANIFEST_DIR", &b.package_dir)
             .env("CARGO_PKG_NAME", &b.package)
@@ -168,17 +278,41 @@ impl Run {
         self.report(&header, &b.label(), result);
     }
 
-    /// `cargo test --workspace --doc`.
+    /// `cargo test --workspace --doc`, at idle priority: rustdoc compiles
+    /// each one, minutes of CPU nothing waits for.
     fn doc_tests(&self, cargo: &str) {
         let started = Instant::now();
-        let result = Command::new(cargo)
-            .args(["test", "--workspace", "--doc"])
-            .output();
+        let result = idle(cargo).args(["test", "--workspace", "--doc"]).output();
         let header = format!(
             "   Doc-tests of the workspace [{:.0} s]",
             started.elapsed().as_secs_f64()
         );
         self.report(&header, "doc tests", result);
+    }
+
+    /// `make lint`'s two checks.
+    fn lint(&self, cargo: &str) {
+        let checks: [&[&str]; 2] = [
+            &["fmt", "--all", "--", "--check"],
+            &[
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ],
+        ];
+        for args in checks {
+            let started = Instant::now();
+            let result = idle(cargo).args(args).output();
+            let what = format!("cargo {}", args.join(" "));
+            let header = format!(
+                "        Lint {what} [{:.0} s]",
+                started.elapsed().as_secs_f64()
+            );
+            self.report(&header, &what, result);
+        }
     }
 
     /// Prints `header` and the whole output; records `what` if it failed.
