@@ -85,7 +85,11 @@ pub fn objects(rendered: &Rendered) -> Result<Vec<Value>, RenderCmdError> {
     for b in &rendered.cluster_role_bindings {
         push(&mut out, b)?;
     }
-    for b in &rendered.role_bindings {
+    for b in rendered
+        .role_bindings
+        .iter()
+        .chain(&rendered.secret_reader_bindings)
+    {
         push(&mut out, b)?;
     }
     push(&mut out, &rendered.csi_driver)?;

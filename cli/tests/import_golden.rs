@@ -335,3 +335,34 @@ fn bad_input_is_a_clear_error() {
     assert!(err.to_string().starts_with("DaemonSet/x"), "{err}");
     let _ = Path::new("");
 }
+
+/// A class naming its Secret's namespace by template (per-tenant
+/// credentials) needs every namespace's Secrets: the import asks for that
+/// (`secretAccess.clusterWide`), says so in the report, and the operator
+/// renders the result; a literal namespace asks for nothing.
+#[test]
+fn a_templated_secret_namespace_imports_as_cluster_wide_secret_reads() {
+    let (_, literal) = imported("central");
+    assert!(!literal.cr.spec.secret_access.cluster_wide);
+    let tmp = tempfile::tempdir().expect("temp dir");
+    for entry in fs::read_dir(dir().join("fixtures/central")).expect("fixtures") {
+        let path = entry.expect("entry").path();
+        let text = fs::read_to_string(&path).expect("fixture");
+        let text = text.replace(
+            "provisioner-secret-namespace: kube-system",
+            "provisioner-secret-namespace: ${pvc.namespace}",
+        );
+        fs::write(tmp.path().join(path.file_name().expect("name")), text).expect("write");
+    }
+    let objects = read_sources(&[tmp.path().to_path_buf()]).expect("reads");
+    let imp = import(&objects, &Options::default(), &cfg()).expect("imports");
+    assert!(imp.cr.spec.secret_access.cluster_wide);
+    assert!(
+        imp.report.items.iter().any(|i| i.key
+            == "parameters.csi.storage.k8s.io/provisioner-secret-namespace"
+            && i.outcome == Outcome::mapped("spec.secretAccess.clusterWide")),
+        "{:#?}",
+        imp.report.items
+    );
+    render_cmd::render_values(&imp.cr, &cfg()).expect("the operator renders it");
+}

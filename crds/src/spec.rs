@@ -181,6 +181,18 @@ pub struct CSIDriverDeploymentSpec {
     #[schemars(length(max = 16))]
     pub storage_classes: Vec<StorageClassSpec>,
 
+    /// Where the driver's controller sidecars and helpers (and, with
+    /// `topology: NodeLocal`, its node provisioners) may read Secrets. By
+    /// default only in the namespaces that `storageClasses` name for the
+    /// controller side (`csi.storage.k8s.io/provisioner-secret-namespace`,
+    /// `controller-publish-…`, `controller-expand-…`,
+    /// `controller-modify-…`), through a RoleBinding in each: a token of
+    /// the driver's pods reads no other Secret. Node-side secrets
+    /// (`node-stage-…`, `node-publish-…`, `node-expand-…`) are read by
+    /// kubelet and need nothing here.
+    #[serde(default, skip_serializing_if = "SecretAccess::is_default")]
+    pub secret_access: SecretAccess,
+
     /// VolumeAttributesClasses of this driver (`driverName` is set to the
     /// driver), created and removed with it. A claim naming one gets its
     /// parameters at CreateVolume (the provisioner's mutable parameters),
@@ -1029,6 +1041,32 @@ impl VolumeBindingMode {
             VolumeBindingMode::Immediate => "Immediate",
             VolumeBindingMode::WaitForFirstConsumer => "WaitForFirstConsumer",
         }
+    }
+}
+
+/// `spec.secretAccess`: more Secret reads than the classes name, each a
+/// grant to every token of the driver's pods (host access: the admission
+/// policy guards this field as it guards the pods).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretAccess {
+    /// More namespaces whose Secrets the driver may read, beside those its
+    /// `storageClasses` name: for classes made outside this object, or
+    /// volumes whose secret references name another namespace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub namespaces: Vec<String>,
+    /// Every namespace's Secrets (a ClusterRoleBinding): needed when a
+    /// class names the namespace by template (`${pvc.namespace}`), as
+    /// per-tenant credentials do. Root on a node that runs a node-local
+    /// provisioner then reads every Secret of the cluster.
+    #[serde(default)]
+    pub cluster_wide: bool,
+}
+
+impl SecretAccess {
+    pub fn is_default(&self) -> bool {
+        *self == SecretAccess::default()
     }
 }
 

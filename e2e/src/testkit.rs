@@ -446,6 +446,41 @@ pub async fn event_lines(cluster: &Cluster, namespace: &str, object: &str) -> Ve
         .collect()
 }
 
+/// `kubectl -n ns patch csidd name --type=merge -p patch`, as an admin.
+pub async fn merge_patch_cr(
+    cluster: &Cluster,
+    ns: &str,
+    name: &str,
+    patch: &str,
+) -> Result<String> {
+    cluster
+        .kubectl_ok([
+            "-n",
+            ns,
+            "patch",
+            "csidd",
+            name,
+            "--type=merge",
+            "-p",
+            patch,
+        ])
+        .await
+}
+
+/// Deletes the CSIDriverDeployment `ns/name` and waits (at most `timeout`)
+/// until it is gone, i.e. until the operator's teardown released it.
+pub async fn delete_cr(
+    cluster: &Cluster,
+    ns: &str,
+    name: &str,
+    timeout: Duration,
+) -> Result<String> {
+    let timeout = format!("--timeout={}s", timeout.as_secs());
+    cluster
+        .kubectl_ok(["-n", ns, "delete", "csidd", name, "--wait=true", &timeout])
+        .await
+}
+
 pub async fn jsonpath(cluster: &Cluster, args: &[&str], path: &str) -> Result<String> {
     let mut all: Vec<String> = args.iter().map(|s| s.to_string()).collect();
     all.push("-o".into());

@@ -228,7 +228,10 @@ async fn each_account_may_do_what_it_needs_and_no_more(bed: &Bed) {
         testkit::OPERATOR_ACCOUNT
     );
     for (who, args, allowed) in [
-        (&controller, vec!["get", "secrets", "-A"], true),
+        // Its classes name no Secret: none beyond its own namespace's
+        // (the journal's key), issue 37 §2.
+        (&controller, vec!["get", "secrets", "-A"], false),
+        (&controller, vec!["get", "secrets", "-n", "default"], false),
         (&controller, vec!["create", "persistentvolumes"], true),
         (
             &controller,

@@ -941,6 +941,22 @@ subjects: [{{kind: ServiceAccount, name: {subject}, namespace: {subject_ns}}}]
             && refused.contains("binds roles only to the ServiceAccounts"),
         "{refused}"
     );
+    // A Secret reader's binding lives where the Secrets are, owned by the
+    // owner labels; it too names only the owner's accounts, and no other
+    // role may be bound that way.
+    let reader = |ns: &str, role: &str, subject_ns: &str, subject: &str| {
+        format!(
+            r#"apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata:
+  name: "csiops:drv:secret-reader"
+  namespace: {ns}
+  labels: {{{owned}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "{role}"}}
+subjects: [{{kind: ServiceAccount, name: {subject}, namespace: {subject_ns}}}]
+"#
+        )
+    };
     for (yaml, why) in [
         (
             crb("unowned", "a: b", "storage", "drv-controller"),
@@ -984,6 +1000,24 @@ spec:
             .to_string(),
             "guards only the pods of the CSIDriverDeployment",
         ),
+        (
+            reader(
+                "kube-system",
+                "csiops:secret-reader",
+                "kube-system",
+                "default",
+            ),
+            "binds roles only to the ServiceAccounts",
+        ),
+        (
+            reader(
+                "kube-system",
+                "csiops:leader-election",
+                "storage",
+                "drv-controller",
+            ),
+            "names no owner",
+        ),
     ] {
         let (ok, err) = as_operator(yaml.clone(), "attempt").await;
         assert!(!ok, "the operator's token wrote:\n{yaml}");
@@ -992,6 +1026,17 @@ spec:
             "{err}"
         );
     }
+    let (ok, err) = as_operator(
+        reader(
+            "kube-system",
+            "csiops:secret-reader",
+            "storage",
+            "drv-controller",
+        ),
+        "reader",
+    )
+    .await;
+    assert!(ok, "a Secret reader's binding was refused: {err}");
     // What it really writes passes: the binding of a driver's controller
     // account, owned by its CSIDriverDeployment.
     cluster
@@ -1213,6 +1258,146 @@ async fn the_operator_reports_admission_policies_that_are_not_in_force() {
     assert!(!cleared.contains("ValidatingAdmissionPolicy"), "{cleared}");
     drop(operator);
     cluster.stop().await.expect("cluster stops");
+}
+
+/// Issue 37 §2: a driver's tokens read Secrets only in the namespaces its
+/// classes name for the controller side (and `secretAccess.namespaces`
+/// adds), through a RoleBinding there. A node-local driver's node token
+/// (every node holds one) reads its provisioner's Secret and is refused a
+/// foreign one; the bindings follow the spec, a templated namespace
+/// without `secretAccess.clusterWide` is refused with nothing changed, and
+/// deleting the object removes them from the other namespaces.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drivers_tokens_read_only_the_secrets_its_classes_name() {
+    const NAME: &str = "local";
+    let driver = format!("{NAME}.csi.example.com");
+    let binding = format!("csiops:{driver}:secret-reader");
+    let node = format!("--as=system:serviceaccount:{NS}:{NAME}-node");
+    let cluster = policed_cluster(1).await;
+    for ns in ["creds", "elsewhere"] {
+        cluster
+            .kubectl_ok(["create", "namespace", ns])
+            .await
+            .expect("namespace");
+        cluster
+            .kubectl_ok([
+                "-n",
+                ns,
+                "create",
+                "secret",
+                "generic",
+                "s",
+                "--from-literal=k=v",
+            ])
+            .await
+            .expect("secret");
+    }
+    let operator = operator_with(&cluster, &[]);
+    let class = |namespace: &str| {
+        serde_json::json!([{"name": "local", "parameters": {
+            "csi.storage.k8s.io/provisioner-secret-name": "s",
+            "csi.storage.k8s.io/provisioner-secret-namespace": namespace,
+        }}])
+    };
+    let cr = DriverCr::new(NS, NAME, &driver, "v1")
+        .topology("NodeLocal")
+        .image("registry.example.com/driver:v1")
+        .with("csiDriver.attachRequired", false)
+        .with("storageClasses", class("creds"));
+    testkit::apply_ok(&cluster, NAME, &cr.yaml()).await;
+    wait_deployed(
+        &cluster,
+        &operator,
+        NS,
+        NAME,
+        Duration::from_secs(60),
+        "the node-local driver never deployed",
+    )
+    .await;
+    let bound_in = |ns: &'static str| has_role_binding(&cluster, ns, &binding);
+    assert!(bound_in("creds").await, "no {binding} in creds");
+    assert!(!bound_in("elsewhere").await);
+
+    // The node token reads its provisioner's Secret, and nothing else.
+    let as_node =
+        |args: &'static [&'static str]| kubectl_as(&cluster, std::slice::from_ref(&node), args);
+    let (ok, err) = as_node(&["-n", "creds", "get", "secret", "s"]).await;
+    assert!(ok, "the node provisioner cannot read its Secret: {err}");
+    const REFUSED: [&[&str]; 4] = [
+        &["-n", "elsewhere", "get", "secret", "s"],
+        &["-n", "kube-system", "get", "secrets"],
+        &["-n", "creds", "get", "secrets"],
+        &["get", "secrets", "-A"],
+    ];
+    for args in REFUSED {
+        let (ok, err) = as_node(args).await;
+        assert!(!ok, "the node token may {args:?}");
+        assert!(err.contains("forbidden"), "{args:?}: {err}");
+    }
+
+    // One namespace more, by the spec: bound there too.
+    testkit::merge_patch_cr(
+        &cluster,
+        NS,
+        NAME,
+        r#"{"spec":{"secretAccess":{"namespaces":["elsewhere"]}}}"#,
+    )
+    .await
+    .expect("patch");
+    wait_for(
+        Duration::from_secs(30),
+        Duration::from_millis(500),
+        || async { bound_in("elsewhere").await.then_some(()) },
+    )
+    .await
+    .unwrap_or_else(|_| panic!("not bound in elsewhere\n{}", operator.log_tail(40)));
+    let (ok, err) = as_node(&["-n", "elsewhere", "get", "secret", "s"]).await;
+    assert!(ok, "{err}");
+
+    // A namespace by template cannot be bound: refused, naming the switch,
+    // and what is bound stays.
+    let templated = serde_json::json!({"spec": {"storageClasses": class("${pvc.namespace}")}});
+    testkit::merge_patch_cr(&cluster, NS, NAME, &templated.to_string())
+        .await
+        .expect("patch");
+    let degraded = wait_for(
+        Duration::from_secs(30),
+        Duration::from_millis(500),
+        || async {
+            let m = testkit::jsonpath(
+                &cluster,
+                &["-n", NS, "get", "csidd", NAME],
+                "{.status.conditions[?(@.type==\"Degraded\")].message}",
+            )
+            .await
+            .unwrap_or_default();
+            m.contains("by template").then_some(m)
+        },
+    )
+    .await
+    .unwrap_or_else(|_| panic!("not Degraded\n{}", operator.log_tail(40)));
+    assert!(
+        degraded.contains("spec.secretAccess.clusterWide: true")
+            && degraded.contains("provisioner-secret-namespace"),
+        "{degraded}"
+    );
+    assert!(bound_in("creds").await && bound_in("elsewhere").await);
+
+    // Deleted: the bindings in the other namespaces go with it.
+    testkit::delete_cr(&cluster, NS, NAME, Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("delete: {e}\n{}", operator.log_tail(40)));
+    assert!(!bound_in("creds").await && !bound_in("elsewhere").await);
+    drop(operator);
+    cluster.stop().await.expect("cluster stops");
+}
+
+/// Whether the RoleBinding `ns/name` exists.
+async fn has_role_binding(cluster: &Cluster, ns: &str, name: &str) -> bool {
+    cluster
+        .kubectl_ok(["-n", ns, "get", "rolebinding", name])
+        .await
+        .is_ok()
 }
 
 /// The memory limit install.yaml gives the operator (MiB).

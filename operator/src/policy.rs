@@ -587,7 +587,9 @@ pub const OPERATOR_FENCE_POLICY: &str = "csiops-operator-fence";
 /// could bind `csiops:provisioner` to any account and run pods with it.
 /// So every binding and workload the operator writes must be owned by a
 /// CSIDriverDeployment (a controller owner reference in its namespace; the
-/// owner labels on a ClusterRoleBinding) and may name only that object's
+/// owner labels on a ClusterRoleBinding, and on a RoleBinding of
+/// `csiops:secret-reader`, which lives in the namespace of the Secrets it
+/// grants, where no owner reference can reach) and may name only that object's
 /// two ServiceAccounts, `<name>-controller` and `<name>-node` in its
 /// namespace: as subjects of a binding, as the account of a workload's
 /// pods; and a PodDisruptionBudget it writes selects only that object's
@@ -600,8 +602,13 @@ pub fn operator_fence(
 ) -> (ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding) {
     use crate::render::labels::{INSTANCE, OWNER_NAME, OWNER_NAMESPACE, OWNER_UID};
     use crate::render::names::{CONTROLLER_SUFFIX, NODE_SUFFIX};
+    let label_owned = format!(
+        "request.resource.resource == 'clusterrolebindings' || \
+         (request.resource.resource == 'rolebindings' && object.roleRef.name == '{}')",
+        crate::render::rbac::SECRET_READER_ROLE.name
+    );
     let owner_name = format!(
-        "request.resource.resource == 'clusterrolebindings' ? \
+        "variables.labelOwned ? \
          (has(object.metadata.labels) && '{OWNER_UID}' in object.metadata.labels && \
           '{OWNER_NAME}' in object.metadata.labels ? object.metadata.labels['{OWNER_NAME}'] : '') : \
          (has(object.metadata.ownerReferences) ? \
@@ -610,7 +617,7 @@ pub fn operator_fence(
           .map(o, o.name).join('')"
     );
     let owner_namespace = format!(
-        "request.resource.resource == 'clusterrolebindings' ? \
+        "variables.labelOwned ? \
          (has(object.metadata.labels) && '{OWNER_NAMESPACE}' in object.metadata.labels ? \
           object.metadata.labels['{OWNER_NAMESPACE}'] : '') : request.namespace"
     );
@@ -648,6 +655,10 @@ pub fn operator_fence(
                 },
             ]),
             variables: Some(vec![
+                Variable {
+                    name: "labelOwned".into(),
+                    expression: label_owned,
+                },
                 Variable {
                     name: "owner".into(),
                     expression: owner_name,

@@ -87,6 +87,10 @@ pub struct Rendered {
     /// (leader-election leases, the provisioner's journal, capacity
     /// objects), one per role.
     pub role_bindings: Vec<RoleBinding>,
+    /// `csiops:secret-reader` bound in each namespace whose Secrets the
+    /// driver reads (`rbac::secret_scope`), with the owner labels: an
+    /// owner reference cannot cross namespaces.
+    pub secret_reader_bindings: Vec<RoleBinding>,
     /// The CSIDriver, with the `spec` fields newer than the pinned API.
     pub csi_driver: AppliedCSIDriver,
     /// The controller StatefulSet or Deployment (`spec.controller.kind`);
@@ -132,14 +136,15 @@ pub fn render(obj: &CSIDriverDeployment, cfg: &RenderConfig) -> Result<Rendered,
     };
     let controller_disruption_budget = disruption::controller_budget(&ctx)?;
     let (daemonset, node_hash) = node::daemonset(&ctx)?;
-    let (cluster_role_bindings, role_bindings) = rbac::bindings(&ctx);
+    let bindings = rbac::bindings(&ctx);
 
     Ok(Rendered {
         controller_service_account: (!ctx.node_local())
             .then(|| rbac::service_account(&ctx, Component::Controller)),
         node_service_account: rbac::service_account(&ctx, Component::Node),
-        cluster_role_bindings,
-        role_bindings,
+        cluster_role_bindings: bindings.cluster,
+        role_bindings: bindings.namespaced,
+        secret_reader_bindings: bindings.secret_readers,
         csi_driver: csidriver::csi_driver(&ctx),
         controller,
         controller_disruption_budget,

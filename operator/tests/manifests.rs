@@ -129,8 +129,9 @@ fn triples(rules: &[k8s_openapi::api::rbac::v1::PolicyRule]) -> BTreeSet<(String
 }
 
 /// Specs that together render every binding: a central driver with every
-/// sidecar and helper, capacity from a Deployment and authenticated
-/// metrics, and a node-local one with capacity and authenticated metrics.
+/// sidecar and helper, capacity from a Deployment, authenticated metrics
+/// and a Secret namespace, and a node-local one with capacity and
+/// authenticated metrics.
 fn every_binding() -> Vec<CSIDriverDeployment> {
     let mut obj = central();
     obj.spec.csi_driver.attach_required = true;
@@ -139,6 +140,7 @@ fn every_binding() -> Vec<CSIDriverDeployment> {
     obj.spec.sidecars.health_monitor.enabled = true;
     obj.spec.csi_driver.storage_capacity = true;
     obj.spec.controller.kind = csiops_crds::ControllerKind::Deployment;
+    obj.spec.secret_access.namespaces = vec!["creds".into()];
     obj.spec.monitoring =
         Some(serde_json::from_value(serde_json::json!({"metricsAuth": true})).expect("parses"));
     let mut node_local = example();
@@ -173,12 +175,12 @@ fn every_binding_the_operator_renders_names_a_shipped_role_it_may_bind() {
     let mut referenced = BTreeSet::new();
     for obj in every_binding() {
         let r = render(&obj, &cfg()).expect("object renders");
-        for role_ref in r
-            .cluster_role_bindings
-            .iter()
-            .map(|b| &b.role_ref)
-            .chain(r.role_bindings.iter().map(|b| &b.role_ref))
-        {
+        for role_ref in r.cluster_role_bindings.iter().map(|b| &b.role_ref).chain(
+            r.role_bindings
+                .iter()
+                .chain(&r.secret_reader_bindings)
+                .map(|b| &b.role_ref),
+        ) {
             assert_eq!(role_ref.kind, "ClusterRole", "{role_ref:?}");
             assert!(
                 bindable.contains(&role_ref.name),
@@ -252,7 +254,9 @@ fn the_operator_holds_no_data_plane_verb() {
                 .unwrap_or_default(),
         )
     };
-    assert!(role("csiops:provisioner").contains(&("".into(), "secrets".into(), "get".into())));
+    // Secrets only through the reader, bound where the classes name them.
+    assert!(!role("csiops:provisioner").contains(&("".into(), "secrets".into(), "get".into())));
+    assert!(role("csiops:secret-reader").contains(&("".into(), "secrets".into(), "get".into())));
     assert!(role("csiops:registrar").contains(&("".into(), "nodes".into(), "patch".into())));
     // The registrar role carries the marker its admission policy keys on,
     // and nothing shipped carries the exemption.

@@ -198,6 +198,7 @@ fn objects(r: &Rendered) -> Vec<Value> {
     let mut out: Vec<Value> = r.controller_service_account.iter().map(v).collect();
     out.push(v(&r.node_service_account));
     out.extend(r.role_bindings.iter().map(v));
+    out.extend(r.secret_reader_bindings.iter().map(v));
     out.extend(r.cluster_role_bindings.iter().map(v));
     out.extend(r.controller_disruption_budget.iter().map(v));
     out.push(v(&r.csi_driver));
@@ -3095,4 +3096,136 @@ fn a_port_base_moves_every_sidecar_port_together() {
         .expect_err("9829 is the registrar's")
         .to_string();
     assert!(msg.contains("spec.node.ports[0].containerPort"), "{msg}");
+}
+
+/// Issue 37 §2: the driver's tokens read Secrets only in the namespaces its
+/// classes name for the controller side, through a RoleBinding there that
+/// the owner labels tie to the object; every namespace only with
+/// `secretAccess.clusterWide`; a templated namespace without it is refused.
+#[test]
+fn secret_reads_are_bound_only_where_the_classes_name_them() {
+    let with_classes = |mut obj: CSIDriverDeployment, access: Value| {
+        let classes = serde_json::json!([
+            {"name": "creds", "parameters": {
+                "csi.storage.k8s.io/provisioner-secret-name": "p",
+                "csi.storage.k8s.io/provisioner-secret-namespace": "storage-creds",
+                "csi.storage.k8s.io/node-stage-secret-name": "n",
+                "csi.storage.k8s.io/node-stage-secret-namespace": "node-creds",
+            }},
+        ]);
+        obj.spec.storage_classes = serde_json::from_value(classes).expect("classes");
+        obj.spec.secret_access = serde_json::from_value(access).expect("secretAccess");
+        obj
+    };
+    let readers = |r: &Rendered| {
+        r.secret_reader_bindings
+            .iter()
+            .map(|b| {
+                let subjects: Vec<_> = b
+                    .subjects
+                    .iter()
+                    .flatten()
+                    .map(|s| format!("{}/{}", s.namespace.as_deref().unwrap_or(""), s.name))
+                    .collect();
+                (
+                    b.metadata.namespace.clone().unwrap_or_default(),
+                    b.metadata.name.clone().unwrap_or_default(),
+                    subjects.join(","),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let cluster_wide = |r: &Rendered| {
+        r.cluster_role_bindings
+            .iter()
+            .filter(|b| b.role_ref.name == rbac::SECRET_READER_ROLE.name)
+            .count()
+    };
+
+    // Central: the controller's account, in the provisioner's namespace
+    // only (kubelet reads the node-stage Secret).
+    let obj = with_classes(central(), serde_json::json!({"namespaces": ["extra"]}));
+    let ns = obj.metadata.namespace.clone().expect("namespace");
+    let r = must_render(&obj);
+    let name = format!("csiops:{}:secret-reader", obj.spec.driver_name);
+    assert_eq!(
+        readers(&r),
+        [
+            (
+                "extra".to_string(),
+                name.clone(),
+                format!(
+                    "{ns}/{}-controller",
+                    obj.metadata.name.clone().unwrap_or_default()
+                )
+            ),
+            (
+                "storage-creds".to_string(),
+                name.clone(),
+                format!(
+                    "{ns}/{}-controller",
+                    obj.metadata.name.clone().unwrap_or_default()
+                )
+            ),
+        ]
+    );
+    assert_eq!(cluster_wide(&r), 0);
+    for b in &r.secret_reader_bindings {
+        assert!(b.metadata.owner_references.is_none(), "{b:?}");
+        let labels = b.metadata.labels.clone().unwrap_or_default();
+        assert_eq!(labels.get(OWNER_UID), obj.metadata.uid.as_ref());
+        assert_eq!(b.role_ref.kind, "ClusterRole");
+    }
+    // No cluster-wide role grants any Secret.
+    let (cluster, _) = rbac::effective_rules(&r, Component::Controller);
+    assert!(
+        !cluster
+            .iter()
+            .any(|rule| rule.resources.iter().flatten().any(|res| res == "secrets")),
+        "{cluster:?}"
+    );
+
+    // Node-local: the nodes' account, since their provisioners read it.
+    let obj = with_classes(node_local(), serde_json::json!({}));
+    let r = must_render(&obj);
+    let got = readers(&r);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].0, "storage-creds");
+    assert!(got[0].2.ends_with("-node"), "{got:?}");
+
+    // Every namespace, by choice: one ClusterRoleBinding, no RoleBinding.
+    let obj = with_classes(central(), serde_json::json!({"clusterWide": true}));
+    let r = must_render(&obj);
+    assert!(r.secret_reader_bindings.is_empty());
+    assert_eq!(cluster_wide(&r), 1);
+
+    // A namespace by template needs that choice; refused without it,
+    // naming the class, the key and the switch.
+    let mut obj = central();
+    obj.spec.storage_classes = serde_json::from_value(serde_json::json!([
+        {"name": "tenant", "parameters": {
+            "csi.storage.k8s.io/provisioner-secret-name": "creds",
+            "csi.storage.k8s.io/provisioner-secret-namespace": "${pvc.namespace}",
+        }},
+    ]))
+    .expect("classes");
+    let err = render(&obj, &cfg()).expect_err("a templated namespace is refused");
+    let msg = err.to_string();
+    assert!(
+        matches!(err, RenderError::TemplatedSecretNamespace { .. }),
+        "{err:?}"
+    );
+    assert!(
+        msg.contains("\"tenant\"")
+            && msg.contains("provisioner-secret-namespace")
+            && msg.contains("spec.secretAccess.clusterWide: true"),
+        "{msg}"
+    );
+    obj.spec.secret_access.namespaces = vec!["Not_A_Namespace".into()];
+    obj.spec.secret_access.cluster_wide = true;
+    let err = render(&obj, &cfg()).expect_err("a bad namespace name is refused");
+    assert!(
+        matches!(err, RenderError::SecretNamespace { .. }),
+        "{err:?}"
+    );
 }

@@ -180,6 +180,19 @@ fn storage_class(ctx: &mut Ctx, object: &Object, at: &At<'_>) {
         None,
         Outcome::mapped(format!("spec.storageClasses[{i}]")),
     );
+    // csiops grants Secret reads only where the classes name them: a
+    // namespace by template (per-tenant credentials) needs every namespace.
+    let templated = parsed_secret_templates(&ctx.spec.storage_classes[i]);
+    for (key, value) in templated {
+        ctx.spec.secret_access.cluster_wide = true;
+        ctx.push(
+            at,
+            What::Field,
+            format!("parameters.{key}"),
+            Some(value),
+            Outcome::mapped("spec.secretAccess.clusterWide"),
+        );
+    }
     if is_default {
         ctx.push(
             at,
@@ -437,4 +450,13 @@ fn binding(ctx: &mut Ctx, object: &Object, at: &At<'_>, objects: &[&Object]) {
         outcome,
     );
     object_metadata(&mut ctx.report, at, &object.value["metadata"]);
+}
+
+/// The class's controller-side secret namespaces given by template.
+fn parsed_secret_templates(class: &StorageClassSpec) -> Vec<(String, String)> {
+    csiops_operator::render::rbac::CONTROLLER_SECRET_NAMESPACE_KEYS
+        .iter()
+        .filter_map(|k| class.parameters.get(*k).map(|v| (k.to_string(), v.clone())))
+        .filter(|(_, v)| v.contains("${"))
+        .collect()
 }

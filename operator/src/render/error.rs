@@ -34,6 +34,26 @@ pub enum RenderError {
     #[error("{field}: {why}")]
     NodeLocal { field: String, why: &'static str },
 
+    /// A class names the namespace of a Secret the controller side reads by
+    /// template, and the spec grants no namespace it could resolve to.
+    #[error(
+        "spec.storageClasses {class:?} names the namespace of a Secret by template \
+         ({key}: {value:?}); csiops grants a driver Secret reads only in the namespaces its \
+         classes name (a RoleBinding in each), which a template cannot name: set \
+         spec.secretAccess.clusterWide: true to let the driver read Secrets in every \
+         namespace (host access), or name the namespace"
+    )]
+    TemplatedSecretNamespace {
+        class: String,
+        key: String,
+        value: String,
+    },
+
+    /// A namespace in `spec.secretAccess.namespaces` or a class's secret
+    /// parameters that no namespace can have.
+    #[error("{name:?} is not a namespace name (a DNS-1123 label): spec.secretAccess.namespaces and the classes' *-secret-namespace parameters name namespaces whose Secrets the driver reads")]
+    SecretNamespace { name: String },
+
     /// An `extraArgs` entry tries to set a flag that the operator wires itself.
     #[error(
         "spec.sidecars.{sidecar}.extraArgs contains {arg:?}, which sets --{flag}; the operator \

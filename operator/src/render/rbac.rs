@@ -64,13 +64,14 @@ pub const METRICS_AUTH_GRANTS: &[Grant] = &[
 /// claims' VolumeAttributesClasses (watched, so a claim waiting for its
 /// class goes on when it appears; upstream only gets them), topology from
 /// CSINode/Node, VolumeAttachments (to delay deletes of attached volumes),
-/// provisioner/node-stage secrets, Events on PVCs and PVs (events.k8s.io,
+/// Events on PVCs and PVs (events.k8s.io,
 /// which the sidecars' recorder writes); for restores the VolumeSnapshot and
 /// its content (one GET each per provisioning: never listed or watched, so
 /// no list/watch, unlike upstream's get/list), for cross-namespace data
 /// sources the ReferenceGrants of the source's namespace (listed); the
 /// claims' update/patch also covers the cloning-protection finalizer on a
-/// clone's source.
+/// clone's source. Its Secrets: [`SECRET_READER_ROLE`], where the classes
+/// name them.
 pub const PROVISIONER_GRANTS: &[Grant] = &[
     grant(
         "",
@@ -87,7 +88,6 @@ pub const PROVISIONER_GRANTS: &[Grant] = &[
     grant(STORAGE, "csinodes", READ),
     grant("", "nodes", READ),
     grant(STORAGE, "volumeattachments", READ),
-    grant("", "secrets", &["get"]),
     grant("events.k8s.io", "events", &["create", "patch"]),
     // get to restore; list and patch for the source-protection finalizer.
     grant(SNAPSHOT, "volumesnapshots", &["get", "list", "patch"]),
@@ -113,7 +113,6 @@ pub const NODE_PROVISIONER_GRANTS: &[Grant] = &[
     grant(STORAGE, "storageclasses", READ),
     grant(STORAGE, "volumeattributesclasses", READ),
     grant(STORAGE, "volumeattachments", READ),
-    grant("", "secrets", &["get"]),
     grant("events.k8s.io", "events", &["create", "patch"]),
     grant(SNAPSHOT, "volumesnapshots", &["get", "list", "patch"]),
     grant(SNAPSHOT, "volumesnapshotcontents", &["get"]),
@@ -121,7 +120,8 @@ pub const NODE_PROVISIONER_GRANTS: &[Grant] = &[
 ];
 
 /// external-attacher: VolumeAttachments and their status, PV finalizers, node
-/// IDs from CSINode/Node, publish secrets, Events (events.k8s.io).
+/// IDs from CSINode/Node, Events (events.k8s.io). Its publish Secrets:
+/// [`SECRET_READER_ROLE`].
 pub const ATTACHER_GRANTS: &[Grant] = &[
     grant("", "persistentvolumes", &["get", "list", "watch", "patch"]),
     grant(
@@ -132,7 +132,6 @@ pub const ATTACHER_GRANTS: &[Grant] = &[
     grant(STORAGE, "volumeattachments/status", &["patch"]),
     grant(STORAGE, "csinodes", READ),
     grant("", "nodes", READ),
-    grant("", "secrets", &["get"]),
     grant("events.k8s.io", "events", &["create", "patch"]),
 ];
 
@@ -229,6 +228,13 @@ pub const REGISTRAR_GRANTS: &[Grant] = &[
         &[crate::policy::OWN_NODE_VERB],
     ),
 ];
+
+/// `get` on Secrets, bound apart from the sidecar roles: by a RoleBinding in
+/// each namespace the driver's classes name ([`secret_scope`]), or with
+/// `spec.secretAccess.clusterWide` by a ClusterRoleBinding. In the sidecar
+/// roles it would let every token of the driver's pods (on every node, with
+/// a node-local provisioner) read every Secret of the cluster.
+pub const SECRET_READER_GRANTS: &[Grant] = &[grant("", "secrets", &["get"])];
 
 /// Leader election of the controller sidecars, in the CR's namespace only.
 pub const LEADER_ELECTION_GRANTS: &[Grant] = &[
@@ -391,6 +397,12 @@ pub const CAPACITY_ROLE: ShippedRole = shipped(
     Scope::Namespace,
     CAPACITY_GRANTS,
 );
+pub const SECRET_READER_ROLE: ShippedRole = shipped(
+    "csiops:secret-reader",
+    "secret-reader",
+    Scope::Namespace,
+    SECRET_READER_GRANTS,
+);
 pub const CAPACITY_OWNER_ROLE: ShippedRole = shipped(
     "csiops:capacity-owner",
     "capacity-owner",
@@ -412,6 +424,7 @@ pub const SHIPPED_ROLES: &[ShippedRole] = &[
     JOURNAL_ROLE,
     CAPACITY_ROLE,
     CAPACITY_OWNER_ROLE,
+    SECRET_READER_ROLE,
 ];
 
 /// The shipped role named `name`.
@@ -561,33 +574,157 @@ fn needs(ctx: &Ctx<'_>) -> Vec<(ShippedRole, Vec<Component>)> {
 /// The driver's bindings: a ClusterRoleBinding `csiops:<driverName>:<role>`
 /// per cluster-wide role and a RoleBinding `<cr-name>-<role>` in the CR's
 /// namespace per namespaced one, each to the ServiceAccounts whose pods
-/// run that role. Nothing else: the roles themselves are shipped.
-pub(crate) fn bindings(ctx: &Ctx<'_>) -> (Vec<ClusterRoleBinding>, Vec<RoleBinding>) {
-    let mut cluster = Vec::new();
-    let mut namespaced = Vec::new();
+/// run that role; and the Secret reads ([`secret_reader_bindings`]).
+/// Nothing else: the roles themselves are shipped.
+pub(crate) fn bindings(ctx: &Ctx<'_>) -> Bindings {
+    let mut out = Bindings::default();
     for (role, who) in needs(ctx) {
         let subjects: Vec<Subject> = who
             .iter()
             .map(|c| service_account_subject(ctx, sa_name(ctx, *c)))
             .collect();
         match role.scope {
-            Scope::Cluster => cluster.push(ClusterRoleBinding {
-                metadata: ObjectMeta {
-                    name: Some(cluster_role_binding_name(ctx.obj, role.short)),
-                    labels: Some(cluster_owner_labels(ctx.obj)),
-                    ..Default::default()
-                },
-                role_ref: role_ref(&role),
-                subjects: Some(subjects),
-            }),
-            Scope::Namespace => namespaced.push(RoleBinding {
+            Scope::Cluster => out.cluster.push(cluster_binding(ctx, &role, subjects)),
+            Scope::Namespace => out.namespaced.push(RoleBinding {
                 metadata: namespaced_meta(ctx, role_binding_name(ctx.obj, role.short), who[0]),
                 role_ref: role_ref(&role),
                 subjects: Some(subjects),
             }),
         }
     }
-    (cluster, namespaced)
+    secret_reader_bindings(ctx, &mut out);
+    out
+}
+
+/// What [`bindings`] renders.
+#[derive(Default)]
+pub(crate) struct Bindings {
+    pub cluster: Vec<ClusterRoleBinding>,
+    /// In the CR's namespace, owned by reference.
+    pub namespaced: Vec<RoleBinding>,
+    /// `csiops:secret-reader` in the namespaces the classes name, owned by
+    /// the owner labels (an owner reference cannot cross namespaces).
+    pub secret_readers: Vec<RoleBinding>,
+}
+
+fn cluster_binding(
+    ctx: &Ctx<'_>,
+    role: &ShippedRole,
+    subjects: Vec<Subject>,
+) -> ClusterRoleBinding {
+    ClusterRoleBinding {
+        metadata: ObjectMeta {
+            name: Some(cluster_role_binding_name(ctx.obj, role.short)),
+            labels: Some(cluster_owner_labels(ctx.obj)),
+            ..Default::default()
+        },
+        role_ref: role_ref(role),
+        subjects: Some(subjects),
+    }
+}
+
+/// `csiops:secret-reader` for the accounts whose pods run a sidecar that
+/// reads Secrets (the controller's; the nodes' with a node-local
+/// provisioner): one RoleBinding `csiops:<driverName>:secret-reader` per
+/// namespace of [`secret_scope`], or one ClusterRoleBinding of that name.
+fn secret_reader_bindings(ctx: &Ctx<'_>, out: &mut Bindings) {
+    let reader = if ctx.node_local() {
+        ctx.provisioner_enabled().then_some(Component::Node)
+    } else {
+        (!roles_of(ctx, Component::Controller).is_empty()).then_some(Component::Controller)
+    };
+    let Some(reader) = reader else {
+        return;
+    };
+    let subjects = vec![service_account_subject(ctx, sa_name(ctx, reader))];
+    // A templated namespace without the opt-in is refused before rendering
+    // (`validate`); nothing is granted for it here either way.
+    match secret_scope(ctx.spec()) {
+        Ok(SecretScope::Cluster) => {
+            out.cluster
+                .push(cluster_binding(ctx, &SECRET_READER_ROLE, subjects));
+        }
+        Ok(SecretScope::Namespaces(namespaces)) => {
+            for namespace in namespaces {
+                out.secret_readers.push(RoleBinding {
+                    metadata: ObjectMeta {
+                        name: Some(cluster_role_binding_name(ctx.obj, SECRET_READER_ROLE.short)),
+                        namespace: Some(namespace),
+                        labels: Some(cluster_owner_labels(ctx.obj)),
+                        ..Default::default()
+                    },
+                    role_ref: role_ref(&SECRET_READER_ROLE),
+                    subjects: Some(subjects.clone()),
+                });
+            }
+        }
+        Err(_) => {}
+    }
+}
+
+/// StorageClass parameters naming the namespace of a Secret that a
+/// controller-side sidecar reads: the provisioner its own, the attacher
+/// and the resizer those the provisioner copies into the PV (publish,
+/// expand, modify), and the default one, which serves every operation
+/// without keys of its own. The sidecars' `provisioner::params` reads the
+/// same keys. Kubelet reads the node-side ones (stage, publish, expand).
+pub const CONTROLLER_SECRET_NAMESPACE_KEYS: &[&str] = &[
+    "csi.storage.k8s.io/secret-namespace",
+    "csi.storage.k8s.io/provisioner-secret-namespace",
+    "csi.storage.k8s.io/controller-publish-secret-namespace",
+    "csi.storage.k8s.io/controller-expand-secret-namespace",
+    "csi.storage.k8s.io/controller-modify-secret-namespace",
+    "csiProvisionerSecretNamespace",
+    "csiControllerPublishSecretNamespace",
+];
+
+/// Where a driver's tokens may read Secrets.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SecretScope {
+    /// `secretAccess.clusterWide`.
+    Cluster,
+    /// The namespaces the classes name and `secretAccess.namespaces` adds
+    /// (none: no Secret at all).
+    Namespaces(BTreeSet<String>),
+}
+
+/// A class names a Secret's namespace by template, without
+/// `secretAccess.clusterWide`.
+#[derive(Debug, PartialEq, Eq)]
+pub struct TemplatedSecretNamespace {
+    pub class: String,
+    pub key: String,
+    pub value: String,
+}
+
+/// [`SecretScope`] of a spec: refused when a class's namespace is a
+/// template (`${pvc.namespace}`) and the spec does not grant every
+/// namespace, since no RoleBinding can follow a claim's namespace.
+pub fn secret_scope(
+    spec: &csiops_crds::CSIDriverDeploymentSpec,
+) -> Result<SecretScope, TemplatedSecretNamespace> {
+    if spec.secret_access.cluster_wide {
+        return Ok(SecretScope::Cluster);
+    }
+    let mut namespaces: BTreeSet<String> = spec.secret_access.namespaces.iter().cloned().collect();
+    for class in &spec.storage_classes {
+        for key in CONTROLLER_SECRET_NAMESPACE_KEYS {
+            let Some(value) = class.parameters.get(*key) else {
+                continue;
+            };
+            if value.contains("${") {
+                return Err(TemplatedSecretNamespace {
+                    class: class.name.clone(),
+                    key: key.to_string(),
+                    value: value.clone(),
+                });
+            }
+            if !value.is_empty() {
+                namespaces.insert(value.clone());
+            }
+        }
+    }
+    Ok(SecretScope::Namespaces(namespaces))
 }
 
 /// What the ServiceAccount of `component` may do, resolved from
@@ -649,6 +786,92 @@ mod tests {
             .filter(|(_, r, _)| *r != "nodes" && *r != "csinodes")
             .collect();
         assert_eq!(keys(NODE_PROVISIONER_GRANTS), central);
+    }
+
+    fn spec(json: serde_json::Value) -> csiops_crds::CSIDriverDeploymentSpec {
+        let mut base = serde_json::json!({
+            "driverName": "d.example.com",
+            "version": "v1",
+            "driver": {"image": "d:v1"},
+        });
+        if let (Some(b), Some(extra)) = (base.as_object_mut(), json.as_object()) {
+            b.extend(extra.clone());
+        }
+        serde_json::from_value(base).expect("spec")
+    }
+
+    fn namespaces(list: &[&str]) -> SecretScope {
+        SecretScope::Namespaces(list.iter().map(|s| s.to_string()).collect())
+    }
+
+    #[test]
+    fn secrets_are_read_only_where_the_classes_name_them_on_the_controller_side() {
+        let s = spec(serde_json::json!({"storageClasses": [
+            {"name": "a", "parameters": {
+                "csi.storage.k8s.io/provisioner-secret-name": "p",
+                "csi.storage.k8s.io/provisioner-secret-namespace": "storage-creds",
+                "csi.storage.k8s.io/controller-expand-secret-namespace": "expand",
+                // kubelet reads these: nothing for the driver's tokens.
+                "csi.storage.k8s.io/node-stage-secret-namespace": "node-only",
+                "csi.storage.k8s.io/node-publish-secret-namespace": "node-only",
+            }},
+            {"name": "b", "parameters": {"csiProvisionerSecretNamespace": "legacy"}},
+            {"name": "c"},
+        ]}));
+        assert_eq!(
+            secret_scope(&s),
+            Ok(namespaces(&["expand", "legacy", "storage-creds"]))
+        );
+        // No class names one: no Secret at all.
+        assert_eq!(
+            secret_scope(&spec(serde_json::json!({}))),
+            Ok(namespaces(&[]))
+        );
+        // The spec adds its own.
+        let s = spec(serde_json::json!({"secretAccess": {"namespaces": ["extra"]}}));
+        assert_eq!(secret_scope(&s), Ok(namespaces(&["extra"])));
+    }
+
+    #[test]
+    fn a_templated_namespace_needs_every_namespace_granted() {
+        let class = serde_json::json!([{"name": "tenant", "parameters": {
+            "csi.storage.k8s.io/provisioner-secret-name": "creds",
+            "csi.storage.k8s.io/provisioner-secret-namespace": "${pvc.namespace}",
+        }}]);
+        let refused = secret_scope(&spec(serde_json::json!({"storageClasses": class.clone()})));
+        assert_eq!(
+            refused,
+            Err(TemplatedSecretNamespace {
+                class: "tenant".into(),
+                key: "csi.storage.k8s.io/provisioner-secret-namespace".into(),
+                value: "${pvc.namespace}".into(),
+            })
+        );
+        let s = spec(serde_json::json!({
+            "storageClasses": class,
+            "secretAccess": {"clusterWide": true},
+        }));
+        assert_eq!(secret_scope(&s), Ok(SecretScope::Cluster));
+        // A node-side template is kubelet's business.
+        let s = spec(
+            serde_json::json!({"storageClasses": [{"name": "n", "parameters": {
+                "csi.storage.k8s.io/node-stage-secret-namespace": "${pvc.namespace}",
+            }}]}),
+        );
+        assert_eq!(secret_scope(&s), Ok(namespaces(&[])));
+    }
+
+    #[test]
+    fn no_sidecar_role_reads_secrets() {
+        for role in SHIPPED_ROLES {
+            let reads = role.grants.iter().any(|g| {
+                g.api_group.is_empty() && g.resource == "secrets" && g.verbs.contains(&"get")
+            });
+            // The journal's key is the provisioner's own Secret, in its
+            // namespace (bound there only).
+            let allowed = [SECRET_READER_ROLE.name, JOURNAL_ROLE.name].contains(&role.name);
+            assert_eq!(reads, allowed, "{}", role.name);
+        }
     }
 
     #[test]

@@ -203,6 +203,7 @@ pub(crate) fn validate(obj: &CSIDriverDeployment) -> Result<Meta<'_>, RenderErro
         }
     }
     check_extra_containers(obj)?;
+    check_secret_access(spec)?;
 
     let kubelet_dir = normalize_kubelet_dir(&spec.node.kubelet_dir)?;
     for pod in managed_pods(obj, &kubelet_dir) {
@@ -309,6 +310,40 @@ fn check_extra_containers(obj: &CSIDriverDeployment) -> Result<(), RenderError> 
         }
     }
     Ok(())
+}
+
+/// The Secrets the driver may read are named (`rbac::secret_scope`): its
+/// extra namespaces are namespace names, and a class names its Secrets'
+/// namespace literally unless every namespace is granted.
+fn check_secret_access(spec: &csiops_crds::CSIDriverDeploymentSpec) -> Result<(), RenderError> {
+    if let Some(bad) = spec
+        .secret_access
+        .namespaces
+        .iter()
+        .find(|n| !is_dns_label(n))
+    {
+        return Err(RenderError::SecretNamespace { name: bad.clone() });
+    }
+    // A literal namespace from a class is checked as Kubernetes would a
+    // RoleBinding's: refused there, it would fail every reconcile.
+    for class in &spec.storage_classes {
+        for key in super::rbac::CONTROLLER_SECRET_NAMESPACE_KEYS {
+            if let Some(value) = class.parameters.get(*key) {
+                if !value.contains("${") && !value.is_empty() && !is_dns_label(value) {
+                    return Err(RenderError::SecretNamespace {
+                        name: value.clone(),
+                    });
+                }
+            }
+        }
+    }
+    super::rbac::secret_scope(spec)
+        .map(drop)
+        .map_err(|t| RenderError::TemplatedSecretNamespace {
+            class: t.class,
+            key: t.key,
+            value: t.value,
+        })
 }
 
 /// A DNS-1123 label, what Kubernetes requires of a container name (the

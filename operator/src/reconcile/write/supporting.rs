@@ -66,7 +66,7 @@ pub(crate) async fn apply_supporting(
         .chain(std::iter::once(&r.node_service_account))
     {
         writes.push(if_changed(
-            &accounts,
+            accounts.clone(),
             "ServiceAccount",
             account,
             owner,
@@ -75,7 +75,24 @@ pub(crate) async fn apply_supporting(
     }
     for binding in &r.role_bindings {
         writes.push(if_changed(
-            &role_bindings,
+            role_bindings.clone(),
+            "RoleBinding",
+            binding,
+            owner,
+            known,
+        ));
+    }
+    // In the namespaces whose Secrets the driver reads: owned by the owner
+    // labels, like the cluster-scoped bindings (`cluster::ClusterScoped`
+    // prunes them).
+    for binding in &r.secret_reader_bindings {
+        let namespace = binding
+            .metadata
+            .namespace
+            .as_deref()
+            .unwrap_or(owner.namespace);
+        writes.push(if_changed(
+            Api::namespaced(c.clone(), namespace),
             "RoleBinding",
             binding,
             owner,
@@ -84,7 +101,7 @@ pub(crate) async fn apply_supporting(
     }
     for binding in &r.cluster_role_bindings {
         writes.push(if_changed(
-            &cluster_bindings,
+            cluster_bindings.clone(),
             "ClusterRoleBinding",
             binding,
             owner,
@@ -97,7 +114,7 @@ pub(crate) async fn apply_supporting(
     // written; it never blocks a scale-down anyway, only evictions.
     if let Some(budget) = &r.controller_disruption_budget {
         writes.push(if_changed(
-            &budgets,
+            budgets.clone(),
             "PodDisruptionBudget",
             budget,
             owner,
@@ -121,7 +138,7 @@ pub(crate) async fn apply_supporting(
 /// One ownership-checked apply of `desired` (written only if it changed),
 /// boxed to run beside the other writes.
 fn if_changed<'a, K>(
-    api: &'a Api<K>,
+    api: Api<K>,
     kind: &'static str,
     desired: &K,
     owner: Owner<'a>,
@@ -132,7 +149,7 @@ where
 {
     let desired = desired.clone();
     async move {
-        apply(api, kind, desired, owner, Mode::IfChanged, known)
+        apply(&api, kind, desired, owner, Mode::IfChanged, known)
             .await
             .map(drop)
     }
