@@ -62,25 +62,27 @@ lint: toolchain
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 ## Every test: lint, unit and golden tests, then the e2e suite on a real local control plane.
-## What every test binary needs (the control plane, the image archives, the
-## Rust workspace and its test binaries) is built side by side, each one's
-## output shown whole when it ends; then csiops-test-run runs the binaries
-## in two lanes, real-node binaries one at a time beside the rest, and at
-## idle priority beside them builds what only some binaries wait for (the
-## e2e suite, helm, csi-sanity, the published protos) and runs the lint
+## What the e2e tests need (the control plane, the image archives, the
+## workspace's binaries and integration-test binaries) is built side by
+## side, each one's output shown whole when it ends; then csiops-test-run
+## (run as built: `cargo run` would resolve other features and rebuild)
+## runs the binaries in two lanes, real-node binaries one at a time beside
+## the rest, and at idle priority beside them builds what only some
+## binaries wait for (the e2e suite, helm, csi-sanity, the published
+## protos) and the unit-test binaries, then runs the lint and the doc tests
 ## (e2e/src/testrun.rs). CSIOPS_TEST_JOBS: shared-lane binaries at once.
 test: toolchain node-prereqs
 	$(MAKE) --no-print-directory -j3 --output-sync=target cluster-bins images test-binaries
 	CSIOPS_BIN_DIR="$$(e2e/cluster-bins/build.sh)" \
 	CSIOPS_IMAGES_DIR="$$(e2e/images/build.sh)" \
-	$(CARGO) run -q -p csiops-e2e --bin csiops-test-run
+	"$${CARGO_TARGET_DIR:-target}/debug/csiops-test-run"
 
-## The workspace's binaries and test binaries (they share the cargo target
-## dir: one after the other, while the images and the control plane build
-## beside them); csiops-test-run then finds them built.
+## The workspace's binaries and integration-test binaries (they share the
+## cargo target dir: one after the other, while the images and the control
+## plane build beside them); csiops-test-run then finds them built.
 test-binaries:
 	$(CARGO) build --workspace --bins
-	$(CARGO) test --workspace --no-run
+	$(CARGO) test --workspace --no-run --test '*'
 
 ## The cross-version subset on each older supported minor (not part of
 ## `test`; run it before landing a change to version-dependent code): per

@@ -129,11 +129,15 @@ pub enum Lane {
     Shared,
 }
 
+/// What in a test's source says it starts a real node: the harness
+/// (`csiops_e2e::realnode`) or the ones built on it, the walkthrough's and
+/// the conformance bed (two real nodes).
+const REAL_NODE_MARKERS: &[&str] = &["realnode", "csiops_e2e::walkthrough", "conformance::Bed"];
+
 /// Which lane a binary runs in, from its source: an integration test that
-/// uses the real-node harness (`csiops_e2e::realnode`) or the conformance
-/// bed (two real nodes).
+/// names one of the [`REAL_NODE_MARKERS`].
 pub fn lane(kind: &str, source: &str) -> Lane {
-    if kind == "test" && (source.contains("realnode") || source.contains("conformance::Bed")) {
+    if kind == "test" && REAL_NODE_MARKERS.iter().any(|m| source.contains(m)) {
         Lane::RealNode
     } else {
         Lane::Shared
@@ -240,7 +244,15 @@ warning: unused import
             lane("test", "let bed = conformance::Bed::start"),
             Lane::RealNode
         );
+        assert_eq!(
+            lane("test", "use csiops_e2e::walkthrough::{self, App};"),
+            Lane::RealNode
+        );
         assert_eq!(lane("test", "use csiops_e2e::Cluster;"), Lane::Shared);
+        assert_eq!(
+            lane("test", "let bed = ProvisionerBed::start(&cluster)"),
+            Lane::Shared
+        );
         // Unit tests of the harness itself mention it but start no node.
         assert_eq!(lane("lib", "pub mod realnode;"), Lane::Shared);
     }

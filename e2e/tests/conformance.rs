@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 
 use csiops_e2e::conformance::drivers::{ALL, CENTRAL};
 use csiops_e2e::conformance::run::Outcome;
-use csiops_e2e::conformance::{definition, Bed, Deploy, RunPlan, Suite};
+use csiops_e2e::conformance::Bed;
+use csiops_e2e::conformance::{definition, Deploy, RunPlan, Suite};
 
 /// The fewest specs the subset must run (pass): the brief of tracker issue 25.
 const MIN_SPECS: usize = 25;

@@ -17,6 +17,7 @@
 //! `CSIOPS_E2E_SUITE`) is used as it is, and that prep is not built.
 
 use std::collections::BTreeMap;
+use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, ExitCode, Output, Stdio};
@@ -26,8 +27,8 @@ use std::time::Instant;
 
 use csiops_e2e::testrun::{lane, needs, order, test_binaries, Lane, Prep, TestBinary, PREPS};
 
-/// A lane's binaries with the preps each waits for.
-type Queue = Vec<(TestBinary, Vec<&'static Prep>)>;
+/// A binary with the preps it waits for.
+type Entry = (TestBinary, Vec<&'static Prep>);
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -45,47 +46,55 @@ fn main() -> ExitCode {
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_default();
-
-    let bins = match build(&cargo) {
-        Ok(bins) => bins
-            .into_iter()
+    let selected = |bins: Vec<TestBinary>| -> Vec<Entry> {
+        bins.into_iter()
             .filter(|b| names.is_empty() || names.iter().any(|n| *n == b.target || *n == b.package))
-            .collect::<Vec<_>>(),
+            .map(|b| {
+                let source = std::fs::read_to_string(&b.src_path).unwrap_or_default();
+                let needed = needs(&source);
+                (b, needed)
+            })
+            .collect()
+    };
+
+    // The integration tests (every e2e test among them), which `make test`
+    // built before: the lanes start on them at once.
+    let integration = match build(&cargo, INTEGRATION_TESTS, false) {
+        Ok(bins) => selected(bins),
         Err(e) => {
             eprintln!("csiops-test-run: {e}");
             return ExitCode::FAILURE;
         }
     };
-    let (mut real, mut shared): (Queue, Queue) = (Vec::new(), Vec::new());
-    for b in bins {
+    let (real, shared): (Vec<Entry>, Vec<Entry>) = integration.into_iter().partition(|(b, _)| {
         let source = std::fs::read_to_string(&b.src_path).unwrap_or_default();
-        let needed = needs(&source);
-        match lane(&b.kind, &source) {
-            Lane::RealNode => real.push((b, needed)),
-            Lane::Shared => shared.push((b, needed)),
-        }
-    }
-    let (real, shared) = (order(real), order(shared));
+        lane(&b.kind, &source) == Lane::RealNode
+    });
+    let real = order(real);
     // The preps some selected binary needs and the environment does not
-    // already name.
+    // already name. (Unit-test binaries need none.)
     let wanted: Vec<&'static Prep> = PREPS
         .iter()
         .filter(|p| real.iter().chain(&shared).any(|(_, n)| n.contains(p)))
         .filter(|p| std::env::var_os(p.env).is_none_or(|v| v.is_empty()))
         .collect();
+    let beside: Vec<&str> = std::iter::once("the unit-test binaries")
+        .chain(wanted.iter().map(|p| p.env))
+        .chain(names.is_empty().then_some("lint, doc tests"))
+        .collect();
     eprintln!(
-        "csiops-test-run: {} test binaries: {} in the real-node lane, {} shared ({} at a time); building beside them: {}",
+        "csiops-test-run: {} integration test binaries: {} in the real-node lane, {} shared ({} at a time); beside them, at idle priority: {}",
         real.len() + shared.len(),
         real.len(),
         shared.len(),
         jobs,
-        wanted.iter().map(|p| p.env).chain(names.is_empty().then_some("lint")).collect::<Vec<_>>().join(", ")
+        beside.join(", ")
     );
 
     let started = Instant::now();
     let run = Run::default();
     let preps = Preps::default();
-    let shared = Mutex::new(shared.into_iter());
+    let queue = Shared::new(order(shared));
     thread::scope(|scope| {
         let mut workers = vec![scope.spawn(|| {
             for (b, needed) in &real {
@@ -93,27 +102,33 @@ fn main() -> ExitCode {
             }
         })];
         for _ in 0..jobs {
-            workers.push(scope.spawn(|| loop {
-                let next = shared.lock().unwrap_or_else(|e| e.into_inner()).next();
-                match next {
-                    Some((b, needed)) => run.binary(&b, &needed, &preps, &pass),
-                    None => break,
+            workers.push(scope.spawn(|| {
+                while let Some((b, needed)) = queue.next() {
+                    run.binary(&b, &needed, &preps, &pass);
                 }
             }));
         }
         // At idle priority: the lanes mostly wait on control planes and
-        // kubelets, and these only fill the CPU they leave.
+        // kubelets, and these only fill the CPU they leave. The Go preps
+        // first (real-node binaries at the end of their lane wait for them).
         workers.push(scope.spawn(|| {
             for p in &wanted {
                 preps.build(p, &root, &run);
             }
+        }));
+        // The unit-test binaries join the shared lane once built; then the
+        // lint and the doc tests (cargo runs one of these at a time).
+        workers.push(scope.spawn(|| {
+            match build(&cargo, UNIT_TESTS, true) {
+                Ok(bins) => queue.add(selected(bins)),
+                Err(e) => run.fail(format!("building the unit tests: {e}")),
+            }
+            queue.close();
             if names.is_empty() {
                 run.lint(&cargo);
+                run.doc_tests(&cargo);
             }
         }));
-        if names.is_empty() {
-            workers.push(scope.spawn(|| run.doc_tests(&cargo)));
-        }
         for w in workers {
             if w.join().is_err() {
                 run.fail("a runner thread panicked".to_string());
@@ -134,6 +149,56 @@ fn main() -> ExitCode {
             eprintln!("    {f}");
         }
         ExitCode::from(101)
+    }
+}
+
+/// `cargo test --no-run` target selections: the integration tests (what
+/// `make test` builds before the runner), and the crates' and binaries'
+/// own unit tests (built beside the lanes).
+const INTEGRATION_TESTS: &[&str] = &["--test", "*"];
+const UNIT_TESTS: &[&str] = &["--lib", "--bins"];
+
+/// The shared lane's queue, which grows once the unit-test binaries are
+/// built: workers wait on it until it is closed and empty.
+struct Shared {
+    state: Mutex<(VecDeque<Entry>, bool)>,
+    changed: Condvar,
+}
+
+impl Shared {
+    fn new(entries: Vec<Entry>) -> Shared {
+        Shared {
+            state: Mutex::new((entries.into(), true)),
+            changed: Condvar::new(),
+        }
+    }
+
+    /// Adds binaries that wait for no prep ahead of those that do.
+    fn add(&self, entries: Vec<Entry>) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut all: Vec<Entry> = state.0.drain(..).collect();
+        all.extend(entries);
+        state.0 = order(all).into();
+        self.changed.notify_all();
+    }
+
+    fn close(&self) {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).1 = false;
+        self.changed.notify_all();
+    }
+
+    /// The next binary; `None` once closed and empty.
+    fn next(&self) -> Option<Entry> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(entry) = state.0.pop_front() {
+                return Some(entry);
+            }
+            if !state.1 {
+                return None;
+            }
+            state = self.changed.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
     }
 }
 
@@ -199,15 +264,22 @@ impl Preps {
     }
 }
 
-/// `cargo test --workspace --no-run`, its diagnostics shown as usual.
-fn build(cargo: &str) -> Result<Vec<TestBinary>, String> {
-    let mut child = Command::new(cargo)
+/// `cargo test --workspace --no-run` of `selection`, its diagnostics shown
+/// as usual (`idle`: at idle priority).
+fn build(cargo: &str, selection: &[&str], idle_priority: bool) -> Result<Vec<TestBinary>, String> {
+    let mut command = if idle_priority {
+        idle(cargo)
+    } else {
+        Command::new(cargo)
+    };
+    let mut child = command
         .args([
             "test",
             "--workspace",
             "--no-run",
             "--message-format=json-render-diagnostics",
         ])
+        .args(selection)
         .stdout(Stdio::piped())
         .spawn()
         .map_err(|e| format!("starting {cargo}: {e}"))?;
