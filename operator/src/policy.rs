@@ -605,7 +605,7 @@ pub fn operator_fence(
     let label_owned = format!(
         "request.resource.resource == 'clusterrolebindings' || \
          (request.resource.resource == 'rolebindings' && object.roleRef.name == '{}')",
-        crate::render::rbac::SECRET_READER_ROLE.name
+        crate::render::names::SECRET_READER_ROLE_NAME
     );
     let owner_name = format!(
         "variables.labelOwned ? \

@@ -105,3 +105,8 @@ pub fn cluster_role_binding_name(obj: &CSIDriverDeployment, role: &str) -> Strin
 pub fn csi_driver_name(obj: &CSIDriverDeployment) -> String {
     obj.spec.driver_name.clone()
 }
+
+/// The shipped ClusterRole of Secret reads (`rbac::SECRET_READER_ROLE`),
+/// which the operator's fence (`crate::policy`) lets it bind by a
+/// label-owned RoleBinding in another namespace.
+pub const SECRET_READER_ROLE_NAME: &str = "csiops:secret-reader";

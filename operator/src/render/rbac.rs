@@ -398,7 +398,7 @@ pub const CAPACITY_ROLE: ShippedRole = shipped(
     CAPACITY_GRANTS,
 );
 pub const SECRET_READER_ROLE: ShippedRole = shipped(
-    "csiops:secret-reader",
+    super::names::SECRET_READER_ROLE_NAME,
     "secret-reader",
     Scope::Namespace,
     SECRET_READER_GRANTS,
