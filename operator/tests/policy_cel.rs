@@ -471,8 +471,8 @@ fn operator_writes(resource: &'static str, group: &'static str, ns: &str, object
 fn the_operator_binds_and_runs_only_for_what_a_csidriverdeployment_owns() {
     let p = shipped(policy::OPERATOR_FENCE_POLICY);
     let rbac = "rbac.authorization.k8s.io";
-    let labels = json!({"name": "csiops:drv:provisioner", "labels": owner_labels()});
-    let crb = |subject_ns: &str, subject: &str| {
+    let owned = json!({"name": "csiops:drv:provisioner", "labels": owner_labels()});
+    let crb = |metadata: &Json, subject_ns: &str, subject: &str| {
         operator_writes(
             "clusterrolebindings",
             rbac,
@@ -480,7 +480,7 @@ fn the_operator_binds_and_runs_only_for_what_a_csidriverdeployment_owns() {
             binding(
                 "ClusterRoleBinding",
                 None,
-                labels.clone(),
+                metadata.clone(),
                 "csiops:provisioner",
                 subject_ns,
                 subject,
@@ -488,26 +488,14 @@ fn the_operator_binds_and_runs_only_for_what_a_csidriverdeployment_owns() {
         )
     };
     assert_eq!(
-        admit(&p, &crb("storage", "drv-controller")),
+        admit(&p, &crb(&owned, "storage", "drv-controller")),
         Verdict::Admitted
     );
     refused(
-        admit(&p, &crb("csiops-system", "csiops-operator")),
+        admit(&p, &crb(&owned, "csiops-system", "csiops-operator")),
         "binds roles only to the ServiceAccounts",
     );
-    let unowned = operator_writes(
-        "clusterrolebindings",
-        rbac,
-        "",
-        binding(
-            "ClusterRoleBinding",
-            None,
-            json!({"name": "u"}),
-            "csiops:provisioner",
-            "storage",
-            "drv-controller",
-        ),
-    );
+    let unowned = crb(&json!({"name": "u"}), "storage", "drv-controller");
     refused(admit(&p, &unowned), "names no owner");
 
     // In its own namespace a RoleBinding is owned by reference.
