@@ -13,11 +13,12 @@
 //! Which lane a binary runs in changes only how long the run takes, never
 //! what passes: a real-node binary put in the shared lane waits on the lock.
 //!
-//! The lanes start as soon as what every binary needs is built (the control
-//! plane, the images, the test binaries). What only a few binaries need (the
-//! [`PREPS`]) and the lint are built at idle priority beside the lanes, which
-//! mostly wait; a binary that needs a prep waits for it, and runs last in its
-//! lane ([`order`]).
+//! The lanes start as soon as what the integration tests need is built (the
+//! control plane, the images, their binaries). What only a few binaries
+//! need (the [`PREPS`]), the unit-test binaries, the lint and the doc tests
+//! are built and run at idle priority beside the lanes, which mostly wait;
+//! a binary that needs a prep waits for it, and runs last in its lane
+//! ([`order`]).
 
 use std::path::{Path, PathBuf};
 

@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 
 use csiops_crds::{CsiDriverObjectSpec, StorageClassSpec, VolumeAttributesClassSpec};
-use csiops_operator::render::rbac::SHIPPED_ROLES;
+use csiops_operator::render::rbac::{self, SHIPPED_ROLES};
 use serde_json::{json, Value};
 
 use super::classify::Inventory;
@@ -182,7 +182,11 @@ fn storage_class(ctx: &mut Ctx, object: &Object, at: &At<'_>) {
     );
     // csiops grants Secret reads only where the classes name them: a
     // namespace by template (per-tenant credentials) needs every namespace.
-    let templated = parsed_secret_templates(&ctx.spec.storage_classes[i]);
+    let templated: Vec<(String, String)> =
+        rbac::class_secret_namespaces(&ctx.spec.storage_classes[i])
+            .filter(|(_, v)| rbac::is_template(v))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
     for (key, value) in templated {
         ctx.spec.secret_access.cluster_wide = true;
         ctx.push(
@@ -450,13 +454,4 @@ fn binding(ctx: &mut Ctx, object: &Object, at: &At<'_>, objects: &[&Object]) {
         outcome,
     );
     object_metadata(&mut ctx.report, at, &object.value["metadata"]);
-}
-
-/// The class's controller-side secret namespaces given by template.
-fn parsed_secret_templates(class: &StorageClassSpec) -> Vec<(String, String)> {
-    csiops_operator::render::rbac::CONTROLLER_SECRET_NAMESPACE_KEYS
-        .iter()
-        .filter_map(|k| class.parameters.get(*k).map(|v| (k.to_string(), v.clone())))
-        .filter(|(_, v)| v.contains("${"))
-        .collect()
 }

@@ -1,8 +1,8 @@
-//! `make test`'s runner: builds every test binary of the workspace (`cargo
-//! test --no-run`), runs them in two lanes (see `csiops_e2e::testrun`) with
-//! the doc tests beside them, builds the preps some binaries wait for and
-//! runs the lint at idle priority beside them, and fails if anything failed,
-//! naming what.
+//! `make test`'s runner: runs the workspace's integration-test binaries,
+//! which `make test` built, in two lanes (see `csiops_e2e::testrun`); beside
+//! them, at idle priority, builds the preps some binaries wait for and the
+//! unit-test binaries (which then join the shared lane), runs the lint and
+//! the doc tests; and fails if anything failed, naming what.
 //!
 //! Each binary's output is kept whole and printed when it ends, under the
 //! line cargo would print ("Running …"), so a CI log reads as cargo's does.
@@ -46,13 +46,14 @@ fn main() -> ExitCode {
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_default();
-    let selected = |bins: Vec<TestBinary>| -> Vec<Entry> {
+    // The named binaries (all without names), each with its lane and the
+    // preps it needs, both read from its source.
+    let selected = |bins: Vec<TestBinary>| -> Vec<(Lane, Entry)> {
         bins.into_iter()
             .filter(|b| names.is_empty() || names.iter().any(|n| *n == b.target || *n == b.package))
             .map(|b| {
                 let source = std::fs::read_to_string(&b.src_path).unwrap_or_default();
-                let needed = needs(&source);
-                (b, needed)
+                (lane(&b.kind, &source), (b, needs(&source)))
             })
             .collect()
     };
@@ -66,11 +67,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let (real, shared): (Vec<Entry>, Vec<Entry>) = integration.into_iter().partition(|(b, _)| {
-        let source = std::fs::read_to_string(&b.src_path).unwrap_or_default();
-        lane(&b.kind, &source) == Lane::RealNode
-    });
-    let real = order(real);
+    let (real, shared): (Vec<_>, Vec<_>) = integration
+        .into_iter()
+        .partition(|(lane, _)| *lane == Lane::RealNode);
+    let real = order(real.into_iter().map(|(_, e)| e).collect());
+    let shared: Vec<Entry> = shared.into_iter().map(|(_, e)| e).collect();
     // The preps some selected binary needs and the environment does not
     // already name. (Unit-test binaries need none.)
     let wanted: Vec<&'static Prep> = PREPS
@@ -120,7 +121,8 @@ fn main() -> ExitCode {
         // lint and the doc tests (cargo runs one of these at a time).
         workers.push(scope.spawn(|| {
             match build(&cargo, UNIT_TESTS, true) {
-                Ok(bins) => queue.add(selected(bins)),
+                // Unit-test binaries are never in the real-node lane.
+                Ok(bins) => queue.add(selected(bins).into_iter().map(|(_, e)| e).collect()),
                 Err(e) => run.fail(format!("building the unit tests: {e}")),
             }
             queue.close();

@@ -678,6 +678,26 @@ pub const CONTROLLER_SECRET_NAMESPACE_KEYS: &[&str] = &[
     "csiControllerPublishSecretNamespace",
 ];
 
+/// The non-empty [`CONTROLLER_SECRET_NAMESPACE_KEYS`] of a class, with
+/// their values (literal or templates).
+pub fn class_secret_namespaces(
+    class: &csiops_crds::StorageClassSpec,
+) -> impl Iterator<Item = (&'static str, &str)> {
+    CONTROLLER_SECRET_NAMESPACE_KEYS.iter().filter_map(|key| {
+        class
+            .parameters
+            .get(*key)
+            .filter(|v| !v.is_empty())
+            .map(|v| (*key, v.as_str()))
+    })
+}
+
+/// Whether a secret parameter's value is a template (`${pvc.namespace}`),
+/// resolved per claim by the provisioner.
+pub fn is_template(value: &str) -> bool {
+    value.contains("${")
+}
+
 /// Where a driver's tokens may read Secrets.
 #[derive(Debug, PartialEq, Eq)]
 pub enum SecretScope {
@@ -708,20 +728,15 @@ pub fn secret_scope(
     }
     let mut namespaces: BTreeSet<String> = spec.secret_access.namespaces.iter().cloned().collect();
     for class in &spec.storage_classes {
-        for key in CONTROLLER_SECRET_NAMESPACE_KEYS {
-            let Some(value) = class.parameters.get(*key) else {
-                continue;
-            };
-            if value.contains("${") {
+        for (key, value) in class_secret_namespaces(class) {
+            if is_template(value) {
                 return Err(TemplatedSecretNamespace {
                     class: class.name.clone(),
                     key: key.to_string(),
-                    value: value.clone(),
+                    value: value.to_string(),
                 });
             }
-            if !value.is_empty() {
-                namespaces.insert(value.clone());
-            }
+            namespaces.insert(value.to_string());
         }
     }
     Ok(SecretScope::Namespaces(namespaces))

@@ -326,16 +326,15 @@ fn check_secret_access(spec: &csiops_crds::CSIDriverDeploymentSpec) -> Result<()
     }
     // A literal namespace from a class is checked as Kubernetes would a
     // RoleBinding's: refused there, it would fail every reconcile.
-    for class in &spec.storage_classes {
-        for key in super::rbac::CONTROLLER_SECRET_NAMESPACE_KEYS {
-            if let Some(value) = class.parameters.get(*key) {
-                if !value.contains("${") && !value.is_empty() && !is_dns_label(value) {
-                    return Err(RenderError::SecretNamespace {
-                        name: value.clone(),
-                    });
-                }
-            }
-        }
+    if let Some((_, bad)) = spec
+        .storage_classes
+        .iter()
+        .flat_map(super::rbac::class_secret_namespaces)
+        .find(|(_, v)| !super::rbac::is_template(v) && !is_dns_label(v))
+    {
+        return Err(RenderError::SecretNamespace {
+            name: bad.to_string(),
+        });
     }
     super::rbac::secret_scope(spec)
         .map(drop)
