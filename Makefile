@@ -177,14 +177,16 @@ bench-fleet: toolchain cluster-bins
 ## UPSTREAM_REGISTRAR); without one that side runs ours only and says so.
 ## BENCH_PHASES picks measures (steady,failover,registrar,burst);
 ## BENCH_SCALE_ARGS passes more flags (e.g. --rest 30 --settle 30).
+## Ours is the binary the sidecar image ships (static musl, from `make
+## images`): memory is what this measures, and the allocator is part of it.
 BENCH_VOLUMES ?= 10000
 BENCH_BURST_CLAIMS ?= 50000
 BENCH_CSINODES ?= 10000
 BENCH_PHASES ?= steady,failover,registrar,burst
-bench-scale: toolchain cluster-bins
-	$(CARGO) build --release -p csiops-sidecars --bin csiops-sidecar -p csiops-e2e --bin csi-test-driver --bin csiops-bench-scale
+bench-scale: toolchain cluster-bins images
+	$(CARGO) build --release -p csiops-e2e --bin csi-test-driver --bin csiops-bench-scale
 	CSIOPS_BIN_DIR="$$(e2e/cluster-bins/build.sh)" \
-	CSIOPS_SIDECAR_BIN="$${CARGO_TARGET_DIR:-target}/release/csiops-sidecar" \
+	CSIOPS_SIDECAR_BIN="$$(e2e/images/build.sh)/sidecar-bin/csiops-sidecar" \
 	CSIOPS_TEST_DRIVER_BIN="$${CARGO_TARGET_DIR:-target}/release/csi-test-driver" \
 	"$${CARGO_TARGET_DIR:-target}/release/csiops-bench-scale" --volumes $(BENCH_VOLUMES) \
 	  --burst-claims $(BENCH_BURST_CLAIMS) --csinodes $(BENCH_CSINODES) --phases $(BENCH_PHASES) \

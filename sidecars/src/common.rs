@@ -4,6 +4,7 @@
 
 pub mod args;
 pub mod cache;
+pub mod compact;
 pub mod compat;
 pub mod controller;
 pub mod driver;

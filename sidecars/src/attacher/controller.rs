@@ -40,6 +40,7 @@ use super::decide::{self, Mode};
 use super::metrics::Writes;
 use super::request::PublishCaps;
 use crate::common::cache::Cached;
+use crate::common::compact::{attached_volume, Compact};
 use crate::common::driver::Driver;
 use crate::common::watch::drive;
 use crate::common::workqueue::{Backoff, QueueMetrics, WorkQueue};
@@ -128,8 +129,6 @@ pub struct Controller {
 
 /// The reflector streams, to be driven by [`Controller::run`].
 pub struct Watches {
-    pub(super) va_writer: reflector::store::Writer<VolumeAttachment>,
-    pub(super) pv_writer: reflector::store::Writer<PersistentVolume>,
     pub(super) csinode_writer: reflector::store::Writer<CSINode>,
     pub(super) node_writer: reflector::store::Writer<PartialObjectMeta<Node>>,
 }
@@ -148,8 +147,6 @@ impl Controller {
         queues: Queues,
         metrics: Writes,
     ) -> (Arc<Self>, Watches) {
-        let (va_store, va_writer) = reflector::store();
-        let (pv_store, pv_writer) = reflector::store();
         let (csinode_store, csinode_writer) = reflector::store();
         let (node_store, node_writer) = reflector::store();
         let Queues {
@@ -170,8 +167,8 @@ impl Controller {
             cfg,
             client,
             driver,
-            vas: Cached::new(va_store),
-            pvs: Cached::new(pv_store),
+            vas: Cached::new(Compact::indexed(attached_volume)),
+            pvs: Cached::new(Compact::new()),
             csinodes: csinode_store,
             nodes: node_store,
             attach_q,
@@ -185,8 +182,6 @@ impl Controller {
         (
             Arc::new(c),
             Watches {
-                va_writer,
-                pv_writer,
                 csinode_writer,
                 node_writer,
             },
@@ -272,16 +267,12 @@ impl Controller {
         )
         .default_backoff()
         .modify(slim);
-        let mut va_writer = watches.va_writer;
-        let pv_stream = reflector::reflector(
-            watches.pv_writer,
-            watcher(
-                Api::<PersistentVolume>::all(self.client.clone()),
-                cfg.clone(),
-            )
-            .default_backoff()
-            .modify(slim),
-        );
+        let pv_stream = watcher(
+            Api::<PersistentVolume>::all(self.client.clone()),
+            cfg.clone(),
+        )
+        .default_backoff()
+        .modify(slim);
         let csinode_stream = reflector::reflector(
             watches.csinode_writer,
             watcher(Api::<CSINode>::all(self.client.clone()), cfg.clone())
@@ -307,11 +298,14 @@ impl Controller {
                 }
                 _ => None,
             };
-            va_writer.apply_watcher_event(&ev);
+            me.vas.store().apply(&ev);
             me.on_va_event(ev, old.as_deref());
         });
         let me = self.clone();
-        let pv_task = drive(pv_stream, "PersistentVolume", move |ev| me.on_pv_event(ev));
+        let pv_task = drive(pv_stream, "PersistentVolume", move |ev| {
+            me.pvs.store().apply(&ev);
+            me.on_pv_event(ev)
+        });
         let csinode_task = drive(csinode_stream, "CSINode", |_| {});
         let node_task = drive(node_stream, "Node", |_| {});
         // A watch never ends by itself (it re-lists after every error), so
@@ -330,9 +324,9 @@ impl Controller {
             // Every cache must have listed before any decision is taken. A
             // store is never ready once its watch is gone.
             let ready = async {
-                self.vas.store().wait_until_ready().await.is_ok()
-                    && self.pvs.store().wait_until_ready().await.is_ok()
-                    && self.csinodes.wait_until_ready().await.is_ok()
+                self.vas.store().ready().await;
+                self.pvs.store().ready().await;
+                self.csinodes.wait_until_ready().await.is_ok()
                     && self.nodes.wait_until_ready().await.is_ok()
             };
             tokio::select! {
@@ -383,7 +377,7 @@ impl Controller {
                 _ = tick.tick() => {}
                 () = shutdown.cancelled() => return,
             }
-            for va in self.vas.store().state() {
+            for va in self.vas.store().iter() {
                 self.enqueue_va(&va);
             }
         }

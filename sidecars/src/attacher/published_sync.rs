@@ -14,7 +14,6 @@
 //! The decision is [`lost_attachments`], a pure function of the caches and
 //! the driver's answer; [`Controller::sync_published`] does the I/O.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::PersistentVolume;
@@ -120,17 +119,20 @@ impl Controller {
         let published =
             super::csi::list_published(&self.driver, self.cfg.timeout, self.cfg.max_entries)
                 .await?;
-        let vas = self.vas.store().state();
-        let pvs = self.pvs.store().state();
-        let by_name: HashMap<String, &PersistentVolume> =
-            pvs.iter().map(|pv| (pv.name_any(), pv.as_ref())).collect();
-        let lost = lost_attachments(
-            vas.iter().map(|va| va.as_ref()),
-            &self.cfg.driver_name,
-            |name| by_name.get(name).copied(),
-            |va| self.node_id(va, false).ok(),
-            &published,
-        );
+        // One attachment decoded at a time, with its PV: a pass never
+        // holds every cached object decoded at once.
+        let mut lost = Vec::new();
+        for va in self.vas.store().iter() {
+            let pv = (va.spec.source.persistent_volume_name.as_deref())
+                .and_then(|name| self.pvs.get_named(name));
+            lost.extend(lost_attachments(
+                [&va],
+                &self.cfg.driver_name,
+                |_| pv.as_deref(),
+                |va| self.node_id(va, false).ok(),
+                &published,
+            ));
+        }
         let mut marked = 0;
         for l in &lost {
             let Some(va) = self.vas.get_named(&l.va) else {

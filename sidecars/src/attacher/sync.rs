@@ -424,11 +424,7 @@ impl Controller {
         if pv.metadata.deletion_timestamp.is_none() {
             return Ok(());
         }
-        let referenced = self
-            .vas
-            .store()
-            .find(|va| va.spec.source.persistent_volume_name.as_deref() == Some(name))
-            .is_some();
+        let referenced = !self.vas.store().by_index(name).is_empty();
         if decide::pv_action(&pv, &self.finalizer, referenced) != PvAction::RemoveFinalizer {
             return Ok(());
         }

@@ -31,10 +31,14 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::Resource;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use tokio::time::Instant;
+
+use super::compact::Compact;
 
 /// How long a written copy may wait for the cache to show it. Watch events
 /// take milliseconds; this only bounds the rare copy the cache skipped over.
@@ -81,13 +85,13 @@ enum Mine<K> {
     Deleted { uid: Option<String> },
 }
 
-/// A reflector store with what this process wrote since.
+/// A watch cache with what this process wrote since.
 pub struct Cached<K>
 where
     K: Resource + Clone + 'static,
     K::DynamicType: Eq + Hash + Clone + Default,
 {
-    store: Store<K>,
+    store: Compact<K>,
     mine: Mutex<HashMap<ObjectRef<K>, Mine<K>>>,
     seen: Mutex<Seen>,
 }
@@ -98,10 +102,10 @@ fn version<K: Resource>(obj: &K) -> Option<&str> {
 
 impl<K> Cached<K>
 where
-    K: Resource + Clone + 'static,
+    K: Resource + Clone + Serialize + DeserializeOwned + 'static,
     K::DynamicType: Eq + Hash + Clone + Default,
 {
-    pub fn new(store: Store<K>) -> Self {
+    pub fn new(store: Compact<K>) -> Self {
         Cached {
             store,
             mine: Mutex::new(HashMap::new()),
@@ -110,7 +114,7 @@ where
     }
 
     /// The cache itself, for listing and readiness.
-    pub fn store(&self) -> &Store<K> {
+    pub fn store(&self) -> &Compact<K> {
         &self.store
     }
 
@@ -236,7 +240,6 @@ mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::PersistentVolume;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-    use kube::runtime::reflector::store;
     use kube::runtime::watcher::Event;
 
     fn pv(name: &str, rv: &str, label: &str) -> PersistentVolume {
@@ -266,8 +269,9 @@ mod tests {
 
     #[test]
     fn our_copy_wins_until_the_cache_shows_its_version() {
-        let (reader, mut writer) = store::<PersistentVolume>();
-        writer.apply_watcher_event(&Event::Apply(pv("a", "10", "cached")));
+        let writer = Compact::<PersistentVolume>::new();
+        let reader = writer.clone();
+        writer.apply(&Event::Apply(pv("a", "10", "cached")));
         let c = Cached::new(reader);
         assert_eq!(get(&c, "a").as_deref(), Some("cached"));
 
@@ -275,22 +279,22 @@ mod tests {
         assert_eq!(get(&c, "a").as_deref(), Some("mine"));
         // An event older than our write does not end the overlay, whatever
         // its version looks like: versions are opaque, only equality counts.
-        let apply = |writer: &mut kube::runtime::reflector::store::Writer<PersistentVolume>, p| {
+        let apply = |writer: &Compact<PersistentVolume>, p| {
             let e = Event::Apply(p);
-            writer.apply_watcher_event(&e);
+            writer.apply(&e);
             c.observe(&e);
         };
-        apply(&mut writer, pv("a", "99", "in-flight"));
+        apply(&writer, pv("a", "99", "in-flight"));
         assert_eq!(get(&c, "a").as_deref(), Some("mine"));
 
-        apply(&mut writer, pv("a", "12", "cached-12"));
+        apply(&writer, pv("a", "12", "cached-12"));
         assert_eq!(
             c.overlaid(),
             0,
             "the event carrying our write ends the overlay"
         );
         // Someone else's write right after ours is not hidden by it.
-        apply(&mut writer, pv("a", "13", "theirs"));
+        apply(&writer, pv("a", "13", "theirs"));
         assert_eq!(get(&c, "a").as_deref(), Some("theirs"));
 
         // The event came before we recorded the write: nothing to overlay.
@@ -306,28 +310,30 @@ mod tests {
 
     #[test]
     fn a_deletion_hides_the_object_until_the_cache_drops_it() {
-        let (reader, mut writer) = store::<PersistentVolume>();
+        let writer = Compact::<PersistentVolume>::new();
+        let reader = writer.clone();
         let mut old = pv("a", "10", "cached");
         old.metadata.uid = Some("u1".into());
-        writer.apply_watcher_event(&Event::Apply(old.clone()));
+        writer.apply(&Event::Apply(old.clone()));
         let c = Cached::new(reader);
         c.deleted(&old);
         assert!(get(&c, "a").is_none());
-        writer.apply_watcher_event(&Event::Delete(old));
+        writer.apply(&Event::Delete(old));
         assert!(get(&c, "a").is_none());
         assert_eq!(c.overlaid(), 0);
         // A new object under the name is not hidden by the old deletion.
         let mut new = pv("a", "20", "new");
         new.metadata.uid = Some("u2".into());
         c.deleted(&pv("a", "10", "x"));
-        writer.apply_watcher_event(&Event::Apply(new));
+        writer.apply(&Event::Apply(new));
         assert_eq!(get(&c, "a").as_deref(), Some("new"));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_copy_the_cache_skipped_over_goes_stale() {
-        let (reader, mut writer) = store::<PersistentVolume>();
-        writer.apply_watcher_event(&Event::Apply(pv("a", "13", "after-ours")));
+        let writer = Compact::<PersistentVolume>::new();
+        let reader = writer.clone();
+        writer.apply(&Event::Apply(pv("a", "13", "after-ours")));
         let c = Cached::new(reader);
         c.wrote(pv("a", "12", "mine"));
         assert_eq!(get(&c, "a").as_deref(), Some("mine"));
@@ -338,14 +344,15 @@ mod tests {
 
     #[test]
     fn a_write_whose_event_came_first_and_was_replaced_is_not_recorded() {
-        let (reader, mut writer) = store::<PersistentVolume>();
+        let writer = Compact::<PersistentVolume>::new();
+        let reader = writer.clone();
         let c = Cached::new(reader);
         // Our create's event, then another controller's update, both before
         // the create's response is recorded.
         for (rv, label) in [("12", "mine"), ("13", "bound-by-kcm")] {
             let e = Event::Apply(pv("a", rv, label));
             c.observe(&e);
-            writer.apply_watcher_event(&e);
+            writer.apply(&e);
         }
         c.wrote(pv("a", "12", "mine"));
         assert_eq!(c.overlaid(), 0);

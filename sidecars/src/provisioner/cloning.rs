@@ -21,6 +21,7 @@
 //! worker after a provisioner sees the clone (which the provisioner found
 //! in the same cache) pending.
 
+use std::borrow::Borrow;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
@@ -62,7 +63,10 @@ fn pending(claim: &PersistentVolumeClaim) -> bool {
 /// claim among `claims` is a pending clone of it. A pending clone being
 /// deleted still counts: the provisioner may need the source to clean up
 /// after it.
-pub fn may_release(source: &PersistentVolumeClaim, claims: &[Arc<PersistentVolumeClaim>]) -> bool {
+pub fn may_release<C: Borrow<PersistentVolumeClaim>>(
+    source: &PersistentVolumeClaim,
+    claims: impl IntoIterator<Item = C>,
+) -> bool {
     let has = source
         .metadata
         .finalizers
@@ -72,9 +76,10 @@ pub fn may_release(source: &PersistentVolumeClaim, claims: &[Arc<PersistentVolum
         return false;
     }
     let key = ObjectRef::from_obj(source);
-    !claims
-        .iter()
-        .any(|c| pending(c) && clone_source_of(c).as_ref() == Some(&key))
+    !claims.into_iter().any(|c| {
+        let c = c.borrow();
+        pending(c) && clone_source_of(c).as_ref() == Some(&key)
+    })
 }
 
 /// The claims a claim watch event asks the cloning queue to look at.
@@ -139,30 +144,26 @@ mod tests {
     #[test]
     fn released_once_no_clone_is_pending() {
         let src = protected("src");
-        let all = |v: Vec<PersistentVolumeClaim>| v.into_iter().map(Arc::new).collect::<Vec<_>>();
-        assert!(may_release(&src, &all(vec![src.clone()])));
+        assert!(may_release(&src, vec![src.clone()]));
         assert!(!may_release(
             &src,
-            &all(vec![
-                src.clone(),
-                claim("clone", Some("Pending"), Some("src"))
-            ])
+            vec![src.clone(), claim("clone", Some("Pending"), Some("src"))]
         ));
         assert!(
-            !may_release(&src, &all(vec![claim("clone", None, Some("src"))])),
+            !may_release(&src, vec![claim("clone", None, Some("src"))]),
             "a claim without status yet is pending"
         );
         assert!(may_release(
             &src,
-            &all(vec![claim("clone", Some("Bound"), Some("src"))])
+            vec![claim("clone", Some("Bound"), Some("src"))]
         ));
         assert!(
-            may_release(&src, &all(vec![claim("other", Some("Pending"), Some("x"))])),
+            may_release(&src, vec![claim("other", Some("Pending"), Some("x"))]),
             "a clone of another claim"
         );
         let mut elsewhere = claim("clone", Some("Pending"), Some("src"));
         elsewhere.metadata.namespace = Some("other".into());
-        assert!(may_release(&src, &all(vec![elsewhere])));
+        assert!(may_release(&src, vec![elsewhere]));
         // dataSourceRef of another namespace naming this claim.
         let mut cross = claim("clone", Some("Pending"), None);
         cross.metadata.namespace = Some("other".into());
@@ -174,9 +175,12 @@ mod tests {
                 api_group: None,
             });
         }
-        assert!(!may_release(&src, &all(vec![cross])));
+        assert!(!may_release(&src, vec![cross]));
         assert!(
-            !may_release(&claim("src", Some("Bound"), None), &[]),
+            !may_release(
+                &claim("src", Some("Bound"), None),
+                Vec::<PersistentVolumeClaim>::new()
+            ),
             "nothing to remove"
         );
     }

@@ -31,6 +31,9 @@ use super::node_deployment::{self, ThisNode};
 use super::plan::{self, Cluster, PrepareError, Prepared, ProvisionerConfig};
 use super::{attributes_class, csi};
 use crate::common::cache::Cached;
+#[cfg(doc)]
+use crate::common::compact::attached_volume;
+use crate::common::compact::Compact;
 use crate::common::driver::Driver;
 use crate::common::ratelimit;
 use crate::common::workqueue::{Backoff, WorkQueue};
@@ -48,7 +51,8 @@ pub struct Caches {
     pub volumes: Arc<Cached<PersistentVolume>>,
     pub csi_nodes: Store<CSINode>,
     pub nodes: Store<Node>,
-    pub attachments: Store<VolumeAttachment>,
+    /// Indexed by the PV they attach ([`attached_volume`]).
+    pub attachments: Compact<VolumeAttachment>,
     /// Watched with the `VolumeAttributesClass` gate on (else always
     /// empty). Not waited for at start: without RBAC to list them the
     /// provisioner still works, reading a claim's class on its own as

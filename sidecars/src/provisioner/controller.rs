@@ -28,6 +28,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
+use serde::Serialize;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
@@ -42,6 +43,7 @@ use super::node_deployment::{self, ThisNode};
 use super::plan::ProvisionerConfig;
 use super::{snapshot_protection, sweep, volume};
 use crate::common::cache::Cached;
+use crate::common::compact::{attached_volume, Compact};
 use crate::common::driver::Driver;
 use crate::common::kube::Clients;
 use crate::common::watch::drive;
@@ -90,27 +92,49 @@ where
     (reader, Box::pin(task))
 }
 
-/// [`reflect`] into a [`Cached`], which sees every event first (see
-/// [`Cached::observe`]).
+/// A watch into a [`Compact`] cache wrapped in a [`Cached`], which sees
+/// every event after the cache and before `route`; managed fields are
+/// dropped (never read).
 fn reflect_cached<K>(
     api: Api<K>,
     route: impl Fn(&watcher::Event<K>) + Send + 'static,
 ) -> (Arc<Cached<K>>, Task)
 where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Resource + Clone + Serialize + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
 {
-    let slot: Arc<std::sync::OnceLock<Arc<Cached<K>>>> = Arc::default();
-    let cached = slot.clone();
-    let (store, task) = reflect(api, move |event| {
-        if let Some(cached) = cached.get() {
+    let cached = Arc::new(Cached::new(Compact::new()));
+    let (task, _) = reflect_compact(api, cached.store().clone(), {
+        let cached = cached.clone();
+        move |event| {
             cached.observe(event);
+            route(event);
         }
-        route(event);
     });
-    let cached = Arc::new(Cached::new(store));
-    let _ = slot.set(cached.clone());
     (cached, task)
+}
+
+/// A watch into `cache`, whose events then go to `route`; managed fields
+/// are dropped.
+fn reflect_compact<K>(
+    api: Api<K>,
+    cache: Compact<K>,
+    route: impl Fn(&watcher::Event<K>) + Send + 'static,
+) -> (Task, Compact<K>)
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+{
+    let kind = K::kind(&K::DynamicType::default()).to_string();
+    let stream = watcher(api, watcher::Config::default().any_semantic())
+        .default_backoff()
+        .modify(|o| o.managed_fields_mut().clear());
+    let reader = cache.clone();
+    let task = drive(stream, kind, move |event| {
+        cache.apply(&event);
+        route(&event);
+    });
+    (Box::pin(task), reader)
 }
 
 /// A cache that never changes, holding `objects`: node deployment's Node
@@ -210,17 +234,21 @@ pub fn build(
     };
     tasks.push(task);
     let attachments = if !node_deployment::watches_attachments(setup.node.is_some(), setup.caps) {
-        fixed_store(Vec::new())
+        Compact::of([])
     } else {
         let vq = volumes.clone();
-        let (attachments, task) = reflect(Api::<VolumeAttachment>::all(client.clone()), move |e| {
-            // A deletion waiting for a detach can go on now.
-            if let watcher::Event::Delete(va) = e {
-                if let Some(pv) = &va.spec.source.persistent_volume_name {
-                    vq.add(pv.clone());
+        let (task, attachments) = reflect_compact(
+            Api::<VolumeAttachment>::all(client.clone()),
+            Compact::indexed(attached_volume),
+            move |e| {
+                // A deletion waiting for a detach can go on now.
+                if let watcher::Event::Delete(va) = e {
+                    if let Some(pv) = &va.spec.source.persistent_volume_name {
+                        vq.add(pv.clone());
+                    }
                 }
-            }
-        });
+            },
+        );
         tasks.push(task);
         attachments
     };
@@ -236,11 +264,11 @@ pub fn build(
                 let Some(name) = applied(e).and_then(|c| c.metadata.name.as_deref()) else {
                     return;
                 };
-                for claim in waiting.store().state() {
+                for claim in waiting.store().iter() {
                     if claim_is_for(&claim, &driver)
                         && super::attributes_class::waits_for(&claim, name, true)
                     {
-                        queue.add(ObjectRef::from_obj(claim.as_ref()));
+                        queue.add(ObjectRef::from_obj(&claim));
                     }
                 }
             },
@@ -321,12 +349,12 @@ pub async fn run(
     // One waiter per store: a store's readiness wakes a single waiter.
     let caches = &cx.caches;
     let synced = async {
-        let _ = caches.claims.store().wait_until_ready().await;
-        let _ = caches.volumes.store().wait_until_ready().await;
+        caches.claims.store().ready().await;
+        caches.volumes.store().ready().await;
         let _ = caches.classes.wait_until_ready().await;
         let _ = caches.csi_nodes.wait_until_ready().await;
         let _ = caches.nodes.wait_until_ready().await;
-        let _ = caches.attachments.wait_until_ready().await;
+        caches.attachments.ready().await;
     };
     tokio::select! {
         () = synced => {}

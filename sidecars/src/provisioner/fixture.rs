@@ -20,20 +20,49 @@ use super::metrics::OperationMetrics;
 use super::node_deployment::{LocalNode, NodeDeployment, ThisNode};
 use super::plan::ProvisionerConfig;
 use crate::common::cache::Cached;
+use crate::common::compact::Compact;
 use crate::common::driver::Driver;
 use crate::common::workqueue::Backoff;
 
-/// A store holding `objects` (JSON, as the API server returns them).
-pub fn store<K>(objects: &[Value]) -> Store<K>
+/// A cache of either kind ([`Store`] or [`Compact`]) holding `objects`.
+pub trait FromObjects<K> {
+    fn from_objects(objects: Vec<K>) -> Self;
+}
+
+impl<K> FromObjects<K> for Store<K>
 where
-    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + 'static,
+    K: kube::Resource<DynamicType = ()> + Clone + 'static,
 {
-    let (reader, mut writer) = reflector::store();
-    for o in objects {
-        let obj: K = serde_json::from_value(o.clone()).expect("a valid object");
-        writer.apply_watcher_event(&Event::Apply(obj));
+    fn from_objects(objects: Vec<K>) -> Self {
+        let (reader, mut writer) = reflector::store();
+        for obj in objects {
+            writer.apply_watcher_event(&Event::Apply(obj));
+        }
+        reader
     }
-    reader
+}
+
+impl<K> FromObjects<K> for Compact<K>
+where
+    K: kube::Resource + serde::Serialize + serde::de::DeserializeOwned,
+{
+    fn from_objects(objects: Vec<K>) -> Self {
+        Compact::of(objects)
+    }
+}
+
+/// A cache holding `objects` (JSON, as the API server returns them).
+pub fn store<K, S>(objects: &[Value]) -> S
+where
+    K: serde::de::DeserializeOwned,
+    S: FromObjects<K>,
+{
+    S::from_objects(
+        objects
+            .iter()
+            .map(|o| serde_json::from_value(o.clone()).expect("a valid object"))
+            .collect(),
+    )
 }
 
 /// What a test chooses; everything else is the same in every sync test.
@@ -42,9 +71,9 @@ pub struct Fixture {
     pub driver: Driver,
     pub config: ProvisionerConfig,
     pub caps: DriverCapabilities,
-    pub claims: Store<PersistentVolumeClaim>,
+    pub claims: Compact<PersistentVolumeClaim>,
     pub classes: Store<StorageClass>,
-    pub volumes: Store<PersistentVolume>,
+    pub volumes: Compact<PersistentVolume>,
     /// `None`: the claim-finalizer fallback.
     pub journal: Option<Arc<Journal>>,
 }
@@ -69,7 +98,7 @@ impl Fixture {
                 volumes: Arc::new(Cached::new(self.volumes)),
                 csi_nodes: reflector::store().0,
                 nodes: reflector::store().0,
-                attachments: reflector::store().0,
+                attachments: Compact::of([]),
                 attributes_classes: fixed_store(Vec::new()),
             },
             claims: queues.claims,

@@ -8,6 +8,7 @@
 //! `--snapshot-orphan-sweep-interval`: a snapshot that no pending claim
 //! restores from keeps no finalizer of ours.
 
+use std::borrow::Borrow;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,18 +26,19 @@ use super::snapshot_api::{get_custom, snapshots};
 
 /// `namespace/name` of every VolumeSnapshot a pending claim restores from
 /// (any driver's claim: another provisioner's restore counts too).
-pub fn pending_sources<'a>(
-    claims: impl IntoIterator<Item = &'a PersistentVolumeClaim>,
+pub fn pending_sources<C: Borrow<PersistentVolumeClaim>>(
+    claims: impl IntoIterator<Item = C>,
 ) -> BTreeSet<String> {
     claims
         .into_iter()
         .filter(|c| {
+            let c = c.borrow();
             let phase = c.status.as_ref().and_then(|s| s.phase.as_deref());
             matches!(phase, None | Some("") | Some("Pending"))
         })
         // Cross-namespace sources count whatever the gate says: the sweep
         // must never strip a snapshot another provisioner restores.
-        .filter_map(|c| content_source::data_source(c, true).ok().flatten())
+        .filter_map(|c| content_source::data_source(c.borrow(), true).ok().flatten())
         .filter(|s| s.kind == SourceKind::Snapshot)
         .map(|s| format!("{}/{}", s.namespace, s.name))
         .collect()
@@ -165,8 +167,7 @@ pub async fn sweep_snapshot_finalizers(cx: Arc<Context>, interval: Duration) {
                 continue;
             }
         };
-        let claims = cx.caches.claims.store().state();
-        let pending = pending_sources(claims.iter().map(|c| c.as_ref()));
+        let pending = pending_sources(cx.caches.claims.store().iter());
         for snapshot in orphans(&listed, &pending) {
             if let Err(e) = remove_snapshot_finalizer(&cx, snapshot).await {
                 tracing::warn!(error = %e, "cannot release an orphaned snapshot");

@@ -93,12 +93,7 @@ pub async fn sync_volume(cx: &Context, name: &str) -> Result<(), VolumeError> {
 async fn delete(cx: &Context, pv: &PersistentVolume) -> Result<(), VolumeError> {
     let started = Instant::now();
     let name = pv.name_any();
-    let attached = cx
-        .caches
-        .attachments
-        .state()
-        .into_iter()
-        .find(|va| va.spec.source.persistent_volume_name.as_deref() == Some(name.as_str()));
+    let attached = cx.caches.attachments.by_index(&name).into_iter().next();
     if let Some(va) = attached {
         return Err(VolumeError::StillAttached {
             pv: name,

@@ -71,7 +71,8 @@ fn object<K: serde::de::DeserializeOwned>(v: &Value) -> K {
 
 struct Fixture {
     ctrl: Arc<Controller>,
-    watches: Watches,
+    /// Kept so the CSINode cache's writer lives as long as the test.
+    _watches: Watches,
     log: Log,
     written: mpsc::UnboundedReceiver<Value>,
     _dir: tempfile::TempDir,
@@ -113,18 +114,14 @@ async fn fixture(
         Queues::new(backoff),
         Writes::default(),
     );
-    watches
-        .va_writer
-        .apply_watcher_event(&Event::Apply(object(&va)));
-    watches
-        .pv_writer
-        .apply_watcher_event(&Event::Apply(object(&pv)));
+    ctrl.vas.store().apply(&Event::Apply(object(&va)));
+    ctrl.pvs.store().apply(&Event::Apply(object(&pv)));
     watches
         .csinode_writer
         .apply_watcher_event(&Event::Apply(object::<CSINode>(&csinode())));
     Fixture {
         ctrl,
-        watches,
+        _watches: watches,
         log,
         written,
         _dir: dir,
@@ -191,7 +188,7 @@ async fn an_error_already_recorded_is_not_written_again() {
         .expect_err("no PV");
     let recorded: VolumeAttachment = object(&fx.written.recv().await.expect("the status write"));
     let event = Event::Apply(recorded);
-    fx.watches.va_writer.apply_watcher_event(&event);
+    fx.ctrl.vas.store().apply(&event);
     fx.ctrl.vas.observe(&event);
     fx.ctrl
         .sync_va("va-0", Kind::Attach)
@@ -227,7 +224,6 @@ async fn new_error_messages_do_not_retry_faster_than_the_backoff() {
     // The watch: our own writes come back as events.
     let watch = {
         let ctrl = fx.ctrl.clone();
-        let mut writer = fx.watches.va_writer;
         let mut written = fx.written;
         tokio::spawn(async move {
             while let Some(obj) = written.recv().await {
@@ -237,7 +233,7 @@ async fn new_error_messages_do_not_retry_faster_than_the_backoff() {
                 let new: VolumeAttachment = object(&obj);
                 let old = ctrl.vas.store().get(&ObjectRef::from_obj(&new));
                 let event = Event::Apply(new);
-                writer.apply_watcher_event(&event);
+                ctrl.vas.store().apply(&event);
                 ctrl.on_va_event(event, old.as_deref());
             }
         })

@@ -301,7 +301,7 @@ impl CapacityController {
             ready(&caches.classes).await;
             ready(&caches.csi_nodes).await;
             ready(&caches.nodes).await;
-            ready(caches.volumes.store()).await;
+            caches.volumes.store().ready().await;
         };
         tokio::select! {
             () = ready => {}
@@ -353,7 +353,6 @@ impl CapacityController {
         let volumes: HashMap<String, Touched> = caches
             .volumes
             .store()
-            .state()
             .iter()
             .filter(|pv| {
                 pv.spec
@@ -361,7 +360,7 @@ impl CapacityController {
                     .and_then(|s| s.csi.as_ref())
                     .is_some_and(|c| c.driver == driver)
             })
-            .map(|pv| (pv.name_any(), objects::touched(pv)))
+            .map(|pv| (pv.name_any(), objects::touched(&pv)))
             .collect();
 
         let mut plan = self.plan();

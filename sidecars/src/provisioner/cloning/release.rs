@@ -41,7 +41,7 @@ async fn release_source(cx: &Context, key: &ClaimKey) -> Result<(), kube::Error>
     let Some(claim) = cx.caches.claims.get(key) else {
         return Ok(());
     };
-    if !may_release(&claim, &cx.caches.claims.store().state()) {
+    if !may_release(&claim, cx.caches.claims.store().iter()) {
         return Ok(());
     }
     let Some(patch) = finalizer::remove_at_index(&claim.metadata, CLONE_FINALIZER) else {

@@ -16,6 +16,7 @@ use super::super::fixture::{self, Fixture};
 use super::super::plan::ProvisionerConfig;
 use super::fixed_store;
 use crate::common::cache::Cached;
+use crate::common::compact::Compact;
 use crate::common::fake_csi::FakeController;
 use crate::provisioner::context::Caches;
 
@@ -114,12 +115,12 @@ async fn after_the_lease_is_lost_no_worker_calls_create_or_delete_volume() {
     .provisioner();
     // Caches that have listed (run waits for that).
     p.caches = Caches {
-        claims: Arc::new(Cached::new(fixed_store(objects(&claims)))),
+        claims: Arc::new(Cached::new(Compact::of(objects(&claims)))),
         classes: fixed_store(objects(&[class()])),
-        volumes: Arc::new(Cached::new(fixed_store(objects(&pvs)))),
+        volumes: Arc::new(Cached::new(Compact::of(objects(&pvs)))),
         csi_nodes: fixed_store(Vec::new()),
         nodes: fixed_store(Vec::new()),
-        attachments: fixed_store(Vec::new()),
+        attachments: Compact::of([]),
         attributes_classes: fixed_store(Vec::new()),
     };
     p.lease = guard.clone();
