@@ -824,7 +824,10 @@ pub struct SidecarSpec {
     /// operator sets (a variable of the same name replaces the operator's).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub env: Vec<EnvVar>,
-    /// Resource requests and limits of the sidecar container.
+    /// Resource requests and limits of the sidecar container; they replace
+    /// csiops' defaults whole. Unset: a CPU request, a memory request and a
+    /// memory limit sized by the sidecar's role (docs/sizing.md has the
+    /// values and the volumes per cluster each limit holds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
     /// Mounts after `socket-dir` (and, in the registrar, `registration-dir`);

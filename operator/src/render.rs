@@ -28,6 +28,7 @@ pub mod names;
 pub mod node;
 pub mod ports;
 pub mod rbac;
+pub mod sizing;
 mod storageclass;
 pub mod validate;
 

@@ -13,7 +13,6 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::error::RenderError;
-use super::monitoring;
 use super::names::{
     CONTAINER_ATTACHER, CONTAINER_DRIVER, CONTAINER_HEALTH_MONITOR, CONTAINER_LIVENESS_PROBE,
     CONTAINER_PROVISIONER, CONTAINER_REGISTRAR, CONTAINER_RESIZER, CONTAINER_SNAPSHOTTER,
@@ -25,6 +24,7 @@ use super::ports::{
     PROVISIONER_PORT_NAME, REGISTRAR_HTTP_PORT, REGISTRAR_PORT_NAME, RESIZER_HTTP_PORT,
     SNAPSHOTTER_HTTP_PORT,
 };
+use super::{monitoring, sizing};
 use super::{none_if_empty, Ctx};
 
 /// Default image of the resizer helper. The tags are those upstream
@@ -232,7 +232,11 @@ fn sidecar_container(
             .map(|p| p.as_str().to_string()),
         args: Some(args),
         env: none_if_empty(merge_env(&[&operator_env, &spec.env])),
-        resources: spec.resources.clone(),
+        resources: Some(
+            spec.resources
+                .clone()
+                .unwrap_or_else(|| sizing::for_sidecar(key).requirements()),
+        ),
         volume_mounts: Some(mounts),
         security_context: Some(sidecar_security_context()),
         ..Default::default()
