@@ -2,8 +2,8 @@
 //! answering CreateVolume after `--create-delay`), the provisioner alone
 //! is started, then `--burst-claims` claims of an Immediate class are
 //! created at once (32 creates in flight). Sampled every
-//! `--sample-every` seconds: claims created, claims Bound (a watch of the
-//! bench's own) and the provisioner's VmRSS; meanwhile another client
+//! `--sample-every` seconds: claims created, the driver's PVs created and
+//! claims Bound (watches of the bench's own) and the provisioner's VmRSS; meanwhile another client
 //! GETs `namespaces/default` every 200 ms ([`LatencyProbe`]). The
 //! provisioner and that client act as ServiceAccounts (impersonated), so
 //! API priority and fairness classes them as workloads; the bench itself,
@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::api::{Api, PostParams};
 use kube::runtime::watcher;
 
@@ -31,6 +31,7 @@ use crate::{free_port, Cluster, ClusterOptions, Error, Result};
 struct Sample {
     t: Duration,
     created: usize,
+    provisioned: usize,
     bound: usize,
     rss_kib: u64,
 }
@@ -43,27 +44,41 @@ struct Outcome {
     latency: Latencies,
 }
 
-/// Counts the Bound claims of `namespace` from a watch.
-fn count_bound(client: kube::Client, bound: Arc<AtomicUsize>) -> tokio::task::JoinHandle<()> {
+/// Counts the objects of `api`'s watch that `counts` accepts, each name
+/// once: claims Bound (kube-controller-manager's binding) and the driver's
+/// PVs (the provisioner's own work), so a slow binding shows apart from a
+/// slow provisioner.
+fn count_where<K>(
+    api: Api<K>,
+    counts: fn(&K) -> bool,
+    n: Arc<AtomicUsize>,
+) -> tokio::task::JoinHandle<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
     tokio::spawn(async move {
-        let api: Api<PersistentVolumeClaim> = Api::namespaced(client, "default");
         let mut seen: HashSet<String> = HashSet::new();
         let mut stream = watcher(api, watcher::Config::default()).boxed();
         while let Some(ev) = stream.next().await {
-            let claims: Vec<PersistentVolumeClaim> = match ev {
-                Ok(watcher::Event::Apply(c)) | Ok(watcher::Event::InitApply(c)) => vec![c],
+            let o = match ev {
+                Ok(watcher::Event::Apply(o)) | Ok(watcher::Event::InitApply(o)) => o,
                 _ => continue,
             };
-            for c in claims {
-                if objects::is_bound(&c) {
-                    if let Some(n) = c.metadata.name {
-                        seen.insert(n);
-                    }
+            if counts(&o) {
+                if let Some(name) = o.meta().name.clone() {
+                    seen.insert(name);
                 }
             }
-            bound.store(seen.len(), Ordering::Relaxed);
+            n.store(seen.len(), Ordering::Relaxed);
         }
     })
+}
+
+fn is_ours(pv: &PersistentVolume) -> bool {
+    pv.spec
+        .as_ref()
+        .and_then(|s| s.csi.as_ref())
+        .is_some_and(|c| c.driver == DRIVER)
 }
 
 async fn one(args: &Args, side: &Side) -> Result<Outcome> {
@@ -100,8 +115,18 @@ async fn one(args: &Args, side: &Side) -> Result<Outcome> {
 
     let n = args.burst_claims;
     let bound = Arc::new(AtomicUsize::new(0));
+    let provisioned = Arc::new(AtomicUsize::new(0));
     let created = Arc::new(AtomicUsize::new(0));
-    let watch = count_bound(cluster.client()?, bound.clone());
+    let watch = count_where(
+        Api::<PersistentVolumeClaim>::namespaced(cluster.client()?, "default"),
+        objects::is_bound,
+        bound.clone(),
+    );
+    let pv_watch = count_where(
+        Api::<PersistentVolume>::all(cluster.client()?),
+        is_ours,
+        provisioned.clone(),
+    );
     let probe = LatencyProbe::start(
         sidecar::client_from(&other).await?,
         Duration::from_millis(200),
@@ -136,6 +161,7 @@ async fn one(args: &Args, side: &Side) -> Result<Outcome> {
         samples.push(Sample {
             t: t0.elapsed(),
             created: created.load(Ordering::Relaxed),
+            provisioned: provisioned.load(Ordering::Relaxed),
             bound: b,
             rss_kib,
         });
@@ -161,6 +187,7 @@ async fn one(args: &Args, side: &Side) -> Result<Outcome> {
     let latency = probe.stop();
     creator.abort();
     watch.abort();
+    pv_watch.abort();
     let hwm_kib = memory_kib(proc.pid()).map_or(0, |m| m.1);
     let cpu = cpu_seconds(proc.pid()).unwrap_or(0.0);
     drop(proc);
@@ -214,9 +241,10 @@ fn timeline(name: &str, o: &Outcome, rows: usize) -> String {
     for (i, s) in o.samples.iter().enumerate() {
         if i % step == 0 || i + 1 == o.samples.len() {
             out += &format!(
-                "| {name} | {:.0} | {} | {} | {} |\n",
+                "| {name} | {:.0} | {} | {} | {} | {} |\n",
                 s.t.as_secs_f64(),
                 s.created,
+                s.provisioned,
                 s.bound,
                 mib(s.rss_kib)
             );
@@ -248,7 +276,7 @@ pub async fn run(args: &Args) -> Result<String> {
          | provisioner | claims Bound | Bound/s overall | Bound/s from 10% to 90% | VmRSS at 25/50/75% Bound and at the end (MiB) | VmHWM (MiB) | CPU s | another client's GET latency |\n\
          |---|---|---|---|---|---|---|---|\n{summary}\n\
          Over time:\n\n\
-         | side | s | claims created | Bound | VmRSS (MiB) |\n|---|---|---|---|---|\n{lines}\n",
+         | side | s | claims created | PVs created | Bound | VmRSS (MiB) |\n|---|---|---|---|---|---|\n{lines}\n",
         delay = args.create_delay,
         qps = args.qps,
         burst = args.burst,
