@@ -276,7 +276,12 @@ fn service_account(ctx: &mut Ctx, object: &Object, at: &At<'_>, used: &BTreeSet<
         object.id(),
         None,
         Outcome::replaced(
-            format!("ServiceAccounts {0}-controller and {0}-node", ctx.cr_name),
+            // NodeLocal has no controller workload, so no controller account.
+            if ctx.node_local {
+                format!("ServiceAccount {}-node", ctx.cr_name)
+            } else {
+                format!("ServiceAccounts {0}-controller and {0}-node", ctx.cr_name)
+            },
             format!("the operator creates its pods' ServiceAccounts ({note})"),
         ),
     );
