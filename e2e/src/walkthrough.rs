@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::storage::v1::{CSINode, CSINodeDriver};
 use kube::api::Api;
 
 use serde_json::json;
@@ -288,6 +289,26 @@ pub async fn wait_pod_running(cluster: &Cluster, name: &str, timeout: Duration) 
     })
     .await
     .map_err(|_| Error::Other(format!("pod {NS}/{name} never Running")))
+}
+
+/// Waits until kubelet lists `driver` in the real node's CSINode (its
+/// registrar registered), and returns that entry.
+pub async fn wait_registered(
+    cluster: &Cluster,
+    driver: &str,
+    timeout: Duration,
+) -> Result<CSINodeDriver> {
+    let csinodes: Api<CSINode> = Api::all(cluster.client()?);
+    wait_for(timeout, Duration::from_millis(500), || async {
+        let c = csinodes.get_opt(NODE_NAME).await.ok()??;
+        c.spec.drivers.into_iter().find(|d| d.name == driver)
+    })
+    .await
+    .map_err(|_| {
+        Error::Other(format!(
+            "kubelet never listed {driver} in CSINode {NODE_NAME}"
+        ))
+    })
 }
 
 /// The longest pause, in ms, between counter lines (`<n> <unix ms>`) written

@@ -35,7 +35,7 @@ use k8s_openapi::api::core::v1::{
     Node, PersistentVolume, PersistentVolumeClaim, Pod, ServiceAccount,
 };
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
-use k8s_openapi::api::storage::v1::{CSIDriver, CSINode};
+use k8s_openapi::api::storage::v1::CSIDriver;
 use kube::api::{Api, DeleteParams};
 use kube::ResourceExt;
 
@@ -160,22 +160,9 @@ async fn a_running_deployment_is_taken_over_without_a_volume_outage() {
         &data_dir.to_string_lossy(),
     );
     testkit::apply_ok(&cluster, "legacy", &legacy).await;
-    let csinodes: Api<CSINode> = Api::all(client.clone());
-    wait_for(DEADLINE, POLL, || async {
-        let c = csinodes.get_opt(NODE_NAME).await.ok()??;
-        c.spec
-            .drivers
-            .iter()
-            .any(|d| d.name == DRIVER)
-            .then_some(())
-    })
-    .await
-    .unwrap_or_else(|_| {
-        panic!(
-            "the legacy node plugin never registered\n{}",
-            story(&cluster)
-        )
-    });
+    walkthrough::wait_registered(&cluster, DRIVER, DEADLINE)
+        .await
+        .unwrap_or_else(|e| panic!("the legacy node plugin: {e}\n{}", story(&cluster)));
     let writer = App {
         name: "writer",
         image: &driver_image,

@@ -16,9 +16,8 @@
 use std::time::Duration;
 
 use csiops_e2e::realnode::{host, images, NODE_NAME};
-use csiops_e2e::{testkit, wait_for, Cluster, ClusterOptions};
+use csiops_e2e::{testkit, wait_for, walkthrough, Cluster, ClusterOptions};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::storage::v1::CSINode;
 use kube::api::{Api, ListParams};
 
 const NS: &str = "dropin";
@@ -143,25 +142,21 @@ async fn upstream_style_registrar_without_rbac_registers_and_stays_up() {
     .await;
 
     // kubelet registers the driver and writes its CSINode entry itself.
-    let csinodes: Api<CSINode> = Api::all(client.clone());
     let kubectl = |args: &[&str]| {
         let mut all = vec!["-n", NS];
         all.extend_from_slice(args);
         testkit::kubectl_text(&cluster, &all)
     };
-    let entry = wait_for(DEADLINE, POLL, || async {
-        let c = csinodes.get_opt(NODE_NAME).await.ok()??;
-        c.spec.drivers.into_iter().find(|d| d.name == DRIVER)
-    })
-    .await
-    .unwrap_or_else(|_| {
-        panic!(
-            "kubelet never listed {DRIVER} in CSINode {NODE_NAME}\n{}\n{}\n{}",
-            kubectl(&["get", "pods", "-o", "wide"]),
-            kubectl(&["logs", "ds/csi-dropin-node", "-c", "node-driver-registrar"]),
-            cluster.log_tails(30)
-        )
-    });
+    let entry = walkthrough::wait_registered(&cluster, DRIVER, DEADLINE)
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "{e}\n{}\n{}\n{}",
+                kubectl(&["get", "pods", "-o", "wide"]),
+                kubectl(&["logs", "ds/csi-dropin-node", "-c", "node-driver-registrar"]),
+                cluster.log_tails(30)
+            )
+        });
     assert_eq!(entry.node_id, NODE_NAME, "the driver's NodeGetInfo node ID");
     let kubelet_log =
         std::fs::read_to_string(cluster.log_dir().join("kubelet.log")).expect("kubelet log");

@@ -57,7 +57,7 @@ use csiops_e2e::{testkit, wait_for, Cluster, ClusterOptions};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleBinding};
-use k8s_openapi::api::storage::v1::{CSIDriver, CSINode};
+use k8s_openapi::api::storage::v1::CSIDriver;
 use kube::api::{Api, DeleteParams, ListParams};
 use kube::ResourceExt;
 
@@ -195,22 +195,9 @@ fn check_images(cluster: &Cluster, yaml: &str) {
 async fn deploy_upstream(cluster: &Cluster, yaml: &str) {
     check_images(cluster, yaml);
     testkit::apply_ok(cluster, "upstream", yaml).await;
-    let csinodes: Api<CSINode> = Api::all(cluster.client().expect("client"));
-    wait_for(DEADLINE, POLL, || async {
-        let c = csinodes.get_opt(NODE_NAME).await.ok()??;
-        c.spec
-            .drivers
-            .iter()
-            .any(|d| d.name == DRIVER)
-            .then_some(())
-    })
-    .await
-    .unwrap_or_else(|_| {
-        panic!(
-            "upstream's node plugin never registered\n{}",
-            story(cluster)
-        )
-    });
+    walkthrough::wait_registered(cluster, DRIVER, DEADLINE)
+        .await
+        .unwrap_or_else(|e| panic!("upstream's node plugin: {e}\n{}", story(cluster)));
 }
 
 /// Creates the app's claim and pod and waits until it runs; its volume ID.
