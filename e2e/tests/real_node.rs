@@ -103,6 +103,22 @@ spec:
     assert!(left.is_empty(), "left behind: {left:#?}");
 }
 
+/// What the phases of `install_yaml_and_a_driver_run_for_real` work on: the
+/// cluster, an admin client, the driver image and the node's kubelet
+/// directory.
+struct Bed {
+    cluster: Cluster,
+    client: kube::Client,
+    image: String,
+    kubelet_dir: std::path::PathBuf,
+}
+
+impl Bed {
+    fn node(&self) -> &realnode::RealNode {
+        self.cluster.real_node().expect("a real node")
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn install_yaml_and_a_driver_run_for_real() {
     let cluster = start(0).await;
@@ -115,9 +131,30 @@ async fn install_yaml_and_a_driver_run_for_real() {
         .reference(images::TEST_DRIVER)
         .expect("driver image")
         .to_string();
-    let next_image = format!("{image}-next");
+    let bed = Bed {
+        cluster,
+        client,
+        image,
+        kubelet_dir,
+    };
 
-    // --- install.yaml, unmodified --------------------------------------------
+    install_yaml_runs_the_operator_with_in_cluster_config(&bed).await;
+    let (timeline, node_pod) = a_driver_runs_on_the_real_node(&bed).await;
+    the_containers_run_the_rendered_arguments(&bed, &node_pod);
+    let registered = the_registrar_registers_and_maintains_csinode(&bed, &node_pod).await;
+    a_quiet_minute_writes_neither_csinode_nor_node(&bed).await;
+    a_wrong_kubelet_dir_shows_in_status(&bed, &root).await;
+    an_upgrade_restarts_the_containers_in_order(&bed, &node_pod, timeline, &registered).await;
+    deleting_removes_the_containers_from_containerd(&bed).await;
+
+    let left = bed.cluster.stop_and_report().await.expect("cluster stops");
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}
+
+/// `manifests/install.yaml`, unmodified, runs the operator; in-cluster
+/// config works: one replica holds the Lease.
+async fn install_yaml_runs_the_operator_with_in_cluster_config(bed: &Bed) {
+    let cluster = &bed.cluster;
     let install = testkit::workspace_root().join("manifests/install.yaml");
     cluster
         .kubectl_ok(["apply", "--server-side", "-f", &install.to_string_lossy()])
@@ -142,32 +179,48 @@ async fn install_yaml_and_a_driver_run_for_real() {
     );
     // In-cluster config worked: one replica holds the Lease.
     let holder = testkit::jsonpath(
-        &cluster,
+        cluster,
         &["-n", "csiops-system", "get", "lease", "csiops-operator"],
         "{.spec.holderIdentity}",
     )
     .await
     .expect("operator Lease");
     assert!(holder.starts_with("csiops-operator-"), "holder {holder:?}");
+}
 
-    // --- a driver on the real node -------------------------------------------
-    let timeline = Timeline::start(&client, NS);
+/// A CSIDriverDeployment of csi-test-driver reaches Running on the real
+/// node, registered; returns the rollout timeline (begun before its install)
+/// and the node pod.
+async fn a_driver_runs_on_the_real_node(bed: &Bed) -> (Timeline, Pod) {
+    let Bed {
+        cluster,
+        client,
+        image,
+        kubelet_dir,
+    } = bed;
+    let timeline = Timeline::start(client, NS);
     testkit::apply_ok(
-        &cluster,
+        cluster,
         "testdriver",
-        &driver_yaml(NAME, DRIVER, &image, "v0.1.0", &kubelet_dir),
+        &driver_yaml(NAME, DRIVER, image, "v0.1.0", kubelet_dir),
     )
     .await;
-    let row = testkit::wait_running(&cluster, NS, NAME, "v0.1.0", 1, DEADLINE)
+    let row = testkit::wait_running(cluster, NS, NAME, "v0.1.0", 1, DEADLINE)
         .await
-        .unwrap_or_else(|e| panic!("{e}\n{}", operator_logs_and_tails(&cluster)));
+        .unwrap_or_else(|e| panic!("{e}\n{}", operator_logs_and_tails(cluster)));
     assert_eq!(row["REGISTERED"], "1/1");
     assert_eq!(row["CONTROLLER"], "1/1");
 
-    // The containers run with exactly the arguments the operator rendered.
-    let node_pod = one_pod(&client, &testkit::node_pod_selector(NAME)).await;
+    let node_pod = one_pod(client, &testkit::node_pod_selector(NAME)).await;
+    (timeline, node_pod)
+}
+
+/// The containers run with exactly the arguments the operator rendered, and
+/// only the registrar sees a ServiceAccount token.
+fn the_containers_run_the_rendered_arguments(bed: &Bed, node_pod: &Pod) {
+    let node = bed.node();
     for c in &node_pod.spec.as_ref().expect("spec").containers {
-        let id = testkit::container_id(&node_pod, &c.name).expect("container ID");
+        let id = testkit::container_id(node_pod, &c.name).expect("container ID");
         let info: serde_json::Value =
             serde_json::from_str(&node.ctr(&["containers", "info", &id]).expect("ctr info"))
                 .expect("ctr info is JSON");
@@ -197,8 +250,13 @@ async fn install_yaml_and_a_driver_run_for_real() {
             c.name
         );
     }
+}
 
-    // Our registrar registered with the real kubelet's plugin watcher.
+/// Our registrar registered with the real kubelet's plugin watcher and,
+/// given a node name and RBAC by the operator, maintains CSINode; returns
+/// the kubelet log line of the registration.
+async fn the_registrar_registers_and_maintains_csinode(bed: &Bed, node_pod: &Pod) -> String {
+    let cluster = &bed.cluster;
     let kubelet_log =
         std::fs::read_to_string(cluster.log_dir().join("kubelet.log")).expect("kubelet log");
     let registered = format!("Register new plugin with name: {DRIVER}");
@@ -225,9 +283,13 @@ async fn install_yaml_and_a_driver_run_for_real() {
             && !registrar_log.contains("CSINode maintenance is off"),
         "the operator's registrar does not maintain CSINode:\n{registrar_log}"
     );
+    registered
+}
 
-    // kubelet and the registrar agree on CSINode and the Node: a quiet
-    // minute writes neither.
+/// kubelet and the registrar agree on CSINode and the Node: a quiet minute
+/// writes neither.
+async fn a_quiet_minute_writes_neither_csinode_nor_node(bed: &Bed) {
+    let client = &bed.client;
     let csinodes: Api<CSINode> = Api::all(client.clone());
     let nodes: Api<Node> = Api::all(client.clone());
     let rv = |o: Option<String>| o.unwrap_or_default();
@@ -254,16 +316,20 @@ async fn install_yaml_and_a_driver_run_for_real() {
         "Node written during a quiet minute: {}",
         changed_fields(&node_before, &node_after)
     );
+}
 
-    // --- a wrong kubeletDir shows in status ----------------------------------
+/// A driver pointed at a wrong `kubeletDir` shows it in status, and is
+/// deleted again.
+async fn a_wrong_kubelet_dir_shows_in_status(bed: &Bed, root: &Path) {
+    let Bed { cluster, image, .. } = bed;
     let wrong_dir = root.join("wrong-kubelet");
     testkit::apply_ok(
-        &cluster,
+        cluster,
         "wrongdir",
         &driver_yaml(
             "wrongdir",
             "csi-wrong.csiops.dev",
-            &image,
+            image,
             "v0.1.0",
             &wrong_dir,
         ),
@@ -271,7 +337,7 @@ async fn install_yaml_and_a_driver_run_for_real() {
     .await;
     let unhealthy = wait_for(Duration::from_secs(150), Duration::from_secs(1), || async {
         let v = testkit::jsonpath(
-            &cluster,
+            cluster,
             &["-n", NS, "get", "csidd", "wrongdir"],
             "{.status.unhealthyPods}",
         )
@@ -284,7 +350,7 @@ async fn install_yaml_and_a_driver_run_for_real() {
         let kubectl = |args: &[&str]| {
             let mut all = vec!["-n", NS];
             all.extend_from_slice(args);
-            testkit::kubectl_text(&cluster, &all)
+            testkit::kubectl_text(cluster, &all)
         };
         let seen = [
             kubectl(&["get", "csidd", "wrongdir", "-o", "jsonpath={.status}"]),
@@ -299,11 +365,28 @@ async fn install_yaml_and_a_driver_run_for_real() {
         .kubectl_ok(["-n", NS, "delete", "csidd", "wrongdir", "--timeout=120s"])
         .await
         .expect("wrongdir deleted");
+}
 
-    // --- upgrade: real container restarts, in order ---------------------------
+/// An upgrade restarts the real containers in order: nodes first under the
+/// serving controller, then the controller with a surge replica; the
+/// upgraded registrar registers again with kubelet.
+async fn an_upgrade_restarts_the_containers_in_order(
+    bed: &Bed,
+    node_pod: &Pod,
+    timeline: Timeline,
+    registered: &str,
+) {
+    let Bed {
+        cluster,
+        client,
+        image,
+        ..
+    } = bed;
+    let node = bed.node();
+    let next_image = format!("{image}-next");
     // A second tag of the same image (made only now: a new image changes
     // the Node's status, which the quiet minute above must not see).
-    node.ctr(&["images", "tag", &image, &next_image])
+    node.ctr(&["images", "tag", image, &next_image])
         .expect("ctr images tag");
     let old_uid = node_pod.uid().expect("uid");
     let patch = format!(r#"{{"spec":{{"version":"v0.1.1","driver":{{"image":"{next_image}"}}}}}}"#);
@@ -320,10 +403,10 @@ async fn install_yaml_and_a_driver_run_for_real() {
         ])
         .await
         .expect("patch");
-    testkit::wait_running(&cluster, NS, NAME, "v0.1.1", 1, DEADLINE)
+    testkit::wait_running(cluster, NS, NAME, "v0.1.1", 1, DEADLINE)
         .await
-        .unwrap_or_else(|e| panic!("{e}\n{}", operator_logs_and_tails(&cluster)));
-    let new_pod = one_pod(&client, &testkit::node_pod_selector(NAME)).await;
+        .unwrap_or_else(|e| panic!("{e}\n{}", operator_logs_and_tails(cluster)));
+    let new_pod = one_pod(client, &testkit::node_pod_selector(NAME)).await;
     assert_ne!(
         new_pod.uid().as_deref(),
         Some(old_uid.as_str()),
@@ -363,8 +446,12 @@ async fn install_yaml_and_a_driver_run_for_real() {
         "the upgraded registrar did not register again with kubelet"
     );
     drop(timeline);
+}
 
-    // --- delete: the containers leave containerd ------------------------------
+/// Deleting the object removes its containers from containerd.
+async fn deleting_removes_the_containers_from_containerd(bed: &Bed) {
+    let Bed { cluster, image, .. } = bed;
+    let node = bed.node();
     cluster
         .kubectl_ok(["-n", NS, "delete", "csidd", NAME, "--timeout=120s"])
         .await
@@ -378,7 +465,7 @@ async fn install_yaml_and_a_driver_run_for_real() {
         let listed = node.ctr(&["containers", "ls"]).ok()?;
         let ours = listed
             .lines()
-            .filter(|l| l.contains(&image) || l.contains(&sidecar))
+            .filter(|l| l.contains(image.as_str()) || l.contains(&sidecar))
             .count();
         (ours == 0).then_some(())
     })
@@ -388,9 +475,6 @@ async fn install_yaml_and_a_driver_run_for_real() {
         "driver containers still in containerd:\n{}",
         node.ctr(&["containers", "ls"]).unwrap_or_default()
     );
-
-    let left = cluster.stop_and_report().await.expect("cluster stops");
-    assert!(left.is_empty(), "left behind: {left:#?}");
 }
 
 /// Where in-cluster clients find the ServiceAccount token.
