@@ -213,8 +213,20 @@ async fn a_registrar_token_writes_only_its_own_node() {
     let nodes = cluster.node_names().to_vec();
     let (own, other) = (&nodes[0], &nodes[1]);
 
-    // A driver's node ServiceAccount, bound to the shipped registrar role as
-    // the operator binds it, and a pod of it on the first node.
+    a_node_account_with_a_pod_on_the_first_node(&cluster, own).await;
+    let token = a_pod_bound_token_carries_its_node(&cluster, own).await;
+    the_token_patches_its_own_node_and_no_other(&cluster, &token, own, other).await;
+    what_a_registrar_may_change_on_its_node(&cluster, &token, own).await;
+    the_token_creates_its_own_csinode_and_no_other(&cluster, &token, own, other).await;
+    a_token_bound_to_no_pod_is_refused(&cluster, own).await;
+    admins_and_exempted_accounts_patch_any_node(&cluster, &token, other).await;
+
+    cluster.stop().await.expect("cluster stops");
+}
+
+/// A driver's node ServiceAccount, bound to the shipped registrar role as
+/// the operator binds it, and a pod of it on the first node.
+async fn a_node_account_with_a_pod_on_the_first_node(cluster: &Cluster, own: &str) {
     let setup = format!(
         r#"apiVersion: v1
 kind: Namespace
@@ -240,10 +252,12 @@ spec:
   containers: [{{name: c, image: registry.invalid/none:1}}]
 "#
     );
-    testkit::apply_ok(&cluster, "registrar-setup", &setup).await;
+    testkit::apply_ok(cluster, "registrar-setup", &setup).await;
+}
 
-    // The token kubelet would project into that pod: bound to it, so it
-    // carries the pod's node.
+/// The token kubelet would project into that pod: bound to it, so it
+/// carries the pod's node.
+async fn a_pod_bound_token_carries_its_node(cluster: &Cluster, own: &str) -> String {
     let token = cluster
         .kubectl_ok([
             "-n",
@@ -269,16 +283,26 @@ spec:
         .await
         .expect("whoami");
     assert!(
-        whoami.contains("authentication.kubernetes.io/node-name") && whoami.contains(own.as_str()),
+        whoami.contains("authentication.kubernetes.io/node-name") && whoami.contains(own),
         "the token carries its node: {whoami}"
     );
+    token
+}
 
+/// Its own Node: patched. Another: refused, naming both nodes, and left
+/// untouched.
+async fn the_token_patches_its_own_node_and_no_other(
+    cluster: &Cluster,
+    token: &str,
+    own: &str,
+    other: &str,
+) {
     // The API server enforces a new policy once its informer has it
     // (moments): wait for a dry run to be refused, then check for real.
     let dry_other = [
         "patch",
         "node",
-        other.as_str(),
+        other,
         "--dry-run=server",
         "--type=merge",
         "-p",
@@ -287,15 +311,15 @@ spec:
     wait_for(
         Duration::from_secs(60),
         Duration::from_millis(500),
-        || async { (!as_token(&cluster, &token, &dry_other).await.0).then_some(()) },
+        || async { (!as_token(cluster, token, &dry_other).await.0).then_some(()) },
     )
     .await
     .unwrap_or_else(|_| panic!("the registrar policy never refused another node's patch"));
 
     // Its own Node: patched. Another: refused, naming both nodes.
     let (ok, err) = as_token(
-        &cluster,
-        &token,
+        cluster,
+        token,
         &[
             "patch",
             "node",
@@ -308,8 +332,8 @@ spec:
     .await;
     assert!(ok, "patching its own node: {err}");
     let (ok, err) = as_token(
-        &cluster,
-        &token,
+        cluster,
+        token,
         &[
             "patch",
             "node",
@@ -327,14 +351,19 @@ spec:
             && err.contains(&format!("nodes {other}")),
         "{err}"
     );
-    let labels = testkit::jsonpath(&cluster, &["get", "node", other], "{.metadata.labels}")
+    let labels = testkit::jsonpath(cluster, &["get", "node", other], "{.metadata.labels}")
         .await
         .expect("labels");
     assert!(!labels.contains("example.com/touched"), "{labels}");
+}
 
-    what_a_registrar_may_change_on_its_node(&cluster, &token, own).await;
-
-    // CSINodes alike: its own created, another's refused.
+/// CSINodes alike: its own created, another's refused.
+async fn the_token_creates_its_own_csinode_and_no_other(
+    cluster: &Cluster,
+    token: &str,
+    own: &str,
+    other: &str,
+) {
     let csinode = |node: &str| {
         format!(
             r#"{{"apiVersion":"storage.k8s.io/v1","kind":"CSINode","metadata":{{"name":"{node}"}},"spec":{{"drivers":[]}}}}"#
@@ -343,15 +372,16 @@ spec:
     for (node, allowed) in [(own, true), (other, false)] {
         let path = cluster.work_dir().join(format!("csinode-{node}.json"));
         std::fs::write(&path, csinode(node)).expect("write CSINode");
-        let (ok, err) =
-            as_token(&cluster, &token, &["create", "-f", &path.to_string_lossy()]).await;
+        let (ok, err) = as_token(cluster, token, &["create", "-f", &path.to_string_lossy()]).await;
         assert_eq!(ok, allowed, "CSINode {node}: {err}");
         if !allowed {
             assert!(err.contains("csiops-registrar-own-node"), "{err}");
         }
     }
+}
 
-    // A token bound to no pod names no node: refused, saying why.
+/// A token bound to no pod names no node: refused, saying why.
+async fn a_token_bound_to_no_pod_is_refused(cluster: &Cluster, own: &str) {
     let unbound = cluster
         .kubectl_ok(["-n", NS, "create", "token", "drv-node"])
         .await
@@ -359,7 +389,7 @@ spec:
         .trim()
         .to_string();
     let (ok, err) = as_token(
-        &cluster,
+        cluster,
         &unbound,
         &[
             "patch",
@@ -373,9 +403,11 @@ spec:
     .await;
     assert!(!ok, "an unbound token patched a node");
     assert!(err.contains("its token names none"), "{err}");
+}
 
-    // The policy is about registrars: an administrator (and an account
-    // granted the exemption verb) still patches any node.
+/// The policy is about registrars: an administrator (and an account
+/// granted the exemption verb) still patches any node.
+async fn admins_and_exempted_accounts_patch_any_node(cluster: &Cluster, token: &str, other: &str) {
     cluster
         .kubectl_ok([
             "patch",
@@ -400,15 +432,15 @@ roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: sec-any
 subjects: [{{kind: ServiceAccount, name: drv-node, namespace: {NS}}}]
 "#
     );
-    testkit::apply_ok(&cluster, "exempt", &exempt).await;
+    testkit::apply_ok(cluster, "exempt", &exempt).await;
     // RBAC changes reach the authorizer's cache within moments.
     wait_for(
         Duration::from_secs(30),
         Duration::from_millis(500),
         || async {
             as_token(
-                &cluster,
-                &token,
+                cluster,
+                token,
                 &[
                     "patch",
                     "node",
@@ -425,8 +457,6 @@ subjects: [{{kind: ServiceAccount, name: drv-node, namespace: {NS}}}]
     )
     .await
     .expect("an exempted account patches another node");
-
-    cluster.stop().await.expect("cluster stops");
 }
 
 const TEAM: &str = "team-a";
@@ -449,7 +479,19 @@ fn driver_cr(name: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_namespace_user_gains_nothing_through_a_csidriverdeployment() {
     let cluster = policed_cluster(1).await;
-    // Alice may manage CSIDriverDeployments in her namespace, nothing else.
+    alice_may_manage_csidriverdeployments_and_nothing_else(&cluster).await;
+    the_policies_type_check_against_the_crd(&cluster).await;
+    let path = alice_may_not_create_one(&cluster).await;
+    no_change_reaching_an_admins_driver_pods_passes(&cluster).await;
+    the_crd_refuses_a_registrar_node_from_env_and_harmless_changes_pass(&cluster).await;
+    the_namespace_label_lets_her_change_what_it_guards(&cluster).await;
+    the_verb_granted_cluster_wide_lets_her_create_one(&cluster, &path).await;
+    cluster.stop().await.expect("cluster stops");
+}
+
+/// Alice may manage CSIDriverDeployments in her namespace, nothing else: she
+/// holds no right to Secrets, pods, tokens, Nodes or classes.
+async fn alice_may_manage_csidriverdeployments_and_nothing_else(cluster: &Cluster) {
     let rbac = format!(
         r#"apiVersion: v1
 kind: Namespace
@@ -470,7 +512,7 @@ roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: csidd-editor}}
 subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: "{ALICE}"}}]
 "#
     );
-    testkit::apply_ok(&cluster, "alice", &rbac).await;
+    testkit::apply_ok(cluster, "alice", &rbac).await;
 
     // She holds no right to Secrets, pods, tokens, Nodes or classes.
     for args in [
@@ -490,19 +532,21 @@ subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: "{ALICE}"}}]
         vec!["create", "configmaps", "-n", TEAM],
     ] {
         assert!(
-            !testkit::can_i(&cluster, ALICE, &args).await,
+            !testkit::can_i(cluster, ALICE, &args).await,
             "alice may {args:?}"
         );
     }
+}
 
-    // The policies type-check against the CRD's schema.
+/// The policies type-check against the CRD's schema.
+async fn the_policies_type_check_against_the_crd(cluster: &Cluster) {
     for policy in ["csiops-driver-host-access", "csiops-registrar-own-node"] {
         let checked = wait_for(
             Duration::from_secs(60),
             Duration::from_millis(500),
             || async {
                 let v = testkit::jsonpath(
-                    &cluster,
+                    cluster,
                     &["get", "validatingadmissionpolicy", policy],
                     "{.status.typeChecking}",
                 )
@@ -518,7 +562,10 @@ subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: "{ALICE}"}}]
             "{policy}: {checked}"
         );
     }
+}
 
+/// Alice may not create one of her own; returns the manifest she tried.
+async fn alice_may_not_create_one(cluster: &Cluster) -> std::path::PathBuf {
     // Creating one is host access: refused, naming the switch. Polled with
     // a dry run: a new policy is enforced once the API server's informer
     // has it.
@@ -528,12 +575,12 @@ subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: "{ALICE}"}}]
     wait_for(
         Duration::from_secs(60),
         Duration::from_millis(500),
-        || async { (!as_alice(&cluster, &dry).await.0).then_some(()) },
+        || async { (!as_alice(cluster, &dry).await.0).then_some(()) },
     )
     .await
     .unwrap_or_else(|_| panic!("alice may create a CSIDriverDeployment"));
     let create = ["create", "-f", &*path.to_string_lossy()];
-    let (ok, refused) = as_alice(&cluster, &create).await;
+    let (ok, refused) = as_alice(cluster, &create).await;
     assert!(!ok, "alice created a CSIDriverDeployment");
     assert!(
         refused.contains("csiops-driver-host-access")
@@ -542,10 +589,13 @@ subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: "{ALICE}"}}]
             && refused.contains("csiops.dev/host-access=allowed"),
         "{refused}"
     );
+    path
+}
 
-    // An admin's driver in her namespace: every change that reaches what its
-    // privileged pods run is refused, naming the field.
-    testkit::apply_ok(&cluster, "admin-drv", &driver_cr("admins")).await;
+/// An admin's driver in her namespace: every change that reaches what its
+/// privileged pods run is refused, naming the field.
+async fn no_change_reaching_an_admins_driver_pods_passes(cluster: &Cluster) {
+    testkit::apply_ok(cluster, "admin-drv", &driver_cr("admins")).await;
     let attempts: [(&str, &str); 11] = [
         (
             "node",
@@ -591,7 +641,7 @@ subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: "{ALICE}"}}]
     ];
     for (field, patch) in attempts {
         let (ok, err) = as_alice(
-            &cluster,
+            cluster,
             &["patch", "csidd", "admins", "--type=merge", "-p", patch],
         )
         .await;
@@ -601,9 +651,13 @@ subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: "{ALICE}"}}]
             "{patch}: {err}"
         );
     }
-    // The registrar's node from env is refused by the CRD itself.
+}
+
+/// The registrar's node from env is refused by the CRD itself; what is
+/// harmless passes and leaves the guarded fields as they were.
+async fn the_crd_refuses_a_registrar_node_from_env_and_harmless_changes_pass(cluster: &Cluster) {
     let (ok, err) = as_alice(
-        &cluster,
+        cluster,
         &[
             "patch",
             "csidd",
@@ -617,7 +671,7 @@ subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: "{ALICE}"}}]
     assert!(!ok && err.contains("NODE_NAME"), "{err}");
     // What is harmless passes: holding the rollout, its pace, the version.
     let (ok, err) = as_alice(
-        &cluster,
+        cluster,
         &[
             "patch",
             "csidd",
@@ -630,7 +684,7 @@ subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: "{ALICE}"}}]
     .await;
     assert!(ok, "a harmless change was refused: {err}");
     let spec = testkit::jsonpath(
-        &cluster,
+        cluster,
         &["-n", TEAM, "get", "csidd", "admins"],
         "{.spec.driver.image} {.spec.node}",
     )
@@ -641,8 +695,10 @@ subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: "{ALICE}"}}]
         !spec.contains("hostNetwork") && !spec.contains("\"/\""),
         "{spec}"
     );
+}
 
-    // The switches: the namespace label lets her change what it guards…
+/// The switches: the namespace label lets her change what it guards.
+async fn the_namespace_label_lets_her_change_what_it_guards(cluster: &Cluster) {
     cluster
         .kubectl_ok(["label", "namespace", TEAM, "csiops.dev/host-access=allowed"])
         .await
@@ -652,7 +708,7 @@ subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: "{ALICE}"}}]
         Duration::from_millis(500),
         || async {
             as_alice(
-                &cluster,
+                cluster,
                 &[
                     "patch",
                     "csidd",
@@ -673,8 +729,15 @@ subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: "{ALICE}"}}]
         .kubectl_ok(["label", "namespace", TEAM, "csiops.dev/host-access-"])
         .await
         .expect("unlabel");
-    // …and so does the verb, granted cluster-wide; a RoleBinding of it in
-    // her namespace does not.
+}
+
+/// …and so does the verb, granted cluster-wide; a RoleBinding of it in her
+/// namespace does not. `path` is the manifest she was refused.
+async fn the_verb_granted_cluster_wide_lets_her_create_one(
+    cluster: &Cluster,
+    path: &std::path::Path,
+) {
+    let create = ["create", "-f", &*path.to_string_lossy()];
     let grant = |kind: &str| {
         let (binding_kind, ns) = if kind == "Role" {
             ("RoleBinding", format!(", namespace: {TEAM}"))
@@ -695,20 +758,18 @@ subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: "{ALICE}"}}]
 "#
         )
     };
-    testkit::apply_ok(&cluster, "grant-ns", &grant("Role")).await;
+    testkit::apply_ok(cluster, "grant-ns", &grant("Role")).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let (ok, _) = as_alice(&cluster, &create).await;
+    let (ok, _) = as_alice(cluster, &create).await;
     assert!(!ok, "a namespaced grant of the verb allowed host access");
-    testkit::apply_ok(&cluster, "grant-cluster", &grant("Cluster")).await;
+    testkit::apply_ok(cluster, "grant-cluster", &grant("Cluster")).await;
     wait_for(
         Duration::from_secs(30),
         Duration::from_millis(500),
-        || async { as_alice(&cluster, &create).await.0.then_some(()) },
+        || async { as_alice(cluster, &create).await.0.then_some(()) },
     )
     .await
     .expect("the cluster-wide verb allows creating one");
-
-    cluster.stop().await.expect("cluster stops");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -897,21 +958,32 @@ subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: User, name: "{BOB}"}}]
 /// any account; the fence refuses both, and lets its real writes through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operators_token_cannot_bind_roles_or_run_pods_beyond_its_objects() {
-    const OPERATOR: &str = "system:serviceaccount:csiops-system:csiops-operator";
     let cluster = policed_cluster(1).await;
-    let as_operator = |yaml: String, name: &'static str| {
-        let cluster = &cluster;
-        async move {
-            let path = cluster.work_dir().join(format!("{name}.yaml"));
-            std::fs::write(&path, yaml).expect("write manifest");
-            let path = path.display().to_string();
-            let args = ["create", "--dry-run=server", "-f", path.as_str()];
-            kubectl_as(cluster, &[format!("--as={OPERATOR}")], &args).await
-        }
-    };
-    let crb = |name: &str, labels: &str, subject_ns: &str, subject: &str| {
-        format!(
-            r#"apiVersion: rbac.authorization.k8s.io/v1
+    the_operator_may_not_bind_the_provisioner_role_to_itself(&cluster).await;
+    the_fence_refuses_what_no_object_of_its_owns(&cluster).await;
+    a_secret_reader_and_its_real_bindings_pass(&cluster).await;
+    cluster.stop().await.expect("cluster stops");
+}
+
+/// The owner labels of a CSIDriverDeployment `storage/drv`.
+const OWNED: &str = "app.kubernetes.io/managed-by: csiops-operator, csiops.dev/owner-name: drv, \
+                     csiops.dev/owner-namespace: storage, csiops.dev/owner-uid: 0000-1111";
+
+/// A server-side dry run of creating `yaml` (written to `name`.yaml) as the
+/// operator's ServiceAccount: (ok, stderr).
+async fn as_operator(cluster: &Cluster, yaml: String, name: &'static str) -> (bool, String) {
+    const OPERATOR: &str = "system:serviceaccount:csiops-system:csiops-operator";
+    let path = cluster.work_dir().join(format!("{name}.yaml"));
+    std::fs::write(&path, yaml).expect("write manifest");
+    let path = path.display().to_string();
+    let args = ["create", "--dry-run=server", "-f", path.as_str()];
+    kubectl_as(cluster, &[format!("--as={OPERATOR}")], &args).await
+}
+
+/// A ClusterRoleBinding of `csiops:provisioner` to `subject_ns/subject`.
+fn provisioner_binding(name: &str, labels: &str, subject_ns: &str, subject: &str) -> String {
+    format!(
+        r#"apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRoleBinding
 metadata:
   name: {name}
@@ -919,18 +991,34 @@ metadata:
 roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "csiops:provisioner"}}
 subjects: [{{kind: ServiceAccount, name: {subject}, namespace: {subject_ns}}}]
 "#
-        )
-    };
-    let owned = "app.kubernetes.io/managed-by: csiops-operator, csiops.dev/owner-name: drv, \
-                 csiops.dev/owner-namespace: storage, csiops.dev/owner-uid: 0000-1111";
+    )
+}
 
+/// A Secret reader's binding lives where the Secrets are, owned by the
+/// owner labels; it too names only the owner's accounts, and no other role
+/// may be bound that way.
+fn secret_reader_binding(ns: &str, role: &str, subject_ns: &str, subject: &str) -> String {
+    format!(
+        r#"apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata:
+  name: "csiops:drv:secret-reader"
+  namespace: {ns}
+  labels: {{{OWNED}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "{role}"}}
+subjects: [{{kind: ServiceAccount, name: {subject}, namespace: {subject_ns}}}]
+"#
+    )
+}
+
+/// The operator's token may not bind `csiops:provisioner` to itself.
+async fn the_operator_may_not_bind_the_provisioner_role_to_itself(cluster: &Cluster) {
     // The policy is enforced once the API server's informer has it.
-    let to_itself = crb("grab", owned, "csiops-system", "csiops-operator");
+    let to_itself = provisioner_binding("grab", OWNED, "csiops-system", "csiops-operator");
     let refused = wait_for(Duration::from_secs(60), Duration::from_millis(500), || {
         let yaml = to_itself.clone();
-        let as_operator = &as_operator;
         async move {
-            let (ok, err) = as_operator(yaml, "grab").await;
+            let (ok, err) = as_operator(cluster, yaml, "grab").await;
             (!ok).then_some(err)
         }
     })
@@ -941,29 +1029,18 @@ subjects: [{{kind: ServiceAccount, name: {subject}, namespace: {subject_ns}}}]
             && refused.contains("binds roles only to the ServiceAccounts"),
         "{refused}"
     );
-    // A Secret reader's binding lives where the Secrets are, owned by the
-    // owner labels; it too names only the owner's accounts, and no other
-    // role may be bound that way.
-    let reader = |ns: &str, role: &str, subject_ns: &str, subject: &str| {
-        format!(
-            r#"apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata:
-  name: "csiops:drv:secret-reader"
-  namespace: {ns}
-  labels: {{{owned}}}
-roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "{role}"}}
-subjects: [{{kind: ServiceAccount, name: {subject}, namespace: {subject_ns}}}]
-"#
-        )
-    };
+}
+
+/// Bindings naming no owner or not the owner's accounts, an unowned
+/// workload and a PodDisruptionBudget of someone else's pods are refused.
+async fn the_fence_refuses_what_no_object_of_its_owns(cluster: &Cluster) {
     for (yaml, why) in [
         (
-            crb("unowned", "a: b", "storage", "drv-controller"),
+            provisioner_binding("unowned", "a: b", "storage", "drv-controller"),
             "names no owner",
         ),
         (
-            crb("user", owned, "storage", "drv-controller").replace(
+            provisioner_binding("user", OWNED, "storage", "drv-controller").replace(
                 "{kind: ServiceAccount, name: drv-controller, namespace: storage}",
                 "{apiGroup: rbac.authorization.k8s.io, kind: User, name: mallory}",
             ),
@@ -1001,7 +1078,7 @@ spec:
             "guards only the pods of the CSIDriverDeployment",
         ),
         (
-            reader(
+            secret_reader_binding(
                 "kube-system",
                 "csiops:secret-reader",
                 "kube-system",
@@ -1010,7 +1087,7 @@ spec:
             "binds roles only to the ServiceAccounts",
         ),
         (
-            reader(
+            secret_reader_binding(
                 "kube-system",
                 "csiops:leader-election",
                 "storage",
@@ -1019,15 +1096,21 @@ spec:
             "names no owner",
         ),
     ] {
-        let (ok, err) = as_operator(yaml.clone(), "attempt").await;
+        let (ok, err) = as_operator(cluster, yaml.clone(), "attempt").await;
         assert!(!ok, "the operator's token wrote:\n{yaml}");
         assert!(
             err.contains("csiops-operator-fence") && err.contains(why),
             "{err}"
         );
     }
+}
+
+/// A Secret reader's binding of the owner's account passes, and so does
+/// what it really writes.
+async fn a_secret_reader_and_its_real_bindings_pass(cluster: &Cluster) {
     let (ok, err) = as_operator(
-        reader(
+        cluster,
+        secret_reader_binding(
             "kube-system",
             "csiops:secret-reader",
             "storage",
@@ -1044,12 +1127,12 @@ spec:
         .await
         .expect("namespace");
     let (ok, err) = as_operator(
-        crb("csiops:drv:provisioner", owned, "storage", "drv-controller"),
+        cluster,
+        provisioner_binding("csiops:drv:provisioner", OWNED, "storage", "drv-controller"),
         "real",
     )
     .await;
     assert!(ok, "the operator's own kind of binding was refused: {err}");
-    cluster.stop().await.expect("cluster stops");
 }
 
 /// A takeover (`spec.adoption`) gives the operator's token two more
