@@ -92,12 +92,29 @@ fn volume_calls(log: &str) -> Vec<Call> {
         .collect()
 }
 
+/// What the phases work on: the provisioner and its driver, and the claims
+/// and Leases of the namespace.
+struct Bed {
+    prov: ProvisionerBed,
+    claims: Api<PersistentVolumeClaim>,
+    leases: Api<Lease>,
+}
+
+/// What was true when the Lease was taken: the leader then, the time, and
+/// the driver's volumes and deletions at that moment.
+struct Takeover {
+    leader: String,
+    taken_at: Timestamp,
+    volumes_then: BTreeSet<String>,
+    deleted_then: usize,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_provisioner_that_lost_its_lease_sends_no_create_or_delete_volume() {
     let cluster = Cluster::start(ClusterOptions::kwok(1))
         .await
         .expect("cluster");
-    let mut bed = ProvisionerBed::start(
+    let prov = ProvisionerBed::start(
         &cluster,
         &[&format!("--delay-after=CreateVolume={ANSWER_DELAY}")],
         &[
@@ -114,9 +131,25 @@ async fn a_provisioner_that_lost_its_lease_sends_no_create_or_delete_volume() {
     .await
     .expect("provisioner bed");
     let client = cluster.client().expect("client");
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NS);
+    let mut bed = Bed {
+        prov,
+        claims: Api::namespaced(client.clone(), NS),
+        leases: Api::namespaced(client.clone(), NS),
+    };
+    the_class_exists(&client).await;
+
+    bound_volumes_exist_and_creates_are_queued(&bed).await;
+    let takeover = the_lease_is_taken_while_a_create_is_in_flight(&bed).await;
+    the_old_leader_says_so_and_exits(&bed, &takeover).await;
+    no_volume_call_arrived_after_the_takeover(&bed, &takeover).await;
+    claims_stay_pending_under_the_thief(&bed).await;
+    bed.prov.stop_sidecar();
+    cluster.stop().await.expect("stop");
+}
+
+/// The StorageClass `fast` of the test driver exists.
+async fn the_class_exists(client: &kube::Client) {
     let classes: Api<StorageClass> = Api::all(client.clone());
-    let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
     classes
         .create(
             &PostParams::default(),
@@ -133,7 +166,11 @@ async fn a_provisioner_that_lost_its_lease_sends_no_create_or_delete_volume() {
         )
         .await
         .expect("class");
+}
 
+/// Three volumes are made, and 20 slow creates keep the leader busy.
+async fn bound_volumes_exist_and_creates_are_queued(bed: &Bed) {
+    let Bed { prov, claims, .. } = bed;
     // Volumes to delete later: bound claims whose deletion queues a
     // DeleteVolume behind the creates.
     for i in 0..3 {
@@ -143,13 +180,13 @@ async fn a_provisioner_that_lost_its_lease_sends_no_create_or_delete_volume() {
             .expect("claim");
     }
     wait_for(DEADLINE, Duration::from_millis(200), || async {
-        (bed.driver_volumes().ok()?.len() == 3).then_some(())
+        (prov.driver_volumes().ok()?.len() == 3).then_some(())
     })
     .await
     .unwrap_or_else(|_| {
         panic!(
             "first volumes not made; log at {}",
-            bed.sidecar_log_path().display()
+            prov.sidecar_log_path().display()
         )
     });
     // Work that keeps the leader busy: 20 creates, 2s each.
@@ -159,26 +196,35 @@ async fn a_provisioner_that_lost_its_lease_sends_no_create_or_delete_volume() {
             .await
             .expect("claim");
     }
+}
 
+/// Right after a renewal and a CreateVolume's start, with deletions queued,
+/// a thief takes the Lease; no DeleteVolume came before.
+async fn the_lease_is_taken_while_a_create_is_in_flight(bed: &Bed) -> Takeover {
+    let Bed {
+        prov,
+        claims,
+        leases,
+    } = bed;
     // Take the Lease right after a renewal (so a leader that only polls
     // would act on for most of a retry period) and right after a
     // CreateVolume started (so no call is about to be sent: the one worker
     // waits for that answer for ANSWER_DELAY).
     let (leader, renewed) = wait_for(DEADLINE, POLL, || async {
-        let (h, r) = lease_state(&leases).await?;
+        let (h, r) = lease_state(leases).await?;
         (!h.is_empty()).then_some((h, r))
     })
     .await
     .expect("a leader");
     wait_for(DEADLINE, POLL, || async {
-        let (_, r) = lease_state(&leases).await?;
+        let (_, r) = lease_state(leases).await?;
         (r != renewed).then_some(())
     })
     .await
     .expect("a renewal");
-    let made = bed.driver_volumes().expect("volumes").len();
+    let made = prov.driver_volumes().expect("volumes").len();
     wait_for(DEADLINE, Duration::from_millis(5), || async {
-        (bed.driver_volumes().ok()?.len() > made).then_some(())
+        (prov.driver_volumes().ok()?.len() > made).then_some(())
     })
     .await
     .expect("a CreateVolume in flight");
@@ -203,35 +249,54 @@ async fn a_provisioner_that_lost_its_lease_sends_no_create_or_delete_volume() {
         .patch(LEASE, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .expect("the Lease taken");
-    let state = bed.driver.state().expect("state");
+    let state = prov.driver.state().expect("state");
     let volumes_then: BTreeSet<String> = state.volumes.keys().cloned().collect();
     let deleted_then = state.deleted.len();
     assert_eq!(deleted_then, 0, "a DeleteVolume before the takeover");
+    Takeover {
+        leader,
+        taken_at,
+        volumes_then,
+        deleted_then,
+    }
+}
 
+/// The old leader notices at once, logs that it lost the Lease to the
+/// thief, and exits (another may act).
+async fn the_old_leader_says_so_and_exits(bed: &Bed, takeover: &Takeover) {
+    let prov = &bed.prov;
+    let leader = &takeover.leader;
     // The old leader notices at once and stops (exits: another may act).
-    let pid = bed.sidecar_pid().expect("provisioner running");
+    let pid = prov.sidecar_pid().expect("provisioner running");
     wait_for(DEADLINE, POLL, || async { (!pid_alive(pid)).then_some(()) })
         .await
         .unwrap_or_else(|_| {
             panic!(
                 "the old leader still runs; log at {}",
-                bed.sidecar_log_path().display()
+                prov.sidecar_log_path().display()
             )
         });
-    let log = bed.sidecar_log();
+    let log = prov.sidecar_log();
     assert!(
         log.contains("leadership lost") && log.contains("thief"),
         "{leader} did not say it lost the Lease to thief; log at {}",
-        bed.sidecar_log_path().display()
+        prov.sidecar_log_path().display()
     );
+}
+
+/// After the answer in flight, the driver made and deleted nothing more,
+/// and its log shows no call that arrived after the takeover.
+async fn no_volume_call_arrived_after_the_takeover(bed: &Bed, takeover: &Takeover) {
+    let prov = &bed.prov;
+    let taken_at = takeover.taken_at;
     // The answer in flight at the takeover comes (and is logged) after it.
     tokio::time::sleep(Duration::from_secs(3)).await;
 
-    let state = bed.driver.state().expect("state");
+    let state = prov.driver.state().expect("state");
     let new: Vec<&String> = state
         .volumes
         .keys()
-        .filter(|v| !volumes_then.contains(*v))
+        .filter(|v| !takeover.volumes_then.contains(*v))
         .collect();
     assert!(
         new.is_empty(),
@@ -239,14 +304,14 @@ async fn a_provisioner_that_lost_its_lease_sends_no_create_or_delete_volume() {
     );
     assert_eq!(
         state.deleted.len(),
-        deleted_then,
+        takeover.deleted_then,
         "volumes deleted after the Lease was taken"
     );
-    let calls = volume_calls(&bed.driver.log());
+    let calls = volume_calls(&prov.driver.log());
     assert!(
         calls.iter().any(|c| c.method == "CreateVolume"),
         "no CreateVolume in the driver's log: is its format still parsed? {}",
-        bed.driver.log_path().display()
+        prov.driver.log_path().display()
     );
     let late: Vec<&str> = calls
         .iter()
@@ -257,8 +322,13 @@ async fn a_provisioner_that_lost_its_lease_sends_no_create_or_delete_volume() {
         late.is_empty(),
         "calls that arrived after the Lease was taken at {taken_at}: {late:#?}"
     );
+}
+
+/// Nobody provisions now: the thief holds the Lease, so claims stay Pending.
+async fn claims_stay_pending_under_the_thief(bed: &Bed) {
     // Nobody provisions now: the thief holds the Lease.
-    let pending = claims
+    let pending = bed
+        .claims
         .list(&ListParams::default())
         .await
         .expect("claims")
@@ -270,6 +340,4 @@ async fn a_provisioner_that_lost_its_lease_sends_no_create_or_delete_volume() {
         pending > 0,
         "every claim was provisioned: the takeover came too late"
     );
-    bed.stop_sidecar();
-    cluster.stop().await.expect("stop");
 }
