@@ -64,6 +64,36 @@ fn example_for(kubelet_dir: &Path, data_dir: &Path) -> Vec<serde_json::Value> {
     docs
 }
 
+/// What the phases work on: the cluster with its real node, an admin client,
+/// the node's kubelet dir, hostpathplugin's data dir and the app image.
+struct Bed {
+    cluster: Cluster,
+    client: kube::Client,
+    kubelet_dir: PathBuf,
+    data_dir: PathBuf,
+    app_image: String,
+}
+
+impl Bed {
+    fn node(&self) -> &csiops_e2e::realnode::RealNode {
+        self.cluster.real_node().expect("a real node")
+    }
+
+    /// An app of `name` on the real node, using a claim of the example's
+    /// class as `usage` and writing `text`.
+    fn app<'a>(&'a self, name: &'a str, usage: Use, text: &'a str) -> ClaimApp<'a> {
+        ClaimApp {
+            namespace: NS,
+            name,
+            class: CLASS,
+            image: &self.app_image,
+            text,
+            usage,
+            node: NODE_NAME,
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs CSIOPS_HOSTPATHPLUGIN_IMAGE (upstream hostpathplugin, built as e2e/README.md says); not part of make test"]
 async fn upstream_hostpathplugin_mounts_filesystem_and_block_node_locally() {
@@ -93,6 +123,37 @@ async fn upstream_hostpathplugin_mounts_filesystem_and_block_node_locally() {
         .reference(images::TEST_DRIVER)
         .expect("test driver image")
         .to_string();
+    let client = cluster.client().expect("client");
+    let bed = Bed {
+        cluster,
+        client,
+        kubelet_dir,
+        data_dir,
+        app_image,
+    };
+
+    the_archive_carries_the_examples_image(&bed, &archive);
+    let installed = the_example_runs_node_locally(&bed, started).await;
+    the_node_publishes_its_capacity(&bed).await;
+    let fs_vol = a_filesystem_claim_is_written_and_read_back(&bed, &loops).await;
+    let block_vol = a_block_claim_is_written_and_read_back(&bed, &loops).await;
+    the_apps_and_claims_go_leaving_no_mount_volume_or_loop(&bed, &fs_vol, &block_vol).await;
+    the_driver_goes_leaving_nothing_in_its_data_dir(&bed).await;
+
+    let total = started.elapsed();
+    let left = bed.cluster.stop_and_report().await.expect("cluster stops");
+    assert!(left.is_empty(), "left behind: {left:#?}");
+    println!(
+        "upstream hostpathplugin v1.18.0 node-locally: Running after {:.1}s, whole test {:.1}s",
+        installed.as_secs_f64(),
+        total.as_secs_f64()
+    );
+}
+
+/// The archive imports into the node's containerd under the name the
+/// example uses.
+fn the_archive_carries_the_examples_image(bed: &Bed, archive: &Path) {
+    let node = bed.node();
     node.ctr(&["images", "import", &archive.to_string_lossy()])
         .expect("ctr images import");
     let listed = node.ctr(&["images", "ls", "-q"]).expect("ctr images ls");
@@ -100,21 +161,31 @@ async fn upstream_hostpathplugin_mounts_filesystem_and_block_node_locally() {
         listed.lines().any(|l| l == IMAGE),
         "the archive does not carry {IMAGE}: {listed}"
     );
-    let client = cluster.client().expect("client");
+}
 
-    walkthrough::install_operator(&cluster)
+/// The operator installs and the example, as it is but for the two host
+/// paths, reaches Running node-locally (no controller); how long that took
+/// from `started`.
+async fn the_example_runs_node_locally(bed: &Bed, started: Instant) -> Duration {
+    let Bed {
+        cluster,
+        kubelet_dir,
+        data_dir,
+        ..
+    } = bed;
+    walkthrough::install_operator(cluster)
         .await
         .unwrap_or_else(|e| panic!("operator installs: {e}\n{}", cluster.log_tails(30)));
-    let docs = example_for(&kubelet_dir, &data_dir);
+    let docs = example_for(kubelet_dir, data_dir);
     let yaml: String = docs
         .iter()
         .map(|d| serde_yaml::to_string(d).expect("YAML"))
         .collect::<Vec<_>>()
         .join("---\n");
-    testkit::apply_ok(&cluster, "hostpath-example", &yaml).await;
-    let row = testkit::wait_running(&cluster, NS, NAME, "v1.18.0", 1, DEADLINE)
+    testkit::apply_ok(cluster, "hostpath-example", &yaml).await;
+    let row = testkit::wait_running(cluster, NS, NAME, "v1.18.0", 1, DEADLINE)
         .await
-        .unwrap_or_else(|e| panic!("{e}\n{}", describe(&cluster, "-")));
+        .unwrap_or_else(|e| panic!("{e}\n{}", describe(cluster, "-")));
     assert_eq!(row["CONTROLLER"], "-");
     let installed = started.elapsed();
     let wide = cluster
@@ -136,8 +207,14 @@ async fn upstream_hostpathplugin_mounts_filesystem_and_block_node_locally() {
         .await
         .unwrap_or_default();
     println!("hostpathplugin log tail:\n{driver_log}");
+    installed
+}
 
-    // Its capacity, published by the node's provisioner.
+/// Its capacity, published by the node's provisioner.
+async fn the_node_publishes_its_capacity(bed: &Bed) {
+    let Bed {
+        cluster, client, ..
+    } = bed;
     let caps: Api<CSIStorageCapacity> = Api::namespaced(client.clone(), NS);
     let cap = wait_for(DEADLINE, Duration::from_millis(500), || async {
         let list = caps.list(&ListParams::default()).await.ok()?;
@@ -146,26 +223,22 @@ async fn upstream_hostpathplugin_mounts_filesystem_and_block_node_locally() {
         Some((owner, c.capacity, c.maximum_volume_size))
     })
     .await
-    .unwrap_or_else(|_| panic!("no CSIStorageCapacity\n{}", describe(&cluster, "-")));
+    .unwrap_or_else(|_| panic!("no CSIStorageCapacity\n{}", describe(cluster, "-")));
     assert_eq!(cap.0, "Pod");
     println!(
         "CSIStorageCapacity: capacity {:?}, maximumVolumeSize {:?}",
         cap.1, cap.2
     );
+}
 
-    let app = |name, usage, text| ClaimApp {
-        namespace: NS,
-        name,
-        class: CLASS,
-        image: &app_image,
-        text,
-        usage,
-        node: NODE_NAME,
-    };
-
-    // --- filesystem -----------------------------------------------------------
-    let fs = app("fs", Use::Filesystem, "hello-from-hostpathplugin");
-    let fs_vol = run_app(&cluster, &fs).await;
+/// A filesystem claim mounts; the pod reads back what it wrote, and so does
+/// the host in hostpathplugin's data dir. Its volume ID.
+async fn a_filesystem_claim_is_written_and_read_back(bed: &Bed, loops: &LoopGuard) -> String {
+    let Bed {
+        cluster, data_dir, ..
+    } = bed;
+    let fs = bed.app("fs", Use::Filesystem, "hello-from-hostpathplugin");
+    let fs_vol = run_app(cluster, &fs).await;
     loops.track(&fs_vol);
     let shown = cluster
         .kubectl_ok([
@@ -188,10 +261,22 @@ async fn upstream_hostpathplugin_mounts_filesystem_and_block_node_locally() {
         fs.text
     );
     println!("filesystem volume {fs_vol}: read back through the pod and on the host");
+    fs_vol
+}
 
-    // --- block ------------------------------------------------------------------
-    let block = app("block", Use::Block, "raw-bytes-through-hostpathplugin");
-    let block_vol = run_app(&cluster, &block).await;
+/// A block claim reaches the pod as a block device backed by a loop device
+/// over hostpathplugin's file; the pod writes and reads it back. Its
+/// volume ID.
+async fn a_block_claim_is_written_and_read_back(bed: &Bed, loops: &LoopGuard) -> String {
+    let Bed {
+        cluster,
+        client,
+        data_dir,
+        ..
+    } = bed;
+    let node = bed.node();
+    let block = bed.app("block", Use::Block, "raw-bytes-through-hostpathplugin");
+    let block_vol = run_app(cluster, &block).await;
     loops.track(&block_vol);
     let log = cluster
         .kubectl_ok(["-n", NS, "logs", "block"])
@@ -227,8 +312,23 @@ async fn upstream_hostpathplugin_mounts_filesystem_and_block_node_locally() {
         volume_loops[0].1.display(),
         backing.display()
     );
+    block_vol
+}
 
-    // --- the way back -------------------------------------------------------------
+/// Deleting the apps and the claims leaves no CSI mount, no PV, no volume in
+/// the data dir and no loop device.
+async fn the_apps_and_claims_go_leaving_no_mount_volume_or_loop(
+    bed: &Bed,
+    fs_vol: &str,
+    block_vol: &str,
+) {
+    let Bed {
+        cluster,
+        client,
+        kubelet_dir,
+        data_dir,
+        ..
+    } = bed;
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     for name in ["fs", "block"] {
         let _ = pods.delete(name, &DeleteParams::default()).await;
@@ -244,9 +344,9 @@ async fn upstream_hostpathplugin_mounts_filesystem_and_block_node_locally() {
     assert!(
         gone.is_ok(),
         "app pods never went\n{}",
-        describe(&cluster, "fs")
+        describe(cluster, "fs")
     );
-    let csi_mounts = nl::csi_mounts_under(&kubelet_dir);
+    let csi_mounts = nl::csi_mounts_under(kubelet_dir);
     assert!(csi_mounts.is_empty(), "CSI mounts left: {csi_mounts:?}");
     cluster
         .kubectl_ok(["-n", NS, "delete", "pvc", "--all", "--timeout=120s"])
@@ -262,9 +362,9 @@ async fn upstream_hostpathplugin_mounts_filesystem_and_block_node_locally() {
             .then_some(())
     })
     .await;
-    assert!(gone.is_ok(), "PVs left\n{}", describe(&cluster, "-"));
+    assert!(gone.is_ok(), "PVs left\n{}", describe(cluster, "-"));
     // Only hostpathplugin's state file stays in its data dir.
-    let entries: Vec<String> = std::fs::read_dir(&data_dir)
+    let entries: Vec<String> = std::fs::read_dir(data_dir)
         .expect("data dir")
         .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
         .filter(|n| n != "state.json")
@@ -273,9 +373,21 @@ async fn upstream_hostpathplugin_mounts_filesystem_and_block_node_locally() {
         entries.is_empty(),
         "volumes left in the data dir: {entries:?}"
     );
-    let mut left_loops = nl::loops_of(&[fs_vol.clone(), block_vol.clone()]);
-    left_loops.extend(nl::loops_under(&kubelet_dir));
+    let mut left_loops = nl::loops_of(&[fs_vol.to_string(), block_vol.to_string()]);
+    left_loops.extend(nl::loops_under(kubelet_dir));
     assert!(left_loops.is_empty(), "loop devices left: {left_loops:?}");
+}
+
+/// Deleting the object removes the driver pods and leaves nothing under the
+/// data dir.
+async fn the_driver_goes_leaving_nothing_in_its_data_dir(bed: &Bed) {
+    let Bed {
+        cluster,
+        client,
+        data_dir,
+        ..
+    } = bed;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     cluster
         .kubectl_ok(["-n", NS, "delete", "csidd", NAME, "--timeout=150s"])
         .await
@@ -289,21 +401,9 @@ async fn upstream_hostpathplugin_mounts_filesystem_and_block_node_locally() {
             .then_some(())
     })
     .await;
-    assert!(
-        gone.is_ok(),
-        "driver pods left\n{}",
-        describe(&cluster, "-")
-    );
-    let left = leftovers_under(&data_dir);
+    assert!(gone.is_ok(), "driver pods left\n{}", describe(cluster, "-"));
+    let left = leftovers_under(data_dir);
     assert!(left.is_empty(), "left under the data dir: {left:?}");
-    let total = started.elapsed();
-    let left = cluster.stop_and_report().await.expect("cluster stops");
-    assert!(left.is_empty(), "left behind: {left:#?}");
-    println!(
-        "upstream hostpathplugin v1.18.0 node-locally: Running after {:.1}s, whole test {:.1}s",
-        installed.as_secs_f64(),
-        total.as_secs_f64()
-    );
 }
 
 /// Creates the app's claim and pod, waits until it runs; its volume ID.
