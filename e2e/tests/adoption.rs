@@ -22,6 +22,7 @@
 //!
 //! Needs root and `make node-prereqs`, like `real_node.rs`.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use csiops_e2e::realnode::{images, NODE_NAME};
@@ -117,6 +118,45 @@ fn story(cluster: &Cluster) -> String {
     )
 }
 
+/// What the phases work on: the cluster with its real node, an admin client,
+/// the images and the host directories of the driver.
+struct Bed {
+    cluster: Cluster,
+    client: kube::Client,
+    driver_image: String,
+    sidecar_image: String,
+    kubelet_dir: PathBuf,
+    data_dir: PathBuf,
+}
+
+impl Bed {
+    /// csi-test-driver as the legacy deployment and the CR run it.
+    fn driver(&self) -> VolumeDriver<'_> {
+        VolumeDriver {
+            image: &self.driver_image,
+            version: "v0.1.0",
+            kubelet_dir: &self.kubelet_dir,
+            data_dir: &self.data_dir,
+            on_simulated_nodes: false,
+            controller_args: &[],
+            node_args: &[],
+            node_fields: &[],
+        }
+    }
+
+    /// The pod that writes a counter line every 100 ms through the takeover.
+    fn writer(&self) -> App<'_> {
+        App {
+            name: "writer",
+            image: &self.driver_image,
+            text: "written-before-the-takeover",
+            access_mode: "ReadWriteOnce",
+            usage: Use::Filesystem,
+            fs_group: None,
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_deployment_is_taken_over_without_a_volume_outage() {
     let cluster = Cluster::start(ClusterOptions {
@@ -137,46 +177,69 @@ async fn a_running_deployment_is_taken_over_without_a_volume_outage() {
         (reference(images::TEST_DRIVER), reference(images::SIDECAR));
     let kubelet_dir = node.layout().kubelet_dir();
     let data_dir = node.layout().root.join("csi-data");
-    let driver = VolumeDriver {
-        image: &driver_image,
-        version: "v0.1.0",
-        kubelet_dir: &kubelet_dir,
-        data_dir: &data_dir,
-        on_simulated_nodes: false,
-        controller_args: &[],
-        node_args: &[],
-        node_fields: &[],
-    };
     let client = cluster.client().expect("client");
-    walkthrough::install_operator(&cluster)
+    let bed = Bed {
+        cluster,
+        client,
+        driver_image,
+        sidecar_image,
+        kubelet_dir,
+        data_dir,
+    };
+    walkthrough::install_operator(&bed.cluster)
         .await
-        .unwrap_or_else(|e| panic!("operator installs: {e}\n{}", cluster.log_tails(30)));
+        .unwrap_or_else(|e| panic!("operator installs: {e}\n{}", bed.cluster.log_tails(30)));
 
-    // --- the deployment as it runs today ------------------------------------
+    let (writer_volume, csidriver_uid) = the_legacy_deployment_runs_a_writer(&bed).await;
+    let cr_yaml = import_reads_the_live_objects_into_an_adopting_cr(&bed.client).await;
+    let (during_volume, started, done) =
+        the_takeover_serves_a_claim_made_during_it(&bed, &cr_yaml).await;
+    nothing_of_the_old_deployment_is_left(&bed).await;
+    the_csidriver_was_kept(&bed, csidriver_uid).await;
+    the_writer_never_stopped(&bed, &writer_volume, started, done).await;
+    csiops_serves_from_now_on_and_no_volume_was_made_twice(&bed, &writer_volume, &during_volume)
+        .await;
+
+    testkit::delete_cr(&bed.cluster, NS, NAME, Duration::from_secs(180))
+        .await
+        .expect("delete the object");
+    let left = bed.cluster.stop_and_report().await.expect("cluster stops");
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}
+
+/// The deployment as it runs today: the legacy manifests register with
+/// kubelet and a writer's claim mounts. The writer's volume and the
+/// CSIDriver's UID.
+async fn the_legacy_deployment_runs_a_writer(bed: &Bed) -> (String, Option<String>) {
+    let Bed {
+        cluster,
+        client,
+        driver_image,
+        sidecar_image,
+        kubelet_dir,
+        data_dir,
+    } = bed;
     let legacy = legacy_yaml(
-        &driver_image,
-        &sidecar_image,
+        driver_image,
+        sidecar_image,
         &kubelet_dir.to_string_lossy(),
         &data_dir.to_string_lossy(),
     );
-    testkit::apply_ok(&cluster, "legacy", &legacy).await;
-    walkthrough::wait_registered(&cluster, DRIVER, DEADLINE)
+    testkit::apply_ok(cluster, "legacy", &legacy).await;
+    walkthrough::wait_registered(cluster, DRIVER, DEADLINE)
         .await
-        .unwrap_or_else(|e| panic!("the legacy node plugin: {e}\n{}", story(&cluster)));
-    let writer = App {
-        name: "writer",
-        image: &driver_image,
-        text: "written-before-the-takeover",
-        access_mode: "ReadWriteOnce",
-        usage: Use::Filesystem,
-        fs_group: None,
-    };
-    let writer_volume = run(&cluster, &writer).await;
+        .unwrap_or_else(|e| panic!("the legacy node plugin: {e}\n{}", story(cluster)));
+    let writer = bed.writer();
+    let writer_volume = run(cluster, &writer).await;
     let drivers: Api<CSIDriver> = Api::all(client.clone());
     let csidriver_uid = drivers.get(DRIVER).await.expect("CSIDriver").uid();
+    (writer_volume, csidriver_uid)
+}
 
-    // --- the takeover: `kubectl csiops import --from-cluster --adopt` -------
-    // The live objects, as a user who kept no manifests would read them.
+/// The takeover's first half, `kubectl csiops import --from-cluster
+/// --adopt`: the live objects, as a user who kept no manifests would read
+/// them, become a CR naming the running workloads. The CR as YAML.
+async fn import_reads_the_live_objects_into_an_adopting_cr(client: &kube::Client) -> String {
     let objects = kubectl_csiops::cluster::read_with(client.clone(), DRIVER)
         .await
         .unwrap_or_else(|e| panic!("import --from-cluster: {e}"));
@@ -207,24 +270,42 @@ async fn a_running_deployment_is_taken_over_without_a_volume_outage() {
     println!("import's report:\n{}", imported.report.to_text());
     let cr_yaml = kubectl_csiops::import::cr_yaml(&imported.cr).expect("CR YAML");
     println!("the imported CR:\n{cr_yaml}");
+    cr_yaml
+}
+
+/// The CR applied: a claim made while the takeover runs is Bound and
+/// mounted, and the object reaches Running. The claim's volume and when
+/// the takeover started and was done (ms).
+async fn the_takeover_serves_a_claim_made_during_it(
+    bed: &Bed,
+    cr_yaml: &str,
+) -> (String, u128, u128) {
+    let cluster = &bed.cluster;
     let started = now_ms();
-    testkit::apply_ok(&cluster, "adopting", &cr_yaml).await;
+    testkit::apply_ok(cluster, "adopting", cr_yaml).await;
     // Claimed while the takeover runs: some provisioner and attacher serve it.
     let during = App {
         name: "during",
         text: "claimed-during-the-takeover",
-        ..writer
+        ..bed.writer()
     };
-    let during_volume = run(&cluster, &during).await;
-    testkit::wait_running(&cluster, NS, NAME, "v0.1.0", 1, DEADLINE)
+    let during_volume = run(cluster, &during).await;
+    testkit::wait_running(cluster, NS, NAME, "v0.1.0", 1, DEADLINE)
         .await
-        .unwrap_or_else(|e| panic!("{e}\n{}", story(&cluster)));
+        .unwrap_or_else(|e| panic!("{e}\n{}", story(cluster)));
     let done = now_ms();
     println!("takeover: {} ms", done - started);
+    (during_volume, started, done)
+}
 
-    // --- nothing of the old deployment is left ------------------------------
+/// Nothing of the old deployment is left: workloads, the named accounts and
+/// bindings, the node label, the old pods.
+async fn nothing_of_the_old_deployment_is_left(bed: &Bed) {
+    let Bed {
+        cluster, client, ..
+    } = bed;
     let gone = |what: &str, exists: bool| {
-        assert!(!exists, "{what} is still there\n{}", story(&cluster));
+        assert!(!exists, "{what} is still there\n{}", story(cluster));
     };
     let ns_api = |c: &kube::Client| -> (Api<StatefulSet>, Api<DaemonSet>) {
         (
@@ -232,7 +313,7 @@ async fn a_running_deployment_is_taken_over_without_a_volume_outage() {
             Api::namespaced(c.clone(), NS),
         )
     };
-    let (sts, ds) = ns_api(&client);
+    let (sts, ds) = ns_api(client);
     let old_left = wait_for(Duration::from_secs(60), POLL, || async {
         let s = sts.get_opt("csi-testdriver-controller").await.ok()?;
         let d = ds.get_opt("csi-testdriver-node").await.ok()?;
@@ -274,8 +355,11 @@ async fn a_running_deployment_is_taken_over_without_a_volume_outage() {
         .filter(|n| n.starts_with("csi-testdriver-"))
         .collect();
     gone(&format!("old pods {old_pods:?}"), !old_pods.is_empty());
+}
 
-    // --- the CSIDriver was kept ----------------------------------------------
+/// The CSIDriver was kept: the same object, now the operator's.
+async fn the_csidriver_was_kept(bed: &Bed, csidriver_uid: Option<String>) {
+    let drivers: Api<CSIDriver> = Api::all(bed.client.clone());
     let kept = drivers.get(DRIVER).await.expect("CSIDriver");
     assert_eq!(kept.uid(), csidriver_uid, "the CSIDriver was re-created");
     assert!(
@@ -283,12 +367,16 @@ async fn a_running_deployment_is_taken_over_without_a_volume_outage() {
         "the CSIDriver is not the operator's: {:?}",
         kept.labels()
     );
+}
 
-    // --- the writer never stopped ---------------------------------------------
+/// The writer never stopped for more than two seconds between `started` and
+/// `done`, and never restarted.
+async fn the_writer_never_stopped(bed: &Bed, writer_volume: &str, started: u128, done: u128) {
+    let client = &bed.client;
+    let driver = bed.driver();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let counter =
-        std::fs::read_to_string(driver.volumes_dir().join(&writer_volume).join("counter"))
-            .expect("counter file");
+    let counter = std::fs::read_to_string(driver.volumes_dir().join(writer_volume).join("counter"))
+        .expect("counter file");
     let gap = longest_gap(&counter, started, done).unwrap_or_else(|e| panic!("{e}\n{counter}"));
     println!("longest gap in the writer's counter during the takeover: {gap} ms");
     assert!(
@@ -305,18 +393,29 @@ async fn a_running_deployment_is_taken_over_without_a_volume_outage() {
         .map(|c| c.iter().map(|c| c.restart_count).sum())
         .unwrap_or(-1);
     assert_eq!(restarts, 0, "the writer restarted: an I/O error ends it");
+}
 
-    // --- no volume twice; csiops serves from now on ---------------------------
+/// No volume twice; csiops serves from now on: a claim made after the
+/// takeover mounts, and deleting the claims deletes the volumes.
+async fn csiops_serves_from_now_on_and_no_volume_was_made_twice(
+    bed: &Bed,
+    writer_volume: &str,
+    during_volume: &str,
+) {
+    let Bed {
+        cluster, client, ..
+    } = bed;
+    let driver = bed.driver();
     let after = App {
         name: "after",
         text: "claimed-after-the-takeover",
-        ..writer
+        ..bed.writer()
     };
-    let after_volume = run(&cluster, &after).await;
+    let after_volume = run(cluster, &after).await;
     let state = load_state(&driver.state_dir()).expect("driver state");
     let mut ids: Vec<&String> = state.volumes.keys().collect();
     ids.sort();
-    let mut expected = vec![&writer_volume, &during_volume, &after_volume];
+    let mut expected = vec![writer_volume, during_volume, after_volume.as_str()];
     expected.sort();
     assert_eq!(
         ids, expected,
@@ -332,28 +431,13 @@ async fn a_running_deployment_is_taken_over_without_a_volume_outage() {
             .await
             .expect("delete claim");
     }
-    testkit::wait_no_volumes(&cluster, DEADLINE)
+    testkit::wait_no_volumes(cluster, DEADLINE)
         .await
-        .unwrap_or_else(|e| panic!("{e}\n{}", story(&cluster)));
+        .unwrap_or_else(|e| panic!("{e}\n{}", story(cluster)));
     let state = load_state(&driver.state_dir()).expect("driver state");
     assert!(
         state.volumes.is_empty(),
         "volumes left: {:?}",
         state.volumes.keys()
     );
-
-    cluster
-        .kubectl_ok([
-            "-n",
-            NS,
-            "delete",
-            "csidd",
-            NAME,
-            "--wait=true",
-            "--timeout=180s",
-        ])
-        .await
-        .expect("delete the object");
-    let left = cluster.stop_and_report().await.expect("cluster stops");
-    assert!(left.is_empty(), "left behind: {left:#?}");
 }
