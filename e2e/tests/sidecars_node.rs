@@ -146,38 +146,90 @@ async fn wait_exit(p: &mut ManagedProcess) -> String {
     p.check_running().expect_err("exited").to_string()
 }
 
+/// What the phases work on: the cluster, its Node and CSINode APIs, the
+/// node's paths, the other driver registered before ours, and our
+/// registration socket.
+struct Bed {
+    cluster: Cluster,
+    nodes: Api<Node>,
+    csinodes: Api<CSINode>,
+    p: Paths,
+    other: CSINodeDriver,
+    socket: std::path::PathBuf,
+}
+
+impl Bed {
+    /// csi-mock-driver on the node's driver socket, logging to `driver-{n}.log`.
+    fn start_driver(&self, n: usize) -> ManagedProcess {
+        start_mock_driver(
+            self.cluster.bin_dir(),
+            &self.p.driver_socket,
+            DRIVER,
+            NODE,
+            &self.cluster.log_dir().join(format!("driver-{n}.log")),
+        )
+        .expect("driver starts")
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registrar_and_liveness_probe_with_a_real_driver() {
     let cluster = Cluster::start(ClusterOptions::kwok(1))
         .await
         .expect("cluster starts");
     let client = cluster.client().expect("client");
-    let nodes: Api<Node> = Api::all(client.clone());
-    let csinodes: Api<CSINode> = Api::all(client.clone());
     let dir = cluster.work_dir().join("node0");
     std::fs::create_dir_all(dir.join("registry")).expect("dirs");
     let p = Paths {
         driver_socket: dir.join("csi.sock"),
         registry: dir.join("registry"),
     };
-    let start_driver = |n: usize| {
-        start_mock_driver(
-            cluster.bin_dir(),
-            &p.driver_socket,
-            DRIVER,
-            NODE,
-            &cluster.log_dir().join(format!("driver-{n}.log")),
-        )
-        .expect("driver starts")
+    let bed = Bed {
+        nodes: Api::all(client.clone()),
+        csinodes: Api::all(client.clone()),
+        socket: registration_socket(&p.registry, DRIVER),
+        p,
+        other: CSINodeDriver {
+            name: OTHER.into(),
+            node_id: "other-id".into(),
+            ..CSINodeDriver::default()
+        },
+        cluster,
     };
 
+    another_driver_is_registered_already(&bed).await;
+    let mut driver = bed.start_driver(0);
+    let reg_port = free_port().expect("port");
+    let mut reg = registrar(&bed.cluster, &bed.p, reg_port, &[], 0);
+    the_registration_socket_is_private_and_answers_kubelet(&bed, &reg).await;
+    csinode_and_node_carry_what_kubelet_writes(&bed, &reg).await;
+    passes_keep_running_but_write_nothing(&bed, reg_port).await;
+    a_removed_socket_is_re_created(&bed, &reg).await;
+    let (mut live, live_port) = the_liveness_probe_answers_over_the_driver(&bed).await;
+    a_hung_driver_keeps_its_entry(&bed, &driver, reg_port, &reg).await;
+    let mut driver1 = a_crashed_driver_keeps_its_entry(&bed, &mut driver, reg_port, &reg).await;
+    a_stopped_driver_loses_its_entry(&bed, &mut driver1, live_port, reg_port, &reg).await;
+    let driver2 = a_driver_back_is_registered_again(&bed, live_port).await;
+    sigterm_removes_our_socket_and_entry_only(&bed, &mut reg).await;
+    keep_registration_on_exit_keeps_the_entry(&bed).await;
+    a_refused_registration_ends_the_registrar_non_zero(&bed).await;
+
+    live.terminate(Duration::from_secs(5));
+    drop(driver2);
+    let Bed { cluster, .. } = bed;
+    cluster.stop().await.expect("cluster stops");
+}
+
+/// Another driver is registered on the node already, as kubelet left it.
+async fn another_driver_is_registered_already(bed: &Bed) {
+    let Bed {
+        nodes,
+        csinodes,
+        other,
+        ..
+    } = bed;
     // Another driver is registered on the node already (as kubelet left it).
     let node = nodes.get(NODE).await.expect("node");
-    let other = CSINodeDriver {
-        name: OTHER.into(),
-        node_id: "other-id".into(),
-        ..CSINodeDriver::default()
-    };
     csinodes
         .create(
             &PostParams::default(),
@@ -199,24 +251,24 @@ async fn registrar_and_liveness_probe_with_a_real_driver() {
         .await
         .expect("annotation");
     drop(node);
+}
 
-    let mut driver = start_driver(0);
-    let reg_port = free_port().expect("port");
-    let mut reg = registrar(&cluster, &p, reg_port, &[], 0);
-
+/// The registration socket is private, and kubelet's plugin watcher gets our
+/// driver's info from it.
+async fn the_registration_socket_is_private_and_answers_kubelet(bed: &Bed, reg: &ManagedProcess) {
+    let Bed { socket, .. } = bed;
     // kubelet's plugin watcher: GetInfo, then NotifyRegistrationStatus.
-    let socket = registration_socket(&p.registry, DRIVER);
     wait_for(DEADLINE, POLL, || async { socket.exists().then_some(()) })
         .await
         .unwrap_or_else(|_| panic!("no registration socket:\n{}", reg.log_tail(20)));
     use std::os::unix::fs::PermissionsExt;
-    let mode = std::fs::metadata(&socket)
+    let mode = std::fs::metadata(socket)
         .expect("socket")
         .permissions()
         .mode()
         & 0o777;
     assert_eq!(mode, 0o600, "registration socket must be private");
-    let info = kubelet_register(&socket, Ok(()))
+    let info = kubelet_register(socket, Ok(()))
         .await
         .expect("registration");
     assert_eq!(info.r#type, "CSIPlugin");
@@ -226,7 +278,17 @@ async fn registrar_and_liveness_probe_with_a_real_driver() {
         "/var/lib/kubelet/plugins/mock.csi.csiops.dev/csi.sock"
     );
     assert_eq!(info.supported_versions, ["1.0.0"]);
+}
 
+/// CSINode and Node carry exactly what kubelet writes for this driver, and the
+/// other driver's entry and key are kept.
+async fn csinode_and_node_carry_what_kubelet_writes(bed: &Bed, reg: &ManagedProcess) {
+    let Bed {
+        nodes,
+        csinodes,
+        other,
+        ..
+    } = bed;
     // CSINode and Node carry exactly what kubelet writes for this driver.
     let ours = wait_for(DEADLINE, POLL, || async {
         let c = csinodes.get(NODE).await.ok()?;
@@ -251,8 +313,12 @@ async fn registrar_and_liveness_probe_with_a_real_driver() {
         "other driver's key kept"
     );
     let c = csinodes.get(NODE).await.expect("csinode");
-    assert_eq!(entry(&c, OTHER), Some(&other), "other driver's entry kept");
+    assert_eq!(entry(&c, OTHER), Some(other), "other driver's entry kept");
+}
 
+/// Passes keep running every 500ms but write nothing when nothing changed.
+async fn passes_keep_running_but_write_nothing(bed: &Bed, reg_port: u16) {
+    let Bed { csinodes, .. } = bed;
     // Idempotent: passes keep running (every 500ms) but write nothing.
     let rv = csinodes
         .get(NODE)
@@ -279,16 +345,25 @@ async fn registrar_and_liveness_probe_with_a_real_driver() {
         "only {ran} passes in 2s at --node-info-interval=500ms"
     );
     assert_eq!(healthz(reg_port).await.map(|r| r.0), Some(200));
+}
 
+/// The registration socket is re-created when something removes it.
+async fn a_removed_socket_is_re_created(bed: &Bed, reg: &ManagedProcess) {
+    let Bed { socket, .. } = bed;
     // The socket is re-created when something removes it.
-    std::fs::remove_file(&socket).expect("remove socket");
+    std::fs::remove_file(socket).expect("remove socket");
     wait_for(DEADLINE, POLL, || async { socket.exists().then_some(()) })
         .await
         .unwrap_or_else(|_| panic!("socket not re-created:\n{}", reg.log_tail(20)));
-    kubelet_register(&socket, Ok(()))
+    kubelet_register(socket, Ok(()))
         .await
         .expect("registration on the new socket");
+}
 
+/// The liveness probe over the same driver answers 200 and counts its Probe
+/// calls; it keeps running (returned with its port).
+async fn the_liveness_probe_answers_over_the_driver(bed: &Bed) -> (ManagedProcess, u16) {
+    let Bed { cluster, p, .. } = bed;
     // Liveness probe over the same driver.
     let live_port = free_port().expect("port");
     let live_args = vec![
@@ -297,7 +372,7 @@ async fn registrar_and_liveness_probe_with_a_real_driver() {
         format!("--http-endpoint=127.0.0.1:{live_port}"),
         "--probe-timeout=1s".into(),
     ];
-    let mut live = ManagedProcess::spawn(
+    let live = ManagedProcess::spawn(
         "liveness-probe",
         &sidecar_bin().expect("sidecar"),
         &live_args,
@@ -314,13 +389,37 @@ async fn registrar_and_liveness_probe_with_a_real_driver() {
         .await
         .expect("metrics");
     assert!(metrics.1.contains("csi_sidecar_operations_seconds_count{driver_name=\"mock.csi.csiops.dev\",method_name=\"/csi.v1.Identity/Probe\",grpc_status_code=\"OK\"}"), "{}", metrics.1);
+    (live, live_port)
+}
 
+/// A hung driver (SIGSTOP) keeps its entry and key while NodeGetInfo times out.
+async fn a_hung_driver_keeps_its_entry(
+    bed: &Bed,
+    driver: &ManagedProcess,
+    reg_port: u16,
+    reg: &ManagedProcess,
+) {
+    let Bed {
+        nodes, csinodes, ..
+    } = bed;
     // The driver hangs (SIGSTOP): every NodeGetInfo times out, the socket is
     // still there — a slow driver, not a gone one. The entry and key stay.
     signal(driver.pid(), libc::SIGSTOP);
-    failures_keep_the_entry(&csinodes, &nodes, reg_port, "DeadlineExceeded", 3, &reg).await;
+    failures_keep_the_entry(csinodes, nodes, reg_port, "DeadlineExceeded", 3, reg).await;
     signal(driver.pid(), libc::SIGCONT);
+}
 
+/// A crashed driver (kill -9, socket left) keeps its entry, and its restart
+/// has nothing to write back; the restarted driver is returned.
+async fn a_crashed_driver_keeps_its_entry(
+    bed: &Bed,
+    driver: &mut ManagedProcess,
+    reg_port: u16,
+    reg: &ManagedProcess,
+) -> ManagedProcess {
+    let Bed {
+        nodes, csinodes, p, ..
+    } = bed;
     // The driver crashes (kill -9): its socket is left behind, NodeGetInfo
     // is refused — a driver about to be restarted. The entry stays.
     driver.kill9();
@@ -328,7 +427,7 @@ async fn registrar_and_liveness_probe_with_a_real_driver() {
         p.driver_socket.exists(),
         "a killed driver leaves its socket"
     );
-    failures_keep_the_entry(&csinodes, &nodes, reg_port, "Unavailable", 3, &reg).await;
+    failures_keep_the_entry(csinodes, nodes, reg_port, "Unavailable", 3, reg).await;
     // The restarted driver answers; nothing was removed, nothing to write back.
     let rv = csinodes
         .get(NODE)
@@ -336,7 +435,7 @@ async fn registrar_and_liveness_probe_with_a_real_driver() {
         .expect("csinode")
         .metadata
         .resource_version;
-    let mut driver = start_driver(1);
+    let driver = bed.start_driver(1);
     let answered = node_get_info_count(reg_port, "OK").await;
     wait_for(DEADLINE, POLL, || async {
         (node_get_info_count(reg_port, "OK").await > answered).then_some(())
@@ -353,7 +452,21 @@ async fn registrar_and_liveness_probe_with_a_real_driver() {
         rv,
         "the entry was kept, so there was nothing to write back"
     );
+    driver
+}
 
+/// A stopped driver (socket removed) fails liveness and loses its entry and
+/// key; the registrar stays healthy.
+async fn a_stopped_driver_loses_its_entry(
+    bed: &Bed,
+    driver: &mut ManagedProcess,
+    live_port: u16,
+    reg_port: u16,
+    reg: &ManagedProcess,
+) {
+    let Bed {
+        nodes, csinodes, p, ..
+    } = bed;
     // The driver stops (SIGTERM: it removes its socket): liveness 500, and
     // once the socket has stayed away for three intervals the driver is
     // gone: its entry and key are removed.
@@ -391,9 +504,13 @@ async fn registrar_and_liveness_probe_with_a_real_driver() {
     // answers GetInfo), not the driver's: it stays 200, so kubelet does not
     // restart the registrar (and deregister the driver) for a driver outage.
     assert_eq!(healthz(reg_port).await.map(|r| r.0), Some(200));
+}
 
+/// The driver is back: liveness 200 and its entry back; the driver is returned.
+async fn a_driver_back_is_registered_again(bed: &Bed, live_port: u16) -> ManagedProcess {
+    let Bed { csinodes, .. } = bed;
     // The driver is back: liveness 200, entry back.
-    let driver2 = start_driver(2);
+    let driver2 = bed.start_driver(2);
     wait_for(DEADLINE, POLL, || async {
         healthz(live_port).await.filter(|r| r.0 == 200)
     })
@@ -405,26 +522,46 @@ async fn registrar_and_liveness_probe_with_a_real_driver() {
     })
     .await
     .expect("entry back with the driver");
+    driver2
+}
 
+/// SIGTERM removes our socket and entry; the other driver is untouched.
+async fn sigterm_removes_our_socket_and_entry_only(bed: &Bed, reg: &mut ManagedProcess) {
+    let Bed {
+        csinodes,
+        other,
+        socket,
+        ..
+    } = bed;
     // SIGTERM: socket and entry removed, the other driver untouched.
-    let exit = sigterm_exit(&mut reg).await;
+    let exit = sigterm_exit(reg).await;
     assert!(exit.contains("exit status: 0"), "{exit}");
     assert!(!socket.exists(), "socket removed on exit");
     let c = csinodes.get(NODE).await.expect("csinode");
     assert!(entry(&c, DRIVER).is_none(), "entry removed on SIGTERM");
-    assert_eq!(entry(&c, OTHER), Some(&other));
+    assert_eq!(entry(&c, OTHER), Some(other));
+}
 
+/// --keep-registration-on-exit keeps the entry after SIGTERM (upgrades).
+async fn keep_registration_on_exit_keeps_the_entry(bed: &Bed) {
+    let Bed {
+        cluster,
+        csinodes,
+        p,
+        socket,
+        ..
+    } = bed;
     // --keep-registration-on-exit keeps it (upgrades). The entry is written
     // once kubelet has accepted the new registrar.
     let mut kept = registrar(
-        &cluster,
-        &p,
+        cluster,
+        p,
         free_port().expect("port"),
         &["--keep-registration-on-exit"],
         1,
     );
     wait_for(DEADLINE, POLL, || async {
-        kubelet_register(&socket, Ok(())).await.ok()
+        kubelet_register(socket, Ok(())).await.ok()
     })
     .await
     .unwrap_or_else(|_| panic!("registration:\n{}", kept.log_tail(20)));
@@ -440,15 +577,22 @@ async fn registrar_and_liveness_probe_with_a_real_driver() {
         entry(&c, DRIVER).is_some(),
         "entry kept with --keep-registration-on-exit"
     );
+}
 
+/// kubelet refusing the registration ends the registrar non-zero, with
+/// kubelet's error logged.
+async fn a_refused_registration_ends_the_registrar_non_zero(bed: &Bed) {
+    let Bed {
+        cluster, p, socket, ..
+    } = bed;
     // kubelet refusing the registration ends the registrar non-zero, with kubelet's error logged.
-    let mut refused = registrar(&cluster, &p, free_port().expect("port"), &[], 2);
+    let mut refused = registrar(cluster, p, free_port().expect("port"), &[], 2);
     wait_for(DEADLINE, POLL, || async { socket.exists().then_some(()) })
         .await
         .expect("socket");
     // The socket may still be the one of the previous process for an instant.
     wait_for(DEADLINE, POLL, || async {
-        kubelet_register(&socket, Err("incompatible version".into()))
+        kubelet_register(socket, Err("incompatible version".into()))
             .await
             .ok()
     })
@@ -461,8 +605,4 @@ async fn registrar_and_liveness_probe_with_a_real_driver() {
         "{}",
         refused.log_tail(10)
     );
-
-    live.terminate(Duration::from_secs(5));
-    drop(driver2);
-    cluster.stop().await.expect("cluster stops");
 }
