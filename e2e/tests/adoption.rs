@@ -212,18 +212,13 @@ async fn a_running_deployment_is_taken_over_without_a_volume_outage() {
 /// CSIDriver's UID.
 async fn the_legacy_deployment_runs_a_writer(bed: &Bed) -> (String, Option<String>) {
     let Bed {
-        cluster,
-        client,
-        driver_image,
-        sidecar_image,
-        kubelet_dir,
-        data_dir,
+        cluster, client, ..
     } = bed;
     let legacy = legacy_yaml(
-        driver_image,
-        sidecar_image,
-        &kubelet_dir.to_string_lossy(),
-        &data_dir.to_string_lossy(),
+        &bed.driver_image,
+        &bed.sidecar_image,
+        &bed.kubelet_dir.to_string_lossy(),
+        &bed.data_dir.to_string_lossy(),
     );
     testkit::apply_ok(cluster, "legacy", &legacy).await;
     walkthrough::wait_registered(cluster, DRIVER, DEADLINE)
