@@ -22,6 +22,7 @@ use csiops_e2e::process::ManagedProcess;
 use csiops_e2e::realnode::images;
 use csiops_e2e::{
     free_port, operator_bin, sidecar_bin, testkit, wait_for, walkthrough, Cluster, ClusterOptions,
+    OperatorProcess,
 };
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
@@ -210,6 +211,21 @@ async fn exists(cluster: &Cluster, args: &[&str]) -> bool {
         .unwrap_or(false)
 }
 
+/// `spec.monitoring` of the driver object: authenticated metrics and a
+/// PodMonitor (YAML lines, indented by four).
+const MONITORING: &str =
+    "    metricsAuth: true\n    podMonitor:\n      enabled: true\n      interval: 30s\n";
+/// `kubectl get` of the driver's metrics Service.
+const SERVICE: [&str; 5] = ["-n", NS, "get", "service", "testdriver-metrics"];
+/// `kubectl get` of the driver's PodMonitor.
+const POD_MONITOR: [&str; 5] = [
+    "-n",
+    NS,
+    "get",
+    "podmonitors.monitoring.coreos.com",
+    "testdriver-metrics",
+];
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operator_and_a_sidecar_let_in_only_callers_rbac_allows() {
     let cluster = Cluster::start(ClusterOptions::kwok(0))
@@ -229,9 +245,28 @@ async fn the_operator_and_a_sidecar_let_in_only_callers_rbac_allows() {
             &["--metrics-auth".to_string()],
         )
         .expect("operator starts");
+    the_operator_lets_in_only_callers_rbac_allows(&operator, &tokens).await;
+    let mut sidecar = a_sidecar_lets_in_only_callers_rbac_allows(&cluster, &tokens).await;
+    monitoring_gets_a_service_and_no_pod_monitor_without_its_crd(&cluster, &operator).await;
+    the_pod_monitor_comes_once_its_crd_appears(&cluster, &operator).await;
+    monitoring_turned_off_removes_both(&cluster, &operator).await;
+    a_certificate_secret_without_metrics_auth_is_refused(&cluster).await;
+    teardown_leaves_neither(&cluster, &operator).await;
+
+    sidecar.terminate(Duration::from_secs(5));
+    operator.stop().await;
+    cluster.stop().await.expect("cluster stops");
+}
+
+/// The operator with `--metrics-auth`: only the allowed caller scrapes; the
+/// probes stay open on the HTTPS port; plain HTTP gets no metrics.
+async fn the_operator_lets_in_only_callers_rbac_allows(
+    operator: &OperatorProcess,
+    tokens: &Tokens,
+) {
     let base = format!("https://{}", operator.http_endpoint());
     answering(&format!("{base}/healthz")).await;
-    check_callers(&format!("{base}/metrics"), &tokens).await;
+    check_callers(&format!("{base}/metrics"), tokens).await;
     // The probes stay open on the HTTPS port; plain HTTP gets no answer.
     assert_eq!(
         scrape(&format!("{base}/healthz"), None).await.map(|r| r.0),
@@ -244,8 +279,14 @@ async fn the_operator_and_a_sidecar_let_in_only_callers_rbac_allows() {
             .is_none_or(|(_, body)| !body.contains("# EOF")),
         "metrics over plain HTTP: {plain:?}"
     );
+}
 
-    // --- a sidecar, --metrics-auth ---------------------------------------------
+/// A sidecar (the liveness probe) with `--metrics-auth` lets in the same
+/// callers, and no token reaches its log. The running sidecar.
+async fn a_sidecar_lets_in_only_callers_rbac_allows(
+    cluster: &Cluster,
+    tokens: &Tokens,
+) -> ManagedProcess {
     // The liveness probe has no --kubeconfig (as upstream): KUBECONFIG.
     let port = free_port().expect("port");
     let kubeconfig = cluster.kubeconfig_path().display().to_string();
@@ -265,28 +306,33 @@ async fn the_operator_and_a_sidecar_let_in_only_callers_rbac_allows() {
     .expect("sidecar starts");
     let url = format!("https://127.0.0.1:{port}/metrics");
     answering(&url).await;
-    check_callers(&url, &tokens).await;
+    check_callers(&url, tokens).await;
     // No token ever reaches a log line.
     let log = sidecar.log_tail(10_000);
     assert!(!log.contains(&tokens.allowed) && !log.contains(&tokens.stranger));
     sidecar.check_running().expect("sidecar still running");
+    sidecar
+}
 
-    // --- spec.monitoring: Service; PodMonitor only with its CRD ---------------
-    let monitoring =
-        "    metricsAuth: true\n    podMonitor:\n      enabled: true\n      interval: 30s\n";
+/// `spec.monitoring` gets the metrics Service, and its pods' accounts may
+/// review callers; without the PodMonitor CRD no PodMonitor and no
+/// complaint.
+async fn monitoring_gets_a_service_and_no_pod_monitor_without_its_crd(
+    cluster: &Cluster,
+    operator: &OperatorProcess,
+) {
     testkit::apply_ok(
-        &cluster,
+        cluster,
         "driver",
         &driver_yaml(
             "example.invalid/csi-test-driver:v0",
             std::path::Path::new("/var/lib/kubelet"),
-            monitoring,
+            MONITORING,
         ),
     )
     .await;
-    let service = ["-n", NS, "get", "service", "testdriver-metrics"];
     wait_for(DEADLINE, POLL, || async {
-        exists(&cluster, &service).await.then_some(())
+        exists(cluster, &SERVICE).await.then_some(())
     })
     .await
     .unwrap_or_else(|_| panic!("no metrics Service\n{}", operator.log_tail(60)));
@@ -299,13 +345,13 @@ async fn the_operator_and_a_sidecar_let_in_only_callers_rbac_allows() {
             "subjectaccessreviews.authorization.k8s.io",
         ] {
             assert!(
-                testkit::can_i(&cluster, &user, &["create", what]).await,
+                testkit::can_i(cluster, &user, &["create", what]).await,
                 "{user} may not create {what}"
             );
         }
     }
     // No PodMonitor kind, no PodMonitor, and no error for it.
-    assert!(!exists(&cluster, &["get", "podmonitors", "-A"]).await);
+    assert!(!exists(cluster, &["get", "podmonitors", "-A"]).await);
     let log = operator.log_tail(10_000);
     let complaints: Vec<&str> = log
         .lines()
@@ -313,35 +359,29 @@ async fn the_operator_and_a_sidecar_let_in_only_callers_rbac_allows() {
         .collect();
     assert!(complaints.is_empty(), "{complaints:#?}");
     let message = testkit::jsonpath(
-        &cluster,
+        cluster,
         &["-n", NS, "get", "csidd", NAME],
         "{.status.message}",
     )
     .await
     .unwrap_or_default();
     assert!(!message.contains("PodMonitor"), "{message}");
+}
 
-    // The CRD appears: the next reconciliation (here: at once, on a touch)
-    // creates the PodMonitor.
-    testkit::apply_ok(&cluster, "podmonitor-crd", POD_MONITOR_CRD).await;
-    let pod_monitor = [
-        "-n",
-        NS,
-        "get",
-        "podmonitors.monitoring.coreos.com",
-        "testdriver-metrics",
-    ];
+/// The CRD appears: the next reconciliation (here: at once, on a touch)
+/// creates the PodMonitor.
+async fn the_pod_monitor_comes_once_its_crd_appears(cluster: &Cluster, operator: &OperatorProcess) {
+    testkit::apply_ok(cluster, "podmonitor-crd", POD_MONITOR_CRD).await;
     let mut touches = 0u32;
     wait_for(DEADLINE, Duration::from_secs(2), || {
         touches += 1;
         let touch = format!("e2e.csiops.dev/touch={touches}");
-        let cluster = &cluster;
         async move {
             // Touch until discovery serves the new kind and a pass picks it up.
             let _ = cluster
                 .kubectl(["-n", NS, "annotate", "--overwrite", "csidd", NAME, &touch])
                 .await;
-            exists(cluster, &pod_monitor).await.then_some(())
+            exists(cluster, &POD_MONITOR).await.then_some(())
         }
     })
     .await
@@ -352,15 +392,17 @@ async fn the_operator_and_a_sidecar_let_in_only_callers_rbac_allows() {
         )
     });
     let endpoints = testkit::jsonpath(
-        &cluster,
-        &pod_monitor,
+        cluster,
+        &POD_MONITOR,
         "{.spec.podMetricsEndpoints[*].port} {.spec.podMetricsEndpoints[0].scheme}",
     )
     .await
     .expect("PodMonitor");
     assert_eq!(endpoints, "provisioner registrar-http healthz https");
+}
 
-    // Monitoring turned off: both go.
+/// Monitoring turned off: both go.
+async fn monitoring_turned_off_removes_both(cluster: &Cluster, operator: &OperatorProcess) {
     cluster
         .kubectl_ok([
             "-n",
@@ -375,7 +417,7 @@ async fn the_operator_and_a_sidecar_let_in_only_callers_rbac_allows() {
         .await
         .expect("monitoring removed");
     wait_for(DEADLINE, POLL, || async {
-        (!exists(&cluster, &service).await && !exists(&cluster, &pod_monitor).await).then_some(())
+        (!exists(cluster, &SERVICE).await && !exists(cluster, &POD_MONITOR).await).then_some(())
     })
     .await
     .unwrap_or_else(|_| {
@@ -384,11 +426,13 @@ async fn the_operator_and_a_sidecar_let_in_only_callers_rbac_allows() {
             operator.log_tail(60)
         )
     });
+}
 
-    // A certificate Secret without metricsAuth means nothing: refused at
-    // admission, naming the fix.
+/// A certificate Secret without metricsAuth means nothing: refused at
+/// admission, naming the fix.
+async fn a_certificate_secret_without_metrics_auth_is_refused(cluster: &Cluster) {
     let refused = testkit::apply_yaml(
-        &cluster,
+        cluster,
         "refused",
         &driver_yaml(
             "example.invalid/csi-test-driver:v0",
@@ -401,20 +445,22 @@ async fn the_operator_and_a_sidecar_let_in_only_callers_rbac_allows() {
     assert!(!refused.status.success());
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.contains("set metricsAuth: true"), "{stderr}");
+}
 
-    // Turned on again, then the object deleted: teardown leaves neither.
+/// Turned on again, then the object deleted: teardown leaves neither.
+async fn teardown_leaves_neither(cluster: &Cluster, operator: &OperatorProcess) {
     testkit::apply_ok(
-        &cluster,
+        cluster,
         "driver-again",
         &driver_yaml(
             "example.invalid/csi-test-driver:v0",
             std::path::Path::new("/var/lib/kubelet"),
-            monitoring,
+            MONITORING,
         ),
     )
     .await;
     wait_for(DEADLINE, POLL, || async {
-        (exists(&cluster, &service).await && exists(&cluster, &pod_monitor).await).then_some(())
+        (exists(cluster, &SERVICE).await && exists(cluster, &POD_MONITOR).await).then_some(())
     })
     .await
     .unwrap_or_else(|_| panic!("monitoring not back\n{}", operator.log_tail(60)));
@@ -431,17 +477,13 @@ async fn the_operator_and_a_sidecar_let_in_only_callers_rbac_allows() {
         .await
         .unwrap_or_else(|e| panic!("teardown: {e}\n{}", operator.log_tail(60)));
     assert!(
-        !exists(&cluster, &service).await,
+        !exists(cluster, &SERVICE).await,
         "metrics Service left by teardown"
     );
     assert!(
-        !exists(&cluster, &pod_monitor).await,
+        !exists(cluster, &POD_MONITOR).await,
         "PodMonitor left by teardown"
     );
-
-    sidecar.terminate(Duration::from_secs(5));
-    operator.stop().await;
-    cluster.stop().await.expect("cluster stops");
 }
 
 /// The one pod matching `selector` in [`NS`], with its IP.
