@@ -14,6 +14,7 @@
 //!
 //! Needs root and `make node-prereqs`, like `real_node.rs`.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use csiops_e2e::realnode::{images, NODE_NAME};
@@ -31,6 +32,20 @@ const OTHER_TAINT: &str = "example.com/keep-me";
 
 fn taint_key() -> String {
     csiops_crds::readiness_taint_key(DRIVER)
+}
+
+/// What the phases work on: the cluster with its tainted real node, an admin
+/// client, the Node API, the readiness taint's key, the images and the
+/// driver's host directories.
+struct Bed {
+    cluster: Cluster,
+    client: kube::Client,
+    nodes: Api<Node>,
+    key: String,
+    pause: String,
+    driver_image: String,
+    kubelet_dir: PathBuf,
+    data_dir: PathBuf,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -61,8 +76,39 @@ async fn pods_wait_for_the_driver_on_a_node_registered_with_the_readiness_taint(
         node.layout().kubelet_dir(),
         node.layout().root.join("csi-data"),
     );
+    let bed = Bed {
+        cluster,
+        client,
+        nodes,
+        key,
+        pause,
+        driver_image,
+        kubelet_dir,
+        data_dir,
+    };
+
+    the_node_is_tainted_and_the_operator_tolerates_it(&bed).await;
+    a_pod_that_tolerates_nothing_cannot_land(&bed).await;
+    the_driver_counts_the_tainted_node_while_its_node_pod_is_held(&bed).await;
+    the_node_pod_registers_then_removes_the_taint(&bed).await;
+    a_re_added_taint_goes_again_while_registered(&bed).await;
+    a_replaced_node_pod_does_the_same(&bed).await;
+    clean_up_through_the_operator(&bed).await;
+    let left = bed.cluster.stop_and_report().await.expect("cluster stops");
+    assert!(left.is_empty(), "left on the host: {left:?}");
+}
+
+/// kubelet registered the node with the readiness taint, and the operator,
+/// tolerating it, becomes ready.
+async fn the_node_is_tainted_and_the_operator_tolerates_it(bed: &Bed) {
+    let Bed {
+        cluster,
+        nodes,
+        key,
+        ..
+    } = bed;
     assert_eq!(
-        taint_keys(&nodes).await,
+        taint_keys(nodes).await,
         vec![key.clone()],
         "kubelet registered the node with the readiness taint"
     );
@@ -70,14 +116,14 @@ async fn pods_wait_for_the_driver_on_a_node_registered_with_the_readiness_taint(
     // The operator tolerates the taint, as a user sets it through the Helm
     // chart's `tolerations`: otherwise nothing could run on a cluster whose
     // only node waits for the driver.
-    walkthrough::install_operator_tolerating(&cluster, Some(&key))
+    walkthrough::install_operator_tolerating(cluster, Some(key))
         .await
         .unwrap_or_else(|e| {
             panic!(
                 "operator ready: {e}\n--- pods\n{}\n--- operator (previous)\n{}",
-                testkit::kubectl_text(&cluster, &["get", "pods", "-A", "-o", "wide"]),
+                testkit::kubectl_text(cluster, &["get", "pods", "-A", "-o", "wide"]),
                 testkit::kubectl_text(
-                    &cluster,
+                    cluster,
                     &[
                         "-n",
                         "csiops-system",
@@ -89,16 +135,25 @@ async fn pods_wait_for_the_driver_on_a_node_registered_with_the_readiness_taint(
                 ),
             )
         });
+}
 
-    // A pod that tolerates nothing cannot land on the node.
+/// A pod that tolerates nothing cannot land on the node; someone else's
+/// taint is added beside the readiness taint.
+async fn a_pod_that_tolerates_nothing_cannot_land(bed: &Bed) {
+    let Bed {
+        cluster,
+        key,
+        pause,
+        ..
+    } = bed;
     testkit::apply_ok(
-        &cluster,
+        cluster,
         "ns",
         &format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NS}\n"),
     )
     .await;
-    testkit::apply_ok(&cluster, "bystander-1", &bystander("bystander-1", &pause)).await;
-    wait_unschedulable_for(&cluster, "bystander-1", &key).await;
+    testkit::apply_ok(cluster, "bystander-1", &bystander("bystander-1", pause)).await;
+    wait_unschedulable_for(cluster, "bystander-1", key).await;
 
     // Someone else's taint that schedules anyway, to see it survive.
     cluster
@@ -110,52 +165,74 @@ async fn pods_wait_for_the_driver_on_a_node_registered_with_the_readiness_taint(
         ])
         .await
         .expect("kubectl taint");
+}
 
-    // The driver, its node pods held back by the gate label.
+/// The driver, its node pods held back by the gate label: status counts
+/// the tainted node; the pod still waits.
+async fn the_driver_counts_the_tainted_node_while_its_node_pod_is_held(bed: &Bed) {
+    let Bed {
+        cluster,
+        nodes,
+        key,
+        driver_image,
+        kubelet_dir,
+        data_dir,
+        ..
+    } = bed;
     let node_fields = [
         ("readinessTaint", serde_json::json!(true)),
         ("nodeSelector", serde_json::json!({ GATE_LABEL: "yes" })),
     ];
     let driver = VolumeDriver {
-        image: &driver_image,
+        image: driver_image,
         version: "v0.1.0",
-        kubelet_dir: &kubelet_dir,
-        data_dir: &data_dir,
+        kubelet_dir,
+        data_dir,
         on_simulated_nodes: false,
         controller_args: &[],
         node_args: &[],
         node_fields: &node_fields,
     };
-    testkit::apply_ok(&cluster, "driver", &driver.yaml()).await;
+    testkit::apply_ok(cluster, "driver", &driver.yaml()).await;
     // Status counts the tainted node; the pod still waits.
-    wait_tainted_count(&cluster, "1").await;
+    wait_tainted_count(cluster, "1").await;
     assert!(
-        pod_pending(&cluster, "bystander-1").await,
+        pod_pending(cluster, "bystander-1").await,
         "nothing removed the taint yet"
     );
-    assert!(taint_keys(&nodes).await.contains(&key));
+    assert!(taint_keys(nodes).await.contains(key));
+}
 
-    // --- The node pod starts: it registers, then removes the taint. ----------
-    set_gate(&cluster, true).await;
-    walkthrough::wait_pod_running(&cluster, "bystander-1", DEADLINE)
+/// The node pod starts: it registers, then removes the taint (and only it);
+/// the pod schedules.
+async fn the_node_pod_registers_then_removes_the_taint(bed: &Bed) {
+    let Bed {
+        cluster,
+        client,
+        nodes,
+        key,
+        ..
+    } = bed;
+    set_gate(cluster, true).await;
+    walkthrough::wait_pod_running(cluster, "bystander-1", DEADLINE)
         .await
-        .unwrap_or_else(|e| panic!("{e}\n{}", diagnostics(&cluster)));
+        .unwrap_or_else(|e| panic!("{e}\n{}", diagnostics(cluster)));
     assert!(
-        csinode_lists_driver(&client).await,
+        csinode_lists_driver(client).await,
         "the taint went only after the CSINode entry existed"
     );
-    let left = taint_keys(&nodes).await;
-    assert!(!left.contains(&key), "readiness taint removed: {left:?}");
+    let left = taint_keys(nodes).await;
+    assert!(!left.contains(key), "readiness taint removed: {left:?}");
     assert!(
         left.iter().any(|k| k == OTHER_TAINT),
         "other taint kept: {left:?}"
     );
-    testkit::wait_running(&cluster, NS, NAME, "v0.1.0", 1, DEADLINE)
+    testkit::wait_running(cluster, NS, NAME, "v0.1.0", 1, DEADLINE)
         .await
-        .unwrap_or_else(|e| panic!("{e}\n{}", diagnostics(&cluster)));
-    wait_tainted_count(&cluster, "").await;
+        .unwrap_or_else(|e| panic!("{e}\n{}", diagnostics(cluster)));
+    wait_tainted_count(cluster, "").await;
     let log = testkit::kubectl_text(
-        &cluster,
+        cluster,
         &[
             "-n",
             NS,
@@ -169,8 +246,16 @@ async fn pods_wait_for_the_driver_on_a_node_registered_with_the_readiness_taint(
         log.contains("removed the readiness taint"),
         "registrar log:\n{log}"
     );
+}
 
-    // --- While registered, a re-added readiness taint goes again. ------------
+/// While registered, a re-added readiness taint goes again.
+async fn a_re_added_taint_goes_again_while_registered(bed: &Bed) {
+    let Bed {
+        cluster,
+        nodes,
+        key,
+        ..
+    } = bed;
     cluster
         .kubectl_ok(["taint", "node", NODE_NAME, &format!("{key}:NoSchedule")])
         .await
@@ -178,18 +263,28 @@ async fn pods_wait_for_the_driver_on_a_node_registered_with_the_readiness_taint(
     wait_for(
         Duration::from_secs(30),
         Duration::from_millis(250),
-        || async { (!taint_keys(&nodes).await.contains(&key)).then_some(()) },
+        || async { (!taint_keys(nodes).await.contains(key)).then_some(()) },
     )
     .await
     .unwrap_or_else(|_| {
         panic!(
             "the running registrar did not remove a re-added taint\n{}",
-            diagnostics(&cluster)
+            diagnostics(cluster)
         )
     });
+}
 
-    // --- The node pod is replaced: the same holds. ----------------------------
-    set_gate(&cluster, false).await;
+/// The node pod is replaced: the same holds.
+async fn a_replaced_node_pod_does_the_same(bed: &Bed) {
+    let Bed {
+        cluster,
+        client,
+        nodes,
+        key,
+        pause,
+        ..
+    } = bed;
+    set_gate(cluster, false).await;
     let node_pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let selector = testkit::node_pod_selector(NAME);
     wait_for(DEADLINE, Duration::from_millis(500), || async {
@@ -200,34 +295,37 @@ async fn pods_wait_for_the_driver_on_a_node_registered_with_the_readiness_taint(
         pods.items.is_empty().then_some(())
     })
     .await
-    .unwrap_or_else(|_| panic!("the node pod did not go\n{}", diagnostics(&cluster)));
+    .unwrap_or_else(|_| panic!("the node pod did not go\n{}", diagnostics(cluster)));
     // The registrar leaving removed the driver's CSINode entry; the node
     // gets the taint again, as after a node re-registration.
     assert!(
-        !csinode_lists_driver(&client).await,
+        !csinode_lists_driver(client).await,
         "the driver left the node"
     );
     cluster
         .kubectl_ok(["taint", "node", NODE_NAME, &format!("{key}:NoSchedule")])
         .await
         .expect("kubectl taint");
-    testkit::apply_ok(&cluster, "bystander-2", &bystander("bystander-2", &pause)).await;
-    wait_unschedulable_for(&cluster, "bystander-2", &key).await;
-    wait_tainted_count(&cluster, "1").await;
+    testkit::apply_ok(cluster, "bystander-2", &bystander("bystander-2", pause)).await;
+    wait_unschedulable_for(cluster, "bystander-2", key).await;
+    wait_tainted_count(cluster, "1").await;
 
-    set_gate(&cluster, true).await;
-    walkthrough::wait_pod_running(&cluster, "bystander-2", DEADLINE)
+    set_gate(cluster, true).await;
+    walkthrough::wait_pod_running(cluster, "bystander-2", DEADLINE)
         .await
-        .unwrap_or_else(|e| panic!("{e}\n{}", diagnostics(&cluster)));
-    assert!(csinode_lists_driver(&client).await);
-    let left = taint_keys(&nodes).await;
+        .unwrap_or_else(|e| panic!("{e}\n{}", diagnostics(cluster)));
+    assert!(csinode_lists_driver(client).await);
+    let left = taint_keys(nodes).await;
     assert!(
-        !left.contains(&key) && left.iter().any(|k| k == OTHER_TAINT),
+        !left.contains(key) && left.iter().any(|k| k == OTHER_TAINT),
         "{left:?}"
     );
-    wait_tainted_count(&cluster, "").await;
+    wait_tainted_count(cluster, "").await;
+}
 
-    // Clean up through the operator; the cluster then stops clean.
+/// Clean up through the operator, so the cluster then stops clean.
+async fn clean_up_through_the_operator(bed: &Bed) {
+    let cluster = &bed.cluster;
     for pod in ["bystander-1", "bystander-2"] {
         let _ = cluster
             .kubectl(["-n", NS, "delete", "pod", pod, "--wait=true"])
@@ -243,9 +341,7 @@ async fn pods_wait_for_the_driver_on_a_node_registered_with_the_readiness_taint(
             "--timeout=120s",
         ])
         .await
-        .unwrap_or_else(|e| panic!("teardown: {e}\n{}", diagnostics(&cluster)));
-    let left = cluster.stop_and_report().await.expect("cluster stops");
-    assert!(left.is_empty(), "left on the host: {left:?}");
+        .unwrap_or_else(|e| panic!("teardown: {e}\n{}", diagnostics(cluster)));
 }
 
 /// A pod on the real node that tolerates nothing and uses no volume.
