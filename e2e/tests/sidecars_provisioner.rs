@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use csiops_e2e::provisioning::{ProvisionerBed, DRIVER, TOPOLOGY_KEY};
+use csiops_e2e::testdriver::state::Volume;
 use csiops_e2e::{testkit, wait_for, Cluster, ClusterOptions};
 use k8s_openapi::api::core::v1::{
     ConfigMap, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec, Secret,
@@ -152,6 +153,20 @@ async fn provisions_binds_deletes_and_retains() {
         &["--leader-election", "--leader-election-namespace=default"],
     )
     .await;
+    the_secret_and_the_classes_exist(&cluster, &a).await;
+    let (pv, uid, pv_name, volume) = a_claim_gets_exactly_one_volume(&bed, &a).await;
+    the_pv_is_written_as_upstream_writes_it(&cluster, &pv, &uid, &volume).await;
+    events_the_lease_and_metrics_tell_the_story(&cluster, &bed, &a).await;
+    deletion_waits_for_the_attachment_then_goes(&cluster, &bed, &a, &pv_name, &volume).await;
+    retain_keeps_the_released_pv_and_its_volume(&bed, &a).await;
+    secrets_never_reach_the_log(&mut bed);
+    bed.stop_sidecar();
+    cluster.stop().await.expect("stop");
+}
+
+/// The provisioner's Secret and the classes `fast` (Delete, with secrets and
+/// mount options) and `keep` (Retain) exist.
+async fn the_secret_and_the_classes_exist(cluster: &Cluster, a: &Apis) {
     let client = cluster.client().expect("client");
     let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
     secrets
@@ -194,10 +209,18 @@ async fn provisions_binds_deletes_and_retains() {
     a.add_class(&fast).await;
     a.add_class(&class("keep", "Retain", "Immediate", &[("type", "hdd")]))
         .await;
+}
 
+/// A claim of `fast` binds to a PV named after it and the driver has exactly
+/// one volume for it, with the class's parameters and secret; returns the
+/// PV, the claim's UID, the PV's name and the driver's volume.
+async fn a_claim_gets_exactly_one_volume(
+    bed: &ProvisionerBed,
+    a: &Apis,
+) -> (PersistentVolume, String, String, Volume) {
     // Provision.
     a.add_claim(&claim("data", "fast", "2Gi")).await;
-    let (c, pv) = bound(&a, "data").await;
+    let (c, pv) = bound(a, "data").await;
     let uid = c.uid().expect("uid");
     let pv_name = format!("pvc-{uid}");
     assert_eq!(pv.name_any(), pv_name);
@@ -227,6 +250,17 @@ async fn provisions_binds_deletes_and_retains() {
         "provisioner secret passed"
     );
     assert_eq!(volume.capacity_bytes, 2 << 30);
+    (pv, uid, pv_name, volume)
+}
+
+/// The PV is as upstream writes it, pinned to the one node's segment the
+/// driver chose.
+async fn the_pv_is_written_as_upstream_writes_it(
+    cluster: &Cluster,
+    pv: &PersistentVolume,
+    uid: &str,
+    volume: &Volume,
+) {
     // The PV as upstream writes it.
     let spec = pv.spec.clone().expect("spec");
     let csi = spec.csi.clone().expect("CSI source");
@@ -255,7 +289,7 @@ async fn provisions_binds_deletes_and_retains() {
     );
     assert_eq!(
         spec.claim_ref.as_ref().and_then(|r| r.uid.clone()),
-        Some(uid.clone())
+        Some(uid.to_string())
     );
     let annotations = pv.annotations();
     assert_eq!(
@@ -294,6 +328,15 @@ async fn provisions_binds_deletes_and_retains() {
         (exprs[0].key.as_str(), exprs[0].values.clone()),
         (TOPOLOGY_KEY, Some(vec![chosen]))
     );
+}
+
+/// The claim no longer carries our finalizer; Events, the Lease and the
+/// metrics (with upstream names) tell the story.
+async fn events_the_lease_and_metrics_tell_the_story(
+    cluster: &Cluster,
+    bed: &ProvisionerBed,
+    a: &Apis,
+) {
     // The claim no longer carries our finalizer; Events tell the story.
     let c = a.claims.get("data").await.expect("claim");
     assert!(
@@ -301,7 +344,7 @@ async fn provisions_binds_deletes_and_retains() {
         "{:?}",
         c.finalizers()
     );
-    let reasons = event_reasons(&cluster, "data").await;
+    let reasons = event_reasons(cluster, "data").await;
     assert!(
         reasons
             .iter()
@@ -310,7 +353,7 @@ async fn provisions_binds_deletes_and_retains() {
     );
     // Leader election: the Lease names this provisioner.
     let holder = testkit::jsonpath(
-        &cluster,
+        cluster,
         &["get", "lease", "-n", NS, "test-csi-csiops-dev"],
         "{.spec.holderIdentity}",
     )
@@ -330,7 +373,18 @@ async fn provisions_binds_deletes_and_retains() {
     ] {
         assert!(metrics.contains(needle), "missing {needle} in\n{metrics}");
     }
+}
 
+/// Deleting the claim leaves the volume while a VolumeAttachment names the
+/// PV; once it is gone the volume goes from the driver, then the PV.
+async fn deletion_waits_for_the_attachment_then_goes(
+    cluster: &Cluster,
+    bed: &ProvisionerBed,
+    a: &Apis,
+    pv_name: &str,
+    volume: &Volume,
+) {
+    let client = cluster.client().expect("client");
     // Delete while a VolumeAttachment still names the PV: the PV is
     // Released but the volume stays until the attachment is gone.
     let attachments: Api<VolumeAttachment> = Api::all(client.clone());
@@ -346,7 +400,7 @@ async fn provisions_binds_deletes_and_retains() {
                     attacher: DRIVER.into(),
                     node_name: cluster.node_names()[0].clone(),
                     source: VolumeAttachmentSource {
-                        persistent_volume_name: Some(pv_name.clone()),
+                        persistent_volume_name: Some(pv_name.to_string()),
                         ..Default::default()
                     },
                 },
@@ -360,19 +414,17 @@ async fn provisions_binds_deletes_and_retains() {
         .await
         .expect("delete claim");
     let waiting = wait_for(DEADLINE, POLL, || async {
-        let r = event_reasons(&cluster, &pv_name).await;
+        let r = event_reasons(cluster, pv_name).await;
         r.into_iter()
             .find(|r| r.starts_with("VolumeFailedDelete|") && r.contains("still attached"))
     })
     .await;
     assert!(waiting.is_ok(), "no VolumeFailedDelete while attached");
     assert!(
-        bed.driver_volumes()
-            .expect("volumes")
-            .contains_key(&pv_name),
+        bed.driver_volumes().expect("volumes").contains_key(pv_name),
         "deleted while attached"
     );
-    assert!(a.volumes.get_opt(&pv_name).await.expect("get").is_some());
+    assert!(a.volumes.get_opt(pv_name).await.expect("get").is_some());
     attachments
         .delete("csi-data", &DeleteParams::default())
         .await
@@ -380,7 +432,7 @@ async fn provisions_binds_deletes_and_retains() {
     // Delete: the volume goes from the driver, then the PV.
     wait_for(DEADLINE, POLL, || async {
         a.volumes
-            .get_opt(&pv_name)
+            .get_opt(pv_name)
             .await
             .ok()
             .flatten()
@@ -391,17 +443,20 @@ async fn provisions_binds_deletes_and_retains() {
     .expect("PV deleted");
     let state = bed.driver.state().expect("driver state");
     assert!(
-        state.volume_by_name(&pv_name).is_none(),
+        state.volume_by_name(pv_name).is_none(),
         "volume left in the driver"
     );
     assert!(
         state.deleted.iter().any(|d| d.id == volume.id),
         "no DeleteVolume recorded"
     );
+}
 
+/// Retain: the PV stays Released and the volume stays.
+async fn retain_keeps_the_released_pv_and_its_volume(bed: &ProvisionerBed, a: &Apis) {
     // Retain: the PV stays Released and the volume stays.
     a.add_claim(&claim("kept", "keep", "1Gi")).await;
-    let (_, kept_pv) = bound(&a, "kept").await;
+    let (_, kept_pv) = bound(a, "kept").await;
     assert!(kept_pv
         .finalizers()
         .iter()
@@ -436,7 +491,10 @@ async fn provisions_binds_deletes_and_retains() {
             .contains_key(&kept_pv.name_any()),
         "retained volume deleted"
     );
+}
 
+/// Secrets never reach the log, even at -v=4.
+fn secrets_never_reach_the_log(bed: &mut ProvisionerBed) {
     // Secrets never reach the log, even at -v=4.
     bed.check_sidecar().expect("provisioner still running");
     let log = bed.sidecar_log();
@@ -448,8 +506,6 @@ async fn provisions_binds_deletes_and_retains() {
         !log.contains(SECRET_VALUE),
         "secret value in the provisioner log"
     );
-    bed.stop_sidecar();
-    cluster.stop().await.expect("stop");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -738,12 +794,49 @@ async fn kill9_during_provisioning_and_deletion_leaks_nothing() {
     let mut kills = 0;
     // Intents each provisioner inherited without a PV, summed over all.
     let mut recovered = 0;
+    claims_come_and_a_third_go_between_kills(&mut bed, &a, &names, &mut kills, &mut recovered)
+        .await;
+    let deleted: BTreeSet<String> = names
+        .chunks(10)
+        .flat_map(|c| c.iter().step_by(3).cloned())
+        .collect();
+    let live: Vec<&String> = names.iter().filter(|n| !deleted.contains(*n)).collect();
+    the_live_claims_bind_under_more_kills(&mut bed, &a, &live, &mut kills, &mut recovered).await;
+    each_live_claim_has_exactly_one_volume(&bed, &a, &live).await;
+    deleting_the_rest_leaves_no_volume_or_intent(
+        &cluster,
+        &mut bed,
+        &a,
+        &live,
+        &mut kills,
+        &mut recovered,
+    )
+    .await;
+    recovered += bed.metric_sum(RECOVERED).await;
+    eprintln!("{kills} kills; the provisioners inherited {recovered} intents without a PV");
+    assert!(
+        recovered > 0,
+        "none of the {kills} kills left an intent without its PV: the journal's window was never hit"
+    );
+    bed.stop_sidecar();
+    cluster.stop().await.expect("stop");
+}
+
+/// The claims are made while the provisioner is killed every tenth, and a
+/// third of them deleted while nothing runs.
+async fn claims_come_and_a_third_go_between_kills(
+    bed: &mut ProvisionerBed,
+    a: &Apis,
+    names: &[String],
+    kills: &mut u32,
+    recovered: &mut u64,
+) {
     for (i, name) in names.iter().enumerate() {
         a.add_claim(&claim(name, "chaos", "1Mi")).await;
         if i % 10 == 9 {
-            recovered += bed.metric_sum(RECOVERED).await;
+            *recovered += bed.metric_sum(RECOVERED).await;
             bed.kill9_sidecar();
-            kills += 1;
+            *kills += 1;
             // Delete some claims while nothing runs: their volumes may
             // exist with no PV yet.
             for gone in names[i - 9..=i].iter().step_by(3) {
@@ -756,22 +849,32 @@ async fn kill9_during_provisioning_and_deletion_leaks_nothing() {
             tokio::time::sleep(Duration::from_millis(300 + (i as u64 * 37) % 500)).await;
         }
     }
-    let deleted: BTreeSet<String> = names
-        .chunks(10)
-        .flat_map(|c| c.iter().step_by(3).cloned())
-        .collect();
-    let live: Vec<&String> = names.iter().filter(|n| !deleted.contains(*n)).collect();
+}
+
+/// More kills while the rest settles; every live claim binds.
+async fn the_live_claims_bind_under_more_kills(
+    bed: &mut ProvisionerBed,
+    a: &Apis,
+    live: &[&String],
+    kills: &mut u32,
+    recovered: &mut u64,
+) {
     // Keep killing while the rest settles.
     for _ in 0..3 {
         tokio::time::sleep(Duration::from_millis(700)).await;
-        recovered += bed.metric_sum(RECOVERED).await;
+        *recovered += bed.metric_sum(RECOVERED).await;
         bed.kill9_sidecar();
         bed.start_sidecar().expect("restart");
-        kills += 1;
+        *kills += 1;
     }
-    for name in &live {
-        bound(&a, name).await;
+    for name in live {
+        bound(a, name).await;
     }
+}
+
+/// Deleted claims and their PVs are gone, and the driver holds exactly one
+/// volume per live claim.
+async fn each_live_claim_has_exactly_one_volume(bed: &ProvisionerBed, a: &Apis, live: &[&String]) {
     // Deleted claims are gone (our finalizer released) and every PV is
     // gone with them.
     let settled = wait_for(
@@ -827,7 +930,17 @@ async fn kill9_during_provisioning_and_deletion_leaks_nothing() {
         state.volumes.keys()
     );
     assert_eq!(volumes.len(), pv_names.len());
+}
 
+/// Deleting the rest, with more kills, leaves no PV, no volume and no intent.
+async fn deleting_the_rest_leaves_no_volume_or_intent(
+    cluster: &Cluster,
+    bed: &mut ProvisionerBed,
+    a: &Apis,
+    live: &[&String],
+    kills: &mut u32,
+    recovered: &mut u64,
+) {
     // Delete the rest, with more kills.
     for (i, name) in live.iter().enumerate() {
         a.claims
@@ -835,10 +948,10 @@ async fn kill9_during_provisioning_and_deletion_leaks_nothing() {
             .await
             .expect("delete");
         if i % 15 == 14 {
-            recovered += bed.metric_sum(RECOVERED).await;
+            *recovered += bed.metric_sum(RECOVERED).await;
             bed.kill9_sidecar();
             bed.start_sidecar().expect("restart");
-            kills += 1;
+            *kills += 1;
         }
     }
     wait_for(
@@ -858,19 +971,11 @@ async fn kill9_during_provisioning_and_deletion_leaks_nothing() {
     });
     // Nothing is left in the journal either (trims are written last).
     if wait_for(DEADLINE, POLL, || async {
-        journal_keys(&cluster).await?.is_empty().then_some(())
+        journal_keys(cluster).await?.is_empty().then_some(())
     })
     .await
     .is_err()
     {
-        panic!("intents left: {:?}", journal_keys(&cluster).await);
+        panic!("intents left: {:?}", journal_keys(cluster).await);
     }
-    recovered += bed.metric_sum(RECOVERED).await;
-    eprintln!("{kills} kills; the provisioners inherited {recovered} intents without a PV");
-    assert!(
-        recovered > 0,
-        "none of the {kills} kills left an intent without its PV: the journal's window was never hit"
-    );
-    bed.stop_sidecar();
-    cluster.stop().await.expect("stop");
 }
