@@ -32,23 +32,51 @@ const DEADLINE: Duration = Duration::from_secs(180);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_writes_to_a_volume_csiops_provisioned_attached_and_mounted() {
     let (cluster, bed) = deploy(&[], &[]).await;
-    let node = cluster.real_node().expect("a real node");
     let client = cluster.client().expect("client");
-    let (image, kubelet_dir) = (&bed.image, &bed.kubelet_dir);
     let driver = bed.driver();
 
     // --- 1. the happy path ------------------------------------------------------
     let app = App {
         name: "app",
-        image,
+        image: &bed.image,
         text: "hello-from-csiops",
         access_mode: "ReadWriteOnce",
         usage: Use::Filesystem,
         fs_group: None,
     };
-    let vol = run_app(&cluster, &app).await;
+    let vol =
+        the_happy_path_provisions_attaches_stages_and_publishes(&cluster, &client, &bed, app).await;
+    fs_group_gives_the_volume_to_the_pods_group(&cluster, &bed, app).await;
+    a_raw_block_volume_holds_what_the_pod_wrote(&cluster, &bed, app).await;
+    read_write_once_pod_refuses_a_second_pod(&cluster, &client, app).await;
+    an_upgrade_keeps_a_mounted_volume_writing(&cluster, &client, &bed, app, &vol).await;
+
+    // --- the way back: unpublish, unstage, detach, delete ---------------------------
+    give_back(
+        &cluster,
+        &driver,
+        &["app", "fsgroup", "block", "rwop", "after-upgrade"],
+    )
+    .await;
+
+    let left = cluster.stop_and_report().await.expect("cluster stops");
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}
+
+/// Provisioned with the selected node's topology, attached by our attacher,
+/// staged and published for real; the pod reads back what it wrote, and
+/// the bytes are in the driver's data dir. The volume's ID.
+async fn the_happy_path_provisions_attaches_stages_and_publishes(
+    cluster: &Cluster,
+    client: &kube::Client,
+    bed: &Bed,
+    app: App<'_>,
+) -> String {
+    let kubelet_dir = &bed.kubelet_dir;
+    let driver = bed.driver();
+    let vol = run_app(cluster, &app).await;
     // Provisioned with the selected node's topology.
-    let pv = pv_of(&client, "app").await;
+    let pv = pv_of(client, "app").await;
     let csi = pv
         .spec
         .as_ref()
@@ -60,7 +88,7 @@ async fn a_pod_writes_to_a_volume_csiops_provisioned_attached_and_mounted() {
         .expect("json");
     assert!(affinity.contains(NODE_NAME), "PV node affinity {affinity}");
     // kube-controller-manager asked for the attachment; our attacher made it.
-    let va = attachment_of(&client, &pv.name_any())
+    let va = attachment_of(client, &pv.name_any())
         .await
         .expect("a VolumeAttachment for the PV");
     assert_eq!(va.spec.attacher, DRIVER);
@@ -105,30 +133,36 @@ async fn a_pod_writes_to_a_volume_csiops_provisioned_attached_and_mounted() {
         "no staging mount under {}",
         kubelet_dir.display()
     );
+    vol
+}
 
-    // --- 2. variants ---------------------------------------------------------------
-    // fsGroup: kubelet gives the volume to the pod's group (policy File).
+/// fsGroup: kubelet gives the volume to the pod's group (policy File).
+async fn fs_group_gives_the_volume_to_the_pods_group(cluster: &Cluster, bed: &Bed, app: App<'_>) {
+    let driver = bed.driver();
     let fs = App {
         name: "fsgroup",
         fs_group: Some(2345),
         text: "group-owned",
         ..app
     };
-    let fs_vol = run_app(&cluster, &fs).await;
+    let fs_vol = run_app(cluster, &fs).await;
     let meta = std::fs::metadata(driver.volumes_dir().join(&fs_vol)).expect("volume dir");
     assert_eq!(meta.gid(), 2345, "fsGroup not applied to the volume");
     let file_meta =
         std::fs::metadata(driver.volumes_dir().join(&fs_vol).join(APP_FILE)).expect("fsgroup file");
     assert_eq!(file_meta.gid(), 2345, "new files do not inherit the group");
+}
 
-    // A raw block volume: the pod writes the device, the image file has it.
+/// A raw block volume: the pod writes the device, the image file has it.
+async fn a_raw_block_volume_holds_what_the_pod_wrote(cluster: &Cluster, bed: &Bed, app: App<'_>) {
+    let driver = bed.driver();
     let block = App {
         name: "block",
         usage: Use::Block,
         text: "raw-block-bytes",
         ..app
     };
-    let block_vol = run_app(&cluster, &block).await;
+    let block_vol = run_app(cluster, &block).await;
     let img = driver.volumes_dir().join(format!("{block_vol}.img"));
     let head = std::fs::read(&img).expect("block image");
     assert!(
@@ -136,16 +170,22 @@ async fn a_pod_writes_to_a_volume_csiops_provisioned_attached_and_mounted() {
         "the image does not start with what the pod wrote: {:?}",
         String::from_utf8_lossy(&head[..block.text.len().min(head.len())])
     );
+}
 
-    // ReadWriteOncePod: a second pod of the same claim is not scheduled.
+/// ReadWriteOncePod: a second pod of the same claim is not scheduled.
+async fn read_write_once_pod_refuses_a_second_pod(
+    cluster: &Cluster,
+    client: &kube::Client,
+    app: App<'_>,
+) {
     let rwop = App {
         name: "rwop",
         access_mode: "ReadWriteOncePod",
         text: "only-me",
         ..app
     };
-    run_app(&cluster, &rwop).await;
-    testkit::apply_ok(&cluster, "rwop-2", &rwop.pod_yaml("rwop-2")).await;
+    run_app(cluster, &rwop).await;
+    testkit::apply_ok(cluster, "rwop-2", &rwop.pod_yaml("rwop-2")).await;
     let refused = wait_for(Duration::from_secs(60), Duration::from_secs(1), || async {
         let p = Api::<Pod>::namespaced(client.clone(), NS)
             .get_opt("rwop-2")
@@ -161,13 +201,26 @@ async fn a_pod_writes_to_a_volume_csiops_provisioned_attached_and_mounted() {
     .await
     .unwrap_or_else(|_| panic!("the second pod of a ReadWriteOncePod claim was not refused"));
     println!("second ReadWriteOncePod pod: {refused}");
-    delete_pod(&cluster, "rwop-2").await;
+    delete_pod(cluster, "rwop-2").await;
+}
 
-    // --- 3. upgrade with a mounted volume --------------------------------------------
+/// An upgrade of the driver while the app writes a counter every 100 ms to
+/// its mounted volume `vol`: the node pod is replaced, the counter never
+/// stops for more than two seconds, and a new volume mounts afterwards.
+async fn an_upgrade_keeps_a_mounted_volume_writing(
+    cluster: &Cluster,
+    client: &kube::Client,
+    bed: &Bed,
+    app: App<'_>,
+    vol: &str,
+) {
+    let node = cluster.real_node().expect("a real node");
+    let image = &bed.image;
+    let driver = bed.driver();
     let next_image = format!("{image}-next");
     node.ctr(&["images", "tag", image, &next_image])
         .expect("ctr images tag");
-    let node_pod_before = node_pod_uid(&client).await;
+    let node_pod_before = node_pod_uid(client).await;
     let upgrade_started = now_ms();
     let patch = format!(r#"{{"spec":{{"version":"v0.1.1","driver":{{"image":"{next_image}"}}}}}}"#);
     cluster
@@ -183,17 +236,17 @@ async fn a_pod_writes_to_a_volume_csiops_provisioned_attached_and_mounted() {
         ])
         .await
         .expect("patch");
-    testkit::wait_running(&cluster, NS, NAME, "v0.1.1", 1, DEADLINE)
+    testkit::wait_running(cluster, NS, NAME, "v0.1.1", 1, DEADLINE)
         .await
-        .unwrap_or_else(|e| panic!("{e}\n{}", testkit::operator_log(&cluster)));
+        .unwrap_or_else(|e| panic!("{e}\n{}", testkit::operator_log(cluster)));
     let upgrade_done = now_ms();
     assert_ne!(
-        node_pod_uid(&client).await,
+        node_pod_uid(client).await,
         node_pod_before,
         "the node pod was not replaced"
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let counter = std::fs::read_to_string(driver.volumes_dir().join(&vol).join("counter"))
+    let counter = std::fs::read_to_string(driver.volumes_dir().join(vol).join("counter"))
         .expect("counter file");
     let gap = longest_gap(&counter, upgrade_started, upgrade_done)
         .unwrap_or_else(|e| panic!("{e}\n{counter}"));
@@ -210,18 +263,7 @@ async fn a_pod_writes_to_a_volume_csiops_provisioned_attached_and_mounted() {
         text: "new-volume-after-upgrade",
         ..app
     };
-    run_app(&cluster, &after).await;
-
-    // --- the way back: unpublish, unstage, detach, delete ---------------------------
-    give_back(
-        &cluster,
-        &driver,
-        &["app", "fsgroup", "block", "rwop", "after-upgrade"],
-    )
-    .await;
-
-    let left = cluster.stop_and_report().await.expect("cluster stops");
-    assert!(left.is_empty(), "left behind: {left:#?}");
+    run_app(cluster, &after).await;
 }
 
 /// Faults on the real node: the controller pod killed while CreateVolume's
@@ -236,12 +278,11 @@ async fn killed_driver_pods_and_a_kubelet_restart_lose_and_double_nothing() {
     )
     .await;
     let client = cluster.client().expect("client");
-    let (image, kubelet_dir) = (&bed.image, &bed.kubelet_dir);
     let driver = bed.driver();
 
     let app = App {
         name: "survivor",
-        image,
+        image: &bed.image,
         text: "still-here",
         access_mode: "ReadWriteOnce",
         usage: Use::Filesystem,
@@ -249,8 +290,26 @@ async fn killed_driver_pods_and_a_kubelet_restart_lose_and_double_nothing() {
     };
     testkit::apply_ok(&cluster, app.name, &app.yaml()).await;
 
-    // The controller pod dies once the volume exists but before the
-    // provisioner hears so.
+    the_controller_pod_killed_during_create_volume(&cluster, &bed, &app).await;
+    let mounted =
+        the_node_driver_killed_during_node_publish_volume(&cluster, &client, &bed, &app).await;
+    let vol =
+        the_pod_runs_with_one_volume_mounted_once(&cluster, &client, &bed, &app, &mounted).await;
+    a_kubelet_restart_registers_again_and_keeps_the_mount(&mut cluster, &bed, &app, &vol).await;
+
+    give_back(&cluster, &driver, &[app.name]).await;
+    let left = cluster.stop_and_report().await.expect("cluster stops");
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}
+
+/// The controller pod dies once the volume exists but before the
+/// provisioner hears so.
+async fn the_controller_pod_killed_during_create_volume(
+    cluster: &Cluster,
+    bed: &Bed,
+    app: &App<'_>,
+) {
+    let driver = bed.driver();
     let created = wait_for(DEADLINE, Duration::from_millis(200), || async {
         let s = load_state(&driver.state_dir()).ok()?;
         (!s.volumes.is_empty()).then_some(())
@@ -259,7 +318,7 @@ async fn killed_driver_pods_and_a_kubelet_restart_lose_and_double_nothing() {
     assert!(
         created.is_ok(),
         "CreateVolume never ran\n{}",
-        describe(&cluster, app.name)
+        describe(cluster, app.name)
     );
     cluster
         .kubectl_ok([
@@ -273,9 +332,17 @@ async fn killed_driver_pods_and_a_kubelet_restart_lose_and_double_nothing() {
         ])
         .await
         .expect("controller pod deleted");
+}
 
-    // The node's driver dies once the target is mounted but before kubelet
-    // hears so.
+/// The node's driver dies once the target is mounted but before kubelet
+/// hears so. The publish target.
+async fn the_node_driver_killed_during_node_publish_volume(
+    cluster: &Cluster,
+    client: &kube::Client,
+    bed: &Bed,
+    app: &App<'_>,
+) -> PathBuf {
+    let kubelet_dir = &bed.kubelet_dir;
     let mounted = wait_for(DEADLINE, Duration::from_millis(200), || async {
         publish_targets(kubelet_dir).into_iter().next()
     })
@@ -283,7 +350,7 @@ async fn killed_driver_pods_and_a_kubelet_restart_lose_and_double_nothing() {
     .unwrap_or_else(|_| {
         panic!(
             "NodePublishVolume never mounted\n{}",
-            describe(&cluster, app.name)
+            describe(cluster, app.name)
         )
     });
     let node_pod = Api::<Pod>::namespaced(client.clone(), NS)
@@ -301,12 +368,26 @@ async fn killed_driver_pods_and_a_kubelet_restart_lose_and_double_nothing() {
         .expect("a real node")
         .ctr(&["tasks", "kill", "--signal", "SIGKILL", &driver_container])
         .expect("ctr tasks kill");
+    mounted
+}
 
-    walkthrough::wait_pod_running(&cluster, app.name, Duration::from_secs(300))
+/// The pod runs: the driver's volumes are exactly the PV's, the target
+/// `mounted` is mounted once, and there is one staging mount. The volume's
+/// ID.
+async fn the_pod_runs_with_one_volume_mounted_once(
+    cluster: &Cluster,
+    client: &kube::Client,
+    bed: &Bed,
+    app: &App<'_>,
+    mounted: &PathBuf,
+) -> String {
+    let kubelet_dir = &bed.kubelet_dir;
+    let driver = bed.driver();
+    walkthrough::wait_pod_running(cluster, app.name, Duration::from_secs(300))
         .await
-        .unwrap_or_else(|e| panic!("{e}\n{}", describe(&cluster, app.name)));
+        .unwrap_or_else(|e| panic!("{e}\n{}", describe(cluster, app.name)));
     let state = load_state(&driver.state_dir()).expect("driver state");
-    let pv = pv_of(&client, app.name).await;
+    let pv = pv_of(client, app.name).await;
     let handle = pv.spec.and_then(|s| s.csi).map(|c| c.volume_handle);
     let ids: Vec<&String> = state.volumes.keys().collect();
     assert_eq!(
@@ -317,19 +398,29 @@ async fn killed_driver_pods_and_a_kubelet_restart_lose_and_double_nothing() {
     let mounts = host_mount_points();
     let times = |p: &PathBuf| mounts.iter().filter(|m| *m == p).count();
     assert_eq!(
-        times(&mounted),
+        times(mounted),
         1,
         "{} mounted {} times",
         mounted.display(),
-        times(&mounted)
+        times(mounted)
     );
     let staged: Vec<&PathBuf> = mounts
         .iter()
         .filter(|m| m.starts_with(kubelet_dir) && m.ends_with("globalmount"))
         .collect();
     assert_eq!(staged.len(), 1, "staging mounts: {staged:?}");
+    ids.first().map(|s| s.to_string()).unwrap_or_default()
+}
 
-    // kubelet restarts: our registrar is registered again, the mount stays.
+/// kubelet restarts: our registrar is registered again, the mount stays and
+/// the volume `vol` does not stall.
+async fn a_kubelet_restart_registers_again_and_keeps_the_mount(
+    cluster: &mut Cluster,
+    bed: &Bed,
+    app: &App<'_>,
+    vol: &str,
+) {
+    let driver = bed.driver();
     let registered = format!("Register new plugin with name: {DRIVER}");
     let kubelet_log_path = cluster.log_dir().join("kubelet.log");
     let kubelet_log = || std::fs::read_to_string(&kubelet_log_path).unwrap_or_default();
@@ -370,8 +461,7 @@ async fn killed_driver_pods_and_a_kubelet_restart_lose_and_double_nothing() {
         .await
         .expect("kubectl exec after kubelet's restart");
     assert_eq!(shown, app.text);
-    let vol = ids.first().map(|s| s.to_string()).unwrap_or_default();
-    let counter = std::fs::read_to_string(driver.volumes_dir().join(&vol).join("counter"))
+    let counter = std::fs::read_to_string(driver.volumes_dir().join(vol).join("counter"))
         .expect("counter file");
     let gap = longest_gap(&counter, restart_at, now_ms() - 500)
         .unwrap_or_else(|e| panic!("{e}\n{counter}"));
@@ -379,10 +469,6 @@ async fn killed_driver_pods_and_a_kubelet_restart_lose_and_double_nothing() {
         gap <= 2000,
         "the volume stalled for {gap} ms across kubelet's restart"
     );
-
-    give_back(&cluster, &driver, &[app.name]).await;
-    let left = cluster.stop_and_report().await.expect("cluster stops");
-    assert!(left.is_empty(), "left behind: {left:#?}");
 }
 
 /// What [`deploy`] set up: the driver's image and host paths.
