@@ -138,7 +138,19 @@ async fn every_csidriver_field_round_trips_and_changes_in_place_or_by_re_creatio
         .expect("operator starts");
     let api = csidrivers(&cluster);
 
-    // --- The CRD refuses what the CSIDriver API would, naming the field. ----
+    the_crd_refuses_what_the_csidriver_api_would(&cluster).await;
+    let uid = every_field_reaches_the_csidriver(&cluster, &api).await;
+    mutable_fields_change_in_place(&cluster, &api, &uid).await;
+    unset_fields_go_from_it_in_place(&cluster, &api, &uid).await;
+    an_immutable_field_re_creates_it_keeping_the_others(&cluster, &api, &uid).await;
+
+    operator.check_running().expect("operator still running");
+    operator.stop().await;
+    cluster.stop().await.expect("cluster stops");
+}
+
+/// The CRD refuses what the CSIDriver API would, naming the field.
+async fn the_crd_refuses_what_the_csidriver_api_would(cluster: &Cluster) {
     for (csi, expect) in [
         (
             "    nodeAllocatableUpdatePeriodSeconds: 9\n",
@@ -174,12 +186,15 @@ async fn every_csidriver_field_round_trips_and_changes_in_place_or_by_re_creatio
             SERVICE_ACCOUNT_TOKEN_IN_SECRETS_MESSAGE,
         ),
     ] {
-        testkit::assert_refused(&cluster, &format!("{csi:?}"), &object(csi), expect).await;
+        testkit::assert_refused(cluster, &format!("{csi:?}"), &object(csi), expect).await;
     }
+}
 
-    // --- Every field reaches the CSIDriver. ----------------------------------
-    testkit::apply_ok(&cluster, "all", &object(ALL_FIELDS)).await;
-    let (spec, uid) = wait_spec(&api, &cluster, "carries every field", |s| {
+/// Every field reaches the CSIDriver, stored as the API server of this
+/// minor stores it. Its UID.
+async fn every_field_reaches_the_csidriver(cluster: &Cluster, api: &Api<DynamicObject>) -> String {
+    testkit::apply_ok(cluster, "all", &object(ALL_FIELDS)).await;
+    let (spec, uid) = wait_spec(api, cluster, "carries every field", |s| {
         s["nodeAllocatableUpdatePeriodSeconds"] == 10
     })
     .await;
@@ -207,10 +222,13 @@ async fn every_csidriver_field_round_trips_and_changes_in_place_or_by_re_creatio
         spec, want,
         "1.{minor}: the CSIDriver as the API server stores it"
     );
+    uid
+}
 
-    // --- Mutable fields change in place. --------------------------------------
+/// Mutable fields change in place (the CSIDriver keeps `uid`).
+async fn mutable_fields_change_in_place(cluster: &Cluster, api: &Api<DynamicObject>, uid: &str) {
     patch_spec(
-        &cluster,
+        cluster,
         json!({
             "podInfoOnMount": false,
             "fsGroupPolicy": "None",
@@ -222,7 +240,7 @@ async fn every_csidriver_field_round_trips_and_changes_in_place_or_by_re_creatio
         }),
     )
     .await;
-    let (spec, same) = wait_spec(&api, &cluster, "takes the mutable changes", |s| {
+    let (spec, same) = wait_spec(api, cluster, "takes the mutable changes", |s| {
         s["nodeAllocatableUpdatePeriodSeconds"] == 30
     })
     .await;
@@ -240,34 +258,44 @@ async fn every_csidriver_field_round_trips_and_changes_in_place_or_by_re_creatio
     ] {
         assert_eq!(spec[field], value, "{field} in {spec}");
     }
+}
 
-    // --- Unset, they are gone from the CSIDriver (still in place). ------------
+/// Unset, they are gone from the CSIDriver (still in place), with no
+/// re-creation or not-stored Event.
+async fn unset_fields_go_from_it_in_place(cluster: &Cluster, api: &Api<DynamicObject>, uid: &str) {
     patch_spec(
-        &cluster,
+        cluster,
         json!({"tokenRequests": null, "nodeAllocatableUpdatePeriodSeconds": null}),
     )
     .await;
-    let (spec, same) = wait_spec(&api, &cluster, "loses the unset fields", |s| {
+    let (spec, same) = wait_spec(api, cluster, "loses the unset fields", |s| {
         s.get("nodeAllocatableUpdatePeriodSeconds").is_none() && s.get("tokenRequests").is_none()
     })
     .await;
     assert_eq!(same, uid, "updated in place, not re-created");
     assert_eq!(spec["attachRequired"], true);
     assert!(
-        !events(&cluster).await.iter().any(
+        !events(cluster).await.iter().any(
             |e| e.starts_with("CSIDriverRecreated") || e.starts_with("CSIDriverFieldNotStored")
         ),
         "{:#?}",
-        events(&cluster).await
+        events(cluster).await
     );
+}
 
-    // --- An immutable field: re-created, the others kept. ---------------------
+/// An immutable field: re-created (a new UID, an Event saying why), the
+/// others kept.
+async fn an_immutable_field_re_creates_it_keeping_the_others(
+    cluster: &Cluster,
+    api: &Api<DynamicObject>,
+    uid: &str,
+) {
     patch_spec(
-        &cluster,
+        cluster,
         json!({"attachRequired": false, "nodeAllocatableUpdatePeriodSeconds": 20}),
     )
     .await;
-    let (spec, new_uid) = wait_spec(&api, &cluster, "is re-created without attach", |s| {
+    let (spec, new_uid) = wait_spec(api, cluster, "is re-created without attach", |s| {
         s["attachRequired"] == false
     })
     .await;
@@ -277,16 +305,12 @@ async fn every_csidriver_field_round_trips_and_changes_in_place_or_by_re_creatio
         spec["volumeLifecycleModes"],
         json!(["Persistent", "Ephemeral"])
     );
-    let said = events(&cluster).await;
+    let said = events(cluster).await;
     assert!(
         said.iter()
             .any(|e| e.starts_with("CSIDriverRecreated|") && e.contains("field is immutable")),
         "{said:#?}"
     );
-
-    operator.check_running().expect("operator still running");
-    operator.stop().await;
-    cluster.stop().await.expect("cluster stops");
 }
 
 /// The fields of newer APIs than the oldest supported one (1.35) that
