@@ -21,7 +21,9 @@ use csiops_e2e::testdriver::config::DEFAULT_TOPOLOGY_KEY;
 use csiops_e2e::testdriver::harness::test_driver_bin;
 use csiops_e2e::testdriver::load_state;
 use csiops_e2e::testkit::DriverCr;
-use csiops_e2e::{operator_bin, sidecar_bin, testkit, wait_for, Cluster, ClusterOptions};
+use csiops_e2e::{
+    operator_bin, sidecar_bin, testkit, wait_for, Cluster, ClusterOptions, OperatorProcess,
+};
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::CSIStorageCapacity;
@@ -76,6 +78,18 @@ fn claim(name: &str) -> PersistentVolumeClaim {
     .expect("claim")
 }
 
+/// What the phases work on: the cluster, an admin client, the node side's
+/// processes, the node names, and the APIs of claims, PVs and capacities.
+struct Bed {
+    cluster: Cluster,
+    client: kube::Client,
+    sim: NodeLocalSideSim,
+    nodes: Vec<String>,
+    pvcs: Api<PersistentVolumeClaim>,
+    pv_api: Api<PersistentVolume>,
+    capacities: Api<CSIStorageCapacity>,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn provisioning_lands_on_the_selected_node_only() {
     let started = Instant::now();
@@ -103,8 +117,41 @@ async fn provisioning_lands_on_the_selected_node_only() {
     let nodes: Vec<String> = cluster.node_names().iter().map(|n| n.to_string()).collect();
     assert_eq!(nodes.len(), NODES);
 
-    testkit::apply_ok(&cluster, "nodelocal", &object()).await;
-    let row = testkit::wait_running(&cluster, NS, NAME, "v0.1.0", NODES, DEADLINE)
+    let bed = Bed {
+        pvcs: Api::namespaced(client.clone(), NS),
+        pv_api: Api::all(client.clone()),
+        capacities: Api::namespaced(client.clone(), NS),
+        cluster,
+        client,
+        sim,
+        nodes,
+    };
+
+    it_runs_without_a_controller(&bed, &operator).await;
+    each_node_publishes_its_own_capacity(&bed).await;
+    let (wanted, bound) = claims_scheduled_to_different_nodes_bind(&bed).await;
+    each_volume_is_made_by_its_nodes_driver_only(&bed, &wanted, &bound).await;
+    deleting_the_claims_deletes_each_volume_on_its_node(&bed, &wanted).await;
+    deleting_the_object_leaves_nothing(&bed).await;
+    operator.check_running().expect("operator still running");
+    let Bed { cluster, sim, .. } = bed;
+    sim.stop().await;
+    drop(sim);
+    cluster.stop().await.expect("cluster stops");
+    println!(
+        "node-local on kwok nodes: {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// The object runs with no controller (none exists) and a DaemonSet whose
+/// provisioner has `--node-deployment`; `-o wide` says NodeLocal.
+async fn it_runs_without_a_controller(bed: &Bed, operator: &OperatorProcess) {
+    let Bed {
+        cluster, client, ..
+    } = bed;
+    testkit::apply_ok(cluster, "nodelocal", &object()).await;
+    let row = testkit::wait_running(cluster, NS, NAME, "v0.1.0", NODES, DEADLINE)
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", operator.log_tail(40)));
     // No controller: `kubectl get csidd` says so, and none exists.
@@ -141,7 +188,18 @@ async fn provisioning_lands_on_the_selected_node_only() {
         .expect("wide");
     println!("{wide}");
     assert!(wide.contains("NodeLocal"), "{wide}");
+}
 
+/// Each node publishes its own capacity, owned by its pod.
+async fn each_node_publishes_its_own_capacity(bed: &Bed) {
+    let Bed {
+        cluster,
+        client,
+        sim,
+        nodes,
+        capacities,
+        ..
+    } = bed;
     // Each node publishes its own capacity, owned by its pod.
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let node_pods: BTreeMap<String, String> = pods
@@ -153,7 +211,6 @@ async fn provisioning_lands_on_the_selected_node_only() {
         .filter_map(|p| Some((p.spec.as_ref()?.node_name.clone()?, p.name_any())))
         .collect();
     assert_eq!(node_pods.len(), NODES);
-    let capacities: Api<CSIStorageCapacity> = Api::namespaced(client.clone(), NS);
     let published = wait_for(DEADLINE, Duration::from_millis(500), || async {
         let list = capacities.list(&ListParams::default()).await.ok()?;
         let mut by_node = BTreeMap::new();
@@ -175,19 +232,32 @@ async fn provisioning_lands_on_the_selected_node_only() {
         panic!(
             "not one CSIStorageCapacity per node:\n{}\n{}",
             testkit::kubectl_text(
-                &cluster,
+                cluster,
                 &["-n", NS, "get", "csistoragecapacities", "-o", "yaml"]
             ),
-            provisioner_logs(&sim, &nodes)
+            provisioner_logs(sim, nodes)
         )
     });
     for (node, (kind, owner)) in &published {
         assert_eq!(kind, "Pod", "{node}");
         assert_eq!(Some(owner), node_pods.get(node), "{node}");
     }
+}
 
+/// Two claims per node, each with its node selected, bind; returns each
+/// claim's node and its PV.
+async fn claims_scheduled_to_different_nodes_bind(
+    bed: &Bed,
+) -> (BTreeMap<String, String>, BTreeMap<String, PersistentVolume>) {
+    let Bed {
+        cluster,
+        sim,
+        nodes,
+        pvcs,
+        pv_api,
+        ..
+    } = bed;
     // --- claims scheduled to different nodes ----------------------------------
-    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NS);
     let mut wanted = BTreeMap::new();
     for (i, node) in nodes.iter().enumerate() {
         for j in 0..2 {
@@ -205,7 +275,6 @@ async fn provisioning_lands_on_the_selected_node_only() {
             wanted.insert(name, node.clone());
         }
     }
-    let pv_api: Api<PersistentVolume> = Api::all(client.clone());
     let bound = wait_for(DEADLINE, Duration::from_millis(500), || async {
         let mut out = BTreeMap::new();
         for name in wanted.keys() {
@@ -218,11 +287,26 @@ async fn provisioning_lands_on_the_selected_node_only() {
     .unwrap_or_else(|_| {
         panic!(
             "claims not all bound:\n{}\n{}",
-            testkit::kubectl_text(&cluster, &["-n", NS, "describe", "pvc"]),
-            provisioner_logs(&sim, &nodes)
+            testkit::kubectl_text(cluster, &["-n", NS, "describe", "pvc"]),
+            provisioner_logs(sim, nodes)
         )
     });
+    (wanted, bound)
+}
 
+/// Each PV's node affinity is its claim's node, its volume was made by that
+/// node's driver and no other, and each node has its own intent journal.
+async fn each_volume_is_made_by_its_nodes_driver_only(
+    bed: &Bed,
+    wanted: &BTreeMap<String, String>,
+    bound: &BTreeMap<String, PersistentVolume>,
+) {
+    let Bed {
+        cluster,
+        sim,
+        nodes,
+        ..
+    } = bed;
     let states: BTreeMap<String, _> = nodes
         .iter()
         .map(|n| {
@@ -230,7 +314,7 @@ async fn provisioning_lands_on_the_selected_node_only() {
             (n.clone(), s)
         })
         .collect();
-    for (claim_name, pv) in &bound {
+    for (claim_name, pv) in bound {
         let node = &wanted[claim_name];
         let spec = pv.spec.as_ref().expect("PV spec");
         let handle = spec
@@ -282,13 +366,27 @@ async fn provisioning_lands_on_the_selected_node_only() {
         ])
         .await
         .expect("journals");
-    for n in &nodes {
+    for n in nodes {
         assert!(
             journals.contains(n.as_str()),
             "no journal of {n}: {journals}"
         );
     }
+}
 
+/// Deleting the claims deletes each volume on its own node, and every PV.
+async fn deleting_the_claims_deletes_each_volume_on_its_node(
+    bed: &Bed,
+    wanted: &BTreeMap<String, String>,
+) {
+    let Bed {
+        cluster,
+        sim,
+        nodes,
+        pvcs,
+        pv_api,
+        ..
+    } = bed;
     // --- deleting the claims deletes each volume on its own node ---------------
     for name in wanted.keys() {
         pvcs.delete(name, &Default::default())
@@ -311,10 +409,20 @@ async fn provisioning_lands_on_the_selected_node_only() {
     assert!(
         gone.is_ok(),
         "PVs or volumes left:\n{}\n{}",
-        testkit::kubectl_text(&cluster, &["get", "pv"]),
-        provisioner_logs(&sim, &nodes)
+        testkit::kubectl_text(cluster, &["get", "pv"]),
+        provisioner_logs(sim, nodes)
     );
+}
 
+/// Deleting the object leaves nothing of the driver, in its namespace or
+/// cluster-wide.
+async fn deleting_the_object_leaves_nothing(bed: &Bed) {
+    let Bed {
+        cluster,
+        client,
+        capacities,
+        ..
+    } = bed;
     // --- delete: nothing of the driver is left -------------------------------
     cluster
         .kubectl_ok(["-n", NS, "delete", "csidd", NAME, "--timeout=120s"])
@@ -345,7 +453,7 @@ async fn provisioning_lands_on_the_selected_node_only() {
         clean.is_ok(),
         "left after delete:\n{}",
         testkit::kubectl_text(
-            &cluster,
+            cluster,
             &[
                 "-n",
                 NS,
@@ -366,14 +474,6 @@ async fn provisioning_lands_on_the_selected_node_only() {
     assert!(
         !cluster_roles.contains(DRIVER) && !cluster_roles.contains(CLASS),
         "{cluster_roles}"
-    );
-    operator.check_running().expect("operator still running");
-    sim.stop().await;
-    drop(sim);
-    cluster.stop().await.expect("cluster stops");
-    println!(
-        "node-local on kwok nodes: {:.1}s",
-        started.elapsed().as_secs_f64()
     );
 }
 
