@@ -264,15 +264,42 @@ async fn deployed_centrally_it_fails_to_mount_until_it_becomes_node_local() {
     let loops = LoopGuard::default();
     let cluster = &bed.cluster;
     let client = cluster.client().expect("client");
+    deployed_centrally_it_runs_with_a_controller(&bed).await;
+    a_filesystem_claims_pod_never_mounts(&bed).await;
+    let block = bed.app("block", Use::Block, "after-the-switch");
+    a_block_claim_is_never_provisioned(&bed, &block).await;
+    the_switch_stops_the_controller_rolls_the_nodes_then_removes_it(&bed, &client).await;
+    what_only_the_controller_used_is_gone(&client).await;
+    let node_local = bed.driver("NodeLocal", None);
+    let volumes =
+        the_pending_block_claim_and_a_new_claim_mount(&bed, &client, &node_local, &loops, &block)
+            .await;
+    give_back(cluster, &node_local, &["stuck", "block", "fs"], &volumes).await;
+    delete_driver(cluster).await;
+    let left = leftovers_under(&bed.data_dir);
+    assert!(left.is_empty(), "left under the data dir: {left:?}");
+    let total = started.elapsed();
+    let Bed { cluster, .. } = bed;
+    let left = cluster.stop_and_report().await.expect("cluster stops");
+    assert!(left.is_empty(), "left behind: {left:#?}");
+    println!("central failure and switch: {:.1}s", total.as_secs_f64());
+}
+
+/// Deployed centrally: a controller pod and node pods, Running.
+async fn deployed_centrally_it_runs_with_a_controller(bed: &Bed) {
+    let cluster = &bed.cluster;
     let central = bed.driver("Central", None);
     testkit::apply_ok(cluster, "driver", &central.yaml()).await;
     let row = testkit::wait_running(cluster, NS, NAME, "v0.1.0", 1, DEADLINE)
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", testkit::operator_log(cluster)));
     assert_eq!(row["CONTROLLER"], "1/1");
+}
 
-    // A filesystem claim gets a PV (the controller's driver made the
-    // volume), and its pod never mounts: the node's driver never saw it.
+/// A filesystem claim gets a PV (the controller's driver made the volume),
+/// and its pod never mounts: the node's driver never saw it.
+async fn a_filesystem_claims_pod_never_mounts(bed: &Bed) {
+    let cluster = &bed.cluster;
     let fs = bed.app("stuck", Use::Filesystem, "never-written");
     testkit::apply_ok(cluster, "stuck", &fs.yaml()).await;
     let event = wait_for(DEADLINE, Duration::from_secs(1), || async {
@@ -292,8 +319,11 @@ async fn deployed_centrally_it_fails_to_mount_until_it_becomes_node_local() {
     });
     assert!(event.contains("NotFound"), "{event}");
     println!("central: {event}");
-    // A block claim is never provisioned: the controller has no /dev.
-    let block = bed.app("block", Use::Block, "after-the-switch");
+}
+
+/// A block claim is never provisioned: the controller has no /dev.
+async fn a_block_claim_is_never_provisioned(bed: &Bed, block: &ClaimApp<'_>) {
+    let cluster = &bed.cluster;
     testkit::apply_ok(cluster, "block", &block.yaml()).await;
     let refused = wait_for(DEADLINE, Duration::from_secs(1), || async {
         testkit::event_lines(cluster, NS, "block")
@@ -309,9 +339,16 @@ async fn deployed_centrally_it_fails_to_mount_until_it_becomes_node_local() {
         )
     });
     println!("central: {refused}");
+}
 
-    // --- the switch: controller stopped, nodes rolled, controller removed ----
-    let timeline = Timeline::start(&client, NS);
+/// The switch to NodeLocal: the controller stopped, the nodes rolled, then
+/// the controller removed.
+async fn the_switch_stops_the_controller_rolls_the_nodes_then_removes_it(
+    bed: &Bed,
+    client: &kube::Client,
+) {
+    let cluster = &bed.cluster;
+    let timeline = Timeline::start(client, NS);
     cluster
         .kubectl_ok([
             "-n",
@@ -353,7 +390,11 @@ async fn deployed_centrally_it_fails_to_mount_until_it_becomes_node_local() {
         "the controller stops, the nodes roll, then the controller goes:\n{dump}"
     );
     drop(timeline);
-    // What only the controller used is gone too.
+}
+
+/// What only the controller used is gone too; the journal's binding now
+/// names the node ServiceAccount.
+async fn what_only_the_controller_used_is_gone(client: &kube::Client) {
     let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), NS);
     let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), NS);
     assert!(sas
@@ -378,11 +419,20 @@ async fn deployed_centrally_it_fails_to_mount_until_it_becomes_node_local() {
         .map(|s| s.name.clone())
         .collect();
     assert_eq!(subjects, [format!("{NAME}-node")]);
+}
 
-    // The pending block claim is now the node's to provision, and mounts.
+/// The pending block claim is now the node's to provision, and mounts; a
+/// new filesystem claim mounts too. Their volumes.
+async fn the_pending_block_claim_and_a_new_claim_mount(
+    bed: &Bed,
+    client: &kube::Client,
+    node_local: &TestDriverNodeLocal<'_>,
+    loops: &LoopGuard,
+    block: &ClaimApp<'_>,
+) -> [String; 2] {
+    let cluster = &bed.cluster;
     wait_pod_running(cluster, "block").await;
-    let node_local = bed.driver("NodeLocal", None);
-    let block_vol = nl::volume_handle(&pv_of(&client, "block").await).expect("CSI PV");
+    let block_vol = nl::volume_handle(&pv_of(client, "block").await).expect("CSI PV");
     loops.track(&block_vol);
     let img = node_local.volumes_dir().join(format!("{block_vol}.img"));
     // Running is not yet written: the app writes once it has started.
@@ -400,21 +450,7 @@ async fn deployed_centrally_it_fails_to_mount_until_it_becomes_node_local() {
     // lived in the controller) and is given back.
     let fs2 = bed.app("fs", Use::Filesystem, "node-local-now");
     let fs2_vol = run_app(cluster, &fs2).await;
-    give_back(
-        cluster,
-        &node_local,
-        &["stuck", "block", "fs"],
-        &[block_vol, fs2_vol],
-    )
-    .await;
-    delete_driver(cluster).await;
-    let left = leftovers_under(&bed.data_dir);
-    assert!(left.is_empty(), "left under the data dir: {left:?}");
-    let total = started.elapsed();
-    let Bed { cluster, .. } = bed;
-    let left = cluster.stop_and_report().await.expect("cluster stops");
-    assert!(left.is_empty(), "left behind: {left:#?}");
-    println!("central failure and switch: {:.1}s", total.as_secs_f64());
+    [block_vol, fs2_vol]
 }
 
 async fn node_pod(client: &kube::Client) -> Pod {
