@@ -242,13 +242,7 @@ async fn a_node_local_driver_mounts_filesystem_and_block_volumes() {
 
     // --- the way back -----------------------------------------------------------
     give_back(cluster, &driver, &["fs", "block"], &[fs_vol, block_vol]).await;
-    delete_driver(cluster).await;
-    let left = leftovers_under(&bed.data_dir);
-    assert!(left.is_empty(), "left under the data dir: {left:?}");
-    let total = started.elapsed();
-    let Bed { cluster, .. } = bed;
-    let left = cluster.stop_and_report().await.expect("cluster stops");
-    assert!(left.is_empty(), "left behind: {left:#?}");
+    let total = the_driver_goes_and_the_cluster_stops_clean(bed, started).await;
     println!(
         "node-local on the real node: Running after {:.1}s, whole test {:.1}s",
         installed.as_secs_f64(),
@@ -275,6 +269,14 @@ async fn deployed_centrally_it_fails_to_mount_until_it_becomes_node_local() {
         the_pending_block_claim_and_a_new_claim_mount(&bed, &client, &node_local, &loops, &block)
             .await;
     give_back(cluster, &node_local, &["stuck", "block", "fs"], &volumes).await;
+    let total = the_driver_goes_and_the_cluster_stops_clean(bed, started).await;
+    println!("central failure and switch: {:.1}s", total.as_secs_f64());
+}
+
+/// The object deleted, nothing is left under the data dir, and the cluster
+/// stops leaving nothing behind. The time since `started` (before the stop).
+async fn the_driver_goes_and_the_cluster_stops_clean(bed: Bed, started: Instant) -> Duration {
+    let cluster = &bed.cluster;
     delete_driver(cluster).await;
     let left = leftovers_under(&bed.data_dir);
     assert!(left.is_empty(), "left under the data dir: {left:?}");
@@ -282,7 +284,7 @@ async fn deployed_centrally_it_fails_to_mount_until_it_becomes_node_local() {
     let Bed { cluster, .. } = bed;
     let left = cluster.stop_and_report().await.expect("cluster stops");
     assert!(left.is_empty(), "left behind: {left:#?}");
-    println!("central failure and switch: {:.1}s", total.as_secs_f64());
+    total
 }
 
 /// Deployed centrally: a controller pod and node pods, Running.
