@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use csiops_e2e::attach::{self, attached, has_finalizer};
 use csiops_e2e::process::ManagedProcess;
+use csiops_e2e::testdriver::state::Volume;
 use csiops_e2e::testdriver::{load_state, TestDriverProcess};
 use csiops_e2e::{free_port, sidecar_bin, wait_for, Cluster, ClusterOptions};
 use csiops_proto::csi::v1::{volume_capability, CreateVolumeRequest, VolumeCapability};
@@ -174,6 +175,30 @@ fn affinity(pv: &PersistentVolume) -> Vec<(String, Vec<String>)> {
         .collect()
 }
 
+/// What the phases work on: the cluster, an admin client, the driver and our
+/// two sidecars in front of it, and the APIs of claims, PVs and attachments.
+struct Bed {
+    cluster: Cluster,
+    client: kube::Client,
+    driver: TestDriverProcess,
+    provisioner: ManagedProcess,
+    attacher: ManagedProcess,
+    claims: Api<PersistentVolumeClaim>,
+    volumes: Api<PersistentVolume>,
+    vas: Api<VolumeAttachment>,
+}
+
+impl Bed {
+    /// The tails of both sidecars' logs, for a failed wait.
+    fn logs(&self) -> String {
+        format!(
+            "--- provisioner:\n{}\n--- attacher:\n{}",
+            self.provisioner.log_tail(30),
+            self.attacher.log_tail(30)
+        )
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_tree_class_claim_pv_attach_delete() {
     let started = std::time::Instant::now();
@@ -199,13 +224,13 @@ async fn in_tree_class_claim_pv_attach_delete() {
     )
     .await
     .expect("csi-test-driver starts");
-    let mut provisioner = sidecar(
+    let provisioner = sidecar(
         &cluster,
         &socket,
         "provisioner",
         provisioner_args(&cluster, &socket),
     );
-    let mut attacher = sidecar(
+    let attacher = sidecar(
         &cluster,
         &socket,
         "attacher",
@@ -216,18 +241,38 @@ async fn in_tree_class_claim_pv_attach_delete() {
             &["--v=4"],
         ),
     );
-    let logs = |p: &ManagedProcess, a: &ManagedProcess| {
-        format!(
-            "--- provisioner:\n{}\n--- attacher:\n{}",
-            p.log_tail(30),
-            a.log_tail(30)
-        )
+    let mut bed = Bed {
+        claims: Api::namespaced(client.clone(), NS),
+        volumes: Api::all(client.clone()),
+        vas: Api::all(client.clone()),
+        cluster,
+        client,
+        driver,
+        provisioner,
+        attacher,
     };
 
+    kcm_hands_the_in_tree_claim_to_the_driver(&bed).await;
+    let (pv_name, volume) = the_volume_gets_the_translated_parameters(&bed).await;
+    the_pv_has_the_in_tree_source_and_is_marked_migrated(&bed, &pv_name, &volume).await;
+    let inline_id = both_attachments_publish_the_right_volume_ids(&bed, &pv_name, &volume).await;
+    detaching_both_unpublishes_them(&bed, &volume, &inline_id).await;
+    deleting_the_claim_deletes_its_volume_and_pv(&bed, &pv_name, &volume, &inline_id).await;
+    bed.provisioner
+        .check_running()
+        .expect("provisioner still running");
+    bed.attacher
+        .check_running()
+        .expect("attacher still running");
+    eprintln!("migration e2e: {:?}", started.elapsed());
+    bed.cluster.stop().await.expect("stop");
+}
+
+/// The in-tree class and a claim of it exist; kube-controller-manager hands
+/// the claim to the migration target.
+async fn kcm_hands_the_in_tree_claim_to_the_driver(bed: &Bed) {
+    let Bed { client, claims, .. } = bed;
     let classes: Api<StorageClass> = Api::all(client.clone());
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NS);
-    let volumes: Api<PersistentVolume> = Api::all(client.clone());
-    let vas: Api<VolumeAttachment> = Api::all(client.clone());
     let pp = PostParams::default();
     classes.create(&pp, &in_tree_class()).await.expect("class");
     claims.create(&pp, &claim()).await.expect("claim");
@@ -241,14 +286,20 @@ async fn in_tree_class_claim_pv_attach_delete() {
     .await
     .expect("kube-controller-manager annotates the claim");
     assert_eq!(handed, DRIVER);
+}
 
+/// The claim is provisioned and bound, its volume made with the class's
+/// parameters as csi-translation-lib translates them; returns the PV's name
+/// and the volume.
+async fn the_volume_gets_the_translated_parameters(bed: &Bed) -> (String, Volume) {
+    let Bed { driver, claims, .. } = bed;
     // Provisioned and bound.
     let bound = wait_for(DEADLINE, POLL, || async {
         let c = claims.get_opt("data").await.ok().flatten()?;
         (c.status.as_ref()?.phase.as_deref() == Some("Bound")).then_some(c)
     })
     .await
-    .unwrap_or_else(|_| panic!("claim not Bound\n{}", logs(&provisioner, &attacher)));
+    .unwrap_or_else(|_| panic!("claim not Bound\n{}", bed.logs()));
     let pv_name = format!("pvc-{}", bound.uid().expect("uid"));
     assert_eq!(
         bound.spec.as_ref().and_then(|s| s.volume_name.as_deref()),
@@ -285,11 +336,21 @@ async fn in_tree_class_claim_pv_attach_delete() {
         volume.accessible_topology,
         vec![map(&[(ZONE_KEY, "us-east-1a")])]
     );
+    (pv_name, volume)
+}
 
+/// The PV is as upstream writes it for an in-tree class (an
+/// `awsElasticBlockStore` source), then marked migrated by kcm.
+async fn the_pv_has_the_in_tree_source_and_is_marked_migrated(
+    bed: &Bed,
+    pv_name: &str,
+    volume: &Volume,
+) {
+    let Bed { volumes, .. } = bed;
     // The PV as upstream writes it for an in-tree class, then marked
     // migrated by kube-controller-manager.
     let pv = wait_for(DEADLINE, POLL, || async {
-        let pv = volumes.get_opt(&pv_name).await.ok().flatten()?;
+        let pv = volumes.get_opt(pv_name).await.ok().flatten()?;
         annotation(&pv.metadata, "pv.kubernetes.io/migrated-to")
             .is_some()
             .then_some(pv)
@@ -339,14 +400,29 @@ async fn in_tree_class_claim_pv_attach_delete() {
             .map(String::as_str),
         Some("us-east-1")
     );
+}
 
+/// The in-tree PV and a migrated pod volume (inline) attach, each published
+/// with its volume ID and filesystem; returns the inline volume's ID.
+async fn both_attachments_publish_the_right_volume_ids(
+    bed: &Bed,
+    pv_name: &str,
+    volume: &Volume,
+) -> String {
+    let Bed {
+        driver,
+        volumes,
+        vas,
+        ..
+    } = bed;
+    let pp = PostParams::default();
     // Attach the in-tree PV, as the attach/detach controller asks for it.
     vas.create(
         &pp,
         &va(
             "va-pv",
             VolumeAttachmentSource {
-                persistent_volume_name: Some(pv_name.clone()),
+                persistent_volume_name: Some(pv_name.to_string()),
                 ..Default::default()
             },
         ),
@@ -404,20 +480,25 @@ async fn in_tree_class_claim_pv_attach_delete() {
             attached(&v, &finalizer).then_some(())
         })
         .await
-        .unwrap_or_else(|_| panic!("{name} not attached\n{}", logs(&provisioner, &attacher)));
+        .unwrap_or_else(|_| panic!("{name} not attached\n{}", bed.logs()));
     }
     let state = load_state(driver.state_dir()).expect("driver state");
-    for (id, fs) in [(&volume.id, "xfs"), (&inline_id, "ext4")] {
+    for (id, fs) in [(volume.id.as_str(), "xfs"), (inline_id.as_str(), "ext4")] {
         let v = state.volumes.get(id).expect("the volume");
         assert_eq!(v.published_node_ids(), [NODE_ID], "{id}");
         assert_eq!(v.published_nodes[NODE_ID].capability.fs_type, fs, "{id}");
     }
-    let pv = volumes.get(&pv_name).await.expect("PV");
+    let pv = volumes.get(pv_name).await.expect("PV");
     assert!(
         has_finalizer(&pv.metadata, &finalizer),
         "the attacher's finalizer is on the in-tree PV"
     );
+    inline_id
+}
 
+/// Detaching both unpublishes both volumes.
+async fn detaching_both_unpublishes_them(bed: &Bed, volume: &Volume, inline_id: &str) {
+    let Bed { driver, vas, .. } = bed;
     // Detach both.
     for name in ["va-pv", "va-inline"] {
         vas.delete(name, &DeleteParams::default())
@@ -429,28 +510,38 @@ async fn in_tree_class_claim_pv_attach_delete() {
             vas.get_opt(name).await.ok()?.is_none().then_some(())
         })
         .await
-        .unwrap_or_else(|_| panic!("{name} not detached\n{}", logs(&provisioner, &attacher)));
+        .unwrap_or_else(|_| panic!("{name} not detached\n{}", bed.logs()));
     }
     let state = load_state(driver.state_dir()).expect("driver state");
-    for id in [&volume.id, &inline_id] {
+    for id in [volume.id.as_str(), inline_id] {
         assert!(state.volumes[id].published_nodes.is_empty(), "{id}");
     }
+}
 
+/// Deleting the claim deletes the in-tree PV's volume by its ID and the PV;
+/// the pod volume stays.
+async fn deleting_the_claim_deletes_its_volume_and_pv(
+    bed: &Bed,
+    pv_name: &str,
+    volume: &Volume,
+    inline_id: &str,
+) {
+    let Bed {
+        driver,
+        claims,
+        volumes,
+        ..
+    } = bed;
     // Delete the claim: DeleteVolume of the in-tree PV's volume, PV gone.
     claims
         .delete("data", &DeleteParams::default())
         .await
         .expect("delete claim");
     wait_for(DEADLINE, POLL, || async {
-        volumes
-            .get_opt(&pv_name)
-            .await
-            .ok()?
-            .is_none()
-            .then_some(())
+        volumes.get_opt(pv_name).await.ok()?.is_none().then_some(())
     })
     .await
-    .unwrap_or_else(|_| panic!("PV not deleted\n{}", logs(&provisioner, &attacher)));
+    .unwrap_or_else(|_| panic!("PV not deleted\n{}", bed.logs()));
     let state = load_state(driver.state_dir()).expect("driver state");
     assert!(!state.volumes.contains_key(&volume.id), "volume deleted");
     assert!(
@@ -458,13 +549,7 @@ async fn in_tree_class_claim_pv_attach_delete() {
         "DeleteVolume got the volume's ID"
     );
     assert!(
-        state.volumes.contains_key(&inline_id),
+        state.volumes.contains_key(inline_id),
         "the pod volume is not Kubernetes' to delete"
     );
-    provisioner
-        .check_running()
-        .expect("provisioner still running");
-    attacher.check_running().expect("attacher still running");
-    eprintln!("migration e2e: {:?}", started.elapsed());
-    cluster.stop().await.expect("stop");
 }
