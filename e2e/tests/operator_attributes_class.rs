@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use csiops_e2e::testkit::{self, DriverCr};
-use csiops_e2e::{operator_bin, wait_for, Cluster, ClusterOptions};
+use csiops_e2e::{operator_bin, wait_for, Cluster, ClusterOptions, OperatorProcess};
 use k8s_openapi::api::core::v1::{
     PersistentVolumeClaim, PersistentVolumeClaimSpec, VolumeResourceRequirements,
 };
@@ -95,8 +95,18 @@ async fn classes_follow_the_spec() {
         .expect("operator starts");
     let classes: Api<VolumeAttributesClass> = Api::all(client.clone());
 
-    // The schema refuses what Kubernetes would refuse of a class, and
-    // duplicate names.
+    the_schema_refuses_bad_classes(&cluster).await;
+    let gold =
+        classes_are_created_for_the_driver_labelled_with_their_owner(&cluster, &classes).await;
+    a_changed_class_nothing_uses_is_re_created(&cluster, &classes, &gold).await;
+    a_changed_class_a_claim_uses_waits_for_the_claim(&cluster, &client, &classes, &operator).await;
+    removed_classes_go_and_the_rest_with_the_object(&cluster, &classes).await;
+    drop(operator);
+}
+
+/// The schema refuses what Kubernetes would refuse of a class, and
+/// duplicate names.
+async fn the_schema_refuses_bad_classes(cluster: &Cluster) {
     for (classes_yaml, expect) in [
         (
             "  volumeAttributesClasses:\n  - name: a\n    parameters: {}\n",
@@ -116,21 +126,26 @@ async fn classes_follow_the_spec() {
         ),
     ] {
         testkit::assert_refused(
-            &cluster,
+            cluster,
             &format!("{classes_yaml:?}"),
             &object(classes_yaml),
             expect,
         )
         .await;
     }
+}
 
-    // Created for the driver, labelled with their owner.
+/// Created for the driver, labelled with their owner. The gold class.
+async fn classes_are_created_for_the_driver_labelled_with_their_owner(
+    cluster: &Cluster,
+    classes: &Api<VolumeAttributesClass>,
+) -> VolumeAttributesClass {
     apply(
-        &cluster,
+        cluster,
         "  volumeAttributesClasses:\n  - name: vac-gold\n    parameters: {iops: \"3000\"}\n  - name: vac-silver\n    parameters: {iops: \"1000\"}\n",
     )
     .await;
-    let gold = class_with(&classes, "vac-gold", "3000").await;
+    let gold = class_with(classes, "vac-gold", "3000").await;
     assert_eq!(gold.driver_name, DRIVER);
     assert!(
         gold.metadata
@@ -140,22 +155,36 @@ async fn classes_follow_the_spec() {
         "{:?}",
         gold.metadata.labels
     );
-    class_with(&classes, "vac-silver", "1000").await;
+    class_with(classes, "vac-silver", "1000").await;
+    gold
+}
 
-    // A changed class nothing uses is deleted and created again.
+/// A changed class nothing uses is deleted and created again.
+async fn a_changed_class_nothing_uses_is_re_created(
+    cluster: &Cluster,
+    classes: &Api<VolumeAttributesClass>,
+    gold: &VolumeAttributesClass,
+) {
     apply(
-        &cluster,
+        cluster,
         "  volumeAttributesClasses:\n  - name: vac-gold\n    parameters: {iops: \"4000\"}\n  - name: vac-silver\n    parameters: {iops: \"1000\"}\n",
     )
     .await;
-    let regold = class_with(&classes, "vac-gold", "4000").await;
+    let regold = class_with(classes, "vac-gold", "4000").await;
     assert_ne!(regold.metadata.uid, gold.metadata.uid);
-    assert!(event_reasons(&cluster)
+    assert!(event_reasons(cluster)
         .await
         .contains("VolumeAttributesClassRecreated"));
+}
 
-    // A changed class a claim uses: Kubernetes keeps the old one until the
-    // claim lets go, the operator says so, then creates the new one.
+/// A changed class a claim uses: Kubernetes keeps the old one until the
+/// claim lets go, the operator says so, then creates the new one.
+async fn a_changed_class_a_claim_uses_waits_for_the_claim(
+    cluster: &Cluster,
+    client: &kube::Client,
+    classes: &Api<VolumeAttributesClass>,
+    operator: &OperatorProcess,
+) {
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NS);
     claims
         .create(
@@ -193,12 +222,12 @@ async fn classes_follow_the_spec() {
     .await
     .expect("vac-protection finalizer on vac-silver");
     apply(
-        &cluster,
+        cluster,
         "  volumeAttributesClasses:\n  - name: vac-gold\n    parameters: {iops: \"4000\"}\n  - name: vac-silver\n    parameters: {iops: \"1500\"}\n",
     )
     .await;
     wait_for(DEADLINE, POLL, || async {
-        event_reasons(&cluster)
+        event_reasons(cluster)
             .await
             .contains("VolumeAttributesClassInUse")
             .then_some(())
@@ -223,20 +252,24 @@ async fn classes_follow_the_spec() {
         .delete("uses-silver", &DeleteParams::default())
         .await
         .expect("claim deleted");
-    class_with(&classes, "vac-silver", "1500").await;
+    class_with(classes, "vac-silver", "1500").await;
+}
 
-    // Removed from the spec: deleted; the object deleted: the rest go too.
+/// Removed from the spec: deleted; the object deleted: the rest go too.
+async fn removed_classes_go_and_the_rest_with_the_object(
+    cluster: &Cluster,
+    classes: &Api<VolumeAttributesClass>,
+) {
     apply(
-        &cluster,
+        cluster,
         "  volumeAttributesClasses:\n  - name: vac-gold\n    parameters: {iops: \"4000\"}\n",
     )
     .await;
-    gone(&classes, "vac-silver").await;
-    class_with(&classes, "vac-gold", "4000").await;
+    gone(classes, "vac-silver").await;
+    class_with(classes, "vac-gold", "4000").await;
     cluster
         .kubectl_ok(["-n", NS, "delete", "csidd", "vac", "--wait=false"])
         .await
         .expect("delete");
-    gone(&classes, "vac-gold").await;
-    drop(operator);
+    gone(classes, "vac-gold").await;
 }
