@@ -39,8 +39,20 @@ async fn a_second_real_node_joins_and_routes_to_the_apiserver_and_the_first() {
     .unwrap_or_else(|e| panic!("cluster with two real nodes starts: {e}"));
     let client = cluster.client().expect("client");
     let second = node_name(1);
+    both_nodes_register_with_their_own_address(&client, &second).await;
 
-    // Two Nodes, both ours, each with its own address.
+    let agnhost = suite.image("agnhost").expect("agnhost image").to_string();
+    let (ip0, ip1) = server_pods_get_addresses_of_their_nodes(&cluster, &agnhost, &second).await;
+    pods_reach_the_apiserver_and_each_other_across_nodes(&cluster, &agnhost, &second, &ip0, &ip1)
+        .await;
+    in_cluster_config_works_through_the_kubernetes_service(&cluster, &agnhost, &second).await;
+
+    let left = cluster.stop_and_report().await.expect("stop");
+    assert!(left.is_empty(), "the two nodes left behind: {left:#?}");
+}
+
+/// Two Nodes, both ours, each with its own address.
+async fn both_nodes_register_with_their_own_address(client: &kube::Client, second: &str) {
     let nodes: Api<Node> = Api::all(client.clone());
     let list = nodes.list(&ListParams::default()).await.expect("nodes");
     let mut ips: Vec<(String, String)> = list
@@ -62,12 +74,19 @@ async fn a_second_real_node_joins_and_routes_to_the_apiserver_and_the_first() {
         ips,
         [
             (NODE_NAME.to_string(), "10.213.0.1".to_string()),
-            (second.clone(), "10.213.101.2".to_string()),
+            (second.to_string(), "10.213.101.2".to_string()),
         ],
         "the Nodes and their InternalIPs"
     );
+}
 
-    let agnhost = suite.image("agnhost").expect("agnhost image").to_string();
+/// A server pod on each node, addressed from that node's pod subnet. Their
+/// IPs.
+async fn server_pods_get_addresses_of_their_nodes(
+    cluster: &Cluster,
+    agnhost: &str,
+    second: &str,
+) -> (String, String) {
     let server = |name: &str, node: &str| {
         format!(
             r#"apiVersion: v1
@@ -87,15 +106,26 @@ spec:
 "#
         )
     };
-    apply(&cluster, &server("server-0", NODE_NAME)).await;
-    apply(&cluster, &server("server-1", &second)).await;
-    let s0 = ready_pod(&cluster, "server-0").await;
-    let s1 = ready_pod(&cluster, "server-1").await;
+    apply(cluster, &server("server-0", NODE_NAME)).await;
+    apply(cluster, &server("server-1", second)).await;
+    let s0 = ready_pod(cluster, "server-0").await;
+    let s1 = ready_pod(cluster, "server-1").await;
     let ip0 = pod_ip(&s0);
     let ip1 = pod_ip(&s1);
     assert!(ip0.starts_with("10.213.0."), "node 0's pod IP {ip0}");
     assert!(ip1.starts_with("10.213.1."), "node 1's pod IP {ip1}");
+    (ip0, ip1)
+}
 
+/// node 1 → the apiserver (Service, TLS, token) and node 0's pod; node 0 →
+/// node 1's pod; `kubectl logs` reaches node 1's kubelet.
+async fn pods_reach_the_apiserver_and_each_other_across_nodes(
+    cluster: &Cluster,
+    agnhost: &str,
+    second: &str,
+    ip0: &str,
+    ip1: &str,
+) {
     // node 1 → the apiserver (Service, TLS, token) and node 0's pod;
     // node 0 → node 1's pod. `agnhost connect` fails on a refused or
     // timed-out connection.
@@ -117,10 +147,10 @@ spec:
         )
     };
     apply(
-        &cluster,
+        cluster,
         &client_pod(
             "from-1",
-            &second,
+            second,
             &format!(
                 "/agnhost connect --timeout=5s 10.96.0.1:443 && \
                  /agnhost connect --timeout=5s {ip0}:8080 && echo reached-both"
@@ -129,7 +159,7 @@ spec:
     )
     .await;
     apply(
-        &cluster,
+        cluster,
         &client_pod(
             "from-0",
             NODE_NAME,
@@ -137,19 +167,25 @@ spec:
         ),
     )
     .await;
-    succeeded(&cluster, "from-1").await;
-    succeeded(&cluster, "from-0").await;
+    succeeded(cluster, "from-1").await;
+    succeeded(cluster, "from-0").await;
     // `kubectl logs` goes apiserver → node 1's kubelet → its containerd.
     let logs = cluster
         .kubectl_ok(["logs", "from-1"])
         .await
         .expect("logs of a node-1 pod");
     assert!(logs.contains("reached-both"), "{logs}");
+}
 
-    // In-cluster config through the `kubernetes` Service: /healthz polled
-    // every second with the pod's token, never failing.
+/// In-cluster config through the `kubernetes` Service: /healthz polled
+/// every second with the pod's token, never failing.
+async fn in_cluster_config_works_through_the_kubernetes_service(
+    cluster: &Cluster,
+    agnhost: &str,
+    second: &str,
+) {
     apply(
-        &cluster,
+        cluster,
         &format!(
             r#"apiVersion: v1
 kind: Pod
@@ -177,9 +213,6 @@ spec:
         !logs.contains("status=failed") && logs.contains("authz_header="),
         "{logs}"
     );
-
-    let left = cluster.stop_and_report().await.expect("stop");
-    assert!(left.is_empty(), "the two nodes left behind: {left:#?}");
 }
 
 async fn apply(cluster: &Cluster, yaml: &str) {
