@@ -152,6 +152,15 @@ async fn event_notes(cluster: &Cluster, object: &str) -> Vec<String> {
     testkit::event_lines(cluster, NS, object).await
 }
 
+/// What the phases work on besides the provisioner bed: an admin client and
+/// the APIs of claims, PVs and VolumeSnapshots.
+struct Apis {
+    client: kube::Client,
+    claims: Api<PersistentVolumeClaim>,
+    volumes: Api<PersistentVolume>,
+    snapshots: Api<DynamicObject>,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restores_snapshots_and_clones_claims() {
     let cluster = Cluster::start(ClusterOptions::kwok(1))
@@ -167,10 +176,34 @@ async fn restores_snapshots_and_clones_claims() {
     .expect("provisioner bed");
     let _snapshotter = Snapshotter::start(&cluster, bed.driver.socket()).await;
     let client = cluster.client().expect("client");
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NS);
-    let volumes: Api<PersistentVolume> = Api::all(client.clone());
-    let classes: Api<StorageClass> = Api::all(client.clone());
+    let a = Apis {
+        claims: Api::namespaced(client.clone(), NS),
+        volumes: Api::all(client.clone()),
+        snapshots: snapshot_api(&client, "VolumeSnapshot"),
+        client,
+    };
+
+    let data_volume = a_claim_is_bound(&a).await;
+    let snapshot_id = a_snapshot_of_it_is_taken(&bed, &a, &data_volume).await;
+    a_restore_asks_the_driver_for_the_snapshot(&bed, &a, &snapshot_id).await;
+    too_small_a_restore_is_refused_before_create_volume(&cluster, &bed, &a).await;
+    a_clone_protects_its_source_while_pending(&bed, &a, &data_volume).await;
+    a_source_deleted_during_its_clone_stays_until_the_clone_binds(&a).await;
+    the_orphan_sweep_takes_a_left_finalizer_off(&a).await;
+    deleting_the_source_is_not_blocked(&a).await;
+    bed.check_sidecar().expect("provisioner still running");
+}
+
+/// The class `fast` and a bound claim `data` exist; returns its volume's ID.
+async fn a_claim_is_bound(a: &Apis) -> String {
+    let Apis {
+        client,
+        claims,
+        volumes,
+        ..
+    } = a;
     let pp = PostParams::default();
+    let classes: Api<StorageClass> = Api::all(client.clone());
     classes
         .create(
             &pp,
@@ -191,7 +224,7 @@ async fn restores_snapshots_and_clones_claims() {
         .create(&pp, &claim("data", "1Gi", None))
         .await
         .expect("claim");
-    let data = bound(&claims, "data").await;
+    let data = bound(claims, "data").await;
     let data_pv = data
         .spec
         .as_ref()
@@ -205,9 +238,18 @@ async fn restores_snapshots_and_clones_claims() {
         .and_then(|s| s.csi)
         .map(|c| c.volume_handle)
         .expect("CSI PV");
+    data_volume
+}
 
+/// A snapshot of it, taken through upstream's controllers, is the driver's
+/// only snapshot, of that volume; returns its ID.
+async fn a_snapshot_of_it_is_taken(bed: &ProvisionerBed, a: &Apis, data_volume: &str) -> String {
+    let Apis {
+        client, snapshots, ..
+    } = a;
+    let pp = PostParams::default();
     // A snapshot of it, through upstream's controllers.
-    snapshot_api(&client, "VolumeSnapshotClass")
+    snapshot_api(client, "VolumeSnapshotClass")
         .create(
             &pp,
             &object(json!({
@@ -218,7 +260,6 @@ async fn restores_snapshots_and_clones_claims() {
         )
         .await
         .expect("snapshot class");
-    let snapshots = snapshot_api(&client, "VolumeSnapshot");
     snapshots
         .create(
             &pp,
@@ -243,7 +284,20 @@ async fn restores_snapshots_and_clones_claims() {
     assert_eq!(state.snapshots.len(), 1, "{:?}", state.snapshots);
     let snapshot_id = state.snapshots.keys().next().cloned().unwrap_or_default();
     assert_eq!(state.snapshots[&snapshot_id].source_volume_id, data_volume);
+    snapshot_id
+}
 
+/// A restore asks the driver for the snapshot, and the source-protection
+/// finalizer comes off once the PV exists.
+async fn a_restore_asks_the_driver_for_the_snapshot(
+    bed: &ProvisionerBed,
+    a: &Apis,
+    snapshot_id: &str,
+) {
+    let Apis {
+        claims, snapshots, ..
+    } = a;
+    let pp = PostParams::default();
     // Restore: CreateVolume with the snapshot's handle.
     claims
         .create(
@@ -252,14 +306,14 @@ async fn restores_snapshots_and_clones_claims() {
         )
         .await
         .expect("restore claim");
-    let restored = bound(&claims, "restored").await;
+    let restored = bound(claims, "restored").await;
     let state = bed.driver.state().expect("driver state");
     let name = format!("pvc-{}", restored.uid().unwrap_or_default());
     assert_eq!(
         state
             .volume_by_name(&name)
             .map(|v| v.content_source.clone()),
-        Some(Some(ContentSource::Snapshot(snapshot_id.clone()))),
+        Some(Some(ContentSource::Snapshot(snapshot_id.to_string()))),
         "the driver was asked to restore the snapshot"
     );
     // The source-protection finalizer comes off once the PV exists. The
@@ -271,7 +325,17 @@ async fn restores_snapshots_and_clones_claims() {
     })
     .await
     .expect("the source-protection finalizer comes off after the restore");
+}
 
+/// A restore too small for the snapshot is refused before any CreateVolume,
+/// with an Event saying why, and stays Pending.
+async fn too_small_a_restore_is_refused_before_create_volume(
+    cluster: &Cluster,
+    bed: &ProvisionerBed,
+    a: &Apis,
+) {
+    let Apis { claims, .. } = a;
+    let pp = PostParams::default();
     // Too small for the snapshot: refused before any CreateVolume, with an
     // Event saying why, and retried (still Pending).
     claims
@@ -282,7 +346,7 @@ async fn restores_snapshots_and_clones_claims() {
         .await
         .expect("small claim");
     let notes = wait_for(DEADLINE, POLL, || async {
-        let notes = event_notes(&cluster, "too-small").await;
+        let notes = event_notes(cluster, "too-small").await;
         notes
             .iter()
             .any(|n| n.starts_with("ProvisioningFailed|"))
@@ -307,7 +371,17 @@ async fn restores_snapshots_and_clones_claims() {
         .expect("state")
         .volume_by_name(&small_name)
         .is_none());
+}
 
+/// A clone asks the driver to clone the source volume; the source carries
+/// the cloning-protection finalizer while the clone is pending only.
+async fn a_clone_protects_its_source_while_pending(
+    bed: &ProvisionerBed,
+    a: &Apis,
+    data_volume: &str,
+) {
+    let Apis { claims, .. } = a;
+    let pp = PostParams::default();
     // Clone: the source carries the cloning-protection finalizer while the
     // clone is pending, and loses it once the clone is bound.
     claims
@@ -325,14 +399,14 @@ async fn restores_snapshots_and_clones_claims() {
     })
     .await
     .expect("the source protected while the clone is pending");
-    let clone = bound(&claims, "clone").await;
+    let clone = bound(claims, "clone").await;
     let state = bed.driver.state().expect("driver state");
     let clone_name = format!("pvc-{}", clone.uid().unwrap_or_default());
     assert_eq!(
         state
             .volume_by_name(&clone_name)
             .map(|v| v.content_source.clone()),
-        Some(Some(ContentSource::Volume(data_volume.clone()))),
+        Some(Some(ContentSource::Volume(data_volume.to_string()))),
         "the driver was asked to clone the source volume"
     );
     wait_for(DEADLINE, POLL, || async {
@@ -341,7 +415,13 @@ async fn restores_snapshots_and_clones_claims() {
     })
     .await
     .expect("the cloning-protection finalizer removed once the clone is bound");
+}
 
+/// A source deleted while its clone is being created stays until the clone
+/// is Bound, then goes.
+async fn a_source_deleted_during_its_clone_stays_until_the_clone_binds(a: &Apis) {
+    let Apis { claims, .. } = a;
+    let pp = PostParams::default();
     // A source deleted while its clone is being created stays until the
     // clone is Bound, then goes.
     claims
@@ -387,7 +467,14 @@ async fn restores_snapshots_and_clones_claims() {
     })
     .await
     .expect("the second source gone once its clone is Bound");
+}
 
+/// A source-protection finalizer left behind (as by a crash) comes off with
+/// the orphan sweep.
+async fn the_orphan_sweep_takes_a_left_finalizer_off(a: &Apis) {
+    let Apis {
+        claims, snapshots, ..
+    } = a;
     // A source-protection finalizer left behind (as by a crash) comes off
     // with the orphan sweep once no pending claim restores the snapshot.
     claims
@@ -415,7 +502,13 @@ async fn restores_snapshots_and_clones_claims() {
     })
     .await
     .expect("the orphan sweep takes the finalizer off");
+}
 
+/// Deleting the source, after its snapshot, is not blocked.
+async fn deleting_the_source_is_not_blocked(a: &Apis) {
+    let Apis {
+        claims, snapshots, ..
+    } = a;
     // Deleting the source is not blocked (the snapshot goes first, so
     // snapshot-controller's own source protection is not in the way).
     snapshots
@@ -443,5 +536,4 @@ async fn restores_snapshots_and_clones_claims() {
             .map(|c| finalizers(&c));
         panic!("the source claim is still there, finalizers {left:?}");
     }
-    bed.check_sidecar().expect("provisioner still running");
 }
