@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use csiops_e2e::realnode::{host, images, NODE_NAME};
 use csiops_e2e::{testkit, wait_for, walkthrough, Cluster, ClusterOptions};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use kube::api::{Api, ListParams};
 
 const NS: &str = "dropin";
@@ -140,20 +140,38 @@ async fn upstream_style_registrar_without_rbac_registers_and_stays_up() {
         ),
     )
     .await;
+    kubelet_registers_the_driver_and_writes_its_csinode_entry(&cluster).await;
+    let (pod_name, ip) = the_one_node_pod(&client).await;
+    the_registrar_and_the_liveness_probe_answer_healthz(ip).await;
+    let statuses =
+        a_while_under_kubelets_probes_nothing_restarts(&cluster, &client, &pod_name).await;
+    the_entrypoint_handed_both_roles_to_the_node_binary(&statuses);
+    the_registrar_says_once_why_csinode_maintenance_is_off(&cluster, &pod_name).await;
 
-    // kubelet registers the driver and writes its CSINode entry itself.
-    let kubectl = |args: &[&str]| {
-        let mut all = vec!["-n", NS];
-        all.extend_from_slice(args);
-        testkit::kubectl_text(&cluster, &all)
-    };
-    let entry = walkthrough::wait_registered(&cluster, DRIVER, DEADLINE)
+    let left = cluster.stop_and_report().await.expect("cluster stops");
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}
+
+/// `kubectl -n NS <args>`, its stdout and stderr as one text (for the
+/// diagnostics of a failing step).
+fn kubectl(cluster: &Cluster, args: &[&str]) -> String {
+    let mut all = vec!["-n", NS];
+    all.extend_from_slice(args);
+    testkit::kubectl_text(cluster, &all)
+}
+
+/// kubelet registers the driver and writes its CSINode entry itself.
+async fn kubelet_registers_the_driver_and_writes_its_csinode_entry(cluster: &Cluster) {
+    let entry = walkthrough::wait_registered(cluster, DRIVER, DEADLINE)
         .await
         .unwrap_or_else(|e| {
             panic!(
                 "{e}\n{}\n{}\n{}",
-                kubectl(&["get", "pods", "-o", "wide"]),
-                kubectl(&["logs", "ds/csi-dropin-node", "-c", "node-driver-registrar"]),
+                kubectl(cluster, &["get", "pods", "-o", "wide"]),
+                kubectl(
+                    cluster,
+                    &["logs", "ds/csi-dropin-node", "-c", "node-driver-registrar"]
+                ),
                 cluster.log_tails(30)
             )
         });
@@ -164,7 +182,10 @@ async fn upstream_style_registrar_without_rbac_registers_and_stays_up() {
         kubelet_log.contains(&format!("Register new plugin with name: {DRIVER}")),
         "kubelet's plugin watcher did not register {DRIVER}"
     );
+}
 
+/// The DaemonSet's one pod: its name and IP.
+async fn the_one_node_pod(client: &kube::Client) -> (String, std::net::IpAddr) {
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let pod_list = pods
         .list(&ListParams::default().labels("app=csi-dropin-node"))
@@ -178,8 +199,12 @@ async fn upstream_style_registrar_without_rbac_registers_and_stays_up() {
         .and_then(|s| s.pod_ip.as_deref())
         .and_then(|ip| ip.parse().ok())
         .expect("pod IP");
+    (pod_name, ip)
+}
 
-    // The registrar's /healthz as upstream's: socket present, GetInfo answers.
+/// The registrar's /healthz as upstream's: socket present, GetInfo answers;
+/// the liveness probe, also started without a role, answers for the driver.
+async fn the_registrar_and_the_liveness_probe_answer_healthz(ip: std::net::IpAddr) {
     let healthz = wait_for(Duration::from_secs(60), POLL, || async {
         testkit::http_get_async((ip, 9809).into(), "/healthz")
             .await
@@ -196,10 +221,18 @@ async fn upstream_style_registrar_without_rbac_registers_and_stays_up() {
     // The liveness probe, also started without a role, answers for the driver.
     let live = testkit::http_get_async((ip, 9898).into(), "/healthz").await;
     assert_eq!(live.map(|r| r.0), Some(200), "liveness probe /healthz");
+}
 
-    // A while under kubelet's probes: still running, never restarted.
+/// A while under kubelet's probes: every container still running, never
+/// restarted. Their statuses.
+async fn a_while_under_kubelets_probes_nothing_restarts(
+    cluster: &Cluster,
+    client: &kube::Client,
+    pod_name: &str,
+) -> Vec<ContainerStatus> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     tokio::time::sleep(STEADY).await;
-    let pod = pods.get(&pod_name).await.expect("pod");
+    let pod = pods.get(pod_name).await.expect("pod");
     let statuses = pod
         .status
         .as_ref()
@@ -212,7 +245,7 @@ async fn upstream_style_registrar_without_rbac_registers_and_stays_up() {
             0,
             "container {} restarted:\n{}",
             s.name,
-            kubectl(&["logs", &pod_name, "-c", &s.name, "--previous"])
+            kubectl(cluster, &["logs", pod_name, "-c", &s.name, "--previous"])
         );
         assert!(
             s.state.as_ref().is_some_and(|st| st.running.is_some()),
@@ -221,10 +254,13 @@ async fn upstream_style_registrar_without_rbac_registers_and_stays_up() {
             s.state
         );
     }
+    statuses
+}
 
-    // The image's entrypoint (csiops-sidecar) handed both node roles to the
-    // small node binary: that is what runs in those containers.
-    for s in &statuses {
+/// The image's entrypoint (csiops-sidecar) handed both node roles to the
+/// small node binary: that is what runs in those containers.
+fn the_entrypoint_handed_both_roles_to_the_node_binary(statuses: &[ContainerStatus]) {
+    for s in statuses {
         let id = s.container_id.as_deref().expect("container ID");
         let exe = host::container_exe(id)
             .unwrap_or_else(|| panic!("no process of container {} ({id})", s.name));
@@ -234,11 +270,13 @@ async fn upstream_style_registrar_without_rbac_registers_and_stays_up() {
         };
         assert_eq!(exe, expected, "container {} runs {exe}", s.name);
     }
+}
 
-    // Its log says once, and why, that CSINode maintenance is off: the
-    // default ServiceAccount may do nothing with Nodes and CSINodes.
+/// Its log says once, and why, that CSINode maintenance is off: the
+/// default ServiceAccount may do nothing with Nodes and CSINodes.
+async fn the_registrar_says_once_why_csinode_maintenance_is_off(cluster: &Cluster, pod_name: &str) {
     let log = cluster
-        .kubectl_ok(["-n", NS, "logs", &pod_name, "-c", "node-driver-registrar"])
+        .kubectl_ok(["-n", NS, "logs", pod_name, "-c", "node-driver-registrar"])
         .await
         .expect("registrar log");
     let off: Vec<&str> = log
@@ -260,7 +298,4 @@ async fn upstream_style_registrar_without_rbac_registers_and_stays_up() {
         !log.contains("CSINode update failed") && !log.contains("driver registered in CSINode"),
         "the registrar tried to write CSINode:\n{log}"
     );
-
-    let left = cluster.stop_and_report().await.expect("cluster stops");
-    assert!(left.is_empty(), "left behind: {left:#?}");
 }
