@@ -5,6 +5,7 @@
 //! with POD_NAME/NAMESPACE, finding its owner two levels up.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::time::Duration;
 
 use csiops_e2e::process::ManagedProcess;
@@ -198,6 +199,22 @@ async fn start_bed(cluster: &Cluster, extra: &[&str], env: &[(&str, &str)]) -> B
     }
 }
 
+/// The provisioner's log, for a failed wait.
+fn log_text(log: &Path) -> String {
+    std::fs::read_to_string(log).unwrap_or_default()
+}
+
+/// What the phases work on: an admin client, the node names, and the APIs
+/// of capacities, classes, claims and PVs.
+struct Objects {
+    client: kube::Client,
+    nodes: Vec<String>,
+    capacities: Api<CSIStorageCapacity>,
+    classes: Api<StorageClass>,
+    claims: Api<PersistentVolumeClaim>,
+    volumes: Api<PersistentVolume>,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publishes_updates_and_deletes_capacity_per_segment() {
     let cluster = Cluster::start(ClusterOptions::kwok(2))
@@ -206,12 +223,42 @@ async fn publishes_updates_and_deletes_capacity_per_segment() {
     register_nodes(&cluster).await.expect("nodes registered");
     let nodes: Vec<String> = cluster.node_names().to_vec();
     let client = cluster.client().expect("client");
-    let capacities: Api<CSIStorageCapacity> = Api::namespaced(client.clone(), NS);
-    let classes: Api<StorageClass> = Api::all(client.clone());
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NS);
-    let volumes: Api<PersistentVolume> = Api::all(client.clone());
-    let pp = PostParams::default();
+    let o = Objects {
+        capacities: Api::namespaced(client.clone(), NS),
+        classes: Api::all(client.clone()),
+        claims: Api::namespaced(client.clone(), NS),
+        volumes: Api::all(client.clone()),
+        client,
+        nodes,
+    };
 
+    let top_uid = an_owner_chain_leads_from_the_pod_to_the_top(&o).await;
+    classes_and_capacities_exist_before_the_provisioner(&o).await;
+    let Bed {
+        _driver,
+        mut sidecar,
+        port,
+        log,
+    } = start_bed(
+        &cluster,
+        &["--capacity-ownerref-level=2"],
+        &[("NAMESPACE", NS), ("POD_NAME", "provisioner-pod")],
+    )
+    .await;
+
+    each_segment_and_late_class_has_one_object_owned_by_the_top(&o, &log, &top_uid).await;
+    a_volume_lowers_the_capacity_of_its_segment_only(&o, &log).await;
+    a_removed_class_loses_its_objects(&o, &log).await;
+    the_gauges_and_the_queues_metrics_are_served(port).await;
+    sidecar.check_running().expect("provisioner still running");
+    sidecar.terminate(Duration::from_secs(10));
+}
+
+/// The owner chain: pod → ConfigMap "mid" → ConfigMap "top"; returns the
+/// top's UID.
+async fn an_owner_chain_leads_from_the_pod_to_the_top(o: &Objects) -> String {
+    let Objects { client, .. } = o;
+    let pp = PostParams::default();
     // The owner chain: pod → ConfigMap "mid" → ConfigMap "top" (nothing
     // reconciles ConfigMaps, so the references stay as written). Level 2
     // makes the provisioner read the pod and "mid", and own by "top".
@@ -266,7 +313,19 @@ async fn publishes_updates_and_deletes_capacity_per_segment() {
     )
     .await
     .expect("pod");
+    top_uid
+}
 
+/// The classes exist, and before the provisioner starts so do someone else's
+/// object, one of ours to adopt and one of ours for a gone class.
+async fn classes_and_capacities_exist_before_the_provisioner(o: &Objects) {
+    let Objects {
+        nodes,
+        capacities,
+        classes,
+        ..
+    } = o;
+    let pp = PostParams::default();
     for c in [
         class("late", "WaitForFirstConsumer"),
         class("late-too", "WaitForFirstConsumer"),
@@ -307,36 +366,35 @@ async fn publishes_updates_and_deletes_capacity_per_segment() {
         )
         .await
         .expect("stale object");
+}
 
-    let Bed {
-        _driver,
-        mut sidecar,
-        port,
-        log,
-    } = start_bed(
-        &cluster,
-        &["--capacity-ownerref-level=2"],
-        &[("NAMESPACE", NS), ("POD_NAME", "provisioner-pod")],
-    )
-    .await;
-    let log_text = || std::fs::read_to_string(&log).unwrap_or_default();
-
+/// One object per node segment and late-binding class, with the driver's
+/// capacity, owned by the top; the adopted one kept its name; the stale one
+/// is gone.
+async fn each_segment_and_late_class_has_one_object_owned_by_the_top(
+    o: &Objects,
+    log: &Path,
+    top_uid: &str,
+) {
+    let Objects {
+        nodes, capacities, ..
+    } = o;
     // One object per node segment and late-binding class, with the
     // driver's capacity, owned by the top of the chain; the adopted one
     // kept its name; the stale one is gone; no object for "now".
     let got = wait_for(DEADLINE, POLL, || async {
-        let p = published(&capacities).await;
-        all_at(&p, &["late", "late-too"], &nodes, "10Gi").then_some(p)
+        let p = published(capacities).await;
+        all_at(&p, &["late", "late-too"], nodes, "10Gi").then_some(p)
     })
     .await;
     let Ok(p) = got else {
-        let now = published(&capacities).await;
-        panic!("capacity not published: {:?}\n{}", now, log_text());
+        let now = published(capacities).await;
+        panic!("capacity not published: {:?}\n{}", now, log_text(log));
     };
     for objs in p.values() {
         let (name, _, max, owners) = &objs[0];
         assert_eq!(max, "10Gi", "{name}");
-        assert_eq!(owners, &vec![top_uid.clone()], "{name}");
+        assert_eq!(owners, &vec![top_uid.to_string()], "{name}");
         assert!(name == "adopt-me" || name.starts_with("csisc-"), "{name}");
     }
     assert_eq!(p[&("late".to_string(), nodes[0].clone())][0].0, "adopt-me");
@@ -350,7 +408,19 @@ async fn publishes_updates_and_deletes_capacity_per_segment() {
     })
     .await
     .expect("the stale object of a gone class is deleted");
+}
 
+/// A volume on one node lowers that segment's objects by its size; the
+/// other's stay.
+async fn a_volume_lowers_the_capacity_of_its_segment_only(o: &Objects, log: &Path) {
+    let Objects {
+        nodes,
+        capacities,
+        claims,
+        volumes,
+        ..
+    } = o;
+    let pp = PostParams::default();
     // A volume lands on one node: that segment's objects go down by its
     // size (the refresh on a new PV, or the 2s poll), the other's stay.
     claims
@@ -381,7 +451,7 @@ async fn publishes_updates_and_deletes_capacity_per_segment() {
         volumes.get_opt(&name).await.ok()?
     })
     .await
-    .unwrap_or_else(|_| panic!("claim not provisioned\n{}", log_text()));
+    .unwrap_or_else(|_| panic!("claim not provisioned\n{}", log_text(log)));
     let used_node = pv
         .spec
         .as_ref()
@@ -400,7 +470,7 @@ async fn publishes_updates_and_deletes_capacity_per_segment() {
         .expect("two nodes")
         .clone();
     let got = wait_for(DEADLINE, POLL, || async {
-        let p = published(&capacities).await;
+        let p = published(capacities).await;
         let at = |c: &str, n: &str| {
             p.get(&(c.to_string(), n.to_string()))
                 .and_then(|v| v.first())
@@ -413,36 +483,50 @@ async fn publishes_updates_and_deletes_capacity_per_segment() {
     })
     .await;
     let Ok(()) = got else {
-        let now = published(&capacities).await;
+        let now = published(capacities).await;
         panic!(
             "capacity of {used_node} not lowered: {:?}\n{}",
             now,
-            log_text()
+            log_text(log)
         );
     };
+}
 
+/// A class removed: its objects go; someone else's object stays.
+async fn a_removed_class_loses_its_objects(o: &Objects, log: &Path) {
+    let Objects {
+        nodes,
+        capacities,
+        classes,
+        ..
+    } = o;
     // A class removed: its objects go; someone else's object stays.
     classes
         .delete("late-too", &DeleteParams::default())
         .await
         .expect("delete class");
     let got = wait_for(DEADLINE, POLL, || async {
-        let p = published(&capacities).await;
+        let p = published(capacities).await;
         (p.keys().all(|(c, _)| c == "late") && p.len() == nodes.len()).then_some(())
     })
     .await;
     let Ok(()) = got else {
-        let now = published(&capacities).await;
+        let now = published(capacities).await;
         panic!(
             "objects of the removed class remain: {:?}\n{}",
             now,
-            log_text()
+            log_text(log)
         );
     };
     assert!(
         capacities.get_opt("foreign").await.expect("get").is_some(),
         "an object with other labels is never touched"
     );
+}
+
+/// Upstream's gauges (the planner's next pass sees the deletions) and the
+/// queue's metrics are served.
+async fn the_gauges_and_the_queues_metrics_are_served(port: u16) {
     // Upstream's gauges (the planner's next pass sees the deletions) and
     // the queue's metrics.
     let needles = [
@@ -468,8 +552,6 @@ async fn publishes_updates_and_deletes_capacity_per_segment() {
         let missing: Vec<_> = needles.iter().filter(|n| !m.contains(**n)).collect();
         panic!("metrics miss {missing:?} in\n{m}");
     }
-    sidecar.check_running().expect("provisioner still running");
-    sidecar.terminate(Duration::from_secs(10));
 }
 
 /// Without topology (here the provisioner's `Topology=false` gate; a driver
