@@ -238,23 +238,8 @@ async fn kubelet_keeps_the_allocatable_count_and_the_registrar_never_writes_it()
     let bed = Bed::start(PERIOD, &[]).await;
     let (cluster, client) = (&bed.cluster, bed.client.clone());
     let (history, watch) = bed.watch_csinode();
-    let latest = || history.lock().ok().and_then(|h| h.last().cloned());
     bed.wait_count(&history, 5).await;
-    let set_limit = |n: i32| bed.set_limit(n);
-
-    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
-    let node_pod = pods
-        .list(&ListParams::default().labels(&testkit::node_pod_selector(NAME)))
-        .await
-        .expect("node pods")
-        .items
-        .into_iter()
-        .next()
-        .expect("a node pod");
-    let pod_ip = node_pod
-        .status
-        .and_then(|s| s.pod_ip)
-        .expect("the node pod's IP");
+    let pod_ip = the_node_pod_ip(&client).await;
 
     // --- The driver's limit changes while it runs: up, then down, and on ----
     // until the registrar has asked NodeGetInfo at least once between a change
@@ -268,93 +253,7 @@ async fn kubelet_keeps_the_allocatable_count_and_the_registrar_never_writes_it()
         if step >= 2 && raced > 0 {
             break;
         }
-        let calls_before = registrar_node_get_info_calls(&pod_ip)
-            .await
-            .expect("the registrar's metrics");
-        let writes_before = history.lock().map(|h| h.len()).unwrap_or_default();
-        let t0 = Instant::now();
-        set_limit(to);
-        // The registrar's calls seen while the CSINode still had the old count.
-        let window_calls = Mutex::new(calls_before);
-        let updated = wait_for(PERIOD * 4, Duration::from_millis(100), || async {
-            if let Some(s) = latest().filter(|s| s.count == Some(to)) {
-                return Some(s);
-            }
-            if let Some(calls) = registrar_node_get_info_calls(&pod_ip).await {
-                if let Ok(mut w) = window_calls.lock() {
-                    *w = calls;
-                }
-            }
-            None
-        })
-        .await
-        .unwrap_or_else(|_| {
-            panic!(
-                "kubelet did not update allocatable.count {from} -> {to} within {:?}: {:#?}\n{}",
-                PERIOD * 4,
-                history.lock().map(|h| h.clone()).unwrap_or_default(),
-                diagnostics(cluster)
-            )
-        });
-        let took = updated.at.duration_since(t0);
-        let calls_at_update = registrar_node_get_info_calls(&pod_ip)
-            .await
-            .expect("the registrar's metrics");
-        let in_window = window_calls.lock().map(|w| *w).unwrap_or(calls_before) - calls_before;
-        eprintln!(
-            "allocatable.count {from} -> {to}: written by kubelet {took:?} after the driver changed; the registrar had asked NodeGetInfo {in_window} times meanwhile"
-        );
-        raced += in_window;
-
-        // It sticks: while the registrar asks NodeGetInfo ten more times
-        // (about 20 s, two kubelet periods), nobody writes the CSINode.
-        let asked = wait_for(PERIOD * 9, Duration::from_millis(500), || async {
-            let calls = registrar_node_get_info_calls(&pod_ip).await?;
-            (calls >= calls_at_update + 10).then_some(calls)
-        })
-        .await
-        .unwrap_or_else(|_| {
-            panic!(
-                "the registrar did not ask NodeGetInfo ten times (--node-info-interval={REGISTRAR_INTERVAL})\n{}",
-                diagnostics(cluster)
-            )
-        });
-        let h = history.lock().map(|h| h.clone()).unwrap_or_default();
-        let after = &h[writes_before..];
-        let counts: Vec<Option<i32>> = after.iter().map(|s| s.count).collect();
-        assert_eq!(
-            counts.last(),
-            Some(&Some(to)),
-            "the count stayed {to}: {after:#?}"
-        );
-        // Every write of this step: the old count, then the new one, never back.
-        let first_new = counts
-            .iter()
-            .position(|c| *c == Some(to))
-            .expect("the new count was seen");
-        assert!(
-            counts[..first_new].iter().all(|c| *c == Some(from))
-                && counts[first_new..].iter().all(|c| *c == Some(to)),
-            "a count went back: {after:#?}"
-        );
-        let last = after.last().expect("a write");
-        assert_eq!(
-            last.resource_version, updated.resource_version,
-            "no write of the CSINode after kubelet's: {after:#?}"
-        );
-        let managers: std::collections::BTreeSet<&str> =
-            last.managers.iter().map(String::as_str).collect();
-        assert_eq!(
-            managers,
-            ["kubelet/Update"].into(),
-            "only kubelet ever wrote the CSINode"
-        );
-
-        eprintln!(
-            "registrar: {} NodeGetInfo calls in {:?}, no CSINode write",
-            asked - calls_before,
-            t0.elapsed()
-        );
+        raced += a_limit_change_is_written_by_kubelet_only(&bed, &history, &pod_ip, from, to).await;
     }
     watch.abort();
     assert!(
@@ -363,6 +262,133 @@ async fn kubelet_keeps_the_allocatable_count_and_the_registrar_never_writes_it()
         limits.len() - 1
     );
 
+    the_registrar_maintains_csinode_and_never_wrote_it(cluster);
+
+    bed.stop().await;
+}
+
+/// The IP of the driver's node pod (where the registrar serves its metrics).
+async fn the_node_pod_ip(client: &kube::Client) -> String {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let node_pod = pods
+        .list(&ListParams::default().labels(&testkit::node_pod_selector(NAME)))
+        .await
+        .expect("node pods")
+        .items
+        .into_iter()
+        .next()
+        .expect("a node pod");
+    node_pod
+        .status
+        .and_then(|s| s.pod_ip)
+        .expect("the node pod's IP")
+}
+
+/// The driver's limit goes `from` → `to`: kubelet writes the new count within
+/// four periods, and it sticks while the registrar asks NodeGetInfo ten more
+/// times; only kubelet ever wrote the CSINode. How often the registrar asked
+/// NodeGetInfo between the change and kubelet's write.
+async fn a_limit_change_is_written_by_kubelet_only(
+    bed: &Bed,
+    history: &Mutex<Vec<Seen>>,
+    pod_ip: &str,
+    from: i32,
+    to: i32,
+) -> u64 {
+    let cluster = &bed.cluster;
+    let latest = || history.lock().ok().and_then(|h| h.last().cloned());
+    let calls_before = registrar_node_get_info_calls(pod_ip)
+        .await
+        .expect("the registrar's metrics");
+    let writes_before = history.lock().map(|h| h.len()).unwrap_or_default();
+    let t0 = Instant::now();
+    bed.set_limit(to);
+    // The registrar's calls seen while the CSINode still had the old count.
+    let window_calls = Mutex::new(calls_before);
+    let updated = wait_for(PERIOD * 4, Duration::from_millis(100), || async {
+        if let Some(s) = latest().filter(|s| s.count == Some(to)) {
+            return Some(s);
+        }
+        if let Some(calls) = registrar_node_get_info_calls(pod_ip).await {
+            if let Ok(mut w) = window_calls.lock() {
+                *w = calls;
+            }
+        }
+        None
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "kubelet did not update allocatable.count {from} -> {to} within {:?}: {:#?}\n{}",
+            PERIOD * 4,
+            history.lock().map(|h| h.clone()).unwrap_or_default(),
+            diagnostics(cluster)
+        )
+    });
+    let took = updated.at.duration_since(t0);
+    let calls_at_update = registrar_node_get_info_calls(pod_ip)
+        .await
+        .expect("the registrar's metrics");
+    let in_window = window_calls.lock().map(|w| *w).unwrap_or(calls_before) - calls_before;
+    eprintln!(
+        "allocatable.count {from} -> {to}: written by kubelet {took:?} after the driver changed; the registrar had asked NodeGetInfo {in_window} times meanwhile"
+    );
+
+    // It sticks: while the registrar asks NodeGetInfo ten more times
+    // (about 20 s, two kubelet periods), nobody writes the CSINode.
+    let asked = wait_for(PERIOD * 9, Duration::from_millis(500), || async {
+        let calls = registrar_node_get_info_calls(pod_ip).await?;
+        (calls >= calls_at_update + 10).then_some(calls)
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!(
+            "the registrar did not ask NodeGetInfo ten times (--node-info-interval={REGISTRAR_INTERVAL})\n{}",
+            diagnostics(cluster)
+        )
+    });
+    let h = history.lock().map(|h| h.clone()).unwrap_or_default();
+    let after = &h[writes_before..];
+    let counts: Vec<Option<i32>> = after.iter().map(|s| s.count).collect();
+    assert_eq!(
+        counts.last(),
+        Some(&Some(to)),
+        "the count stayed {to}: {after:#?}"
+    );
+    // Every write of this step: the old count, then the new one, never back.
+    let first_new = counts
+        .iter()
+        .position(|c| *c == Some(to))
+        .expect("the new count was seen");
+    assert!(
+        counts[..first_new].iter().all(|c| *c == Some(from))
+            && counts[first_new..].iter().all(|c| *c == Some(to)),
+        "a count went back: {after:#?}"
+    );
+    let last = after.last().expect("a write");
+    assert_eq!(
+        last.resource_version, updated.resource_version,
+        "no write of the CSINode after kubelet's: {after:#?}"
+    );
+    let managers: std::collections::BTreeSet<&str> =
+        last.managers.iter().map(String::as_str).collect();
+    assert_eq!(
+        managers,
+        ["kubelet/Update"].into(),
+        "only kubelet ever wrote the CSINode"
+    );
+
+    eprintln!(
+        "registrar: {} NodeGetInfo calls in {:?}, no CSINode write",
+        asked - calls_before,
+        t0.elapsed()
+    );
+    in_window
+}
+
+/// The registrar's CSINode maintenance is on, and it never logged a write
+/// of the CSINode.
+fn the_registrar_maintains_csinode_and_never_wrote_it(cluster: &Cluster) {
     let log = testkit::kubectl_text(
         cluster,
         &[
@@ -382,8 +408,6 @@ async fn kubelet_keeps_the_allocatable_count_and_the_registrar_never_writes_it()
         !log.contains("driver registered in CSINode"),
         "the registrar wrote the CSINode:\n{log}"
     );
-
-    bed.stop().await;
 }
 
 fn diagnostics(cluster: &Cluster) -> String {
