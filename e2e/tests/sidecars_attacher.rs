@@ -862,10 +862,17 @@ impl Lcg {
     }
 }
 
+/// The attachment lanes of the kill -9 run, and the attach/detach cycles of
+/// each.
+const LANES: usize = 10;
+const CYCLES: usize = 10;
+
+/// The attacher restarted by [`a_killer_restarts_the_attacher_with_kill9`],
+/// and how many times it was killed.
+type Killer = tokio::task::JoinHandle<(ManagedProcess, usize)>;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill9_during_100_attach_detach_cycles_ends_consistent() {
-    const LANES: usize = 10;
-    const CYCLES: usize = 10;
     let cluster = Cluster::start(ClusterOptions::kwok(1))
         .await
         .expect("cluster starts");
@@ -889,6 +896,21 @@ async fn kill9_during_100_attach_detach_cycles_ends_consistent() {
         .expect("volumes");
     create_pvs(&client, &s.driver_name, &ids).await;
 
+    let (stop, killer) = a_killer_restarts_the_attacher_with_kill9(&cluster, &s);
+    ten_lanes_attach_and_detach_ten_times_each(&vas, &s).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (attacher, kills) = killer.await.expect("killer");
+    kills_landed_between_the_calls_and_their_writes(&s, kills);
+    every_live_attachment_is_published_and_no_deleted_one(&vas, &s, &ids).await;
+    deleting_the_pvs_finds_no_stale_finalizer(&vas, &pvs, &s, &attacher).await;
+}
+
+/// The killer restarts the attacher with kill -9 every 0.15–0.9 s until
+/// `stop` is set.
+fn a_killer_restarts_the_attacher_with_kill9(
+    cluster: &Cluster,
+    s: &Setup,
+) -> (std::sync::Arc<std::sync::atomic::AtomicBool>, Killer) {
     let port = free_port().expect("port");
     let extra = [
         "--retry-interval-start=200ms",
@@ -916,7 +938,12 @@ async fn kill9_during_100_attach_detach_cycles_ends_consistent() {
             (p, kills)
         })
     };
+    (stop, killer)
+}
 
+/// Each lane attaches and detaches its volume ten times; the last
+/// attachment of half the lanes stays.
+async fn ten_lanes_attach_and_detach_ten_times_each(vas: &Api<VolumeAttachment>, s: &Setup) {
     let lanes = (0..LANES).map(|lane| {
         let vas = vas.clone();
         let driver_name = s.driver_name.clone();
@@ -953,8 +980,11 @@ async fn kill9_during_100_attach_detach_cycles_ends_consistent() {
         }
     });
     futures::future::join_all(lanes).await;
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    let (attacher, kills) = killer.await.expect("killer");
+}
+
+/// Kills landed between a (un)publish and the write that records it: the
+/// driver saw more calls than attaches and detaches.
+fn kills_landed_between_the_calls_and_their_writes(s: &Setup, kills: usize) {
     // Kills landed inside the windows this test is about: between a
     // (un)publish and the write that records it. Without a kill there,
     // each attach publishes once and each detach unpublishes once (writes
@@ -985,7 +1015,15 @@ async fn kill9_during_100_attach_detach_cycles_ends_consistent() {
         publishes + unpublishes > attaches + detaches,
         "none of the {kills} kills interrupted an attach or a detach after its call"
     );
+}
 
+/// Every live attachment is attached, finalized and published; every
+/// deleted one unpublished.
+async fn every_live_attachment_is_published_and_no_deleted_one(
+    vas: &Api<VolumeAttachment>,
+    s: &Setup,
+    ids: &[String],
+) {
     // Consistent: every live attachment attached, finalized and published;
     // every deleted one unpublished.
     let state = load_state(s.driver.state_dir()).expect("state");
@@ -1008,6 +1046,16 @@ async fn kill9_during_100_attach_detach_cycles_ends_consistent() {
             );
         }
     }
+}
+
+/// No stale finalizers: deleting every PV lets the detached ones go at once,
+/// the attached ones after their attachments; nothing stays published.
+async fn deleting_the_pvs_finds_no_stale_finalizer(
+    vas: &Api<VolumeAttachment>,
+    pvs: &Api<PersistentVolume>,
+    s: &Setup,
+    attacher: &ManagedProcess,
+) {
     // No stale finalizers: deleting every PV lets the detached ones go at
     // once; the attached ones go after their attachments.
     for lane in 0..LANES {
