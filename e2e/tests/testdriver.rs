@@ -437,6 +437,17 @@ async fn delayed_work_completes_even_when_the_caller_gives_up() {
     assert!(logged.is_ok(), "{}", driver.log());
 }
 
+/// A ControllerPublishVolume of volume `id` to `node_id`, with a secret.
+fn controller_publish(id: &str, node_id: &str) -> ControllerPublishVolumeRequest {
+    ControllerPublishVolumeRequest {
+        volume_id: id.into(),
+        node_id: node_id.into(),
+        volume_capability: Some(mount_cap()),
+        secrets: HashMap::from([("pub-key".into(), "pub-secret".into())]),
+        ..Default::default()
+    }
+}
+
 #[tokio::test]
 async fn attach_and_node_publish_with_a_shared_state_dir() {
     let env = Env::new();
@@ -460,6 +471,28 @@ async fn attach_and_node_publish_with_a_shared_state_dir() {
     let csi = controller.client().await.unwrap();
     let node_csi = node.client().await.unwrap();
 
+    the_controller_advertises_attach_capabilities(&csi).await;
+    the_node_reports_its_id_limit_and_segment(&node_csi).await;
+
+    let id = create(&csi, "pvc-att").await.unwrap();
+    let target = controller.state_dir().join("pods/p1/target");
+    let node_publish = NodePublishVolumeRequest {
+        volume_id: id.clone(),
+        target_path: target.to_str().unwrap().into(),
+        volume_capability: Some(mount_cap()),
+        ..Default::default()
+    };
+    early_publishes_are_refused(&csi, &node_csi, &id, &node_publish).await;
+    controller_publish_is_idempotent_and_single_node(&csi, &id).await;
+    node_publish_is_idempotent_and_recorded(&controller, &node_csi, &id, &target, node_publish)
+        .await;
+    a_volume_in_use_is_deleted_only_once_unpublished(&controller, &csi, &node_csi, &id, &target)
+        .await;
+}
+
+/// The controller advertises volumes, capacity, attach and the attached
+/// nodes in ListVolumes.
+async fn the_controller_advertises_attach_capabilities(csi: &CsiClient) {
     let caps = csi
         .controller()
         .controller_get_capabilities(ControllerGetCapabilitiesRequest {})
@@ -484,7 +517,10 @@ async fn attach_and_node_publish_with_a_shared_state_dir() {
     ] {
         assert!(caps.contains(&(t as i32)), "{t:?} missing from {caps:?}");
     }
+}
 
+/// The node instance reports its ID, its volume limit and its segment.
+async fn the_node_reports_its_id_limit_and_segment(node_csi: &CsiClient) {
     let info = node_csi
         .node()
         .node_get_info(NodeGetInfoRequest {})
@@ -497,41 +533,39 @@ async fn attach_and_node_publish_with_a_shared_state_dir() {
         info.accessible_topology.unwrap().segments,
         HashMap::from([("topology.test.csi.csiops.dev/node".into(), "node-1".into())])
     );
+}
 
-    let id = create(&csi, "pvc-att").await.unwrap();
-    let publish = |node_id: &str| ControllerPublishVolumeRequest {
-        volume_id: id.clone(),
-        node_id: node_id.into(),
-        volume_capability: Some(mount_cap()),
-        secrets: HashMap::from([("pub-key".into(), "pub-secret".into())]),
-        ..Default::default()
-    };
+/// A publish to an unknown node is NOT_FOUND; a NodePublish before the
+/// ControllerPublish is refused.
+async fn early_publishes_are_refused(
+    csi: &CsiClient,
+    node_csi: &CsiClient,
+    id: &str,
+    node_publish: &NodePublishVolumeRequest,
+) {
     let err = csi
         .controller()
-        .controller_publish_volume(publish("node-unknown"))
+        .controller_publish_volume(controller_publish(id, "node-unknown"))
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::NotFound, "{err:?}");
 
     // NodePublish before ControllerPublish is a CO bug.
-    let target = controller.state_dir().join("pods/p1/target");
-    let node_publish = NodePublishVolumeRequest {
-        volume_id: id.clone(),
-        target_path: target.to_str().unwrap().into(),
-        volume_capability: Some(mount_cap()),
-        ..Default::default()
-    };
     let err = node_csi
         .node()
         .node_publish_volume(node_publish.clone())
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+}
 
+/// ControllerPublish is idempotent, refused for a second node (single-node
+/// writer), and listed with its node.
+async fn controller_publish_is_idempotent_and_single_node(csi: &CsiClient, id: &str) {
     for _ in 0..2 {
         let ctx = csi
             .controller()
-            .controller_publish_volume(publish("node-1"))
+            .controller_publish_volume(controller_publish(id, "node-1"))
             .await
             .unwrap()
             .into_inner()
@@ -541,7 +575,7 @@ async fn attach_and_node_publish_with_a_shared_state_dir() {
     // Single-node writer: another node is refused.
     let err = csi
         .controller()
-        .controller_publish_volume(publish("ctrl-0"))
+        .controller_publish_volume(controller_publish(id, "ctrl-0"))
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
@@ -557,7 +591,17 @@ async fn attach_and_node_publish_with_a_shared_state_dir() {
         list.entries[0].status.as_ref().unwrap().published_node_ids,
         ["node-1"]
     );
+}
 
+/// NodePublish is idempotent, creates the target and is recorded with its
+/// node and the publish secret's keys.
+async fn node_publish_is_idempotent_and_recorded(
+    controller: &TestDriverProcess,
+    node_csi: &CsiClient,
+    id: &str,
+    target: &Path,
+    node_publish: NodePublishVolumeRequest,
+) {
     node_csi
         .node()
         .node_publish_volume(node_publish.clone())
@@ -570,16 +614,26 @@ async fn attach_and_node_publish_with_a_shared_state_dir() {
         .unwrap();
     assert!(target.is_dir(), "target inside the state dir is created");
     let state = controller.state().unwrap();
-    let v = &state.volumes[&id];
+    let v = &state.volumes[id];
     assert_eq!(v.published_nodes["node-1"].secret_keys, ["pub-key"]);
     let np = &v.node_publications[target.to_str().unwrap()];
     assert_eq!(np.node_id, "node-1");
     assert!(np.created_dir);
     assert_eq!(state.nodes.iter().collect::<Vec<_>>(), ["ctrl-0", "node-1"]);
+}
 
+/// A volume in use is not deleted; unpublished (idempotently) it is, and an
+/// unpublish of the deleted volume is still OK.
+async fn a_volume_in_use_is_deleted_only_once_unpublished(
+    controller: &TestDriverProcess,
+    csi: &CsiClient,
+    node_csi: &CsiClient,
+    id: &str,
+    target: &Path,
+) {
     // In use: DeleteVolume refuses.
     let del = DeleteVolumeRequest {
-        volume_id: id.clone(),
+        volume_id: id.to_string(),
         secrets: HashMap::new(),
     };
     let err = csi
@@ -590,7 +644,7 @@ async fn attach_and_node_publish_with_a_shared_state_dir() {
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
 
     let unpublish = NodeUnpublishVolumeRequest {
-        volume_id: id.clone(),
+        volume_id: id.to_string(),
         target_path: target.to_str().unwrap().into(),
     };
     node_csi
@@ -605,7 +659,7 @@ async fn attach_and_node_publish_with_a_shared_state_dir() {
         .unwrap();
     assert!(!target.exists());
     let unpublish = ControllerUnpublishVolumeRequest {
-        volume_id: id.clone(),
+        volume_id: id.to_string(),
         node_id: "node-1".into(),
         secrets: HashMap::new(),
     };
@@ -962,6 +1016,17 @@ async fn node_local_volumes_live_on_the_node_that_created_them() {
     let b = start_node_local(&env, "node-b", &["--capacity=10Gi"]).await;
     let (a_csi, b_csi) = (a.client().await.unwrap(), b.client().await.unwrap());
 
+    node_a_reports_its_id_and_segment(&a_csi).await;
+    let id = a_volume_is_created_on_a_whatever_was_preferred(&env, &a, &a_csi).await;
+    a_requirement_without_a_is_refused(&a, &a_csi).await;
+    b_has_never_heard_of_it(&env, &a, &b_csi, &id).await;
+    attach_to_another_node_is_not_found(&a_csi, &id).await;
+    capacity_is_per_node_and_delete_removes_the_data(&env, &a, &a_csi, &b_csi, &id).await;
+    requirements_are_ignored_as_by_hostpathplugin(&env).await;
+}
+
+/// Node A's instance reports its node ID and segment.
+async fn node_a_reports_its_id_and_segment(a_csi: &CsiClient) {
     let info = a_csi
         .node()
         .node_get_info(NodeGetInfoRequest {})
@@ -970,7 +1035,15 @@ async fn node_local_volumes_live_on_the_node_that_created_them() {
         .into_inner();
     assert_eq!(info.node_id, "node-a");
     assert_eq!(info.accessible_topology, Some(node_topology("node-a")));
+}
 
+/// Preferred B, B or A required: the volume is created on A, accessible
+/// from A only; returns its ID.
+async fn a_volume_is_created_on_a_whatever_was_preferred(
+    env: &Env,
+    a: &TestDriverProcess,
+    a_csi: &CsiClient,
+) -> String {
     // Preferred B, B or A required: created on A, accessible from A only.
     let vol = a_csi
         .controller()
@@ -985,8 +1058,12 @@ async fn node_local_volumes_live_on_the_node_that_created_them() {
     let state = a.state().unwrap();
     assert_eq!(state.volumes[&id].node_id, "node-a");
     assert_eq!(state.node_local_owner.as_deref(), Some("node-a"));
-    assert!(NodeDirs::new(&env, "node-a").data().join(&id).is_dir());
+    assert!(NodeDirs::new(env, "node-a").data().join(&id).is_dir());
+    id
+}
 
+/// Only B allowed: refused, nothing created.
+async fn a_requirement_without_a_is_refused(a: &TestDriverProcess, a_csi: &CsiClient) {
     // Only B allowed: refused, nothing created.
     let err = a_csi
         .controller()
@@ -999,61 +1076,65 @@ async fn node_local_volumes_live_on_the_node_that_created_them() {
         "{err:?}"
     );
     assert_eq!(a.state().unwrap().volumes.len(), 1);
+}
 
+/// B's node and controller services answer NOT_FOUND for A's volume, touch
+/// nothing, list nothing, and its DeleteVolume leaves the volume on A.
+async fn b_has_never_heard_of_it(env: &Env, a: &TestDriverProcess, b_csi: &CsiClient, id: &str) {
     // B has never heard of it.
     let elsewhere = env.dir.path().join("node-b/kubelet");
     let staging = elsewhere.join("staging");
     let target = elsewhere.join("pods/p1/vol");
     let err = b_csi
         .node()
-        .node_stage_volume(stage_req(&id, &staging, mount_cap()))
+        .node_stage_volume(stage_req(id, &staging, mount_cap()))
         .await
         .unwrap_err();
-    not_found_here(&err, &id);
+    not_found_here(&err, id);
     let err = b_csi
         .node()
-        .node_publish_volume(publish_req(&id, &staging, &target, mount_cap()))
+        .node_publish_volume(publish_req(id, &staging, &target, mount_cap()))
         .await
         .unwrap_err();
-    not_found_here(&err, &id);
+    not_found_here(&err, id);
     let err = b_csi
         .node()
         .node_get_volume_stats(NodeGetVolumeStatsRequest {
-            volume_id: id.clone(),
+            volume_id: id.to_string(),
             volume_path: target.to_str().unwrap().into(),
             staging_target_path: String::new(),
         })
         .await
         .unwrap_err();
-    not_found_here(&err, &id);
+    not_found_here(&err, id);
     let err = b_csi
         .node()
         .node_unpublish_volume(NodeUnpublishVolumeRequest {
-            volume_id: id.clone(),
+            volume_id: id.to_string(),
             target_path: target.to_str().unwrap().into(),
         })
         .await
         .unwrap_err();
-    not_found_here(&err, &id);
+    not_found_here(&err, id);
     let err = b_csi
         .node()
         .node_unstage_volume(NodeUnstageVolumeRequest {
-            volume_id: id.clone(),
+            volume_id: id.to_string(),
             staging_target_path: staging.to_str().unwrap().into(),
         })
         .await
         .unwrap_err();
-    not_found_here(&err, &id);
+    not_found_here(&err, id);
     let err = b_csi
         .controller()
         .validate_volume_capabilities(ValidateVolumeCapabilitiesRequest {
-            volume_id: id.clone(),
+            volume_id: id.to_string(),
             volume_capabilities: vec![mount_cap()],
             ..Default::default()
         })
         .await
         .unwrap_err();
-    not_found_here(&err, &id);
+    not_found_here(&err, id);
     assert!(!staging.exists() && !target.exists(), "B touched nothing");
     let listed = b_csi
         .controller()
@@ -1068,16 +1149,20 @@ async fn node_local_volumes_live_on_the_node_that_created_them() {
     b_csi
         .controller()
         .delete_volume(DeleteVolumeRequest {
-            volume_id: id.clone(),
+            volume_id: id.to_string(),
             secrets: HashMap::new(),
         })
         .await
         .unwrap();
-    assert!(a.state().unwrap().volumes.contains_key(&id));
+    assert!(a.state().unwrap().volumes.contains_key(id));
+}
 
+/// Attach to and detach from another node: NOT_FOUND before the volume is
+/// looked at; to and from A: OK.
+async fn attach_to_another_node_is_not_found(a_csi: &CsiClient, id: &str) {
     // Attach to another node: NOT_FOUND before the volume is looked at.
     let publish = |node: &str| ControllerPublishVolumeRequest {
-        volume_id: id.clone(),
+        volume_id: id.to_string(),
         node_id: node.into(),
         volume_capability: Some(mount_cap()),
         ..Default::default()
@@ -1095,7 +1180,7 @@ async fn node_local_volumes_live_on_the_node_that_created_them() {
         .await
         .unwrap();
     let unpublish = |node: &str| ControllerUnpublishVolumeRequest {
-        volume_id: id.clone(),
+        volume_id: id.to_string(),
         node_id: node.into(),
         secrets: HashMap::new(),
     };
@@ -1110,27 +1195,40 @@ async fn node_local_volumes_live_on_the_node_that_created_them() {
         .controller_unpublish_volume(unpublish("node-a"))
         .await
         .unwrap();
+}
 
+/// Capacity is per node (1 GiB used on A, none on B), and deleting the
+/// volume on A removes its data.
+async fn capacity_is_per_node_and_delete_removes_the_data(
+    env: &Env,
+    a: &TestDriverProcess,
+    a_csi: &CsiClient,
+    b_csi: &CsiClient,
+    id: &str,
+) {
     // Capacity per node: 1 GiB used on A, none on B.
-    assert_eq!(available(&a_csi, None).await, 9 << 30);
-    assert_eq!(available(&a_csi, Some("node-a")).await, 9 << 30);
-    assert_eq!(available(&a_csi, Some("node-b")).await, 0);
-    assert_eq!(available(&b_csi, Some("node-b")).await, 10 << 30);
-    assert_eq!(available(&b_csi, Some("node-a")).await, 0);
+    assert_eq!(available(a_csi, None).await, 9 << 30);
+    assert_eq!(available(a_csi, Some("node-a")).await, 9 << 30);
+    assert_eq!(available(a_csi, Some("node-b")).await, 0);
+    assert_eq!(available(b_csi, Some("node-b")).await, 10 << 30);
+    assert_eq!(available(b_csi, Some("node-a")).await, 0);
 
     a_csi
         .controller()
         .delete_volume(DeleteVolumeRequest {
-            volume_id: id.clone(),
+            volume_id: id.to_string(),
             secrets: HashMap::new(),
         })
         .await
         .unwrap();
     assert!(a.state().unwrap().volumes.is_empty());
-    assert!(!NodeDirs::new(&env, "node-a").data().join(&id).exists());
+    assert!(!NodeDirs::new(env, "node-a").data().join(id).exists());
+}
 
+/// hostpathplugin's own behaviour: requirements are not read at all.
+async fn requirements_are_ignored_as_by_hostpathplugin(env: &Env) {
     // hostpathplugin's own behaviour: requirements are not read at all.
-    let c = start_node_local(&env, "node-c", &["--ignore-accessibility-requirements"]).await;
+    let c = start_node_local(env, "node-c", &["--ignore-accessibility-requirements"]).await;
     let vol = c
         .client()
         .await
