@@ -269,13 +269,28 @@ async fn mutable_parameters_reach_the_driver_and_a_missing_class_is_waited_for()
         .await
         .expect("VolumeAttributesClass gold");
 
+    let pv = a_class_gives_create_volume_its_mutable_parameters(&bed, &a).await;
+    moving_to_platinum_modifies_the_volume(&cluster, &bed, &a, &pv).await;
+    a_claim_of_a_missing_class_waits_for_it(&cluster, &bed, &a).await;
+    a_class_of_another_driver_is_refused(&cluster, &a).await;
+    bed.check_sidecar().expect("the provisioner still runs");
+    let log = bed.sidecar_log();
+    assert!(!log.contains("never-logged"), "a Secret value was logged");
+}
+
+/// A claim of an existing class: its parameters are CreateVolume's mutable
+/// parameters and the PV names the class and the modify secret; returns the PV.
+async fn a_class_gives_create_volume_its_mutable_parameters(
+    bed: &ProvisionerBed,
+    a: &Apis,
+) -> PersistentVolume {
     // A claim of an existing class: its parameters are CreateVolume's
     // mutable parameters, the PV names the class and the modify secret.
     a.claims
         .create(&PostParams::default(), &claim("data", "fast", "gold"))
         .await
         .expect("claim data");
-    let (c, pv) = bound(&a, "data").await;
+    let (c, pv) = bound(a, "data").await;
     let state = bed.driver.state().expect("driver state");
     let volume = state
         .volume_by_name(&pv.name_any())
@@ -317,7 +332,17 @@ async fn mutable_parameters_reach_the_driver_and_a_missing_class_is_waited_for()
     .await
     .ok();
     assert_eq!(current.as_deref(), Some("gold"), "claim {:?}", c.status);
+    pv
+}
 
+/// The claim moves to class `platinum`: the driver's volume gets its
+/// parameters (merged) and the modify secret.
+async fn moving_to_platinum_modifies_the_volume(
+    cluster: &Cluster,
+    bed: &ProvisionerBed,
+    a: &Apis,
+    pv: &PersistentVolume,
+) {
     // The claim moves to class `platinum`: the driver's volume gets its
     // parameters (merged, as the driver keeps them) and the modify secret.
     a.attributes
@@ -328,8 +353,8 @@ async fn mutable_parameters_reach_the_driver_and_a_missing_class_is_waited_for()
         .await
         .expect("VolumeAttributesClass platinum");
     match std::env::var_os(UPSTREAM_RESIZER) {
-        Some(resizer) => modify_through_resizer(&cluster, &bed, &a, resizer.as_ref()).await,
-        None => modify_as_the_resizer_would(&cluster, &bed, &pv).await,
+        Some(resizer) => modify_through_resizer(cluster, bed, a, resizer.as_ref()).await,
+        None => modify_as_the_resizer_would(cluster, bed, pv).await,
     }
     let modified = bed.driver.state().expect("driver state");
     let modified = modified.volume_by_name(&pv.name_any()).expect("volume");
@@ -338,7 +363,16 @@ async fn mutable_parameters_reach_the_driver_and_a_missing_class_is_waited_for()
         map(&[("iops", "9000"), ("tier", "gold")])
     );
     assert_eq!(modified.modify_secret_keys, ["modify-token"]);
+}
 
+/// A claim naming a class that does not exist yet waits, saying for what,
+/// with no volume; once the class appears it is provisioned with its
+/// parameters.
+async fn a_claim_of_a_missing_class_waits_for_it(
+    cluster: &Cluster,
+    bed: &ProvisionerBed,
+    a: &Apis,
+) {
     // A claim naming a class that does not exist yet waits, saying for
     // what; no volume is made meanwhile.
     a.claims
@@ -346,7 +380,7 @@ async fn mutable_parameters_reach_the_driver_and_a_missing_class_is_waited_for()
         .await
         .expect("claim later");
     let lines = event_with(
-        &cluster,
+        cluster,
         "later",
         &["ProvisioningFailed", "\"silver\"", "not found"],
     )
@@ -379,7 +413,7 @@ async fn mutable_parameters_reach_the_driver_and_a_missing_class_is_waited_for()
         )
         .await
         .expect("VolumeAttributesClass silver");
-    let (_, pv) = bound(&a, "later").await;
+    let (_, pv) = bound(a, "later").await;
     let state = bed.driver.state().expect("driver state");
     let volume = state.volume_by_name(&pv.name_any()).expect("volume");
     assert_eq!(volume.mutable_parameters, map(&[("iops", "1000")]));
@@ -389,7 +423,10 @@ async fn mutable_parameters_reach_the_driver_and_a_missing_class_is_waited_for()
             .and_then(|s| s.volume_attributes_class_name.as_deref()),
         Some("silver")
     );
+}
 
+/// A class of another driver is refused, with upstream's reason.
+async fn a_class_of_another_driver_is_refused(cluster: &Cluster, a: &Apis) {
     // A class of another driver is refused, with upstream's reason.
     a.attributes
         .create(
@@ -403,14 +440,11 @@ async fn mutable_parameters_reach_the_driver_and_a_missing_class_is_waited_for()
         .await
         .expect("claim wrong");
     event_with(
-        &cluster,
+        cluster,
         "wrong",
         &["ProvisioningFailed", "\"theirs\"", "other.csi.example.com"],
     )
     .await;
-    bed.check_sidecar().expect("the provisioner still runs");
-    let log = bed.sidecar_log();
-    assert!(!log.contains("never-logged"), "a Secret value was logged");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
