@@ -73,6 +73,41 @@ fn simulated_csinode(node: &str) -> CSINode {
     .expect("a CSINode")
 }
 
+/// What the phases work on: the cluster, an admin client, the driver's
+/// image and host directories on the real node, and the node DaemonSets.
+struct Bed {
+    cluster: Cluster,
+    client: kube::Client,
+    image: String,
+    kubelet_dir: std::path::PathBuf,
+    data_dir: std::path::PathBuf,
+    node_fields: [(&'static str, Value); 1],
+    ds_api: Api<DaemonSet>,
+}
+
+impl Bed {
+    /// The driver object at `version`.
+    fn driver(&self, version: &'static str) -> VolumeDriver<'_> {
+        VolumeDriver {
+            image: &self.image,
+            version,
+            kubelet_dir: &self.kubelet_dir,
+            data_dir: &self.data_dir,
+            on_simulated_nodes: true,
+            controller_args: &[],
+            node_args: &[],
+            node_fields: &self.node_fields,
+        }
+    }
+}
+
+/// What the sampler saw, the flag that stops it, and the sampler.
+type Sampler = (
+    Arc<Mutex<Samples>>,
+    Arc<AtomicBool>,
+    tokio::task::JoinHandle<()>,
+);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upgrade_losing_a_tenth_of_its_nodes_completes_and_storage_keeps_serving() {
     let cluster = Cluster::start(ClusterOptions {
@@ -95,7 +130,38 @@ async fn an_upgrade_losing_a_tenth_of_its_nodes_completes_and_storage_keeps_serv
     walkthrough::install_operator(&cluster)
         .await
         .expect("operator installs");
+    let bed = Bed {
+        ds_api: Api::namespaced(client.clone(), NS),
+        cluster,
+        client,
+        image,
+        kubelet_dir,
+        data_dir,
+        // One node pod at a time: the roll of 201 nodes lasts minutes, long
+        // enough to lose nodes in the middle of it.
+        node_fields: [("maxUnavailable", json!(1))],
+    };
 
+    the_simulated_kubelets_csinodes_exist(&bed).await;
+    v1_runs_on_every_node_with_a_short_step_deadline(&bed).await;
+    let sampler = the_controller_is_sampled_once_a_second(&bed.client);
+    let (edited, lost) = nodes_are_lost_during_the_node_roll(&bed).await;
+    a_claim_made_during_the_node_roll_is_bound(&bed).await;
+    let upgrade_took = the_upgrade_completes_with_the_lost_nodes_lost(&bed, edited).await;
+    the_lost_nodes_are_named_and_degrade_the_object(&bed, &lost).await;
+    the_controller_always_had_a_ready_replica(sampler, upgrade_took).await;
+    the_returned_nodes_get_the_new_node_pod(&bed, &lost).await;
+    the_app_and_the_driver_are_deleted(&bed).await;
+    let Bed { cluster, .. } = bed;
+    let left = cluster.stop_and_report().await.expect("cluster stops");
+    assert!(left.is_empty(), "left behind: {left:#?}");
+}
+
+/// The simulated kubelets' CSINodes exist.
+async fn the_simulated_kubelets_csinodes_exist(bed: &Bed) {
+    let Bed {
+        cluster, client, ..
+    } = bed;
     // The simulated kubelets' CSINodes.
     let csinodes: Api<CSINode> = Api::all(client.clone());
     for name in cluster.node_names() {
@@ -104,29 +170,23 @@ async fn an_upgrade_losing_a_tenth_of_its_nodes_completes_and_storage_keeps_serv
             .await
             .unwrap_or_else(|e| panic!("CSINode {name}: {e}"));
     }
+}
 
+/// v1 runs and registers on all 201 nodes; then a short step deadline is
+/// set.
+async fn v1_runs_on_every_node_with_a_short_step_deadline(bed: &Bed) {
+    let Bed {
+        cluster, client, ..
+    } = bed;
     // --- v1 on 201 nodes -----------------------------------------------------
-    // One node pod at a time: the roll of 201 nodes lasts minutes, long
-    // enough to lose nodes in the middle of it.
-    let node_fields = [("maxUnavailable", json!(1))];
-    let driver = |version: &'static str| VolumeDriver {
-        image: &image,
-        version,
-        kubelet_dir: &kubelet_dir,
-        data_dir: &data_dir,
-        on_simulated_nodes: true,
-        controller_args: &[],
-        node_args: &[],
-        node_fields: &node_fields,
-    };
-    testkit::apply_ok(&cluster, "fleet-v1", &driver("v1").yaml()).await;
+    testkit::apply_ok(cluster, "fleet-v1", &bed.driver("v1").yaml()).await;
     let all = SIMULATED + 1;
-    let row = testkit::wait_running(&cluster, NS, NAME, "v1", all, DEADLINE)
+    let row = testkit::wait_running(cluster, NS, NAME, "v1", all, DEADLINE)
         .await
         .unwrap_or_else(|e| {
             panic!(
                 "v1 Running on {all} nodes: {e}\n{}",
-                testkit::operator_log(&cluster)
+                testkit::operator_log(cluster)
             )
         });
     assert_eq!(row["NODES"], format!("{all}/{all}"));
@@ -142,7 +202,11 @@ async fn an_upgrade_losing_a_tenth_of_its_nodes_completes_and_storage_keeps_serv
         )
         .await
         .expect("step deadline set");
+}
 
+/// The controller StatefulSet's Ready replicas, sampled once a second until
+/// stopped.
+fn the_controller_is_sampled_once_a_second(client: &kube::Client) -> Sampler {
     // --- the controller sampled once a second --------------------------------
     let samples = Arc::new(Mutex::new(Samples::default()));
     let stop = Arc::new(AtomicBool::new(false));
@@ -162,16 +226,27 @@ async fn an_upgrade_losing_a_tenth_of_its_nodes_completes_and_storage_keeps_serv
             }
         })
     };
+    (samples, stop, sampler)
+}
 
+/// The upgrade to v2 starts, and once the node roll is under way a tenth
+/// of the simulated nodes are lost; returns when the edit was made and the
+/// lost nodes.
+async fn nodes_are_lost_during_the_node_roll(bed: &Bed) -> (Instant, BTreeSet<String>) {
+    let Bed {
+        cluster,
+        client,
+        ds_api,
+        ..
+    } = bed;
     // --- the upgrade, and nodes lost during its node roll -----------------------
     let edited = Instant::now();
-    testkit::apply_ok(&cluster, "fleet-v2", &driver("v2").yaml()).await;
-    let ds_api: Api<DaemonSet> = Api::namespaced(client.clone(), NS);
+    testkit::apply_ok(cluster, "fleet-v2", &bed.driver("v2").yaml()).await;
     wait_for(
         Duration::from_secs(120),
         Duration::from_millis(500),
         || async {
-            let obj = csidd(&cluster).await;
+            let obj = csidd(cluster).await;
             let rolling = status_str(&obj, &["rollout", "step"]) == Some("NodeRoll");
             let ds = ds_api.get(&format!("{NAME}-node")).await.ok()?;
             let updated = ds
@@ -185,11 +260,21 @@ async fn an_upgrade_losing_a_tenth_of_its_nodes_completes_and_storage_keeps_serv
     .expect("the node roll is under way");
     let lost: BTreeSet<String> = (SIMULATED - LOST..SIMULATED).map(kwok::node_name).collect();
     for name in &lost {
-        kwok::lose_node(&client, name).await.expect("node lost");
+        kwok::lose_node(client, name).await.expect("node lost");
     }
+    (edited, lost)
+}
 
+/// A claim made while the nodes roll, used on the real node, is Bound.
+async fn a_claim_made_during_the_node_roll_is_bound(bed: &Bed) {
+    let Bed {
+        cluster,
+        client,
+        image,
+        ..
+    } = bed;
     // A claim made while the nodes roll, used on the real node.
-    let obj = csidd(&cluster).await;
+    let obj = csidd(cluster).await;
     assert_eq!(
         status_str(&obj, &["rollout", "step"]),
         Some("NodeRoll"),
@@ -197,13 +282,13 @@ async fn an_upgrade_losing_a_tenth_of_its_nodes_completes_and_storage_keeps_serv
     );
     let app = App {
         name: "during-roll",
-        image: &image,
+        image,
         text: "written during the node roll",
         access_mode: "ReadWriteOnce",
         usage: Use::Filesystem,
         fs_group: None,
     };
-    testkit::apply_ok(&cluster, "during-roll", &app.yaml()).await;
+    testkit::apply_ok(cluster, "during-roll", &app.yaml()).await;
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), NS);
     wait_for(
         Duration::from_secs(180),
@@ -217,13 +302,18 @@ async fn an_upgrade_losing_a_tenth_of_its_nodes_completes_and_storage_keeps_serv
     .unwrap_or_else(|_| {
         panic!(
             "the claim made during the node roll is never Bound\n{}",
-            testkit::operator_log(&cluster)
+            testkit::operator_log(cluster)
         )
     });
+}
 
+/// The upgrade completes with the lost nodes still lost; returns how long
+/// it took from the edit.
+async fn the_upgrade_completes_with_the_lost_nodes_lost(bed: &Bed, edited: Instant) -> Duration {
+    let Bed { cluster, .. } = bed;
     // The upgrade completes with the lost nodes still lost.
     wait_for(DEADLINE, Duration::from_secs(1), || async {
-        let obj = csidd(&cluster).await;
+        let obj = csidd(cluster).await;
         let done = status_str(&obj, &["currentVersion"]) == Some("v2")
             && obj["status"]["rollout"].is_null();
         done.then_some(())
@@ -232,12 +322,19 @@ async fn an_upgrade_losing_a_tenth_of_its_nodes_completes_and_storage_keeps_serv
     .unwrap_or_else(|_| {
         panic!(
             "the upgrade never completed: {}\n{}",
-            csidd_brief(&cluster),
-            testkit::operator_log(&cluster)
+            csidd_brief(cluster),
+            testkit::operator_log(cluster)
         )
     });
-    let upgrade_took = edited.elapsed();
 
+    edited.elapsed()
+}
+
+/// The lost nodes are named, counted once, and make the object Degraded;
+/// no count exceeds what it counts, and the driver stays Available.
+async fn the_lost_nodes_are_named_and_degrade_the_object(bed: &Bed, lost: &BTreeSet<String>) {
+    let Bed { cluster, .. } = bed;
+    let all = SIMULATED + 1;
     // The lost nodes are named, counted once, and make the object Degraded
     // once lost for longer than the step deadline. The node lifecycle
     // controller notices each lost node on its own pass, seconds apart, so
@@ -245,7 +342,7 @@ async fn an_upgrade_losing_a_tenth_of_its_nodes_completes_and_storage_keeps_serv
     // deadline too: wait for that, not just for the first.
     let all_past_deadline = format!("{LOST} node(s) lost for more than {STEP_TIMEOUT}s");
     let obj = wait_for(Duration::from_secs(240), Duration::from_secs(1), || async {
-        let obj = csidd(&cluster).await;
+        let obj = csidd(cluster).await;
         let lost_count = obj["status"]["node"]["lost"].as_i64().unwrap_or(0);
         let degraded = status_str(&obj, &["phase"]) == Some("Degraded");
         let all_named = obj["status"]["conditions"]
@@ -256,14 +353,14 @@ async fn an_upgrade_losing_a_tenth_of_its_nodes_completes_and_storage_keeps_serv
         (lost_count == LOST as i64 && degraded && all_named).then_some(obj)
     })
     .await
-    .unwrap_or_else(|_| panic!("lost nodes never reported: {}", csidd_brief(&cluster)));
+    .unwrap_or_else(|_| panic!("lost nodes never reported: {}", csidd_brief(cluster)));
     let named: BTreeSet<String> = obj["status"]["lostNodes"]
         .as_array()
         .expect("lostNodes")
         .iter()
         .filter_map(|n| n["name"].as_str().map(str::to_string))
         .collect();
-    assert_eq!(named, lost, "status names exactly the lost nodes");
+    assert_eq!(&named, lost, "status names exactly the lost nodes");
     let degraded = obj["status"]["conditions"]
         .as_array()
         .and_then(|cs| cs.iter().find(|c| c["type"] == "Degraded"))
@@ -300,7 +397,13 @@ async fn an_upgrade_losing_a_tenth_of_its_nodes_completes_and_storage_keeps_serv
         .await
         .expect("kubectl get -o wide");
     assert!(wide.contains(&format!("{LOST} node(s) lost")), "{wide}");
+}
 
+/// The sampler ran through the upgrade and the controller never had 0 Ready
+/// replicas.
+async fn the_controller_always_had_a_ready_replica(sampler: Sampler, upgrade_took: Duration) {
+    let all = SIMULATED + 1;
+    let (samples, stop, sampler) = sampler;
     stop.store(true, Ordering::SeqCst);
     sampler.await.expect("sampler");
     let samples = std::mem::take(&mut *samples.lock().expect("samples"));
@@ -325,16 +428,26 @@ async fn an_upgrade_losing_a_tenth_of_its_nodes_completes_and_storage_keeps_serv
             .map(|(t, _)| t)
             .collect::<Vec<_>>()
     );
+}
 
+/// The lost nodes come back, get the new node pod, and the object is
+/// Running again.
+async fn the_returned_nodes_get_the_new_node_pod(bed: &Bed, lost: &BTreeSet<String>) {
+    let Bed {
+        cluster,
+        client,
+        ds_api,
+        ..
+    } = bed;
     // --- the nodes come back and get the new node pod -------------------------
-    for name in &lost {
-        kwok::return_node(&client, name).await.expect("node back");
+    for name in lost {
+        kwok::return_node(client, name).await.expect("node back");
     }
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     // Twenty nodes' heartbeats, their new pods and kwok's pod stages: minutes
     // on a loaded two-core machine (240 s once ran out with 3 pods left).
     wait_for(Duration::from_secs(480), Duration::from_secs(1), || async {
-        let obj = csidd(&cluster).await;
+        let obj = csidd(cluster).await;
         let running = status_str(&obj, &["phase"]) == Some("Running")
             && obj["status"]["node"]["lost"].as_i64().unwrap_or(0) == 0;
         if !running {
@@ -367,10 +480,14 @@ async fn an_upgrade_losing_a_tenth_of_its_nodes_completes_and_storage_keeps_serv
     .unwrap_or_else(|_| {
         panic!(
             "returned nodes never got the new pod: {}",
-            csidd_brief(&cluster)
+            csidd_brief(cluster)
         )
     });
+}
 
+/// The app, its claim and the driver are deleted.
+async fn the_app_and_the_driver_are_deleted(bed: &Bed) {
+    let Bed { cluster, .. } = bed;
     // --- clean up --------------------------------------------------------------
     cluster
         .kubectl_ok(["-n", NS, "delete", "pod", "during-roll", "--wait=true"])
@@ -392,8 +509,6 @@ async fn an_upgrade_losing_a_tenth_of_its_nodes_completes_and_storage_keeps_serv
         ])
         .await
         .expect("driver torn down");
-    let left = cluster.stop_and_report().await.expect("cluster stops");
-    assert!(left.is_empty(), "left behind: {left:#?}");
 }
 
 /// Phase, message and counts, for failure messages.
