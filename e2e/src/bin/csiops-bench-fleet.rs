@@ -356,42 +356,9 @@ async fn main() -> BenchResult<()> {
         .chain(cluster.pids())
         .collect();
 
-    // --- deploy v1 and settle ---------------------------------------------------
-    let manifests: String = drivers
-        .iter()
-        .map(|d| d.yaml("v1", &args.max_unavailable))
-        .collect::<Vec<_>>()
-        .join("---\n");
-    let out = testkit::apply_yaml(&cluster, "fleet-v1", &manifests).await?;
-    if !out.status.success() {
-        return Err(format!("apply: {}", String::from_utf8_lossy(&out.stderr)).into());
-    }
-    let deployed = Instant::now();
-    eprintln!("{} drivers applied; waiting for them to run", drivers.len());
-    fleet::wait_settled(&client, &drivers, "v1", args.nodes, limit).await?;
-    eprintln!("  all Running in {:.0?}", deployed.elapsed());
-    operator.wait_quiet(Duration::from_secs(60), limit).await?;
-
-    // --- 1. steady state ------------------------------------------------------------
-    eprintln!("steady state: {} s", args.idle_seconds);
-    let before = operator.api_requests().await?;
-    tokio::time::sleep(Duration::from_secs(args.idle_seconds)).await;
-    let after = operator.api_requests().await?;
-    let (rss_idle, _) = memory_kib(pid).ok_or("operator gone")?;
-    let (idle_all, idle_writes) = (after.all - before.all, after.writes - before.writes);
-    let minutes = args.idle_seconds as f64 / 60.0;
-    let per_driver = idle_all / args.drivers as f64 / minutes;
-
-    // --- 2. edit → first write ----------------------------------------------------
-    let mut edits = Vec::new();
-    for (k, d) in drivers.iter().skip(1).take(args.edits).enumerate() {
-        let writes = operator.api_requests().await?.writes;
-        let t0 = Instant::now();
-        d.patch_spec(&client, json!({"rollout": {"stepTimeoutSeconds": 601 + k}}))
-            .await?;
-        edits.push(operator.next_write(writes, t0).await?);
-        operator.wait_quiet(Duration::from_secs(3), limit).await?;
-    }
+    deploy_v1_and_settle(&args, &cluster, &client, &operator, &drivers, limit).await?;
+    let rest = steady_state(&args, &operator, pid).await?;
+    let edits = edits_to_first_write(&args, &client, &operator, &drivers, limit).await?;
 
     // --- 3. the bare DaemonSet at v1 ------------------------------------------------
     let d0 = &drivers[0];
@@ -439,6 +406,105 @@ async fn main() -> BenchResult<()> {
     operator.stop().await;
     cluster.stop().await?;
 
+    print_table(&args, &rest, edits, &rounds, rss_end, hwm_end);
+    Ok(())
+}
+
+/// What the steady state measured: its length in minutes, the operator's
+/// API requests (all, writes, per driver and minute) and its VmRSS.
+struct AtRest {
+    minutes: f64,
+    per_driver: f64,
+    idle_all: f64,
+    idle_writes: f64,
+    rss_idle: u64,
+}
+
+/// Every driver applied at v1, Running on every node, and the operator quiet.
+async fn deploy_v1_and_settle(
+    args: &Args,
+    cluster: &Cluster,
+    client: &kube::Client,
+    operator: &OperatorProcess,
+    drivers: &[FleetDriver],
+    limit: Duration,
+) -> BenchResult<()> {
+    // --- deploy v1 and settle ---------------------------------------------------
+    let manifests: String = drivers
+        .iter()
+        .map(|d| d.yaml("v1", &args.max_unavailable))
+        .collect::<Vec<_>>()
+        .join("---\n");
+    let out = testkit::apply_yaml(cluster, "fleet-v1", &manifests).await?;
+    if !out.status.success() {
+        return Err(format!("apply: {}", String::from_utf8_lossy(&out.stderr)).into());
+    }
+    let deployed = Instant::now();
+    eprintln!("{} drivers applied; waiting for them to run", drivers.len());
+    fleet::wait_settled(client, drivers, "v1", args.nodes, limit).await?;
+    eprintln!("  all Running in {:.0?}", deployed.elapsed());
+    operator.wait_quiet(Duration::from_secs(60), limit).await?;
+    Ok(())
+}
+
+/// 1. The operator's own API requests over `--idle-seconds` at rest.
+async fn steady_state(args: &Args, operator: &OperatorProcess, pid: u32) -> BenchResult<AtRest> {
+    // --- 1. steady state ------------------------------------------------------------
+    eprintln!("steady state: {} s", args.idle_seconds);
+    let before = operator.api_requests().await?;
+    tokio::time::sleep(Duration::from_secs(args.idle_seconds)).await;
+    let after = operator.api_requests().await?;
+    let (rss_idle, _) = memory_kib(pid).ok_or("operator gone")?;
+    let (idle_all, idle_writes) = (after.all - before.all, after.writes - before.writes);
+    let minutes = args.idle_seconds as f64 / 60.0;
+    let per_driver = idle_all / args.drivers as f64 / minutes;
+    Ok(AtRest {
+        minutes,
+        per_driver,
+        idle_all,
+        idle_writes,
+        rss_idle,
+    })
+}
+
+/// 2. `--edits` CR edits, each timed to the operator's next write.
+async fn edits_to_first_write(
+    args: &Args,
+    client: &kube::Client,
+    operator: &OperatorProcess,
+    drivers: &[FleetDriver],
+    limit: Duration,
+) -> BenchResult<Vec<Duration>> {
+    // --- 2. edit → first write ----------------------------------------------------
+    let mut edits = Vec::new();
+    for (k, d) in drivers.iter().skip(1).take(args.edits).enumerate() {
+        let writes = operator.api_requests().await?.writes;
+        let t0 = Instant::now();
+        d.patch_spec(client, json!({"rollout": {"stepTimeoutSeconds": 601 + k}}))
+            .await?;
+        edits.push(operator.next_write(writes, t0).await?);
+        operator.wait_quiet(Duration::from_secs(3), limit).await?;
+    }
+    Ok(edits)
+}
+
+/// The table of results on stdout (the edits' times joined by the rounds'
+/// first writes).
+fn print_table(
+    args: &Args,
+    rest: &AtRest,
+    mut edits: Vec<Duration>,
+    rounds: &[Round],
+    rss_end: u64,
+    hwm_end: u64,
+) {
+    let AtRest {
+        minutes,
+        per_driver,
+        idle_all,
+        idle_writes,
+        rss_idle,
+    } = *rest;
     // --- the table -------------------------------------------------------------------
     edits.extend(rounds.iter().map(|r| r.first_write));
     edits.sort();
@@ -527,5 +593,4 @@ async fn main() -> BenchResult<()> {
         upgrade_writes,
         upgrade_requests / operator_total
     );
-    Ok(())
 }
