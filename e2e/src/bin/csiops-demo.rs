@@ -84,17 +84,30 @@ async fn demo() -> Result<(), Box<dyn std::error::Error>> {
         return Err(String::from_utf8_lossy(&out.stderr).into_owned().into());
     }
 
+    the_driver_runs_on_every_node(&cluster).await?;
+    the_app_reads_its_file_from_a_csiops_volume(&cluster, image, &cr).await?;
+    eprintln!("\n(done in {:.1}s)", started.elapsed().as_secs_f64());
+
+    stay_up_until_ctrl_c_in_a_terminal(&cluster).await?;
+    // Give the volume back through the driver (unpublish, unstage, detach,
+    // DeleteVolume) while it still runs, rather than leave it to teardown.
+    eprintln!("==> kubectl -n {NS} delete pod,pvc app");
+    cluster
+        .kubectl_ok(["-n", NS, "delete", "pod,pvc", "app", "--timeout=120s"])
+        .await?;
+    cluster.stop().await?;
+    Ok(())
+}
+
+/// Waits until the driver is Running and registered on every node (the
+/// operator's log if not), then shows the object and its pods.
+async fn the_driver_runs_on_every_node(
+    cluster: &Cluster,
+) -> Result<(), Box<dyn std::error::Error>> {
     eprintln!("==> waiting until the driver is Running and registered on every node");
     let nodes = KWOK_NODES + 1;
-    if let Err(e) = testkit::wait_running(
-        &cluster,
-        NS,
-        NAME,
-        "v0.1.0",
-        nodes,
-        Duration::from_secs(180),
-    )
-    .await
+    if let Err(e) =
+        testkit::wait_running(cluster, NS, NAME, "v0.1.0", nodes, Duration::from_secs(180)).await
     {
         let logs = cluster
             .kubectl([
@@ -130,7 +143,17 @@ async fn demo() -> Result<(), Box<dyn std::error::Error>> {
             ])
             .await?
     );
+    Ok(())
+}
 
+/// A claim and a pod on the real node: the pod reads the file it wrote to
+/// the volume csiops provisioned, attached and mounted; then the claim, PV
+/// and VolumeAttachment.
+async fn the_app_reads_its_file_from_a_csiops_volume(
+    cluster: &Cluster,
+    image: &str,
+    cr: &VolumeDriver<'_>,
+) -> Result<(), Box<dyn std::error::Error>> {
     let app = App {
         name: "app",
         image,
@@ -144,12 +167,12 @@ async fn demo() -> Result<(), Box<dyn std::error::Error>> {
         walkthrough::STORAGE_CLASS,
         app.yaml()
     );
-    let out = testkit::apply_yaml(&cluster, "demo-app", &app.yaml()).await?;
+    let out = testkit::apply_yaml(cluster, "demo-app", &app.yaml()).await?;
     print!("{}", String::from_utf8_lossy(&out.stdout));
     if !out.status.success() {
         return Err(String::from_utf8_lossy(&out.stderr).into_owned().into());
     }
-    walkthrough::wait_pod_running(&cluster, app.name, Duration::from_secs(180)).await?;
+    walkthrough::wait_pod_running(cluster, app.name, Duration::from_secs(180)).await?;
     let file = format!("/data/{APP_FILE}");
     eprintln!("==> kubectl -n {NS} exec app -- /csi-test-driver cat {file}");
     println!(
@@ -178,8 +201,13 @@ async fn demo() -> Result<(), Box<dyn std::error::Error>> {
         "(on the host, the file is in the driver's data dir: {})",
         cr.volumes_dir().display()
     );
-    eprintln!("\n(done in {:.1}s)", started.elapsed().as_secs_f64());
+    Ok(())
+}
 
+/// In a terminal (and not in CI), the cluster stays up until Ctrl-C.
+async fn stay_up_until_ctrl_c_in_a_terminal(
+    cluster: &Cluster,
+) -> Result<(), Box<dyn std::error::Error>> {
     if std::io::stdin().is_terminal() && std::env::var_os("CI").is_none() {
         eprintln!("\nThe cluster stays up until Ctrl-C. Try:");
         eprintln!(
@@ -192,12 +220,5 @@ async fn demo() -> Result<(), Box<dyn std::error::Error>> {
         tokio::signal::ctrl_c().await?;
         eprintln!("\n==> stopping");
     }
-    // Give the volume back through the driver (unpublish, unstage, detach,
-    // DeleteVolume) while it still runs, rather than leave it to teardown.
-    eprintln!("==> kubectl -n {NS} delete pod,pvc app");
-    cluster
-        .kubectl_ok(["-n", NS, "delete", "pod,pvc", "app", "--timeout=120s"])
-        .await?;
-    cluster.stop().await?;
     Ok(())
 }
