@@ -230,32 +230,7 @@ async fn run_one(
     let socket = dir.join("csi.sock");
     let driver = Driver::start(args, &driver_name, &dir, &socket).await?;
 
-    // The nodes as the registrar leaves them, for this driver.
-    let nodes: Api<Node> = Api::all(client.clone());
-    for node in cluster.node_names() {
-        let labels =
-            serde_json::json!({"metadata": {"labels": {args.topology_key.as_str(): node}}});
-        nodes
-            .patch(node, &PatchParams::default(), &Patch::Merge(&labels))
-            .await?;
-        attach::register_driver(&client, node, &driver_name, node, &[&args.topology_key]).await?;
-    }
-    let classes: Api<StorageClass> = Api::all(client.clone());
-    classes
-        .create(
-            &PostParams::default(),
-            &StorageClass {
-                metadata: ObjectMeta {
-                    name: Some(class.clone()),
-                    ..Default::default()
-                },
-                provisioner: driver_name.clone(),
-                reclaim_policy: Some("Delete".into()),
-                volume_binding_mode: Some("Immediate".into()),
-                ..Default::default()
-            },
-        )
-        .await?;
+    register_nodes_and_class(cluster, &client, args, &driver_name, &class).await?;
 
     let port = free_port()?;
     let mut argv: Vec<String> = if upstream {
@@ -277,76 +252,21 @@ async fn run_one(
     // Caches synced and idle.
     tokio::time::sleep(Duration::from_secs(3)).await;
 
-    let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), "default");
-    let pvs: Api<PersistentVolume> = Api::all(client.clone());
-    let deadline = Duration::from_secs(args.phase_timeout);
-    let prefix = format!("{class}-");
+    let run = Run {
+        args,
+        who,
+        pvcs: Api::namespaced(client.clone(), "default"),
+        pvs: Api::all(client.clone()),
+        driver_name: &driver_name,
+        class: &class,
+        proc: &proc,
+        deadline: Duration::from_secs(args.phase_timeout),
+    };
     let writes0 = writes(&client).await?;
     let own0 = apimetrics::scrape_own_requests(port)?;
     let cpu0 = csiops_e2e::process::cpu_seconds(proc.pid()).unwrap_or(0.0);
-    let t0 = Instant::now();
-    for i in 0..args.claims {
-        pvcs.create(
-            &PostParams::default(),
-            &csiops_e2e::bench::objects::claim(&format!("{class}-{i:04}"), "default", &class),
-        )
-        .await?;
-    }
-    // When every PV exists (the provisioner's part), and when every claim
-    // is Bound (kube-controller-manager's binding on top).
-    let mut created: Option<Duration> = None;
-    loop {
-        if created.is_none() && driver_pvs(&pvs, &driver_name).await? == args.claims {
-            created = Some(t0.elapsed());
-        }
-        let list = pvcs.list(&ListParams::default()).await?;
-        let bound = list
-            .items
-            .iter()
-            .filter(|c| {
-                c.metadata
-                    .name
-                    .as_deref()
-                    .is_some_and(|n| n.starts_with(&prefix))
-            })
-            .filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
-            .count();
-        if bound == args.claims {
-            break;
-        }
-        if t0.elapsed() > deadline {
-            return Err(format!(
-                "{who}: {bound}/{} Bound after {deadline:?}\n{}",
-                args.claims,
-                proc.log_tail(20)
-            )
-            .into());
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let bound = t0.elapsed();
-    let created = created.unwrap_or(bound);
-
-    let t1 = Instant::now();
-    for i in 0..args.claims {
-        pvcs.delete(&format!("{class}-{i:04}"), &DeleteParams::default())
-            .await?;
-    }
-    loop {
-        let left = driver_pvs(&pvs, &driver_name).await?;
-        if left == 0 {
-            break;
-        }
-        if t1.elapsed() > deadline {
-            return Err(format!(
-                "{who}: {left} PVs left after {deadline:?}\n{}",
-                proc.log_tail(20)
-            )
-            .into());
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let deleted = t1.elapsed();
+    let (created, bound) = create_until_bound(&run).await?;
+    let deleted = delete_until_gone(&run).await?;
     // Late bookkeeping (finalizers, Events) is part of the lifecycle's cost.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let writes1 = writes(&client).await?;
@@ -371,6 +291,153 @@ async fn run_one(
         hwm_kib,
         left,
     })
+}
+
+/// The nodes as the registrar leaves them for this driver, and its class.
+async fn register_nodes_and_class(
+    cluster: &Cluster,
+    client: &kube::Client,
+    args: &Args,
+    driver_name: &str,
+    class: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    // The nodes as the registrar leaves them, for this driver.
+    let nodes: Api<Node> = Api::all(client.clone());
+    for node in cluster.node_names() {
+        let labels =
+            serde_json::json!({"metadata": {"labels": {args.topology_key.as_str(): node}}});
+        nodes
+            .patch(node, &PatchParams::default(), &Patch::Merge(&labels))
+            .await?;
+        attach::register_driver(client, node, driver_name, node, &[&args.topology_key]).await?;
+    }
+    let classes: Api<StorageClass> = Api::all(client.clone());
+    classes
+        .create(
+            &PostParams::default(),
+            &StorageClass {
+                metadata: ObjectMeta {
+                    name: Some(class.to_string()),
+                    ..Default::default()
+                },
+                provisioner: driver_name.to_string(),
+                reclaim_policy: Some("Delete".into()),
+                volume_binding_mode: Some("Immediate".into()),
+                ..Default::default()
+            },
+        )
+        .await?;
+    Ok(())
+}
+
+/// What the claims' phases of one run work on: the bench's arguments, whose
+/// provisioner, the claims and PVs, the driver and class, the provisioner
+/// (for its log) and the phase deadline.
+struct Run<'a> {
+    args: &'a Args,
+    who: &'a str,
+    pvcs: Api<PersistentVolumeClaim>,
+    pvs: Api<PersistentVolume>,
+    driver_name: &'a str,
+    class: &'a str,
+    proc: &'a ManagedProcess,
+    deadline: Duration,
+}
+
+/// Creates the claims; returns when every PV existed and when every claim
+/// was Bound, from the first create.
+async fn create_until_bound(
+    run: &Run<'_>,
+) -> Result<(Duration, Duration), Box<dyn std::error::Error>> {
+    let Run {
+        args,
+        who,
+        pvcs,
+        pvs,
+        driver_name,
+        class,
+        proc,
+        deadline,
+    } = run;
+    let prefix = format!("{class}-");
+    let t0 = Instant::now();
+    for i in 0..args.claims {
+        pvcs.create(
+            &PostParams::default(),
+            &csiops_e2e::bench::objects::claim(&format!("{class}-{i:04}"), "default", class),
+        )
+        .await?;
+    }
+    // When every PV exists (the provisioner's part), and when every claim
+    // is Bound (kube-controller-manager's binding on top).
+    let mut created: Option<Duration> = None;
+    loop {
+        if created.is_none() && driver_pvs(pvs, driver_name).await? == args.claims {
+            created = Some(t0.elapsed());
+        }
+        let list = pvcs.list(&ListParams::default()).await?;
+        let bound = list
+            .items
+            .iter()
+            .filter(|c| {
+                c.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with(&prefix))
+            })
+            .filter(|c| c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"))
+            .count();
+        if bound == args.claims {
+            break;
+        }
+        if t0.elapsed() > *deadline {
+            return Err(format!(
+                "{who}: {bound}/{} Bound after {deadline:?}\n{}",
+                args.claims,
+                proc.log_tail(20)
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let bound = t0.elapsed();
+    let created = created.unwrap_or(bound);
+    Ok((created, bound))
+}
+
+/// Deletes the claims; returns when the driver's last PV was gone.
+async fn delete_until_gone(run: &Run<'_>) -> Result<Duration, Box<dyn std::error::Error>> {
+    let Run {
+        args,
+        who,
+        pvcs,
+        pvs,
+        driver_name,
+        class,
+        proc,
+        deadline,
+    } = run;
+    let t1 = Instant::now();
+    for i in 0..args.claims {
+        pvcs.delete(&format!("{class}-{i:04}"), &DeleteParams::default())
+            .await?;
+    }
+    loop {
+        let left = driver_pvs(pvs, driver_name).await?;
+        if left == 0 {
+            break;
+        }
+        if t1.elapsed() > *deadline {
+            return Err(format!(
+                "{who}: {left} PVs left after {deadline:?}\n{}",
+                proc.log_tail(20)
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let deleted = t1.elapsed();
+    Ok(deleted)
 }
 
 /// PVs created per second by `concurrency` parallel unthrottled requests
