@@ -19,6 +19,7 @@
 //! from their repositories) beside ours in the same run, against the same
 //! driver, and add their rows to the table.
 
+use std::path::Path;
 use std::time::Duration;
 
 use csiops_e2e::node_side::{register_when_ready, registration_socket, start_mock_driver};
@@ -153,6 +154,54 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         &dir.join("driver.log"),
     )?;
 
+    let registrar = start_registrar_as_in_its_pod(&cluster, &sidecar, &socket, &registry, &dir)?;
+    let live_port = free_port()?;
+    let live_args = vec![
+        "liveness-probe".to_string(),
+        format!("--csi-address={}", socket.display()),
+        format!("--http-endpoint=127.0.0.1:{live_port}"),
+    ];
+    let liveness = ManagedProcess::spawn(
+        "liveness-probe",
+        &sidecar,
+        &live_args,
+        &dir.join("liveness.log"),
+    )?;
+
+    let (up_registrar, up_liveness, up_probes) =
+        start_upstreams_and_register(&upstream, &socket, &dir, driver).await?;
+
+    our_registrar_lists_the_driver_in_csinode(&cluster, &registry, driver).await?;
+    let probes = probe_20(live_port).await?;
+    // Idle: the registrar re-checks NodeGetInfo every 10s and holds two watches.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+
+    print_table(
+        &sidecar,
+        probes,
+        up_probes,
+        &registrar,
+        &liveness,
+        &up_registrar,
+        &up_liveness,
+    )?;
+    drop(registrar);
+    drop(liveness);
+    drop(up_registrar);
+    drop(up_liveness);
+    cluster.stop().await?;
+    Ok(())
+}
+
+/// Our registrar, in-cluster and with the ServiceAccount files where a pod
+/// has them.
+fn start_registrar_as_in_its_pod(
+    cluster: &Cluster,
+    sidecar: &Path,
+    socket: &Path,
+    registry: &Path,
+    dir: &Path,
+) -> Result<ManagedProcess, Box<dyn std::error::Error>> {
     let registrar_args = vec![
         "registrar".to_string(),
         format!("--csi-address={}", socket.display()),
@@ -169,7 +218,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         &dir.join("serviceaccount"),
     )?;
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    let (program, args) = in_pod_command(&sidecar, &registrar_args);
+    let (program, args) = in_pod_command(sidecar, &registrar_args);
     let registrar = ManagedProcess::spawn_with_env(
         "registrar",
         &program,
@@ -177,19 +226,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         &env,
         &dir.join("registrar.log"),
     )?;
-    let live_port = free_port()?;
-    let live_args = vec![
-        "liveness-probe".to_string(),
-        format!("--csi-address={}", socket.display()),
-        format!("--http-endpoint=127.0.0.1:{live_port}"),
-    ];
-    let liveness = ManagedProcess::spawn(
-        "liveness-probe",
-        &sidecar,
-        &live_args,
-        &dir.join("liveness.log"),
-    )?;
+    Ok(registrar)
+}
 
+/// Upstream's registrar and liveness probe when asked for, registered and
+/// probed; returns them and how many of 20 probes upstream's answered.
+async fn start_upstreams_and_register(
+    upstream: &Upstream,
+    socket: &Path,
+    dir: &Path,
+    driver: &str,
+) -> Result<(Option<ManagedProcess>, Option<ManagedProcess>, usize), Box<dyn std::error::Error>> {
     // Upstream's, with the same flags (its own registration dir: both
     // register the same driver name).
     let up_registry = dir.join("reg-upstream");
@@ -230,8 +277,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         0
     };
+    Ok((up_registrar, up_liveness, up_probes))
+}
 
-    let reg_socket = registration_socket(&registry, driver);
+/// Registers our registrar and waits until it has listed the driver in the
+/// node's CSINode itself.
+async fn our_registrar_lists_the_driver_in_csinode(
+    cluster: &Cluster,
+    registry: &Path,
+    driver: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let reg_socket = registration_socket(registry, driver);
     register_when_ready(&reg_socket).await?;
     // Our registrar keeps the CSINode entry itself (through its in-cluster
     // client): measure it after it has done so.
@@ -251,10 +307,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     )
     .await
     .map_err(|_| "the registrar never listed the driver in CSINode kwok-node-0")?;
-    let probes = probe_20(live_port).await?;
-    // Idle: the registrar re-checks NodeGetInfo every 10s and holds two watches.
-    tokio::time::sleep(Duration::from_secs(15)).await;
+    Ok(())
+}
 
+/// The probes answered and the memory table of every sidecar, on stdout.
+fn print_table(
+    sidecar: &Path,
+    probes: usize,
+    up_probes: usize,
+    registrar: &ManagedProcess,
+    liveness: &ManagedProcess,
+    up_registrar: &Option<ManagedProcess>,
+    up_liveness: &Option<ManagedProcess>,
+) -> Result<(), Box<dyn std::error::Error>> {
     println!("sidecar binary: {}", sidecar.display());
     println!("liveness probes answered 200: {probes}/20");
     if up_liveness.is_some() {
@@ -268,10 +333,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("csiops-sidecar registrar", registrar.pid()),
         ("csiops-sidecar liveness-probe", liveness.pid()),
     ];
-    if let Some(p) = &up_registrar {
+    if let Some(p) = up_registrar {
         rows.push(("upstream node-driver-registrar", p.pid()));
     }
-    if let Some(p) = &up_liveness {
+    if let Some(p) = up_liveness {
         rows.push(("upstream livenessprobe", p.pid()));
     }
     for (name, pid) in rows {
@@ -285,10 +350,5 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             mib(m.hwm)
         );
     }
-    drop(registrar);
-    drop(liveness);
-    drop(up_registrar);
-    drop(up_liveness);
-    cluster.stop().await?;
     Ok(())
 }
