@@ -331,49 +331,54 @@ async fn leftovers(
         if item.kind.cluster_scoped() && adoption::is_builtin(&item.name) {
             continue;
         }
-        let c = || ctx.client.clone();
-        let ns = owner.namespace;
+        let check = Leftover {
+            ctx,
+            owner,
+            name: &item.name,
+            delete,
+        };
         let found = match item.kind {
-            AdoptedObjectKind::ServiceAccount => {
-                one(
-                    Api::<ServiceAccount>::namespaced(c(), ns),
-                    owner,
-                    &item.name,
-                    delete,
-                )
-                .await?
-            }
-            AdoptedObjectKind::RoleBinding => {
-                one(
-                    Api::<RoleBinding>::namespaced(c(), ns),
-                    owner,
-                    &item.name,
-                    delete,
-                )
-                .await?
-            }
-            AdoptedObjectKind::Service => {
-                one(
-                    Api::<Service>::namespaced(c(), ns),
-                    owner,
-                    &item.name,
-                    delete,
-                )
-                .await?
-            }
-            AdoptedObjectKind::ClusterRoleBinding => {
-                one(
-                    Api::<ClusterRoleBinding>::all(c()),
-                    owner,
-                    &item.name,
-                    delete,
-                )
-                .await?
-            }
+            AdoptedObjectKind::ServiceAccount => check.namespaced::<ServiceAccount>().await?,
+            AdoptedObjectKind::RoleBinding => check.namespaced::<RoleBinding>().await?,
+            AdoptedObjectKind::Service => check.namespaced::<Service>().await?,
+            AdoptedObjectKind::ClusterRoleBinding => check.cluster::<ClusterRoleBinding>().await?,
         };
         n += usize::from(found);
     }
     Ok(n)
+}
+
+/// One `spec.adoption.remove` entry, looked up by the kind it names.
+struct Leftover<'a> {
+    ctx: &'a Context,
+    owner: Owner<'a>,
+    name: &'a str,
+    delete: bool,
+}
+
+impl Leftover<'_> {
+    /// In the namespace of the object being reconciled.
+    async fn namespaced<K>(&self) -> Result<bool, Error>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + std::fmt::Debug,
+    {
+        let api = Api::<K>::namespaced(self.ctx.client.clone(), self.owner.namespace);
+        one(api, self.owner, self.name, self.delete).await
+    }
+
+    async fn cluster<K>(&self) -> Result<bool, Error>
+    where
+        K: Resource<Scope = k8s_openapi::ClusterResourceScope, DynamicType = ()>
+            + Clone
+            + DeserializeOwned
+            + std::fmt::Debug,
+    {
+        let api = Api::<K>::all(self.ctx.client.clone());
+        one(api, self.owner, self.name, self.delete).await
+    }
 }
 
 /// Whether one named object exists and may go; deleted when `delete`.
@@ -447,6 +452,8 @@ pub(crate) async fn execute(
     let driver = &obj.spec.driver_name;
     let key = adoption_label_key(driver);
     let nodes: Api<Node> = Api::all(ctx.client.clone());
+    // The new workloads go on as in an ordinary rollout.
+    let apply_workload = |step| workloads::execute(step, obj, ctx, owner, rendered, node_budget);
     match action {
         // Done by `keep_csidriver`, before the supporting objects.
         Action::KeepCsiDriver => {}
@@ -487,28 +494,8 @@ pub(crate) async fn execute(
                 info!(object = %owner.name, daemonset = %name, "takeover: old DaemonSet confined to waiting nodes");
             }
         }
-        Action::ApplyNode => {
-            workloads::execute(
-                rollout::Action::ApplyNode,
-                obj,
-                ctx,
-                owner,
-                rendered,
-                node_budget,
-            )
-            .await?;
-        }
-        Action::ApplyController => {
-            workloads::execute(
-                rollout::Action::ApplyController,
-                obj,
-                ctx,
-                owner,
-                rendered,
-                node_budget,
-            )
-            .await?;
-        }
+        Action::ApplyNode => apply_workload(rollout::Action::ApplyNode).await?,
+        Action::ApplyController => apply_workload(rollout::Action::ApplyController).await?,
         Action::DeleteOldController => {
             if let Some(w) = &adoption.controller {
                 // Foreground: the workload stays until its pods are gone,
