@@ -276,13 +276,15 @@ async fn old_controller(
     }))
 }
 
+/// What the typed reads and deletes here need of an object's type.
+trait Kind: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug {}
+
+impl<K> Kind for K where K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug {}
+
 /// A namespaced object of the old deployment, unless it is this object's own.
 async fn get_other<K>(ctx: &Context, owner: Owner<'_>, name: &str) -> Result<Option<K>, Error>
 where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug,
+    K: Kind<Scope = k8s_openapi::NamespaceResourceScope>,
 {
     let api: Api<K> = Api::namespaced(ctx.client.clone(), owner.namespace);
     let live = api
@@ -296,10 +298,7 @@ where
 /// deployment; `false` when it is gone or this object's own.
 async fn delete_other<K>(ctx: &Context, owner: Owner<'_>, name: &str) -> Result<bool, Error>
 where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug,
+    K: Kind<Scope = k8s_openapi::NamespaceResourceScope>,
 {
     let Some(live) = get_other::<K>(ctx, owner, name).await? else {
         return Ok(false);
@@ -360,10 +359,7 @@ impl Leftover<'_> {
     /// In the namespace of the object being reconciled.
     async fn namespaced<K>(&self) -> Result<bool, Error>
     where
-        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-            + Clone
-            + DeserializeOwned
-            + std::fmt::Debug,
+        K: Kind<Scope = k8s_openapi::NamespaceResourceScope>,
     {
         let api = Api::<K>::namespaced(self.ctx.client.clone(), self.owner.namespace);
         one(api, self.owner, self.name, self.delete).await
@@ -371,10 +367,7 @@ impl Leftover<'_> {
 
     async fn cluster<K>(&self) -> Result<bool, Error>
     where
-        K: Resource<Scope = k8s_openapi::ClusterResourceScope, DynamicType = ()>
-            + Clone
-            + DeserializeOwned
-            + std::fmt::Debug,
+        K: Kind<Scope = k8s_openapi::ClusterResourceScope>,
     {
         let api = Api::<K>::all(self.ctx.client.clone());
         one(api, self.owner, self.name, self.delete).await
@@ -384,7 +377,7 @@ impl Leftover<'_> {
 /// Whether one named object exists and may go; deleted when `delete`.
 async fn one<K>(api: Api<K>, owner: Owner<'_>, name: &str, delete: bool) -> Result<bool, Error>
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+    K: Kind,
 {
     let kind = K::kind(&());
     let Some(live) = api
