@@ -11,7 +11,7 @@ use csiops_crds::{ExtraContainer, ExtraContainerPod, HelperSpec, SidecarSpec, Si
 use csiops_operator::render::names::MANAGED_CONTAINERS;
 use csiops_operator::render::validate::NODE_NAME_ENV;
 use csiops_operator::render::Helper;
-use k8s_openapi::api::core::v1::{Container, EnvVar};
+use k8s_openapi::api::core::v1::{Container, EnvVar, VolumeMount};
 
 use super::classify::{Pod, Role};
 use super::driver::{leftover_fields, pull_policy, rewrite};
@@ -288,37 +288,18 @@ fn map_env(
 /// or helper: the operator's.
 fn operator_parts(ctx: &mut Ctx, at: &At<'_>, c: &Container, bundled: bool) {
     let by = "the operator's sidecar container";
-    for p in c.ports.iter().flatten() {
-        let key = p
-            .name
-            .clone()
-            .unwrap_or_else(|| p.container_port.to_string());
-        ctx.push(
-            at,
-            What::Port,
-            key,
-            Some(p.container_port.to_string()),
-            Outcome::replaced(by, "the operator declares the ports of its sidecars"),
-        );
-    }
-    for (key, probe) in [
-        ("livenessProbe", &c.liveness_probe),
-        ("readinessProbe", &c.readiness_probe),
-        ("startupProbe", &c.startup_probe),
-    ] {
-        if probe.is_some() {
-            ctx.push(
-                at,
-                What::Probe,
-                key,
-                None,
-                Outcome::replaced(
-                    by,
-                    "the operator probes its sidecars where it matters (the registrar's /healthz)",
-                ),
-            );
-        }
-    }
+    ports_and_probes(
+        ctx,
+        at,
+        c,
+        |_| Outcome::replaced(by, "the operator declares the ports of its sidecars"),
+        |_| {
+            Outcome::replaced(
+                by,
+                "the operator probes its sidecars where it matters (the registrar's /healthz)",
+            )
+        },
+    );
     if let Some(sc) = &c.security_context {
         ctx.push(at, What::SecurityContext, "securityContext", serde_json::to_string(sc).ok(),
             Outcome::replaced(by, "sidecars run as uid 0 with no capabilities, no privilege escalation and a read-only root filesystem"));
@@ -337,6 +318,47 @@ fn operator_parts(ctx: &mut Ctx, at: &At<'_>, c: &Container, bundled: bool) {
             Outcome::replaced(by, "the image's entrypoint runs"),
         );
     }
+    lifecycle_gap(ctx, at, c);
+    env_from_gaps(ctx, at, c);
+    leftover_fields(&mut ctx.report, at, c, Gap::PodField);
+}
+
+/// Reports each port and probe `c` declares, with the outcome `port` (of
+/// its number) and `probe` (of its field) give it; the probe itself is not
+/// shown.
+fn ports_and_probes(
+    ctx: &mut Ctx,
+    at: &At<'_>,
+    c: &Container,
+    port: impl Fn(i32) -> Outcome,
+    probe: impl Fn(&'static str) -> Outcome,
+) {
+    for p in c.ports.iter().flatten() {
+        let key = p
+            .name
+            .clone()
+            .unwrap_or_else(|| p.container_port.to_string());
+        ctx.push(
+            at,
+            What::Port,
+            key,
+            Some(p.container_port.to_string()),
+            port(p.container_port),
+        );
+    }
+    for (key, declared) in [
+        ("livenessProbe", &c.liveness_probe),
+        ("readinessProbe", &c.readiness_probe),
+        ("startupProbe", &c.startup_probe),
+    ] {
+        if declared.is_some() {
+            ctx.push(at, What::Probe, key, None, probe(key));
+        }
+    }
+}
+
+/// Only the driver container takes lifecycle hooks.
+fn lifecycle_gap(ctx: &mut Ctx, at: &At<'_>, c: &Container) {
     if c.lifecycle.is_some() {
         ctx.push(
             at,
@@ -346,6 +368,10 @@ fn operator_parts(ctx: &mut Ctx, at: &At<'_>, c: &Container, bundled: bool) {
             Outcome::gap(Gap::Lifecycle, ""),
         );
     }
+}
+
+/// The CR's env takes single variables, never `envFrom`.
+fn env_from_gaps(ctx: &mut Ctx, at: &At<'_>, c: &Container) {
     for (i, e) in c.env_from.iter().flatten().enumerate() {
         ctx.push(
             at,
@@ -355,18 +381,27 @@ fn operator_parts(ctx: &mut Ctx, at: &At<'_>, c: &Container, bundled: bool) {
             Outcome::gap(Gap::EnvFrom, ""),
         );
     }
-    leftover_fields(&mut ctx.report, at, c, Gap::PodField);
+}
+
+/// The row of the container itself, shown by its image.
+fn container(ctx: &mut Ctx, at: &At<'_>, c: &Container, outcome: Outcome) {
+    ctx.push(
+        at,
+        What::Container,
+        c.name.clone(),
+        c.image.clone(),
+        outcome,
+    );
 }
 
 fn bundled(ctx: &mut Ctx, plan: &PodPlan, c: &Container, role: Role) {
     let at = plan.at(Some(&c.name));
     let key = role.key();
     let sidecar = role.sidecar_role().unwrap_or_default();
-    ctx.push(
+    container(
+        ctx,
         &at,
-        What::Container,
-        c.name.clone(),
-        c.image.clone(),
+        c,
         Outcome::replaced(
             format!("csiops-sidecar {sidecar} (spec.sidecars.{key})"),
             format!(
@@ -375,27 +410,47 @@ fn bundled(ctx: &mut Ctx, plan: &PodPlan, c: &Container, role: Role) {
             ),
         ),
     );
+    let carried = carry(ctx, plan, &at, c, role);
+    let spec = spec_of(&mut ctx.spec.sidecars, role);
+    if let Some(r) = &c.resources {
+        spec.resources.get_or_insert_with(|| r.clone());
+    }
+    spec.enabled = true;
+    spec.extra_args = carried.extra_args;
+    merge_env(&mut spec.env, carried.env);
+    merge_mounts(&mut spec.volume_mounts, carried.mounts);
+    operator_parts(ctx, &at, c, true);
+}
+
+/// What a bundled sidecar or a helper carries into `spec.sidecars.<key>`.
+struct Carried {
+    extra_args: Vec<String>,
+    env: Vec<EnvVar>,
+    mounts: Vec<VolumeMount>,
+}
+
+/// Maps the args, env and mounts of a bundled sidecar or a helper, and
+/// reports its resources; which resources stand is the caller's.
+fn carry(ctx: &mut Ctx, plan: &PodPlan, at: &At<'_>, c: &Container, role: Role) -> Carried {
+    let key = role.key();
     let (extra_args, only_dropped) = map_args(ctx, plan, c, role);
-    let env = map_env(ctx, &at, c, role, &only_dropped);
+    let env = map_env(ctx, at, c, role, &only_dropped);
     let field = format!("spec.sidecars.{key}.volumeMounts");
     let (mounts, _) = map_mounts(&mut ctx.report, plan, c, &field, false);
-    if let Some(r) = &c.resources {
+    if c.resources.is_some() {
         ctx.push(
-            &at,
+            at,
             What::Resources,
             "resources",
             None,
             Outcome::mapped(format!("spec.sidecars.{key}.resources")),
         );
-        let spec = spec_of(&mut ctx.spec.sidecars, role);
-        spec.resources.get_or_insert_with(|| r.clone());
     }
-    let spec = spec_of(&mut ctx.spec.sidecars, role);
-    spec.enabled = true;
-    spec.extra_args = extra_args;
-    merge_env(&mut spec.env, env);
-    merge_mounts(&mut spec.volume_mounts, mounts);
-    operator_parts(ctx, &at, c, true);
+    Carried {
+        extra_args,
+        env,
+        mounts,
+    }
 }
 
 fn merge_env(into: &mut Vec<EnvVar>, vars: Vec<EnvVar>) {
@@ -406,10 +461,7 @@ fn merge_env(into: &mut Vec<EnvVar>, vars: Vec<EnvVar>) {
     }
 }
 
-fn merge_mounts(
-    into: &mut Vec<k8s_openapi::api::core::v1::VolumeMount>,
-    mounts: Vec<k8s_openapi::api::core::v1::VolumeMount>,
-) {
+fn merge_mounts(into: &mut Vec<VolumeMount>, mounts: Vec<VolumeMount>) {
     for m in mounts {
         if !into.iter().any(|x| x.mount_path == m.mount_path) {
             into.push(m);
@@ -427,22 +479,20 @@ fn helper(ctx: &mut Ctx, plan: &PodPlan, c: &Container, h: Helper) {
     // else, so the helper gets the operator's default image instead.
     let own_image = super::classify::role_by_image(c) == Some(role);
     if own_image {
-        ctx.push(
+        container(
+            ctx,
             &at,
-            What::Container,
-            c.name.clone(),
-            c.image.clone(),
+            c,
             Outcome::mapped_note(
                 format!("spec.sidecars.{key}"),
                 "the upstream helper, enabled with this image",
             ),
         );
     } else {
-        ctx.push(
+        container(
+            ctx,
             &at,
-            What::Container,
-            c.name.clone(),
-            c.image.clone(),
+            c,
             Outcome::replaced(
                 format!("the upstream helper {} (spec.sidecars.{key}, the operator's default image {})", h.container_name(), h.default_image()),
                 format!(
@@ -452,24 +502,7 @@ fn helper(ctx: &mut Ctx, plan: &PodPlan, c: &Container, h: Helper) {
             ),
         );
     }
-    let (extra_args, only_dropped) = map_args(ctx, plan, c, role);
-    let env = map_env(ctx, &at, c, role, &only_dropped);
-    let (mounts, _) = map_mounts(
-        &mut ctx.report,
-        plan,
-        c,
-        &format!("spec.sidecars.{key}.volumeMounts"),
-        false,
-    );
-    if c.resources.is_some() {
-        ctx.push(
-            &at,
-            What::Resources,
-            "resources",
-            None,
-            Outcome::mapped(format!("spec.sidecars.{key}.resources")),
-        );
-    }
+    let carried = carry(ctx, plan, &at, c, role);
     if let Some(p) = &c.image_pull_policy {
         let outcome = if own_image {
             Outcome::mapped(format!("spec.sidecars.{key}.imagePullPolicy"))
@@ -493,10 +526,10 @@ fn helper(ctx: &mut Ctx, plan: &PodPlan, c: &Container, h: Helper) {
         spec.image = c.image.clone();
         spec.image_pull_policy = pull_policy(c.image_pull_policy.as_deref());
     }
-    spec.extra_args = extra_args;
+    spec.extra_args = carried.extra_args;
     spec.resources = c.resources.clone();
-    merge_env(&mut spec.env, env);
-    merge_mounts(&mut spec.volume_mounts, mounts);
+    merge_env(&mut spec.env, carried.env);
+    merge_mounts(&mut spec.volume_mounts, carried.mounts);
     operator_parts(ctx, &at, c, false);
 }
 
@@ -524,13 +557,7 @@ fn extra(ctx: &mut Ctx, plan: &PodPlan, c: &Container, w: Workload) {
             c.name
         )
     };
-    ctx.push(
-        &at,
-        What::Container,
-        c.name.clone(),
-        c.image.clone(),
-        Outcome::mapped_note(field.clone(), note),
-    );
+    container(ctx, &at, c, Outcome::mapped_note(field.clone(), note));
     // The socket moves to /csi/<socketName>, as the driver's does.
     let file = ctx.spec.driver.socket_name.clone();
     let socket = plan.socket.as_ref();
@@ -567,15 +594,7 @@ fn extra(ctx: &mut Ctx, plan: &PodPlan, c: &Container, w: Workload) {
             Outcome::mapped(format!("{field}.env")),
         );
     }
-    for (j, e) in c.env_from.iter().flatten().enumerate() {
-        ctx.push(
-            &at,
-            What::EnvFrom,
-            format!("envFrom[{j}]"),
-            serde_json::to_string(e).ok(),
-            Outcome::gap(Gap::EnvFrom, ""),
-        );
-    }
+    env_from_gaps(ctx, &at, c);
     let (mounts, token) = map_mounts(
         &mut ctx.report,
         plan,
@@ -612,46 +631,14 @@ fn extra(ctx: &mut Ctx, plan: &PodPlan, c: &Container, w: Workload) {
             );
         }
     }
-    for p in c.ports.iter().flatten() {
-        let key = p
-            .name
-            .clone()
-            .unwrap_or_else(|| p.container_port.to_string());
-        ctx.push(
-            &at,
-            What::Port,
-            key,
-            Some(p.container_port.to_string()),
-            Outcome::gap(
-                Gap::ExtraContainerPorts,
-                format!("port {}", p.container_port),
-            ),
-        );
-    }
-    for (key, probe) in [
-        ("livenessProbe", &c.liveness_probe),
-        ("readinessProbe", &c.readiness_probe),
-        ("startupProbe", &c.startup_probe),
-    ] {
-        if probe.is_some() {
-            ctx.push(
-                &at,
-                What::Probe,
-                key,
-                None,
-                Outcome::gap(Gap::ExtraContainerPorts, key),
-            );
-        }
-    }
-    if c.lifecycle.is_some() {
-        ctx.push(
-            &at,
-            What::Field,
-            "lifecycle",
-            None,
-            Outcome::gap(Gap::Lifecycle, ""),
-        );
-    }
+    ports_and_probes(
+        ctx,
+        &at,
+        c,
+        |port| Outcome::gap(Gap::ExtraContainerPorts, format!("port {port}")),
+        |key| Outcome::gap(Gap::ExtraContainerPorts, key),
+    );
+    lifecycle_gap(ctx, &at, c);
     leftover_fields(&mut ctx.report, &at, c, Gap::PodField);
     ctx.spec.sidecars.extra.push(ExtraContainer {
         name,
