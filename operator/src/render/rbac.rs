@@ -72,7 +72,16 @@ pub const METRICS_AUTH_GRANTS: &[Grant] = &[
 /// claims' update/patch also covers the cloning-protection finalizer on a
 /// clone's source. Its Secrets: [`SECRET_READER_ROLE`], where the classes
 /// name them.
-pub const PROVISIONER_GRANTS: &[Grant] = &[
+pub const PROVISIONER_GRANTS: &[Grant] = &joined::<9, 2, 11>(PROVISIONING, TOPOLOGY_READS);
+
+/// The provisioner in node-deployment mode (topology NodeLocal): the
+/// central grants but Nodes and CSINodes, which it never reads (its
+/// topology is its own driver's NodeGetInfo answer; the registrar in the
+/// same pods holds its own grants on them).
+pub const NODE_PROVISIONER_GRANTS: &[Grant] = &PROVISIONING;
+
+/// What a provisioner needs wherever it runs.
+const PROVISIONING: [Grant; 9] = [
     grant(
         "",
         "persistentvolumes",
@@ -85,8 +94,6 @@ pub const PROVISIONER_GRANTS: &[Grant] = &[
     ),
     grant(STORAGE, "storageclasses", READ),
     grant(STORAGE, "volumeattributesclasses", READ),
-    grant(STORAGE, "csinodes", READ),
-    grant("", "nodes", READ),
     grant(STORAGE, "volumeattachments", READ),
     grant("events.k8s.io", "events", &["create", "patch"]),
     // get to restore; list and patch for the source-protection finalizer.
@@ -95,29 +102,24 @@ pub const PROVISIONER_GRANTS: &[Grant] = &[
     grant("gateway.networking.k8s.io", "referencegrants", &["list"]),
 ];
 
-/// The provisioner in node-deployment mode (topology NodeLocal): the
-/// central grants but Nodes and CSINodes, which it never reads (its
-/// topology is its own driver's NodeGetInfo answer; the registrar in the
-/// same pods holds its own grants on them).
-pub const NODE_PROVISIONER_GRANTS: &[Grant] = &[
-    grant(
-        "",
-        "persistentvolumes",
-        &["get", "list", "watch", "create", "delete", "patch"],
-    ),
-    grant(
-        "",
-        "persistentvolumeclaims",
-        &["get", "list", "watch", "update", "patch"],
-    ),
-    grant(STORAGE, "storageclasses", READ),
-    grant(STORAGE, "volumeattributesclasses", READ),
-    grant(STORAGE, "volumeattachments", READ),
-    grant("events.k8s.io", "events", &["create", "patch"]),
-    grant(SNAPSHOT, "volumesnapshots", &["get", "list", "patch"]),
-    grant(SNAPSHOT, "volumesnapshotcontents", &["get"]),
-    grant("gateway.networking.k8s.io", "referencegrants", &["list"]),
-];
+/// The central provisioner's topology: the nodes' CSINode and labels.
+const TOPOLOGY_READS: [Grant; 2] = [grant(STORAGE, "csinodes", READ), grant("", "nodes", READ)];
+
+/// `a` then `b`, as one set (`N` is their length together). The order of a
+/// set does not matter: [`merge_rules`] sorts.
+const fn joined<const A: usize, const B: usize, const N: usize>(
+    a: [Grant; A],
+    b: [Grant; B],
+) -> [Grant; N] {
+    assert!(A + B == N);
+    let mut out = [grant("", "", &[]); N];
+    let mut i = 0;
+    while i < N {
+        out[i] = if i < A { a[i] } else { b[i - A] };
+        i += 1;
+    }
+    out
+}
 
 /// external-attacher: VolumeAttachments and their status, PV finalizers, node
 /// IDs from CSINode/Node, Events (events.k8s.io). Its publish Secrets:
