@@ -27,8 +27,11 @@
 
 use std::borrow::Cow;
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeSpec, Volume};
+use k8s_openapi::api::core::v1::{
+    CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeSpec, Volume,
+};
 use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 mod aws_ebs;
 mod azure_disk;
@@ -213,6 +216,35 @@ pub(crate) fn non_empty(s: &str) -> Option<String> {
 /// `Some(true)` or absent, for Go's `bool` with `omitempty`.
 pub(crate) fn only_true(b: bool) -> Option<bool> {
     b.then_some(true)
+}
+
+/// The CSI source of a PV, which its translation in-tree starts from.
+pub(crate) fn csi_of(pv: &PersistentVolume) -> Result<CSIPersistentVolumeSource, MigrationError> {
+    pv.spec
+        .as_ref()
+        .and_then(|s| s.csi.clone())
+        .ok_or(MigrationError::NoCsiSource)
+}
+
+/// The PV a pod's in-tree volume stands for: `name`, unique per disk (the
+/// staging path is made from it), the CSI source and one access mode.
+pub(crate) fn inline_pv(
+    name: String,
+    csi: CSIPersistentVolumeSource,
+    access_mode: &str,
+) -> PersistentVolume {
+    PersistentVolume {
+        metadata: ObjectMeta {
+            name: Some(name),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeSpec {
+            csi: Some(csi),
+            access_modes: Some(vec![access_mode.into()]),
+            ..Default::default()
+        }),
+        status: None,
+    }
 }
 
 /// A class of `plugin`'s in-tree provisioner, translated for the plugin's

@@ -13,16 +13,14 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    AWSElasticBlockStoreVolumeSource, CSIPersistentVolumeSource, PersistentVolume,
-    PersistentVolumeSpec, Volume,
+    AWSElasticBlockStoreVolumeSource, CSIPersistentVolumeSource, PersistentVolume, Volume,
 };
 use k8s_openapi::api::storage::v1::StorageClass;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::topology::{self, class_topologies, zone_param_selector};
 use super::{
-    atoi32, non_empty, only_true, MigrationError, Plugin, CSI_FS_TYPE_KEY, FS_TYPE_KEY, ZONES_KEY,
-    ZONE_KEY,
+    atoi32, csi_of, inline_pv, non_empty, only_true, MigrationError, Plugin, CSI_FS_TYPE_KEY,
+    FS_TYPE_KEY, ZONES_KEY, ZONE_KEY,
 };
 
 const DRIVER: &str = Plugin::AwsEbs.driver_name();
@@ -132,11 +130,7 @@ pub(super) fn pv_to_csi(pv: &mut PersistentVolume) -> Result<(), MigrationError>
 }
 
 pub(super) fn pv_to_in_tree(pv: &mut PersistentVolume) -> Result<(), MigrationError> {
-    let csi = pv
-        .spec
-        .as_ref()
-        .and_then(|s| s.csi.clone())
-        .ok_or(MigrationError::NoCsiSource)?;
+    let csi = csi_of(pv)?;
     let partition = match csi
         .volume_attributes
         .as_ref()
@@ -163,19 +157,8 @@ pub(super) fn inline_to_csi(volume: &Volume) -> Result<PersistentVolume, Migrati
         .as_ref()
         .ok_or(MigrationError::NotInTree)?;
     let csi = csi_source(source)?;
-    Ok(PersistentVolume {
-        metadata: ObjectMeta {
-            // Unique per disk: the staging path is made from it.
-            name: Some(format!("{DRIVER}-{}", csi.volume_handle)),
-            ..Default::default()
-        },
-        spec: Some(PersistentVolumeSpec {
-            csi: Some(csi),
-            access_modes: Some(vec!["ReadWriteOnce".into()]),
-            ..Default::default()
-        }),
-        status: None,
-    })
+    let name = format!("{DRIVER}-{}", csi.volume_handle);
+    Ok(inline_pv(name, csi, "ReadWriteOnce"))
 }
 
 /// The one AWS region of `zones`: `us-west-2a` and `us-gov-east-1a` end in

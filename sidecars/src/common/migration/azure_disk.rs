@@ -14,15 +14,14 @@ use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
 use k8s_openapi::api::core::v1::{
-    AzureDiskVolumeSource, CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeSpec,
-    TopologySelectorTerm, Volume,
+    AzureDiskVolumeSource, CSIPersistentVolumeSource, PersistentVolume, TopologySelectorTerm,
+    Volume,
 };
 use k8s_openapi::api::storage::v1::StorageClass;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use regex::Regex;
 
 use super::topology::{class_topologies, zone_param_selector};
-use super::{only_true, MigrationError, Plugin, ZONES_KEY, ZONE_KEY};
+use super::{csi_of, inline_pv, only_true, MigrationError, Plugin, ZONES_KEY, ZONE_KEY};
 
 const DRIVER: &str = Plugin::AzureDisk.driver_name();
 /// The driver's zonal topology key.
@@ -147,11 +146,7 @@ pub fn disk_name(uri: &str) -> Result<String, MigrationError> {
 }
 
 pub(super) fn pv_to_in_tree(pv: &mut PersistentVolume) -> Result<(), MigrationError> {
-    let csi = pv
-        .spec
-        .as_ref()
-        .and_then(|s| s.csi.clone())
-        .ok_or(MigrationError::NoCsiSource)?;
+    let csi = csi_of(pv)?;
     let disk_name = disk_name(&csi.volume_handle)?;
     // The in-tree source keeps the CSI source's fsType and readOnly even
     // when empty or false; attributes override them.
@@ -182,18 +177,11 @@ pub(super) fn inline_to_csi(volume: &Volume) -> Result<PersistentVolume, Migrati
         .as_ref()
         .ok_or(MigrationError::NotInTree)?;
     check_kind(source.kind.as_deref())?;
-    Ok(PersistentVolume {
-        metadata: ObjectMeta {
-            name: Some(source.disk_uri.clone()),
-            ..Default::default()
-        },
-        spec: Some(PersistentVolumeSpec {
-            csi: Some(csi_source(source, true)),
-            access_modes: Some(vec!["ReadWriteOnce".into()]),
-            ..Default::default()
-        }),
-        status: None,
-    })
+    Ok(inline_pv(
+        source.disk_uri.clone(),
+        csi_source(source, true),
+        "ReadWriteOnce",
+    ))
 }
 
 #[cfg(test)]

@@ -15,13 +15,12 @@ use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
 use k8s_openapi::api::core::v1::{
-    AzureFilePersistentVolumeSource, CSIPersistentVolumeSource, PersistentVolume,
-    PersistentVolumeSpec, SecretReference, Volume,
+    AzureFilePersistentVolumeSource, CSIPersistentVolumeSource, PersistentVolume, SecretReference,
+    Volume,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use regex::Regex;
 
-use super::{non_empty, only_true, MigrationError, Plugin};
+use super::{csi_of, inline_pv, non_empty, only_true, MigrationError, Plugin};
 
 const DRIVER: &str = Plugin::AzureFile.driver_name();
 const SHARE_NAME: &str = "sharename";
@@ -120,11 +119,7 @@ pub(super) fn pv_to_csi(pv: &mut PersistentVolume) -> Result<(), MigrationError>
 }
 
 pub(super) fn pv_to_in_tree(pv: &mut PersistentVolume) -> Result<(), MigrationError> {
-    let csi = pv
-        .spec
-        .as_ref()
-        .and_then(|s| s.csi.clone())
-        .ok_or(MigrationError::NoCsiSource)?;
+    let csi = csi_of(pv)?;
     let mut source = AzureFilePersistentVolumeSource {
         read_only: only_true(csi.read_only.unwrap_or(false)),
         ..Default::default()
@@ -186,25 +181,16 @@ pub(super) fn inline_to_csi(volume: &Volume, pod_namespace: &str) -> PersistentV
         pod_namespace
     };
     let id = handle("", &account, &source.share_name, &volume.name, namespace);
-    PersistentVolume {
-        metadata: ObjectMeta {
-            // Unique per share and pod volume: the staging path is made from it.
-            name: Some(id.clone()),
-            ..Default::default()
-        },
-        spec: Some(PersistentVolumeSpec {
-            csi: Some(csi_source(
-                id,
-                &source.share_name,
-                &source.secret_name,
-                namespace,
-                source.read_only,
-            )),
-            access_modes: Some(vec!["ReadWriteMany".into()]),
-            ..Default::default()
-        }),
-        status: None,
-    }
+    // Unique per share and pod volume.
+    let name = id.clone();
+    let csi = csi_source(
+        id,
+        &source.share_name,
+        &source.secret_name,
+        namespace,
+        source.read_only,
+    );
+    inline_pv(name, csi, "ReadWriteMany")
 }
 
 #[cfg(test)]

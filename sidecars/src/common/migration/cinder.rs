@@ -10,14 +10,14 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    CSIPersistentVolumeSource, CinderPersistentVolumeSource, PersistentVolume,
-    PersistentVolumeSpec, Volume,
+    CSIPersistentVolumeSource, CinderPersistentVolumeSource, PersistentVolume, Volume,
 };
 use k8s_openapi::api::storage::v1::StorageClass;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::topology::{self, allowed_topologies};
-use super::{non_empty, only_true, MigrationError, Plugin, CSI_FS_TYPE_KEY, FS_TYPE_KEY};
+use super::{
+    csi_of, inline_pv, non_empty, only_true, MigrationError, Plugin, CSI_FS_TYPE_KEY, FS_TYPE_KEY,
+};
 
 const DRIVER: &str = Plugin::Cinder.driver_name();
 /// The driver's zonal topology key.
@@ -68,11 +68,7 @@ pub(super) fn pv_to_csi(pv: &mut PersistentVolume) {
 }
 
 pub(super) fn pv_to_in_tree(pv: &mut PersistentVolume) -> Result<(), MigrationError> {
-    let csi = pv
-        .spec
-        .as_ref()
-        .and_then(|s| s.csi.clone())
-        .ok_or(MigrationError::NoCsiSource)?;
+    let csi = csi_of(pv)?;
     topology::csi_to_in_tree(pv, TOPOLOGY_KEY, None)?;
     let spec = pv.spec.get_or_insert_default();
     spec.csi = None;
@@ -87,20 +83,14 @@ pub(super) fn pv_to_in_tree(pv: &mut PersistentVolume) -> Result<(), MigrationEr
 
 pub(super) fn inline_to_csi(volume: &Volume) -> PersistentVolume {
     let source = volume.cinder.clone().unwrap_or_default();
-    PersistentVolume {
-        metadata: ObjectMeta {
-            name: Some(format!("{DRIVER}-{}", source.volume_id)),
-            ..Default::default()
-        },
-        spec: Some(PersistentVolumeSpec {
-            csi: Some(csi_source(
-                &source.volume_id,
-                source.fs_type.as_deref(),
-                source.read_only,
-            )),
-            access_modes: Some(vec!["ReadWriteOnce".into()]),
-            ..Default::default()
-        }),
-        status: None,
-    }
+    let csi = csi_source(
+        &source.volume_id,
+        source.fs_type.as_deref(),
+        source.read_only,
+    );
+    inline_pv(
+        format!("{DRIVER}-{}", source.volume_id),
+        csi,
+        "ReadWriteOnce",
+    )
 }

@@ -15,18 +15,16 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{
-    CSIPersistentVolumeSource, GCEPersistentDiskVolumeSource, PersistentVolume,
-    PersistentVolumeSpec, Volume,
+    CSIPersistentVolumeSource, GCEPersistentDiskVolumeSource, PersistentVolume, Volume,
 };
 use k8s_openapi::api::storage::v1::StorageClass;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::topology::{
     self, class_topologies, zone_param_selector, BETA_ZONE, MULTI_ZONE_DELIMITER, ZONE,
 };
 use super::{
-    atoi32, non_empty, only_true, MigrationError, Plugin, CSI_FS_TYPE_KEY, FS_TYPE_KEY, ZONES_KEY,
-    ZONE_KEY,
+    atoi32, csi_of, inline_pv, non_empty, only_true, MigrationError, Plugin, CSI_FS_TYPE_KEY,
+    FS_TYPE_KEY, ZONES_KEY, ZONE_KEY,
 };
 
 const DRIVER: &str = Plugin::GcePd.driver_name();
@@ -161,11 +159,7 @@ fn disk_name(handle: &str) -> Result<String, MigrationError> {
 }
 
 pub(super) fn pv_to_in_tree(pv: &mut PersistentVolume) -> Result<(), MigrationError> {
-    let csi = pv
-        .spec
-        .as_ref()
-        .and_then(|s| s.csi.clone())
-        .ok_or(MigrationError::NoCsiSource)?;
+    let csi = csi_of(pv)?;
     let pd_name = disk_name(&csi.volume_handle)?;
     let partition = match csi
         .volume_attributes
@@ -190,25 +184,14 @@ pub(super) fn pv_to_in_tree(pv: &mut PersistentVolume) -> Result<(), MigrationEr
 
 pub(super) fn inline_to_csi(volume: &Volume) -> PersistentVolume {
     let source = volume.gce_persistent_disk.clone().unwrap_or_default();
-    let read_only = source.read_only.unwrap_or(false);
+    let mode = if source.read_only.unwrap_or(false) {
+        "ReadOnlyMany"
+    } else {
+        "ReadWriteOnce"
+    };
     let csi = csi_source(&source, zonal(UNSPECIFIED, UNSPECIFIED, &source.pd_name));
-    PersistentVolume {
-        metadata: ObjectMeta {
-            name: Some(format!("{DRIVER}-{}", source.pd_name)),
-            ..Default::default()
-        },
-        spec: Some(PersistentVolumeSpec {
-            csi: Some(csi),
-            access_modes: Some(vec![if read_only {
-                "ReadOnlyMany".into()
-            } else {
-                "ReadWriteOnce".into()
-            }]),
-            volume_mode: Some("Filesystem".into()),
-            ..Default::default()
-        }),
-        status: None,
-    }
+    // Filesystem, as every inline volume's (`inline_volume_to_csi`).
+    inline_pv(format!("{DRIVER}-{}", source.pd_name), csi, mode)
 }
 
 /// A handle with `UNSPECIFIED` project (and zone or region) completed from

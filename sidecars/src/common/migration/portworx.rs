@@ -13,13 +13,11 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeSpec, PortworxVolumeSource,
-    SecretReference, Volume,
+    CSIPersistentVolumeSource, PersistentVolume, PortworxVolumeSource, SecretReference, Volume,
 };
 use k8s_openapi::api::storage::v1::StorageClass;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::{non_empty, only_true, MigrationError, Plugin};
+use super::{csi_of, inline_pv, non_empty, only_true, MigrationError, Plugin};
 
 const DRIVER: &str = Plugin::Portworx.driver_name();
 pub const AUTH_SECRET_NAME_KEY: &str = "openstorage.io/auth-secret-name";
@@ -97,11 +95,7 @@ pub(super) fn pv_to_csi(pv: &mut PersistentVolume) {
 }
 
 pub(super) fn pv_to_in_tree(pv: &mut PersistentVolume) -> Result<(), MigrationError> {
-    let csi = pv
-        .spec
-        .as_ref()
-        .and_then(|s| s.csi.clone())
-        .ok_or(MigrationError::NoCsiSource)?;
+    let csi = csi_of(pv)?;
     let spec = pv.spec.get_or_insert_default();
     spec.csi = None;
     spec.portworx_volume = Some(PortworxVolumeSource {
@@ -119,16 +113,6 @@ pub(super) fn inline_to_csi(volume: &Volume) -> PersistentVolume {
     } else {
         "ReadWriteOnce"
     };
-    PersistentVolume {
-        metadata: ObjectMeta {
-            name: Some(format!("{DRIVER}-{}", source.volume_id)),
-            ..Default::default()
-        },
-        spec: Some(PersistentVolumeSpec {
-            csi: Some(csi_source(&source.volume_id, source.fs_type.as_deref())),
-            access_modes: Some(vec![mode.into()]),
-            ..Default::default()
-        }),
-        status: None,
-    }
+    let csi = csi_source(&source.volume_id, source.fs_type.as_deref());
+    inline_pv(format!("{DRIVER}-{}", source.volume_id), csi, mode)
 }

@@ -14,14 +14,12 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeSpec, Volume,
-    VsphereVirtualDiskVolumeSource,
+    CSIPersistentVolumeSource, PersistentVolume, Volume, VsphereVirtualDiskVolumeSource,
 };
 use k8s_openapi::api::storage::v1::StorageClass;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::topology::{self, add_requirement, allowed_topologies, replace_key, values};
-use super::{non_empty, MigrationError, Plugin, CSI_FS_TYPE_KEY, FS_TYPE_KEY};
+use super::{csi_of, inline_pv, non_empty, MigrationError, Plugin, CSI_FS_TYPE_KEY, FS_TYPE_KEY};
 
 const DRIVER: &str = Plugin::Vsphere.driver_name();
 /// The driver's zone and region topology keys.
@@ -119,11 +117,7 @@ pub(super) fn pv_to_csi(pv: &mut PersistentVolume) {
 }
 
 pub(super) fn pv_to_in_tree(pv: &mut PersistentVolume) -> Result<(), MigrationError> {
-    let csi = pv
-        .spec
-        .as_ref()
-        .and_then(|s| s.csi.clone())
-        .ok_or(MigrationError::NoCsiSource)?;
+    let csi = csi_of(pv)?;
     let (zone_key, region_key) = topology::zone_region_keys(pv);
     replace_key(pv, ZONE_KEY, zone_key);
     replace_key(pv, REGION_KEY, region_key);
@@ -155,23 +149,17 @@ pub(super) fn pv_to_in_tree(pv: &mut PersistentVolume) -> Result<(), MigrationEr
 
 pub(super) fn inline_to_csi(volume: &Volume) -> PersistentVolume {
     let source = volume.vsphere_volume.clone().unwrap_or_default();
-    PersistentVolume {
-        metadata: ObjectMeta {
-            name: Some(format!("{DRIVER}-{}", source.volume_path)),
-            ..Default::default()
-        },
-        spec: Some(PersistentVolumeSpec {
-            // The storage policy is carried over from the pod's volume;
-            // csi-translation-lib v0.34 reads it from the PV it is making
-            // (still without a vSphere source) and crashes instead.
-            csi: Some(csi_source(
-                &source.volume_path,
-                source.fs_type.as_deref(),
-                source.storage_policy_name.as_deref(),
-            )),
-            access_modes: Some(vec!["ReadWriteOnce".into()]),
-            ..Default::default()
-        }),
-        status: None,
-    }
+    // The storage policy is carried over from the pod's volume;
+    // csi-translation-lib v0.34 reads it from the PV it is making (still
+    // without a vSphere source) and crashes instead.
+    let csi = csi_source(
+        &source.volume_path,
+        source.fs_type.as_deref(),
+        source.storage_policy_name.as_deref(),
+    );
+    inline_pv(
+        format!("{DRIVER}-{}", source.volume_path),
+        csi,
+        "ReadWriteOnce",
+    )
 }
