@@ -213,6 +213,16 @@ pub(crate) fn non_empty(s: &str) -> Option<String> {
     (!s.is_empty()).then(|| s.to_string())
 }
 
+/// A class parameter's name for the CSI driver: `fstype` (in any case)
+/// becomes [`CSI_FS_TYPE_KEY`], any other stays.
+pub(crate) fn csi_param_name(k: &str) -> &str {
+    if k.to_lowercase() == FS_TYPE_KEY {
+        CSI_FS_TYPE_KEY
+    } else {
+        k
+    }
+}
+
 /// `Some(true)` or absent, for Go's `bool` with `omitempty`.
 pub(crate) fn only_true(b: bool) -> Option<bool> {
     b.then_some(true)

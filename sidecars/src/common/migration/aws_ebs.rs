@@ -17,10 +17,9 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::storage::v1::StorageClass;
 
-use super::topology::{self, class_topologies, zone_param_selector};
+use super::topology::{self, zonal_class};
 use super::{
-    atoi32, csi_of, inline_pv, non_empty, only_true, MigrationError, Plugin, CSI_FS_TYPE_KEY,
-    FS_TYPE_KEY, ZONES_KEY, ZONE_KEY,
+    atoi32, csi_of, csi_param_name, inline_pv, non_empty, only_true, MigrationError, Plugin,
 };
 
 const DRIVER: &str = Plugin::AwsEbs.driver_name();
@@ -31,29 +30,12 @@ const ALLOW_IOPS_INCREASE_KEY: &str = "allowautoiopspergbincrease";
 const PARTITION: &str = "partition";
 
 pub(super) fn storage_class(sc: &mut StorageClass) -> Result<(), MigrationError> {
-    let mut params = BTreeMap::new();
-    let mut generated = None;
-    for (k, v) in sc.parameters.iter().flatten() {
-        match k.to_lowercase().as_str() {
-            FS_TYPE_KEY => {
-                params.insert(CSI_FS_TYPE_KEY.to_string(), v.clone());
-            }
-            param @ (ZONE_KEY | ZONES_KEY) => {
-                generated = Some(zone_param_selector(TOPOLOGY_KEY, param, v))
-            }
-            IOPS_PER_GB_KEY => {
-                params.insert(k.clone(), v.clone());
-                params.insert(ALLOW_IOPS_INCREASE_KEY.to_string(), "true".to_string());
-            }
-            _ => {
-                params.insert(k.clone(), v.clone());
-            }
+    zonal_class(sc, TOPOLOGY_KEY, |k, v, params| {
+        params.insert(csi_param_name(k).to_string(), v.to_string());
+        if k.to_lowercase() == IOPS_PER_GB_KEY {
+            params.insert(ALLOW_IOPS_INCREASE_KEY.to_string(), "true".to_string());
         }
-    }
-    sc.allowed_topologies =
-        class_topologies(sc.allowed_topologies.take(), generated, TOPOLOGY_KEY)?;
-    sc.parameters = (!params.is_empty()).then_some(params);
-    Ok(())
+    })
 }
 
 /// The EBS volume ID of a Kubernetes EBS volume ID: `aws://<zone>/<id>`,

@@ -20,8 +20,8 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::StorageClass;
 use regex::Regex;
 
-use super::topology::{class_topologies, zone_param_selector};
-use super::{csi_of, inline_pv, only_true, MigrationError, Plugin, ZONES_KEY, ZONE_KEY};
+use super::topology::zonal_class;
+use super::{csi_of, inline_pv, only_true, MigrationError, Plugin};
 
 const DRIVER: &str = Plugin::AzureDisk.driver_name();
 /// The driver's zonal topology key.
@@ -44,21 +44,10 @@ static UNMANAGED_URI: LazyLock<Option<Regex>> =
     LazyLock::new(|| Regex::new(r"http(?:.*)://(?:.*)/vhds/(.+)").ok());
 
 pub(super) fn storage_class(sc: &mut StorageClass) -> Result<(), MigrationError> {
-    let mut params = BTreeMap::new();
-    let mut generated = None;
-    for (k, v) in sc.parameters.iter().flatten() {
-        match k.to_lowercase().as_str() {
-            param @ (ZONE_KEY | ZONES_KEY) => {
-                generated = Some(zone_param_selector(TOPOLOGY_KEY, param, v))
-            }
-            _ => {
-                params.insert(k.clone(), v.clone());
-            }
-        }
-    }
-    let topologies = class_topologies(sc.allowed_topologies.take(), generated, TOPOLOGY_KEY)?;
-    sc.allowed_topologies = topologies.map(unzoned_to_csi);
-    sc.parameters = (!params.is_empty()).then_some(params);
+    zonal_class(sc, TOPOLOGY_KEY, |k, v, params| {
+        params.insert(k.to_string(), v.to_string());
+    })?;
+    sc.allowed_topologies = sc.allowed_topologies.take().map(unzoned_to_csi);
     Ok(())
 }
 

@@ -15,9 +15,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::StorageClass;
 
 use super::topology::{self, allowed_topologies};
-use super::{
-    csi_of, inline_pv, non_empty, only_true, MigrationError, Plugin, CSI_FS_TYPE_KEY, FS_TYPE_KEY,
-};
+use super::{csi_of, csi_param_name, inline_pv, non_empty, only_true, MigrationError, Plugin};
 
 const DRIVER: &str = Plugin::Cinder.driver_name();
 /// The driver's zonal topology key.
@@ -26,11 +24,7 @@ pub const TOPOLOGY_KEY: &str = "topology.cinder.csi.openstack.org/zone";
 pub(super) fn storage_class(sc: &mut StorageClass) {
     let mut params = BTreeMap::new();
     for (k, v) in sc.parameters.iter().flatten() {
-        if k.to_lowercase() == FS_TYPE_KEY {
-            params.insert(CSI_FS_TYPE_KEY.to_string(), v.clone());
-        } else {
-            params.insert(k.clone(), v.clone());
-        }
+        params.insert(csi_param_name(k).to_string(), v.clone());
     }
     if let Some(terms) = sc.allowed_topologies.as_mut().filter(|t| !t.is_empty()) {
         *terms = allowed_topologies(terms, TOPOLOGY_KEY);

@@ -19,12 +19,9 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::storage::v1::StorageClass;
 
-use super::topology::{
-    self, class_topologies, zone_param_selector, BETA_ZONE, MULTI_ZONE_DELIMITER, ZONE,
-};
+use super::topology::{self, zonal_class, BETA_ZONE, MULTI_ZONE_DELIMITER, ZONE};
 use super::{
-    atoi32, csi_of, inline_pv, non_empty, only_true, MigrationError, Plugin, CSI_FS_TYPE_KEY,
-    FS_TYPE_KEY, ZONES_KEY, ZONE_KEY,
+    atoi32, csi_of, csi_param_name, inline_pv, non_empty, only_true, MigrationError, Plugin,
 };
 
 const DRIVER: &str = Plugin::GcePd.driver_name();
@@ -37,27 +34,11 @@ const PARTITION: &str = "partition";
 const PARTS: usize = 6;
 
 pub(super) fn storage_class(sc: &mut StorageClass) -> Result<(), MigrationError> {
-    let mut params = BTreeMap::new();
-    let mut generated = None;
-    for (k, v) in sc.parameters.iter().flatten() {
-        match k.to_lowercase().as_str() {
-            // The driver never sees the prefixed key: the provisioner takes
-            // it for the volume capability.
-            FS_TYPE_KEY => {
-                params.insert(CSI_FS_TYPE_KEY.to_string(), v.clone());
-            }
-            param @ (ZONE_KEY | ZONES_KEY) => {
-                generated = Some(zone_param_selector(TOPOLOGY_KEY, param, v))
-            }
-            _ => {
-                params.insert(k.clone(), v.clone());
-            }
-        }
-    }
-    sc.allowed_topologies =
-        class_topologies(sc.allowed_topologies.take(), generated, TOPOLOGY_KEY)?;
-    sc.parameters = (!params.is_empty()).then_some(params);
-    Ok(())
+    zonal_class(sc, TOPOLOGY_KEY, |k, v, params| {
+        // The driver never sees the prefixed key: the provisioner takes it
+        // for the volume capability.
+        params.insert(csi_param_name(k).to_string(), v.to_string());
+    })
 }
 
 /// The in-tree plugin attached any disk read-write whatever the PV said;

@@ -13,8 +13,9 @@ use k8s_openapi::api::core::v1::{
     NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, PersistentVolume,
     TopologySelectorLabelRequirement, TopologySelectorTerm, VolumeNodeAffinity,
 };
+use k8s_openapi::api::storage::v1::StorageClass;
 
-use super::{MigrationError, ZONES_KEY};
+use super::{MigrationError, ZONES_KEY, ZONE_KEY};
 
 pub const ZONE: &str = "topology.kubernetes.io/zone";
 pub const REGION: &str = "topology.kubernetes.io/region";
@@ -260,6 +261,27 @@ pub fn zone_param_selector(key: &str, param: &str, value: &str) -> Vec<TopologyS
         vec![value.to_string()]
     };
     selector(key, zones)
+}
+
+/// The class of a zonal plugin: its `zone`/`zones` parameters become
+/// allowed topologies under the driver's `key` (see [`class_topologies`]);
+/// `param` puts each other parameter (name, value) into the new ones.
+pub fn zonal_class(
+    sc: &mut StorageClass,
+    key: &str,
+    mut param: impl FnMut(&str, &str, &mut BTreeMap<String, String>),
+) -> Result<(), MigrationError> {
+    let mut params = BTreeMap::new();
+    let mut generated = None;
+    for (k, v) in sc.parameters.iter().flatten() {
+        match k.to_lowercase().as_str() {
+            zone @ (ZONE_KEY | ZONES_KEY) => generated = Some(zone_param_selector(key, zone, v)),
+            _ => param(k, v, &mut params),
+        }
+    }
+    sc.allowed_topologies = class_topologies(sc.allowed_topologies.take(), generated, key)?;
+    sc.parameters = (!params.is_empty()).then_some(params);
+    Ok(())
 }
 
 /// The class's allowed topologies after its `zone`/`zones` parameters
