@@ -148,35 +148,22 @@ pub(super) fn inline_to_csi(volume: &Volume) -> Result<PersistentVolume, Migrati
 /// (`us-west-2-lax-1a`) keep their first three parts, as do Wavelength
 /// zones (`us-east-1-wl1-bos-wlz-1`).
 pub fn region_of_zones(zones: &[String]) -> Result<String, String> {
-    if zones.is_empty() {
-        return Err("no zones specified".into());
-    }
-    let mut regions = std::collections::BTreeSet::new();
-    for zone in zones {
+    topology::one_region(zones, |zone| {
         let parts: Vec<&str> = zone.split('-').collect();
         let last = parts.last().copied().unwrap_or_default();
-        let region = match parts.len() {
+        match parts.len() {
             3 | 4 if last.len() == 2 && last.is_char_boundary(1) => {
                 let mut p = parts.clone();
                 let n = p.len() - 1;
                 p[n] = &last[..1];
-                p.join("-")
+                Ok(p.join("-"))
             }
-            5 | 7 => parts[..3].join("-"),
-            _ => {
-                return Err(format!(
-                    "unexpected zone format: {zone} is not a valid AWS zone"
-                ))
-            }
-        };
-        regions.insert(region);
-    }
-    match regions.len() {
-        1 => Ok(regions.into_iter().next().unwrap_or_default()),
-        _ => Err(format!(
-            "multiple or no regions gotten from zones, got: {regions:?}"
-        )),
-    }
+            5 | 7 => Ok(parts[..3].join("-")),
+            _ => Err(format!(
+                "unexpected zone format: {zone} is not a valid AWS zone"
+            )),
+        }
+    })
 }
 
 #[cfg(test)]

@@ -222,25 +222,15 @@ pub fn repair_volume_handle(handle: &str, node_id: &str) -> Result<String, Migra
 
 /// The one region of `zones` named `<locale>-<region>-<zone>`.
 pub fn region_of_zones(zones: &[String]) -> Result<String, String> {
-    if zones.is_empty() {
-        return Err("no zones specified".into());
-    }
-    let mut regions = BTreeSet::new();
-    for zone in zones {
+    topology::one_region(zones, |zone| {
         let parts: Vec<&str> = zone.split('-').collect();
         if parts.len() != 3 {
             return Err(format!(
                 "zone in unexpected format, expected: {{locale}}-{{region}}-{{zone}}, got: {zone}"
             ));
         }
-        regions.insert(parts[..2].join("-"));
-    }
-    match regions.len() {
-        1 => Ok(regions.into_iter().next().unwrap_or_default()),
-        _ => Err(format!(
-            "multiple or no regions gotten from zones, got: {regions:?}"
-        )),
-    }
+        Ok(parts[..2].join("-"))
+    })
 }
 
 #[cfg(test)]

@@ -27,6 +27,27 @@ pub const MULTI_ZONE_DELIMITER: &str = "__";
 /// Derives a volume's one region from its zones (the plugin's naming).
 pub type RegionOf = fn(&[String]) -> Result<String, String>;
 
+/// The one region of `zones`, each zone's from `region` (which says what is
+/// wrong with a zone it cannot read).
+pub fn one_region(
+    zones: &[String],
+    region: impl Fn(&str) -> Result<String, String>,
+) -> Result<String, String> {
+    if zones.is_empty() {
+        return Err("no zones specified".into());
+    }
+    let regions = zones
+        .iter()
+        .map(|zone| region(zone))
+        .collect::<Result<BTreeSet<_>, _>>()?;
+    match regions.len() {
+        1 => Ok(regions.into_iter().next().unwrap_or_default()),
+        _ => Err(format!(
+            "multiple or no regions gotten from zones, got: {regions:?}"
+        )),
+    }
+}
+
 /// The required node selector terms, when there is at least one.
 fn terms(pv: &PersistentVolume) -> &[NodeSelectorTerm] {
     pv.spec
