@@ -82,8 +82,8 @@ pub struct Args {
 }
 
 impl Args {
-    /// The identity, falling back to host name and process id (the
-    /// sidecars' format: `<host>_<pid>`).
+    /// The identity, falling back to host name and process id (as the
+    /// sidecars do outside a pod: `<host>_<pid>`).
     pub fn identity(&self) -> String {
         csiops_runtime::kube::identity(self.identity.as_deref())
     }

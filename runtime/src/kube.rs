@@ -86,22 +86,28 @@ pub async fn client(path: Option<&Path>) -> Result<kube::Client, ConfigError> {
     kube::Client::try_from(config(path).await?).map_err(ConfigError::Client)
 }
 
-/// This replica's identity: `explicit` when given, else `<POD_NAME>_<pid>`
-/// (the host name when `POD_NAME` is unset), as client-go's users make it:
-/// the pid keeps two processes of one pod or host apart.
+/// This replica's identity: `explicit` when given, else the pod's name
+/// (`POD_NAME`), else `<host>_<pid>`.
+///
+/// A pod's name outlives a restart of its container: a leader whose
+/// container kubelet restarted takes its own Lease back at once instead of
+/// waiting it out (as csi-lib-utils' host-name identity does). No two live
+/// processes share it: kubelet restarts a container only once it exited,
+/// and one pod at a time holds a name. Outside a pod the pid keeps two
+/// processes of one host apart.
 pub fn identity(explicit: Option<&str>) -> String {
-    if let Some(id) = explicit.filter(|s| !s.is_empty()) {
+    identity_from(explicit, std::env::var("POD_NAME").ok().as_deref())
+}
+
+fn identity_from<'a>(explicit: Option<&'a str>, pod_name: Option<&'a str>) -> String {
+    let given = |s: Option<&'a str>| s.filter(|s| !s.is_empty());
+    if let Some(id) = given(explicit).or(given(pod_name)) {
         return id.to_string();
     }
-    let host = std::env::var("POD_NAME")
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
+        .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
-        .or_else(|| {
-            std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .ok()
-                .map(|s| s.trim().to_string())
-                .filter(|s| !s.is_empty())
-        })
         .unwrap_or_else(|| "csiops".to_string());
     format!("{host}_{}", std::process::id())
 }
@@ -111,11 +117,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn identity_is_the_explicit_one_else_host_and_pid() {
-        assert_eq!(identity(Some("pod-0")), "pod-0");
-        let id = identity(Some(""));
+    fn identity_is_the_explicit_one_else_the_pod_else_host_and_pid() {
+        assert_eq!(identity_from(Some("pod-0"), Some("pod-1")), "pod-0");
+        assert_eq!(identity_from(None, Some("pod-1")), "pod-1");
+        assert_eq!(identity_from(Some(""), Some("pod-1")), "pod-1");
+        let id = identity_from(Some(""), Some(""));
         assert!(id.ends_with(&format!("_{}", std::process::id())), "{id}");
-        assert_eq!(identity(None), id);
+        assert_eq!(identity_from(None, None), id);
     }
 
     #[test]
