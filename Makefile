@@ -170,22 +170,24 @@ bench-fleet: toolchain cluster-bins
 	  --idle-seconds $(BENCH_IDLE) --max-unavailable "$(BENCH_MAX_UNAVAILABLE)"
 
 ## Benchmark (not part of `test`): the sidecars at cluster scale, ours and
-## upstream's side by side (issue 39; e2e/bench/README.md): steady state and
-## failover at BENCH_VOLUMES bound volumes, a registrar restart among
+## upstream's side by side (issue 39; e2e/bench/README.md): the operator
+## beside BENCH_VOLUMES bound volumes, steady state and failover at them, a registrar restart among
 ## BENCH_CSINODES CSINodes, BENCH_BURST_CLAIMS claims at once. Upstream
 ## binaries by path (UPSTREAM_PROVISIONER, UPSTREAM_ATTACHER,
 ## UPSTREAM_REGISTRAR); without one that side runs ours only and says so.
-## BENCH_PHASES picks measures (steady,failover,registrar,burst);
+## BENCH_PHASES picks measures (operator,steady,failover,registrar,burst);
 ## BENCH_SCALE_ARGS passes more flags (e.g. --rest 30 --settle 30).
 ## Ours is the binary the sidecar image ships (static musl, from `make
 ## images`): memory is what this measures, and the allocator is part of it.
 BENCH_VOLUMES ?= 10000
 BENCH_BURST_CLAIMS ?= 50000
 BENCH_CSINODES ?= 10000
-BENCH_PHASES ?= steady,failover,registrar,burst
+BENCH_PHASES ?= operator,steady,failover,registrar,burst
 bench-scale: toolchain cluster-bins images
-	$(CARGO) build --release -p csiops-e2e --bin csi-test-driver --bin csiops-bench-scale
+	$(CARGO) build --release -p csiops-e2e --bin csi-test-driver --bin csiops-bench-scale \
+	  -p csiops-operator --bin csiops-operator
 	CSIOPS_BIN_DIR="$$(e2e/cluster-bins/build.sh)" \
+	CSIOPS_OPERATOR_BIN="$${CARGO_TARGET_DIR:-target}/release/csiops-operator" \
 	CSIOPS_SIDECAR_BIN="$$(e2e/images/build.sh)/sidecar-bin/csiops-sidecar" \
 	CSIOPS_TEST_DRIVER_BIN="$${CARGO_TARGET_DIR:-target}/release/csi-test-driver" \
 	"$${CARGO_TARGET_DIR:-target}/release/csiops-bench-scale" --volumes $(BENCH_VOLUMES) \

@@ -11,11 +11,18 @@
 //!    then its attacher, alone, settles and rests: RSS, requests a minute,
 //!    CPU seconds a minute.
 //! 2. [`failover`]: two replicas with leader election; the leader is
-//!    killed (SIGKILL) and a new claim (a new VolumeAttachment) created:
-//!    time to the new leader's Lease, its first PV (attach), the claim
-//!    Bound, the requests it made before, its peak RSS.
+//!    killed (SIGKILL: the standby waits out the Lease, or the same replica
+//!    restarts) or stopped (SIGTERM: it releases the Lease) and a new claim
+//!    (a new VolumeAttachment) created: time to the new leader's Lease, its
+//!    first PV (attach), the claim Bound, the requests it made before, its
+//!    peak RSS.
 //! 3. [`registrar`]: CSINodes of many nodes; a node's registrar restarted:
 //!    the lists it made and the objects they returned.
+//!
+//! Around the layout, [`operator`]: the operator reconciles a
+//! CSIDriverDeployment of the bench's driver before the N volumes exist,
+//! while they are laid out and restarted beside them: its requests and
+//! RSS, which must not grow with the volumes.
 //!
 //! Then [`burst`], on a fresh control plane per side (so neither side's
 //! caches hold the other's 50,000 claims): M claims created at once, RSS
@@ -25,6 +32,7 @@
 
 pub mod burst;
 pub mod failover;
+pub mod operator;
 pub mod registrar;
 pub mod steady;
 
@@ -95,11 +103,16 @@ pub struct Args {
     /// Seconds between two samples of the burst's timeline.
     #[arg(long, default_value_t = 5)]
     pub sample_every: u64,
-    /// The measures to run (steady, failover, registrar, burst).
+    /// How the failover's leader ends: crash (SIGKILL, the standby waits
+    /// out the Lease), restart (SIGKILL and the same replica started
+    /// again, as kubelet restarts a container), release (SIGTERM).
+    #[arg(long, value_delimiter = ',', default_value = "crash,restart,release")]
+    pub failovers: Vec<String>,
+    /// The measures to run (operator, steady, failover, registrar, burst).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "steady,failover,registrar,burst"
+        default_value = "operator,steady,failover,registrar,burst"
     )]
     pub phases: Vec<String>,
 }
@@ -171,15 +184,6 @@ impl ApiCount {
                 RESOURCES.contains(&r) && (r == "leases") == lease && verbs.contains(&l.get("verb"))
             })
         };
-        let listed = |name| {
-            apimetrics::sum_where(text, name, |l| {
-                let r = l.get("resource_prefix").trim_start_matches('/');
-                let r = if r.is_empty() { l.get("resource") } else { r };
-                RESOURCES
-                    .iter()
-                    .any(|x| r == *x || r.starts_with(&format!("{x}.")))
-            })
-        };
         ApiCount {
             list: by(&["LIST"], false),
             get: by(&["GET"], false),
@@ -189,8 +193,7 @@ impl ApiCount {
                 false,
             ),
             leases: by(&["GET", "PUT", "POST", "PATCH", "LIST", "WATCH"], true),
-            listed_objects: listed("apiserver_cache_list_returned_objects_total")
-                + listed("apiserver_storage_list_returned_objects_total"),
+            listed_objects: listed_objects(text, RESOURCES),
         }
     }
 
@@ -211,6 +214,22 @@ impl ApiCount {
     }
 }
 
+/// The objects kube-apiserver's lists of `resources` returned, from its
+/// watch cache and from etcd.
+fn listed_objects(text: &str, resources: &[&str]) -> f64 {
+    let listed = |name| {
+        apimetrics::sum_where(text, name, |l| {
+            let r = l.get("resource_prefix").trim_start_matches('/');
+            let r = if r.is_empty() { l.get("resource") } else { r };
+            resources
+                .iter()
+                .any(|x| r == *x || r.starts_with(&format!("{x}.")))
+        })
+    };
+    listed("apiserver_cache_list_returned_objects_total")
+        + listed("apiserver_storage_list_returned_objects_total")
+}
+
 /// The shared bed of the steady-state, failover and registrar measures.
 pub struct Bed {
     pub cluster: Cluster,
@@ -224,9 +243,11 @@ pub struct Bed {
 }
 
 /// Volumes of the driver kept unpublished for the failovers' new attachments.
-const EXTRA_VOLUMES: usize = 8;
+const EXTRA_VOLUMES: usize = 16;
 
 impl Bed {
+    /// The control plane, the driver, the nodes registered and the class;
+    /// no volume yet ([`Bed::lay_out`]).
     async fn start(args: &Args) -> Result<Bed> {
         let cluster = Cluster::start(ClusterOptions::kwok(args.nodes)).await?;
         let client = cluster.client()?;
@@ -246,15 +267,6 @@ impl Bed {
         let driver = start_driver(&dir, &socket, args, true).await?;
         register_nodes(&client, &nodes).await?;
         objects::storage_class(&client, CLASS, DRIVER).await?;
-        let t0 = Instant::now();
-        eprintln!(
-            "laying out {} bound claims, PVs and attachments",
-            args.volumes
-        );
-        set.create(&client).await?;
-        wait_all_bound(&client, &set).await?;
-        let laid_out = t0.elapsed();
-        eprintln!("laid out and Bound in {:.0}s", laid_out.as_secs_f64());
         Ok(Bed {
             cluster,
             client,
@@ -262,8 +274,22 @@ impl Bed {
             socket,
             dir,
             _driver: driver,
-            laid_out,
+            laid_out: Duration::ZERO,
         })
+    }
+
+    /// The N bound claims, PVs and attached VolumeAttachments.
+    async fn lay_out(&mut self, args: &Args) -> Result<()> {
+        let t0 = Instant::now();
+        eprintln!(
+            "laying out {} bound claims, PVs and attachments",
+            args.volumes
+        );
+        self.set.create(&self.client).await?;
+        wait_all_bound(&self.client, &self.set).await?;
+        self.laid_out = t0.elapsed();
+        eprintln!("laid out and Bound in {:.0}s", self.laid_out.as_secs_f64());
+        Ok(())
     }
 
     fn flags(&self, args: &Args, leader_election: bool) -> Result<Flags> {
@@ -400,15 +426,23 @@ pub(crate) async fn until_holder(client: &kube::Client, lease: &str, prefix: &st
 /// Runs the chosen measures and prints their tables.
 pub async fn run(args: Args) -> Result<()> {
     let started = Instant::now();
-    if ["steady", "failover", "registrar"]
+    if ["operator", "steady", "failover", "registrar"]
         .iter()
         .any(|p| args.runs(p))
     {
-        let bed = Bed::start(&args).await?;
+        let mut bed = Bed::start(&args).await?;
+        let operator = match args.runs("operator") {
+            true => Some(operator::before_layout(&bed, &args).await?),
+            false => None,
+        };
+        bed.lay_out(&args).await?;
         emit(&format!(
             "{} Bound claims with their PVs and {} attached VolumeAttachments on {} kwok nodes (laid out and Bound in {:.0} s); QPS {} / burst {}, {} workers\n\n",
             args.volumes, args.volumes, args.nodes, bed.laid_out.as_secs_f64(), args.qps, args.burst, args.workers
         ));
+        if let Some(before) = operator {
+            emit(&operator::after_layout(&bed, &args, before).await?);
+        }
         if args.runs("steady") {
             emit(&steady::run(&bed, &args).await?);
         }

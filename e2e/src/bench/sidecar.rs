@@ -108,7 +108,9 @@ impl Flags {
 }
 
 /// Starts `side`'s `role` with `flags`; `replica` names its host (and so
-/// its leader-election identity), `None` runs it in this host's UTS.
+/// its leader-election identity), `None` runs it in this host's UTS. Ours
+/// also gets `replica` as `POD_NAME`, its identity in a pod: a replica
+/// started again under the same name is a container restarted in its pod.
 pub fn spawn(
     side: &Side,
     role: Role,
@@ -140,20 +142,36 @@ pub fn spawn(
                 side.bin.display().to_string(),
             ];
             wrapped.extend(argv);
-            ManagedProcess::spawn(&name, Path::new("unshare"), &wrapped, log)
+            let env: &[(&str, &str)] = match side.upstream {
+                true => &[],
+                false => &[("POD_NAME", host)],
+            };
+            ManagedProcess::spawn_with_env(&name, Path::new("unshare"), &wrapped, env, log)
         }
     }
 }
 
 /// The Lease's holder, if any.
 pub async fn holder(client: &kube::Client, lease: &str) -> Result<Option<String>> {
+    Ok(holder_at(client, lease).await?.0)
+}
+
+/// The Lease's holder, if any, and its resourceVersion (a write by the
+/// same holder, a renewal, changes only the latter).
+pub async fn holder_at(
+    client: &kube::Client,
+    lease: &str,
+) -> Result<(Option<String>, Option<String>)> {
     let api: Api<Lease> = Api::namespaced(client.clone(), "default");
-    Ok(api
-        .get_opt(lease)
-        .await?
+    let lease = api.get_opt(lease).await?;
+    let version = lease
+        .as_ref()
+        .and_then(|l| l.metadata.resource_version.clone());
+    let holder = lease
         .and_then(|l| l.spec)
         .and_then(|s| s.holder_identity)
-        .filter(|h| !h.is_empty()))
+        .filter(|h| !h.is_empty());
+    Ok((holder, version))
 }
 
 /// A kubeconfig that acts as ServiceAccount `default/<name>`, bound to
