@@ -106,8 +106,13 @@ pub struct Args {
     /// How the failover's leader ends: crash (SIGKILL, the standby waits
     /// out the Lease), restart (SIGKILL and the same replica started
     /// again, as kubelet restarts a container), release (SIGTERM).
-    #[arg(long, value_delimiter = ',', default_value = "crash,restart,release")]
-    pub failovers: Vec<String>,
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "crash,restart,release"
+    )]
+    pub failovers: Vec<failover::How>,
     /// The measures to run (operator, steady, failover, registrar, burst).
     #[arg(
         long,

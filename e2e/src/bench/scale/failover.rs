@@ -23,8 +23,8 @@ use crate::{Error, Result};
 const POLL: Duration = Duration::from_millis(100);
 const GIVE_UP: Duration = Duration::from_secs(300);
 
-/// How the leader goes away.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How the leader goes away (`--failovers`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum How {
     /// SIGKILL, and the standby takes over once the Lease runs out: a pod
     /// or node lost without a goodbye.
@@ -39,17 +39,6 @@ pub enum How {
 }
 
 impl How {
-    pub fn parse(s: &str) -> Result<How> {
-        match s {
-            "crash" => Ok(How::Crash),
-            "restart" => Ok(How::Restart),
-            "release" => Ok(How::Release),
-            other => Err(Error::Other(format!(
-                "unknown failover {other:?} (crash, restart, release)"
-            ))),
-        }
-    }
-
     fn describe(self) -> &'static str {
         match self {
             How::Crash => "SIGKILL; the standby waits out the Lease",
@@ -226,17 +215,13 @@ fn stop_all(mut procs: Vec<ManagedProcess>) {
 }
 
 pub async fn run(bed: &Bed, args: &Args) -> Result<String> {
-    let hows = args
-        .failovers
-        .iter()
-        .map(|h| How::parse(h))
-        .collect::<Result<Vec<_>>>()?;
+    let hows = &args.failovers;
     let mut rows = String::new();
     for role in [Role::Provisioner, Role::Attacher] {
         let sides = args.sides(role)?;
         // Numbers the role's runs: each gets its own claim or PV.
         let mut k = 0;
-        for &how in &hows {
+        for &how in hows {
             for side in &sides {
                 eprintln!("failover ({how:?}): {} {}", side.name, role.subcommand());
                 let o = one(bed, args, side, role, how, k).await?;

@@ -34,7 +34,7 @@ const VOLUME_RESOURCES: &[&str] = &[
 
 /// kube-apiserver's requests to [`VOLUME_RESOURCES`], from every client,
 /// and the objects its lists of them returned.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 struct VolumeRequests {
     requests: f64,
     listed: f64,
@@ -68,22 +68,24 @@ struct Window {
     volumes: usize,
     seconds: f64,
     own: ApiRequests,
-    volume: VolumeRequests,
+    /// `None` while the bench itself writes the volume resources.
+    volume: Option<VolumeRequests>,
     rss_kib: u64,
     hwm_kib: u64,
 }
 
 impl Window {
     fn row(&self) -> String {
+        let volume = self.volume.map_or("– (the bench's own)".into(), |v| {
+            format!("{:.0} ({:.0} objects listed)", v.requests, v.listed)
+        });
         format!(
-            "| {} | {} | {:.0} s | {:.0} ({:.0} writes) | {:.0} ({:.0} objects listed) | {} | {} |\n",
+            "| {} | {} | {:.0} s | {:.0} ({:.0} writes) | {volume} | {} | {} |\n",
             self.what,
             self.volumes,
             self.seconds,
             self.own.all,
             self.own.writes,
-            self.volume.requests,
-            self.volume.listed,
             mib(self.rss_kib),
             mib(self.hwm_kib),
         )
@@ -152,7 +154,7 @@ impl Mark {
                 all: own.all - self.own.all,
                 writes: own.writes - self.own.writes,
             },
-            volume,
+            volume: Some(volume),
             rss_kib,
             hwm_kib,
         })
@@ -231,7 +233,7 @@ pub async fn after_layout(bed: &Bed, args: &Args, before: Before) -> Result<Stri
     let mut w = layout
         .window(bed, &op, "while the volumes were laid out", n)
         .await?;
-    w.volume = VolumeRequests::default();
+    w.volume = None;
     rows.push(w);
     rows.push(rest(bed, &op, args, n).await?);
     op.stop().await;
