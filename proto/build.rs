@@ -3,6 +3,8 @@
 //!
 //! Outputs in `OUT_DIR`:
 //! - `csi.v1.rs`, `pluginregistration.rs`: generated code;
+//! - `kubernetes.rs`: the Kubernetes API messages of `kubernetes/*.proto`
+//!   (messages only, no service), as nested modules by package;
 //! - `csi_descriptor.bin`: encoded `FileDescriptorSet` of both files and their
 //!   imports, custom options (`csi_secret`, `alpha_*`) included, for runtime
 //!   reflection (log redaction).
@@ -11,8 +13,15 @@ use std::{env, error::Error, fs, path::PathBuf};
 
 const PROTOS: &[&str] = &["csi.proto", "pluginregistration.proto"];
 
+/// The Kubernetes messages the operator's protobuf pod watch reads.
+const KUBERNETES: &[&str] = &[
+    "kubernetes/runtime.proto",
+    "kubernetes/meta.proto",
+    "kubernetes/core.proto",
+];
+
 fn main() -> Result<(), Box<dyn Error>> {
-    for proto in PROTOS {
+    for proto in PROTOS.iter().chain(KUBERNETES) {
         println!("cargo:rerun-if-changed={proto}");
     }
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
@@ -42,5 +51,20 @@ fn main() -> Result<(), Box<dyn Error>> {
         .build_client(true)
         .build_server(true)
         .compile_fds_with_config(fds, config)?;
+
+    kubernetes()
+}
+
+/// The Kubernetes messages: plain prost messages, `bytes` fields as
+/// [`bytes::Bytes`] so an object's raw encoding is sliced, not copied, and
+/// one `kubernetes.rs` that nests the three packages (their types refer to
+/// each other by relative module paths).
+fn kubernetes() -> Result<(), Box<dyn Error>> {
+    let mut compiler = protox::Compiler::new(["."])?;
+    compiler.include_source_info(true);
+    compiler.open_files(KUBERNETES)?;
+    let mut config = prost_build::Config::new();
+    config.bytes(["."]).include_file("kubernetes.rs");
+    config.compile_fds(compiler.file_descriptor_set())?;
     Ok(())
 }

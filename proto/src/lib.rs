@@ -6,6 +6,9 @@
 //!   and SnapshotMetadata).
 //! - [`pluginregistration`]: kubelet's plugin registration API v1 (served by
 //!   the registrar sidecar, called by kubelet).
+//! - [`kubernetes`]: the few Kubernetes API messages (pods, their list and
+//!   watch envelopes) the operator reads in protobuf, trimmed to the fields
+//!   it uses.
 //! - [`client`]: dialling a driver's unix socket, per-call deadlines.
 //! - [`redact`]: rendering requests for logs with `csi_secret` fields stripped.
 //! - [`authority`]: serving gRPC clients that send a socket path as
@@ -43,6 +46,15 @@ pub mod pluginregistration {
         rustdoc::bare_urls
     )]
     include!(concat!(env!("OUT_DIR"), "/pluginregistration.rs"));
+}
+
+/// Kubernetes API messages as kube-apiserver encodes them in protobuf,
+/// generated from `proto/kubernetes/*.proto`: nested by package, so
+/// `kubernetes::k8s::io::api::core::v1::Pod` is Kubernetes' `core/v1` Pod
+/// (with only the fields csiops reads).
+pub mod kubernetes {
+    #![allow(missing_docs, clippy::all, clippy::pedantic)]
+    include!(concat!(env!("OUT_DIR"), "/kubernetes.rs"));
 }
 
 use std::sync::LazyLock;

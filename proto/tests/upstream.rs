@@ -1,13 +1,15 @@
-//! Compares our .proto files with the published ones, descriptor for
-//! descriptor (everything but file name and comments: packages, options,
-//! services, methods, messages, fields, numbers, types, enums, custom
-//! options).
+//! Compares our .proto files with the published ones: CSI and plugin
+//! registration descriptor for descriptor (everything but file name and
+//! comments: packages, options, services, methods, messages, fields,
+//! numbers, types, enums, custom options); the trimmed Kubernetes messages
+//! field for field, as a subset of Kubernetes' own.
 //!
 //! The published files are not part of this repository: `make test` (and
 //! `make unit`) fetch them through the Go module proxy with
 //! `e2e/cluster-bins/upstream-protos.sh` — the CSI spec at `CSI_SPEC_VERSION`
-//! and k8s.io/kubelet at the staging version of `K8S_VERSION`, both pinned in
-//! `e2e/versions.env` — and name the directory in `CSIOPS_UPSTREAM_PROTOS`.
+//! and k8s.io/kubelet, api and apimachinery at the staging version of
+//! `K8S_VERSION`, all pinned in `e2e/versions.env` — and name the
+//! directory in `CSIOPS_UPSTREAM_PROTOS`.
 //! Without it these tests fail: a comparison that silently does not run
 //! proves nothing. By hand:
 //!
@@ -129,4 +131,79 @@ fn csi_proto_matches_published_v1_12() {
 #[test]
 fn pluginregistration_proto_matches_published_v1() {
     compare("pluginregistration.proto", "pluginregistration.proto");
+}
+
+/// The descriptors of `file` and everything it imports, compiled from the
+/// include root `root`.
+fn pool(root: &Path, file: &str) -> prost_reflect::DescriptorPool {
+    let mut compiler = protox::Compiler::new([root]).unwrap();
+    compiler.include_imports(true);
+    compiler.include_source_info(false);
+    compiler
+        .open_file(file)
+        .unwrap_or_else(|e| panic!("{}/{file}: {e}", root.display()));
+    prost_reflect::DescriptorPool::decode(compiler.encode_file_descriptor_set().as_slice()).unwrap()
+}
+
+/// How a field reads on the wire and in the generated code: its number,
+/// name, cardinality and type (a message or map entry by full name).
+fn field_shape(f: &prost_reflect::FieldDescriptor) -> String {
+    use prost_reflect::Kind;
+    let kind = match f.kind() {
+        Kind::Message(m) => m.full_name().to_string(),
+        Kind::Enum(e) => e.full_name().to_string(),
+        other => format!("{other:?}"),
+    };
+    format!(
+        "{} = {}: {:?} {kind}",
+        f.name(),
+        f.number(),
+        f.cardinality()
+    )
+}
+
+/// `proto/kubernetes/*.proto` trims Kubernetes' `generated.proto` files:
+/// every message of ours (map entries included) must be one of the
+/// published messages, under the same full name, and every field of it the
+/// published field of that name, with its number, cardinality and type.
+#[test]
+fn kubernetes_protos_are_trimmed_published_ones() {
+    let root = upstream("k8s.io/api/core/v1/generated.proto")
+        .ancestors()
+        .nth(5)
+        .expect("the include root above k8s.io/")
+        .to_path_buf();
+    let theirs = pool(&root, "k8s.io/api/core/v1/generated.proto");
+    let ours = pool(
+        Path::new(env!("CARGO_MANIFEST_DIR")),
+        "kubernetes/core.proto",
+    );
+    let mut checked = (0, 0);
+    for message in ours.all_messages() {
+        let name = message.full_name();
+        let published = theirs
+            .get_message_by_name(name)
+            .unwrap_or_else(|| panic!("{name}: no such published message"));
+        for field in message.fields() {
+            let upstream = published
+                .get_field_by_name(field.name())
+                .unwrap_or_else(|| panic!("{name}.{}: no such published field", field.name()));
+            assert_eq!(
+                field_shape(&field),
+                field_shape(&upstream),
+                "{name}: ours differs from the published field"
+            );
+            checked.1 += 1;
+        }
+        checked.0 += 1;
+    }
+    assert!(
+        checked.0 >= 17,
+        "ours has {} messages: not the pod, list and watch messages",
+        checked.0
+    );
+    eprintln!(
+        "proto/kubernetes: {} messages, {} fields, each the published one",
+        checked.0, checked.1
+    );
 }

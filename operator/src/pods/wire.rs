@@ -10,19 +10,29 @@
 //! spec, which are never read). In protobuf the unread fields are skipped
 //! by their length without being looked at.
 //!
-//! The messages below are the `k8s.io/api` and `k8s.io/apimachinery`
-//! `generated.proto` ones (v0.34) with only the fields read; their field
-//! numbers are the wire's. Every unknown field is skipped by prost.
+//! The messages are generated from `proto/kubernetes/*.proto` (the
+//! `csiops-proto` crate): Kubernetes' own `generated.proto` messages with
+//! only the fields read, under their field numbers. Every other field is
+//! skipped by prost.
 //!
 //! The wire (checked against kube-apiserver v1.34.4): a list or a single
 //! object is `k8s\0` followed by an [`Unknown`] whose `raw` is the object;
 //! a watch is a sequence of frames, a 4-byte big-endian length and a bare
 //! [`WatchEvent`], whose `object.raw` is again `k8s\0` and an [`Unknown`].
 
-use std::collections::HashMap;
-
 use bytes::Bytes;
 use prost::Message;
+
+pub use csiops_proto::kubernetes::k8s::io::api::core::v1::{
+    ContainerState, ContainerStateTerminated, ContainerStateWaiting, ContainerStatus, Pod,
+    PodCondition, PodList, PodSpec, PodStatus,
+};
+pub use csiops_proto::kubernetes::k8s::io::apimachinery::pkg::apis::meta::v1::{
+    ListMeta, ObjectMeta, Status, Time, WatchEvent,
+};
+pub use csiops_proto::kubernetes::k8s::io::apimachinery::pkg::runtime::{
+    RawExtension, TypeMeta, Unknown,
+};
 
 /// What starts every protobuf-encoded object.
 pub const MAGIC: &[u8] = b"k8s\0";
@@ -46,163 +56,6 @@ impl From<prost::DecodeError> for WireError {
     fn from(e: prost::DecodeError) -> Self {
         WireError::Decode(e.to_string())
     }
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct TypeMeta {
-    #[prost(string, optional, tag = "1")]
-    pub api_version: Option<String>,
-    #[prost(string, optional, tag = "2")]
-    pub kind: Option<String>,
-}
-
-/// runtime.Unknown: the envelope of every object.
-#[derive(Clone, PartialEq, Message)]
-pub struct Unknown {
-    #[prost(message, optional, tag = "1")]
-    pub type_meta: Option<TypeMeta>,
-    #[prost(bytes = "bytes", optional, tag = "2")]
-    pub raw: Option<Bytes>,
-}
-
-/// runtime.RawExtension.
-#[derive(Clone, PartialEq, Message)]
-pub struct RawExtension {
-    #[prost(bytes = "bytes", optional, tag = "1")]
-    pub raw: Option<Bytes>,
-}
-
-/// meta.v1.WatchEvent.
-#[derive(Clone, PartialEq, Message)]
-pub struct WatchEvent {
-    #[prost(string, optional, tag = "1")]
-    pub r#type: Option<String>,
-    #[prost(message, optional, tag = "2")]
-    pub object: Option<RawExtension>,
-}
-
-/// meta.v1.Time.
-#[derive(Clone, Copy, PartialEq, Message)]
-pub struct Time {
-    #[prost(int64, optional, tag = "1")]
-    pub seconds: Option<i64>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct ObjectMeta {
-    #[prost(string, optional, tag = "1")]
-    pub name: Option<String>,
-    #[prost(string, optional, tag = "3")]
-    pub namespace: Option<String>,
-    #[prost(string, optional, tag = "6")]
-    pub resource_version: Option<String>,
-    #[prost(message, optional, tag = "9")]
-    pub deletion_timestamp: Option<Time>,
-    #[prost(map = "string, string", tag = "11")]
-    pub labels: HashMap<String, String>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct ListMeta {
-    #[prost(string, optional, tag = "2")]
-    pub resource_version: Option<String>,
-    #[prost(string, optional, tag = "3")]
-    pub r#continue: Option<String>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct PodSpec {
-    #[prost(string, optional, tag = "10")]
-    pub node_name: Option<String>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct PodCondition {
-    #[prost(string, optional, tag = "1")]
-    pub r#type: Option<String>,
-    #[prost(string, optional, tag = "2")]
-    pub status: Option<String>,
-    #[prost(message, optional, tag = "4")]
-    pub last_transition_time: Option<Time>,
-    #[prost(string, optional, tag = "5")]
-    pub reason: Option<String>,
-    #[prost(string, optional, tag = "6")]
-    pub message: Option<String>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct ContainerStateWaiting {
-    #[prost(string, optional, tag = "1")]
-    pub reason: Option<String>,
-    #[prost(string, optional, tag = "2")]
-    pub message: Option<String>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct ContainerStateTerminated {
-    #[prost(string, optional, tag = "4")]
-    pub message: Option<String>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct ContainerState {
-    #[prost(message, optional, tag = "1")]
-    pub waiting: Option<ContainerStateWaiting>,
-    #[prost(message, optional, tag = "3")]
-    pub terminated: Option<ContainerStateTerminated>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct ContainerStatus {
-    #[prost(string, optional, tag = "1")]
-    pub name: Option<String>,
-    #[prost(message, optional, tag = "2")]
-    pub state: Option<ContainerState>,
-    #[prost(message, optional, tag = "3")]
-    pub last_state: Option<ContainerState>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct PodStatus {
-    #[prost(string, optional, tag = "1")]
-    pub phase: Option<String>,
-    #[prost(message, repeated, tag = "2")]
-    pub conditions: Vec<PodCondition>,
-    #[prost(string, optional, tag = "3")]
-    pub message: Option<String>,
-    #[prost(message, repeated, tag = "8")]
-    pub container_statuses: Vec<ContainerStatus>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct Pod {
-    #[prost(message, optional, tag = "1")]
-    pub metadata: Option<ObjectMeta>,
-    #[prost(message, optional, tag = "2")]
-    pub spec: Option<PodSpec>,
-    #[prost(message, optional, tag = "3")]
-    pub status: Option<PodStatus>,
-}
-
-#[derive(Clone, PartialEq, Message)]
-pub struct PodList {
-    #[prost(message, optional, tag = "1")]
-    pub metadata: Option<ListMeta>,
-    #[prost(message, repeated, tag = "2")]
-    pub items: Vec<Pod>,
-}
-
-/// meta.v1.Status: what an error says.
-#[derive(Clone, PartialEq, Message)]
-pub struct Status {
-    #[prost(string, optional, tag = "2")]
-    pub status: Option<String>,
-    #[prost(string, optional, tag = "3")]
-    pub message: Option<String>,
-    #[prost(string, optional, tag = "4")]
-    pub reason: Option<String>,
-    #[prost(int32, optional, tag = "6")]
-    pub code: Option<i32>,
 }
 
 /// The object of kind `want` in an enveloped encoding (`k8s\0` + Unknown).
