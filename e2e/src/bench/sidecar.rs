@@ -74,6 +74,50 @@ impl Side {
     }
 }
 
+/// `NAME=PATH` of `--ours`: one build of our sidecar under a name of its
+/// own. The name goes into the run's driver and class names, so it must be
+/// a DNS label.
+pub fn parse_named_build(s: &str) -> std::result::Result<(String, PathBuf), String> {
+    let (name, path) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected NAME=PATH"))?;
+    let label = !name.is_empty()
+        && name.len() <= 40
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if !label || name == "upstream" {
+        return Err(format!(
+            "{name:?}: a build's name is a lower-case DNS label of at most 40 characters, not \"upstream\""
+        ));
+    }
+    let path = PathBuf::from(path);
+    if !path.is_file() {
+        return Err(format!("{}: no such file", path.display()));
+    }
+    Ok((name.to_string(), path))
+}
+
+/// Our sides of a run: each `--ours NAME=PATH` in the order given, or
+/// `csiops` from `CSIOPS_SIDECAR_BIN` when none is. Two builds of ours in one
+/// run, against the same control plane, are how a change is shown to be
+/// within noise of the build it replaced.
+pub fn our_sides(builds: &[(String, PathBuf)]) -> Result<Vec<Side>> {
+    if builds.is_empty() {
+        return Ok(vec![Side::ours(crate::sidecar_bin()?)]);
+    }
+    Ok(builds
+        .iter()
+        .map(|(name, bin)| Side {
+            name: name.clone(),
+            bin: bin.clone(),
+            upstream: false,
+        })
+        .collect())
+}
+
 /// The flags both sides get.
 #[derive(Clone, Debug)]
 pub struct Flags {
@@ -228,5 +272,18 @@ mod tests {
             "external-attacher-leader-scale-bench-csiops-dev"
         );
         assert_eq!(Role::Provisioner.lease("a/"), "a-X");
+    }
+
+    #[test]
+    fn named_builds_are_dns_labels_of_existing_files() {
+        let bin = std::env::current_exe().expect("the test binary's path");
+        let ok = parse_named_build(&format!("before={}", bin.display())).expect("a valid build");
+        assert_eq!(ok, ("before".to_string(), bin.clone()));
+        for bad in ["Before", "a.b", "-a", "upstream", ""] {
+            let arg = format!("{bad}={}", bin.display());
+            assert!(parse_named_build(&arg).is_err(), "{arg} was taken");
+        }
+        assert!(parse_named_build("no-equals-sign").is_err());
+        assert!(parse_named_build("x=/nonexistent/csiops-sidecar").is_err());
     }
 }

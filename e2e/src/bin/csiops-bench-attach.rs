@@ -14,20 +14,23 @@
 //!
 //! ```text
 //! csiops-bench-attach [--vas N] [--qps Q] [--burst B] [--workers W] [--upstream PATH]
+//!                     [--ours NAME=PATH]...
 //! ```
+//! `--ours NAME=PATH` (repeatable) runs those builds of our sidecar, in
+//! order, in place of the one `CSIOPS_SIDECAR_BIN` names.
 //! `--upstream` (or `CSIOPS_EXTERNAL_ATTACHER`): the csi-attacher binary, as
 //! `e2e/cluster-bins/external-attacher.sh` prints it; without it only ours runs.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use csiops_e2e::apimetrics;
 use csiops_e2e::attach;
+use csiops_e2e::bench::sidecar::{our_sides, parse_named_build, Side};
 use csiops_e2e::process::ManagedProcess;
 use csiops_e2e::testdriver::{test_driver_bin, TestDriverProcess};
-use csiops_e2e::{free_port, sidecar_bin, Cluster, ClusterOptions};
+use csiops_e2e::{free_port, Cluster, ClusterOptions};
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -46,6 +49,10 @@ struct Args {
     burst: u32,
     #[arg(long, default_value_t = 10)]
     workers: usize,
+    /// A build of our sidecar as NAME=PATH, run in the order given
+    /// (default: `csiops`, `CSIOPS_SIDECAR_BIN`).
+    #[arg(long = "ours", value_parser = parse_named_build)]
+    ours: Vec<(String, PathBuf)>,
     /// Upstream csi-attacher binary.
     #[arg(long, env = "CSIOPS_EXTERNAL_ATTACHER")]
     upstream: Option<PathBuf>,
@@ -245,19 +252,16 @@ async fn run_one(
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
-    let ours = sidecar_bin()?;
+    let mut runs = our_sides(&args.ours)?;
     let cluster = Cluster::start(ClusterOptions::kwok(1)).await?;
-    let mut runs: Vec<(&str, PathBuf, bool)> = vec![("csiops", ours.clone(), false)];
     if let Some(up) = &args.upstream {
-        runs.push(("upstream", up.clone(), true));
+        runs.push(Side::upstream(up.clone()));
     }
     let mut out = Vec::new();
-    for (name, bin, upstream) in runs {
-        eprintln!("running {name} ({})", bin.display());
-        out.push(run_one(&cluster, &args, name, &bin, upstream).await?);
+    for side in &runs {
+        eprintln!("running {} ({})", side.name, side.bin.display());
+        out.push(run_one(&cluster, &args, &side.name, &side.bin, side.upstream).await?);
     }
-    let mut versions = BTreeMap::new();
-    versions.insert("csiops", ours.display().to_string());
     println!(
         "{} VolumeAttachments, --kube-api-qps={} --kube-api-burst={} --worker-threads={}\n",
         args.vas, args.qps, args.burst, args.workers

@@ -20,8 +20,11 @@
 //! ```text
 //! csiops-bench-provision [--claims N] [--qps Q] [--burst B] [--workers W] [--timeout 15s]
 //!                        [--upstream-bin PATH] [--driver-bin PATH [--driver-arg ARG]...]
-//!                        [--mock-driver] [--raw-pv-creates N]
+//!                        [--mock-driver] [--raw-pv-creates N] [--ours NAME=PATH]...
 //! ```
+//! `--ours NAME=PATH` (repeatable) runs those builds of our sidecar, in
+//! order, in place of the one `CSIOPS_SIDECAR_BIN` names: a change and the
+//! build before it, side by side on one control plane.
 //! `--mock-driver` runs Kubernetes' in-memory `csi-mock-driver` (from the
 //! test bed's bin dir) as the driver: the provisioners, not the driver,
 //! are then the bottleneck. `--raw-pv-creates N` first measures the API
@@ -42,10 +45,11 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use csiops_e2e::bench::sidecar::{our_sides, parse_named_build};
 use csiops_e2e::process::{memory_kib, ManagedProcess};
 use csiops_e2e::testdriver::config::DEFAULT_TOPOLOGY_KEY;
 use csiops_e2e::testdriver::{test_driver_bin, TestDriverProcess};
-use csiops_e2e::{apimetrics, attach, free_port, sidecar_bin, Cluster, ClusterOptions};
+use csiops_e2e::{apimetrics, attach, free_port, Cluster, ClusterOptions};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -66,6 +70,10 @@ struct Args {
     /// `--timeout` of both provisioners (a Go duration).
     #[arg(long, default_value = "15s")]
     timeout: String,
+    /// A build of our sidecar as NAME=PATH, run in the order given
+    /// (default: `csiops`, `CSIOPS_SIDECAR_BIN`).
+    #[arg(long = "ours", value_parser = parse_named_build)]
+    ours: Vec<(String, PathBuf)>,
     /// Upstream csi-provisioner binary.
     #[arg(long, env = "CSIOPS_UPSTREAM_PROVISIONER")]
     upstream_bin: Option<PathBuf>,
@@ -529,7 +537,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         None
     };
-    let mut runs = vec![run_one(&cluster, &args, "csiops", &sidecar_bin()?, false).await?];
+    let mut runs = Vec::new();
+    for side in our_sides(&args.ours)? {
+        runs.push(run_one(&cluster, &args, &side.name, &side.bin, false).await?);
+    }
     if let Some(upstream) = &args.upstream_bin {
         runs.push(run_one(&cluster, &args, "upstream", upstream, true).await?);
     }
