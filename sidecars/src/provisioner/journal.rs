@@ -50,7 +50,7 @@
 //! provisioner that may not write ConfigMaps in its namespace (a drop-in
 //! with upstream's RBAC), which falls back to it with one warning.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -64,12 +64,15 @@ use prost::Message;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{oneshot, Notify};
 
+mod holds;
+mod intent;
 mod seal;
 
+pub use holds::{Hold, Holds};
+pub use intent::{intent_action, IntentAction};
 pub use seal::{key_secret_name, JournalKey, SealError, KEY_FIELD, SEALED_PREFIX};
 
 use super::naming::bounded_name;
-use super::node_deployment::{self, PvSeen};
 use super::params::SecretRef;
 use crate::common::controller::sanitize_name;
 use crate::common::ratelimit::{Limiter, Prepaid, Priority};
@@ -301,118 +304,6 @@ async fn load_or_create_key(
             Ok((from_secret(&s)?, false))
         }
         Err(e) => Err(forbidden_or_kind(e, "create", "Secret", namespace, name)),
-    }
-}
-
-/// What the sweep does with one intent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IntentAction {
-    /// A claim sync is working on it, or the claim still wants the volume:
-    /// that claim's sync finishes the job (and trims).
-    Keep,
-    /// The PV exists (it holds the volume now), or the claim is bound to it.
-    Trim,
-    /// Nobody wants the volume: CreateVolume with the stored request, delete
-    /// what it returns, then trim.
-    CleanUp,
-}
-
-/// The sweep's decision for the intent of volume `name`, from the server's
-/// current claim (by the intent's namespace/name) and its PV (`pv`: absent,
-/// or where its volume is; centrally it is always [`PvSeen::Here`]).
-/// `node` is the provisioner's node in node deployment: there the volume is
-/// this node's only while the claim is, so a claim now selected elsewhere
-/// (or nowhere), a PV another node made, or a PV of the claim that came
-/// and went (whose node cannot be told) means cleaning up here.
-pub fn intent_action(
-    name: &str,
-    record: &Record,
-    claim: Option<&PersistentVolumeClaim>,
-    pv: PvSeen,
-    held: bool,
-    node: Option<&str>,
-) -> IntentAction {
-    if held {
-        return IntentAction::Keep;
-    }
-    match pv {
-        PvSeen::Here => return IntentAction::Trim,
-        PvSeen::Elsewhere => return IntentAction::CleanUp,
-        PvSeen::Absent => {}
-    }
-    let Some(claim) = claim.filter(|c| c.uid().as_deref() == Some(record.claim.uid.as_str()))
-    else {
-        // Gone, or re-created under the same name (a new UID, a new volume).
-        return IntentAction::CleanUp;
-    };
-    if claim.metadata.deletion_timestamp.is_some() {
-        return IntentAction::CleanUp;
-    }
-    match claim
-        .spec
-        .as_ref()
-        .and_then(|s| s.volume_name.as_deref())
-        .filter(|v| !v.is_empty())
-    {
-        None => match node {
-            Some(node) if node_deployment::selected_node(claim) != Some(node) => {
-                IntentAction::CleanUp
-            }
-            _ => IntentAction::Keep,
-        },
-        // Bound to our PV, which is gone since: its deletion dealt with the
-        // volume (reclaim policy), nothing is left to us. On a node, that PV
-        // may have been another node's.
-        Some(v) if v == name && node.is_none() => IntentAction::Trim,
-        // Bound to another PV: our volume is nobody's.
-        Some(_) => IntentAction::CleanUp,
-    }
-}
-
-/// Volume names some task works on right now (a claim sync, or the sweep):
-/// at most one at a time per name.
-#[derive(Default)]
-pub struct Holds {
-    names: Mutex<HashSet<String>>,
-}
-
-/// Releases its name when dropped.
-pub struct Hold<'a> {
-    holds: &'a Holds,
-    name: String,
-}
-
-impl Holds {
-    /// `None` when someone else holds `name`.
-    pub fn take(&self, name: &str) -> Option<Hold<'_>> {
-        let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());
-        names.insert(name.to_string()).then(|| Hold {
-            holds: self,
-            name: name.to_string(),
-        })
-    }
-
-    pub fn is_held(&self, name: &str) -> bool {
-        self.names
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(name)
-    }
-}
-
-impl Hold<'_> {
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-}
-
-impl Drop for Hold<'_> {
-    fn drop(&mut self) {
-        self.holds
-            .names
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.name);
     }
 }
 

@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim};
 use serde_json::{json, Value};
 
 use super::*;
+use crate::provisioner::node_deployment::PvSeen;
 use crate::provisioner::params::SecretRef;
 
 const CM: &str = "/api/v1/namespaces/kube-system/configmaps/csiops-provisioning-fake-csi";
