@@ -127,19 +127,11 @@ impl VolumeDriver<'_> {
                 .chain(extra.iter().map(|a| a.to_string()))
                 .collect()
         };
-        let volumes = json!([{
-            "name": "csi-data",
-            "hostPath": {"path": data, "type": "DirectoryOrCreate"},
-        }]);
-        let mounts = json!([{"name": "csi-data", "mountPath": DATA_MOUNT}]);
         let mut cr = DriverCr::new(NS, NAME, DRIVER, self.version)
             .image(self.image)
             .driver_args(base.clone())
-            .with("controller.volumes", volumes.clone())
-            .with("controller.volumeMounts", mounts.clone())
+            .shared_host_dir("csi-data", &data, DATA_MOUNT)
             .with("node.kubeletDir", self.kubelet_dir.display().to_string())
-            .with("node.volumes", volumes)
-            .with("node.volumeMounts", mounts)
             .with("csiDriver.attachRequired", true)
             .with("csiDriver.fsGroupPolicy", "File")
             .with(

@@ -31,10 +31,12 @@ use csiops_crds::CSIDriverDeployment;
 use csiops_e2e::bins::{kube_version, minor_of};
 use csiops_e2e::cluster::kubelet_version;
 use csiops_e2e::realnode::{images, node_name, NODE_NAME};
+use csiops_e2e::testkit::DriverCr;
 use csiops_e2e::{testkit, wait_for, Cluster, ClusterOptions};
 use k8s_openapi::api::core::v1::{Node, PersistentVolumeClaim, Pod};
 use kube::api::{Api, ListParams, PostParams};
 use kube::{Client, ResourceExt};
+use serde_json::json;
 
 /// The older minor's bin dir the cluster starts from.
 const FROM_ENV: &str = "CSIOPS_UPGRADE_FROM_BIN_DIR";
@@ -237,52 +239,28 @@ async fn wait_whole(cluster: &Cluster) -> Result<(), String> {
 /// e2e/conformance/central (one backend directory on the host, reached from
 /// both nodes, one topology segment for both) with two controller replicas.
 fn driver_yaml(image: &str, kubelet_dir: &Path, data: &Path) -> String {
-    let (kubelet_dir, data) = (kubelet_dir.display(), data.display());
-    format!(
-        r#"apiVersion: v1
-kind: Namespace
-metadata:
-  name: {NS}
----
-apiVersion: csiops.dev/v1alpha1
-kind: CSIDriverDeployment
-metadata:
-  name: {NAME}
-  namespace: {NS}
-spec:
-  driverName: {DRIVER}
-  version: v1
-  driver:
-    image: {image}
-    args:
-    - --drivername={DRIVER}
-    - --endpoint=$(CSI_ENDPOINT)
-    - --nodeid=$(KUBE_NODE_NAME)
-    - --enable-attach
-    - --topology-key=topology.test.csi.csiops.dev/zone
-    - --topology-value=e2e-host
-    - --state-dir=/csi-data/state
-    - --data-dir=/csi-data/volumes
-  controller:
-    replicas: 2
-    volumes:
-    - {{name: csi-data, hostPath: {{path: "{data}", type: DirectoryOrCreate}}}}
-    volumeMounts:
-    - {{name: csi-data, mountPath: /csi-data}}
-  node:
-    kubeletDir: {kubelet_dir}
-    volumes:
-    - {{name: csi-data, hostPath: {{path: "{data}", type: DirectoryOrCreate}}}}
-    volumeMounts:
-    - {{name: csi-data, mountPath: /csi-data}}
-  csiDriver:
-    attachRequired: true
-    fsGroupPolicy: File
-  storageClasses:
-  - name: {STORAGE_CLASS}
-    volumeBindingMode: Immediate
-"#
-    )
+    DriverCr::new(NS, NAME, DRIVER, "v1")
+        .image(image)
+        .driver_args([
+            format!("--drivername={DRIVER}"),
+            "--endpoint=$(CSI_ENDPOINT)".into(),
+            "--nodeid=$(KUBE_NODE_NAME)".into(),
+            "--enable-attach".into(),
+            "--topology-key=topology.test.csi.csiops.dev/zone".into(),
+            "--topology-value=e2e-host".into(),
+            "--state-dir=/csi-data/state".into(),
+            "--data-dir=/csi-data/volumes".into(),
+        ])
+        .with("controller.replicas", 2)
+        .shared_host_dir("csi-data", &data.display().to_string(), "/csi-data")
+        .with("node.kubeletDir", kubelet_dir.display().to_string())
+        .with("csiDriver.attachRequired", true)
+        .with("csiDriver.fsGroupPolicy", "File")
+        .with(
+            "storageClasses",
+            json!([{"name": STORAGE_CLASS, "volumeBindingMode": "Immediate"}]),
+        )
+        .yaml()
 }
 
 fn claim_yaml(name: &str) -> String {

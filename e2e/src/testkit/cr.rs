@@ -61,6 +61,21 @@ impl DriverCr {
         self.with("topology", topology)
     }
 
+    /// One directory of the host, `host_path`, mounted at `mount_path` in
+    /// both the controller and the node pods as the volume `name`: a test
+    /// driver's backend, shared as a real storage backend is.
+    pub fn shared_host_dir(self, name: &str, host_path: &str, mount_path: &str) -> DriverCr {
+        let volumes = json!([{
+            "name": name,
+            "hostPath": {"path": host_path, "type": "DirectoryOrCreate"},
+        }]);
+        let mounts = json!([{"name": name, "mountPath": mount_path}]);
+        self.with("controller.volumes", volumes.clone())
+            .with("controller.volumeMounts", mounts.clone())
+            .with("node.volumes", volumes)
+            .with("node.volumeMounts", mounts)
+    }
+
     /// Sets the spec field at the dotted `path` (`node.kubeletDir`),
     /// creating the mappings on the way. A mapping replaces a value that is
     /// not one: the last call wins, as in a YAML merge.
@@ -305,6 +320,30 @@ mod tests {
         assert_eq!(spec["csiDriver"]["attachRequired"], false);
         assert_eq!(spec["storageClasses"][0]["name"], "x");
         assert_eq!(documents(&cr.object_yaml()), std::slice::from_ref(obj));
+    }
+
+    #[test]
+    fn a_shared_host_dir_is_mounted_in_both_pods() {
+        let cr = DriverCr::new("csi-x", "x", "x.csi.example.com", "v1")
+            .with("node.kubeletDir", "/var/lib/kubelet")
+            .shared_host_dir("data", "/srv/x data", "/data");
+        let spec = &documents(&cr.object_yaml())[0]["spec"];
+        for side in ["controller", "node"] {
+            assert_eq!(
+                spec[side]["volumes"],
+                json!([{"name": "data", "hostPath": {"path": "/srv/x data", "type": "DirectoryOrCreate"}}]),
+                "{side}"
+            );
+            assert_eq!(
+                spec[side]["volumeMounts"],
+                json!([{"name": "data", "mountPath": "/data"}]),
+                "{side}"
+            );
+        }
+        assert_eq!(
+            spec["node"]["kubeletDir"], "/var/lib/kubelet",
+            "other fields kept"
+        );
     }
 
     #[test]
