@@ -301,6 +301,27 @@ async fn round(
 
 /// `operator 1.68 / 0.26, kube-apiserver 9.10 / 8.20, …; machine busy
 /// 45.0 / 40.1, idle 5.2 / 3.0`: each process's CPU seconds on both sides.
+/// How much more CPU kwok may use on one side of a round than on the other
+/// before the round counts as stalled. kwok, which plays every node's
+/// kubelet, now and then stalls at a thousand nodes: it burns several times
+/// its usual CPU and the roll's last pods come a minute or more late, on
+/// whichever side it happens. Normal rounds stay within 1.4× of each other;
+/// the stalls seen were 2.7× and more.
+const KWOK_STALL_FACTOR: f64 = 2.0;
+
+/// The side of a round on which kwok stalled, if it did: `"operator's"` or
+/// `"bare"`.
+fn kwok_stalled(operator: &CpuSample, bare: &CpuSample) -> Option<&'static str> {
+    let (op, bare) = (operator.of("kwok"), bare.of("kwok"));
+    if op > KWOK_STALL_FACTOR * bare {
+        Some("operator's")
+    } else if bare > KWOK_STALL_FACTOR * op {
+        Some("bare")
+    } else {
+        None
+    }
+}
+
 fn cpu_pairs(operator: &CpuSample, bare: &CpuSample) -> String {
     let each: Vec<String> = operator
         .processes
@@ -547,9 +568,33 @@ fn print_table(
         bare_total,
         operator_total / bare_total
     );
-    for (i, r) in rounds.iter().enumerate() {
+    let steady: Vec<&Round> = rounds
+        .iter()
+        .filter(|r| kwok_stalled(&r.operator_cpu, &r.bare_cpu).is_none())
+        .collect();
+    if steady.len() < rounds.len() {
+        let (op, bare) = steady.iter().fold((0.0, 0.0), |(o, b), r| {
+            (o + r.operator.as_secs_f64(), b + r.bare.as_secs_f64())
+        });
         println!(
-            "| round {} ({} first): operator {:.1} s, bare {:.1} s ({:.2}×) | pods on the new template: operator's DaemonSet {} (rolled out at {:.1} s); bare {} | |",
+            "| the same without the rounds in which kwok stalled ({} of {}, marked below) | {:.1} s / {:.1} s = {:.2}× | ≤ 1.1× |",
+            rounds.len() - steady.len(),
+            rounds.len(),
+            op,
+            bare,
+            op / bare
+        );
+    }
+    for (i, r) in rounds.iter().enumerate() {
+        let stall = kwok_stalled(&r.operator_cpu, &r.bare_cpu).map_or(String::new(), |side| {
+            format!(
+                "; **kwok stalled** on the {side} side ({:.1} / {:.1} CPU s)",
+                r.operator_cpu.of("kwok"),
+                r.bare_cpu.of("kwok")
+            )
+        });
+        println!(
+            "| round {} ({} first): operator {:.1} s, bare {:.1} s ({:.2}×){stall} | pods on the new template: operator's DaemonSet {} (rolled out at {:.1} s); bare {} | |",
             i + 1,
             if r.bare_first { "bare" } else { "operator" },
             r.operator.as_secs_f64(),
@@ -593,4 +638,31 @@ fn print_table(
         upgrade_writes,
         upgrade_requests / operator_total
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kwok(secs: f64) -> CpuSample {
+        CpuSample {
+            processes: vec![("operator".into(), 2.0), ("kwok".into(), secs)],
+            ..CpuSample::default()
+        }
+    }
+
+    /// kwok's CPU on both sides of rounds measured on 2026-11-29 (session
+    /// 23): three stalls among rounds that stayed within 1.4×.
+    #[test]
+    fn a_round_is_stalled_when_kwok_burns_twice_the_other_sides_cpu() {
+        assert_eq!(
+            kwok_stalled(&kwok(110.25), &kwok(10.21)),
+            Some("operator's")
+        );
+        assert_eq!(kwok_stalled(&kwok(59.04), &kwok(10.09)), Some("operator's"));
+        assert_eq!(kwok_stalled(&kwok(8.07), &kwok(21.60)), Some("bare"));
+        for (op, bare) in [(12.35, 8.93), (10.62, 12.39), (8.53, 7.18), (7.13, 7.43)] {
+            assert_eq!(kwok_stalled(&kwok(op), &kwok(bare)), None, "{op} / {bare}");
+        }
+    }
 }
