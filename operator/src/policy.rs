@@ -56,15 +56,9 @@ use std::collections::BTreeMap;
 
 pub mod presence;
 
-/// API group of the marker resource.
-pub const MARKER_GROUP: &str = "csiops.dev";
-/// The virtual resource whose verbs mark node-scoped accounts (no such
-/// resource is served; RBAC and the authorizer do not need one).
-pub const MARKER_RESOURCE: &str = "nodescope";
-/// Held by the registrar role: "my Node and CSINode writes are limited to my node".
-pub const OWN_NODE_VERB: &str = "own-node";
-/// Held by no shipped role: exempts an account that also holds [`OWN_NODE_VERB`].
-pub const ANY_NODE_VERB: &str = "any-node";
+// The marker names are the rendering's (the registrar role carries the
+// marker), kept there so that render never imports the policies above it.
+pub use crate::render::names::{ANY_NODE_VERB, MARKER_GROUP, MARKER_RESOURCE, OWN_NODE_VERB};
 /// The user-info extra key carrying a pod-bound token's node.
 pub const NODE_NAME_EXTRA: &str = "authentication.kubernetes.io/node-name";
 /// Name of the policy and its binding.

@@ -16,6 +16,17 @@ pub const NODE_SUFFIX: &str = "-node";
 /// Longest `CSIDriverDeployment` name that still fits [`MAX_STATEFULSET_NAME_LEN`].
 pub const MAX_CR_NAME_LEN: usize = MAX_STATEFULSET_NAME_LEN - CONTROLLER_SUFFIX.len();
 
+/// API group of the marker resource of the shipped admission policies
+/// (`crate::policy`).
+pub const MARKER_GROUP: &str = "csiops.dev";
+/// The virtual resource whose verbs mark node-scoped accounts (no such
+/// resource is served; RBAC and the authorizer do not need one).
+pub const MARKER_RESOURCE: &str = "nodescope";
+/// Held by the registrar role: "my Node and CSINode writes are limited to my node".
+pub const OWN_NODE_VERB: &str = "own-node";
+/// Held by no shipped role: exempts an account that also holds [`OWN_NODE_VERB`].
+pub const ANY_NODE_VERB: &str = "any-node";
+
 /// Container running the vendor's CSI driver (controller and node pods).
 pub const CONTAINER_DRIVER: &str = "csi-driver";
 /// Provisioner sidecar container (controller pods).

@@ -20,7 +20,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use super::containers::Helper;
 use super::labels::{cluster_owner_labels, Component};
 use super::monitoring;
-use super::names::{cluster_role_binding_name, controller_name, node_name, role_binding_name};
+use super::names::{
+    self, cluster_role_binding_name, controller_name, node_name, role_binding_name,
+};
 use super::{namespaced_meta, Ctx};
 
 /// One grant: verbs on a resource of an API group (`""` is the core group).
@@ -225,9 +227,9 @@ pub const REGISTRAR_GRANTS: &[Grant] = &[
     // limits this role's Node and CSINode writes to the pod's own node
     // (see `crate::policy`).
     grant(
-        crate::policy::MARKER_GROUP,
-        crate::policy::MARKER_RESOURCE,
-        &[crate::policy::OWN_NODE_VERB],
+        names::MARKER_GROUP,
+        names::MARKER_RESOURCE,
+        &[names::OWN_NODE_VERB],
     ),
 ];
 
