@@ -299,8 +299,6 @@ async fn round(
     })
 }
 
-/// `operator 1.68 / 0.26, kube-apiserver 9.10 / 8.20, …; machine busy
-/// 45.0 / 40.1, idle 5.2 / 3.0`: each process's CPU seconds on both sides.
 /// How much more CPU kwok may use on one side of a round than on the other
 /// before the round counts as stalled. kwok, which plays every node's
 /// kubelet, now and then stalls at a thousand nodes: it burns several times
@@ -322,6 +320,8 @@ fn kwok_stalled(operator: &CpuSample, bare: &CpuSample) -> Option<&'static str> 
     }
 }
 
+/// `operator 1.68 / 0.26, kube-apiserver 9.10 / 8.20, …; machine busy
+/// 45.0 / 40.1, idle 5.2 / 3.0`: each process's CPU seconds on both sides.
 fn cpu_pairs(operator: &CpuSample, bare: &CpuSample) -> String {
     let each: Vec<String> = operator
         .processes
@@ -565,25 +565,30 @@ fn print_table(
         bare_total,
         operator_total / bare_total
     );
-    let steady: Vec<&Round> = rounds
+    let stalls: Vec<Option<&str>> = rounds
         .iter()
-        .filter(|r| kwok_stalled(&r.operator_cpu, &r.bare_cpu).is_none())
+        .map(|r| kwok_stalled(&r.operator_cpu, &r.bare_cpu))
         .collect();
-    if steady.len() < rounds.len() {
-        let (op, bare) = steady.iter().fold((0.0, 0.0), |(o, b), r| {
-            (o + r.operator.as_secs_f64(), b + r.bare.as_secs_f64())
-        });
+    let stalled = stalls.iter().filter(|s| s.is_some()).count();
+    if stalled > 0 {
+        let (op, bare) = rounds
+            .iter()
+            .zip(&stalls)
+            .filter(|(_, s)| s.is_none())
+            .fold((0.0, 0.0), |(o, b), (r, _)| {
+                (o + r.operator.as_secs_f64(), b + r.bare.as_secs_f64())
+            });
         println!(
             "| the same without the rounds in which kwok stalled ({} of {}, marked below) | {:.1} s / {:.1} s = {:.2}× | ≤ 1.1× |",
-            rounds.len() - steady.len(),
+            stalled,
             rounds.len(),
             op,
             bare,
             op / bare
         );
     }
-    for (i, r) in rounds.iter().enumerate() {
-        let stall = kwok_stalled(&r.operator_cpu, &r.bare_cpu).map_or(String::new(), |side| {
+    for (i, (r, stall)) in rounds.iter().zip(&stalls).enumerate() {
+        let stall = stall.map_or(String::new(), |side| {
             format!(
                 "; **kwok stalled** on the {side} side ({:.1} / {:.1} CPU s)",
                 r.operator_cpu.of("kwok"),

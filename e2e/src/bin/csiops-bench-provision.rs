@@ -45,7 +45,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use csiops_e2e::bench::sidecar::{our_sides, parse_named_build};
+use csiops_e2e::bench::sidecar::{our_sides, parse_named_build, Side};
 use csiops_e2e::process::{memory_kib, ManagedProcess};
 use csiops_e2e::testdriver::config::DEFAULT_TOPOLOGY_KEY;
 use csiops_e2e::testdriver::{test_driver_bin, TestDriverProcess};
@@ -537,12 +537,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         None
     };
+    let mut sides = our_sides(&args.ours)?;
+    sides.extend(args.upstream_bin.clone().map(Side::upstream));
     let mut runs = Vec::new();
-    for side in our_sides(&args.ours)? {
-        runs.push(run_one(&cluster, &args, &side.name, &side.bin, false).await?);
-    }
-    if let Some(upstream) = &args.upstream_bin {
-        runs.push(run_one(&cluster, &args, "upstream", upstream, true).await?);
+    for side in &sides {
+        runs.push(run_one(&cluster, &args, &side.name, &side.bin, side.upstream).await?);
     }
     cluster.stop().await?;
 
